@@ -1,0 +1,42 @@
+# The two commands of the README do all the set-up on a fresh machine:
+#   make demo   - the main job
+#   make test   - the whole test suite
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip --disable-pip-version-check
+STAMP  := $(VENV)/.mimo-accel-installed
+PINS   := -c requirements/constraints.txt
+
+# Megatron releases this project targets (see README "Supported upstream versions").
+MEGATRON_PKGS := megatron-core==0.19.2 megatron-bridge==0.6.2
+
+.PHONY: demo test setup doctor clean
+
+setup: $(STAMP)
+
+# Idempotent: re-runs only when the venv is missing or a requirement file changed.
+$(STAMP): pyproject.toml requirements/constraints.txt requirements/megatron-runtime.txt requirements/dev.txt
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	# torch first, pinned to the CPU build, so no resolver swaps in a CUDA build later.
+	$(PIP) install -q $(PINS) torch
+	$(PIP) install -q $(PINS) -r requirements/megatron-runtime.txt -r requirements/dev.txt
+	# The Megatron packages declare Requires-Python >= 3.12; their runtime deps come from
+	# requirements/megatron-runtime.txt, so install them without the resolver.
+	$(PIP) install -q --no-deps --ignore-requires-python $(MEGATRON_PKGS)
+	$(PIP) install -q --no-deps -e .
+	$(PY) -c "import mimo_accel.cpu as c; c.check_megatron_importable()"
+	@touch $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/mimo-accel doctor
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+doctor: $(STAMP)
+	$(VENV)/bin/mimo-accel doctor
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis

@@ -1,0 +1,399 @@
+"""Run the real MegatronMIMO stack on CPU ranks (gloo): rehearse a layout before spending GPU hours.
+
+``activate()`` redirects the CUDA/NCCL hard-codes that megatron-core 0.19 and megatron-bridge 0.6
+carry on the MegatronMIMO path, so the *unmodified* upstream code (grids, BridgeCommunicator,
+loaders, MimoModel, pipeline schedule, optimizer) runs on CPU processes:
+
+- ``typing.override`` back-ported on Python 3.11 (megatron/training imports it);
+- stand-in ``transformer_engine`` and ``nvidia_resiliency_ext`` modules, only where the real ones are
+  not importable, registered *after* ``import megatron.core`` so core still records them as absent;
+- process groups asked for with ``backend="nccl"`` (HyperCommGrid from Bridge's
+  ``build_hypercomm_grids``, BridgeCommunicator's own groups) are created with gloo;
+- tensors asked for on ``"cuda"`` (``device="cuda"`` literals, ``torch.cuda.current_device()``,
+  ``Tensor.cuda()``) are created on / left on the CPU, through a TorchFunctionMode;
+- ``torch.cuda`` stream/synchronize calls become no-ops;
+- the model-parallel RNG tracker is seeded with CPU generators (Bridge seeds it only when a GPU
+  exists, and the encoder's dropout/attention forks it).
+
+Never active unless asked for; refuses to activate when CUDA is available (pass ``force=True`` to
+rehearse on CPU anyway); ``deactivate()`` restores every redirected attribute.
+The TorchFunctionMode is thread-local: activate from the thread that runs training.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.machinery
+import importlib.util
+import sys
+import threading
+import types
+import typing
+
+from mimo_accel.patching.swaps import SwapSet
+
+__all__ = ["activate", "deactivate", "is_active", "prepare_imports", "check_megatron_importable"]
+
+_lock = threading.RLock()
+_swaps = SwapSet()
+_stub_modules: list[str] = []
+_mode = None  # the entered TorchFunctionMode
+_active = False
+
+STAND_IN_MARKER = "__mimo_accel_stand_in__"
+
+
+# ----------------------------------------------------------------------------------------------
+# Import-time compatibility (needed before any megatron.bridge import)
+# ----------------------------------------------------------------------------------------------
+
+
+class _StandInMeta(type):
+    """A class whose every attribute is another stand-in class (``te.ops.Sequential`` resolves)."""
+
+    def __getattr__(cls, name: str):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return _stand_in_class(f"{cls.__qualname__}.{name}")
+
+
+def _stand_in_class(qualname: str) -> type:
+    def _refuse(self, *args, **kwargs):
+        raise RuntimeError(
+            f"{qualname} was called, but its package is not installed: mimo_accel.cpu registered a "
+            "stand-in module only so that megatron.bridge imports on a machine without CUDA. Use "
+            "megatron-core's local layer specs (not Transformer Engine) when rehearsing on CPU."
+        )
+
+    return _StandInMeta(qualname.rsplit(".", 1)[-1], (), {"__init__": _refuse, "__qualname__": qualname})
+
+
+class _StandInModule(types.ModuleType):
+    def __getattr__(self, name: str):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return _stand_in_class(f"{self.__name__}.{name}")
+
+
+def _installed(package: str) -> bool:
+    existing = sys.modules.get(package)
+    if existing is not None:
+        return not getattr(existing, STAND_IN_MARKER, False)
+    try:
+        spec = importlib.util.find_spec(package)
+    except (ImportError, ValueError):
+        return False
+    # An empty leftover directory is a namespace package with no loader: not an install.
+    return spec is not None and spec.loader is not None
+
+
+# Packages megatron.bridge imports unconditionally that cannot be installed on a CPU machine
+# (Transformer Engine needs CUDA; nvidia-resiliency-ext >= 0.6 has no Python 3.11 wheel).
+_STAND_INS = {
+    "transformer_engine": ("transformer_engine.pytorch", "transformer_engine.common",
+                           "transformer_engine.common.recipe", "transformer_engine.pytorch.distributed"),
+    "nvidia_resiliency_ext": ("nvidia_resiliency_ext.inprocess",),
+}
+
+
+def _register_stand_ins() -> None:
+    missing = [pkg for pkg in _STAND_INS if pkg not in sys.modules and not _installed(pkg)]
+    if not missing:
+        return
+    # megatron.core must see the real absence (it records HAVE_TE / HAVE_NVRX at import).
+    import megatron.core  # noqa: F401
+
+    for name in [n for pkg in missing for n in (pkg, *_STAND_INS[pkg])]:
+        mod = _StandInModule(name)
+        mod.__spec__ = importlib.machinery.ModuleSpec(name, loader=None, is_package=True)
+        mod.__path__ = []
+        mod.__version__ = "0.0.0+mimo-accel-stand-in"
+        setattr(mod, STAND_IN_MARKER, True)
+        sys.modules[name] = mod
+        _stub_modules.append(name)
+        parent, _, child = name.rpartition(".")
+        if parent:
+            setattr(sys.modules[parent], child, mod)
+
+
+def prepare_imports() -> None:
+    """Make ``import megatron.bridge...`` work here: the 3.11 back-port and the stand-ins.
+
+    Idempotent; undone by :func:`deactivate`.
+    """
+    with _lock:
+        if not hasattr(typing, "override"):
+            import typing_extensions
+
+            _swaps.swap(typing, "override", typing_extensions.override)
+        _register_stand_ins()
+
+
+def check_megatron_importable() -> dict[str, str]:
+    """Import the MegatronMIMO modules this project targets; fail loudly naming what is missing."""
+    from importlib import metadata
+
+    prepare_imports()
+    try:
+        import megatron.bridge.data.megatron_mimo.loaders  # noqa: F401
+        import megatron.bridge.training.megatron_mimo_step  # noqa: F401
+        import megatron.core.pipeline_parallel.bridge_communicator  # noqa: F401
+    except Exception as exc:  # re-raised with the fix named
+        raise RuntimeError(
+            f"the Megatron packages cannot be imported ({type(exc).__name__}: {exc}). "
+            "Run `make setup` (or `make test`) to install megatron-core 0.19.2 and "
+            "megatron-bridge 0.6.2 with their runtime dependencies into .venv."
+        ) from exc
+    return {pkg: metadata.version(pkg) for pkg in ("torch", "megatron-core", "megatron-bridge")}
+
+
+# ----------------------------------------------------------------------------------------------
+# Runtime redirects
+# ----------------------------------------------------------------------------------------------
+
+
+def _is_cuda_device(device) -> bool:
+    import torch
+
+    if device is None:
+        return False
+    if isinstance(device, int) and not isinstance(device, bool):
+        return True  # a bare ordinal means a CUDA device in torch
+    if isinstance(device, str):
+        return device.startswith("cuda")
+    if isinstance(device, torch.device):
+        return device.type == "cuda"
+    return False
+
+
+def _make_mode():
+    import torch
+    from torch.overrides import TorchFunctionMode
+
+    tensor_cuda = torch.Tensor.cuda
+    tensor_to = torch.Tensor.to
+
+    class CudaToCpuMode(TorchFunctionMode):
+        """Tensors asked for on CUDA are made on (or left on) the CPU."""
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            if func is tensor_cuda:
+                return args[0]
+            if func is tensor_to:
+                args = tuple("cpu" if _is_cuda_device(a) else a for a in args)
+            if _is_cuda_device(kwargs.get("device")):
+                kwargs = {**kwargs, "device": "cpu"}
+            return func(*args, **kwargs)
+
+    return CudaToCpuMode()
+
+
+class _NullStream:
+    """Stands for a CUDA stream: every operation is already complete on CPU."""
+
+    def __init__(self, *args, **kwargs):
+        pass
+
+    def wait_stream(self, *args, **kwargs):
+        pass
+
+    def wait_event(self, *args, **kwargs):
+        pass
+
+    def record_event(self, event=None):
+        return event if event is not None else _NullEvent()
+
+    def synchronize(self):
+        pass
+
+    def query(self):
+        return True
+
+
+class _NullEvent:
+    def __init__(self, *args, **kwargs):
+        pass
+
+    def record(self, *args, **kwargs):
+        pass
+
+    def wait(self, *args, **kwargs):
+        pass
+
+    def synchronize(self):
+        pass
+
+    def query(self):
+        return True
+
+
+def _gloo_instead_of_nccl(new_group):
+    def new_group_on_gloo(*args, **kwargs):
+        backend = kwargs.get("backend")
+        if isinstance(backend, str) and "nccl" in backend.lower():
+            kwargs["backend"] = "gloo"
+        return new_group(*args, **kwargs)
+
+    new_group_on_gloo.__wrapped__ = new_group
+    return new_group_on_gloo
+
+
+class _CpuRNGStatesTracker:
+    """megatron-core's CudaRNGStatesTracker, kept on CPU generators.
+
+    Same contract (``add``/``fork``/``get_states``/``set_states``/``reset``); ``fork`` runs the
+    block under the named CPU RNG state and restores the caller's state afterwards.
+    """
+
+    def __init__(self):
+        self.reset()
+
+    def reset(self):
+        self.states_ = {}
+        self.seeds_ = set()
+        self._is_initialized = False
+
+    def is_initialized(self):
+        return self._is_initialized
+
+    def get_states(self):
+        return dict(self.states_)
+
+    def set_states(self, states):
+        self._is_initialized = True
+        self.states_ = dict(states)
+
+    def add(self, name, seed):
+        import torch
+
+        if seed in self.seeds_:
+            raise Exception(f"seed {seed} already exists")
+        if name in self.states_:
+            raise Exception(f"rng state {name} already exists")
+        self._is_initialized = True
+        self.seeds_.add(seed)
+        self.states_[name] = torch.Generator().manual_seed(seed).get_state()
+
+    @contextlib.contextmanager
+    def fork(self, name="model-parallel-rng"):
+        import torch
+
+        if name not in self.states_:
+            raise Exception(f"rng state {name} is not added")
+        caller = torch.get_rng_state()
+        torch.set_rng_state(self.states_[name])
+        try:
+            yield
+        finally:
+            self.states_[name] = torch.get_rng_state()
+            torch.set_rng_state(caller)
+
+
+def _seed_cpu_rng_tracker(seed: int, tp_rank: int = 0, ep_rank: int = 0, etp_rank: int = 0) -> None:
+    """What ``model_parallel_cuda_manual_seed`` sets up, on CPU generators (same seed offsets)."""
+    from megatron.core.tensor_parallel import random as mp_random
+
+    tracker = _CpuRNGStatesTracker()
+    tracker.add("data-parallel-rng", seed)
+    tracker.add("model-parallel-rng", seed + 2718 + tp_rank)
+    tracker.add("expert-parallel-rng", seed + 1024 + 100 * ep_rank + etp_rank)
+    _swaps.swap(mp_random, "_CUDA_RNG_STATE_TRACKER", tracker)
+    _swaps.swap(mp_random, "_CUDA_RNG_STATE_TRACKER_INITIALIZED", True)
+
+
+def _wrap_bridge_seeding(set_seeds):
+    """After Bridge seeds python/numpy/torch (it skips the tracker without a GPU), seed the
+    model-parallel tracker on CPU with the same per-module ranks."""
+
+    def set_seeds_and_cpu_tracker(infra, *, seed):
+        import torch.distributed as dist
+
+        set_seeds(infra, seed=seed)
+        tp = pp = ep = etp = 0
+        for name, grid in infra.module_to_grid_map.items():
+            pgs = infra.pg_collections.get(name)
+            if grid.is_current_rank_in_grid() and pgs is not None:
+                me = dist.get_rank()
+                tp, pp = dist.get_group_rank(pgs.tp, me), dist.get_group_rank(pgs.pp, me)
+                ep, etp = dist.get_group_rank(pgs.ep, me), dist.get_group_rank(pgs.expt_tp, me)
+                break
+        _seed_cpu_rng_tracker(seed + 100 * pp, tp, ep, etp)
+
+    set_seeds_and_cpu_tracker.__wrapped__ = set_seeds
+    return set_seeds_and_cpu_tracker
+
+
+def _install_runtime_redirects() -> None:
+    import torch
+    import torch.distributed as dist
+    import torch.distributed.distributed_c10d as c10d
+
+    global _mode
+    for owner in (c10d, dist):
+        _swaps.swap(owner, "new_group", _gloo_instead_of_nccl(owner.new_group))
+
+    cuda = torch.cuda
+    _swaps.swap(cuda, "current_device", lambda: 0)
+    _swaps.swap(cuda, "set_device", lambda *a, **k: None)
+    _swaps.swap(cuda, "synchronize", lambda *a, **k: None)
+    _swaps.swap(cuda, "current_stream", lambda *a, **k: _NullStream())
+    _swaps.swap(cuda, "default_stream", lambda *a, **k: _NullStream())
+    _swaps.swap(cuda, "Stream", _NullStream)
+    _swaps.swap(cuda, "Event", _NullEvent)
+    _swaps.swap(cuda, "stream", lambda *a, **k: contextlib.nullcontext())
+
+    from megatron.bridge.models.megatron_mimo import build_model
+
+    _swaps.swap(build_model, "_set_per_module_random_seeds",
+                _wrap_bridge_seeding(build_model._set_per_module_random_seeds))
+
+    _mode = _make_mode()
+    _mode.__enter__()
+
+
+def activate(*, force: bool = False) -> None:
+    """Redirect CUDA/NCCL to CPU/gloo for the real MegatronMIMO path in this process."""
+    global _active
+    import torch
+
+    with _lock:
+        if _active:
+            return
+        if torch.cuda.is_available() and not force:
+            raise RuntimeError(
+                "mimo_accel.cpu.activate() refused: CUDA is available on this machine, and the CPU "
+                "layer would move the real run off the GPUs. Train on the GPUs as usual, or pass "
+                "force=True to rehearse on CPU anyway."
+            )
+        try:
+            prepare_imports()
+            _install_runtime_redirects()
+        except BaseException:
+            _undo()
+            raise
+        _active = True
+
+
+def _undo() -> None:
+    global _mode
+    if _mode is not None:
+        _mode.__exit__(None, None, None)
+        _mode = None
+    _swaps.restore()
+    for name in reversed(_stub_modules):
+        if getattr(sys.modules.get(name), STAND_IN_MARKER, False):
+            del sys.modules[name]
+    _stub_modules.clear()
+
+
+def deactivate() -> None:
+    """Restore everything :func:`activate` (and :func:`prepare_imports`) changed."""
+    global _active
+    with _lock:
+        _undo()
+        _active = False
+
+
+def is_active() -> bool:
+    return _active

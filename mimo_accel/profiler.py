@@ -1,0 +1,761 @@
+"""Per-rank step recorder: region timers and counters, one JSON line per training step.
+
+Each rank writes ``<out_dir>/rank<N>.jsonl``: a header line, then one line per step, flushed as
+soon as the step ends, so a killed run leaves files that :func:`read_run` can still load (a torn
+last line is dropped with a warning).
+
+Clocks (recorded in the header under ``"clock"``):
+
+* ``step_time_s`` is always **wall** time (``time.perf_counter``) from :meth:`Recorder.begin_step`
+  (or the previous :meth:`Recorder.end_step`) to :meth:`Recorder.end_step`: it is what the user
+  waits for, and on a GPU the step has synchronised by then (the loss is read on the host).
+* ``step_cpu_s`` is the host CPU time of the same interval on the region clock below (null on
+  CUDA's event clock, where host CPU time is not what the regions measure).
+* Regions (``vision_fwd_s``, ``vision_bwd_s``, any ``<name>_s``) use the **region clock**:
+
+  - ``"cuda_event"`` on CUDA: a pair of timing events per region, recorded on the current stream;
+    elapsed times are resolved at ``end_step`` after one ``synchronize`` of the last pending event
+    (no other host sync is added).
+  - ``"thread_cpu"`` on CPU with one intra-op thread (``time.thread_time``): CPU time of the calling
+    thread, so ranks that share a small machine (oversubscription) are not charged for each
+    other's time slices.
+  - ``"process_cpu"`` on CPU with several intra-op threads (``time.process_time``): the calling
+    thread's clock would miss the work of torch's OpenMP workers, so the whole process is counted
+    (it then also counts any background threads that run during the region).
+  - ``"wall"`` on request.
+
+  On a host clock, a region stopped on a different thread from the one that started it (CPU
+  autograd runs backward on the calling thread, so this should not happen) falls back to wall
+  time for that interval and is counted in the step's ``clock_fallbacks`` field.
+
+The recorder does no collective communication and imports torch only when a CUDA clock or the
+module timer needs it, so ``mimo_accel.report`` can load runs without importing torch.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import re
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "COUNTERS",
+    "FORMAT",
+    "REGIONS",
+    "ModuleTimer",
+    "NoProfileData",
+    "ProfileError",
+    "RankLog",
+    "Recorder",
+    "Run",
+    "attach_module_timer",
+    "read_run",
+    "rank_file",
+]
+
+FORMAT = "mimo-accel-profile/1"
+#: Counters that :meth:`Recorder.add` accumulates per step; always present in a step line (0 if unset).
+COUNTERS = ("samples", "images", "patches", "tokens", "samples_read", "bytes_read", "bytes_exchanged")
+#: Regions that are always present in a step line (null when not timed that step).
+REGIONS = ("vision_fwd", "vision_bwd")
+#: Fields :meth:`Recorder.set` may fill that are always present in a step line (null if unset).
+SETTABLE = ("predicted_spread",)
+
+_RESERVED = frozenset(
+    {"kind", "step", "step_time_s", "step_cpu_s", "t", "timed_calls", "clock_fallbacks"}
+    | set(COUNTERS)
+    | {f"{r}_s" for r in REGIONS}
+)
+_CLOCKS = ("auto", "thread_cpu", "process_cpu", "wall", "cuda_event")
+_RANK_FILE = re.compile(r"^rank(\d+)\.jsonl$")
+
+
+class ProfileError(Exception):
+    """A profile directory or record that cannot be used."""
+
+
+class NoProfileData(ProfileError):
+    """A directory holds no readable profile data at all."""
+
+
+def rank_file(out_dir: str | os.PathLike[str], rank: int) -> Path:
+    """The path rank ``rank`` writes to: ``<out_dir>/rank<rank>.jsonl``."""
+    return Path(out_dir) / f"rank{int(rank)}.jsonl"
+
+
+# --------------------------------------------------------------------------------------- clocks
+
+
+class _HostClock:
+    """Host clock: marks are ``(clock value, thread id, wall)``; resolved immediately."""
+
+    lazy = False
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._fn: Callable[[], float] = {
+            "thread_cpu": time.thread_time,
+            "process_cpu": time.process_time,
+            "wall": time.perf_counter,
+        }[name]
+        self._per_thread = name == "thread_cpu"
+
+    def mark(self) -> tuple[float, int, float]:
+        return (self._fn(), threading.get_ident(), time.perf_counter())
+
+    def elapsed(self, start: tuple[float, int, float], stop: tuple[float, int, float]) -> tuple[float, bool]:
+        """Seconds between two marks, and whether it fell back to wall time (thread switch)."""
+        if self._per_thread and start[1] != stop[1]:
+            return stop[2] - start[2], True
+        return stop[0] - start[0], False
+
+    def now_cpu(self) -> float | None:
+        return self._fn() if self.name != "wall" else None
+
+    def resolve(self, pairs: list[tuple[str, Any, Any]]) -> list[tuple[str, float, bool]]:
+        raise AssertionError("host clock regions are resolved at stop()")  # pragma: no cover
+
+    def release(self, mark: Any) -> None:
+        pass
+
+
+class _CudaEventClock:
+    """CUDA clock: marks are timing events recorded on the current stream, resolved lazily."""
+
+    lazy = True
+    name = "cuda_event"
+
+    def __init__(self) -> None:
+        import torch
+
+        self._torch = torch
+        self._pool: list[Any] = []
+
+    def mark(self) -> Any:
+        ev = self._pool.pop() if self._pool else self._torch.cuda.Event(enable_timing=True)
+        ev.record()
+        return ev
+
+    def resolve(self, pairs: list[tuple[str, Any, Any]]) -> list[tuple[str, float, bool]]:
+        if not pairs:
+            return []
+        # One host wait: the last stop event. Events on other streams are normally long done by the
+        # end of a step; query() them and wait only for the ones that are not.
+        pairs[-1][2].synchronize()
+        out = []
+        for name, start, stop in pairs:
+            if not stop.query():
+                stop.synchronize()
+            out.append((name, start.elapsed_time(stop) / 1e3, False))
+            self._pool.append(start)
+            self._pool.append(stop)
+        return out
+
+    def now_cpu(self) -> float | None:
+        return None
+
+    def release(self, mark: Any) -> None:
+        self._pool.append(mark)
+
+
+def _make_clock(clock: str, device: str) -> _HostClock | _CudaEventClock:
+    if clock not in _CLOCKS:
+        raise ValueError(f"clock must be one of {', '.join(_CLOCKS)}; got {clock!r}")
+    if clock == "auto":
+        if device == "cuda":
+            clock = "cuda_event"
+        else:
+            clock = "thread_cpu" if _intra_op_threads() <= 1 else "process_cpu"
+    if clock == "cuda_event":
+        if device != "cuda":
+            raise ValueError("clock='cuda_event' needs device='cuda'")
+        return _CudaEventClock()
+    return _HostClock(clock)
+
+
+def _intra_op_threads() -> int:
+    import sys
+
+    torch = sys.modules.get("torch")  # do not import torch just to ask
+    if torch is None:
+        return 1
+    try:
+        return int(torch.get_num_threads())
+    except Exception:  # pragma: no cover - exotic builds
+        return 1
+
+
+def _resolve_device(device: str) -> str:
+    if device not in ("auto", "cpu", "cuda"):
+        raise ValueError(f"device must be 'auto', 'cpu' or 'cuda'; got {device!r}")
+    if device != "auto":
+        return device
+    import sys
+
+    torch = sys.modules.get("torch")
+    return "cuda" if torch is not None and torch.cuda.is_available() else "cpu"
+
+
+def _default_versions() -> dict[str, str]:
+    import sys
+
+    versions = {"python": platform.python_version()}
+    try:
+        from mimo_accel import __version__
+
+        versions["mimo_accel"] = __version__
+    except Exception:  # pragma: no cover
+        pass
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        versions["torch"] = str(torch.__version__)
+    return versions
+
+
+# ------------------------------------------------------------------------------------- recorder
+
+
+class Recorder:
+    """Records one rank's steps to ``<out_dir>/rank<rank>.jsonl``.
+
+    A step runs from :meth:`begin_step` (or, if that is not called, from the previous
+    :meth:`end_step` / the recorder's creation) to :meth:`end_step`, which writes and flushes the
+    line. Between them, :meth:`add` accumulates counters, :meth:`set` sets fields, and
+    :meth:`start`/:meth:`stop` (or ``with recorder.time(name)``) time regions; a region timed
+    several times in a step (micro-batches) is summed. Nested starts of the same region count
+    once (the outermost pair). A region still open at ``end_step`` is carried into the next step.
+
+    Not a collective: every rank records on its own. Thread-safe for start/stop from autograd's
+    threads.
+    """
+
+    def __init__(
+        self,
+        out_dir: str | os.PathLike[str],
+        *,
+        rank: int,
+        world_size: int,
+        module: str,
+        dp_rank: int = 0,
+        dp_size: int = 1,
+        layout: dict[str, Any] | None = None,
+        config: dict[str, Any] | None = None,
+        versions: dict[str, str] | None = None,
+        label: str = "",
+        device: str = "auto",
+        clock: str = "auto",
+        append: bool = False,
+        fsync: bool = False,
+    ) -> None:
+        if not (0 <= rank < world_size):
+            raise ValueError(f"rank must be in [0, world_size={world_size}); got {rank}")
+        if not (0 <= dp_rank < dp_size):
+            raise ValueError(f"dp_rank must be in [0, dp_size={dp_size}); got {dp_rank}")
+        self.rank = int(rank)
+        self.device = _resolve_device(device)
+        self._clock = _make_clock(clock, self.device)
+        self._cpu_clock = self._clock if isinstance(self._clock, _HostClock) else None
+        self._fsync = fsync
+        self._lock = threading.Lock()
+
+        self.path = rank_file(out_dir, rank)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._file = open(self.path, "a" if append else "w", encoding="utf-8")  # noqa: SIM115
+        self.header: dict[str, Any] = {
+            "kind": "header",
+            "format": FORMAT,
+            "rank": self.rank,
+            "world_size": int(world_size),
+            "module": str(module),
+            "dp_rank": int(dp_rank),
+            "dp_size": int(dp_size),
+            "layout": dict(layout or {}),
+            "versions": {**_default_versions(), **(versions or {})},
+            "config": dict(config or {}),
+            "device": self.device,
+            "label": str(label),
+            "clock": {"step": "wall", "regions": self._clock.name},
+            "pid": os.getpid(),
+            "host": platform.node(),
+            "t": time.time(),
+        }
+        self._write(self.header)
+
+        self._next_step = 0
+        self._open: dict[str, tuple[int, Any]] = {}  # name -> (depth, start mark)
+        self._pending: list[tuple[str, Any, Any]] = []  # lazy clocks: (name, start, stop)
+        self._reset_step()
+
+    # -- step lifecycle -------------------------------------------------------------------------
+
+    def _reset_step(self) -> None:
+        self._counters = dict.fromkeys(COUNTERS, 0)
+        self._fields: dict[str, Any] = {}
+        self._regions: dict[str, float] = {}
+        self._calls: dict[str, int] = {}
+        self._fallbacks = 0
+        self._t0 = time.perf_counter()
+        self._cpu0 = self._cpu_clock.now_cpu() if self._cpu_clock else None
+
+    def begin_step(self) -> None:
+        """Mark the start of a step (optional; excludes the time since the last ``end_step``).
+
+        Counters, fields and region times recorded since the last ``end_step`` are kept.
+        """
+        self._t0 = time.perf_counter()
+        self._cpu0 = self._cpu_clock.now_cpu() if self._cpu_clock else None
+
+    def end_step(self, step: int | None = None) -> dict[str, Any]:
+        """Close the step: resolve region times, write and flush its line; return the record.
+
+        ``step`` is the training iteration number (default: one more than the last step).
+        """
+        t1 = time.perf_counter()
+        cpu1 = self._cpu_clock.now_cpu() if self._cpu_clock else None
+        with self._lock:
+            pending, self._pending = self._pending, []
+        for name, seconds, fellback in self._clock.resolve(pending) if pending else ():
+            self._regions[name] = self._regions.get(name, 0.0) + seconds
+            self._fallbacks += fellback
+        if step is None:
+            step = self._next_step
+        self._next_step = int(step) + 1
+
+        record: dict[str, Any] = {
+            "kind": "step",
+            "step": int(step),
+            "step_time_s": t1 - self._t0,
+            "step_cpu_s": (cpu1 - self._cpu0) if cpu1 is not None and self._cpu0 is not None else None,
+        }
+        for name in REGIONS:
+            record[f"{name}_s"] = self._regions.get(name)
+        for name, seconds in self._regions.items():
+            if name not in REGIONS:
+                record[f"{name}_s"] = seconds
+        record.update(self._counters)
+        for name in SETTABLE:
+            record[name] = None
+        record.update(self._fields)
+        record["timed_calls"] = dict(self._calls)
+        if self._fallbacks:
+            record["clock_fallbacks"] = self._fallbacks
+        record["t"] = time.time()
+        self._write(record)
+        self._reset_step()
+        return record
+
+    # -- counters and fields --------------------------------------------------------------------
+
+    def add(self, **counters: int) -> None:
+        """Add to this step's counters (``samples``, ``images``, ``patches``, ``tokens``,
+        ``samples_read``, ``bytes_read``, ``bytes_exchanged``)."""
+        c = self._counters
+        for name, value in counters.items():
+            if name not in c:
+                raise TypeError(f"unknown counter {name!r}; counters are: {', '.join(COUNTERS)}")
+            c[name] += int(value)
+
+    def set(self, **fields: Any) -> None:
+        """Set fields of this step's line (e.g. ``predicted_spread=0.04``); last value wins.
+
+        Any JSON-serialisable name is allowed except the recorder's own fields.
+        """
+        for name in fields:
+            if name in _RESERVED or (name.endswith("_s") and name[:-2] in self._regions):
+                raise ValueError(f"{name!r} is written by the recorder itself; use add()/start() instead")
+        self._fields.update(fields)
+
+    # -- regions --------------------------------------------------------------------------------
+
+    def start(self, name: str) -> None:
+        """Start timing region ``name`` (reported as ``<name>_s``). Re-entrant: nested starts of
+        the same name are counted once."""
+        with self._lock:
+            depth, mark = self._open.get(name, (0, None))
+            if depth == 0:
+                mark = self._clock.mark()
+            self._open[name] = (depth + 1, mark)
+
+    def stop(self, name: str) -> None:
+        """Stop timing region ``name``. A stop without a start is ignored."""
+        with self._lock:
+            depth, mark = self._open.get(name, (0, None))
+            if depth == 0:
+                return
+            if depth > 1:
+                self._open[name] = (depth - 1, mark)
+                return
+            del self._open[name]
+            stop = self._clock.mark()
+            self._calls[name] = self._calls.get(name, 0) + 1
+            if self._clock.lazy:
+                self._pending.append((name, mark, stop))
+                return
+            seconds, fellback = self._clock.elapsed(mark, stop)
+            self._regions[name] = self._regions.get(name, 0.0) + seconds
+            self._fallbacks += fellback
+
+    @contextmanager
+    def time(self, name: str) -> Iterator[None]:
+        """``with recorder.time("vision_fwd"): ...`` times the block as region ``name``."""
+        self.start(name)
+        try:
+            yield
+        finally:
+            self.stop(name)
+
+    # -- file -----------------------------------------------------------------------------------
+
+    def _write(self, record: dict[str, Any]) -> None:
+        line = json.dumps(record, default=_json_default, allow_nan=False, separators=(",", ":"))
+        self._file.write(line + "\n")
+        self._file.flush()
+        if self._fsync:
+            os.fsync(self._file.fileno())
+
+    def close(self) -> None:
+        """Close the file. Steps not ended are not written."""
+        if not self._file.closed:
+            self._file.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._file.closed
+
+    def __enter__(self) -> Recorder:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _json_default(obj: Any) -> Any:
+    if isinstance(obj, float) and not math.isfinite(obj):  # pragma: no cover - json handles floats
+        return None
+    item = getattr(obj, "item", None)  # numpy / torch scalars
+    if callable(item):
+        try:
+            return item()
+        except Exception:
+            pass
+    if isinstance(obj, (set, frozenset, tuple)):
+        return list(obj)
+    return str(obj)
+
+
+# --------------------------------------------------------------------------------- module timer
+
+
+class ModuleTimer:
+    """Times an ``nn.Module``'s forward and backward as regions ``<name>_fwd`` / ``<name>_bwd``.
+
+    * forward: forward-pre-hook → forward-hook (``always_call``, so an exception closes it).
+      Forwards that run *inside* a backward (activation recomputation) are not counted as forward;
+      their time falls inside the backward region.
+    * backward: starts when the gradient of the module's output arrives (a hook on each output
+      tensor, registered by the forward hook; outputs may be tensors or nested tuples/lists/dicts)
+      and stops when the backward pass (autograd graph task) that delivered it finishes (an
+      autograd final callback). On a vision-encoder rank, that backward is the encoder's own; when
+      the encoder shares a graph with other modules it is the tail of it (the encoder ran first, so
+      its backward runs last).
+
+    Why not ``register_full_backward_hook`` for the end: when no module input requires grad (a
+    vision encoder's pixel values never do) torch fires it as soon as the *output* gradient
+    arrives, so it would measure ~0.
+    """
+
+    def __init__(self, module: Any, recorder: Recorder, name: str = "vision") -> None:
+        import torch
+
+        self._torch = torch
+        self.recorder = recorder
+        self.name = name
+        self._fwd = f"{name}_fwd"
+        self._bwd = f"{name}_bwd"
+        self._active = True
+        self._recompute_depth = 0
+        self._bwd_tasks: set[int] = set()
+        self._lock = threading.Lock()
+        self._handles = [
+            module.register_forward_pre_hook(self._pre_forward),
+            module.register_forward_hook(self._post_forward, always_call=True),
+        ]
+
+    # forward ------------------------------------------------------------------------------------
+    def _pre_forward(self, module: Any, args: Any) -> None:
+        if not self._active:
+            return
+        task = self._torch._C._current_graph_task_id()
+        if task != -1:
+            # Recomputation inside a backward (activation checkpointing). With reentrant
+            # checkpointing the forward ran under no_grad, so no output hook was registered:
+            # the backward region starts here at the latest.
+            self._recompute_depth += 1
+            self._begin_backward(task)
+            return
+        self.recorder.start(self._fwd)
+
+    def _post_forward(self, module: Any, args: Any, output: Any) -> None:
+        if not self._active:
+            return
+        if self._recompute_depth:
+            self._recompute_depth -= 1
+            return
+        self.recorder.stop(self._fwd)
+        if not self._torch.is_grad_enabled():
+            return
+        if isinstance(output, self._torch.Tensor):  # the common case, without the walk
+            if output.requires_grad:
+                output.register_hook(self._on_output_grad)
+            return
+        for t in _iter_tensors(output, self._torch.Tensor):
+            if t.requires_grad:
+                t.register_hook(self._on_output_grad)
+
+    # backward -----------------------------------------------------------------------------------
+    def _on_output_grad(self, grad: Any) -> None:
+        if self._active:
+            self._begin_backward(self._torch._C._current_graph_task_id())
+
+    def _begin_backward(self, task: int) -> None:
+        with self._lock:
+            if task in self._bwd_tasks:
+                return
+            self._bwd_tasks.add(task)
+        self.recorder.start(self._bwd)
+        self._torch.autograd.Variable._execution_engine.queue_callback(lambda: self._on_backward_done(task))
+
+    def _on_backward_done(self, task: int) -> None:
+        with self._lock:
+            self._bwd_tasks.discard(task)
+        self.recorder.stop(self._bwd)
+
+    def remove(self) -> None:
+        """Remove the module hooks; output-gradient hooks already registered become no-ops."""
+        self._active = False
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+
+
+def _iter_tensors(obj: Any, tensor_type: type, _depth: int = 0) -> Iterator[Any]:
+    if isinstance(obj, tensor_type):
+        yield obj
+    elif _depth < 4 and isinstance(obj, (tuple, list)):
+        for o in obj:
+            yield from _iter_tensors(o, tensor_type, _depth + 1)
+    elif _depth < 4 and isinstance(obj, dict):
+        for o in obj.values():
+            yield from _iter_tensors(o, tensor_type, _depth + 1)
+
+
+def attach_module_timer(module: Any, recorder: Recorder, name: str = "vision") -> ModuleTimer:
+    """Time ``module``'s forward and backward into ``recorder`` as ``<name>_fwd``/``<name>_bwd``.
+
+    Returns a handle; ``handle.remove()`` detaches it. See :class:`ModuleTimer`.
+    """
+    return ModuleTimer(module, recorder, name)
+
+
+# --------------------------------------------------------------------------------------- reader
+
+
+@dataclass
+class RankLog:
+    """One rank's file: its header (``None`` if missing) and its step records, in file order."""
+
+    rank: int
+    path: Path
+    header: dict[str, Any] | None
+    steps: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def module(self) -> str:
+        return str((self.header or {}).get("module", "unknown"))
+
+    @property
+    def dp_rank(self) -> int:
+        return int((self.header or {}).get("dp_rank", 0))
+
+    @property
+    def dp_size(self) -> int:
+        return int((self.header or {}).get("dp_size", 1))
+
+
+@dataclass
+class Run:
+    """All rank files of one profile directory, and what was wrong with them."""
+
+    directory: Path
+    ranks: dict[int, RankLog]
+    warnings: list[str]
+    world_size: int | None
+
+    @property
+    def header(self) -> dict[str, Any]:
+        """The lowest rank's header (run-wide fields: layout, label, config, versions)."""
+        for r in sorted(self.ranks):
+            if self.ranks[r].header:
+                return self.ranks[r].header  # type: ignore[return-value]
+        return {}
+
+    @property
+    def label(self) -> str:
+        return str(self.header.get("label", "")) or self.directory.name
+
+    @property
+    def layout(self) -> dict[str, Any]:
+        return dict(self.header.get("layout", {}))
+
+
+def read_run(directory: str | os.PathLike[str]) -> Run:
+    """Load every ``rank<N>.jsonl`` of ``directory``.
+
+    Tolerates and reports (in ``Run.warnings``): a torn last line, invalid lines, empty files,
+    missing headers, restarted files (several headers), ranks missing from ``world_size``, and
+    headers that disagree. Raises :class:`NoProfileData` if the directory does not exist or no
+    file has a single step record.
+    """
+    d = Path(directory)
+    expected = "rank<N>.jsonl files written by mimo_accel.profiler.Recorder"
+    if not d.is_dir():
+        raise NoProfileData(f"{d}: not a directory (expected a profile directory with {expected})")
+    files = sorted(
+        ((int(m.group(1)), p) for p in d.iterdir() if (m := _RANK_FILE.match(p.name)) and p.is_file()),
+    )
+    if not files:
+        raise NoProfileData(f"{d}: no rank<N>.jsonl files (expected {expected})")
+
+    warnings: list[str] = []
+    ranks: dict[int, RankLog] = {}
+    for rank, path in files:
+        log = _read_rank_file(rank, path, warnings)
+        if log is not None:
+            ranks[rank] = log
+
+    if not any(log.steps for log in ranks.values()):
+        detail = "; ".join(warnings) if warnings else "the files hold headers but no step records"
+        raise NoProfileData(f"{d}: no step records in {len(files)} rank file(s) ({detail})")
+
+    # world size and missing ranks
+    sizes = {int(log.header["world_size"]) for log in ranks.values() if log.header and "world_size" in log.header}
+    world_size = max(sizes) if sizes else None
+    if len(sizes) > 1:
+        warnings.append(f"headers disagree on world_size ({sorted(sizes)}); using {world_size}")
+    if world_size is not None:
+        present = {r for r in ranks if ranks[r].steps}
+        beyond = sorted(r for r in ranks if r >= world_size)
+        if beyond:
+            warnings.append(f"rank file(s) {beyond} beyond world_size {world_size}")
+        missing = [r for r in range(world_size) if r not in present]
+        if missing:
+            warnings.append(
+                f"{_ranks_str(missing)} of world {world_size} missing or without steps "
+                f"({len(present)} of {world_size} ranks have data)"
+            )
+    labels = {str(log.header.get("label", "")) for log in ranks.values() if log.header}
+    if len(labels) > 1:
+        warnings.append(f"ranks carry different labels: {sorted(labels)}")
+    layouts = {json.dumps(log.header.get("layout", {}), sort_keys=True) for log in ranks.values() if log.header}
+    if len(layouts) > 1:
+        warnings.append("ranks carry different layouts in their headers; using the lowest rank's")
+    return Run(directory=d, ranks=ranks, warnings=warnings, world_size=world_size)
+
+
+def _ranks_str(ranks: list[int]) -> str:
+    if len(ranks) == 1:
+        return f"rank {ranks[0]}"
+    if len(ranks) > 8:
+        return f"ranks {', '.join(map(str, ranks[:8]))}, … ({len(ranks)} ranks)"
+    return f"ranks {', '.join(map(str, ranks))}"
+
+
+def _read_rank_file(rank: int, path: Path, warnings: list[str]) -> RankLog | None:
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        warnings.append(f"rank {rank}: cannot read {path.name}: {e}")
+        return None
+    if not data.strip():
+        warnings.append(f"rank {rank}: {path.name} is empty (did the rank die before its first step?)")
+        return None
+    text = data.decode("utf-8", errors="replace")
+    lines = text.split("\n")
+    torn_tail = not text.endswith("\n")
+    if not torn_tail:
+        lines.pop()  # the empty string after the final newline
+    log = RankLog(rank=rank, path=path, header=None)
+    headers = 0
+    bad: list[int] = []
+    by_step: dict[int, int] = {}
+    duplicates = 0
+    for i, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+            if not isinstance(rec, dict):
+                raise ValueError("not an object")
+        except ValueError:
+            if i == len(lines) and torn_tail:
+                warnings.append(
+                    f"rank {rank}: last line of {path.name} is incomplete (run killed mid-write?); ignored it"
+                )
+            else:
+                bad.append(i)
+            continue
+        kind = rec.get("kind")
+        if kind == "header":
+            headers += 1
+            fmt = rec.get("format")
+            if fmt != FORMAT:
+                warnings.append(f"rank {rank}: {path.name} has format {fmt!r}, expected {FORMAT!r}; reading it anyway")
+            if log.header is None:
+                log.header = rec
+                if int(rec.get("rank", rank)) != rank:
+                    warnings.append(f"rank {rank}: {path.name} header says rank {rec.get('rank')}")
+        elif kind == "step":
+            if not _valid_step(rec):
+                bad.append(i)
+                continue
+            step = int(rec["step"])
+            if step in by_step:
+                duplicates += 1
+                log.steps[by_step[step]] = rec  # a restart re-ran this step: keep the latest
+            else:
+                by_step[step] = len(log.steps)
+                log.steps.append(rec)
+        else:
+            bad.append(i)
+    if bad:
+        shown = ", ".join(map(str, bad[:5])) + (" …" if len(bad) > 5 else "")
+        warnings.append(f"rank {rank}: {len(bad)} unreadable line(s) in {path.name} (line {shown}); skipped")
+    if log.header is None:
+        warnings.append(f"rank {rank}: {path.name} has no header line; module and DP rank unknown")
+    if headers > 1:
+        warnings.append(
+            f"rank {rank}: {path.name} holds {headers} headers (restarted into the same file?); "
+            f"{duplicates} repeated step(s) keep their latest record"
+        )
+    if not log.steps and log.header is not None:
+        warnings.append(f"rank {rank}: {path.name} has a header but no step records")
+    log.steps.sort(key=lambda r: r["step"])
+    return log
+
+
+def _valid_step(rec: dict[str, Any]) -> bool:
+    try:
+        int(rec["step"])
+        st = float(rec["step_time_s"])
+    except (KeyError, TypeError, ValueError):
+        return False
+    return math.isfinite(st) and st >= 0

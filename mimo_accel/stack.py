@@ -1,0 +1,406 @@
+"""A small, real MegatronMIMO stack for CPU rehearsal and tests.
+
+Everything here is upstream code put together the way Megatron Bridge puts it together: a
+``MegatronMIMOProvider`` (vision module + GPT language module, megatron-core local layer specs),
+``build_megatron_mimo_model`` with per-module DDP, the ``MultiModulePipelineCommunicator`` over the
+real ``BridgeCommunicator``, ``get_mimo_optimizer``, Bridge's ``forward_step`` through
+megatron-core's ``forward_backward_pipelining_without_interleaving``.
+
+Two things are the project's own, because nothing upstream fits on a CPU:
+- :class:`NativeViT`, a native-resolution vision encoder taking Qwen-style patch-packed input
+  (``hidden_states`` [Σpatches, patch_dim] + ``grid_thw`` [images, 3]) with per-image attention,
+  so its cost grows with the image the way Qwen3-VL's does (a fixed-resolution CLIP only varies
+  with the image count). Bridge's own Qwen3-VL vision model needs Transformer Engine specs.
+- :class:`SyntheticVLMDataset` / :class:`SyntheticMIMOProvider`: deterministic samples with 0/1/N
+  images, each sample carrying its id so tests can check pairing end to end.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional, Sequence
+
+import torch
+from megatron.core.transformer.module import MegatronModule
+from torch import nn
+from torch.nn import functional as F
+
+from mimo_accel.testing import LANGUAGE, VISION, MimoLayout
+
+IMAGE_TOKEN_ID = 31999  # the vision placeholder token in input_ids
+ENCODER_NAME = "vit"  # modality_inputs["vision"][ENCODER_NAME] = {hidden_states, grid_thw}
+SAMPLE_ID_KEY = "sample_ids"
+
+
+# ----------------------------------------------------------------------------------------------
+# Vision encoder
+# ----------------------------------------------------------------------------------------------
+
+
+class NativeViT(MegatronModule):
+    """Native-resolution ViT: per-image bidirectional attention, then a spatial merge.
+
+    Input rows are patches; images are consecutive runs of ``t*h*w`` rows (``grid_thw``); each
+    run of ``merge**2`` consecutive patches becomes one output row (Qwen's patch order keeps a
+    merge window contiguous). Output: ``[Σpatches / merge², out_hidden]``.
+    """
+
+    def __init__(self, config, patch_dim: int, out_hidden: int, merge: int = 2, **_: Any):
+        super().__init__(config=config)
+        hidden, num_layers, num_heads = config.hidden_size, config.num_layers, config.num_attention_heads
+        self.merge = merge
+        self.num_heads = num_heads
+        self.embed = nn.Linear(patch_dim, hidden)
+        self.layers = nn.ModuleList(
+            nn.ModuleDict(dict(norm1=nn.LayerNorm(hidden), qkv=nn.Linear(hidden, 3 * hidden),
+                               proj=nn.Linear(hidden, hidden), norm2=nn.LayerNorm(hidden),
+                               fc1=nn.Linear(hidden, 2 * hidden), fc2=nn.Linear(2 * hidden, hidden)))
+            for _ in range(num_layers))
+        self.merger = nn.Linear(hidden * merge * merge, out_hidden)
+
+    def _attend(self, layer: nn.ModuleDict, x: torch.Tensor, lengths: list[int]) -> torch.Tensor:
+        h = layer["norm1"](x)
+        q, k, v = layer["qkv"](h).chunk(3, dim=-1)
+        outs = []
+        start = 0
+        for n in lengths:  # one attention per image: cost ∝ Σ nᵢ²
+            def heads(t):
+                return t[start:start + n].view(n, self.num_heads, -1).transpose(0, 1)
+            o = F.scaled_dot_product_attention(heads(q), heads(k), heads(v))
+            outs.append(o.transpose(0, 1).reshape(n, -1))
+            start += n
+        attn = torch.cat(outs) if outs else x[:0]
+        x = x + layer["proj"](attn)
+        return x + layer["fc2"](F.gelu(layer["fc1"](layer["norm2"](x))))
+
+    def forward(self, hidden_states: torch.Tensor, grid_thw: torch.Tensor) -> torch.Tensor:
+        lengths = [int(n) for n in grid_thw.prod(dim=-1).tolist()] if grid_thw.numel() else []
+        if sum(lengths) != hidden_states.size(0):
+            raise ValueError(f"NativeViT: hidden_states has {hidden_states.size(0)} patches but "
+                             f"grid_thw describes {sum(lengths)}")
+        x = self.embed(hidden_states)
+        for layer in self.layers:
+            x = self._attend(layer, x, lengths)
+        return self.merger(x.reshape(-1, x.size(-1) * self.merge * self.merge))
+
+
+# ----------------------------------------------------------------------------------------------
+# Data
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SampleSpec:
+    """What one synthetic sample holds: image grids (h, w in patches) and text tokens."""
+
+    images: tuple[tuple[int, int], ...]
+    text_tokens: int
+
+
+def image_rows(h: int, w: int, merge: int = 2) -> int:
+    return (h * w) // (merge * merge)
+
+
+class SyntheticVLMDataset(torch.utils.data.Dataset):
+    """Deterministic VLM samples: ``spec_fn(i) -> SampleSpec`` decides sample i's shape.
+
+    Each sample: ``input_ids`` with one placeholder per encoder output row (images first, then
+    text), right-padded to ``seq_length``; patch-packed vision input; and its id.
+    """
+
+    def __init__(self, num_samples: int, spec_fn: Callable[[int], SampleSpec], *, seq_length: int,
+                 patch_dim: int, vocab_size: int, merge: int = 2, seed: int = 0):
+        self.num_samples = num_samples
+        self.spec_fn = spec_fn
+        self.seq_length = seq_length
+        self.patch_dim = patch_dim
+        self.vocab_size = vocab_size
+        self.merge = merge
+        self.seed = seed
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+    def __getitem__(self, idx: int) -> dict:
+        spec = self.spec_fn(idx)
+        g = torch.Generator().manual_seed(self.seed * 1_000_003 + idx)
+        rows = sum(image_rows(h, w, self.merge) for h, w in spec.images)
+        real = rows + spec.text_tokens
+        if real > self.seq_length:
+            raise ValueError(f"sample {idx}: {real} tokens exceed seq_length {self.seq_length}")
+        ids = torch.zeros(self.seq_length, dtype=torch.long)
+        ids[:rows] = IMAGE_TOKEN_ID
+        ids[rows:real] = torch.randint(1, min(self.vocab_size, IMAGE_TOKEN_ID) - 1, (spec.text_tokens,),
+                                       generator=g)
+        attention = torch.zeros(self.seq_length, dtype=torch.long)
+        attention[:real] = 1
+        labels = torch.full((self.seq_length,), -100, dtype=torch.long)
+        labels[:real - 1] = ids[1:real]
+        loss_mask = ((labels != -100) & (labels != IMAGE_TOKEN_ID)).float()
+        labels[labels == IMAGE_TOKEN_ID] = -100
+        patches = sum(h * w for h, w in spec.images)
+        return {
+            "input_ids": ids,
+            "labels": labels,
+            "loss_mask": loss_mask,
+            "attention_mask": attention,
+            "position_ids": torch.arange(self.seq_length),
+            "hidden_states": torch.randn(patches, self.patch_dim, generator=g),
+            "grid_thw": torch.tensor([[1, h, w] for h, w in spec.images], dtype=torch.long).view(-1, 3),
+            "sample_id": idx,
+        }
+
+
+def collate(samples: Sequence[dict]) -> dict:
+    """Stack text tensors; patch-pack the images of all samples in sample order."""
+    batch = {k: torch.stack([s[k] for s in samples])
+             for k in ("input_ids", "labels", "loss_mask", "attention_mask", "position_ids")}
+    batch["modality_inputs"] = {VISION: {ENCODER_NAME: {
+        "hidden_states": torch.cat([s["hidden_states"] for s in samples]),
+        "grid_thw": torch.cat([s["grid_thw"] for s in samples]),
+    }}}
+    batch[SAMPLE_ID_KEY] = torch.tensor([s["sample_id"] for s in samples], dtype=torch.long)
+    return batch
+
+
+def model_batches(batches, *, keep_attention_mask: bool = False, seen_ids: Optional[list] = None):
+    """Adapt loader batches for ``MimoModel.forward``, as Bridge's Qwen3.5-VL example does.
+
+    The sample ids are recorded into ``seen_ids`` (if given) and removed; the ``[B, S]`` padding
+    mask is dropped (causal attention + loss_mask already ignore right padding) unless a packer
+    needs it as its length source.
+    """
+    for batch in batches:
+        ids = batch.pop(SAMPLE_ID_KEY, None)
+        if seen_ids is not None and ids is not None:
+            seen_ids.append(ids.tolist())
+        if not keep_attention_mask:
+            batch["attention_mask"] = None
+        yield batch
+
+
+def _provider_class():
+    from megatron.bridge.data.megatron_mimo.base_provider import MegatronMIMODatasetProvider
+
+    @dataclass(kw_only=True)
+    class SyntheticMIMOProvider(MegatronMIMODatasetProvider):
+        """A MegatronMIMO dataset provider over :class:`SyntheticVLMDataset` (train split only)."""
+
+        dataset_factory: Callable[[int], torch.utils.data.Dataset] = None
+
+        def build_datasets(self, context):
+            return self.dataset_factory(context.train_samples), None, None
+
+        def get_collate_fn(self):
+            return collate
+
+    return SyntheticMIMOProvider
+
+
+def make_data_provider(dataset_factory: Callable[[int], torch.utils.data.Dataset], *,
+                       dataloader_type: str = "single", drop_last: bool = True):
+    cls = _provider_class()
+    return cls(dataset_factory=dataset_factory, dataloader_type=dataloader_type, num_workers=0,
+               pin_memory=False, persistent_workers=False, drop_last=drop_last, data_sharding=True)
+
+
+# ----------------------------------------------------------------------------------------------
+# Model, communicator, optimizer — as Bridge's setup_megatron_mimo builds them
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclass
+class StackConfig:
+    layout: MimoLayout
+    hidden: int = 32
+    vision_hidden: int = 32
+    vision_layers: int = 1
+    language_layers: int = 1
+    heads: int = 4
+    patch_dim: int = 24
+    vocab_size: int = 32000
+    seq_length: int = 64
+    merge: int = 2
+    seed: int = 1234
+    lr: float = 1e-3
+
+
+def _vision_config(cfg: StackConfig):
+    return _transformer_config(cfg.vision_layers, cfg.vision_hidden, cfg.heads)
+
+
+def _language_config(cfg: StackConfig):
+    return _transformer_config(cfg.language_layers, cfg.hidden, cfg.heads)
+
+
+def _transformer_config(num_layers: int, hidden: int, heads: int):
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    return TransformerConfig(
+        num_layers=num_layers, hidden_size=hidden, ffn_hidden_size=2 * hidden,
+        num_attention_heads=heads, use_cpu_initialization=True, variable_seq_lengths=True,
+        pipeline_dtype=torch.float32, bf16=False, hidden_dropout=0.0, attention_dropout=0.0,
+        bias_activation_fusion=False, bias_dropout_fusion=False, apply_rope_fusion=False,
+        masked_softmax_fusion=False, gradient_accumulation_fusion=False,
+        moe_token_dispatcher_type="alltoall",  # required with variable_seq_lengths
+    )
+
+
+def build_provider(cfg: StackConfig):
+    """The ``MegatronMIMOProvider`` for the tiny stack (not yet built)."""
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.models.gpt.gpt_model import GPTModel
+    from megatron.core.models.mimo.submodules.vision import VisionModalitySubmodules
+    from megatron.core.transformer.spec_utils import ModuleSpec
+
+    from megatron.bridge.models.megatron_mimo.megatron_mimo_provider import MegatronMIMOProvider
+
+    vision = ModuleSpec(
+        module=VisionModalitySubmodules, params={},
+        submodules={"encoders": {ENCODER_NAME: ModuleSpec(module=NativeViT, params=dict(
+            config=_vision_config(cfg), patch_dim=cfg.patch_dim, out_hidden=cfg.hidden,
+            merge=cfg.merge))}},
+    )
+    language = ModuleSpec(module=GPTModel, params=dict(
+        config=_language_config(cfg), transformer_layer_spec=get_gpt_layer_local_spec(),
+        vocab_size=cfg.vocab_size, max_sequence_length=cfg.seq_length))
+    return MegatronMIMOProvider(
+        language_model_spec=language,
+        modality_submodules_spec={VISION: vision},
+        special_token_ids={VISION: IMAGE_TOKEN_ID},
+        megatron_mimo_parallelism_config=cfg.layout.parallelism_config(),
+        topology={VISION: [LANGUAGE], LANGUAGE: []},
+        bf16=False,
+    )
+
+
+@dataclass
+class Stack:
+    """What ``setup_megatron_mimo`` hands the training loop, for the tiny model."""
+
+    cfg: StackConfig
+    provider: Any
+    model: Any
+    infra: Any
+    communicator: Any
+    pg_collection: Any
+    module_to_grid_tuple: list
+    optimizer: Any
+    role_module: str | None = field(default=None)
+
+    def train_step(self, data_iterator, num_microbatches: int, micro_batch_size: int,
+                   forward_step_func: Optional[Callable] = None):
+        """One iteration: zero grads, forward/backward through the pipeline schedule, optimizer step.
+
+        Returns (losses_reduced, grad_norm). ``forward_step_func`` defaults to Bridge's MIMO
+        ``forward_step`` looked up at call time (so a patched step is used when patched).
+        """
+        from functools import partial
+
+        from megatron.core.pipeline_parallel.schedules import forward_backward_pipelining_without_interleaving
+
+        from megatron.bridge.training import megatron_mimo_step
+        from megatron.bridge.training.megatron_mimo_parallel_utils import zero_grad_buffer_for_multimodule
+
+        if forward_step_func is None:
+            forward_step_func = partial(megatron_mimo_step.forward_step, None)
+        zero_grad_buffer_for_multimodule(self.module_to_grid_tuple)
+        losses = forward_backward_pipelining_without_interleaving(
+            forward_step_func=forward_step_func, data_iterator=data_iterator, model=[self.model],
+            num_microbatches=num_microbatches, seq_length=self.cfg.seq_length,
+            micro_batch_size=micro_batch_size, forward_only=False,
+            p2p_communicator=self.communicator, pg_collection=self.pg_collection)
+        _, grad_norm, _ = self.optimizer.step()
+        return losses, grad_norm
+
+
+def build_stack(cfg: StackConfig) -> Stack:
+    """Build the model, communicator and optimizer as ``setup_megatron_mimo`` does (collective)."""
+    from megatron.core.distributed import DistributedDataParallelConfig
+    from megatron.core.models.mimo.optimizer import get_mimo_optimizer
+    from megatron.core.optimizer import OptimizerConfig
+    from megatron.core.pipeline_parallel.multimodule_communicator import MultiModulePipelineCommunicator
+    from megatron.core.utils import get_model_config
+
+    from megatron.bridge.models.megatron_mimo import build_megatron_mimo_model
+    from megatron.bridge.training import setup_megatron_mimo as setup_mod
+    from megatron.bridge.training.megatron_mimo_parallel_utils import (
+        build_pg_collection_for_schedule,
+        get_module_to_grid_tuple,
+        unwrap_megatron_mimo_model,
+    )
+
+    provider = build_provider(cfg)
+    model, infra = build_megatron_mimo_model(provider, ddp_config=DistributedDataParallelConfig(),
+                                             fp16=False, bf16=False, seed=cfg.seed)
+    model_config = get_model_config(model)
+    if model_config.pipeline_dtype is None:
+        model_config.pipeline_dtype = torch.float32
+    communicator = MultiModulePipelineCommunicator(
+        infra.module_to_grid_map, infra.topology, model_config,
+        dim_mapping={"s": 0, "b": 1, "h": 2}, module_output_ndim=infra.module_output_ndim)
+    pg_collection = build_pg_collection_for_schedule(infra)
+    module_to_grid_tuple = get_module_to_grid_tuple(model, infra)
+    # clip_grad=0: megatron's grad clipping asserts CUDA tensors (the norm is still computed).
+    opt_cfg = OptimizerConfig(optimizer="adam", lr=cfg.lr, bf16=False, fp16=False,
+                              use_distributed_optimizer=False, clip_grad=0.0)
+    optimizer = get_mimo_optimizer(unwrap_megatron_mimo_model(model), opt_cfg)
+    setup_mod._update_megatron_mimo_model_config_funcs(model, optimizer, infra, module_to_grid_tuple)
+    return Stack(cfg, provider, model, infra, communicator, pg_collection, module_to_grid_tuple,
+                 optimizer)
+
+
+def module_parameters_with_grad(stack: Stack) -> tuple[int, int]:
+    """(parameters with a non-zero main grad, parameters) on this rank."""
+    total = with_grad = 0
+    for p in stack.model.parameters():
+        if not p.requires_grad:
+            continue
+        total += 1
+        g = getattr(p, "main_grad", None)
+        if g is None:
+            g = p.grad
+        if g is not None and bool(torch.isfinite(g).all()) and float(g.abs().sum()) > 0:
+            with_grad += 1
+    return with_grad, total
+
+
+def uniform_spec(images_per_sample: int = 1, side: int = 4, text_tokens: int = 8) -> Callable[[int], SampleSpec]:
+    return _UniformSpec(images_per_sample, side, text_tokens)
+
+
+@dataclass(frozen=True)
+class _UniformSpec:
+    images: int
+    side: int
+    text: int
+
+    def __call__(self, idx: int) -> SampleSpec:
+        return SampleSpec(((self.side, self.side),) * self.images, self.text)
+
+
+@dataclass(frozen=True)
+class VariedSpec:
+    """0/1/N images of varied sizes, decided by the sample id (deterministic, picklable)."""
+
+    max_images: int = 3
+    sides: tuple[int, ...] = (2, 4, 6, 8)
+    text_tokens: tuple[int, int] = (4, 16)
+
+    def __call__(self, idx: int) -> SampleSpec:
+        g = torch.Generator().manual_seed(idx * 7919 + 17)
+        n = int(torch.randint(0, self.max_images + 1, (1,), generator=g))
+        sides = [self.sides[int(i)] for i in torch.randint(0, len(self.sides), (2 * n,), generator=g)]
+        imgs = tuple((sides[2 * k], sides[2 * k + 1]) for k in range(n))
+        lo, hi = self.text_tokens
+        return SampleSpec(imgs, int(torch.randint(lo, hi + 1, (1,), generator=g)))
+
+
+def max_tokens(spec: Callable[[int], SampleSpec], n: int, merge: int = 2) -> int:
+    return max(sum(image_rows(h, w, merge) for h, w in s.images) + s.text_tokens
+               for s in (spec(i) for i in range(n)))
+
+
+def ceil_to(x: int, k: int) -> int:
+    return int(math.ceil(x / k) * k)

@@ -1,0 +1,243 @@
+"""Multi-rank harness: run a function on N gloo ranks, and build the real MIMO grids.
+
+Used by the test suite and the rehearsal. Ranks are forked from a forkserver that has already
+imported torch and megatron (20-30 s of imports paid once per session, not once per rank).
+Every run has a hard deadline; when a rank fails, the others are killed and the failing rank's
+traceback (and the tail of its output) is raised in the caller — no hang when one rank dies.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import multiprocessing as mp
+import os
+import queue
+import socket
+import sys
+import tempfile
+import time
+import traceback
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any, Callable, Sequence
+
+VISION = "vision"
+LANGUAGE = "language"  # megatron.core.models.mimo.config.role.MIMO_LANGUAGE_MODULE_KEY
+
+_PRELOAD = "mimo_accel._preload"
+
+
+class RankFailure(AssertionError):
+    """A rank raised, died or missed the deadline. ``str()`` carries its traceback."""
+
+
+@dataclass(frozen=True)
+class ModuleLayout:
+    tp: int = 1
+    pp: int = 1
+    dp: int = 1
+
+    @property
+    def size(self) -> int:
+        return self.tp * self.pp * self.dp
+
+
+@dataclass(frozen=True)
+class MimoLayout:
+    """A non-colocated layout: the vision module on ranks [0, V), the language module after it."""
+
+    vision: ModuleLayout = field(default_factory=ModuleLayout)
+    language: ModuleLayout = field(default_factory=ModuleLayout)
+
+    @classmethod
+    def from_dp(cls, vision_dp: int, language_dp: int) -> "MimoLayout":
+        return cls(ModuleLayout(dp=vision_dp), ModuleLayout(dp=language_dp))
+
+    @property
+    def world_size(self) -> int:
+        return self.vision.size + self.language.size
+
+    def modules(self) -> dict[str, tuple[ModuleLayout, int]]:
+        """Module name -> (layout, rank offset)."""
+        return {VISION: (self.vision, 0), LANGUAGE: (self.language, self.vision.size)}
+
+    def parallelism_config(self):
+        """The Bridge ``MegatronMIMOParallelismConfig`` for this layout (finalized)."""
+        from megatron.bridge.models.megatron_mimo.megatron_mimo_config import (
+            MegatronMIMOParallelismConfig,
+            ModuleParallelismConfig,
+        )
+
+        cfg = MegatronMIMOParallelismConfig(
+            module_parallelisms={
+                name: ModuleParallelismConfig(
+                    tensor_model_parallel_size=m.tp,
+                    pipeline_model_parallel_size=m.pp,
+                    data_parallel_size=m.dp,
+                    rank_offset=offset,
+                )
+                for name, (m, offset) in self.modules().items()
+            }
+        )
+        cfg.finalize(self.world_size)
+        return cfg
+
+    def __str__(self) -> str:
+        v, l = self.vision, self.language
+        return f"vision(tp{v.tp},pp{v.pp},dp{v.dp})->language(tp{l.tp},pp{l.pp},dp{l.dp})"
+
+
+def build_grids(layout: MimoLayout):
+    """The HyperCommGrids Bridge builds for this layout (its own ``build_hypercomm_grids``).
+
+    Collective: every rank of the world must call it, in the same order.
+    """
+    from megatron.bridge.models.megatron_mimo.megatron_mimo_builder import build_hypercomm_grids
+
+    return build_hypercomm_grids(layout.parallelism_config())
+
+
+def module_of_rank(layout: MimoLayout, rank: int) -> str | None:
+    for name, (m, offset) in layout.modules().items():
+        if offset <= rank < offset + m.size:
+            return name
+    return None
+
+
+# ----------------------------------------------------------------------------------------------
+# Running a function on N ranks
+# ----------------------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _context():
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload([_PRELOAD])
+    return ctx
+
+
+def _rank_main(fn, rank, world_size, port, args, results, log_path, deadline_s, cpu_layer):
+    log = open(log_path, "w", buffering=1)
+    os.dup2(log.fileno(), 1)
+    os.dup2(log.fileno(), 2)
+    # If the parent's deadline is about to kill us, leave every thread's stack in the log.
+    faulthandler.dump_traceback_later(max(1.0, deadline_s - 3.0), exit=False, file=log)
+    try:
+        import torch
+        import torch.distributed as dist
+
+        torch.set_num_threads(1)
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                          RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank))
+        if cpu_layer:
+            from mimo_accel import cpu
+
+            cpu.activate()
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                                world_size=world_size, timeout=timedelta(seconds=deadline_s))
+        value = fn(rank, world_size, *args)
+        results.put((rank, "ok", value))
+        dist.barrier()
+        dist.destroy_process_group()
+    except BaseException:
+        results.put((rank, "error", traceback.format_exc()))
+        results.close()
+        results.join_thread()  # the report must leave before the hard exit below
+        sys.stderr.flush()
+        os._exit(1)
+    finally:
+        faulthandler.cancel_dump_traceback_later()
+
+
+def _tail(path: str, limit: int = 4000) -> str:
+    try:
+        with open(path, errors="replace") as f:
+            text = f.read()
+    except OSError:
+        return ""
+    return text[-limit:]
+
+
+def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any, deadline_s: float = 240.0,
+              cpu_layer: bool = True) -> list[Any]:
+    """Run ``fn(rank, world_size, *args)`` on ``world_size`` gloo ranks; return each rank's result.
+
+    ``fn`` and ``args`` must be picklable (a module-level function). With ``cpu_layer`` each rank
+    activates :mod:`mimo_accel.cpu` before ``init_process_group``.
+    Raises :class:`RankFailure` naming the first failing rank with its traceback.
+    """
+    ctx = _context()
+    results = ctx.Queue()
+    port = free_port()
+    logdir = tempfile.mkdtemp(prefix="mimo-accel-ranks-")
+    logs = [os.path.join(logdir, f"rank{r}.log") for r in range(world_size)]
+    procs = [ctx.Process(target=_rank_main, daemon=True,
+                         args=(fn, r, world_size, port, args, results, logs[r], deadline_s, cpu_layer))
+             for r in range(world_size)]
+    for p in procs:
+        p.start()
+
+    out: dict[int, Any] = {}
+    errors: dict[int, str] = {}
+    end = time.monotonic() + deadline_s
+    try:
+        while len(out) < world_size and not errors:
+            try:
+                rank, status, value = results.get(timeout=0.2)
+            except queue.Empty:
+                dead = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0) and r not in out]
+                if dead:
+                    # A rank died without reporting (killed, segfault): allow a moment for its
+                    # queued report to arrive, then call it.
+                    try:
+                        rank, status, value = results.get(timeout=1.0)
+                    except queue.Empty:
+                        r = dead[0]
+                        errors[r] = f"rank {r} exited with code {procs[r].exitcode} without a report"
+                        break
+                elif time.monotonic() > end:
+                    raise RankFailure(
+                        f"deadline of {deadline_s:.0f}s passed; ranks done: {sorted(out)}, "
+                        f"still running: {[r for r in range(world_size) if r not in out]}\n"
+                        + "".join(f"\n--- rank {r} output (tail) ---\n{_tail(logs[r])}"
+                                  for r in range(world_size) if r not in out))
+                else:
+                    continue
+            if status == "ok":
+                out[rank] = value
+            else:
+                errors[rank] = value
+        if errors:
+            # Other ranks usually fail *because* the first one did; give them a moment to report.
+            grace = time.monotonic() + 2.0
+            while time.monotonic() < grace:
+                try:
+                    rank, status, value = results.get(timeout=0.2)
+                    if status == "error":
+                        errors.setdefault(rank, value)
+                except queue.Empty:
+                    pass
+            first = next(iter(errors))  # the first to report is the root cause, usually
+            raise RankFailure(
+                f"rank {first} of {world_size} failed:\n{errors[first]}"
+                f"\n--- rank {first} output (tail) ---\n{_tail(logs[first])}"
+                + (f"\n(other failing ranks: {sorted(set(errors) - {first})})" if len(errors) > 1 else ""))
+        for p in procs:
+            p.join(timeout=max(1.0, end - time.monotonic()))
+        return [out[r] for r in range(world_size)]
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+        for p in procs:
+            p.join(timeout=5)
+
+
+def ranks_of(layout: MimoLayout, module: str) -> Sequence[int]:
+    m, offset = layout.modules()[module]
+    return range(offset, offset + m.size)

@@ -1,0 +1,270 @@
+"""The before/after report, on profile directories generated here."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from mimo_accel.profiler import FORMAT, read_run
+from mimo_accel.report import build, main, render, summarize
+
+LAYOUT = {"vision": {"tp": 1, "pp": 1, "dp": 2}, "language": {"tp": 1, "pp": 1, "dp": 2}}
+
+
+def write_run(
+    directory: Path,
+    ranks: dict[int, dict],
+    *,
+    world_size: int | None = None,
+    layout: dict | None = None,
+    label: str = "baseline",
+) -> Path:
+    """Write ``rank<N>.jsonl`` files. ``ranks[r]`` = {module, dp_rank, dp_size, steps: [dict(...)]};
+    each step dict holds step fields; missing ones get defaults."""
+    directory.mkdir(parents=True, exist_ok=True)
+    world_size = world_size if world_size is not None else len(ranks)
+    for rank, spec in ranks.items():
+        header = {
+            "kind": "header", "format": FORMAT, "rank": rank, "world_size": world_size,
+            "module": spec["module"], "dp_rank": spec.get("dp_rank", 0), "dp_size": spec.get("dp_size", 1),
+            "layout": LAYOUT if layout is None else layout, "versions": {}, "config": {}, "device": "cpu",
+            "label": label, "clock": {"step": "wall", "regions": "thread_cpu"},
+        }
+        lines = [header]
+        for i, st in enumerate(spec["steps"]):
+            rec = {
+                "kind": "step", "step": i, "step_time_s": 1.0, "step_cpu_s": None, "vision_fwd_s": None,
+                "vision_bwd_s": None, "samples": 0, "images": 0, "patches": 0, "tokens": 0, "samples_read": 0,
+                "bytes_read": 0, "bytes_exchanged": 0, "predicted_spread": None,
+            }
+            rec.update(st)
+            lines.append(rec)
+        (directory / f"rank{rank}.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    return directory
+
+
+def two_by_two(directory: Path, *, slow: float = 2.0, read: int = 8, label: str = "baseline",
+               step_times=(5.0, 1.0, 1.0, 2.0, 1.0), layout: dict | None = None) -> Path:
+    """Ranks 0,1 = vision dp 0,1; ranks 2,3 = language dp 0,1. Vision rank 1 is ``slow``× rank 0.
+    Each language replica processes 4 samples per step (global 8); every rank reads ``read``."""
+    ranks = {}
+    for rank in range(4):
+        vision = rank < 2
+        steps = []
+        for i, t in enumerate(step_times):
+            st = {"step_time_s": t, "samples": 4, "samples_read": read, "bytes_read": read * 1000,
+                  "bytes_exchanged": 2048 if vision else 0}
+            if vision:
+                f = slow if rank == 1 else 1.0
+                st.update(vision_fwd_s=0.1 * f, vision_bwd_s=0.2 * f)
+            steps.append(st)
+        ranks[rank] = {"module": "vision" if vision else "language", "dp_rank": rank % 2, "dp_size": 2, "steps": steps}
+    return write_run(directory, ranks, label=label, layout=layout)
+
+
+def _console() -> Console:
+    return Console(file=io.StringIO(), width=160, record=True)
+
+
+# -------------------------------------------------------------------------------------- values
+
+
+def test_hand_made_case_values(tmp_path):
+    s = summarize(read_run(two_by_two(tmp_path / "b")), warmup=1)
+    assert s["warmup_skipped"] == [0] and s["steps_counted"] == 4
+    # 0.3 s and 0.6 s: max / mean = 0.6 / 0.45
+    assert s["vision_max_over_mean_p50"] == pytest.approx(4 / 3)
+    assert s["vision_max_over_mean_p99"] == pytest.approx(4 / 3)
+    assert s["vision_per_rank"]["0"]["mean"] == pytest.approx(0.3)
+    assert s["vision_per_rank"]["1"]["p99"] == pytest.approx(0.6)
+    assert s["vision_per_rank"]["1"]["fwd_mean"] == pytest.approx(0.2)
+    assert s["vision_time_mean"] == pytest.approx(0.45)
+    assert s["vision_max_mean"] == pytest.approx(0.6)
+    assert s["slowest"]["rank"] == 1 and s["slowest"]["fraction"] == 1.0 and s["slowest"]["steps"] == 4
+    # counted step times 1, 1, 2, 1 (the 5 s warm-up step is excluded)
+    assert s["step_time_p50"] == pytest.approx(1.0)
+    assert s["step_time_p90"] == pytest.approx(1.7)  # linear interpolation, as numpy
+    assert s["step_time_mean"] == pytest.approx(1.25)
+    assert s["samples_per_step"] == 8 and s["samples_module"] == "language"
+    assert s["samples_per_s"] == pytest.approx(8 * 4 / 5.0)
+    assert s["samples_read_per_rank"] == {"0": 8, "1": 8, "2": 8, "3": 8}
+    assert s["samples_read_per_step"] == 32
+    assert s["bytes_exchanged_per_rank"]["0"] == 2048 and s["bytes_exchanged_per_step"] == 4096
+    assert s["warnings"] == []
+
+
+def test_percentiles_match_numpy(tmp_path):
+    np = pytest.importorskip("numpy")
+    times = [0.5 + (i * 37 % 11) / 7 for i in range(40)]
+    write_run(tmp_path, {0: {"module": "language", "steps": [{"step_time_s": t, "samples": 2} for t in times]}})
+    s = summarize(read_run(tmp_path), warmup=0)
+    for q in (50, 90, 99):
+        assert s[f"step_time_p{q}"] == pytest.approx(float(np.percentile(times, q)))
+
+
+def test_golden_json_keys_and_change(tmp_path):
+    before = two_by_two(tmp_path / "before", slow=2.0, read=8)
+    after = two_by_two(tmp_path / "after", slow=1.0, read=4, label="accelerated", step_times=(5.0, 0.8, 0.8, 0.8, 0.8))
+    out = tmp_path / "report.json"
+    assert main([str(before), str(after), "--json", str(out)], console=_console()) == 0
+    doc = json.loads(out.read_text())
+    assert set(doc) == {"format", "before", "after", "change", "warnings"}
+    required = {
+        "vision_max_over_mean_p50", "vision_max_over_mean_p99", "step_time_p50", "step_time_p99",
+        "samples_per_s", "samples_read_per_rank", "vision_per_rank", "slowest", "warnings", "label",
+    }
+    assert required <= set(doc["before"]) and required <= set(doc["after"])
+    assert doc["after"]["vision_max_over_mean_p50"] == pytest.approx(1.0)
+    assert doc["after"]["slowest"] is None  # all replicas tied
+    assert doc["change"]["vision_max_over_mean_p50"] == pytest.approx(0.75)
+    assert doc["change"]["step_time_p50"] == pytest.approx(0.8)
+    assert doc["change"]["samples_per_s"] == pytest.approx((32 / 3.2) / (32 / 5.0))
+    assert doc["change"]["samples_read_per_step"] == pytest.approx(0.5)
+    assert doc["warnings"] == []
+
+
+# ------------------------------------------------------------------------------------ rendering
+
+
+def _text(console: Console) -> str:
+    return console.export_text(clear=False)
+
+
+def test_render_two_sided_shows_change_and_slowest(tmp_path):
+    b = summarize(read_run(two_by_two(tmp_path / "b")))
+    a = summarize(read_run(two_by_two(tmp_path / "a", slow=1.0)))
+    c = _console()
+    render(b, a, console=c)
+    text = _text(c)
+    assert "after/before" in text and "×0.75 (-25%)" in text
+    assert "vision DP replica 1 (rank 1) slowest in 100% of 4 steps" in text
+    assert "Vision encoder time per rank" in text and "Data movement per rank" in text
+
+
+def test_render_one_rank_one_sided(tmp_path):
+    write_run(tmp_path, {0: {"module": "vision", "steps": [{"vision_fwd_s": 0.1, "samples": 1}] * 3}})
+    c = _console()
+    rc = main([str(tmp_path)], console=c)
+    assert rc == 0
+    text = _text(c)
+    assert "one vision replica" in text and "after/before" not in text
+
+
+def test_render_64_ranks(tmp_path):
+    ranks = {}
+    for r in range(64):
+        vision = r < 32
+        steps = [{"vision_fwd_s": 0.01 * (1 + r % 5) if vision else None, "samples": 2, "samples_read": 2}] * 4
+        ranks[r] = {"module": "vision" if vision else "language", "dp_rank": r % 32, "dp_size": 32, "steps": steps}
+    write_run(tmp_path, ranks, layout={"vision": {"dp": 32}, "language": {"dp": 32}})
+    s = summarize(read_run(tmp_path))
+    assert s["samples_per_step"] == 64
+    times = [0.01 * (1 + r % 5) for r in range(32)]
+    assert s["vision_max_over_mean_p50"] == pytest.approx(max(times) / (sum(times) / 32))
+    c = _console()
+    render(s, s, console=c)
+    assert "63" in _text(c)
+
+
+def test_missing_rank_partial_line_and_empty_file_are_reported(tmp_path, capsys):
+    d = two_by_two(tmp_path / "b")
+    (d / "rank3.jsonl").unlink()
+    (d / "rank2.jsonl").write_text("")
+    with open(d / "rank1.jsonl", "a") as f:
+        f.write('{"kind": "step", "st')
+    out = tmp_path / "r.json"
+    c = _console()
+    assert main([str(d), "--json", str(out)], console=c) == 0
+    err = capsys.readouterr().err
+    doc = json.loads(out.read_text())
+    joined = "\n".join(doc["warnings"])
+    for needle in ("rank 2: rank2.jsonl is empty", "ranks 2, 3 of world 4 missing", "rank 1: last line of rank1.jsonl is incomplete"):
+        assert needle in joined
+        assert needle in err
+        assert needle in " ".join(_text(c).split())
+    # still reports what it can: vision is intact; throughput falls back to the vision module
+    assert doc["before"]["vision_max_over_mean_p50"] == pytest.approx(4 / 3)
+    assert doc["before"]["samples_module"] == "vision" and doc["before"]["samples_per_s"] == pytest.approx(8 / 1.25)
+
+
+def test_missing_language_replica_estimates_global_samples(tmp_path):
+    d = two_by_two(tmp_path / "b")
+    (d / "rank3.jsonl").unlink()
+    s = summarize(read_run(d))
+    assert s["samples_per_step"] == 8
+    assert any("1 of 2 DP replicas" in w for w in s["warnings"])
+
+
+def test_mismatched_layouts_warn(tmp_path, capsys):
+    b = two_by_two(tmp_path / "b")
+    a = two_by_two(tmp_path / "a", layout={"vision": {"tp": 1, "pp": 1, "dp": 1}, "language": {"tp": 1, "pp": 1, "dp": 2}})
+    c = _console()
+    assert main([str(b), str(a)], console=c) == 0
+    err = capsys.readouterr().err
+    assert "different layouts" in err and "not like for like" in err
+    assert "different layouts" in _text(c)
+
+
+def test_html_and_png_are_written(tmp_path):
+    b = two_by_two(tmp_path / "b")
+    a = two_by_two(tmp_path / "a", slow=1.0)
+    html = tmp_path / "r.html"
+    assert main([str(b), str(a), "--html", str(html)], console=Console(file=io.StringIO(), width=140)) == 0
+    assert "<html" in html.read_text().lower() and "straggler" in html.read_text()
+    pytest.importorskip("matplotlib")
+    png = tmp_path / "r.png"
+    assert main([str(b), str(a), "--png", str(png)], console=_console()) == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    png1 = tmp_path / "one.png"
+    assert main([str(b), "--png", str(png1)], console=_console()) == 0 and png1.stat().st_size > 0
+
+
+@pytest.mark.parametrize("which", ["before", "after"])
+def test_no_readable_data_exits_2_naming_the_directory(tmp_path, capsys, which):
+    good = two_by_two(tmp_path / "good")
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "rank0.jsonl").write_text("")
+    argv = [str(bad)] if which == "before" else [str(good), str(bad)]
+    assert main(argv, console=_console()) == 2
+    err = capsys.readouterr().err
+    assert str(bad) in err and "rank0.jsonl is empty" in err and "error" in err
+
+
+def test_nonexistent_directory_exits_2(tmp_path, capsys):
+    assert main([str(tmp_path / "nope")], console=_console()) == 2
+    assert "rank<N>.jsonl" in capsys.readouterr().err
+
+
+def test_build_one_sided_has_null_after(tmp_path):
+    doc = build(read_run(two_by_two(tmp_path / "b")))
+    assert doc["after"] is None and doc["change"] is None
+    json.dumps(doc, allow_nan=False)
+
+
+def test_no_vision_timing_and_no_samples(tmp_path):
+    write_run(tmp_path, {0: {"module": "language", "steps": [{}] * 3}})
+    s = summarize(read_run(tmp_path))
+    assert s["vision_max_over_mean_p50"] is None and s["samples_per_s"] is None
+    assert any("throughput unavailable" in w for w in s["warnings"])
+    render(s, console=_console())
+
+
+def test_report_reads_recorder_output(tmp_path):
+    from mimo_accel.profiler import Recorder
+
+    for rank in range(2):
+        rec = Recorder(tmp_path, rank=rank, world_size=2, module="vision", dp_rank=rank, dp_size=2,
+                       layout=LAYOUT, label="rec", device="cpu", clock="wall")
+        for _ in range(3):
+            with rec.time("vision_fwd"):
+                pass
+            rec.add(samples=2, samples_read=4)
+            rec.end_step()
+        rec.close()
+    s = summarize(read_run(tmp_path))
+    assert s["steps_counted"] == 2 and s["samples_per_step"] == 4 and s["vision_replicas"] == 2
