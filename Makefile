@@ -8,8 +8,9 @@ PIP    := $(PY) -m pip --disable-pip-version-check
 STAMP  := $(VENV)/.mimo-accel-installed
 PINS   := -c requirements/constraints.txt
 
-# Megatron releases this project targets (see README "Supported upstream versions").
-MEGATRON_PKGS := megatron-core==0.19.2 megatron-bridge==0.6.2
+# Megatron releases this project targets (see README "Supported upstream versions"), and
+# nvidia-modelopt, which megatron.bridge.training imports (its own deps pull in CUDA packages).
+MEGATRON_PKGS := megatron-core==0.19.2 megatron-bridge==0.6.2 nvidia-modelopt==0.47.0
 
 .PHONY: demo test setup doctor clean
 
