@@ -23,8 +23,9 @@ class Swap:
 
     @property
     def where(self) -> str:
-        owner = getattr(self.owner, "__name__", type(self.owner).__name__)
-        return f"{owner}.{self.name}"
+        if isinstance(self.owner, type):
+            return f"{self.owner.__module__}.{self.owner.__qualname__}.{self.name}"
+        return f"{getattr(self.owner, '__name__', type(self.owner).__name__)}.{self.name}"
 
 
 class SwapSet:
@@ -34,10 +35,15 @@ class SwapSet:
         self._swaps: list[Swap] = []
         self._lock = threading.RLock()
 
-    def swap(self, owner: Any, name: str, replacement: Any) -> Any:
-        """Set ``owner.name = replacement``; return the original object."""
+    def swap(self, owner: Any, name: str, replacement: Any, original: Any = _MISSING) -> Any:
+        """Set ``owner.name = replacement``; return the original object.
+
+        ``original`` names what undo restores when the current value is not it (a module that
+        imported an already-replaced function by name holds the replacement, not the original).
+        """
         with self._lock:
-            original = owner.__dict__.get(name, _MISSING) if hasattr(owner, "__dict__") else _MISSING
+            if original is _MISSING:
+                original = owner.__dict__.get(name, _MISSING) if hasattr(owner, "__dict__") else _MISSING
             if original is _MISSING:
                 original = getattr(owner, name, _MISSING)
             setattr(owner, name, replacement)

@@ -1,0 +1,221 @@
+"""The patch engine: enable/disable as a lifecycle, like OpenTelemetry's BaseInstrumentor.
+
+- The installed megatron-bridge version is checked against the declared shapes (targets.py)
+  *before* anything is patched; every target of a site is validated before that site is patched.
+- Sites already imported are patched at ``enable()``; the others when they are imported
+  (wrapt post-import hooks), so the order of ``import megatron.bridge`` and ``enable()`` does not
+  matter. A site that fails validation when it is imported undoes everything (all-or-nothing).
+- ``disable()`` restores every patched attribute to the identical original object.
+"""
+
+from __future__ import annotations
+
+import inspect
+import sys
+import threading
+from collections import defaultdict
+from dataclasses import dataclass, field
+from importlib import metadata
+from typing import Any, Callable, Optional
+
+import wrapt
+
+from mimo_accel.config import AccelConfig
+from mimo_accel.patching import targets as T
+from mimo_accel.patching.features import replacement_factory
+from mimo_accel.patching.swaps import SwapSet
+
+
+class PatchError(RuntimeError):
+    """The installed upstream does not have the shape mimo_accel patches; nothing was patched."""
+
+
+@dataclass
+class _State:
+    config: AccelConfig = field(default_factory=AccelConfig)
+    shape: Optional[T.Shape] = None
+    version: Optional[str] = None
+    generation: int = 0
+    by_site: dict = field(default_factory=dict)  # site -> [Target] still to patch or patched
+    patched_sites: list = field(default_factory=list)
+    replacements: dict = field(default_factory=dict)  # id(original) -> replacement
+    originals: dict = field(default_factory=dict)  # id(replacement) -> original
+    notes: list = field(default_factory=list)
+
+
+_lock = threading.RLock()
+_swaps = SwapSet()
+_state = _State()
+
+
+def bridge_version() -> Optional[str]:
+    try:
+        return metadata.version("megatron-bridge")
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _features_for(cfg: AccelConfig) -> list[str]:
+    features = []
+    if cfg.sharded_reads or cfg.packing or cfg.profile is not None:
+        features += ["context", "step"]
+    if cfg.sharded_reads:
+        features.append("sharded_reads")
+    if cfg.profile is not None:
+        features += ["profile", "train_entry"]
+    return features
+
+
+def _resolve(site_module, name: str):
+    """(owner, attribute, current object) for ``name`` ('func' or 'Class.method') in a module."""
+    owner = site_module
+    parts = name.split(".")
+    for part in parts[:-1]:
+        owner = getattr(owner, part)
+    attr = parts[-1]
+    obj = owner.__dict__.get(attr) if isinstance(owner, type) else getattr(owner, attr)
+    return owner, attr, obj
+
+
+def _validate(site: str, targets: list[T.Target], version: str) -> None:
+    module = sys.modules[site]
+    for t in targets:
+        where = f"{site}.{t.name}"
+        try:
+            _, _, obj = _resolve(module, t.name)
+        except AttributeError:
+            obj = None
+        if obj is None:
+            raise PatchError(f"mimo_accel cannot patch {where}: it does not exist in megatron-bridge "
+                             f"{version}. Supported: {T.SUPPORTED}. Install a supported release or "
+                             "turn the feature off; nothing was patched.")
+        origin = sys.modules.get(t.origin)
+        if origin is not None and origin is not module:
+            _, _, defined = _resolve(origin, t.name)
+            if obj is not defined:
+                raise PatchError(f"mimo_accel cannot patch {where}: it is no longer the function "
+                                 f"{t.origin} defines (something else replaced it). Nothing was patched.")
+        try:
+            params = tuple(inspect.signature(obj).parameters)
+        except (TypeError, ValueError):
+            params = ()
+        if params[:len(t.params)] != t.params:
+            raise PatchError(f"mimo_accel cannot patch {where}: expected parameters {t.params}, found "
+                             f"{params} in megatron-bridge {version}. Supported: {T.SUPPORTED}. "
+                             "Nothing was patched.")
+
+
+def _apply(site: str, targets: list[T.Target]) -> None:
+    module = sys.modules[site]
+    for t in targets:
+        owner, attr, current = _resolve(module, t.name)
+        # A site that imported the name after its origin was patched already holds our replacement.
+        original = _state.originals.get(id(current), current)
+        replacement = _state.replacements.get(id(original))
+        if replacement is None:
+            make = replacement_factory(t.name, _state.config, _state.shape.native_packing)
+            replacement = make(original)
+            _state.replacements[id(original)] = replacement
+            _state.originals[id(replacement)] = original
+        _swaps.swap(owner, attr, replacement, original=original)
+    _state.patched_sites.append(site)
+
+
+def _on_import(site: str, generation: int) -> Callable[[Any], None]:
+    def hook(module) -> None:
+        with _lock:
+            if generation != _state.generation or site in _state.patched_sites:
+                return
+            try:
+                _validate(site, _state.by_site[site], _state.version)
+                _apply(site, _state.by_site[site])
+            except Exception:
+                _disable_locked()  # all-or-nothing: a site that does not fit undoes the others
+                raise
+
+    return hook
+
+
+def enable(cfg: AccelConfig) -> AccelConfig:
+    with _lock:
+        if cfg == _state.config and (_state.generation or not cfg.any_feature):
+            return cfg
+        _disable_locked()
+        if not cfg.any_feature:
+            _state.config = cfg
+            return cfg
+        version = bridge_version()
+        if version is None:
+            raise PatchError("mimo_accel.enable(): megatron-bridge is not installed; install it "
+                             f"(supported: {T.SUPPORTED}) or leave mimo_accel disabled.")
+        shape = T.shape_for(version)
+        if shape is None:
+            raise PatchError(f"mimo_accel.enable(): megatron-bridge {version} is not a supported upstream "
+                             f"shape ({T.SUPPORTED}); nothing was patched.")
+        by_site: dict = defaultdict(list)
+        for feature in _features_for(cfg):
+            for t in shape.targets(feature):
+                by_site[t.site].append(t)
+        now = [s for s in by_site if s in sys.modules]
+        for site in now:  # validate everything importable before patching anything
+            _validate(site, by_site[site], version)
+        _state.config, _state.shape, _state.version = cfg, shape, version
+        _state.by_site = dict(by_site)
+        _state.generation += 1
+        _state.notes = []
+        if cfg.profile is not None:
+            from mimo_accel import instrument
+
+            instrument.configure(cfg)
+        if cfg.packing and shape.native_packing:
+            _state.notes.append("packing: upstream main packs in its own step (sequence_pack); "
+                                "mimo_accel defers to it — enable it in the dataset config")
+        try:
+            for site in now:
+                _apply(site, by_site[site])
+        except Exception:
+            _disable_locked()
+            raise
+        for site in by_site:
+            if site not in now:
+                wrapt.register_post_import_hook(_on_import(site, _state.generation), site)
+        return cfg
+
+
+def _disable_locked() -> None:
+    _swaps.restore()
+    _state.generation += 1  # pending post-import hooks of the old generation become no-ops
+    _state.config = AccelConfig()
+    _state.by_site = {}
+    _state.patched_sites = []
+    _state.replacements = {}
+    _state.originals = {}
+    _state.notes = []
+    from mimo_accel import instrument, sampler
+
+    sampler.set_context(None)
+    instrument.close()
+
+
+def disable() -> None:
+    with _lock:
+        _disable_locked()
+
+
+def status() -> dict:
+    with _lock:
+        patched = [s.where for s in _swaps]
+        pending = sorted(s for s in _state.by_site if s not in _state.patched_sites)
+        return {
+            "active": _state.config.features(),
+            "config": _state.config,
+            "megatron_bridge": _state.version or bridge_version(),
+            "shape": _state.shape.name if _state.shape else None,
+            "patched": patched,
+            "waiting_for_import": pending,
+            "notes": list(_state.notes),
+        }
+
+
+def is_patched(owner: Any, name: str) -> bool:
+    return any(s.owner is owner and s.name == name for s in _swaps)

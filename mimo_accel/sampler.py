@@ -1,0 +1,150 @@
+"""Sharded (and planned) batch sampling on top of Megatron Bridge's own samplers.
+
+Upstream builds every MIMO data rank's sampler with dp_size=1, so every rank reads the whole
+global micro-batch. Here the upstream sampler is kept exactly as it is — it still decides the
+*global* order (so ``single``/``cyclic``, epoch seeds, ``consumed_samples`` resume and
+``drop_last`` behave as upstream, identically on every module) — and a wrapper yields only the
+share of each global micro-batch that this rank's module replica owns on the canonical grid.
+With a planner (reordering), the share is taken from the planned order instead of the loaded one.
+
+Data flows one way: the sampler decides what a rank reads → the loader reads it → the step packs it.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Optional, Sequence
+
+from mimo_accel.grid import canonical_grid, check_micro_batch, owned_groups
+
+SHARD_TAG_KEY = "mimo_accel_shard"
+
+# planner(global_indices) -> (the same indices in canonical-group order, predicted spread or None)
+Planner = Callable[[Sequence[int]], "tuple[list[int], Optional[float]]"]
+
+
+@dataclass(frozen=True)
+class ShardContext:
+    """Where this rank's data goes: its module, its replica in the module DP group, and G."""
+
+    module: str
+    dp_rank: int
+    dp_size: int
+    grid: int
+    needs_data: bool
+    dp_sizes: dict = field(default_factory=dict)  # every module's DP size (what G came from)
+
+    @property
+    def groups(self) -> range:
+        return owned_groups(self.dp_rank, self.dp_size, self.grid)
+
+
+@dataclass(frozen=True)
+class ShardTag:
+    """Rides in a sharded batch (key ``SHARD_TAG_KEY``) so the step knows it is already local."""
+
+    module: str
+    dp_rank: int
+    dp_size: int
+    grid: int
+    samples: int
+
+
+_lock = threading.Lock()
+_context: Optional[ShardContext] = None
+
+
+def set_context(ctx: Optional[ShardContext]) -> None:
+    global _context
+    with _lock:
+        _context = ctx
+
+
+def current_context() -> Optional[ShardContext]:
+    return _context
+
+
+def context_from_grids(parallelism_config, grids) -> Optional[ShardContext]:
+    """This rank's ShardContext from the MIMO parallelism config and the module grids."""
+    import torch.distributed as dist
+
+    me = dist.get_rank()
+    dp_sizes = {name: p.data_parallel_size for name, p in parallelism_config.module_parallelisms.items()}
+    for name, grid in grids.items():
+        if grid.rank_offset <= me < grid.rank_offset + grid.size:
+            dp = grid.get_pg(["dp"])
+            pp_rank = grid.get_pg(["pp"]).rank()
+            from megatron.core.models.mimo.config.role import MIMO_LANGUAGE_MODULE_KEY
+
+            needs = name == MIMO_LANGUAGE_MODULE_KEY or pp_rank == 0
+            return ShardContext(module=name, dp_rank=dp.rank(), dp_size=dp.size(),
+                                grid=canonical_grid(dp_sizes.values()), needs_data=needs,
+                                dp_sizes=dp_sizes)
+    return None
+
+
+class ShardedBatchSampler:
+    """Yields this replica's share of every global micro-batch the upstream sampler yields."""
+
+    def __init__(self, global_sampler, ctx: ShardContext, planner: Optional[Planner] = None,
+                 on_batch: Optional[Callable[[list, list, Optional[float]], None]] = None):
+        self.global_sampler = global_sampler
+        self.ctx = ctx
+        self.planner = planner
+        self.on_batch = on_batch  # (global indices, local indices, predicted spread) -> None
+
+    def __iter__(self) -> Iterator[list]:
+        for global_indices in self.global_sampler:
+            global_indices = list(global_indices)
+            per_group = check_micro_batch(len(global_indices), self.ctx.grid, "global micro-batch size")
+            order, spread = (self.planner(global_indices) if self.planner else (global_indices, None))
+            if sorted(order) != sorted(global_indices):
+                raise RuntimeError("mimo_accel planner returned a different set of samples than the "
+                                   "global micro-batch it was given; refusing to mis-pair samples")
+            g = self.ctx.groups
+            local = order[g.start * per_group: g.stop * per_group]
+            if self.on_batch is not None:
+                self.on_batch(global_indices, local, spread)
+            yield local
+
+    def __len__(self) -> int:
+        return len(self.global_sampler)
+
+    def __getattr__(self, name: str) -> Any:
+        # consumed_samples, micro_batch_size, ... stay the upstream sampler's (global) values
+        return getattr(self.__dict__["global_sampler"], name)
+
+
+class TaggingCollate:
+    """Collate the local samples, then tag the batch as already sharded for this replica."""
+
+    def __init__(self, collate_fn, ctx: ShardContext):
+        self.collate_fn = collate_fn
+        self.ctx = ctx
+
+    def __call__(self, samples):
+        batch = self.collate_fn(samples) if self.collate_fn is not None else samples
+        if not isinstance(batch, dict):
+            raise TypeError("mimo_accel sharded reads need the collate function to return a dict "
+                            f"(MegatronMIMO batches are dicts), got {type(batch).__name__}")
+        batch[SHARD_TAG_KEY] = ShardTag(self.ctx.module, self.ctx.dp_rank, self.ctx.dp_size,
+                                        self.ctx.grid, len(samples))
+        return batch
+
+
+def shard_loader(loader, ctx: ShardContext, micro_batch_size: int, planner: Optional[Planner] = None,
+                 on_batch=None):
+    """A DataLoader over the same dataset/collate/workers that reads only this replica's share."""
+    from torch.utils.data import DataLoader
+
+    check_micro_batch(micro_batch_size, ctx.grid)
+    if getattr(loader, "batch_sampler", None) is None:
+        raise TypeError("mimo_accel sharded reads: the upstream loader has no batch sampler to shard "
+                        "(dataloader_type 'external' passes the dataset through). Use 'single' or "
+                        "'cyclic', or turn sharded_reads off.")
+    sampler = ShardedBatchSampler(loader.batch_sampler, ctx, planner, on_batch)
+    return DataLoader(loader.dataset, batch_sampler=sampler, num_workers=loader.num_workers,
+                      collate_fn=TaggingCollate(loader.collate_fn, ctx),
+                      pin_memory=loader.pin_memory, worker_init_fn=loader.worker_init_fn,
+                      persistent_workers=loader.persistent_workers if loader.num_workers > 0 else False)

@@ -1,0 +1,134 @@
+"""The forward-step pieces that replace upstream's per-step batch handling.
+
+Bridge's MIMO ``forward_step`` (megatron/bridge/training/megatron_mimo_step.py) calls, in order:
+``_get_module_dp_info(model)`` then ``slice_batch_for_megatron_mimo(batch, dp_rank, dp_size)``,
+both looked up in its module globals at call time. mimo_accel wraps the first to learn the rank's
+role for this step, and replaces the second with :func:`make_local_batch_fn`'s function, which
+
+- passes a batch that sharded reads already made local straight through (checking that it was
+  read for this very replica — never a silent mis-pairing), or slices a global batch as upstream;
+- THD-packs the language shard when packing is on.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import warnings
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+from mimo_accel.sampler import SHARD_TAG_KEY, ShardTag
+
+logger = logging.getLogger(__name__)
+
+LANGUAGE = "language"  # megatron.core.models.mimo.config.role.MIMO_LANGUAGE_MODULE_KEY
+
+
+@dataclass(frozen=True)
+class StepRole:
+    """What this rank does in the current forward step (from the MimoModel's role)."""
+
+    is_language: bool
+    is_first_stage: bool
+    is_last_stage: bool
+    sequence_parallel_size: int  # T must divide by this for sequence parallelism (tp·cp), else 1
+
+
+_step = threading.local()
+
+
+def current_role() -> Optional[StepRole]:
+    return getattr(_step, "role", None)
+
+
+def last_packing_stats():
+    return getattr(_step, "packing_stats", None)
+
+
+def role_of(mimo_model) -> Optional[StepRole]:
+    role = getattr(mimo_model, "role", None)
+    if role is None or not role.has_language_module:
+        return StepRole(False, True, True, 1) if role is not None else None
+    sp = 1
+    grids = getattr(getattr(mimo_model, "mimo_config", None), "module_to_grid_map", None) or {}
+    grid = grids.get(LANGUAGE)
+    lm = getattr(mimo_model, "language_model", None)
+    lm_config = getattr(lm, "config", None)
+    if grid is not None and getattr(lm_config, "sequence_parallel", False):
+        dims = dict(zip(grid.dim_names, grid.shape))
+        sp = dims.get("tp", 1) * dims.get("cp", 1)
+    return StepRole(True, role.is_first_stage(LANGUAGE), role.is_last_stage(LANGUAGE), sp)
+
+
+def capture_role(get_module_dp_info: Callable) -> Callable:
+    """Wrap ``_get_module_dp_info(model)``: record the step's role, return upstream's answer."""
+
+    def get_module_dp_info_and_role(megatron_mimo_model, *args, **kwargs):
+        _step.role = role_of(megatron_mimo_model)
+        return get_module_dp_info(megatron_mimo_model, *args, **kwargs)
+
+    get_module_dp_info_and_role.__wrapped__ = get_module_dp_info
+    return get_module_dp_info_and_role
+
+
+def make_local_batch_fn(upstream_slice: Callable, *, sharded_reads: bool, packing: bool,
+                        pad_multiple: int = 1, profile: bool = False) -> Callable:
+    """The replacement for ``slice_batch_for_megatron_mimo(batch, dp_rank, dp_size)``."""
+    warned = []
+
+    def local_batch_for_megatron_mimo(batch: dict, dp_rank: int, dp_size: int) -> dict:
+        tag: Optional[ShardTag] = batch.pop(SHARD_TAG_KEY, None) if isinstance(batch, dict) else None
+        if tag is not None:
+            if (tag.dp_rank, tag.dp_size) != (dp_rank, dp_size):
+                raise RuntimeError(
+                    f"mimo_accel: this batch was read for {tag.module} replica {tag.dp_rank}/{tag.dp_size} "
+                    f"but the forward step runs as replica {dp_rank}/{dp_size}. The data loader and the "
+                    "model disagree on the layout; build the loaders after the model (with the same "
+                    "MegatronMIMOParallelismConfig).")
+            local, read = batch, tag.samples
+        else:
+            if sharded_reads and dp_size > 1 and not warned:
+                warned.append(True)
+                warnings.warn(
+                    "mimo_accel sharded_reads is on, but this rank loaded a whole global micro-batch "
+                    "(the loader was built without mimo_accel: enable() ran after the script imported "
+                    "build_pretraining_data_loader, or dataloader_type='external'). Slicing it as "
+                    "upstream does; call mimo_accel.enable() before importing megatron.bridge, or use "
+                    "`mimo-accel run`.", RuntimeWarning, stacklevel=2)
+            local, read = upstream_slice(batch, dp_rank, dp_size), _batch_size(batch)
+        if profile:
+            from mimo_accel import instrument
+
+            instrument.record_batch(local, read_samples=read, tagged=tag is not None)
+        if packing:
+            role = current_role()
+            if role is not None and role.is_language:
+                local = pack_for_language_model(local, role, pad_multiple)
+        return local
+
+    local_batch_for_megatron_mimo.__wrapped__ = upstream_slice
+    return local_batch_for_megatron_mimo
+
+
+def _batch_size(batch: dict) -> int:
+    ids = batch.get("input_ids") if isinstance(batch, dict) else None
+    return int(ids.size(0)) if ids is not None and ids.dim() == 2 else 0
+
+
+def pack_for_language_model(batch: dict, role: StepRole, pad_multiple: int) -> dict:
+    from mimo_accel.packing import pack_language_shard
+
+    if batch.get("attention_mask") is None:
+        raise ValueError(
+            "mimo_accel packing needs the batch's [batch, seq] attention_mask (1 = real token) as "
+            "its length source on every language pipeline stage, but it is None. Keep the padding "
+            "mask in the batch (Bridge's Qwen3.5-VL example keeps it when packing is on); the "
+            "packer drops it before the model.")
+    packed, kwargs, stats = pack_language_shard(batch, pad_multiple=pad_multiple,
+                                                tp_size=role.sequence_parallel_size,
+                                                is_first_stage=role.is_first_stage,
+                                                return_stats=True)
+    packed["packing_kwargs"] = kwargs
+    _step.packing_stats = stats
+    return packed
