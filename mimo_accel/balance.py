@@ -29,6 +29,17 @@ __all__ = [
 
 _CostsLike = Sequence[float] | np.ndarray
 
+# Bound on swap rounds (the pass converges long before in practice); the distance to the lower
+# bound below which balancing stops, since no step time can tell 0.1% apart; the smallest relative
+# gain worth a swap, so float noise in the running sums cannot keep the loop going. Candidates
+# are compared on exact sums afterwards.
+_MAX_ROUNDS_PER_GROUP = 4
+_GOOD_ENOUGH = 1e-3
+_MIN_GAIN = 1e-12
+# Groups left above the stop by LPT beyond which a KK start pays for itself: each such group
+# costs the swap pass about one round, and KK costs 5-8 rounds (measured at 64/8 and 512/64).
+_KK_AFTER_GROUPS_ABOVE = 8
+
 
 def _validate(costs: _CostsLike, n_groups: int) -> np.ndarray:
     if isinstance(n_groups, bool) or not isinstance(n_groups, (int, np.integer)):
@@ -46,12 +57,16 @@ def _validate(costs: _CostsLike, n_groups: int) -> np.ndarray:
             f"{c.size} samples cannot be split into {n_groups} equal groups; make the global"
             f" micro-batch size a multiple of {n_groups} (the canonical grid size)"
         )
-    if not np.isfinite(c).all():
-        i = int(np.flatnonzero(~np.isfinite(c))[0])
-        raise ValueError(f"cost of sample {i} is {c[i]} (NaN or infinite); fix the cost model or cost index")
-    if (c < 0).any():
+    # argmin/argmax stop at the first NaN, so one comparison each covers NaN, inf and < 0.
+    if c.size and not (c[c.argmin()] >= 0 and c[c.argmax()] < np.inf):
+        bad = ~np.isfinite(c)
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            raise ValueError(f"cost of sample {i} is {c[i]} (NaN or infinite); fix the cost model or cost index")
         i = int(np.flatnonzero(c < 0)[0])
-        raise ValueError(f"cost of sample {i} is negative ({c[i]}); costs must be >= 0, fix the cost model or cost index")
+        raise ValueError(
+            f"cost of sample {i} is negative ({c[i]}); costs must be >= 0, fix the cost model or cost index"
+        )
     return c
 
 
@@ -99,23 +114,23 @@ def _lower_bound(c: np.ndarray, n_groups: int) -> float:
         return 0.0
     size = n // n_groups
     asc = np.sort(c)
-    prefix = np.zeros(n + 1)
-    np.cumsum(asc, out=prefix[1:])  # prefix[j]: sum of the j cheapest
+    prefix = [0.0, *np.cumsum(asc).tolist()]  # prefix[j]: sum of the j cheapest
+    asc = asc.tolist()
+    # Plain loops over size + n_groups terms: cheaper than numpy's per-call cost at these sizes.
     bound = prefix[n] / n_groups
-    # Pigeonhole: for each q the bound is largest at the smallest t = (q - 1) * n_groups + 1,
-    # where the q cheapest of the top t are the samples ranked t - q + 1 .. t from the top.
-    q = np.arange(1, size + 1)
-    lo = n - (q - 1) * n_groups - 1
-    bound = max(bound, (prefix[lo + q] - prefix[lo] + prefix[size - q]).max())
-    if size >= 2 and n_groups >= 2:
-        i = np.arange(n_groups)
-        top = asc[n - 1 - i]
+    for q in range(1, size + 1):
+        # Pigeonhole: largest at the smallest t = (q - 1) * n_groups + 1, where the q cheapest of
+        # the top t are asc[lo : lo + q].
+        lo = n - (q - 1) * n_groups - 1
+        bound = max(bound, prefix[lo + q] - prefix[lo] + prefix[size - q])
+    if size >= 2:
         fill = prefix[size - 2]
-        partners = (i + 1) * (size - 1)
-        apart = np.maximum(top + asc[partners - 1] + fill, top + prefix[partners] / (i + 1))
-        together = np.full(n_groups, np.inf)
-        together[1:] = asc[n - i[1:]] + top[1:] + fill
-        bound = max(bound, np.minimum(apart, together).max())
+        for i in range(n_groups):
+            top = asc[n - 1 - i]
+            partners = (i + 1) * (size - 1)
+            apart = max(top + asc[partners - 1] + fill, top + prefix[partners] / (i + 1))
+            together = asc[n - i] + top + fill if i else apart
+            bound = max(bound, min(apart, together))
     return float(bound)
 
 
@@ -130,13 +145,16 @@ def lpt_order(costs: _CostsLike, n_groups: int) -> list[int]:
 def balanced_order(costs: _CostsLike, n_groups: int) -> list[int]:
     """A permutation of ``range(len(costs))`` whose equal-size blocks have near-equal cost.
 
-    Equal-size LPT gives a first split; unless it is already within 0.1% of
-    :func:`lower_bound`, largest differencing (Karmarkar-Karp generalised to k equal-size groups)
-    gives a second. A swap pass then lowers the heaviest group of the better one until it is
-    within 0.1% of the bound or no swap helps. The result is compared with its start, LPT and the
+    Equal-size LPT gives a first split; where it leaves many groups above target, largest
+    differencing (Karmarkar-Karp generalised to k equal-size groups) gives a second. A swap pass
+    then lowers the heaviest group of the better one until it is within 0.1% of
+    :func:`lower_bound` or no swap helps. The result is compared with its start and the
     contiguous split on exact group sums and the best kept (contiguous on ties), so it is never
     worse than LPT or the contiguous split. Samples inside a group keep ascending position;
     groups are ordered by their first sample.
+
+    Raises ValueError for costs that are not a 1-D sequence of finite numbers >= 0, or whose
+    length is not a multiple of ``n_groups``.
     """
     c = _validate(costs, n_groups)
     n = c.size
@@ -144,8 +162,9 @@ def balanced_order(costs: _CostsLike, n_groups: int) -> list[int]:
         return contiguous_order(n)
     stop = _lower_bound(c, n_groups) * (1.0 + _GOOD_ENOUGH)
     lpt = _lpt_groups(c, n_groups)
-    start, start_max = lpt, _max_group(c, lpt)
-    if start_max > stop:
+    sums = c[lpt].sum(axis=1)
+    start, start_max = lpt, sums[sums.argmax()]
+    if np.count_nonzero(sums > stop) > _KK_AFTER_GROUPS_ABOVE:
         kk = _kk_groups(c, n_groups)
         kk_max = _max_group(c, kk)
         if kk_max < start_max:
@@ -155,7 +174,7 @@ def balanced_order(costs: _CostsLike, n_groups: int) -> list[int]:
     # min() keeps the first of equals: contiguous on ties, so balanced input is left alone.
     _, best = min(
         ((_max_group(c, contiguous), contiguous), (_max_group(c, improved), improved), (start_max, start)),
-        key=lambda pair: pair[0],
+        key=lambda candidate: candidate[0],
     )
     return _canonical(best)
 
@@ -165,7 +184,8 @@ def balanced_order(costs: _CostsLike, n_groups: int) -> list[int]:
 
 
 def _max_group(c: np.ndarray, groups: np.ndarray) -> float:
-    return float(c[groups].sum(axis=1).max())
+    sums = c[groups].sum(axis=1)
+    return sums[sums.argmax()]  # argmax: far cheaper than a max reduction on small arrays
 
 
 def _canonical(groups: np.ndarray) -> list[int]:
@@ -177,13 +197,14 @@ def _lpt_groups(c: np.ndarray, n_groups: int) -> np.ndarray:
     size = c.size // n_groups
     rows: list[list[int]] = [[] for _ in range(n_groups)]
     heap = [(0.0, g) for g in range(n_groups)]  # (load, group): ties go to the lower group id
-    values = c.tolist()
-    for i in np.argsort(-c, kind="stable").tolist():
+    order = np.argsort(-c, kind="stable")
+    for i, value in zip(order.tolist(), c[order].tolist()):
         load, g = heap[0]
-        rows[g].append(i)
-        if len(rows[g]) < size:
-            heapq.heapreplace(heap, (load + values[i], g))
-        else:
+        row = rows[g]
+        row.append(i)
+        if len(row) < size:
+            heapq.heapreplace(heap, (load + value, g))
+        else:  # full: it takes no more samples
             heapq.heappop(heap)
     return np.sort(np.array(rows, dtype=np.int64), axis=1)
 
@@ -249,12 +270,3 @@ def _improve(c: np.ndarray, groups: np.ndarray, stop: float) -> np.ndarray:
         sums[g] -= moved
         sums[h] += moved
     return np.sort(groups, axis=1)
-
-
-# Bound on swap rounds (the pass converges long before in practice); the distance to the lower
-# bound below which balancing stops, since no step time can tell 0.1% apart; the smallest relative
-# gain worth a swap, so float noise in the running sums cannot keep the loop going. Candidates
-# are compared on exact sums afterwards.
-_MAX_ROUNDS_PER_GROUP = 4
-_GOOD_ENOUGH = 1e-3
-_MIN_GAIN = 1e-12

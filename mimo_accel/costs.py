@@ -54,6 +54,9 @@ class ResizeRule:
     An image is resized so both sides are multiples of ``patch_size * merge_size`` and its area
     lies in ``[min_pixels, max_pixels]``; the encoder then sees ``(h / patch_size) *
     (w / patch_size)`` patches. A still image is one temporal patch (t = 1).
+
+    Follows the transformers releases this project pins (5.8 - 5.12): an aspect ratio above 200
+    is refused; a side shorter than the factor is not (older releases refused that too).
     """
 
     patch_size: int = 14
@@ -81,12 +84,6 @@ class ResizeRule:
         height = _positive_int("height", height)
         width = _positive_int("width", width)
         factor = self.factor
-        if height < factor or width < factor:
-            raise ValueError(
-                f"image of {height}x{width} px has a side shorter than {factor} px"
-                " (patch_size * merge_size); the Qwen-VL processor rejects it, so drop or upscale"
-                " the image"
-            )
         if max(height, width) / min(height, width) > _MAX_ASPECT:
             raise ValueError(
                 f"image of {height}x{width} px has an aspect ratio above {_MAX_ASPECT}; the Qwen-VL"
@@ -128,15 +125,13 @@ class ResizeRule:
         if h.size == 0:
             return np.zeros(0, dtype=np.int64)
         factor = self.factor
-        bad = (h < factor) | (w < factor)
+        hf, wf = h.astype(np.float64), w.astype(np.float64)
+        bad = (h < 1) | (w < 1)
+        if not bad.any():  # the same test as the scalar rule, once no side is zero
+            bad = np.maximum(hf, wf) / np.minimum(hf, wf) > _MAX_ASPECT
         if bad.any():
             i = int(np.flatnonzero(bad)[0])
             self.resized(int(h[i]), int(w[i]))  # raises the scalar rule's message
-        hf, wf = h.astype(np.float64), w.astype(np.float64)
-        bad = np.maximum(hf, wf) / np.minimum(hf, wf) > _MAX_ASPECT
-        if bad.any():
-            i = int(np.flatnonzero(bad)[0])
-            self.resized(int(h[i]), int(w[i]))
         h_bar = np.rint(hf / factor).astype(np.int64) * factor
         w_bar = np.rint(wf / factor).astype(np.int64) * factor
         area = hf * wf
@@ -240,7 +235,9 @@ class CostModel:
         try:
             doc = json.loads(path.read_text(encoding="utf-8"))
         except json.JSONDecodeError as exc:
-            raise ValueError(f"{path}: not a JSON cost model ({exc}); recreate it with `mimo-accel calibrate`") from None
+            raise ValueError(
+                f"{path}: not a JSON cost model ({exc}); recreate it with `mimo-accel calibrate`"
+            ) from None
         if not isinstance(doc, dict) or doc.get("format") != COST_MODEL_FORMAT:
             found = doc.get("format") if isinstance(doc, dict) else type(doc).__name__
             raise ValueError(
@@ -275,14 +272,21 @@ class SampleShape:
     tokens: int
 
     def __post_init__(self) -> None:
-        sizes = tuple((int(h), int(w)) for h, w in self.image_sizes)
-        for (h, w), given in zip(sizes, self.image_sizes):
-            if h < 1 or w < 1 or (h, w) != tuple(given):
-                raise ValueError(f"image size must be positive integers (height, width), got {tuple(given)}")
-        if isinstance(self.tokens, bool) or int(self.tokens) != self.tokens or self.tokens < 0:
-            raise ValueError(f"tokens must be a non-negative integer, got {self.tokens!r}")
-        object.__setattr__(self, "image_sizes", sizes)
-        object.__setattr__(self, "tokens", int(self.tokens))
+        sizes = []
+        for given in self.image_sizes:
+            try:
+                h, w = (int(x) for x in given)
+                ok = h >= 1 and w >= 1 and (h, w) == tuple(given)
+            except (TypeError, ValueError):
+                ok = False
+            if not ok:
+                raise ValueError(f"image size must be two positive integers (height, width), got {given!r}")
+            sizes.append((h, w))
+        tokens = self.tokens
+        if isinstance(tokens, bool) or not isinstance(tokens, (int, np.integer)) or tokens < 0:
+            raise ValueError(f"tokens must be a non-negative integer, got {tokens!r}")
+        object.__setattr__(self, "image_sizes", tuple(sizes))
+        object.__setattr__(self, "tokens", int(tokens))
 
 
 class CostIndex:

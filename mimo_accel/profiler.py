@@ -9,8 +9,8 @@ Clocks (recorded in the header under ``"clock"``):
 * ``step_time_s`` is always **wall** time (``time.perf_counter``) from :meth:`Recorder.begin_step`
   (or the previous :meth:`Recorder.end_step`) to :meth:`Recorder.end_step`: it is what the user
   waits for, and on a GPU the step has synchronised by then (the loss is read on the host).
-* ``step_cpu_s`` is the host CPU time of the same interval on the region clock below (null on
-  CUDA's event clock, where host CPU time is not what the regions measure).
+* ``step_cpu_s`` is the host CPU time of the same interval: process CPU time when the region clock
+  is ``process_cpu``, else the calling thread's CPU time (on CUDA: the host side's own work).
 * Regions (``vision_fwd_s``, ``vision_bwd_s``, any ``<name>_s``) use the **region clock**:
 
   - ``"cuda_event"`` on CUDA: a pair of timing events per region, recorded on the current stream;
@@ -39,6 +39,7 @@ import math
 import os
 import platform
 import re
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -58,8 +59,8 @@ __all__ = [
     "Recorder",
     "Run",
     "attach_module_timer",
-    "read_run",
     "rank_file",
+    "read_run",
 ]
 
 FORMAT = "mimo-accel-profile/1"
@@ -118,15 +119,6 @@ class _HostClock:
             return stop[2] - start[2], True
         return stop[0] - start[0], False
 
-    def now_cpu(self) -> float | None:
-        return self._fn() if self.name != "wall" else None
-
-    def resolve(self, pairs: list[tuple[str, Any, Any]]) -> list[tuple[str, float, bool]]:
-        raise AssertionError("host clock regions are resolved at stop()")  # pragma: no cover
-
-    def release(self, mark: Any) -> None:
-        pass
-
 
 class _CudaEventClock:
     """CUDA clock: marks are timing events recorded on the current stream, resolved lazily."""
@@ -160,12 +152,6 @@ class _CudaEventClock:
             self._pool.append(stop)
         return out
 
-    def now_cpu(self) -> float | None:
-        return None
-
-    def release(self, mark: Any) -> None:
-        self._pool.append(mark)
-
 
 def _make_clock(clock: str, device: str) -> _HostClock | _CudaEventClock:
     if clock not in _CLOCKS:
@@ -183,8 +169,6 @@ def _make_clock(clock: str, device: str) -> _HostClock | _CudaEventClock:
 
 
 def _intra_op_threads() -> int:
-    import sys
-
     torch = sys.modules.get("torch")  # do not import torch just to ask
     if torch is None:
         return 1
@@ -199,15 +183,11 @@ def _resolve_device(device: str) -> str:
         raise ValueError(f"device must be 'auto', 'cpu' or 'cuda'; got {device!r}")
     if device != "auto":
         return device
-    import sys
-
     torch = sys.modules.get("torch")
     return "cuda" if torch is not None and torch.cuda.is_available() else "cpu"
 
 
 def _default_versions() -> dict[str, str]:
-    import sys
-
     versions = {"python": platform.python_version()}
     try:
         from mimo_accel import __version__
@@ -263,7 +243,9 @@ class Recorder:
         self.rank = int(rank)
         self.device = _resolve_device(device)
         self._clock = _make_clock(clock, self.device)
-        self._cpu_clock = self._clock if isinstance(self._clock, _HostClock) else None
+        # host CPU time of the whole step: the region clock's when it is a CPU clock, else thread CPU
+        cpu_name = self._clock.name if self._clock.name in ("thread_cpu", "process_cpu") else "thread_cpu"
+        self._cpu_fn = time.process_time if cpu_name == "process_cpu" else time.thread_time
         self._fsync = fsync
         self._lock = threading.Lock()
 
@@ -283,11 +265,12 @@ class Recorder:
             "config": dict(config or {}),
             "device": self.device,
             "label": str(label),
-            "clock": {"step": "wall", "regions": self._clock.name},
+            "clock": {"step": "wall", "step_cpu": cpu_name, "regions": self._clock.name},
             "pid": os.getpid(),
             "host": platform.node(),
             "t": time.time(),
         }
+        self.header = _finite(self.header)
         self._write(self.header)
 
         self._next_step = 0
@@ -304,7 +287,7 @@ class Recorder:
         self._calls: dict[str, int] = {}
         self._fallbacks = 0
         self._t0 = time.perf_counter()
-        self._cpu0 = self._cpu_clock.now_cpu() if self._cpu_clock else None
+        self._cpu0 = self._cpu_fn()
 
     def begin_step(self) -> None:
         """Mark the start of a step (optional; excludes the time since the last ``end_step``).
@@ -312,7 +295,7 @@ class Recorder:
         Counters, fields and region times recorded since the last ``end_step`` are kept.
         """
         self._t0 = time.perf_counter()
-        self._cpu0 = self._cpu_clock.now_cpu() if self._cpu_clock else None
+        self._cpu0 = self._cpu_fn()
 
     def end_step(self, step: int | None = None) -> dict[str, Any]:
         """Close the step: resolve region times, write and flush its line; return the record.
@@ -320,7 +303,7 @@ class Recorder:
         ``step`` is the training iteration number (default: one more than the last step).
         """
         t1 = time.perf_counter()
-        cpu1 = self._cpu_clock.now_cpu() if self._cpu_clock else None
+        cpu1 = self._cpu_fn()
         with self._lock:
             pending, self._pending = self._pending, []
         for name, seconds, fellback in self._clock.resolve(pending) if pending else ():
@@ -334,7 +317,7 @@ class Recorder:
             "kind": "step",
             "step": int(step),
             "step_time_s": t1 - self._t0,
-            "step_cpu_s": (cpu1 - self._cpu0) if cpu1 is not None and self._cpu0 is not None else None,
+            "step_cpu_s": cpu1 - self._cpu0,
         }
         for name in REGIONS:
             record[f"{name}_s"] = self._regions.get(name)
@@ -344,7 +327,7 @@ class Recorder:
         record.update(self._counters)
         for name in SETTABLE:
             record[name] = None
-        record.update(self._fields)
+        record.update(_finite(self._fields))
         record["timed_calls"] = dict(self._calls)
         if self._fallbacks:
             record["clock_fallbacks"] = self._fallbacks
@@ -438,13 +421,22 @@ class Recorder:
         self.close()
 
 
+def _finite(obj: Any) -> Any:
+    """Copy with non-finite floats replaced by None (the file stays strict JSON)."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    return obj
+
+
 def _json_default(obj: Any) -> Any:
-    if isinstance(obj, float) and not math.isfinite(obj):  # pragma: no cover - json handles floats
-        return None
     item = getattr(obj, "item", None)  # numpy / torch scalars
     if callable(item):
         try:
-            return item()
+            return _finite(item())
         except Exception:
             pass
     if isinstance(obj, (set, frozenset, tuple)):

@@ -55,7 +55,7 @@ _SUMMARY_ROWS: tuple[tuple[str, str, str, bool], ...] = (
     ("bytes_read_per_step", "bytes read per step, all ranks", "bytes", True),
     ("bytes_exchanged_per_step", "bytes exchanged per step, all ranks", "bytes", True),
 )
-_CHANGE_KEYS = tuple(k for k, *_ in _SUMMARY_ROWS) + ("step_time_mean", "vision_max_over_mean_mean")
+_CHANGE_KEYS = (*(k for k, *_ in _SUMMARY_ROWS), "step_time_mean", "vision_max_over_mean_mean")
 
 
 # ------------------------------------------------------------------------------------ numbers
@@ -356,12 +356,12 @@ def compare(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
         warnings.append(f"ranks per module differ: before {_module_dp(before)}, after {_module_dp(after)}")
     if before.get("device") != after.get("device"):
         warnings.append(f"before ran on {before.get('device')}, after on {after.get('device')}")
-    if before.get("samples_per_step") and after.get("samples_per_step"):
-        if abs(before["samples_per_step"] - after["samples_per_step"]) > 1e-9:
-            warnings.append(
-                f"global samples per step differ (before {before['samples_per_step']:g}, after "
-                f"{after['samples_per_step']:g}); compare throughput rather than step time"
-            )
+    b_sps, a_sps = before.get("samples_per_step"), after.get("samples_per_step")
+    if b_sps and a_sps and abs(b_sps - a_sps) > 1e-9:
+        warnings.append(
+            f"global samples per step differ (before {b_sps:g}, after {a_sps:g}); "
+            "compare throughput rather than step time"
+        )
     return {"change": change, "warnings": warnings}
 
 
@@ -436,7 +436,8 @@ def render(
             str(s.get("directory", "")),
             f"{present}/{s.get('world_size') or '?'} "
             + " ".join(f"{m}:{len(r)}" for m, r in s.get("modules", {}).items()),
-            f"{s.get('steps_counted', 0)}" + (f" (skipped {len(s['warmup_skipped'])} warm-up)" if s.get("warmup_skipped") else ""),
+            f"{s.get('steps_counted', 0)}"
+            + (f" (skipped {len(s['warmup_skipped'])} warm-up)" if s.get("warmup_skipped") else ""),
             f"{s.get('device') or '?'} / {clock.get('regions', '?') if isinstance(clock, dict) else clock}",
         )
     console.print(src)

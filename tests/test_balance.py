@@ -14,6 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from mimo_accel import balance
 from mimo_accel.balance import (
     balanced_order,
     contiguous_order,
@@ -24,6 +25,7 @@ from mimo_accel.balance import (
 )
 
 ROOT = Path(__file__).resolve().parents[1]
+_kk = balance._kk_groups
 
 # Relative slack for comparing float sums that were added up in different orders.
 REL = 1e-9
@@ -37,7 +39,7 @@ def _load_bench():
 
 
 @st.composite
-def batches(draw, max_groups: int = 8, max_size: int = 8):
+def batches(draw, max_groups: int = 20, max_size: int = 8):
     """(costs, n_groups): skewed, tied, zero-heavy and tiny/huge cost mixes."""
     n_groups = draw(st.integers(1, max_groups))
     size = draw(st.integers(1, max_size))
@@ -88,6 +90,26 @@ def test_balanced_order_properties(batch):
         assert s >= bound / g.mean() * (1 - REL)
     else:
         assert s == 1.0
+
+
+@settings(max_examples=100, deadline=None)
+@given(batches(max_groups=40))
+def test_both_starts_are_equal_size_partitions(batch):
+    # The internal starts feed the swap pass; each must already be a valid equal-size split.
+    costs, k = batch
+    c = np.asarray(costs, dtype=float)
+    for start in (balance._kk_groups(c, k), balance._lpt_groups(c, k)):
+        assert start.shape == (k, len(costs) // k)
+        assert sorted(start.ravel().tolist()) == list(range(len(costs)))
+
+
+def test_kk_start_is_used_when_lpt_leaves_many_groups_above_target(monkeypatch, pools):
+    calls = []
+    monkeypatch.setattr(balance, "_kk_groups", lambda c, k: calls.append(k) or _kk(c, k))
+    costs = pools["documents"][: 64 * 8]
+    order = balanced_order(costs, 64)
+    assert calls == [64]
+    assert spread(costs, order, 64) < spread(costs, lpt_order(costs, 64), 64)
 
 
 def _optimum(costs: list[float], k: int) -> float:
@@ -196,7 +218,11 @@ def test_window_of_micro_batches_is_one_bigger_split():
 @pytest.mark.parametrize(
     ("costs", "k", "message"),
     [
-        ([1.0] * 10, 3, "10 samples cannot be split into 3 equal groups; make the global micro-batch size a multiple of 3"),
+        (
+            [1.0] * 10,
+            3,
+            "10 samples cannot be split into 3 equal groups; make the global micro-batch size a multiple of 3",
+        ),
         ([1.0] * 4, 0, "n_groups must be >= 1"),
         ([1.0] * 4, -2, "n_groups must be >= 1"),
         ([1.0] * 4, 2.0, "n_groups must be an integer"),

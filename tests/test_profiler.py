@@ -19,7 +19,8 @@ from mimo_accel.profiler import COUNTERS, FORMAT, NoProfileData, Recorder, attac
 
 def _encoder(width: int = 128, depth: int = 4) -> torch.nn.Module:
     torch.manual_seed(0)
-    return torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.GELU()) for _ in range(depth)])
+    layers = [torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.GELU()) for _ in range(depth)]
+    return torch.nn.Sequential(*layers)
 
 
 def _recorder(tmp_path, **kw) -> Recorder:
@@ -70,7 +71,7 @@ def test_records_encoder_forward_and_backward_and_flushes_each_step(tmp_path):
     }.items():
         assert header[key] == value, key
     assert header["versions"]["megatron_core"] == "0.19.2" and "torch" in header["versions"]
-    assert header["clock"] == {"step": "wall", "regions": rec._clock.name}
+    assert header["clock"]["step"] == "wall" and header["clock"]["regions"] == rec._clock.name
 
     assert [s["step"] for s in steps] == [10, 11, 12]
     for s in steps:
@@ -96,8 +97,8 @@ def test_backward_is_timed_when_the_gradient_arrives_from_outside(tmp_path):
     attach_module_timer(enc, rec)
     for _ in range(3):
         out = enc(torch.randn(256, 256))
-        arrived = []
-        out.register_hook(lambda g: arrived.append(clock()))
+        arrived: list[float] = []
+        out.register_hook(lambda g, arrived=arrived: arrived.append(clock()))
         t0 = clock()
         torch.autograd.backward(out, grad_tensors=torch.ones_like(out))
         t1 = clock()
@@ -168,15 +169,26 @@ def test_forward_exception_closes_the_region(tmp_path):
 def test_regions_nest_carry_over_and_ignore_stray_stops(tmp_path):
     rec = _recorder(tmp_path, clock="wall")
     rec.stop("vision_fwd")  # stray: ignored
-    with rec.time("vision_fwd"):
-        with rec.time("vision_fwd"):  # nested: counted once
-            pass
+    with rec.time("vision_fwd"), rec.time("vision_fwd"):  # nested: counted once
+        pass
     rec.start("data")  # left open across the step boundary
     s1 = rec.end_step()
     assert s1["timed_calls"] == {"vision_fwd": 1} and "data_s" not in s1
     rec.stop("data")
     s2 = rec.end_step()
     assert s2["data_s"] > 0 and s2["timed_calls"] == {"data": 1}
+
+
+def test_non_finite_and_odd_values_stay_strict_json(tmp_path):
+    import numpy as np
+
+    rec = _recorder(tmp_path, config={"lr": float("inf"), "path": tmp_path, "ids": (1, 2)})
+    rec.set(predicted_spread=float("nan"), extra={"x": np.float32(0.5), "y": np.float32("nan")})
+    rec.end_step()
+    rec.close()
+    header, step = [json.loads(line, parse_constant=pytest.fail) for line in rec.path.read_text().splitlines()]
+    assert header["config"] == {"lr": None, "path": str(tmp_path), "ids": [1, 2]}
+    assert step["predicted_spread"] is None and step["extra"] == {"x": 0.5, "y": None}
 
 
 def test_bad_arguments_are_refused(tmp_path):
@@ -246,7 +258,7 @@ def test_cuda_clock_resolves_lazily_with_one_sync_per_step(tmp_path, monkeypatch
         assert _FakeEvent.syncs == before + 1
         assert s["vision_fwd_s"] == pytest.approx(3 * 2.0 / 1e3)
         assert s["vision_bwd_s"] == pytest.approx(3 * 2.0 / 1e3)
-        assert s["step_cpu_s"] is None
+        assert s["step_cpu_s"] >= 0
     assert len(rec._clock._pool) == 12  # events are reused
 
 

@@ -55,7 +55,7 @@ def two_by_two(directory: Path, *, slow: float = 2.0, read: int = 8, label: str 
     for rank in range(4):
         vision = rank < 2
         steps = []
-        for i, t in enumerate(step_times):
+        for t in step_times:
             st = {"step_time_s": t, "samples": 4, "samples_read": read, "bytes_read": read * 1000,
                   "bytes_exchanged": 2048 if vision else 0}
             if vision:
@@ -182,7 +182,12 @@ def test_missing_rank_partial_line_and_empty_file_are_reported(tmp_path, capsys)
     err = capsys.readouterr().err
     doc = json.loads(out.read_text())
     joined = "\n".join(doc["warnings"])
-    for needle in ("rank 2: rank2.jsonl is empty", "ranks 2, 3 of world 4 missing", "rank 1: last line of rank1.jsonl is incomplete"):
+    needles = (
+        "rank 2: rank2.jsonl is empty",
+        "ranks 2, 3 of world 4 missing",
+        "rank 1: last line of rank1.jsonl is incomplete",
+    )
+    for needle in needles:
         assert needle in joined
         assert needle in err
         assert needle in " ".join(_text(c).split())
@@ -201,7 +206,8 @@ def test_missing_language_replica_estimates_global_samples(tmp_path):
 
 def test_mismatched_layouts_warn(tmp_path, capsys):
     b = two_by_two(tmp_path / "b")
-    a = two_by_two(tmp_path / "a", layout={"vision": {"tp": 1, "pp": 1, "dp": 1}, "language": {"tp": 1, "pp": 1, "dp": 2}})
+    other = {"vision": {"tp": 1, "pp": 1, "dp": 1}, "language": {"tp": 1, "pp": 1, "dp": 2}}
+    a = two_by_two(tmp_path / "a", layout=other)
     c = _console()
     assert main([str(b), str(a)], console=c) == 0
     err = capsys.readouterr().err
