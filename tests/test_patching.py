@@ -1,0 +1,170 @@
+"""The patch engine: import order, exact undo, no double wrapping, version guard, env activation."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import mimo_accel
+from mimo_accel import cli
+from mimo_accel.config import AccelConfig, ConfigError
+from mimo_accel.patching import engine
+from mimo_accel.patching.engine import PatchError
+
+ROOT = Path(__file__).resolve().parent.parent
+PROBE = Path(__file__).resolve().parent / "_patch_probe.py"
+ALL_SITES = {"slice", "sampling_info", "loader"}
+
+
+def _probe(mode: str, env_extra: dict | None = None, launcher: bool = False) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MIMO_ACCEL")}
+    env.update(env_extra or {})
+    cmd = [sys.executable, str(PROBE), mode]
+    if launcher:
+        env = cli.launcher_env(env)
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240, cwd=ROOT)
+    lines = [l for l in proc.stdout.splitlines() if l.startswith("PROBE ")]
+    assert proc.returncode == 0 and lines, f"probe failed (rc {proc.returncode}):\n{proc.stderr[-3000:]}"
+    return json.loads(lines[-1][len("PROBE "):])
+
+
+def _check_patched_and_restored(out: dict) -> None:
+    assert set(out["status"]["active"]) >= {"sharded_reads", "packing", "profile"}
+    assert out["status"]["waiting_for_import"] == [] or all(
+        "pretrain" not in s and "megatron_mimo" not in s for s in out["status"]["waiting_for_import"])
+    assert out["one_replacement_per_function"] == {k: True for k in ALL_SITES}
+    assert out["replacement_wraps_original_once"] == {k: True for k in ALL_SITES}
+    assert out["identical_after_disable"] == {k: True for k in ALL_SITES}
+    assert out["status_after_disable"] == []
+
+
+@pytest.mark.parametrize("mode", ["before", "after"])
+def test_enable_before_or_after_importing_megatron_bridge(mode):
+    _check_patched_and_restored(_probe(mode))
+
+
+def test_qwen_example_script_shape_is_reached_through_call_time_lookups():
+    # forward_step and pretrain_megatron_mimo imported by value at the top of the script, then
+    # enable(): the by-value forward_step still resolves the slicing helper in its module globals,
+    # and pretrain_megatron_mimo looks up train_megatron_mimo at call time.
+    out = _probe("script")
+    assert out["script_forward_step_sees_replacement"] is True
+    assert out["pretrain_entry_wrapped"] is True
+    _check_patched_and_restored(out)
+
+
+def test_launcher_enables_every_python_process_from_the_environment():
+    # `mimo-accel run` puts the bootstrap sitecustomize first on PYTHONPATH; the probe (mode
+    # "env") never calls enable() itself.
+    out = _probe("env", {"MIMO_ACCEL": "shard,pack", "MIMO_ACCEL_PROFILE": "/tmp/unused"}, launcher=True)
+    assert out["mimo_accel_imported_at_start"] is True
+    _check_patched_and_restored(out)
+
+
+def test_launcher_with_variable_unset_does_nothing_at_all():
+    env = cli.launcher_env({k: v for k, v in os.environ.items() if not k.startswith("MIMO_ACCEL")})
+    code = "import sys; print('mimo_accel' in sys.modules, 'megatron' in sys.modules)"
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["False", "False"]
+
+
+def test_launcher_chains_an_existing_sitecustomize(tmp_path):
+    (tmp_path / "sitecustomize.py").write_text("import builtins; builtins.USER_SITECUSTOMIZE_RAN = True\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MIMO_ACCEL")}
+    env["PYTHONPATH"] = str(tmp_path)
+    env = cli.launcher_env(env)
+    code = "import builtins; print(getattr(builtins, 'USER_SITECUSTOMIZE_RAN', False))"
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert proc.stdout.strip() == "True", proc.stderr
+
+
+def test_unknown_environment_value_fails_at_startup_with_the_valid_list():
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MIMO_ACCEL")}
+    env["MIMO_ACCEL"] = "shard,turbo"
+    env["PYTHONPATH"] = str(cli.BOOTSTRAP_DIR)
+    proc = subprocess.run([sys.executable, "-c", "print('ran')"], env=env, capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode != 0 and "ran" not in proc.stdout
+    assert "'turbo'" in proc.stderr and "reorder" in proc.stderr and "all" in proc.stderr
+    with pytest.raises(ConfigError, match="turbo"):
+        cli.launcher_env(env)
+
+
+# -- in-process checks (megatron.bridge is already imported by conftest) ------------------------
+
+
+@pytest.fixture
+def clean_engine():
+    mimo_accel.disable()
+    yield
+    mimo_accel.disable()
+
+
+def _sites():
+    import megatron.bridge.data.megatron_mimo as pkg
+    import megatron.bridge.data.megatron_mimo.dp_utils as dp_utils
+    import megatron.bridge.training.megatron_mimo_step as step
+
+    return dp_utils, step, pkg
+
+
+def test_enable_is_idempotent_and_reconfiguring_never_chains_wrappers(clean_engine):
+    dp_utils, step, pkg = _sites()
+    original = dp_utils.slice_batch_for_megatron_mimo
+    mimo_accel.enable(sharded_reads=True)
+    first = step.slice_batch_for_megatron_mimo
+    patched = mimo_accel.status()["patched"]
+    mimo_accel.enable(sharded_reads=True)
+    assert step.slice_batch_for_megatron_mimo is first and mimo_accel.status()["patched"] == patched
+    mimo_accel.enable(sharded_reads=True, packing=True)
+    second = step.slice_batch_for_megatron_mimo
+    assert second is not first and second.__wrapped__ is original
+    mimo_accel.disable()
+    assert step.slice_batch_for_megatron_mimo is original and pkg.slice_batch_for_megatron_mimo is original
+
+
+def test_everything_off_patches_nothing(clean_engine):
+    dp_utils, step, pkg = _sites()
+    before = (dp_utils.slice_batch_for_megatron_mimo, step._get_module_dp_info)
+    cfg = mimo_accel.enable(AccelConfig())
+    assert cfg.features() == [] and mimo_accel.status()["patched"] == []
+    assert (dp_utils.slice_batch_for_megatron_mimo, step._get_module_dp_info) == before
+
+
+def test_mismatched_upstream_signature_is_refused_before_anything_is_patched(clean_engine, monkeypatch):
+    dp_utils, step, pkg = _sites()
+
+    def slice_batch_for_megatron_mimo(batch, rank, size):  # a renamed parameter: a moved target
+        return batch
+
+    monkeypatch.setattr(step, "slice_batch_for_megatron_mimo", slice_batch_for_megatron_mimo)
+    untouched = dp_utils.get_megatron_mimo_sampling_info
+    with pytest.raises(PatchError, match=r"megatron_mimo_step\.slice_batch_for_megatron_mimo.*Nothing was patched"):
+        mimo_accel.enable(sharded_reads=True)
+    assert mimo_accel.status()["patched"] == []
+    assert dp_utils.get_megatron_mimo_sampling_info is untouched
+
+
+def test_unsupported_version_is_refused(clean_engine, monkeypatch):
+    monkeypatch.setattr(engine, "bridge_version", lambda: "0.5.1")
+    with pytest.raises(PatchError, match=r"0\.5\.1 is not a supported upstream shape"):
+        mimo_accel.enable(packing=True)
+    assert mimo_accel.status()["patched"] == []
+
+
+def test_explicit_arguments_override_environment_override_defaults(monkeypatch):
+    from mimo_accel.config import resolve
+
+    monkeypatch.setenv("MIMO_ACCEL", "pack,reorder")
+    monkeypatch.setenv("MIMO_ACCEL_PAD_MULTIPLE", "8")
+    cfg = resolve(None, {"packing": False})
+    assert cfg.reorder and cfg.sharded_reads and not cfg.packing and cfg.pad_multiple == 8
+    monkeypatch.setenv("MIMO_ACCEL", "0")
+    monkeypatch.delenv("MIMO_ACCEL_PAD_MULTIPLE")
+    assert resolve(None, {}) == AccelConfig()
