@@ -85,6 +85,33 @@ class NativeViT(MegatronModule):
         return self.merger(x.reshape(-1, x.size(-1) * self.merge * self.merge))
 
 
+def packed_local_attention():
+    """megatron-core's local ``DotProductAttention`` asserts on packed (THD) params — only
+    Transformer Engine's attention takes them. This subclass runs the local attention once per
+    ``cu_seqlens`` segment (real tokens only, at ``cu_seqlens_q_padded`` offsets, as TE's padded
+    THD does) with a causal mask, so packed language shards train on CPU."""
+    from megatron.core.transformer.dot_product_attention import DotProductAttention
+
+    class PackedLocalAttention(DotProductAttention):
+        def forward(self, query, key, value, attention_mask, attn_mask_type=None, attention_bias=None,
+                    packed_seq_params=None):
+            if packed_seq_params is None:
+                return super().forward(query, key, value, attention_mask, attn_mask_type, attention_bias)
+            real = packed_seq_params.cu_seqlens_q.tolist()
+            starts = packed_seq_params.cu_seqlens_q_padded.tolist()
+            out = query.new_zeros(query.size(0), self.hidden_size_per_partition)  # [T, heads * dim]
+            for i in range(len(real) - 1):
+                n = real[i + 1] - real[i]
+                seg = slice(starts[i], starts[i] + n)
+                mask = torch.triu(torch.ones(n, n, dtype=torch.bool, device=query.device), 1)[None, None]
+                o = super().forward(query[seg].unsqueeze(1), key[seg].unsqueeze(1), value[seg].unsqueeze(1),
+                                    mask, attn_mask_type)
+                out[seg] = o.squeeze(1)
+            return out
+
+    return PackedLocalAttention
+
+
 # ----------------------------------------------------------------------------------------------
 # Data
 # ----------------------------------------------------------------------------------------------
@@ -121,6 +148,22 @@ class SyntheticVLMDataset(torch.utils.data.Dataset):
 
     def __len__(self) -> int:
         return self.num_samples
+
+    @property
+    def mimo_accel_cost_index(self):
+        """Per-sample costs from the sample specs alone (no decoding): the plan-before-read source."""
+        if getattr(self, "_cost_index", None) is None:
+            from mimo_accel.costs import CostIndex, ResizeRule
+
+            specs = [self.spec_fn(i) for i in range(self.num_samples)]
+            per_image = [[h * w for h, w in s.images] for s in specs]
+            self._cost_index = CostIndex(
+                patches=[sum(p) for p in per_image], sq_patches=[sum(x * x for x in p) for p in per_image],
+                tokens=[sum(image_rows(h, w, self.merge) for h, w in s.images) + s.text_tokens for s in specs],
+                images=[len(s.images) for s in specs],
+                # sides are given in patches already: a 1-pixel "patch" rule leaves them as they are
+                rule=ResizeRule(patch_size=1, merge_size=self.merge, min_pixels=1, max_pixels=1 << 40))
+        return self._cost_index
 
     def __getitem__(self, idx: int) -> dict:
         spec = self.spec_fn(idx)
@@ -262,8 +305,10 @@ def build_provider(cfg: StackConfig):
             config=_vision_config(cfg), patch_dim=cfg.patch_dim, out_hidden=cfg.hidden,
             merge=cfg.merge))}},
     )
+    layer_spec = get_gpt_layer_local_spec()
+    layer_spec.submodules.self_attention.submodules.core_attention = packed_local_attention()
     language = ModuleSpec(module=GPTModel, params=dict(
-        config=_language_config(cfg), transformer_layer_spec=get_gpt_layer_local_spec(),
+        config=_language_config(cfg), transformer_layer_spec=layer_spec,
         vocab_size=cfg.vocab_size, max_sequence_length=cfg.seq_length))
     return MegatronMIMOProvider(
         language_model_spec=language,

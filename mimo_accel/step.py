@@ -33,6 +33,8 @@ class StepRole:
     is_first_stage: bool
     is_last_stage: bool
     sequence_parallel_size: int  # T must divide by this for sequence parallelism (tp·cp), else 1
+    fan_in: bool = False  # a modality module has more DP replicas than the language module
+    placeholder_ids: tuple = ()  # the modality placeholder token ids in input_ids
 
 
 _step = threading.local()
@@ -53,12 +55,15 @@ def role_of(mimo_model) -> Optional[StepRole]:
     sp = 1
     grids = getattr(getattr(mimo_model, "mimo_config", None), "module_to_grid_map", None) or {}
     grid = grids.get(LANGUAGE)
+    dp = lambda g: dict(zip(g.dim_names, g.shape)).get("dp", 1)  # noqa: E731
+    fan_in = grid is not None and any(dp(g) > dp(grid) for name, g in grids.items() if name != LANGUAGE)
+    tokens = tuple(getattr(mimo_model, "special_token_ids", {}).values())
     lm = getattr(mimo_model, "language_model", None)
     lm_config = getattr(lm, "config", None)
     if grid is not None and getattr(lm_config, "sequence_parallel", False):
         dims = dict(zip(grid.dim_names, grid.shape))
         sp = dims.get("tp", 1) * dims.get("cp", 1)
-    return StepRole(True, role.is_first_stage(LANGUAGE), role.is_last_stage(LANGUAGE), sp)
+    return StepRole(True, role.is_first_stage(LANGUAGE), role.is_last_stage(LANGUAGE), sp, fan_in, tokens)
 
 
 def capture_role(get_module_dp_info: Callable) -> Callable:
@@ -97,12 +102,16 @@ def make_local_batch_fn(upstream_slice: Callable, *, sharded_reads: bool, packin
                     "upstream does; call mimo_accel.enable() before importing megatron.bridge, or use "
                     "`mimo-accel run`.", RuntimeWarning, stacklevel=2)
             local, read = upstream_slice(batch, dp_rank, dp_size), _batch_size(batch)
+        role = current_role()
+        if role is not None and role.is_language and role.fan_in and role.is_first_stage:
+            from mimo_accel import fanin
+
+            fanin.record_language_rows(local, role.placeholder_ids)
         if profile:
             from mimo_accel import instrument
 
             instrument.record_batch(local, read_samples=read, tagged=tag is not None)
         if packing:
-            role = current_role()
             if role is not None and role.is_language:
                 local = pack_for_language_model(local, role, pad_multiple)
         return local

@@ -458,32 +458,13 @@ def megatron_cpu(monkeypatch, tmp_path):
 
 
 def _segmented_core_attention():
-    """Local ``DotProductAttention`` asserts on packed params; this subclass runs it once per
-    ``cu_seqlens`` segment (real tokens only, as TE's padded THD does) with a causal mask."""
-    from megatron.core.transformer.dot_product_attention import DotProductAttention
+    """The packed-THD local attention the CPU stack uses (mimo_accel.stack.packed_local_attention)."""
+    from mimo_accel.stack import packed_local_attention
 
     def causal(n):
         return torch.triu(torch.ones(n, n, dtype=torch.bool), 1)[None, None]
 
-    class SegmentedDotProductAttention(DotProductAttention):
-        def forward(self, query, key, value, attention_mask, attn_mask_type=None,
-                    attention_bias=None, packed_seq_params=None):
-            if packed_seq_params is None:
-                return super().forward(query, key, value, attention_mask, attn_mask_type,
-                                       attention_bias)
-            # THD: query/key/value are [T, heads, dim]; return [T, heads * dim]
-            cu = packed_seq_params.cu_seqlens_q.tolist()
-            start = packed_seq_params.cu_seqlens_q_padded.tolist()
-            out = query.new_zeros(query.size(0), self.hidden_size_per_partition)
-            for i in range(len(cu) - 1):
-                seg = slice(start[i], start[i] + cu[i + 1] - cu[i])
-                n = seg.stop - seg.start
-                o = super().forward(query[seg].unsqueeze(1), key[seg].unsqueeze(1),
-                                    value[seg].unsqueeze(1), causal(n), attn_mask_type)
-                out[seg] = o.squeeze(1)
-            return out
-
-    return SegmentedDotProductAttention, causal
+    return packed_local_attention(), causal
 
 
 @pytest.mark.distributed  # in-process 1-rank gloo world running real megatron-core

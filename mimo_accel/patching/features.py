@@ -87,6 +87,13 @@ def _optimizer_step(original: Callable, cfg: AccelConfig) -> Callable:
     return instrument.wrap_optimizer_step(original, cfg)
 
 
+def _fan_in(name: str) -> Callable[[Callable], Callable]:
+    from mimo_accel import fanin
+
+    return fanin.wrap_attach_split_sizes if name.endswith("_attach_modality_split_sizes") \
+        else fanin.wrap_split_at_batch_dim
+
+
 def replacement_factory(name: str, cfg: AccelConfig, native_packing: bool) -> Callable[[Callable], Callable]:
     factories = {
         "get_megatron_mimo_sampling_info": lambda o: _sampling_info(o, cfg),
@@ -96,5 +103,7 @@ def replacement_factory(name: str, cfg: AccelConfig, native_packing: bool) -> Ca
         "train_megatron_mimo": lambda o: _train_entry(o, cfg),
         "ModalitySubmodules.encode": lambda o: _encode(o, cfg),
         "MimoOptimizer.step": lambda o: _optimizer_step(o, cfg),
+        "MimoModel._attach_modality_split_sizes": _fan_in("_attach_modality_split_sizes"),
+        "BridgeCommunicator._split_tensor_at_batch_dim": _fan_in("_split_tensor_at_batch_dim"),
     }
     return factories[name]

@@ -15,6 +15,8 @@ References (NVIDIA-NeMo/Megatron-Bridge):
   name; _get_module_dp_info; (main only) pack_language_shard from sequence_pack.py
 - src/megatron/bridge/training/pretrain_megatron_mimo.py: looks up train_megatron_mimo in its
   globals at call time
+(NVIDIA/Megatron-LM) megatron/core/models/mimo/model/base.py: MimoModel._attach_modality_split_sizes;
+megatron/core/pipeline_parallel/bridge_communicator.py: BridgeCommunicator._split_tensor_at_batch_dim
 """
 
 from __future__ import annotations
@@ -57,6 +59,12 @@ TRAIN_ENTRY = (Target(PRETRAIN, "train_megatron_mimo", TRAIN, ("forward_step_fun
 ENCODE = (Target(MIMO_SUBMODULES, "ModalitySubmodules.encode", MIMO_SUBMODULES,
                  ("self", "encoders_data_batch")),)
 OPTIMIZER_STEP = (Target(MIMO_OPTIMIZER, "MimoOptimizer.step", MIMO_OPTIMIZER, ("self",)),)
+MIMO_MODEL = "megatron.core.models.mimo.model.base"
+BRIDGE_COMM = "megatron.core.pipeline_parallel.bridge_communicator"
+FAN_IN = (Target(MIMO_MODEL, "MimoModel._attach_modality_split_sizes", MIMO_MODEL,
+                 ("self", "output", "input_ids", "encoder_name")),
+          Target(BRIDGE_COMM, "BridgeCommunicator._split_tensor_at_batch_dim", BRIDGE_COMM,
+                 ("self", "aggregated_tensor", "num_splits")))
 NATIVE_PACK = (Target(STEP, "pack_language_shard", "megatron.bridge.data.megatron_mimo.sequence_pack",
                       ("batch",)),)
 
@@ -78,7 +86,7 @@ class Shape:
 FEATURE_TARGETS = {
     "context": SAMPLING_INFO,
     "sharded_reads": PRETRAINING_LOADER,
-    "step": SLICE + MODULE_DP_INFO,
+    "step": SLICE + MODULE_DP_INFO + FAN_IN,
     "packing": (),
     "profile": ENCODE + OPTIMIZER_STEP,
     "train_entry": TRAIN_ENTRY,

@@ -1,0 +1,399 @@
+"""Fit the vision cost model from profiler logs.
+
+``mimo-accel calibrate RUN_DIR [--out cost.json] [--warmup N] [--no-intercept] [--json PATH]``
+
+Each step line of a vision rank (``rank<N>.jsonl`` from :class:`mimo_accel.profiler.Recorder`) is
+one observation: the rank's vision time in that step, ``vision_fwd_s + vision_bwd_s`` (a missing
+part counts 0, as in ``mimo-accel report``), against what its encoder saw: ``patches`` (Σp),
+``sq_patches`` (Σp² over the images: the attention term) and ``tokens``. A non-negative least
+squares fit of
+
+    time ≈ a·Σp + b·Σp² + c·tokens + overhead
+
+gives the :class:`~mimo_accel.costs.CostModel` ``(a, b, c)`` in seconds (``a`` is seconds per
+patch). ``overhead`` is a fixed per-step time (kernel launches, the merger's fixed work): it is
+the same on every replica, so it cannot change a balancing decision and is not part of the model;
+fitting it keeps it from inflating ``a`` or ``c``. ``--no-intercept`` drops it.
+
+``sq_patches`` is an optional step field. When the logs do not carry it the fit falls back to
+``a`` and ``c`` only (``b = 0``) and says so: the model then weighs an image by its patch count,
+not by its attention cost.
+
+Fit quality, printed and stored in the model file's ``fit`` metadata: ``r2`` (on the vision
+time), ``rmse`` (s), ``rel_rmse`` (rmse / mean time), ``n`` (observations), and per feature the
+standard error and t-value (on the features NNLS kept; a feature is *significant* if t > 2).
+
+Rank logs whose header says ``module = "language"`` are skipped; so are steps without a vision
+time and the first ``--warmup`` step numbers (default 1: the first step pays for allocation and
+compilation).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from rich.console import Console
+from rich.table import Table
+
+from mimo_accel.costs import CostModel
+from mimo_accel.profiler import NoProfileData, Run, read_run
+
+__all__ = ["FEATURES", "CalibrationError", "fit", "main", "nnls", "observations", "render"]
+
+#: Step fields the model is fitted on, with the coefficient each one gives.
+FEATURES = (("patches", "a"), ("sq_patches", "b"), ("tokens", "c"))
+_FEATURE_OF = {coef: feature for feature, coef in FEATURES}
+_UNITS = {"a": "s / patch", "b": "s / patch²", "c": "s / token", "overhead": "s / step"}
+_LANGUAGE = "language"
+_MIN_STEPS = 3
+_MAX_CONDITION = 1e10  # of the column-normalised design; above it the fit is meaningless
+_T_SIGNIFICANT = 2.0
+
+
+class CalibrationError(ValueError):
+    """A run that cannot be calibrated from; the message says why and what to record instead."""
+
+
+# ------------------------------------------------------------------------------------- NNLS
+
+
+def nnls(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Exact non-negative least squares for a few columns: ``argmin ||x·w - y||, w >= 0``.
+
+    The optimum is the unconstrained least-squares solution on its own support, so trying every
+    support (2^k for k columns, k <= 6 here) and keeping the best feasible one is exact.
+    """
+    n, k = x.shape
+    if k > 6:
+        raise ValueError("nnls: at most 6 columns")
+    best_w, best_rss = np.zeros(k), float(y @ y)
+    for size in range(1, k + 1):
+        for cols in itertools.combinations(range(k), size):
+            sub = x[:, cols]
+            w, *_ = np.linalg.lstsq(sub, y, rcond=None)
+            if (w < 0).any():
+                continue
+            r = y - sub @ w
+            rss = float(r @ r)
+            if rss < best_rss * (1 - 1e-12):
+                best_rss = rss
+                best_w = np.zeros(k)
+                best_w[list(cols)] = w
+    return best_w
+
+
+# ---------------------------------------------------------------------------------- fitting
+
+
+def _num(rec: dict[str, Any], key: str) -> float | None:
+    v = rec.get(key)
+    if v is None or isinstance(v, bool):
+        return None
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return None
+    return f if math.isfinite(f) else None
+
+
+def observations(run: Run, *, warmup: int = 1) -> dict[str, Any]:
+    """The usable vision steps of ``run``: ``{y, patches, sq_patches (None where missing), tokens,
+    ranks, skipped_warmup, dropped}`` (arrays are float64, one entry per rank-step)."""
+    vision_logs = [log for log in run.ranks.values() if log.module != _LANGUAGE]
+    timed = [
+        (log.rank, rec) for log in vision_logs for rec in log.steps
+        if _num(rec, "vision_fwd_s") is not None or _num(rec, "vision_bwd_s") is not None
+    ]
+    if not timed:
+        modules = sorted({log.module for log in run.ranks.values()})
+        raise CalibrationError(
+            f"{run.directory}: no vision steps in the run (no step line has vision_fwd_s/vision_bwd_s;"
+            f" modules seen: {', '.join(modules)}); profile a run with the vision encoder timed"
+            " (mimo_accel profiler on the vision ranks)"
+        )
+    numbers = sorted({int(rec["step"]) for _, rec in timed})
+    skipped = numbers[:warmup] if warmup > 0 and len(numbers) > warmup else []
+    skip = set(skipped)
+    y, p, q, t, ranks = [], [], [], [], set()
+    dropped = 0
+    for rank, rec in timed:
+        if int(rec["step"]) in skip:
+            continue
+        fwd, bwd = _num(rec, "vision_fwd_s"), _num(rec, "vision_bwd_s")
+        seconds = (fwd or 0.0) + (bwd or 0.0)
+        patches, tokens = _num(rec, "patches"), _num(rec, "tokens")
+        if seconds < 0 or patches is None or patches < 0 or tokens is None or tokens < 0:
+            dropped += 1
+            continue
+        sq = _num(rec, "sq_patches")
+        y.append(seconds)
+        p.append(patches)
+        q.append(sq if sq is not None and sq >= 0 else None)
+        t.append(tokens)
+        ranks.add(rank)
+    return {
+        "y": np.asarray(y, dtype=np.float64),
+        "patches": np.asarray(p, dtype=np.float64),
+        "sq_patches": q,
+        "tokens": np.asarray(t, dtype=np.float64),
+        "ranks": sorted(ranks),
+        "skipped_warmup": skipped,
+        "dropped": dropped,
+    }
+
+
+def fit(run: Run, *, warmup: int = 1, intercept: bool = True) -> tuple[CostModel, dict[str, Any]]:
+    """Fit the cost model to ``run``'s vision steps; returns ``(model, stats)``.
+
+    ``stats`` (JSON-serialisable): ``n``, ``ranks``, ``r2``, ``rmse``, ``rel_rmse``,
+    ``mean_time``, ``sq_patches`` (whether Σp² was fitted), ``intercept``, ``overhead_s``,
+    ``terms`` ({a, b, c, overhead: {coef, stderr, t, significant, share, fitted}}), ``b_over_a``,
+    ``skipped_warmup``, ``warnings``. Raises :class:`CalibrationError` for a run without vision
+    steps, with fewer than 3 usable steps, or whose steps cannot separate the features.
+    """
+    if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
+        raise ValueError(f"warmup must be an integer >= 0, got {warmup!r}")
+    obs = observations(run, warmup=warmup)
+    warnings = list(run.warnings)
+    if obs["dropped"]:
+        warnings.append(f"{obs['dropped']} step line(s) without usable patches/tokens counters were skipped")
+    y = obs["y"]
+    keep = np.ones(y.size, dtype=bool)
+    have_sq = np.array([v is not None for v in obs["sq_patches"]], dtype=bool)
+    use_sq = bool(have_sq.all()) and y.size > 0
+    if not use_sq and have_sq.sum() >= _MIN_STEPS + 1:
+        warnings.append(
+            f"{int((~have_sq).sum())} of {y.size} steps lack sq_patches (older profiler?); fitted on the"
+            f" {int(have_sq.sum())} steps that have it"
+        )
+        keep, use_sq = have_sq, True
+    elif not use_sq:
+        warnings.append(
+            "the logs carry no sq_patches (Σ patches² per step), so the attention term cannot be fitted:"
+            " b = 0 and the model weighs images by patch count only. Record sq_patches (the profiler hook"
+            " of this version does) and calibrate again."
+        )
+    n = int(keep.sum())
+    if n < _MIN_STEPS:
+        raise CalibrationError(
+            f"{run.directory}: too few steps to fit: {n} usable vision step(s) after skipping"
+            f" {len(obs['skipped_warmup'])} warm-up step(s); need at least {_MIN_STEPS} — profile more steps"
+            " (or lower --warmup)"
+        )
+    y = y[keep]
+    columns: dict[str, np.ndarray] = {"a": obs["patches"][keep]}
+    if use_sq:
+        columns["b"] = np.asarray([v for v, k in zip(obs["sq_patches"], keep) if k], dtype=np.float64)
+    columns["c"] = obs["tokens"][keep]
+    unfitted = [name for name, col in columns.items() if not col.any()]
+    if "a" in unfitted:
+        raise CalibrationError(
+            f"{run.directory}: no usable vision step has any patches (the encoder saw no images), so no"
+            " cost can be fitted; profile steps with images"
+        )
+    for name in unfitted:
+        warnings.append(f"every step has {_FEATURE_OF[name]} = 0: {name} is not observable, set to 0")
+        del columns[name]
+    if intercept:
+        columns["overhead"] = np.ones(n)
+    names = list(columns)
+    x = np.column_stack([columns[k] for k in names])
+    scale = np.linalg.norm(x, axis=0)
+    xs = x / scale
+    sv = np.linalg.svd(xs, compute_uv=False)
+    if n < len(names) or sv[-1] <= sv[0] / _MAX_CONDITION:
+        raise CalibrationError(_singular_message(run, xs, names, n))
+
+    w = nnls(xs, y) / scale
+    pred = x @ w
+    resid = y - pred
+    rss = float(resid @ resid)
+    tss = float(((y - y.mean()) ** 2).sum())
+    r2 = 1.0 - rss / tss if tss > 0 else (1.0 if rss <= 1e-30 else 0.0)
+    rmse = math.sqrt(rss / n)
+    mean_time = float(y.mean())
+
+    active = [i for i in range(len(names)) if w[i] > 0]
+    dof = n - len(active)
+    se = np.full(len(names), math.nan)
+    if active and dof > 0:
+        xa = x[:, active]
+        try:
+            cov = (rss / dof) * np.linalg.inv(xa.T @ xa)
+            se[active] = np.sqrt(np.clip(np.diag(cov), 0, None))
+        except np.linalg.LinAlgError:  # pragma: no cover - excluded by the condition check
+            pass
+    mean_pred = float(pred.mean())
+    terms: dict[str, dict[str, Any]] = {}
+    for i, name in enumerate(names):
+        tval = float(w[i] / se[i]) if w[i] > 0 and math.isfinite(se[i]) and se[i] > 0 else (
+            math.inf if w[i] > 0 and se[i] == 0 else 0.0)
+        terms[name] = {
+            "coef": float(w[i]),
+            "stderr": None if not math.isfinite(se[i]) else float(se[i]),
+            "t": None if not math.isfinite(tval) or w[i] == 0 else tval,
+            "significant": bool(w[i] > 0 and tval > _T_SIGNIFICANT),
+            "share": float(w[i] * x[:, i].mean() / mean_pred) if mean_pred > 0 else 0.0,
+            "fitted": True,
+        }
+    for coef in ("a", "b", "c"):
+        if coef not in terms:
+            terms[coef] = {"coef": 0.0, "stderr": None, "t": None, "significant": False, "share": 0.0,
+                           "fitted": False}
+    a, b, c = (terms[k]["coef"] for k in ("a", "b", "c"))
+    if a == 0 and b == 0 and c == 0:
+        raise CalibrationError(
+            f"{run.directory}: the fit gives every feature a zero coefficient (vision time does not grow"
+            " with patches or tokens in these steps); profile steps whose image load varies"
+        )
+    for coef in ("a", "b", "c"):
+        if terms[coef]["fitted"] and not terms[coef]["significant"]:
+            warnings.append(f"{coef} ({_UNITS[coef]}) is not significant (t <= {_T_SIGNIFICANT:g})")
+    if r2 < 0.9:
+        warnings.append(f"R² = {r2:.3f}: the model explains the vision time poorly; check the run for noise")
+    stats = {
+        "n": n,
+        "ranks": obs["ranks"],
+        "r2": r2,
+        "rmse": rmse,
+        "rel_rmse": rmse / mean_time if mean_time > 0 else None,
+        "mean_time": mean_time,
+        "sq_patches": use_sq,
+        "intercept": intercept,
+        "overhead_s": terms["overhead"]["coef"] if "overhead" in terms else 0.0,
+        "terms": terms,
+        "b_over_a": b / a if a > 0 else None,
+        "skipped_warmup": obs["skipped_warmup"],
+        "warnings": warnings,
+        "run": str(run.directory),
+    }
+    meta = {
+        "r2": r2, "n": n, "rmse": rmse, "rel_rmse": stats["rel_rmse"], "units": "seconds",
+        "overhead_s": stats["overhead_s"], "sq_patches": use_sq, "intercept": intercept,
+        "run": str(run.directory), "warmup": warmup,
+        "significant": [k for k in ("a", "b", "c") if terms[k]["significant"]],
+    }
+    return CostModel(a=a, b=b, c=c, fit=meta), stats
+
+
+def _singular_message(run: Run, xs: np.ndarray, names: list[str], n: int) -> str:
+    label = {"a": "patches", "b": "sq_patches", "c": "tokens", "overhead": "the per-step overhead"}
+    if n < len(names):
+        return (f"{run.directory}: singular design: {n} steps cannot determine {len(names)} terms"
+                f" ({', '.join(label[k] for k in names)}); profile more steps")
+    # the direction of the smallest singular value names the collinear features
+    _, _, vt = np.linalg.svd(xs, full_matrices=False)
+    v = np.abs(vt[-1])
+    involved = [label[names[i]] for i in np.flatnonzero(v > 0.1 * v.max())]
+    hint = " or pass --no-intercept" if "overhead" in names else ""
+    return (
+        f"{run.directory}: singular design: {' and '.join(involved)} are collinear across the {n} steps"
+        " (e.g. every step carried the same images), so their coefficients cannot be told apart;"
+        f" profile a run whose batches vary in image sizes and counts{hint}"
+    )
+
+
+# ------------------------------------------------------------------------------------- output
+
+
+def _fmt(v: float | None, spec: str = ".3g") -> str:
+    if v is None:
+        return "—"
+    if isinstance(v, float) and math.isinf(v):
+        return "∞"
+    return format(v, spec)
+
+
+def render(model: CostModel, stats: dict[str, Any], console: Console | None = None) -> None:
+    """Print the fit as rich tables."""
+    console = console or Console()
+    t = Table(title=f"Vision cost-model fit — {stats['run']}", title_justify="left")
+    for col in ("term", "coefficient", "units", "std err", "t", "significant", "share of time"):
+        t.add_column(col, justify="right" if col not in ("term", "units") else "left")
+    label = {"a": "a · Σpatches", "b": "b · Σpatches²", "c": "c · tokens", "overhead": "overhead (not in model)"}
+    for key in ("a", "b", "c", "overhead"):
+        term = stats["terms"].get(key)
+        if term is None:
+            continue
+        if not term["fitted"]:
+            reason = "no sq_patches in logs" if key == "b" and not stats["sq_patches"] else "not observed"
+            t.add_row(label[key], "0", _UNITS[key], "—", "—", f"[yellow]not fitted ({reason})[/]", "—")
+            continue
+        sig = "[green]yes[/]" if term["significant"] else ("no (clamped to 0)" if term["coef"] == 0 else "[yellow]no[/]")
+        t.add_row(label[key], _fmt(term["coef"], ".4g"), _UNITS[key], _fmt(term["stderr"]), _fmt(term["t"], ".1f"),
+                  sig, f"{term['share']:.1%}")
+    console.print(t)
+    q = Table(title="Fit quality", title_justify="left", show_header=False)
+    q.add_column("metric")
+    q.add_column("value", justify="right")
+    q.add_row("R²", f"{stats['r2']:.4f}")
+    q.add_row("relative RMSE", "—" if stats["rel_rmse"] is None else f"{stats['rel_rmse']:.2%}")
+    q.add_row("RMSE", f"{stats['rmse'] * 1e3:.3g} ms (mean vision time {stats['mean_time'] * 1e3:.3g} ms)")
+    q.add_row("observations (rank-steps)", f"{stats['n']} from {len(stats['ranks'])} vision rank(s)")
+    skipped = stats["skipped_warmup"]
+    q.add_row("warm-up steps skipped", f"step {', '.join(map(str, skipped))}" if skipped else "none")
+    b_over_a = stats["b_over_a"]
+    q.add_row("b / a (attention weight)", "—" if b_over_a is None else f"{b_over_a:.3g} (built-in default {CostModel().b / CostModel().a:.3g})")
+    console.print(q)
+    for w in stats["warnings"]:
+        console.print(f"[yellow]warning:[/] {w}")
+
+
+# --------------------------------------------------------------------------------------- main
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="mimo-accel calibrate",
+                                description="Fit the vision cost model (a, b, c) from a profiler run.")
+    p.add_argument("run_dir", metavar="RUN_DIR", help="profile directory (rank<N>.jsonl files)")
+    p.add_argument("--out", metavar="PATH", help="write the cost-model file (use it with MIMO_ACCEL_COST=PATH)")
+    p.add_argument("--json", metavar="PATH", help="write the fit statistics as JSON")
+    p.add_argument("--warmup", type=int, default=1, metavar="N", help="skip the first N step numbers (default 1)")
+    p.add_argument("--no-intercept", action="store_true", help="fit without a per-step overhead term")
+    return p
+
+
+def main(argv: Sequence[str] | None = None, *, console: Console | None = None) -> int:
+    """``mimo-accel calibrate``. Returns 0, or 2 when the run cannot be calibrated from."""
+    args = _parser().parse_args(argv)
+    if args.warmup < 0:
+        print("mimo-accel calibrate: error: --warmup must be >= 0", file=sys.stderr)
+        return 2
+    try:
+        run = read_run(args.run_dir)
+        model, stats = fit(run, warmup=args.warmup, intercept=not args.no_intercept)
+    except (NoProfileData, CalibrationError) as e:
+        print(f"mimo-accel calibrate: error: {e}", file=sys.stderr)
+        return 2
+    if console is None:
+        # Piped output: rich would wrap the tables at 80 columns; give them room instead.
+        console = Console() if sys.stdout.isatty() else Console(width=120)
+    render(model, stats, console)
+    if args.out:
+        model.to_file(args.out)
+        console.print(f"wrote {args.out}: a={model.a:.4g} b={model.b:.4g} c={model.c:.4g}"
+                      f" (use: MIMO_ACCEL_COST={args.out}, or mimo-accel simulate --cost {args.out})")
+    else:
+        console.print("pass --out cost.json to write the model")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"model": {"a": model.a, "b": model.b, "c": model.c}, **stats},
+                                              indent=2, default=_json_default) + "\n", encoding="utf-8")
+    return 0
+
+
+def _json_default(obj: Any) -> Any:
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    return str(obj)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,679 @@
+"""Workload profiles: what a training mix looks like to the planners, as a small TOML file.
+
+A profile describes the samples of a workload (images per sample, image sizes, text tokens), the
+model's image resize rule, the default parallel layout, and a scaled-down ``[rehearsal]``
+version small enough to run on CPUs. The shipped profiles live in ``profiles/`` at the repository
+root (``receipts``, ``documents``, ``mixed_chat``, ``uniform``); :func:`load_profile` takes either
+such a name or a path. Pure: numpy and the standard library only (``tomllib``).
+
+File layout (every key is checked; an unknown key is an error)::
+
+    [profile]                         # optional
+    name = "receipts"                 # default: the file name
+    description = "..."
+
+    [images]
+    count = { 0 = 0.6, 1 = 0.3, 4 = 0.1 }   # images per sample -> probability (sums to 1)
+    height = DIST                      # pixels, drawn per image ...
+    width = DIST                       # ... independently of the height
+    # or instead of height/width:  size = [896, 896]  or  size = { dist = "choice",
+    #                                 values = [[896, 896], [1080, 1920]], p = [0.5, 0.5] }
+    bytes_per_pixel = 0.3              # encoded bytes per original pixel (JPEG ~0.3)
+
+    [text]
+    tokens = DIST                      # text tokens per sample (image placeholders come on top)
+    bytes_per_token = 4                # optional, default 4
+
+    [resize]                           # the model's image processor (mimo_accel.costs.ResizeRule)
+    patch_size = 16
+    merge_size = 2
+    temporal_patch_size = 2            # optional, default 2
+    min_pixels = 200704
+    max_pixels = 4194304
+
+    [layout]
+    micro_batch_size = 64              # global micro-batch, a multiple of lcm(vision dp, language dp)
+    seq_length = 8192                  # must hold the largest possible sample
+    vision = { tp = 1, pp = 1, dp = 8 }
+    language = { tp = 4, pp = 1, dp = 4 }
+
+    [rehearsal]                        # the same shape, scaled down for a CPU rehearsal
+    steps = 4
+    micro_batch_size = 8
+    seq_length = 256                   # <= 256
+    merge_size = 2                     # sides are rounded up to a multiple of this
+    vision = { tp = 1, pp = 1, dp = 4 }
+    language = { tp = 1, pp = 1, dp = 2 }
+    [rehearsal.images]                 # sides in PATCHES; <= 144 patches per image, <= 4 images
+    count = { 1 = 1.0 }                # optional: default the main [images] count
+    height = DIST
+    width = DIST
+    [rehearsal.text]
+    tokens = DIST
+
+``DIST`` is a number (fixed) or a table: ``{ dist = "fixed", value = V }``, ``{ dist = "uniform",
+min = A, max = B }`` (integers, both inclusive), ``{ dist = "lognormal", median = M, sigma = S,
+min = A, max = B }`` (clamped to [A, B], rounded), or ``{ dist = "choice", values = [...], p =
+[...] }``.
+
+What a sample costs:
+
+* image tokens of an image = patches / merge_size² (the encoder's merged rows, one placeholder each);
+* a sample's real language tokens (``SampleShape.tokens``) = its image tokens + its text tokens,
+  the text cut so the sample fits ``seq_length`` (validation guarantees the images always fit);
+* bytes of a sample = Σ original pixels × ``bytes_per_pixel`` + text tokens × ``bytes_per_token``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from mimo_accel.costs import CostIndex, CostModel, ResizeRule, SampleShape
+
+__all__ = [
+    "PROFILES_DIR",
+    "REHEARSAL_MAX_IMAGES",
+    "REHEARSAL_MAX_PATCHES",
+    "REHEARSAL_MAX_SEQ_LENGTH",
+    "Dist",
+    "Layout",
+    "ModuleShape",
+    "Profile",
+    "ProfileError",
+    "Rehearsal",
+    "RehearsalSample",
+    "SampleTable",
+    "list_profiles",
+    "load_profile",
+]
+
+#: The shipped profiles: ``<repo>/profiles/*.toml``.
+PROFILES_DIR = Path(__file__).resolve().parent.parent / "profiles"
+
+#: Limits of a ``[rehearsal]``: the CPU rehearsal's ViT costs ~ (h·w)² per image.
+REHEARSAL_MAX_PATCHES = 144
+REHEARSAL_MAX_IMAGES = 4
+REHEARSAL_MAX_SEQ_LENGTH = 256
+
+_MAX_ASPECT = 200  # the Qwen-VL processor refuses images with a longer side over 200x the shorter
+_PROB_TOL = 1e-6
+
+
+class ProfileError(ValueError):
+    """A profile that cannot be loaded; the message names the file, the key and the fix."""
+
+
+# ------------------------------------------------------------------------------------------------
+# Distributions
+# ------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Dist:
+    """A distribution of non-negative integers (or of fixed ``(h, w)`` pairs for ``size``).
+
+    ``kind`` is ``fixed``, ``uniform``, ``lognormal`` or ``choice``; ``values``/``p`` hold a
+    choice's values and probabilities (a fixed value is a one-value choice).
+    """
+
+    kind: str
+    values: tuple[Any, ...] = ()
+    p: tuple[float, ...] = ()
+    low: int = 0
+    high: int = 0
+    median: float = 0.0
+    sigma: float = 0.0
+
+    @property
+    def min(self) -> Any:
+        return min(self.values) if self.kind in ("fixed", "choice") else self.low
+
+    @property
+    def max(self) -> Any:
+        return max(self.values) if self.kind in ("fixed", "choice") else self.high
+
+    def draw(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        """``n`` draws: int64 of shape (n,), or (n, 2) for pair values."""
+        if self.kind in ("fixed", "choice"):
+            values = np.asarray(self.values, dtype=np.int64)
+            if len(self.values) == 1:
+                return np.repeat(values[:1], n, axis=0)
+            return values[rng.choice(len(self.values), size=n, p=np.asarray(self.p))]
+        if self.kind == "uniform":
+            return rng.integers(self.low, self.high, size=n, endpoint=True, dtype=np.int64)
+        x = np.exp(math.log(self.median) + self.sigma * rng.standard_normal(n))
+        return np.clip(np.rint(x), self.low, self.high).astype(np.int64)
+
+    def mean(self) -> float:
+        """The (approximate, unclamped for lognormal) mean, for summaries."""
+        if self.kind in ("fixed", "choice"):
+            return float(np.dot(np.asarray(self.values, dtype=np.float64).reshape(len(self.values), -1).prod(1),
+                                self.p or (1.0,)))
+        if self.kind == "uniform":
+            return (self.low + self.high) / 2
+        return self.median * math.exp(self.sigma**2 / 2)
+
+
+# ------------------------------------------------------------------------------------------------
+# Profile pieces
+# ------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ModuleShape:
+    """One module's parallel sizes (context parallel is 1: BridgeCommunicator needs CP = 1)."""
+
+    tp: int = 1
+    pp: int = 1
+    dp: int = 1
+
+    @property
+    def size(self) -> int:
+        return self.tp * self.pp * self.dp
+
+
+@dataclass(frozen=True)
+class Layout:
+    """A non-colocated layout: vision and language modules on their own ranks."""
+
+    vision: ModuleShape
+    language: ModuleShape
+    micro_batch_size: int
+    seq_length: int
+
+    @property
+    def grid(self) -> int:
+        """The canonical grid G = lcm(vision dp, language dp)."""
+        return math.lcm(self.vision.dp, self.language.dp)
+
+    @property
+    def world_size(self) -> int:
+        return self.vision.size + self.language.size
+
+    def to_mimo_layout(self) -> Any:
+        """The same layout as :class:`mimo_accel.testing.MimoLayout` (imports the test harness)."""
+        from mimo_accel.testing import MimoLayout, ModuleLayout
+
+        v, lang = self.vision, self.language
+        return MimoLayout(ModuleLayout(v.tp, v.pp, v.dp), ModuleLayout(lang.tp, lang.pp, lang.dp))
+
+
+@dataclass(frozen=True)
+class RehearsalSample:
+    """One rehearsal sample: image grids ``(h, w)`` in patches and its text tokens.
+
+    Field names match :class:`mimo_accel.stack.SampleSpec`, so ``SampleSpec(s.images,
+    s.text_tokens)`` converts one.
+    """
+
+    images: tuple[tuple[int, int], ...]
+    text_tokens: int
+
+    @property
+    def patches(self) -> int:
+        return sum(h * w for h, w in self.images)
+
+    @property
+    def sq_patches(self) -> int:
+        return sum((h * w) ** 2 for h, w in self.images)
+
+
+@dataclass(frozen=True)
+class Rehearsal:
+    """The ``[rehearsal]`` table: a CPU-sized version of the profile (image sides in patches)."""
+
+    steps: int
+    layout: Layout
+    merge_size: int
+    image_count: Dist
+    height: Dist
+    width: Dist
+    text_tokens: Dist
+
+
+@dataclass(frozen=True)
+class SampleTable:
+    """Many sampled samples as arrays (what :meth:`Profile.sample_table` returns).
+
+    Per sample (length n): ``images`` (count), ``text_tokens``, ``tokens`` (real language tokens:
+    image tokens + text), ``patches`` (Σp_i), ``sq_patches`` (Σp_i²), ``bytes`` (encoded size).
+    Per image (length Σ images, in sample order): ``heights``, ``widths`` (pixels),
+    ``image_patches``.
+    """
+
+    images: np.ndarray
+    text_tokens: np.ndarray
+    tokens: np.ndarray
+    patches: np.ndarray
+    sq_patches: np.ndarray
+    bytes: np.ndarray
+    heights: np.ndarray
+    widths: np.ndarray
+    image_patches: np.ndarray
+    rule: ResizeRule
+
+    def __len__(self) -> int:
+        return int(self.images.size)
+
+    def shapes(self) -> list[SampleShape]:
+        out = []
+        ends = np.cumsum(self.images).tolist()
+        hs, ws = self.heights.tolist(), self.widths.tolist()
+        start = 0
+        for end, tokens in zip(ends, self.tokens.tolist()):
+            out.append(SampleShape(tuple(zip(hs[start:end], ws[start:end])), tokens))
+            start = end
+        return out
+
+    def cost_index(self) -> CostIndex:
+        return CostIndex(self.patches, self.sq_patches, self.tokens, self.images, self.rule)
+
+    def costs(self, model: CostModel | None = None) -> np.ndarray:
+        model = CostModel() if model is None else model
+        return model.costs_from_sums(self.patches, self.sq_patches, self.tokens)
+
+
+@dataclass(frozen=True)
+class Profile:
+    """A workload profile (see the module docstring for the file format)."""
+
+    name: str
+    description: str
+    path: Path | None
+    image_count: Dist
+    height: Dist | None
+    width: Dist | None
+    size: Dist | None
+    bytes_per_pixel: float
+    text_tokens: Dist
+    bytes_per_token: float
+    rule: ResizeRule
+    layout: Layout
+    rehearsal: Rehearsal
+    raw: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    # -- sampling ------------------------------------------------------------------------------
+
+    @property
+    def image_tokens_divisor(self) -> int:
+        return self.rule.merge_size**2
+
+    def sample_table(self, n: int, seed: int = 0) -> SampleTable:
+        """``n`` samples drawn from the profile, as arrays; deterministic in ``(n, seed)``."""
+        n = _count_arg(n)
+        rng = np.random.default_rng([int(seed), 0x5A3D])
+        counts = self.image_count.draw(rng, n)
+        total = int(counts.sum())
+        if self.size is not None:
+            hw = self.size.draw(rng, total).reshape(total, 2)
+            heights, widths = hw[:, 0].copy(), hw[:, 1].copy()
+        elif total:
+            heights, widths = self.height.draw(rng, total), self.width.draw(rng, total)  # type: ignore[union-attr]
+        else:
+            heights = widths = np.zeros(0, dtype=np.int64)
+        text = self.text_tokens.draw(rng, n)
+        per_image = self.rule.patches_many(heights, widths)
+        owner = np.repeat(np.arange(n), counts)
+        patches = _per_sample(owner, per_image, n)
+        sq_patches = _per_sample(owner, per_image * per_image, n)
+        image_tokens = patches // self.image_tokens_divisor
+        text = np.clip(self.layout.seq_length - image_tokens, 0, text)
+        pixels = _per_sample(owner, heights * widths, n)
+        nbytes = pixels * self.bytes_per_pixel + text * self.bytes_per_token
+        return SampleTable(
+            images=counts, text_tokens=text, tokens=image_tokens + text, patches=patches,
+            sq_patches=sq_patches, bytes=nbytes, heights=heights, widths=widths,
+            image_patches=per_image, rule=self.rule,
+        )
+
+    def sample_shapes(self, n: int, seed: int = 0) -> list[SampleShape]:
+        """``n`` samples as :class:`~mimo_accel.costs.SampleShape` (pixels, real tokens)."""
+        return self.sample_table(n, seed).shapes()
+
+    def cost_index(self, n: int, seed: int = 0) -> CostIndex:
+        """A :class:`~mimo_accel.costs.CostIndex` of ``n`` sampled samples."""
+        return self.sample_table(n, seed).cost_index()
+
+    def rehearsal_shapes(self, n: int, seed: int = 0) -> list[RehearsalSample]:
+        """``n`` rehearsal samples (sides in patches, multiples of ``merge_size``); deterministic."""
+        n = _count_arg(n)
+        r = self.rehearsal
+        rng = np.random.default_rng([int(seed), 0x2E4E])
+        counts = r.image_count.draw(rng, n)
+        total = int(counts.sum())
+        m = r.merge_size
+        hs = _round_up(r.height.draw(rng, total), m).tolist()
+        ws = _round_up(r.width.draw(rng, total), m).tolist()
+        text = r.text_tokens.draw(rng, n).tolist()
+        out, start = [], 0
+        for count, t in zip(counts.tolist(), text):
+            images = tuple(zip(hs[start:start + count], ws[start:start + count]))
+            start += count
+            rows = sum(h * w for h, w in images) // (m * m)
+            out.append(RehearsalSample(images, int(min(t, r.layout.seq_length - rows))))
+        return out
+
+    def summary(self) -> dict[str, Any]:
+        """A few headline numbers of the profile (from 4096 samples, seed 0)."""
+        t = self.sample_table(4096, 0)
+        return {
+            "name": self.name,
+            "images_per_sample_mean": float(t.images.mean()),
+            "text_only_fraction": float((t.images == 0).mean()),
+            "patches_per_sample_mean": float(t.patches.mean()),
+            "patches_per_image_p50": float(np.median(t.image_patches)) if t.image_patches.size else 0.0,
+            "patches_per_image_max": int(t.image_patches.max()) if t.image_patches.size else 0,
+            "tokens_per_sample_mean": float(t.tokens.mean()),
+            "bytes_per_sample_mean": float(t.bytes.mean()),
+        }
+
+
+def _count_arg(n: int) -> int:
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 0:
+        raise ValueError(f"n must be a non-negative integer, got {n!r}")
+    return int(n)
+
+
+def _per_sample(owner: np.ndarray, values: np.ndarray, n: int) -> np.ndarray:
+    out = np.zeros(n, dtype=np.int64)
+    np.add.at(out, owner, values.astype(np.int64))
+    return out
+
+
+def _round_up(x: np.ndarray, m: int) -> np.ndarray:
+    return -(-x // m) * m
+
+
+# ------------------------------------------------------------------------------------------------
+# Loading and validation
+# ------------------------------------------------------------------------------------------------
+
+
+def list_profiles() -> list[str]:
+    """Names of the shipped profiles (``profiles/*.toml``), sorted."""
+    return sorted(p.stem for p in PROFILES_DIR.glob("*.toml")) if PROFILES_DIR.is_dir() else []
+
+
+def load_profile(path_or_name: str | os.PathLike[str]) -> Profile:
+    """Load and validate a profile: a path to a TOML file, or the name of a shipped profile."""
+    text = os.fspath(path_or_name)
+    looks_like_path = isinstance(path_or_name, Path) or text.endswith(".toml") or os.sep in text or "/" in text
+    path = Path(text) if looks_like_path else PROFILES_DIR / f"{text}.toml"
+    if not path.is_file():
+        known = ", ".join(list_profiles()) or "none"
+        raise ProfileError(
+            f"{path}: no such profile file; pass a path to a .toml profile or one of the shipped"
+            f" profiles ({known})"
+        )
+    try:
+        with open(path, "rb") as f:
+            doc = tomllib.load(f)
+    except tomllib.TOMLDecodeError as exc:
+        raise ProfileError(f"{path}: not valid TOML ({exc}); fix the syntax") from None
+    return parse_profile(doc, path=path)
+
+
+class _Checker:
+    """Builds error messages that name the file and the key."""
+
+    def __init__(self, path: Path | None):
+        self.where = str(path) if path is not None else "<profile>"
+
+    def fail(self, key: str, problem: str, fix: str) -> ProfileError:
+        return ProfileError(f"{self.where}: {key}: {problem}; {fix}")
+
+    def table(self, doc: Any, key: str, allowed: set[str], required: set[str] = frozenset()) -> dict[str, Any]:
+        if not isinstance(doc, dict):
+            raise self.fail(key, f"expected a table, got {_show(doc)}", f"write it as [{key}] or {{ ... }}")
+        unknown = sorted(set(doc) - allowed)
+        if unknown:
+            raise self.fail(
+                f"{key}.{unknown[0]}" if key else unknown[0], "unknown key",
+                f"remove it or use one of: {', '.join(sorted(allowed))}",
+            )
+        missing = sorted(required - set(doc))
+        if missing:
+            raise self.fail(f"{key}.{missing[0]}" if key else missing[0], "missing", "add it (see mimo_accel/profiles.py)")
+        return doc
+
+    def integer(self, value: Any, key: str, minimum: int = 0) -> int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise self.fail(key, f"expected an integer, got {_show(value)}", "write a whole number")
+        if value < minimum:
+            what = "negative" if value < 0 else "too small"
+            raise self.fail(key, f"{what} ({value})", f"use a value >= {minimum}")
+        return value
+
+    def number(self, value: Any, key: str, positive: bool = True) -> float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise self.fail(key, f"expected a finite number, got {_show(value)}", "write a number")
+        if value < 0 or (positive and value == 0):
+            raise self.fail(key, f"{'negative' if value < 0 else 'zero'} ({value})", "use a value > 0")
+        return float(value)
+
+    def probabilities(self, values: Any, key: str) -> tuple[float, ...]:
+        p = tuple(self.number(v, f"{key}[{i}]", positive=False) for i, v in enumerate(values))
+        if any(x > 1 for x in p):
+            raise self.fail(key, "a probability is above 1", "give probabilities in [0, 1] that sum to 1")
+        total = sum(p)
+        if abs(total - 1.0) > _PROB_TOL:
+            raise self.fail(key, f"probabilities sum to {total:.6g}, not 1", "rescale them so they sum to 1")
+        return p
+
+    def dist(self, value: Any, key: str, minimum: int = 0, pairs: bool = False) -> Dist:
+        if not isinstance(value, dict):
+            return Dist("fixed", (self._value(value, key, minimum, pairs),), (1.0,))
+        kind = value.get("dist")
+        allowed = {"fixed": {"value"}, "uniform": {"min", "max"}, "lognormal": {"median", "sigma", "min", "max"},
+                   "choice": {"values", "p"}}
+        if pairs:
+            allowed = {k: v for k, v in allowed.items() if k in ("fixed", "choice")}
+        if kind not in allowed:
+            raise self.fail(
+                f"{key}.dist", f"unknown distribution {_show(kind)}",
+                f"use dist = one of {', '.join(repr(k) for k in allowed)}",
+            )
+        self.table(value, key, allowed[kind] | {"dist"}, allowed[kind])
+        if kind == "fixed":
+            return Dist("fixed", (self._value(value["value"], f"{key}.value", minimum, pairs),), (1.0,))
+        if kind == "choice":
+            values, p = value["values"], value["p"]
+            if not isinstance(values, list) or not values:
+                raise self.fail(f"{key}.values", "expected a non-empty list", "list the possible values")
+            if not isinstance(p, list) or len(p) != len(values):
+                raise self.fail(f"{key}.p", f"expected a list of {len(values)} probabilities, one per value",
+                                "give one probability per value")
+            vals = tuple(self._value(v, f"{key}.values[{i}]", minimum, pairs) for i, v in enumerate(values))
+            return Dist("choice", vals, self.probabilities(p, f"{key}.p"))
+        lo = self.integer(value["min"], f"{key}.min", minimum)
+        hi = self.integer(value["max"], f"{key}.max", minimum)
+        if lo > hi:
+            raise self.fail(key, f"min ({lo}) > max ({hi})", "swap them")
+        if kind == "uniform":
+            return Dist("uniform", low=lo, high=hi)
+        median = self.number(value["median"], f"{key}.median")
+        sigma = self.number(value["sigma"], f"{key}.sigma", positive=False)
+        if not lo <= median <= hi:
+            raise self.fail(f"{key}.median", f"{median:g} lies outside [min, max] = [{lo}, {hi}]",
+                            "choose a median between min and max")
+        return Dist("lognormal", low=lo, high=hi, median=median, sigma=sigma)
+
+    def _value(self, value: Any, key: str, minimum: int, pairs: bool) -> Any:
+        if not pairs:
+            return self.integer(value, key, minimum)
+        if not isinstance(value, list) or len(value) != 2:
+            raise self.fail(key, f"expected [height, width], got {_show(value)}", "write a pair like [896, 896]")
+        return (self.integer(value[0], f"{key}[0]", minimum), self.integer(value[1], f"{key}[1]", minimum))
+
+    def counts(self, value: Any, key: str) -> Dist:
+        if not isinstance(value, dict) or not value:
+            raise self.fail(key, f"expected a table of count = probability, got {_show(value)}",
+                            "write e.g. { 0 = 0.6, 1 = 0.3, 4 = 0.1 }")
+        counts = []
+        for k in value:
+            try:
+                c = int(k)
+            except ValueError:
+                c = -1
+            if c < 0 or str(c) != k.strip():
+                raise self.fail(f"{key}.{k}", "image counts must be whole numbers >= 0", "use keys like 0, 1, 4")
+            counts.append(c)
+        p = self.probabilities(list(value.values()), key)
+        order = sorted(range(len(counts)), key=counts.__getitem__)
+        return Dist("choice", tuple(counts[i] for i in order), tuple(p[i] for i in order))
+
+    def module(self, value: Any, key: str) -> ModuleShape:
+        t = self.table(value, key, {"tp", "pp", "dp"}, {"dp"})
+        return ModuleShape(*(self.integer(t.get(k, 1), f"{key}.{k}", 1) for k in ("tp", "pp", "dp")))
+
+    def layout(self, t: dict[str, Any], key: str) -> Layout:
+        vision = self.module(t["vision"], f"{key}.vision")
+        language = self.module(t["language"], f"{key}.language")
+        mbs = self.integer(t["micro_batch_size"], f"{key}.micro_batch_size", 1)
+        seq = self.integer(t["seq_length"], f"{key}.seq_length", 1)
+        grid = math.lcm(vision.dp, language.dp)
+        if mbs % grid:
+            lower, upper = (mbs // grid) * grid, (mbs // grid + 1) * grid
+            nearest = " or ".join(str(x) for x in (lower, upper) if x >= grid)
+            raise self.fail(
+                f"{key}.micro_batch_size",
+                f"{mbs} is not divisible by lcm(vision dp {vision.dp}, language dp {language.dp}) = {grid}"
+                " (every module cuts the micro-batch into the same canonical groups)",
+                f"use a multiple of {grid}, e.g. {nearest}",
+            )
+        return Layout(vision, language, mbs, seq)
+
+
+def _max_patches(rule: ResizeRule, size: Dist | None, height: Dist | None, width: Dist | None) -> int:
+    """The most patches one image of the profile can have (0 without images)."""
+    if size is not None:
+        return max(rule.patches(h, w) for h, w in size.values)
+    if height is None or width is None:
+        return 0
+    # The resize rule is not monotone in each side (the min/max-pixel rescaling trades one side for
+    # the other), so probe a geometric grid over the ranges, corners included.
+    hs = np.unique(np.rint(np.geomspace(height.min, height.max, 48)).astype(np.int64))
+    ws = np.unique(np.rint(np.geomspace(width.min, width.max, 48)).astype(np.int64))
+    hh, ww = np.meshgrid(hs, ws)
+    return int(rule.patches_many(hh.ravel(), ww.ravel()).max())
+
+
+def _show(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def parse_profile(doc: Mapping[str, Any], *, path: Path | None = None, name: str | None = None) -> Profile:
+    """Validate a parsed TOML document and build the :class:`Profile`."""
+    ck = _Checker(path)
+    doc = ck.table(dict(doc), "", {"profile", "images", "text", "resize", "layout", "rehearsal"},
+                   {"images", "text", "resize", "layout", "rehearsal"})
+    meta = ck.table(doc.get("profile", {}), "profile", {"name", "description"})
+    name = str(meta.get("name") or name or (path.stem if path is not None else "profile"))
+    description = str(meta.get("description", ""))
+
+    # [resize]
+    rz = ck.table(doc["resize"], "resize",
+                  {"patch_size", "merge_size", "temporal_patch_size", "min_pixels", "max_pixels"},
+                  {"patch_size", "merge_size", "min_pixels", "max_pixels"})
+    ints = {k: ck.integer(v, f"resize.{k}", 1) for k, v in rz.items()}
+    try:
+        rule = ResizeRule(**ints)
+    except ValueError as exc:
+        raise ck.fail("resize", str(exc), "fix the [resize] values") from None
+
+    # [images]
+    im = ck.table(doc["images"], "images", {"count", "height", "width", "size", "bytes_per_pixel"},
+                  {"count", "bytes_per_pixel"})
+    image_count = ck.counts(im["count"], "images.count")
+    bytes_per_pixel = ck.number(im["bytes_per_pixel"], "images.bytes_per_pixel")
+    height = width = size = None
+    if "size" in im:
+        if "height" in im or "width" in im:
+            raise ck.fail("images.size", "given together with height/width",
+                          "give either size (joint) or height and width (independent)")
+        size = ck.dist(im["size"], "images.size", minimum=1, pairs=True)
+        worst = max(max(h, w) / min(h, w) for h, w in size.values)
+    elif "height" in im and "width" in im:
+        height = ck.dist(im["height"], "images.height", minimum=1)
+        width = ck.dist(im["width"], "images.width", minimum=1)
+        worst = max(height.max / width.min, width.max / height.min)
+    elif image_count.max > 0:
+        raise ck.fail("images", "no image size", "add height and width (or size) to [images]")
+    else:
+        worst = 1.0
+    if worst > _MAX_ASPECT:
+        raise ck.fail("images", f"an image could have an aspect ratio of {worst:.0f} (> {_MAX_ASPECT}),"
+                      " which the Qwen-VL processor rejects", "narrow the height/width ranges")
+
+    # [text]
+    tx = ck.table(doc["text"], "text", {"tokens", "bytes_per_token"}, {"tokens"})
+    text_tokens = ck.dist(tx["tokens"], "text.tokens", minimum=0)
+    bytes_per_token = ck.number(tx.get("bytes_per_token", 4), "text.bytes_per_token")
+
+    # [layout]
+    lt = ck.table(doc["layout"], "layout", {"micro_batch_size", "seq_length", "vision", "language"},
+                  {"micro_batch_size", "seq_length", "vision", "language"})
+    layout = ck.layout(lt, "layout")
+    worst_tokens = image_count.max * _max_patches(rule, size, height, width) // rule.merge_size**2
+    if worst_tokens + text_tokens.min > layout.seq_length:
+        raise ck.fail(
+            "layout.seq_length",
+            f"{layout.seq_length} cannot hold the largest sample ({image_count.max} images of up to"
+            f" {worst_tokens // max(image_count.max, 1)} image tokens + {text_tokens.min} text tokens)",
+            f"raise it to at least {worst_tokens + text_tokens.min}, or lower resize.max_pixels or the image count",
+        )
+
+    rehearsal = _parse_rehearsal(ck, doc["rehearsal"], image_count)
+    return Profile(
+        name=name, description=description, path=path, image_count=image_count, height=height,
+        width=width, size=size, bytes_per_pixel=bytes_per_pixel, text_tokens=text_tokens,
+        bytes_per_token=bytes_per_token, rule=rule, layout=layout, rehearsal=rehearsal, raw=doc,
+    )
+
+
+def _parse_rehearsal(ck: _Checker, value: Any, main_count: Dist) -> Rehearsal:
+    key = "rehearsal"
+    t = ck.table(value, key, {"steps", "micro_batch_size", "seq_length", "merge_size", "vision", "language",
+                              "images", "text"},
+                 {"steps", "micro_batch_size", "seq_length", "vision", "language", "text"})
+    steps = ck.integer(t["steps"], f"{key}.steps", 1)
+    layout = ck.layout(t, key)
+    if layout.seq_length > REHEARSAL_MAX_SEQ_LENGTH:
+        raise ck.fail(f"{key}.seq_length", f"{layout.seq_length} is too long for a CPU rehearsal",
+                      f"use at most {REHEARSAL_MAX_SEQ_LENGTH}")
+    merge = ck.integer(t.get("merge_size", 2), f"{key}.merge_size", 1)
+    im = ck.table(t.get("images", {}), f"{key}.images", {"count", "height", "width"})
+    count = ck.counts(im["count"], f"{key}.images.count") if "count" in im else main_count
+    if count.max > REHEARSAL_MAX_IMAGES:
+        where = f"{key}.images.count" if "count" in im else "images.count"
+        raise ck.fail(where, f"up to {count.max} images per sample is too many for a CPU rehearsal",
+                      f"give [{key}.images] a count with at most {REHEARSAL_MAX_IMAGES} images")
+    if count.max > 0:
+        if "height" not in im or "width" not in im:
+            raise ck.fail(f"{key}.images", "no image size", "add height and width (in patches)")
+        height = ck.dist(im["height"], f"{key}.images.height", minimum=1)
+        width = ck.dist(im["width"], f"{key}.images.width", minimum=1)
+    else:
+        height = width = Dist("fixed", (merge,), (1.0,))
+    hmax, wmax = -(-height.max // merge) * merge, -(-width.max // merge) * merge
+    if hmax * wmax > REHEARSAL_MAX_PATCHES:
+        raise ck.fail(f"{key}.images", f"an image could be {hmax}x{wmax} = {hmax * wmax} patches"
+                      f" (sides rounded up to multiples of merge_size {merge})",
+                      f"keep height.max x width.max <= {REHEARSAL_MAX_PATCHES} patches")
+    tx = ck.table(t["text"], f"{key}.text", {"tokens"}, {"tokens"})
+    text_tokens = ck.dist(tx["tokens"], f"{key}.text.tokens", minimum=0)
+    worst = count.max * hmax * wmax // (merge * merge) + text_tokens.min
+    if worst > layout.seq_length:
+        raise ck.fail(f"{key}.seq_length", f"{layout.seq_length} cannot hold the largest rehearsal sample"
+                      f" ({worst} tokens)", f"raise it to {worst} or shrink the images")
+    return Rehearsal(steps=steps, layout=layout, merge_size=merge, image_count=count, height=height,
+                     width=width, text_tokens=text_tokens)

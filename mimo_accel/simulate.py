@@ -1,0 +1,581 @@
+"""The planners at cluster scale, without processes: what sharding and reordering would buy.
+
+``mimo-accel simulate --profile receipts --dp 2,4,8,...,512 [--steps N] [--per-replica K]
+[--seed S] [--cost FILE] [--language-dp ratio|equal] [--json PATH] [--png PATH]``
+
+For each vision DP size ``d`` it draws ``N`` global micro-batches of ``d × K`` samples from the
+profile (one shared pool: every DP size sees the same first samples of each step), costs them
+with the cost model (default :class:`~mimo_accel.costs.CostModel`, or ``--cost`` from
+``mimo-accel calibrate``), and plans each micro-batch three ways over the canonical grid
+``G = lcm(d, language dp)``:
+
+* ``contiguous`` — upstream: replica r takes the r-th contiguous slice;
+* ``lpt`` — equal-size LPT (upstream's reorder PR);
+* ``balanced`` — :func:`mimo_accel.balance.balanced_order` (ours), as the planner ships it.
+
+and, as a fourth, diagnostic plan, ``balanced_vision``: ``balanced_order`` over the d vision
+replicas themselves (each replica's block then cut into its G/d canonical groups as it comes —
+still a valid plan for both modules). It differs from ``balanced`` only with fan-out (language DP
+> vision DP, G > d): balancing G smaller groups is a harder problem than balancing d replicas, and
+the slowest replica then holds the heaviest group *plus* an average one.
+
+Definitions:
+
+* **language DP** for vision DP d: with ``--language-dp ratio`` (default) the profile layout's
+  ratio, ``max(1, round(d × language.dp / vision.dp))``; with ``equal``, d. TP/PP of both modules
+  stay the profile's. If ``d × K`` is not a multiple of G it is rounded up to one (the row's
+  ``micro_batch_size`` says what was used).
+* **straggler ratio** of a micro-batch: max / mean of the vision replicas' summed sample costs
+  (1.0 is perfect); p50 / p99 / mean over the micro-batches. ``bound`` is the same ratio for
+  :func:`mimo_accel.balance.lower_bound` of a d-way equal-size split: no planner can go below it.
+* **vision speedup**: Σ over steps of the max replica cost of one planner over another's, i.e. the
+  vision-phase speedup if vision time ∝ the slowest replica's cost; ``vision_time_saved`` is
+  ``1 - balanced/contiguous``.
+* **data ranks** (who reads the micro-batch, as upstream's ``get_megatron_mimo_sampling_info``
+  decides): vision: the first PP stage, ``d × tp``; language: every rank, ``l × tp × pp``.
+* **reads** per step: baseline (upstream): every data rank reads the whole micro-batch, so
+  per rank = mbs and cluster = mbs × data ranks (∝ DP). Sharded: a rank reads its replica's share,
+  mbs / dp; cluster = mbs × (vision tp + language tp × pp), flat in DP. Bytes from the profile's
+  size model (original pixels × bytes_per_pixel + text tokens × bytes_per_token). The micro-batch
+  grows with DP (d × K), so ``amplification`` = cluster reads / micro-batch is the DP-free view:
+  baseline = data ranks (∝ DP), sharded = vision tp + language tp × pp (flat).
+* **exchange**: bytes a read-then-exchange reorder moves per step: every sample whose replica
+  differs between the contiguous read and the plan is sent to its new owner by every data rank of
+  that replica's TP/PP group (an all_to_all per group), in both modules. Plan-before-read mode
+  moves 0. ``balanced_matched`` renumbers the balanced plan's canonical groups (a max-weight
+  matching of groups to slots by bytes already in place; still balanced) to show how much of the
+  exchange is avoidable; ``null`` without scipy.
+* **plan_ms**: wall time of one planner call on the whole micro-batch (p50 and max).
+
+JSON (``--json``; format ``mimo-accel-simulate/1``), stable keys::
+
+    format, profile{name, path, description, summary{...}}, cost_model{a, b, c, source},
+    steps, samples_per_replica, seed, language_dp_rule, elapsed_s, notes[],
+    layout{vision{tp, pp, dp}, language{tp, pp, dp}, micro_batch_size},
+    rows[]: {dp, language_dp, grid, micro_batch_size,
+             straggler{contiguous|lpt|balanced|balanced_vision|bound: {p50, p99, mean}},
+             vision_speedup{balanced_vs_contiguous, balanced_vs_lpt, lpt_vs_contiguous,
+                            balanced_vision_vs_contiguous, vision_time_saved},
+             reads{data_ranks{vision, language}, micro_batch_bytes,
+                   baseline{per_rank_samples, per_rank_bytes, cluster_samples, cluster_bytes,
+                            amplification},
+                   sharded{vision_per_rank_samples, language_per_rank_samples,
+                           vision_per_rank_bytes, language_per_rank_bytes,
+                           vision_per_rank_bytes_max, cluster_samples, cluster_bytes,
+                           amplification},
+                   cluster_reduction},
+             exchange{plan_before_read_bytes,
+                      lpt|balanced|balanced_matched: {samples_moved, samples_moved_fraction,
+                                                     language_samples_moved, bytes_moved} | null},
+             plan_ms{balanced_p50, balanced_max, lpt_p50, lpt_max, balanced_vision_p50}}
+
+Sample counts and bytes are means per step; ``samples_moved`` counts vision-replica moves.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from rich.console import Console
+from rich.table import Table
+
+from mimo_accel.balance import balanced_order, lower_bound, lpt_order
+from mimo_accel.costs import CostModel
+from mimo_accel.profiles import Profile, ProfileError, load_profile
+
+__all__ = ["SIMULATE_FORMAT", "PLANNERS", "language_dp_for", "main", "parse_dp_list", "render", "simulate",
+           "write_png"]
+
+SIMULATE_FORMAT = "mimo-accel-simulate/1"
+PLANNERS = ("contiguous", "lpt", "balanced")
+_LABELS = {"contiguous": "contiguous (upstream)", "lpt": "LPT (upstream PR)", "balanced": "balanced (ours)"}
+
+
+# ------------------------------------------------------------------------------------- inputs
+
+
+def parse_dp_list(text: str) -> list[int]:
+    """``"2,4,8"`` or ``"2,4,8,...,512"`` (the step of the last two values, geometric or
+    arithmetic, continued up to the value after ``...``) -> sorted unique DP sizes. The step is
+    geometric when the second value is a multiple (> 1) of the first: ``1,3,...,9`` is 1, 3, 9."""
+    parts = [p.strip() for p in str(text).split(",") if p.strip()]
+    out: list[int] = []
+    i = 0
+    while i < len(parts):
+        p = parts[i]
+        if p in ("...", "…"):
+            if len(out) < 2 or i + 1 >= len(parts):
+                raise ValueError(f"--dp {text!r}: '...' needs two values before it and one after, e.g. 2,4,...,512")
+            a, b = out[-2], out[-1]
+            end = _dp_int(parts[i + 1], text)
+            geometric = b > a and b % a == 0 and b // a > 1
+            step = b // a if geometric else b - a
+            if step < (2 if geometric else 1):
+                raise ValueError(f"--dp {text!r}: the values before '...' must increase")
+            x = b
+            while True:
+                x = x * step if geometric else x + step
+                if x > end:
+                    break
+                out.append(x)
+            if out[-1] != end:
+                raise ValueError(
+                    f"--dp {text!r}: {end} is not reached from {a}, {b} ({'x' if geometric else '+'}{step}); "
+                    "give values that lead to the last one"
+                )
+            i += 2
+            continue
+        out.append(_dp_int(p, text))
+        i += 1
+    if not out:
+        raise ValueError("--dp: give at least one DP size, e.g. 2,4,...,512")
+    return sorted(set(out))
+
+
+def _dp_int(p: str, text: str) -> int:
+    try:
+        v = int(p)
+    except ValueError:
+        raise ValueError(f"--dp {text!r}: {p!r} is not a whole number") from None
+    if v < 1:
+        raise ValueError(f"--dp {text!r}: DP sizes must be >= 1, got {v}")
+    return v
+
+
+def language_dp_for(profile: Profile, dp: int, rule: str = "ratio") -> int:
+    """The language DP simulated next to vision DP ``dp`` (see the module docstring)."""
+    if rule == "equal":
+        return dp
+    if rule != "ratio":
+        raise ValueError(f"language DP rule must be 'ratio' or 'equal', got {rule!r}")
+    v, lang = profile.layout.vision.dp, profile.layout.language.dp
+    return max(1, round(dp * lang / v))
+
+
+# ------------------------------------------------------------------------------------- engine
+
+
+def _stats(values: Sequence[float]) -> dict[str, float]:
+    a = np.asarray(values, dtype=np.float64)
+    return {"p50": float(np.percentile(a, 50)), "p99": float(np.percentile(a, 99)), "mean": float(a.mean())}
+
+
+def _replica_sums(values: np.ndarray, order: np.ndarray, n: int) -> np.ndarray:
+    return values[order].reshape(n, -1).sum(axis=1)
+
+
+def _ratio(sums: np.ndarray) -> float:
+    mean = sums.mean()
+    return float(sums.max() / mean) if mean > 0 else 1.0
+
+
+def _owners(order: np.ndarray, n: int) -> np.ndarray:
+    """owner[i]: the replica (of n) that sample i lands on under ``order``."""
+    owner = np.empty(order.size, dtype=np.int64)
+    owner[order] = np.arange(order.size) // (order.size // n)
+    return owner
+
+
+def _matched(order: np.ndarray, grid: int, nbytes: np.ndarray) -> np.ndarray | None:
+    """``order`` with its canonical groups renumbered to keep the most bytes in place."""
+    try:
+        from scipy.optimize import linear_sum_assignment
+    except ImportError:  # pragma: no cover - scipy ships with the megatron runtime
+        return None
+    size = order.size // grid
+    groups = order.reshape(grid, size)
+    slot = groups // size  # contiguous slot each sample sits in
+    weight = np.zeros((grid, grid))
+    np.add.at(weight, (np.repeat(np.arange(grid), size), slot.ravel()), nbytes[groups].ravel())
+    rows, cols = linear_sum_assignment(weight, maximize=True)
+    placed = np.empty_like(groups)
+    placed[cols] = groups[rows]
+    return placed.ravel()
+
+
+def simulate(
+    profile: Profile,
+    dp_sizes: Sequence[int],
+    steps: int = 20,
+    samples_per_replica: int | None = None,
+    seed: int = 0,
+    cost_model: CostModel | None = None,
+    *,
+    language_dp: str = "ratio",
+    cost_source: str = "default",
+) -> dict[str, Any]:
+    """Run the simulation; returns the JSON document described in the module docstring."""
+    t_start = time.perf_counter()
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"steps must be a positive integer, got {steps!r}")
+    dps = sorted(set(int(d) for d in dp_sizes))
+    if not dps or dps[0] < 1:
+        raise ValueError(f"dp sizes must be positive integers, got {list(dp_sizes)!r}")
+    lay = profile.layout
+    k = samples_per_replica if samples_per_replica is not None else max(1, lay.micro_batch_size // lay.vision.dp)
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ValueError(f"samples per replica must be a positive integer, got {k!r}")
+    model = CostModel() if cost_model is None else cost_model
+    notes: list[str] = []
+
+    plans = []
+    for d in dps:
+        lang = language_dp_for(profile, d, language_dp)
+        grid = math.lcm(d, lang)
+        mbs = -(-d * k // grid) * grid
+        if mbs != d * k:
+            notes.append(f"dp {d}: {d} x {k} samples is not a multiple of G={grid}; used micro-batch {mbs}")
+        plans.append((d, lang, grid, mbs))
+    pool_mbs = max(p[3] for p in plans)
+    table = profile.sample_table(steps * pool_mbs, seed)
+    costs_all = table.costs(model).reshape(steps, pool_mbs)
+    bytes_all = table.bytes.reshape(steps, pool_mbs)
+
+    tp_v = profile.layout.vision.tp
+    lang_ranks_per_replica = profile.layout.language.tp * profile.layout.language.pp
+    rows = []
+    for d, lang, grid, mbs in plans:
+        ratios: dict[str, list[float]] = {p: [] for p in (*PLANNERS, "balanced_vision", "bound")}
+        maxes: dict[str, float] = dict.fromkeys((*PLANNERS, "balanced_vision"), 0.0)
+        ms: dict[str, list[float]] = {"balanced": [], "lpt": [], "balanced_vision": []}
+        moved: dict[str, dict[str, float]] = {
+            p: {"samples": 0.0, "language_samples": 0.0, "bytes": 0.0} for p in ("lpt", "balanced", "balanced_matched")
+        }
+        matched_ok = True
+        mb_bytes = 0.0
+        vision_bytes_max = 0.0
+        identity = np.arange(mbs)
+        owner_v0, owner_l0 = identity // (mbs // d), identity // (mbs // lang)
+        for s in range(steps):
+            c = costs_all[s, :mbs]
+            b = bytes_all[s, :mbs]
+            mb_bytes += float(b.sum())
+            t0 = time.perf_counter()
+            lpt = np.asarray(lpt_order(c, grid), dtype=np.int64)
+            t1 = time.perf_counter()
+            bal = np.asarray(balanced_order(c, grid), dtype=np.int64)
+            t2 = time.perf_counter()
+            ms["lpt"].append((t1 - t0) * 1e3)
+            ms["balanced"].append((t2 - t1) * 1e3)
+            if grid > d:  # fan-out: also balance the d vision replicas directly
+                t3 = time.perf_counter()
+                bal_v = np.asarray(balanced_order(c, d), dtype=np.int64)
+                ms["balanced_vision"].append((time.perf_counter() - t3) * 1e3)
+            else:  # the same call as the balanced plan
+                bal_v = bal
+                ms["balanced_vision"].append(ms["balanced"][-1])
+            for name, order in (("contiguous", identity), ("lpt", lpt), ("balanced", bal),
+                                ("balanced_vision", bal_v)):
+                sums = _replica_sums(c, order, d)
+                ratios[name].append(_ratio(sums))
+                maxes[name] += float(sums.max())
+            mean = c.sum() / d
+            ratios["bound"].append(lower_bound(c, d) / mean if mean > 0 else 1.0)
+            vision_bytes_max += float(_replica_sums(b, bal, d).max())
+            matched = _matched(bal, grid, b) if matched_ok else None
+            matched_ok = matched is not None
+            for name, order in (("lpt", lpt), ("balanced", bal), ("balanced_matched", matched)):
+                if order is None:
+                    continue
+                mv = _owners(order, d) != owner_v0
+                ml = _owners(order, lang) != owner_l0
+                m = moved[name]
+                m["samples"] += float(mv.sum())
+                m["language_samples"] += float(ml.sum())
+                m["bytes"] += float(b[mv].sum()) * tp_v + float(b[ml].sum()) * lang_ranks_per_replica
+
+        mb_bytes /= steps
+        data_v, data_l = d * tp_v, lang * lang_ranks_per_replica
+        base_cluster = mbs * (data_v + data_l)
+        shard_cluster = mbs * (tp_v + lang_ranks_per_replica)
+        exchange: dict[str, Any] = {"plan_before_read_bytes": 0.0}
+        for name, m in moved.items():
+            if name == "balanced_matched" and not matched_ok:
+                exchange[name] = None
+                continue
+            exchange[name] = {
+                "samples_moved": m["samples"] / steps,
+                "samples_moved_fraction": m["samples"] / steps / mbs,
+                "language_samples_moved": m["language_samples"] / steps,
+                "bytes_moved": m["bytes"] / steps,
+            }
+        rows.append({
+            "dp": d,
+            "language_dp": lang,
+            "grid": grid,
+            "micro_batch_size": mbs,
+            "straggler": {name: _stats(v) for name, v in ratios.items()},
+            "vision_speedup": {
+                "balanced_vs_contiguous": _div(maxes["contiguous"], maxes["balanced"]),
+                "balanced_vs_lpt": _div(maxes["lpt"], maxes["balanced"]),
+                "lpt_vs_contiguous": _div(maxes["contiguous"], maxes["lpt"]),
+                "balanced_vision_vs_contiguous": _div(maxes["contiguous"], maxes["balanced_vision"]),
+                "vision_time_saved": 1.0 - _div(maxes["balanced"], maxes["contiguous"]),
+            },
+            "reads": {
+                "data_ranks": {"vision": data_v, "language": data_l},
+                "micro_batch_bytes": mb_bytes,
+                "baseline": {
+                    "per_rank_samples": float(mbs),
+                    "per_rank_bytes": mb_bytes,
+                    "cluster_samples": float(base_cluster),
+                    "cluster_bytes": mb_bytes * (data_v + data_l),
+                    "amplification": float(data_v + data_l),
+                },
+                "sharded": {
+                    "vision_per_rank_samples": mbs / d,
+                    "language_per_rank_samples": mbs / lang,
+                    "vision_per_rank_bytes": mb_bytes / d,
+                    "language_per_rank_bytes": mb_bytes / lang,
+                    "vision_per_rank_bytes_max": vision_bytes_max / steps,
+                    "cluster_samples": float(shard_cluster),
+                    "cluster_bytes": mb_bytes * (tp_v + lang_ranks_per_replica),
+                    "amplification": float(tp_v + lang_ranks_per_replica),
+                },
+                "cluster_reduction": base_cluster / shard_cluster,
+            },
+            "exchange": exchange,
+            "plan_ms": {
+                "balanced_p50": float(np.median(ms["balanced"])),
+                "balanced_max": float(max(ms["balanced"])),
+                "lpt_p50": float(np.median(ms["lpt"])),
+                "lpt_max": float(max(ms["lpt"])),
+                "balanced_vision_p50": float(np.median(ms["balanced_vision"])),
+            },
+        })
+
+    rule = ("ratio: language dp = max(1, round(dp x {l}/{v})) (the profile layout's ratio)".format(
+        l=lay.language.dp, v=lay.vision.dp) if language_dp == "ratio" else "equal: language dp = vision dp")
+    return {
+        "format": SIMULATE_FORMAT,
+        "profile": {
+            "name": profile.name,
+            "path": str(profile.path) if profile.path else None,
+            "description": profile.description,
+            "summary": profile.summary(),
+        },
+        "cost_model": {"a": model.a, "b": model.b, "c": model.c, "source": cost_source},
+        "steps": steps,
+        "samples_per_replica": k,
+        "seed": seed,
+        "language_dp_rule": rule,
+        "layout": {
+            "vision": {"tp": lay.vision.tp, "pp": lay.vision.pp, "dp": lay.vision.dp},
+            "language": {"tp": lay.language.tp, "pp": lay.language.pp, "dp": lay.language.dp},
+            "micro_batch_size": lay.micro_batch_size,
+        },
+        "rows": rows,
+        "notes": notes,
+        "elapsed_s": time.perf_counter() - t_start,
+    }
+
+
+def _div(a: float, b: float) -> float:
+    return a / b if b > 0 else 1.0
+
+
+# ------------------------------------------------------------------------------------- output
+
+
+def _bytes(n: float | None) -> str:
+    if n is None:
+        return "—"
+    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if abs(n) >= scale:
+            return f"{n / scale:.3g} {unit}"
+    return f"{n:.0f} B"
+
+
+def _count(n: float) -> str:
+    return f"{n:,.0f}" if n >= 100 or float(n).is_integer() else f"{n:.1f}"
+
+
+def render(doc: dict[str, Any], console: Console | None = None) -> None:
+    """Print the simulation as rich tables."""
+    console = console or Console()
+    prof, cm = doc["profile"], doc["cost_model"]
+    console.print(
+        f"[bold]mimo-accel simulate[/]: profile [bold]{prof['name']}[/] — {prof['description']}\n"
+        f"{doc['steps']} micro-batches per DP size, {doc['samples_per_replica']} samples per vision replica, "
+        f"seed {doc['seed']}; cost = {cm['a']:.4g}·Σp + {cm['b']:.4g}·Σp² + {cm['c']:.4g}·tokens ({cm['source']}); "
+        f"{doc['language_dp_rule']}"
+    )
+    t = Table(title="Vision straggler ratio (max/mean replica cost), p50 / p99", title_justify="left")
+    for col in ("vision dp", "lang dp", "micro-batch"):
+        t.add_column(col, justify="right")
+    for name in PLANNERS:
+        t.add_column(_LABELS[name], justify="right")
+    fan_out = any(r["grid"] > r["dp"] for r in doc["rows"])
+    if fan_out:
+        t.add_column("balanced over\nvision replicas", justify="right")
+    t.add_column("bound", justify="right")
+    t.add_column("vision speedup\nvs contiguous", justify="right")
+    t.add_column("vs LPT", justify="right")
+    t.add_column("plan ms p50\nbalanced / LPT", justify="right")
+    for r in doc["rows"]:
+        st, sp, pm = r["straggler"], r["vision_speedup"], r["plan_ms"]
+        t.add_row(
+            str(r["dp"]), str(r["language_dp"]), str(r["micro_batch_size"]),
+            *(f"{st[n]['p50']:.3f} / {st[n]['p99']:.3f}" for n in (*PLANNERS, "balanced_vision")[:3 + fan_out]),
+            f"{st['bound']['p50']:.3f}",
+            f"{sp['balanced_vs_contiguous']:.2f}x", f"{sp['balanced_vs_lpt']:.3f}x",
+            f"{pm['balanced_p50']:.2f} / {pm['lpt_p50']:.2f}",
+        )
+    console.print(t)
+    if fan_out:
+        console.print(
+            "[yellow]fan-out[/] (language dp > vision dp): the planner balances G = lcm(dp) canonical groups;"
+            " 'balanced over vision replicas' balances the d vision replicas directly (still a valid plan)."
+        )
+
+    t = Table(title="Reads per step: baseline (every data rank reads the micro-batch) → sharded",
+              title_justify="left")
+    for col in ("vision dp", "data ranks\nvision + lang", "per-rank samples\nvision", "per-rank bytes\nvision",
+                "per-rank samples\nlanguage", "cluster samples", "cluster bytes", "reduction"):
+        t.add_column(col, justify="right")
+    for r in doc["rows"]:
+        rd = r["reads"]
+        b, s = rd["baseline"], rd["sharded"]
+        t.add_row(
+            str(r["dp"]), f"{rd['data_ranks']['vision']} + {rd['data_ranks']['language']}",
+            f"{_count(b['per_rank_samples'])} → {_count(s['vision_per_rank_samples'])}",
+            f"{_bytes(b['per_rank_bytes'])} → {_bytes(s['vision_per_rank_bytes'])}",
+            f"{_count(b['per_rank_samples'])} → {_count(s['language_per_rank_samples'])}",
+            f"{_count(b['cluster_samples'])} → {_count(s['cluster_samples'])}",
+            f"{_bytes(b['cluster_bytes'])} → {_bytes(s['cluster_bytes'])}",
+            f"{rd['cluster_reduction']:.1f}x",
+        )
+    console.print(t)
+
+    t = Table(title="Reorder traffic per step: exchange mode (read, then all_to_all) vs plan-before-read (0)",
+              title_justify="left")
+    for col in ("vision dp", "micro-batch", "moved: LPT", "moved: balanced", "moved: balanced,\nmatched groups",
+                "bytes moved:\nLPT", "bytes moved:\nbalanced", "bytes moved:\nmatched", "plan-before-read"):
+        t.add_column(col, justify="right")
+    for r in doc["rows"]:
+        ex = r["exchange"]
+
+        def moved(name: str) -> str:
+            e = ex.get(name)
+            return "—" if e is None else f"{e['samples_moved']:.1f} ({e['samples_moved_fraction']:.0%})"
+
+        t.add_row(
+            str(r["dp"]), str(r["micro_batch_size"]), moved("lpt"), moved("balanced"), moved("balanced_matched"),
+            *(_bytes((ex.get(n) or {}).get("bytes_moved")) for n in ("lpt", "balanced", "balanced_matched")),
+            _bytes(ex["plan_before_read_bytes"]),
+        )
+    console.print(t)
+    for note in doc["notes"]:
+        console.print(f"[yellow]note:[/] {note}")
+    console.print(f"simulated in {doc['elapsed_s']:.2f} s")
+
+
+def write_png(doc: dict[str, Any], path: str | Path) -> None:
+    """Straggler ratio vs DP (3 planners, p50 and p99) and read volume vs DP. Needs matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as e:
+        raise RuntimeError("--png needs matplotlib: pip install matplotlib") from e
+    rows = doc["rows"]
+    dps = [r["dp"] for r in rows]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.8))
+    for name, color in zip(PLANNERS, ("tab:red", "tab:orange", "tab:green")):
+        ax1.plot(dps, [r["straggler"][name]["p50"] for r in rows], "o-", color=color, label=f"{_LABELS[name]} p50")
+        ax1.plot(dps, [r["straggler"][name]["p99"] for r in rows], "--", color=color, alpha=0.6, label="p99")
+    if any(r["grid"] > r["dp"] for r in rows):
+        ax1.plot(dps, [r["straggler"]["balanced_vision"]["p50"] for r in rows], "^-", color="tab:purple",
+                 label="balanced over vision replicas p50")
+    ax1.plot(dps, [r["straggler"]["bound"]["p50"] for r in rows], ":", color="gray", label="lower bound p50")
+    ax1.set_xscale("log", base=2)
+    ax1.set_xlabel("vision DP")
+    ax1.set_ylabel("straggler ratio (max / mean replica cost)")
+    ax1.set_title(f"Vision load balance — {doc['profile']['name']}")
+    ax1.legend(fontsize=8)
+    ax1.grid(alpha=0.3)
+    base = [r["reads"]["baseline"]["amplification"] for r in rows]
+    shard = [r["reads"]["sharded"]["amplification"] for r in rows]
+    ax2.plot(dps, base, "o-", color="tab:red", label="baseline: every data rank reads all")
+    ax2.plot(dps, shard, "o-", color="tab:green", label="sharded reads")
+    exch = [(r["exchange"].get("balanced") or {}).get("bytes_moved", 0.0) / r["reads"]["micro_batch_bytes"]
+            if r["reads"]["micro_batch_bytes"] else 0.0 for r in rows]
+    ax2.plot(dps, exch, "s--", color="tab:blue", label="exchange-mode traffic alone (balanced)")
+    ax2.set_xscale("log", base=2)
+    ax2.set_yscale("log")
+    ax2.set_xlabel("vision DP")
+    ax2.set_ylabel("bytes read per step / micro-batch bytes")
+    ax2.set_title("Read volume, whole cluster (micro-batch = DP × K samples)")
+    ax2.legend(fontsize=8)
+    ax2.grid(alpha=0.3, which="both")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# --------------------------------------------------------------------------------------- main
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="mimo-accel simulate",
+        description="Simulate the planners (contiguous, LPT, balanced) and sharded reads at cluster scale.",
+    )
+    p.add_argument("--profile", default="receipts", help="profile name (profiles/<name>.toml) or path; default receipts")
+    p.add_argument("--dp", default="2,4,...,512", help="vision DP sizes, e.g. 2,4,8 or 2,4,...,512 (default)")
+    p.add_argument("--steps", type=int, default=20, help="global micro-batches per DP size (default 20)")
+    p.add_argument("--per-replica", type=int, default=None, metavar="K",
+                   help="samples per vision replica (default: the profile's micro_batch_size / vision dp)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--cost", metavar="FILE", help="cost-model file from `mimo-accel calibrate` (default: built-in)")
+    p.add_argument("--language-dp", choices=("ratio", "equal"), default="ratio",
+                   help="language DP per vision DP: the profile's ratio (default) or equal")
+    p.add_argument("--json", metavar="PATH", help="write the results as JSON")
+    p.add_argument("--png", metavar="PATH", help="write charts (needs matplotlib)")
+    return p
+
+
+def main(argv: Sequence[str] | None = None, *, console: Console | None = None) -> int:
+    """``mimo-accel simulate``. Returns 0, 1 if an export failed, 2 on bad input."""
+    args = _parser().parse_args(argv)
+    try:
+        profile = load_profile(args.profile)
+        dps = parse_dp_list(args.dp)
+        model = CostModel.from_file(args.cost) if args.cost else None
+        if args.steps < 1:
+            raise ValueError("--steps must be >= 1")
+        if args.per_replica is not None and args.per_replica < 1:
+            raise ValueError("--per-replica must be >= 1")
+        doc = simulate(profile, dps, steps=args.steps, samples_per_replica=args.per_replica, seed=args.seed,
+                       cost_model=model, language_dp=args.language_dp,
+                       cost_source=str(args.cost) if args.cost else "default")
+    except (ProfileError, ValueError, OSError) as e:
+        print(f"mimo-accel simulate: error: {e}", file=sys.stderr)
+        return 2
+    if console is None:
+        # Piped output: rich would wrap the tables at 80 columns; give them room instead.
+        console = Console() if sys.stdout.isatty() else Console(width=170)
+    render(doc, console)
+    rc = 0
+    if args.json:
+        Path(args.json).write_text(json.dumps(doc, indent=2, allow_nan=False) + "\n", encoding="utf-8")
+    if args.png:
+        try:
+            write_png(doc, args.png)
+        except RuntimeError as e:
+            print(f"mimo-accel simulate: error: {e}", file=sys.stderr)
+            rc = 1
+    return rc
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

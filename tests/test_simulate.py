@@ -1,0 +1,154 @@
+"""The cluster-scale simulation (mimo_accel.simulate)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from rich.console import Console
+
+from mimo_accel import simulate as sim
+from mimo_accel.profiles import load_profile
+
+DPS = [2, 4, 8, 16, 32]
+
+
+@pytest.fixture(scope="module")
+def receipts():
+    return sim.simulate(load_profile("receipts"), DPS, steps=8, seed=0)
+
+
+@pytest.fixture(scope="module")
+def uniform():
+    return sim.simulate(load_profile("uniform"), DPS, steps=3, seed=0)
+
+
+def test_reads_sharded_flat_baseline_grows_with_dp(receipts):
+    rows = receipts["rows"]
+    k = receipts["samples_per_replica"]
+    assert [r["dp"] for r in rows] == DPS
+    for r in rows:
+        rd, mbs = r["reads"], r["micro_batch_size"]
+        assert mbs == r["dp"] * k
+        # sharded: every vision rank reads its replica's share, whatever the DP
+        assert rd["sharded"]["vision_per_rank_samples"] == k
+        assert rd["sharded"]["language_per_rank_samples"] == mbs / r["language_dp"]
+        # baseline: every data rank reads the whole micro-batch
+        assert rd["baseline"]["per_rank_samples"] == mbs
+        assert rd["baseline"]["cluster_samples"] == mbs * (rd["data_ranks"]["vision"] + rd["data_ranks"]["language"])
+        assert rd["cluster_reduction"] == pytest.approx(rd["baseline"]["cluster_samples"] / rd["sharded"]["cluster_samples"])
+    # per micro-batch sample: sharded is flat in DP, the baseline is proportional to it
+    sharded = [r["reads"]["sharded"]["cluster_samples"] / r["micro_batch_size"] for r in rows]
+    baseline = [r["reads"]["baseline"]["cluster_samples"] / r["micro_batch_size"] for r in rows]
+    assert len(set(sharded)) == 1 and sharded[0] == 1 + 4  # vision tp 1 + language tp 4
+    assert [b / r["dp"] for b, r in zip(baseline, rows)] == [baseline[0] / DPS[0]] * len(rows)
+    assert [r["reads"]["sharded"]["amplification"] for r in rows] == sharded
+    byte_ratio = [r["reads"]["sharded"]["cluster_bytes"] / r["reads"]["micro_batch_bytes"] for r in rows]
+    assert byte_ratio == pytest.approx(sharded)
+
+
+def test_planners_rank_as_expected_on_receipts(receipts):
+    for r in receipts["rows"]:
+        st = r["straggler"]
+        assert st["balanced"]["p50"] <= st["lpt"]["p50"] + 1e-12
+        assert st["lpt"]["p50"] <= st["contiguous"]["p50"]
+        assert st["bound"]["p50"] <= st["balanced"]["p50"] + 1e-9
+        assert st["contiguous"]["p50"] > 1.1  # there is something to balance
+        sp = r["vision_speedup"]
+        assert sp["balanced_vs_contiguous"] > 1.0 and sp["balanced_vs_lpt"] >= 1.0 - 1e-12
+        assert 0 < sp["vision_time_saved"] < 1
+        assert r["grid"] == r["dp"] and r["language_dp"] == max(1, r["dp"] // 2)  # receipts: 8 : 4
+        assert r["exchange"]["plan_before_read_bytes"] == 0
+        assert r["exchange"]["balanced"]["bytes_moved"] > 0 and r["exchange"]["balanced"]["samples_moved"] > 0
+        matched = r["exchange"]["balanced_matched"]
+        assert matched is not None and matched["bytes_moved"] <= r["exchange"]["balanced"]["bytes_moved"] + 1e-6
+        assert r["plan_ms"]["balanced_p50"] > 0
+    # the contiguous straggler grows with DP
+    assert receipts["rows"][-1]["straggler"]["contiguous"]["p50"] > receipts["rows"][0]["straggler"]["contiguous"]["p50"]
+
+
+def test_uniform_has_nothing_to_balance_or_move(uniform):
+    for r in uniform["rows"]:
+        for planner in (*sim.PLANNERS, "balanced_vision", "bound"):
+            st = r["straggler"][planner]
+            assert st["p50"] == pytest.approx(1.0, abs=1e-12) and st["p99"] == pytest.approx(1.0, abs=1e-12)
+        assert r["exchange"]["balanced"]["bytes_moved"] == 0
+        assert r["exchange"]["balanced"]["samples_moved"] == 0
+        assert r["vision_speedup"]["balanced_vs_contiguous"] == pytest.approx(1.0)
+
+
+def test_fan_out_reports_balancing_over_vision_replicas():
+    doc = sim.simulate(load_profile("mixed_chat"), [4, 16], steps=4, seed=1)
+    for r in doc["rows"]:
+        assert r["language_dp"] == 2 * r["dp"] and r["grid"] == 2 * r["dp"]
+        st = r["straggler"]
+        assert st["balanced_vision"]["p50"] <= st["balanced"]["p50"] + 1e-12
+        assert st["bound"]["p50"] <= st["balanced_vision"]["p50"] + 1e-9
+
+
+def test_language_dp_rules_and_micro_batch_rounding():
+    prof = load_profile("receipts")  # vision dp 8, language dp 4
+    assert [sim.language_dp_for(prof, d) for d in (1, 2, 8, 64)] == [1, 1, 4, 32]
+    assert sim.language_dp_for(prof, 64, "equal") == 64
+    doc = sim.simulate(load_profile("mixed_chat"), [3], steps=1, samples_per_replica=1)  # language dp 6
+    row = doc["rows"][0]
+    assert row["grid"] == 6 and row["micro_batch_size"] == 6 and doc["notes"]
+    with pytest.raises(ValueError, match="steps"):
+        sim.simulate(prof, [2], steps=0)
+
+
+def test_parse_dp_list():
+    assert sim.parse_dp_list("2,4,8,...,512") == [2, 4, 8, 16, 32, 64, 128, 256, 512]
+    assert sim.parse_dp_list("2,4,...,16") == [2, 4, 8, 16]
+    assert sim.parse_dp_list("1,3,...,9") == [1, 3, 9]  # geometric when the second is a multiple
+    assert sim.parse_dp_list("3,5,...,11") == [3, 5, 7, 9, 11]
+    assert sim.parse_dp_list("8, 2,2") == [2, 8]
+    for bad, msg in (("2,...,8", "two values before"), ("2,4,...,24", "not reached"), ("2,x", "not a whole"),
+                     ("0,2", ">= 1"), ("", "at least one")):
+        with pytest.raises(ValueError, match=msg):
+            sim.parse_dp_list(bad)
+
+
+JSON_ROW_KEYS = {"dp", "language_dp", "grid", "micro_batch_size", "straggler", "vision_speedup", "reads",
+                 "exchange", "plan_ms"}
+
+
+def test_main_prints_tables_and_writes_json_and_png(tmp_path):
+    out, png = tmp_path / "sim.json", tmp_path / "sim.png"
+    console = Console(record=True, width=200)
+    rc = sim.main(["--profile", "receipts", "--dp", "2,4,8", "--steps", "3", "--per-replica", "4",
+                   "--json", str(out), "--png", str(png)], console=console)
+    text = console.export_text()
+    assert "straggler" in text and "Reads per step" in text and "plan-before-read" in text
+    doc = json.loads(out.read_text())
+    assert set(doc) == {"format", "profile", "cost_model", "steps", "samples_per_replica", "seed",
+                        "language_dp_rule", "layout", "rows", "notes", "elapsed_s"}
+    assert doc["format"] == sim.SIMULATE_FORMAT and doc["samples_per_replica"] == 4
+    assert doc["cost_model"]["source"] == "default"
+    row = doc["rows"][0]
+    assert set(row) == JSON_ROW_KEYS
+    assert set(row["straggler"]) == {"contiguous", "lpt", "balanced", "balanced_vision", "bound"}
+    assert set(row["straggler"]["lpt"]) == {"p50", "p99", "mean"}
+    assert set(row["reads"]) == {"data_ranks", "micro_batch_bytes", "baseline", "sharded", "cluster_reduction"}
+    assert set(row["exchange"]) == {"plan_before_read_bytes", "lpt", "balanced", "balanced_matched"}
+    assert set(row["plan_ms"]) >= {"balanced_p50", "balanced_max", "lpt_p50", "lpt_max"}
+    # the PNG needs matplotlib, which the project does not require: either written, or a clear rc 1
+    if rc == 0:
+        assert png.stat().st_size > 1000
+    else:
+        assert rc == 1 and not png.exists()
+
+
+def test_main_with_a_cost_file_and_bad_input(tmp_path, capsys):
+    from mimo_accel.costs import CostModel
+
+    cost = tmp_path / "cost.json"
+    CostModel(a=2e-5, b=0.0, c=0.0).to_file(cost)
+    out = tmp_path / "o.json"
+    assert sim.main(["--profile", "documents", "--dp", "2", "--steps", "1", "--cost", str(cost),
+                     "--json", str(out)], console=Console(file=open("/dev/null", "w"))) == 0
+    assert json.loads(out.read_text())["cost_model"] == {"a": 2e-5, "b": 0.0, "c": 0.0, "source": str(cost)}
+    assert sim.main(["--profile", "nope"]) == 2
+    assert "no such profile" in capsys.readouterr().err
+    assert sim.main(["--dp", "2,...,8"]) == 2
+    assert sim.main(["--steps", "0"]) == 2
