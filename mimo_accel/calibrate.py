@@ -136,7 +136,8 @@ def observations(run: Run, *, warmup: int = 1) -> dict[str, Any]:
         sq = _num(rec, "sq_patches")
         y.append(seconds)
         p.append(patches)
-        q.append(sq if sq is not None and sq >= 0 else None)
+        # Σp² >= Σp > 0 whenever there are patches: a 0 there is a log that did not record it.
+        q.append(sq if sq is not None and sq >= 0 and not (sq == 0 and patches > 0) else None)
         t.append(tokens)
         ranks.add(rank)
     return {

@@ -63,7 +63,7 @@ def collect() -> dict:
     rows = []
     if version != "not installed":
         cpu.prepare_imports()  # import-time compatibility only (3.11 back-port, stand-ins where absent)
-        for feature in ("context", "sharded_reads", "step", "profile", "train_entry"):
+        for feature in ("context", "sharded_reads", "step", "fan_in", "profile", "train_entry"):
             for t in (shape or targets.SHAPES[0]).targets(feature):
                 state, where = _target_state(t)
                 rows.append(dict(feature=feature, target=f"{_short(t.site)}:{t.name}", state=state, detail=where))
@@ -74,8 +74,9 @@ def collect() -> dict:
     return info
 
 
-FEATURE_NEEDS = {"sharded_reads": ("context", "sharded_reads", "step"), "reorder": ("context", "sharded_reads", "step"),
-                 "packing": ("context", "step"), "profile": ("profile", "step", "context")}
+FEATURE_NEEDS = {"sharded_reads": ("context", "sharded_reads", "step", "fan_in"),
+                 "reorder": ("context", "sharded_reads", "step", "fan_in"),
+                 "packing": ("context", "step", "fan_in"), "profile": ("profile", "step", "context")}
 
 
 def main() -> int:

@@ -109,7 +109,9 @@ def wrap_encode(original: Callable) -> Callable:
                     _timers[id(encoder)] = attach_module_timer(encoder, rec, name="vision")
                 grid = (encoders_data_batch.get(name) or {}).get("grid_thw")
                 if grid is not None and grid.numel():
-                    rec.add(images=int(grid.size(0)), patches=int(grid.prod(dim=-1).sum()))
+                    per_image = grid.prod(dim=-1)
+                    rec.add(images=int(grid.size(0)), patches=int(per_image.sum()),
+                            sq_patches=int((per_image * per_image).sum()))
         return original(self, encoders_data_batch, *args, **kwargs)
 
     return encode

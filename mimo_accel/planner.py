@@ -17,12 +17,23 @@ from mimo_accel.costs import CostIndex, CostModel
 
 
 class CostIndexPlanner:
-    """``planner(global_indices) -> (indices in canonical-group order, predicted spread)``."""
+    """``planner(global_indices) -> (indices in canonical-group order, predicted spread)``.
 
-    def __init__(self, index: CostIndex, model: CostModel, grid: int):
+    Balances vision cost over the *vision replicas* (``vision_groups``): G canonical groups when
+    vision DP is the largest DP (fan-in, 1:1). In fan-out (language DP > vision DP, G > vision
+    DP) balancing the G finer groups is a harder constraint that leaves the vision replicas less
+    balanced, so each vision replica's block is balanced first and then cut into its G/vision
+    language groups by real language tokens (the language model's load). Both modules derive the
+    same order, and a vision replica's block is still exactly the groups its language peers own.
+    """
+
+    def __init__(self, index: CostIndex, model: CostModel, grid: int, vision_groups: Optional[int] = None):
         self.index = index
         self.model = model
         self.grid = grid
+        self.vision_groups = vision_groups or grid
+        if grid % self.vision_groups:
+            raise ValueError(f"vision DP {self.vision_groups} must divide the canonical grid {grid}")
 
     def costs(self, indices: Sequence[int]) -> np.ndarray:
         costs = self.index.costs(np.asarray(indices, dtype=np.int64), self.model)
@@ -33,8 +44,17 @@ class CostIndexPlanner:
 
     def __call__(self, indices: Sequence[int]) -> tuple[list[int], Optional[float]]:
         costs = self.costs(indices)
-        order = balanced_order(costs, self.grid)
-        return [indices[p] for p in order], float(spread(costs, order, self.grid))
+        v = self.vision_groups
+        order = balanced_order(costs, v)
+        if self.grid > v:
+            per, k = len(order) // v, self.grid // v
+            tokens = self.index.tokens(np.asarray(indices, dtype=np.int64)).astype(np.float64)
+            refined = []
+            for b in range(v):
+                block = order[b * per:(b + 1) * per]
+                refined += [block[i] for i in balanced_order(tokens[block], k)]
+            order = refined
+        return [indices[p] for p in order], float(spread(costs, order, v))
 
 
 def cost_index_for(dataset, path: Optional[str]) -> CostIndex:

@@ -65,7 +65,7 @@ __all__ = [
 
 FORMAT = "mimo-accel-profile/1"
 #: Counters that :meth:`Recorder.add` accumulates per step; always present in a step line (0 if unset).
-COUNTERS = ("samples", "images", "patches", "tokens", "samples_read", "bytes_read", "bytes_exchanged")
+COUNTERS = ("samples", "images", "patches", "sq_patches", "tokens", "samples_read", "bytes_read", "bytes_exchanged")
 #: Regions that are always present in a step line (null when not timed that step).
 REGIONS = ("vision_fwd", "vision_bwd")
 #: Fields :meth:`Recorder.set` may fill that are always present in a step line (null if unset).

@@ -93,6 +93,7 @@ __all__ = [
     "SampleTable",
     "list_profiles",
     "load_profile",
+    "parse_profile",
 ]
 
 #: The shipped profiles: ``<repo>/profiles/*.toml``.

@@ -202,7 +202,7 @@ def _matched(order: np.ndarray, grid: int, nbytes: np.ndarray) -> np.ndarray | N
 
 
 def simulate(
-    profile: Profile,
+    profile: Profile | str | Path,
     dp_sizes: Sequence[int],
     steps: int = 20,
     samples_per_replica: int | None = None,
@@ -212,8 +212,15 @@ def simulate(
     language_dp: str = "ratio",
     cost_source: str = "default",
 ) -> dict[str, Any]:
-    """Run the simulation; returns the JSON document described in the module docstring."""
+    """Run the simulation; returns the JSON document described in the module docstring.
+
+    ``profile`` is a :class:`~mimo_accel.profiles.Profile` or a name/path for
+    :func:`~mimo_accel.profiles.load_profile`; ``samples_per_replica`` defaults to the profile's
+    ``micro_batch_size / vision dp``; ``cost_model`` to the built-in :class:`CostModel`.
+    """
     t_start = time.perf_counter()
+    if not isinstance(profile, Profile):
+        profile = load_profile(profile)
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ValueError(f"steps must be a positive integer, got {steps!r}")
     dps = sorted(set(int(d) for d in dp_sizes))

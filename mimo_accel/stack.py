@@ -28,7 +28,7 @@ from torch.nn import functional as F
 
 from mimo_accel.testing import LANGUAGE, VISION, MimoLayout
 
-IMAGE_TOKEN_ID = 31999  # the vision placeholder token in input_ids
+IMAGE_TOKEN_ID = 2047  # the vision placeholder token in input_ids (the last id of the vocabulary)
 ENCODER_NAME = "vit"  # modality_inputs["vision"][ENCODER_NAME] = {hidden_states, grid_thw}
 SAMPLE_ID_KEY = "sample_ids"
 
@@ -207,17 +207,31 @@ def collate(samples: Sequence[dict]) -> dict:
     return batch
 
 
-def model_batches(batches, *, keep_attention_mask: bool = False, seen_ids: Optional[list] = None):
+def model_batches(batches, *, keep_attention_mask: bool = False, seen_ids: Optional[list] = None,
+                  local_view: Optional[Callable[[dict], dict]] = None, seen_patches: Optional[list] = None):
     """Adapt loader batches for ``MimoModel.forward``, as Bridge's Qwen3.5-VL example does.
 
-    The sample ids are recorded into ``seen_ids`` (if given) and removed; the ``[B, S]`` padding
-    mask is dropped (causal attention + loss_mask already ignore right padding) unless a packer
-    needs it as its length source.
+    The sample ids are removed from the batch (the model takes no such input) and recorded into
+    ``seen_ids``, with the image patches into ``seen_patches``. ``local_view`` maps a small view
+    of the batch to what this replica will actually process — pass the forward step's own
+    ``slice_batch_for_megatron_mimo`` bound to the replica's (dp_rank, dp_size), so a global batch
+    is cut exactly as the step will cut it. The ``[B, S]`` padding mask is dropped (causal
+    attention + loss_mask already ignore right padding) unless a packer needs it.
     """
+    from mimo_accel.sampler import SHARD_TAG_KEY
+
     for batch in batches:
         ids = batch.pop(SAMPLE_ID_KEY, None)
-        if seen_ids is not None and ids is not None:
-            seen_ids.append(ids.tolist())
+        if ids is not None and (seen_ids is not None or seen_patches is not None):
+            view = {SAMPLE_ID_KEY: ids, "modality_inputs": batch.get("modality_inputs")}
+            if SHARD_TAG_KEY in batch:
+                view[SHARD_TAG_KEY] = batch[SHARD_TAG_KEY]
+            view = local_view(view) if local_view is not None else view
+            if seen_ids is not None:
+                seen_ids.append(view[SAMPLE_ID_KEY].tolist())
+            if seen_patches is not None:
+                vi = (view.get("modality_inputs") or {}).get(VISION, {}).get(ENCODER_NAME)
+                seen_patches.append(int(vi["grid_thw"].prod(dim=-1).sum()) if vi and vi["grid_thw"].numel() else 0)
         if not keep_attention_mask:
             batch["attention_mask"] = None
         yield batch
@@ -262,7 +276,7 @@ class StackConfig:
     language_layers: int = 1
     heads: int = 4
     patch_dim: int = 24
-    vocab_size: int = 32000
+    vocab_size: int = 2048
     seq_length: int = 64
     merge: int = 2
     seed: int = 1234

@@ -78,7 +78,7 @@ def capture_role(get_module_dp_info: Callable) -> Callable:
 
 
 def make_local_batch_fn(upstream_slice: Callable, *, sharded_reads: bool, packing: bool,
-                        pad_multiple: int = 1, profile: bool = False) -> Callable:
+                        pad_multiple: int = 1, profile: bool = False, fan_in_rows: bool = False) -> Callable:
     """The replacement for ``slice_batch_for_megatron_mimo(batch, dp_rank, dp_size)``."""
     warned = []
 
@@ -103,7 +103,7 @@ def make_local_batch_fn(upstream_slice: Callable, *, sharded_reads: bool, packin
                     "`mimo-accel run`.", RuntimeWarning, stacklevel=2)
             local, read = upstream_slice(batch, dp_rank, dp_size), _batch_size(batch)
         role = current_role()
-        if role is not None and role.is_language and role.fan_in and role.is_first_stage:
+        if fan_in_rows and role is not None and role.is_language and role.fan_in and role.is_first_stage:
             from mimo_accel import fanin
 
             fanin.record_language_rows(local, role.placeholder_ids)

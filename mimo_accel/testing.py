@@ -25,6 +25,16 @@ VISION = "vision"
 LANGUAGE = "language"  # megatron.core.models.mimo.config.role.MIMO_LANGUAGE_MODULE_KEY
 
 _PRELOAD = "mimo_accel._preload"
+_progress = None  # in a rank: the parent's queue, for report_progress()
+
+
+def report_progress(done: int, total: int) -> None:
+    """From inside a rank function: tell the parent's ``on_progress`` callback how far it is."""
+    if _progress is not None:
+        _progress.put((_rank_of_this_process, "progress", (done, total)))
+
+
+_rank_of_this_process = -1
 
 
 class RankFailure(AssertionError):
@@ -122,6 +132,8 @@ def _context():
 
 
 def _rank_main(fn, rank, world_size, port, args, results, log_path, deadline_s, cpu_layer):
+    global _progress, _rank_of_this_process
+    _progress, _rank_of_this_process = results, rank
     log = open(log_path, "w", buffering=1)
     os.dup2(log.fileno(), 1)
     os.dup2(log.fileno(), 2)
@@ -164,7 +176,7 @@ def _tail(path: str, limit: int = 4000) -> str:
 
 
 def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any, deadline_s: float = 240.0,
-              cpu_layer: bool = True) -> list[Any]:
+              cpu_layer: bool = True, on_progress: Callable[[int, int, int], None] | None = None) -> list[Any]:
     """Run ``fn(rank, world_size, *args)`` on ``world_size`` gloo ranks; return each rank's result.
 
     ``fn`` and ``args`` must be picklable (a module-level function). With ``cpu_layer`` each rank
@@ -210,6 +222,9 @@ def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any, deadline_s: f
                     continue
             if status == "ok":
                 out[rank] = value
+            elif status == "progress":
+                if on_progress is not None:
+                    on_progress(rank, *value)
             else:
                 errors[rank] = value
         if errors:

@@ -50,7 +50,7 @@ def write_run(out, *, steps=40, ranks=2, noise=0.003, sq=True, overhead=0.0, see
             seconds *= 1 + noise * rng.standard_normal()
             rec.add(samples=4, images=len(images), patches=p, tokens=tokens)
             if sq:
-                rec.set(sq_patches=q)
+                rec.add(sq_patches=q)
             fwd = seconds / 3 if split_bwd else seconds
             rec.start("vision_fwd")
             clock.now += fwd

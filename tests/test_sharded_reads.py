@@ -28,7 +28,7 @@ def _loaders(layout, grids, spec, dataloader_type, consumed=0, micro_batch=MICRO
     model_provider._grids = grids
     cfg = SimpleNamespace(model=model_provider, train=SimpleNamespace(micro_batch_size=micro_batch))
     data = st.make_data_provider(lambda n: st.SyntheticVLMDataset(n, spec, seq_length=64, patch_dim=24,
-                                                                 vocab_size=32000),
+                                                                 vocab_size=2048),
                                  dataloader_type=dataloader_type)
     return build_megatron_mimo_data_loaders(cfg, SimpleNamespace(consumed_train_samples=consumed), data,
                                             16 * micro_batch, 0, 0)
@@ -39,7 +39,7 @@ def _global_batches(dataloader_type, spec, steps, consumed=0):
     from megatron.bridge.data import samplers
 
     original = getattr(samplers.build_pretraining_data_loader, "__wrapped__", samplers.build_pretraining_data_loader)
-    ds = st.SyntheticVLMDataset(16 * MICRO_BATCH, spec, seq_length=64, patch_dim=24, vocab_size=32000)
+    ds = st.SyntheticVLMDataset(16 * MICRO_BATCH, spec, seq_length=64, patch_dim=24, vocab_size=2048)
     loader = original(ds, consumed, dataloader_type, MICRO_BATCH, 0, True, collate_fn=st.collate,
                       pin_memory=False, data_parallel_rank=0, data_parallel_size=1, drop_last=True)
     it = iter(loader)
@@ -192,7 +192,7 @@ def _example_path_with_bad_micro_batch(rank, world):
     layout = MimoLayout.from_dp(4, 2)
     grids = build_grids(layout)
     dp_rank, dp_size, needs = get_megatron_mimo_sampling_info(layout.parallelism_config(), grids)
-    ds = st.SyntheticVLMDataset(64, st.uniform_spec(), seq_length=64, patch_dim=24, vocab_size=32000)
+    ds = st.SyntheticVLMDataset(64, st.uniform_spec(), seq_length=64, patch_dim=24, vocab_size=2048)
     try:
         build_pretraining_data_loader(ds, 0, "single", 6, 0, True, collate_fn=st.collate, pin_memory=False,
                                       data_parallel_rank=dp_rank, data_parallel_size=dp_size)

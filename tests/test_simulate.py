@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 
 import pytest
@@ -146,7 +147,7 @@ def test_main_with_a_cost_file_and_bad_input(tmp_path, capsys):
     CostModel(a=2e-5, b=0.0, c=0.0).to_file(cost)
     out = tmp_path / "o.json"
     assert sim.main(["--profile", "documents", "--dp", "2", "--steps", "1", "--cost", str(cost),
-                     "--json", str(out)], console=Console(file=open("/dev/null", "w"))) == 0
+                     "--json", str(out)], console=Console(file=io.StringIO())) == 0
     assert json.loads(out.read_text())["cost_model"] == {"a": 2e-5, "b": 0.0, "c": 0.0, "source": str(cost)}
     assert sim.main(["--profile", "nope"]) == 2
     assert "no such profile" in capsys.readouterr().err

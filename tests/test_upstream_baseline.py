@@ -50,7 +50,7 @@ def _loaders_slice_and_bridge(rank, world, layouts, spec):
         model_provider._grids = grids
         cfg = SimpleNamespace(model=model_provider, train=SimpleNamespace(micro_batch_size=MICRO_BATCH))
         data = st.make_data_provider(lambda n: st.SyntheticVLMDataset(
-            n, spec, seq_length=64, patch_dim=24, vocab_size=32000))
+            n, spec, seq_length=64, patch_dim=24, vocab_size=2048))
         train, _, _ = build_megatron_mimo_data_loaders(cfg, SimpleNamespace(consumed_train_samples=0),
                                                        data, 4 * MICRO_BATCH, 0, 0)
         module = module_of_rank(layout, rank)

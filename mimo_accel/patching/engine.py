@@ -61,6 +61,8 @@ def _features_for(cfg: AccelConfig) -> list[str]:
         features += ["context", "step"]
     if cfg.sharded_reads:
         features.append("sharded_reads")
+    if cfg.sharded_reads or cfg.packing:
+        features.append("fan_in")
     if cfg.profile is not None:
         features += ["profile", "train_entry"]
     return features
@@ -191,10 +193,11 @@ def _disable_locked() -> None:
     _state.replacements = {}
     _state.originals = {}
     _state.notes = []
-    from mimo_accel import instrument, sampler
+    from mimo_accel import fanin, instrument, sampler
 
     sampler.set_context(None)
     instrument.close()
+    fanin.clear()
 
 
 def disable() -> None:

@@ -45,8 +45,10 @@ def _pretraining_loader(original: Callable, cfg: AccelConfig) -> Callable:
         if cfg.reorder:
             from mimo_accel.planner import CostIndexPlanner, cost_index_for, cost_model_for
 
+            modality_dps = [d for name, d in ctx.dp_sizes.items() if name != "language"]
             planner = CostIndexPlanner(cost_index_for(a["dataset"], cfg.cost_index),
-                                       cost_model_for(cfg.cost_model), ctx.grid)
+                                       cost_model_for(cfg.cost_model), ctx.grid,
+                                       vision_groups=max(modality_dps) if modality_dps else None)
         from mimo_accel import instrument
 
         return sampler.shard_loader(loader, ctx, a["micro_batch_size"], planner=planner,
@@ -60,7 +62,12 @@ def _slice(original: Callable, cfg: AccelConfig, native_packing: bool) -> Callab
 
     return make_local_batch_fn(original, sharded_reads=cfg.sharded_reads,
                                packing=cfg.packing and not native_packing, pad_multiple=cfg.pad_multiple,
-                               profile=cfg.profile is not None)
+                               profile=cfg.profile is not None, fan_in_rows=_fan_in_enabled(cfg))
+
+
+def _fan_in_enabled(cfg: AccelConfig) -> bool:
+    """Uneven-row fan-in support comes with the data features; the profiler alone changes nothing."""
+    return cfg.sharded_reads or cfg.packing
 
 
 def _module_dp_info(original: Callable, cfg: AccelConfig) -> Callable:

@@ -86,7 +86,8 @@ class Shape:
 FEATURE_TARGETS = {
     "context": SAMPLING_INFO,
     "sharded_reads": PRETRAINING_LOADER,
-    "step": SLICE + MODULE_DP_INFO + FAN_IN,
+    "step": SLICE + MODULE_DP_INFO,
+    "fan_in": FAN_IN,
     "packing": (),
     "profile": ENCODE + OPTIMIZER_STEP,
     "train_entry": TRAIN_ENTRY,
