@@ -16,6 +16,7 @@ ENV_COST = "MIMO_ACCEL_COST"  # cost-model file (from `mimo-accel calibrate`)
 ENV_COST_INDEX = "MIMO_ACCEL_COST_INDEX"  # per-sample cost index (from `mimo-accel index`)
 ENV_REORDER_MODE = "MIMO_ACCEL_REORDER_MODE"
 ENV_PAD_MULTIPLE = "MIMO_ACCEL_PAD_MULTIPLE"
+ENV_REORDER_WINDOW = "MIMO_ACCEL_REORDER_WINDOW"
 
 # MIMO_ACCEL=<comma list>: the words users write, and the fields they turn on.
 FEATURE_WORDS = {
@@ -45,6 +46,9 @@ class AccelConfig:
         (implies sharded_reads).
     reorder_mode: "plan" (default: costs known before reading, from a cost index; zero bytes move)
         or "exchange" (costs known after decoding; samples move with one all_to_all).
+    reorder_window: how many consecutive global micro-batches are planned together (set it to the
+        micro-batches per step to balance across the whole global batch; samples then move between
+        the micro-batches of a step, never between steps).
     cost_model: path of a cost-model file (``mimo-accel calibrate``), or None for the default
         coefficients.
     cost_index: path of a per-sample cost index (``mimo-accel index``); None means the dataset must
@@ -57,6 +61,7 @@ class AccelConfig:
     sharded_reads: bool = False
     reorder: bool = False
     reorder_mode: str = "plan"
+    reorder_window: int = 1
     cost_model: Optional[str] = None
     cost_index: Optional[str] = None
     packing: bool = False
@@ -68,6 +73,8 @@ class AccelConfig:
             object.__setattr__(self, "sharded_reads", True)  # reorder implies sharded reads
         if self.reorder_mode not in REORDER_MODES:
             raise ConfigError(f"reorder_mode={self.reorder_mode!r} is not one of {REORDER_MODES}")
+        if not isinstance(self.reorder_window, int) or isinstance(self.reorder_window, bool) or self.reorder_window < 1:
+            raise ConfigError(f"reorder_window must be a positive integer, got {self.reorder_window!r}")
         if not isinstance(self.pad_multiple, int) or isinstance(self.pad_multiple, bool) or self.pad_multiple < 1:
             raise ConfigError(f"pad_multiple must be a positive integer, got {self.pad_multiple!r}")
         if self.profile is not None and not str(self.profile):
@@ -114,11 +121,12 @@ class AccelConfig:
             changes["cost_index"] = env[ENV_COST_INDEX]
         if env.get(ENV_REORDER_MODE):
             changes["reorder_mode"] = env[ENV_REORDER_MODE].strip().lower()
-        if env.get(ENV_PAD_MULTIPLE):
-            try:
-                changes["pad_multiple"] = int(env[ENV_PAD_MULTIPLE])
-            except ValueError:
-                raise ConfigError(f"{ENV_PAD_MULTIPLE}={env[ENV_PAD_MULTIPLE]!r} is not an integer") from None
+        for var, name in ((ENV_PAD_MULTIPLE, "pad_multiple"), (ENV_REORDER_WINDOW, "reorder_window")):
+            if env.get(var):
+                try:
+                    changes[name] = int(env[var])
+                except ValueError:
+                    raise ConfigError(f"{var}={env[var]!r} is not an integer") from None
         return cls(**changes)
 
 

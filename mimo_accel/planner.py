@@ -42,12 +42,14 @@ class CostIndexPlanner:
                              "rebuild it with `mimo-accel index`")
         return costs
 
-    def __call__(self, indices: Sequence[int]) -> tuple[list[int], Optional[float]]:
+    def __call__(self, indices: Sequence[int], micro_batches: int = 1) -> tuple[list[int], Optional[float]]:
+        """Plan ``micro_batches`` consecutive global micro-batches together (a window): the
+        result's j-th block of len/micro_batches samples is micro-batch j, cut into G groups."""
         costs = self.costs(indices)
-        v = self.vision_groups
+        v = self.vision_groups * micro_batches
         order = balanced_order(costs, v)
-        if self.grid > v:
-            per, k = len(order) // v, self.grid // v
+        if self.grid > self.vision_groups:
+            per, k = len(order) // v, self.grid // self.vision_groups
             tokens = self.index.tokens(np.asarray(indices, dtype=np.int64)).astype(np.float64)
             refined = []
             for b in range(v):

@@ -20,8 +20,9 @@ from mimo_accel.grid import canonical_grid, check_micro_batch, owned_groups
 
 SHARD_TAG_KEY = "mimo_accel_shard"
 
-# planner(global_indices) -> (the same indices in canonical-group order, predicted spread or None)
-Planner = Callable[[Sequence[int]], "tuple[list[int], Optional[float]]"]
+# planner(global_indices, micro_batches) -> (the same indices in canonical-group order, predicted
+# spread or None); with micro_batches > 1 the indices are a window of consecutive micro-batches.
+Planner = Callable[[Sequence[int], int], "tuple[list[int], Optional[float]]"]
 
 
 @dataclass(frozen=True)
@@ -88,25 +89,51 @@ class ShardedBatchSampler:
     """Yields this replica's share of every global micro-batch the upstream sampler yields."""
 
     def __init__(self, global_sampler, ctx: ShardContext, planner: Optional[Planner] = None,
-                 on_batch: Optional[Callable[[list, list, Optional[float]], None]] = None):
+                 on_batch: Optional[Callable[[list, list, Optional[float]], None]] = None, window: int = 1):
+        if window < 1:
+            raise ValueError(f"reorder window must be >= 1 micro-batch, got {window}")
         self.global_sampler = global_sampler
         self.ctx = ctx
         self.planner = planner
         self.on_batch = on_batch  # (global indices, local indices, predicted spread) -> None
+        self.window = window if planner is not None else 1
+
+    def _windows(self) -> Iterator[list[list]]:
+        pending: list[list] = []
+        for global_indices in self.global_sampler:
+            pending.append(list(global_indices))
+            if len(pending) == self.window:
+                yield pending
+                pending = []
+        if pending:
+            yield pending
 
     def __iter__(self) -> Iterator[list]:
-        for global_indices in self.global_sampler:
-            global_indices = list(global_indices)
-            per_group = check_micro_batch(len(global_indices), self.ctx.grid, "global micro-batch size")
-            order, spread = (self.planner(global_indices) if self.planner else (global_indices, None))
-            if sorted(order) != sorted(global_indices):
+        for batches in self._windows():
+            sizes = {len(b) for b in batches}
+            for b in batches:
+                check_micro_batch(len(b), self.ctx.grid, "global micro-batch size")
+            window = [i for b in batches for i in b]
+            if self.planner is None:
+                order, spread = window, None
+            elif len(sizes) == 1:
+                order, spread = self.planner(window, len(batches))
+            else:  # a short last micro-batch (drop_last=False): plan it on its own
+                parts = [self.planner(b, 1) for b in batches]
+                order, spread = [i for p in parts for i in p[0]], max(p[1] for p in parts)
+            if sorted(order) != sorted(window):
                 raise RuntimeError("mimo_accel planner returned a different set of samples than the "
                                    "global micro-batch it was given; refusing to mis-pair samples")
             g = self.ctx.groups
-            local = order[g.start * per_group: g.stop * per_group]
-            if self.on_batch is not None:
-                self.on_batch(global_indices, local, spread)
-            yield local
+            start = 0
+            for b in batches:
+                micro = order[start:start + len(b)]
+                start += len(b)
+                per_group = len(b) // self.ctx.grid
+                local = micro[g.start * per_group: g.stop * per_group]
+                if self.on_batch is not None:
+                    self.on_batch(b, local, spread)
+                yield local
 
     def __len__(self) -> int:
         return len(self.global_sampler)
@@ -134,7 +161,7 @@ class TaggingCollate:
 
 
 def shard_loader(loader, ctx: ShardContext, micro_batch_size: int, planner: Optional[Planner] = None,
-                 on_batch=None):
+                 on_batch=None, window: int = 1):
     """A DataLoader over the same dataset/collate/workers that reads only this replica's share."""
     from torch.utils.data import DataLoader
 
@@ -143,7 +170,7 @@ def shard_loader(loader, ctx: ShardContext, micro_batch_size: int, planner: Opti
         raise TypeError("mimo_accel sharded reads: the upstream loader has no batch sampler to shard "
                         "(dataloader_type 'external' passes the dataset through). Use 'single' or "
                         "'cyclic', or turn sharded_reads off.")
-    sampler = ShardedBatchSampler(loader.batch_sampler, ctx, planner, on_batch)
+    sampler = ShardedBatchSampler(loader.batch_sampler, ctx, planner, on_batch, window)
     return DataLoader(loader.dataset, batch_sampler=sampler, num_workers=loader.num_workers,
                       collate_fn=TaggingCollate(loader.collate_fn, ctx),
                       pin_memory=loader.pin_memory, worker_init_fn=loader.worker_init_fn,

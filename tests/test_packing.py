@@ -393,7 +393,9 @@ def _import_megatron():
         import typing_extensions
 
         typing.override = typing_extensions.override
-    return pytest.importorskip("megatron.core.packed_seq_params")
+    import megatron.core.packed_seq_params as psp  # required: the suite fails loudly without megatron
+
+    return psp
 
 
 def test_packed_seq_params_accepts_the_kwargs():
@@ -408,7 +410,7 @@ def test_packed_seq_params_accepts_the_kwargs():
 
 def test_mimo_model_builds_thd_params_from_the_kwargs():
     _import_megatron()
-    base = pytest.importorskip("megatron.core.models.mimo.model.base")
+    import megatron.core.models.mimo.model.base as base
     _, kw = pack_language_shard(make_batch([3, 2, 4], 6), pad_multiple=2)
     # _build_packed_seq_params does not touch self; it is what MimoModel.forward runs
     params = base.MimoModel._build_packed_seq_params(None, dict(kw))
@@ -442,12 +444,12 @@ def megatron_cpu(monkeypatch, tmp_path):
             "gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1
         )
     elif dist.get_world_size() != 1:
-        pytest.skip("needs a 1-rank world")
+        pytest.fail("the packed-GPT test needs a 1-rank world, but this process already joined a larger one")
     own_mp = not parallel_state.model_parallel_is_initialized()
     if own_mp:
         parallel_state.initialize_model_parallel()
     elif parallel_state.get_tensor_model_parallel_world_size() != 1:
-        pytest.skip("needs tensor parallel size 1")
+        pytest.fail("the packed-GPT test needs tensor parallel size 1, but model parallel is already set up")
     try:
         yield
     finally:

@@ -168,3 +168,17 @@ def test_explicit_arguments_override_environment_override_defaults(monkeypatch):
     monkeypatch.setenv("MIMO_ACCEL", "0")
     monkeypatch.delenv("MIMO_ACCEL_PAD_MULTIPLE")
     assert resolve(None, {}) == AccelConfig()
+
+
+def test_profiler_off_installs_no_wrappers_and_on_installs_the_hooks(clean_engine):
+    from megatron.core.models.mimo.optimizer import MimoOptimizer
+    from megatron.core.models.mimo.submodules.base import ModalitySubmodules
+
+    encode, step = ModalitySubmodules.__dict__["encode"], MimoOptimizer.__dict__["step"]
+    mimo_accel.enable(sharded_reads=True, packing=True)
+    assert ModalitySubmodules.__dict__["encode"] is encode and MimoOptimizer.__dict__["step"] is step
+    assert not any("encode" in p or "MimoOptimizer" in p for p in mimo_accel.status()["patched"])
+    mimo_accel.enable(sharded_reads=True, packing=True, profile="/tmp/mimo-accel-unused")
+    assert ModalitySubmodules.__dict__["encode"] is not encode and MimoOptimizer.__dict__["step"] is not step
+    mimo_accel.disable()
+    assert ModalitySubmodules.__dict__["encode"] is encode and MimoOptimizer.__dict__["step"] is step

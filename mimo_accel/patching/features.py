@@ -52,7 +52,7 @@ def _pretraining_loader(original: Callable, cfg: AccelConfig) -> Callable:
         from mimo_accel import instrument
 
         return sampler.shard_loader(loader, ctx, a["micro_batch_size"], planner=planner,
-                                    on_batch=instrument.record_plan)
+                                    on_batch=instrument.record_plan, window=cfg.reorder_window)
 
     return build_pretraining_data_loader
 
