@@ -121,24 +121,30 @@ class DecodedSampleCost:
 
     def __call__(self, sample: Any) -> float:
         grid = _find_key(sample, _GRID_KEYS)
-        if grid is None:
-            patches: list[int] = []
-        else:
+        p_sum = p_sq = 0
+        if grid is not None:
             g = torch.as_tensor(grid)
-            if g.numel() == 0:
-                patches = []
-            elif g.dim() != 2 or g.size(-1) != 3 or g.is_floating_point() or bool((g < 0).any()):
-                raise ValueError(f"malformed grid_thw {tuple(g.shape)} (want [images, 3] non-negative "
-                                 "integers t, h, w per image)")
-            else:
-                patches = g.to(torch.int64).prod(dim=-1).tolist()
+            if g.numel():
+                if g.dim() != 2 or g.size(-1) != 3 or g.is_floating_point() or bool((g < 0).any()):
+                    raise ValueError(f"malformed grid_thw {tuple(g.shape)} (want [images, 3] non-negative "
+                                     "integers t, h, w per image)")
+                for t, h, w in g.tolist():
+                    p = t * h * w
+                    p_sum += p
+                    p_sq += p * p
         mask = sample.get("attention_mask") if isinstance(sample, Mapping) else None
         if isinstance(mask, torch.Tensor):
             tokens = int(mask.sum())
         else:
             ids = sample.get("input_ids") if isinstance(sample, Mapping) else None
             tokens = int(ids.numel()) if isinstance(ids, torch.Tensor) else 0
-        return self.model.sample_cost(patches, tokens)
+        # CostModel.costs_from_sums' arithmetic in Python floats (the same float64 result, without
+        # numpy's per-call overhead on one sample).
+        m = self.model
+        cost = m.a * float(p_sum) + m.b * float(p_sq) + m.c * float(tokens)
+        if not math.isfinite(cost):
+            raise ValueError("the sample cost overflowed to infinity; its counts are implausibly large")
+        return cost
 
 
 # ----------------------------------------------------------------------------------------------
@@ -361,6 +367,9 @@ class ExchangeStats:
     sample payload (the status and cost all-gathers are ``meta_bytes``). ``samples_moved`` and
     ``bytes_moved``: the whole DP group's (every rank reports the same). Spreads are per canonical
     group, max/mean (1.0 is perfect); ``baseline_spread`` is the contiguous split's.
+    Wall times: ``cost_s`` costing and sizing the local samples; ``plan_s`` the status and cost
+    all-gathers plus planning (it includes waiting for the slowest replica); ``move_s`` serialising,
+    the all_to_all and deserialising; ``total_s`` all of it.
     """
 
     bytes_sent: int
@@ -373,8 +382,8 @@ class ExchangeStats:
     predicted_spread: float
     baseline_spread: float
     cost_s: float
-    gather_s: float
-    alltoall_s: float
+    plan_s: float
+    move_s: float
     total_s: float
 
 
@@ -387,11 +396,27 @@ def _refuse_overlap_if_unsafe() -> None:
             f"{OVERLAP_ENV} (or set it > 1) if your setup allows.")
 
 
-def _new_gloo_group(ranks: list[int]):
-    import torch.distributed as dist
+def _new_gloo_group(parent, ranks: list[int]):
+    """A gloo group over ``ranks``, created by those ranks only (collective over ``parent``).
 
-    # Local synchronisation: only the member ranks call this (vision and language ranks build their
-    # own groups independently); members must create their groups in the same order.
+    Vision and language ranks build their exchange groups independently (ranks that load no data
+    never get here), so this uses ``new_group(use_local_synchronization=True)``. torch names such a
+    group by hashing its ranks with the creating rank's count of registered groups, and that count
+    differs between members whose group-membership histories differ (a rank that was in another
+    module's group earlier) — the members would then wait on different store keys forever. So the
+    members first agree on the largest count and pad theirs with single-rank groups, which register
+    without involving any other rank.
+    """
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d as c10d
+
+    names = getattr(getattr(c10d, "_world", None), "pg_names", None)
+    if names is not None and len(ranks) > 1:
+        counts: list = [None] * len(ranks)
+        dist.all_gather_object(counts, len(names), group=parent)  # works on gloo and NCCL groups
+        me = dist.get_rank()
+        for _ in range(max(counts) - len(names)):
+            dist.new_group([me], backend="gloo", use_local_synchronization=True)
     return dist.new_group(ranks, backend="gloo", use_local_synchronization=True)
 
 
@@ -437,7 +462,7 @@ class ExchangeReorder:
                                     "the same order")
             self.comm_group = comm_group
         elif overlap or dist.get_backend(group) != "gloo":
-            self.comm_group = _new_gloo_group(self.ranks)
+            self.comm_group = _new_gloo_group(group, self.ranks)
         else:
             self.comm_group = group
         if dist.get_rank(self.comm_group) != ctx.dp_rank:
@@ -445,6 +470,15 @@ class ExchangeReorder:
                                 "the DP group; pass comm_group in DP-rank order")
         self.last_plan: Optional[ExchangePlan] = None
         self.last_stats: Optional[ExchangeStats] = None
+        self._buffers: dict[str, np.ndarray] = {}
+
+    def _buffer(self, name: str, size: int) -> np.ndarray:
+        """A reused uint8 buffer of at least ``size`` bytes (spares page faults on every step)."""
+        buf = self._buffers.get(name)
+        if buf is None or buf.size < size:
+            buf = np.empty(max(size, int(size * 1.25)), dtype=np.uint8)
+            self._buffers[name] = buf
+        return buf[:size]
 
     # -- steps ---------------------------------------------------------------------------------
 
@@ -534,13 +568,13 @@ class ExchangeReorder:
 
         send_splits = plan.send_bytes(me)
         recv_splits = plan.recv_bytes(me)
-        send = np.empty(sum(send_splits), dtype=np.uint8)
+        send = self._buffer("send", sum(send_splits))
         offset = 0
         for d in range(n_ranks):
             if d != me:
                 for p in plan.incoming(d, me):
                     offset = encoded[p - me * n_local].write(send, offset)
-        recv = np.empty(sum(recv_splits), dtype=np.uint8)
+        recv = self._buffer("recv", sum(recv_splits))
         moved = plan.moved()
         if moved:  # the same answer on every rank: all call the collective, or none
             dist.all_to_all_single(torch.from_numpy(recv), torch.from_numpy(send), recv_splits, send_splits,
@@ -560,7 +594,7 @@ class ExchangeReorder:
             samples_received=len(received), samples_moved=len(moved),
             bytes_moved=int(sum(plan.sizes[p] for p in moved)), meta_bytes=int(meta),
             predicted_spread=plan.predicted_spread, baseline_spread=plan.baseline_spread,
-            cost_s=t1 - t0, gather_s=t2 - t1, alltoall_s=t3 - t2, total_s=t3 - t0)
+            cost_s=t1 - t0, plan_s=t2 - t1, move_s=t3 - t2, total_s=t3 - t0)
         self.last_plan, self.last_stats = plan, stats
         return out, stats
 
@@ -588,9 +622,6 @@ def _check_list(item: Any) -> list:
         raise TypeError("mimo_accel exchange needs a loader that yields lists of decoded samples "
                         f"(collate_fn=list), got {type(item).__name__}; collate happens after the exchange")
     return list(item)
-
-
-_END = object()
 
 
 class ExchangeLoader:

@@ -81,6 +81,15 @@ def record_plan(global_indices, local_indices, spread: Optional[float]) -> None:
         _planned_spreads.append(spread)
 
 
+def record_exchange(stats) -> None:
+    """Called by the exchange loader on the consuming thread, once per exchanged micro-batch."""
+    if _config is not None and _config.profile is not None:
+        _planned_spreads.append(stats.predicted_spread)
+        rec = recorder()
+        if rec is not None:
+            rec.add(bytes_exchanged=int(stats.bytes_sent))
+
+
 def record_batch(batch: dict, *, read_samples: int, tagged: bool) -> None:
     """Called by the step's batch hook with the local batch of this step."""
     rec = recorder()

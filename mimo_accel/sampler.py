@@ -54,20 +54,26 @@ class ShardTag:
 
 _lock = threading.Lock()
 _context: Optional[ShardContext] = None
+_dp_group = None  # this rank's module DP process group (not part of the picklable context)
 
 
-def set_context(ctx: Optional[ShardContext]) -> None:
-    global _context
+def set_context(ctx: Optional[ShardContext], dp_group=None) -> None:
+    global _context, _dp_group
     with _lock:
-        _context = ctx
+        _context, _dp_group = ctx, dp_group
 
 
 def current_context() -> Optional[ShardContext]:
     return _context
 
 
-def context_from_grids(parallelism_config, grids) -> Optional[ShardContext]:
-    """This rank's ShardContext from the MIMO parallelism config and the module grids."""
+def current_dp_group():
+    return _dp_group
+
+
+def context_from_grids(parallelism_config, grids):
+    """(ShardContext, module DP group) of this rank from the MIMO parallelism config and grids;
+    (None, None) on a rank outside every module."""
     import torch.distributed as dist
 
     me = dist.get_rank()
@@ -81,8 +87,8 @@ def context_from_grids(parallelism_config, grids) -> Optional[ShardContext]:
             needs = name == MIMO_LANGUAGE_MODULE_KEY or pp_rank == 0
             return ShardContext(module=name, dp_rank=dp.rank(), dp_size=dp.size(),
                                 grid=canonical_grid(dp_sizes.values()), needs_data=needs,
-                                dp_sizes=dp_sizes)
-    return None
+                                dp_sizes=dp_sizes), dp
+    return None, None
 
 
 class ShardedBatchSampler:

@@ -84,10 +84,11 @@ def reference():
     return _summed_losses(run_ranks(_train, 2, 1, 1, {}, SPEC, deadline_s=300))
 
 
-@pytest.mark.parametrize("layout", [(2, 2), (1, 2), (2, 1), (4, 2)],
-                         ids=["one-to-one", "fan-out", "fan-in", "fan-in-v4-l2"])
-def test_accelerated_training_conserves_samples_and_matches_the_reference_loss(reference, layout):
-    accel = run_ranks(_train, sum(layout), *layout, ALL, SPEC, deadline_s=300)
+@pytest.mark.parametrize("layout,features", [((2, 2), ALL), ((1, 2), ALL), ((2, 1), ALL), ((4, 2), ALL),
+                                             ((2, 1), dict(ALL, reorder_mode="exchange"))],
+                         ids=["one-to-one", "fan-out", "fan-in", "fan-in-v4-l2", "exchange-fan-in"])
+def test_accelerated_training_conserves_samples_and_matches_the_reference_loss(reference, layout, features):
+    accel = run_ranks(_train, sum(layout), *layout, features, SPEC, deadline_s=300)
     _check_conservation(accel, layout)
     for r in accel:
         assert r["with_grad"] == r["total"] > 0, f"{r['module']}: parameters without gradient"

@@ -20,7 +20,7 @@ def _sampling_info(original: Callable, cfg: AccelConfig) -> Callable:
     @functools.wraps(original)
     def get_megatron_mimo_sampling_info(megatron_mimo_cfg, grids, *args, **kwargs):
         result = original(megatron_mimo_cfg, grids, *args, **kwargs)
-        sampler.set_context(sampler.context_from_grids(megatron_mimo_cfg, grids))
+        sampler.set_context(*sampler.context_from_grids(megatron_mimo_cfg, grids))
         return result
 
     return get_megatron_mimo_sampling_info
@@ -41,6 +41,15 @@ def _pretraining_loader(original: Callable, cfg: AccelConfig) -> Callable:
         # Only MIMO's global loaders (sampler dp_size=1 after a MIMO sampling-info lookup) are sharded.
         if loader is None or ctx is None or a["data_parallel_size"] != 1 or a["dataloader_type"] == "external":
             return loader
+        from mimo_accel import instrument
+
+        if cfg.reorder and cfg.reorder_mode == "exchange":
+            from mimo_accel.exchange import exchange_shard_loader
+            from mimo_accel.planner import cost_model_for
+
+            return exchange_shard_loader(loader, ctx, a["micro_batch_size"], sampler.current_dp_group(),
+                                         cost_model=cost_model_for(cfg.cost_model),
+                                         on_exchange=instrument.record_exchange)
         planner = None
         if cfg.reorder:
             from mimo_accel.planner import CostIndexPlanner, cost_index_for, cost_model_for
@@ -49,8 +58,6 @@ def _pretraining_loader(original: Callable, cfg: AccelConfig) -> Callable:
             planner = CostIndexPlanner(cost_index_for(a["dataset"], cfg.cost_index),
                                        cost_model_for(cfg.cost_model), ctx.grid,
                                        vision_groups=max(modality_dps) if modality_dps else None)
-        from mimo_accel import instrument
-
         return sampler.shard_loader(loader, ctx, a["micro_batch_size"], planner=planner,
                                     on_batch=instrument.record_plan, window=cfg.reorder_window)
 

@@ -1,0 +1,325 @@
+"""`mimo-accel index`: build the per-sample cost index that plan-before-read reordering needs.
+
+The index is built once, from a manifest or an in-memory dataset, and stored beside the dataset;
+the planner then costs any sample without decoding it (:class:`mimo_accel.costs.CostIndex`).
+
+Manifest format (JSON Lines, one object per sample, in dataset order; blank lines are skipped)::
+
+    {"images": ["imgs/a.jpg", "imgs/b.png"], "tokens": 412}
+    {"image_sizes": [[480, 640]], "text": "Describe the picture ..."}
+    {"tokens": 96}
+
+- ``images``: image files, relative to the manifest's directory (absolute paths work too). Their
+  sizes are read from the file headers only (PNG, JPEG, GIF, BMP, WebP; Pillow for other formats
+  when installed), never decoded; many files are read in parallel by a thread pool.
+- ``image_sizes``: ``[height, width]`` pairs in pixels, when the sizes are already known.
+- At most one of ``images`` / ``image_sizes``; neither (or an empty list) means a text-only sample.
+- ``tokens``: the sample's real text tokens, or ``text``: tokens are then *estimated* as
+  ``ceil(len(text) / 4)`` (about four characters per token for English BPE vocabularies). Give
+  ``tokens`` when you have them: the estimate only matters if the cost model weighs tokens.
+
+Vision patches come from the processor's resize rule (:class:`mimo_accel.costs.ResizeRule`,
+Qwen2-VL's ``smart_resize``), so pass the rule of the processor you train with.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence
+
+import numpy as np
+
+from mimo_accel.costs import CostIndex, ResizeRule, SampleShape, image_size_from_header
+
+__all__ = [
+    "INDEX_SUFFIX",
+    "ManifestError",
+    "build_index_from_dataset",
+    "build_index_from_manifest",
+    "default_index_path",
+    "main",
+    "read_manifest",
+    "summarize",
+]
+
+INDEX_SUFFIX = ".mimo-cost-index.npz"
+CHARS_PER_TOKEN = 4
+# Below this many distinct image files, a thread pool costs more than it saves.
+_PARALLEL_FROM = 64
+
+
+class ManifestError(ValueError):
+    """A manifest line that cannot be indexed; the message names the file and line."""
+
+
+def default_index_path(manifest: str | os.PathLike[str]) -> Path:
+    """Where the index of ``manifest`` goes by default: ``<manifest>.mimo-cost-index.npz``."""
+    manifest = Path(manifest)
+    return manifest.with_name(manifest.name + INDEX_SUFFIX)
+
+
+def estimate_tokens(text: str) -> int:
+    """Tokens of ``text`` estimated as ``ceil(len(text) / 4)``."""
+    return math.ceil(len(text) / CHARS_PER_TOKEN)
+
+
+# ----------------------------------------------------------------------------------------------
+# Manifest
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Entry:
+    line: int  # 1-based line number in the manifest
+    images: tuple[Path, ...]  # files whose headers give the sizes
+    sizes: tuple[tuple[int, int], ...]  # sizes given in the manifest
+    tokens: int
+
+
+def _parse_line(text: str, line: int, where: str, base: Path) -> _Entry:
+    def bad(msg: str) -> ManifestError:
+        return ManifestError(f"{where}:{line}: {msg}")
+
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise bad(f"not valid JSON ({exc.msg} at column {exc.colno})") from None
+    if not isinstance(doc, dict):
+        raise bad(f"expected a JSON object per line, got {type(doc).__name__}")
+    if "images" in doc and "image_sizes" in doc:
+        raise bad("give either \"images\" (files) or \"image_sizes\" ([h, w] pairs), not both")
+    images: list[Path] = []
+    sizes: list[tuple[int, int]] = []
+    if "images" in doc:
+        raw = doc["images"]
+        if not isinstance(raw, list) or not all(isinstance(p, str) and p for p in raw):
+            raise bad("\"images\" must be a list of file paths (strings, relative to the manifest)")
+        images = [base / p for p in raw]
+    if "image_sizes" in doc:
+        raw = doc["image_sizes"]
+        ok = isinstance(raw, list) and all(
+            isinstance(s, list) and len(s) == 2
+            and all(isinstance(x, int) and not isinstance(x, bool) and x >= 1 for x in s) for s in raw)
+        if not ok:
+            raise bad("\"image_sizes\" must be a list of [height, width] pairs of positive integers")
+        sizes = [(s[0], s[1]) for s in raw]
+    if "tokens" in doc:
+        tokens = doc["tokens"]
+        if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 0:
+            raise bad(f"\"tokens\" must be a non-negative integer, got {tokens!r}")
+    elif "text" in doc:
+        if not isinstance(doc["text"], str):
+            raise bad("\"text\" must be a string")
+        tokens = estimate_tokens(doc["text"])
+    else:
+        raise bad("each sample needs \"tokens\" (its real text tokens) or \"text\" (tokens estimated "
+                  f"as len(text)/{CHARS_PER_TOKEN})")
+    return _Entry(line, tuple(images), tuple(sizes), tokens)
+
+
+def read_manifest(path: str | os.PathLike[str]) -> list[_Entry]:
+    """Parse and check every line of a manifest (no image is opened)."""
+    path = Path(path)
+    try:
+        f = open(path, encoding="utf-8")
+    except FileNotFoundError:
+        raise ManifestError(f"{path}: manifest not found") from None
+    entries = []
+    base = path.parent
+    with f:
+        for line_no, text in enumerate(f, start=1):
+            if text.strip():
+                entries.append(_parse_line(text, line_no, str(path), base))
+    if not entries:
+        raise ManifestError(f"{path}: the manifest has no samples (one JSON object per line)")
+    return entries
+
+
+def _header_size(item: tuple[str, int, Path]) -> tuple[int, int]:
+    where, line, image = item
+    try:
+        return image_size_from_header(image)
+    except FileNotFoundError:
+        raise ManifestError(f"{where}:{line}: image not found: {image}") from None
+    except (OSError, ValueError) as exc:
+        raise ManifestError(f"{where}:{line}: cannot read the image size: {exc}") from None
+
+
+def _read_sizes(entries: Sequence[_Entry], where: str, workers: Optional[int]) -> dict[Path, tuple[int, int]]:
+    """Header sizes of every distinct image file, keyed by path; errors name the first bad line."""
+    first_use: dict[Path, int] = {}
+    for e in entries:
+        for image in e.images:
+            first_use.setdefault(image, e.line)
+    items = [(where, line, image) for image, line in first_use.items()]
+    if workers is not None and workers < 1:
+        raise ValueError(f"workers must be >= 1, got {workers}")
+    if len(items) < _PARALLEL_FROM or workers == 1:
+        sizes = [_header_size(item) for item in items]
+    else:
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="mimo-accel-index") as pool:
+            # map() yields in order, so the error raised is the one of the earliest line.
+            sizes = list(pool.map(_header_size, items, chunksize=16))
+    return dict(zip(first_use, sizes))
+
+
+def _shapes_to_index(shapes: Sequence[SampleShape], rule: ResizeRule, where: Callable[[int], str]) -> CostIndex:
+    try:
+        return CostIndex.from_shapes(shapes, rule)
+    except ValueError:
+        # Find the sample the rule refuses (e.g. aspect ratio above 200) and name it.
+        for i, shape in enumerate(shapes):
+            for h, w in shape.image_sizes:
+                try:
+                    rule.resized(h, w)
+                except ValueError as exc:
+                    raise ManifestError(f"{where(i)}: {exc}") from None
+        raise
+
+
+def build_index_from_manifest(path: str | os.PathLike[str], rule: Optional[ResizeRule] = None, *,
+                              workers: Optional[int] = None) -> CostIndex:
+    """The cost index of the samples a JSONL manifest lists (format: see the module docstring).
+
+    ``workers``: threads reading image headers (None: Python's default pool size; 1: serial).
+    Raises :class:`ManifestError` (a ValueError) naming the manifest line for a bad line, a missing
+    or unreadable image, or an image the resize rule refuses.
+    """
+    rule = ResizeRule() if rule is None else rule
+    entries = read_manifest(path)
+    sizes = _read_sizes(entries, str(path), workers)
+    shapes = [SampleShape(tuple(sizes[i] for i in e.images) + e.sizes, e.tokens) for e in entries]
+    return _shapes_to_index(shapes, rule, lambda i: f"{path}:{entries[i].line}")
+
+
+def build_index_from_dataset(dataset: Any, shape_fn: Callable[[int], SampleShape],
+                             rule: Optional[ResizeRule] = None) -> CostIndex:
+    """The cost index of an in-memory dataset: ``shape_fn(i)`` gives sample i's :class:`SampleShape`."""
+    rule = ResizeRule() if rule is None else rule
+    shapes = []
+    for i in range(len(dataset)):
+        shape = shape_fn(i)
+        if not isinstance(shape, SampleShape):
+            raise TypeError(f"shape_fn({i}) must return a SampleShape, got {type(shape).__name__}")
+        shapes.append(shape)
+    return _shapes_to_index(shapes, rule, lambda i: f"sample {i}")
+
+
+# ----------------------------------------------------------------------------------------------
+# Summary and CLI
+# ----------------------------------------------------------------------------------------------
+
+
+def summarize(index: CostIndex) -> dict[str, Any]:
+    """Counts and distributions of an index (what the CLI prints)."""
+    n = len(index)
+    everything = np.arange(n)
+    patches, images, tokens = index.patches(everything), index.images(everything), index.tokens(everything)
+    with_images = patches[images > 0]
+
+    def dist(values: np.ndarray) -> dict[str, float]:
+        if values.size == 0:
+            return {"p50": 0, "p90": 0, "max": 0}
+        return {"p50": float(np.percentile(values, 50)), "p90": float(np.percentile(values, 90)),
+                "max": float(values.max())}
+
+    return {
+        "samples": n,
+        "images": int(images.sum()),
+        "text_only_samples": int((images == 0).sum()),
+        "text_only_fraction": float((images == 0).mean()) if n else 0.0,
+        "max_images_per_sample": int(images.max()) if n else 0,
+        "patches_per_image_sample": dist(with_images),
+        "tokens_per_sample": dist(tokens),
+        "total_patches": int(patches.sum()),
+        "rule": index.rule.to_dict(),
+    }
+
+
+def _parser() -> argparse.ArgumentParser:
+    d = ResizeRule()
+    p = argparse.ArgumentParser(
+        prog="mimo-accel index",
+        description="Build the per-sample cost index (plan-before-read reordering) from a JSONL manifest: "
+                    "one object per sample in dataset order, with \"images\" (paths relative to the "
+                    "manifest) or \"image_sizes\" ([h, w] pairs), and \"tokens\" or \"text\" "
+                    f"(tokens estimated as len(text)/{CHARS_PER_TOKEN}). Image sizes come from file "
+                    "headers; nothing is decoded.")
+    p.add_argument("manifest", help="the JSONL manifest")
+    p.add_argument("--out", help=f"where to write the index (default: <manifest>{INDEX_SUFFIX})")
+    p.add_argument("--patch-size", type=int, default=d.patch_size,
+                   help=f"vision patch size in pixels (default {d.patch_size}; Qwen3-VL uses 16)")
+    p.add_argument("--merge-size", type=int, default=d.merge_size, help=f"spatial merge size (default {d.merge_size})")
+    p.add_argument("--temporal-patch-size", type=int, default=d.temporal_patch_size,
+                   help=f"temporal patch size (default {d.temporal_patch_size})")
+    p.add_argument("--min-pixels", type=int, default=d.min_pixels, help=f"default {d.min_pixels}")
+    p.add_argument("--max-pixels", type=int, default=d.max_pixels, help=f"default {d.max_pixels}")
+    p.add_argument("--workers", type=int, default=None,
+                   help="threads reading image headers (default: Python's thread-pool default; 1 = serial)")
+    return p
+
+
+def _print_summary(console, summary: dict[str, Any], out: Path, seconds: float, workers: Optional[int]) -> None:
+    from rich.table import Table
+
+    table = Table(title="mimo-accel cost index", show_header=False, title_justify="left")
+    table.add_column("what", style="bold")
+    table.add_column("value")
+    pa, tk = summary["patches_per_image_sample"], summary["tokens_per_sample"]
+    r = summary["rule"]
+    table.add_row("samples", f"{summary['samples']:,}")
+    table.add_row("images", f"{summary['images']:,} (up to {summary['max_images_per_sample']} per sample)")
+    table.add_row("text-only samples", f"{summary['text_only_samples']:,} ({summary['text_only_fraction']:.1%})")
+    table.add_row("patches per sample with images",
+                  f"p50 {pa['p50']:,.0f} · p90 {pa['p90']:,.0f} · max {pa['max']:,.0f}")
+    table.add_row("tokens per sample", f"p50 {tk['p50']:,.0f} · p90 {tk['p90']:,.0f} · max {tk['max']:,.0f}")
+    table.add_row("resize rule", f"patch {r['patch_size']}, merge {r['merge_size']}, "
+                                 f"pixels [{r['min_pixels']:,}, {r['max_pixels']:,}]")
+    table.add_row("header-read threads", "default" if workers is None else str(workers))
+    table.add_row("time", f"{seconds:.2f} s")
+    table.add_row("written to", str(out))
+    console.print(table)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """``mimo-accel index MANIFEST [options]``: write the index, print a summary. Returns the exit code."""
+    from rich.console import Console
+    from rich.markup import escape
+
+    try:
+        args = _parser().parse_args(argv)
+    except SystemExit as exc:  # --help, or a usage error argparse already printed
+        return int(exc.code or 0)
+    err = Console(stderr=True, soft_wrap=True)  # never break a path in an error message
+    try:
+        rule = ResizeRule(patch_size=args.patch_size, merge_size=args.merge_size,
+                          temporal_patch_size=args.temporal_patch_size, min_pixels=args.min_pixels,
+                          max_pixels=args.max_pixels)
+        if args.workers is not None and args.workers < 1:
+            raise ValueError(f"--workers must be >= 1, got {args.workers}")
+    except ValueError as exc:
+        err.print(f"[bold red]mimo-accel index:[/] {escape(str(exc))}", highlight=False)
+        return 2
+    out = Path(args.out) if args.out else default_index_path(args.manifest)
+    start = time.perf_counter()
+    try:
+        index = build_index_from_manifest(args.manifest, rule, workers=args.workers)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        index.save(out)
+    except (ValueError, OSError) as exc:
+        err.print(f"[bold red]mimo-accel index:[/] {escape(str(exc))}", highlight=False)
+        return 1
+    _print_summary(Console(), summarize(index), out, time.perf_counter() - start, args.workers)
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

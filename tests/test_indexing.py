@@ -1,0 +1,256 @@
+"""`mimo-accel index`: cost index from a JSONL manifest (image headers only) or an in-memory dataset,
+round trip through the .npz file, errors that name the manifest line, and the CLI entry point."""
+
+from __future__ import annotations
+
+import json
+import math
+import struct
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from mimo_accel import indexing
+from mimo_accel.costs import CostIndex, CostModel, ResizeRule, SampleShape
+
+
+# ----------------------------------------------------------------------------------------------
+# Minimal image files, written by hand (Pillow is not guaranteed)
+# ----------------------------------------------------------------------------------------------
+
+
+def _png(path: Path, height: int, width: int) -> Path:
+    """A valid 8-bit grayscale PNG of height x width pixels."""
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    raw = b"".join(b"\x00" + bytes(width) for _ in range(height))  # filter byte + one row
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0))
+                     + chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b""))
+    return path
+
+
+def _jpeg(path: Path, height: int, width: int) -> Path:
+    """A JPEG header chain (SOI, APP0/JFIF, DQT, SOF0, EOI): what a header reader walks."""
+    app0 = b"JFIF\x00\x01\x01\x00\x00\x01\x00\x01\x00\x00"
+    dqt = b"\x00" + bytes(64)
+    sof = struct.pack(">BHHB", 8, height, width, 1) + b"\x01\x11\x00"
+
+    def seg(marker: int, body: bytes) -> bytes:
+        return bytes([0xFF, marker]) + struct.pack(">H", len(body) + 2) + body
+
+    path.write_bytes(b"\xff\xd8" + seg(0xE0, app0) + seg(0xDB, dqt) + seg(0xC0, sof) + b"\xff\xd9")
+    return path
+
+
+def _manifest(path: Path, lines) -> Path:
+    path.write_text("".join((json.dumps(line) if not isinstance(line, str) else line) + "\n" for line in lines))
+    return path
+
+
+@pytest.fixture
+def dataset_dir(tmp_path):
+    imgs = tmp_path / "imgs"
+    imgs.mkdir()
+    _png(imgs / "a.png", 480, 640)
+    _jpeg(imgs / "b.jpg", 1080, 1920)
+    _png(imgs / "c.png", 30, 40)
+    lines = [
+        {"images": ["imgs/a.png"], "tokens": 100},
+        {"images": ["imgs/b.jpg", "imgs/c.png"], "text": "x" * 10},
+        {"tokens": 7},
+        "",  # blank lines are skipped
+        {"image_sizes": [[224, 224], [448, 112]], "tokens": 3},
+        {"images": [], "text": ""},
+    ]
+    return _manifest(tmp_path / "train.jsonl", lines)
+
+
+EXPECTED = [  # (image sizes, tokens) of the samples in dataset_dir
+    ([(480, 640)], 100),
+    ([(1080, 1920), (30, 40)], 3),  # ceil(10 / 4)
+    ([], 7),
+    ([(224, 224), (448, 112)], 3),
+    ([], 0),
+]
+
+
+def _check(index: CostIndex, rule: ResizeRule, expected=EXPECTED):
+    assert len(index) == len(expected)
+    every = np.arange(len(expected))
+    for i, (sizes, tokens) in enumerate(expected):
+        p = [rule.patches(h, w) for h, w in sizes]
+        assert index.patches(every)[i] == sum(p)
+        assert index.sq_patches(every)[i] == sum(x * x for x in p)
+        assert index.images(every)[i] == len(sizes)
+        assert index.tokens(every)[i] == tokens
+    model = CostModel(a=1.0, b=0.001, c=0.5)
+    assert np.allclose(index.costs(every, model), [model.sample_cost([rule.patches(h, w) for h, w in s], t)
+                                                    for s, t in expected])
+
+
+# ----------------------------------------------------------------------------------------------
+# Library
+# ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("rule", [ResizeRule(), ResizeRule(patch_size=16, min_pixels=65536, max_pixels=16777216)],
+                         ids=["qwen2vl", "qwen3vl-like"])
+def test_manifest_index_matches_the_resize_rule_on_header_sizes(dataset_dir, rule):
+    _check(indexing.build_index_from_manifest(dataset_dir, rule), rule)
+
+
+def test_round_trip_through_the_saved_file(dataset_dir, tmp_path):
+    rule = ResizeRule(patch_size=16)
+    index = indexing.build_index_from_manifest(dataset_dir, rule)
+    out = indexing.default_index_path(dataset_dir)
+    assert out.name == "train.jsonl.mimo-cost-index.npz" and out.parent == dataset_dir.parent
+    index.save(out)
+    back = CostIndex.load(out)
+    assert back.rule == rule
+    _check(back, rule)
+
+
+def test_parallel_header_reads_give_the_serial_result(tmp_path):
+    rng = np.random.default_rng(0)
+    lines, expected = [], []
+    for i in range(150):
+        h, w = (int(x) for x in rng.integers(20, 2000, size=2))
+        make = _png if i % 2 else _jpeg
+        make(tmp_path / f"{i}.img", h, w)
+        # every third sample reuses an earlier file: read once, counted per use
+        names = [f"{i}.img"] + ([f"{i - 1}.img"] if i % 3 == 0 and i else [])
+        lines.append({"images": names, "tokens": i})
+        expected.append(names)
+    manifest = _manifest(tmp_path / "m.jsonl", lines)
+    serial = indexing.build_index_from_manifest(manifest, workers=1)
+    parallel = indexing.build_index_from_manifest(manifest, workers=8)
+    every = np.arange(150)
+    for what in ("patches", "sq_patches", "images", "tokens"):
+        assert np.array_equal(getattr(serial, what)(every), getattr(parallel, what)(every))
+    assert parallel.images(every).sum() == sum(len(n) for n in expected)
+
+
+def test_dataset_index_from_shapes(tmp_path):
+    rule = ResizeRule()
+    shapes = [SampleShape(tuple(s), t) for s, t in EXPECTED]
+    index = indexing.build_index_from_dataset(list(range(len(shapes))), lambda i: shapes[i], rule)
+    _check(index, rule)
+    with pytest.raises(TypeError, match="must return a SampleShape"):
+        indexing.build_index_from_dataset([0], lambda i: ((1, 1), 3), rule)
+    with pytest.raises(ValueError, match="sample 1: .*aspect ratio"):
+        indexing.build_index_from_dataset([0, 1], lambda i: SampleShape(((10, 10 + 5000 * i),), 1), rule)
+
+
+def test_summary_counts():
+    rule = ResizeRule()
+    index = CostIndex.from_shapes([SampleShape(tuple(s), t) for s, t in EXPECTED], rule)
+    s = indexing.summarize(index)
+    assert s["samples"] == 5 and s["images"] == 5 and s["text_only_samples"] == 2
+    assert s["text_only_fraction"] == pytest.approx(0.4) and s["max_images_per_sample"] == 2
+    per = sorted(sum(rule.patches(h, w) for h, w in sz) for sz, _ in EXPECTED if sz)
+    assert s["patches_per_image_sample"]["max"] == per[-1]
+    assert s["patches_per_image_sample"]["p50"] == pytest.approx(float(np.percentile(per, 50)))
+
+
+def test_text_tokens_are_estimated_as_a_quarter_of_the_characters():
+    assert [indexing.estimate_tokens("x" * n) for n in (0, 1, 4, 5, 400)] == [0, 1, 1, 2, 100]
+
+
+# ----------------------------------------------------------------------------------------------
+# Errors name the manifest line
+# ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("line, message", [
+    ("{not json", "not valid JSON"),
+    ("[1, 2]", "expected a JSON object"),
+    ({"images": ["a.png"], "image_sizes": [[1, 1]], "tokens": 1}, "not both"),
+    ({"images": "a.png", "tokens": 1}, "list of file paths"),
+    ({"image_sizes": [[0, 5]], "tokens": 1}, "positive integers"),
+    ({"image_sizes": [[5]], "tokens": 1}, "height, width"),
+    ({"image_sizes": [[5, 5]]}, "needs \"tokens\""),
+    ({"tokens": -1}, "non-negative integer"),
+    ({"tokens": True}, "non-negative integer"),
+    ({"text": 5}, "\"text\" must be a string"),
+    ({"images": ["missing.png"], "tokens": 1}, "image not found: .*missing.png"),
+    ({"images": ["junk.bin"], "tokens": 1}, "cannot read the image size"),
+    ({"image_sizes": [[10, 5000]], "tokens": 1}, "aspect ratio"),
+])
+def test_bad_lines_are_named(tmp_path, line, message):
+    (tmp_path / "junk.bin").write_bytes(b"\x00" * 64)
+    _png(tmp_path / "ok.png", 10, 10)
+    manifest = _manifest(tmp_path / "m.jsonl", [{"images": ["ok.png"], "tokens": 1}, {"tokens": 2}, "", line])
+    with pytest.raises(indexing.ManifestError, match=f"m.jsonl:4: .*{message}"):
+        indexing.build_index_from_manifest(manifest)
+
+
+def test_missing_or_empty_manifest(tmp_path):
+    with pytest.raises(indexing.ManifestError, match="manifest not found"):
+        indexing.build_index_from_manifest(tmp_path / "nope.jsonl")
+    with pytest.raises(indexing.ManifestError, match="no samples"):
+        indexing.build_index_from_manifest(_manifest(tmp_path / "empty.jsonl", ["", "  "]))
+
+
+def test_the_earliest_bad_line_is_reported_with_parallel_reads(tmp_path):
+    lines = []
+    for i in range(100):
+        _png(tmp_path / f"{i}.png", 20 + i, 30)
+        lines.append({"images": [f"{i}.png"], "tokens": 1})
+    lines[40] = {"images": ["gone-40.png"], "tokens": 1}
+    lines[70] = {"images": ["gone-70.png"], "tokens": 1}
+    manifest = _manifest(tmp_path / "m.jsonl", lines)
+    with pytest.raises(indexing.ManifestError, match="m.jsonl:41: image not found"):
+        indexing.build_index_from_manifest(manifest, workers=8)
+
+
+# ----------------------------------------------------------------------------------------------
+# CLI
+# ----------------------------------------------------------------------------------------------
+
+
+def test_cli_writes_the_index_beside_the_manifest_and_prints_a_summary(dataset_dir, capsys):
+    assert indexing.main([str(dataset_dir)]) == 0
+    out = dataset_dir.parent / "train.jsonl.mimo-cost-index.npz"
+    _check(CostIndex.load(out), ResizeRule())
+    text = capsys.readouterr().out
+    assert "samples" in text and "text-only samples" in text and "40.0%" in text
+    assert "p50" in text and "p90" in text and "time" in text
+
+
+def test_cli_options_reach_the_rule_and_out_path(dataset_dir, tmp_path, capsys):
+    out = tmp_path / "sub" / "idx.npz"
+    argv = [str(dataset_dir), "--out", str(out), "--patch-size", "16", "--merge-size", "2",
+            "--min-pixels", "65536", "--max-pixels", "16777216", "--workers", "2"]
+    assert indexing.main(argv) == 0
+    rule = ResizeRule(patch_size=16, min_pixels=65536, max_pixels=16777216)
+    index = CostIndex.load(out)
+    assert index.rule == rule
+    _check(index, rule)
+
+
+def test_cli_errors_are_reported_with_an_exit_code(tmp_path, capsys):
+    bad = _manifest(tmp_path / "bad.jsonl", [{"images": ["nowhere.png"], "tokens": 1}])
+    assert indexing.main([str(bad)]) == 1
+    err = capsys.readouterr().err
+    assert "bad.jsonl:1" in err and "image not found" in err
+    assert not indexing.default_index_path(bad).exists()
+    assert indexing.main([str(bad), "--min-pixels", "10", "--max-pixels", "5"]) == 2
+    assert "exceeds max_pixels" in capsys.readouterr().err
+    assert indexing.main([str(bad), "--workers", "0"]) == 2
+    assert indexing.main(["--patch-size"]) == 2  # argparse usage error
+    assert indexing.main(["--help"]) == 0
+
+
+def test_pillow_written_files_agree_with_the_header_reader(tmp_path):
+    from PIL import Image  # Pillow comes with matplotlib (a declared dependency)
+    for fmt, ext in (("JPEG", "jpg"), ("PNG", "png"), ("WEBP", "webp"), ("GIF", "gif"), ("BMP", "bmp")):
+        Image.new("RGB", (123, 45)).save(tmp_path / f"x.{ext}", fmt)
+    manifest = _manifest(tmp_path / "m.jsonl", [{"images": [f"x.{e}"], "tokens": 1}
+                                                for e in ("jpg", "png", "webp", "gif", "bmp")])
+    rule = ResizeRule()
+    index = indexing.build_index_from_manifest(manifest, rule)
+    assert index.patches(np.arange(5)).tolist() == [rule.patches(45, 123)] * 5
+    assert math.isfinite(float(index.costs(np.arange(5), CostModel()).sum()))
