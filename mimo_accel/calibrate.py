@@ -45,6 +45,7 @@ from rich.table import Table
 
 from mimo_accel.costs import CostModel
 from mimo_accel.profiler import NoProfileData, Run, read_run
+from mimo_accel.profiler import record_number as _num
 
 __all__ = ["FEATURES", "CalibrationError", "fit", "main", "nnls", "observations", "render"]
 
@@ -91,17 +92,6 @@ def nnls(x: np.ndarray, y: np.ndarray) -> np.ndarray:
 
 
 # ---------------------------------------------------------------------------------- fitting
-
-
-def _num(rec: dict[str, Any], key: str) -> float | None:
-    v = rec.get(key)
-    if v is None or isinstance(v, bool):
-        return None
-    try:
-        f = float(v)
-    except (TypeError, ValueError):
-        return None
-    return f if math.isfinite(f) else None
 
 
 def observations(run: Run, *, warmup: int = 1) -> dict[str, Any]:

@@ -39,8 +39,8 @@ def record_language_rows(batch: dict, token_ids) -> None:
     ids = batch.get("input_ids")
     if ids is None or ids.dim() != 2 or not token_ids:
         return
-    counts = sum((ids == t).sum(dim=1) for t in token_ids)
-    _queue().append([int(c) for c in counts.tolist()])
+    # Kept on the device: read back only when the gradient is split (the bridge syncs there anyway).
+    _queue().append(sum((ids == t).sum(dim=1) for t in token_ids))
 
 
 def pending_rows() -> int:
@@ -81,7 +81,7 @@ def wrap_split_at_batch_dim(original: Callable) -> Callable:
                     "mimo_accel fan-in: a gradient is being split back to the vision replicas but no "
                     "language micro-batch row counts were recorded; refusing an equal split that could "
                     "mis-assign gradients between samples")
-            rows = q.popleft()
+            rows = [int(c) for c in q.popleft().tolist()]
             if sum(rows) != aggregated_tensor.shape[self._batch_dim] or len(rows) % num_splits:
                 raise RuntimeError(
                     f"mimo_accel fan-in: recorded rows {rows} (sum {sum(rows)}) do not match the gradient's "

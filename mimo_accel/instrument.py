@@ -25,6 +25,9 @@ _recorder = None
 _timers: dict[int, Any] = {}
 _config: Optional[AccelConfig] = None
 _planned_spreads: collections.deque = collections.deque()
+# Device-side counts of the current step, read back once at the step's end (the optimizer step has
+# synchronised by then), so profiling adds no host sync per micro-batch.
+_pending_counts: list = []
 
 
 def _label(cfg: AccelConfig) -> str:
@@ -69,6 +72,7 @@ def close() -> None:
             timer.remove()
         _timers.clear()
         _planned_spreads.clear()
+        _pending_counts.clear()
         if _recorder is not None:
             _recorder.close()
         _recorder = None
@@ -98,8 +102,9 @@ def record_batch(batch: dict, *, read_samples: int, tagged: bool) -> None:
     ids = batch.get("input_ids")
     mask = batch.get("attention_mask")
     samples = int(ids.size(0)) if ids is not None and ids.dim() == 2 else 0
-    tokens = int(mask.sum()) if mask is not None else 0
-    rec.add(samples=samples, tokens=tokens, samples_read=read_samples)
+    rec.add(samples=samples, samples_read=read_samples)
+    if mask is not None:
+        _pending_counts.append(("tokens", mask.sum()))
     if tagged and _planned_spreads:
         spread = _planned_spreads.popleft()
         if spread is not None:
@@ -119,8 +124,8 @@ def wrap_encode(original: Callable) -> Callable:
                 grid = (encoders_data_batch.get(name) or {}).get("grid_thw")
                 if grid is not None and grid.numel():
                     per_image = grid.prod(dim=-1)
-                    rec.add(images=int(grid.size(0)), patches=int(per_image.sum()),
-                            sq_patches=int((per_image * per_image).sum()))
+                    rec.add(images=int(grid.size(0)))
+                    _pending_counts.extend((("patches", per_image.sum()), ("sq_patches", (per_image * per_image).sum())))
         return original(self, encoders_data_batch, *args, **kwargs)
 
     return encode
@@ -134,6 +139,9 @@ def wrap_optimizer_step(original: Callable, cfg: AccelConfig) -> Callable:
         result = original(self, *args, **kwargs)
         rec = recorder()
         if rec is not None:
+            for name, value in _pending_counts:
+                rec.add(**{name: int(value)})
+            _pending_counts.clear()
             rec.end_step()
         return result
 

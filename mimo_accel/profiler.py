@@ -561,6 +561,18 @@ def attach_module_timer(module: Any, recorder: Recorder, name: str = "vision") -
 # --------------------------------------------------------------------------------------- reader
 
 
+def record_number(rec: dict[str, Any], key: str) -> float | None:
+    """A finite number from a profile record, or None (missing, null, not a number, NaN/inf)."""
+    v = rec.get(key)
+    if v is None or isinstance(v, bool):
+        return None
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return None
+    return f if math.isfinite(f) else None
+
+
 @dataclass
 class RankLog:
     """One rank's file: its header (``None`` if missing) and its step records, in file order."""

@@ -77,6 +77,7 @@ from typing import Any
 import numpy as np
 
 from mimo_accel.costs import CostIndex, CostModel, ResizeRule, SampleShape
+from mimo_accel.layout import MimoLayout, ModuleLayout
 
 __all__ = [
     "PROFILES_DIR",
@@ -85,7 +86,7 @@ __all__ = [
     "REHEARSAL_MAX_SEQ_LENGTH",
     "Dist",
     "Layout",
-    "ModuleShape",
+    "ModuleLayout",
     "Profile",
     "ProfileError",
     "Rehearsal",
@@ -169,24 +170,11 @@ class Dist:
 
 
 @dataclass(frozen=True)
-class ModuleShape:
-    """One module's parallel sizes (context parallel is 1: BridgeCommunicator needs CP = 1)."""
-
-    tp: int = 1
-    pp: int = 1
-    dp: int = 1
-
-    @property
-    def size(self) -> int:
-        return self.tp * self.pp * self.dp
-
-
-@dataclass(frozen=True)
 class Layout:
     """A non-colocated layout: vision and language modules on their own ranks."""
 
-    vision: ModuleShape
-    language: ModuleShape
+    vision: ModuleLayout
+    language: ModuleLayout
     micro_batch_size: int
     seq_length: int
 
@@ -199,12 +187,8 @@ class Layout:
     def world_size(self) -> int:
         return self.vision.size + self.language.size
 
-    def to_mimo_layout(self) -> Any:
-        """The same layout as :class:`mimo_accel.testing.MimoLayout` (imports the test harness)."""
-        from mimo_accel.testing import MimoLayout, ModuleLayout
-
-        v, lang = self.vision, self.language
-        return MimoLayout(ModuleLayout(v.tp, v.pp, v.dp), ModuleLayout(lang.tp, lang.pp, lang.dp))
+    def to_mimo_layout(self) -> MimoLayout:
+        return MimoLayout(self.vision, self.language)
 
 
 @dataclass(frozen=True)
@@ -531,9 +515,9 @@ class _Checker:
         order = sorted(range(len(counts)), key=counts.__getitem__)
         return Dist("choice", tuple(counts[i] for i in order), tuple(p[i] for i in order))
 
-    def module(self, value: Any, key: str) -> ModuleShape:
+    def module(self, value: Any, key: str) -> ModuleLayout:
         t = self.table(value, key, {"tp", "pp", "dp"}, {"dp"})
-        return ModuleShape(*(self.integer(t.get(k, 1), f"{key}.{k}", 1) for k in ("tp", "pp", "dp")))
+        return ModuleLayout(*(self.integer(t.get(k, 1), f"{key}.{k}", 1) for k in ("tp", "pp", "dp")))
 
     def layout(self, t: dict[str, Any], key: str) -> Layout:
         vision = self.module(t["vision"], f"{key}.vision")

@@ -25,7 +25,7 @@ import shutil
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
@@ -145,7 +145,7 @@ def rehearse(profile_name: str, *, steps: Optional[int] = None, out_dir: Optiona
     from mimo_accel import report
     from mimo_accel.profiler import read_run
     from mimo_accel.profiles import load_profile
-    from mimo_accel.testing import MimoLayout, ModuleLayout, RankFailure
+    from mimo_accel.testing import MimoLayout, RankFailure
 
     console = console or Console()
     profile = load_profile(profile_name)
@@ -153,7 +153,7 @@ def rehearse(profile_name: str, *, steps: Optional[int] = None, out_dir: Optiona
     steps = steps or r.steps
     micro_batch, seq_length = r.layout.micro_batch_size, r.layout.seq_length
     v, lang = r.layout.vision, r.layout.language
-    layout = MimoLayout(ModuleLayout(v.tp, v.pp, vision_dp or v.dp), ModuleLayout(lang.tp, lang.pp, language_dp or lang.dp))
+    layout = MimoLayout(replace(v, dp=vision_dp or v.dp), replace(lang, dp=language_dp or lang.dp))
     samples = profile.rehearsal_shapes(steps * micro_batch, seed)
     spec = TableSpec(tuple((s.images, s.text_tokens) for s in samples))
     model_kw = dict(vision_hidden=64, vision_layers=2, merge=r.merge_size)

@@ -36,6 +36,7 @@ from rich.table import Table
 from rich.text import Text
 
 from mimo_accel.profiler import NoProfileData, Run, read_run
+from mimo_accel.profiler import record_number as _num
 
 __all__ = ["REPORT_FORMAT", "compare", "main", "render", "summarize", "write_png"]
 
@@ -85,17 +86,6 @@ def _stats(values: Sequence[float]) -> dict[str, float | int | None]:
         "p99": _pct(values, 99),
         "max": max(values) if values else None,
     }
-
-
-def _num(rec: dict[str, Any], key: str) -> float | None:
-    v = rec.get(key)
-    if v is None or isinstance(v, bool):
-        return None
-    try:
-        f = float(v)
-    except (TypeError, ValueError):
-        return None
-    return f if math.isfinite(f) else None
 
 
 def _vision_time(rec: dict[str, Any]) -> float | None:
