@@ -15,6 +15,8 @@ of ``B`` samples:
 
     python benchmarks/bench_packing.py [--batch 8] [--steps 200] [--device cpu|cuda] [--threads 1]
 
+The last rows are the shipped workload profiles (profiles/*.toml).
+
 Pack times include deriving the lengths from attention_mask (one device -> host copy).
 """
 
@@ -72,6 +74,22 @@ WORKLOADS = [
 ]
 
 
+def _profile_workloads() -> list[Workload]:
+    """The shipped workload profiles (profiles/*.toml): real tokens per sample (image tokens after
+    the model's resize rule + text), padded to the profile's seq_length."""
+    from mimo_accel.profiles import list_profiles, load_profile
+
+    out = []
+    for name in sorted(list_profiles()):
+        prof = load_profile(name)
+
+        def draw(rng: np.random.Generator, b: int, prof=prof) -> np.ndarray:
+            return prof.sample_table(b, int(rng.integers(1 << 31))).tokens.astype(np.int64)
+
+        out.append(Workload(f"profile {name}", prof.layout.seq_length, True, draw))
+    return out
+
+
 def make_shard(lengths: np.ndarray, seq_len: int, mrope: bool, device: str) -> dict:
     b = len(lengths)
     real = torch.arange(seq_len)[None, :] < torch.as_tensor(lengths)[:, None]
@@ -106,7 +124,7 @@ def time_pack(shards: list[dict], device: str, **kwargs) -> float:
 
 def run(batch: int, steps: int, device: str, seed: int) -> list[dict]:
     rows = []
-    for w in WORKLOADS:
+    for w in WORKLOADS + _profile_workloads():
         rng = np.random.default_rng(seed)
         draws = [w.draw(rng, batch) for _ in range(steps)]
         tight = [plan_packing(d, w.seq_length) for d in draws]
@@ -145,7 +163,7 @@ def run(batch: int, steps: int, device: str, seed: int) -> list[dict]:
 def print_table(rows: list[dict], batch: int, device: str) -> None:
     cols = list(rows[0])
     fmt = {
-        "workload": "{:<17}", "S": "{:>5}", "mean len": "{:>8.0f}", "B*S": "{:>6}",
+        "workload": "{:<20}", "S": "{:>5}", "mean len": "{:>8.0f}", "B*S": "{:>6}",
         "B*max": "{:>6.0f}", "T k=1": "{:>6.0f}", "T aligned": "{:>9.0f}",
         "pad before": "{:>10.1%}", "saved k=1": "{:>9.1%}", "saved aligned": "{:>13.1%}",
         "align pad": "{:>9.2%}", "attn ratio": "{:>10.3f}", "pack us k=1": "{:>11.0f}",
