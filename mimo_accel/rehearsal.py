@@ -156,7 +156,7 @@ def rehearse(profile_name: str, *, steps: Optional[int] = None, out_dir: Optiona
     layout = MimoLayout(replace(v, dp=vision_dp or v.dp), replace(lang, dp=language_dp or lang.dp))
     samples = profile.rehearsal_shapes(steps * micro_batch, seed)
     spec = TableSpec(tuple((s.images, s.text_tokens) for s in samples))
-    model_kw = dict(vision_hidden=64, vision_layers=2, merge=r.merge_size)
+    model_kw = dict(vision_hidden=128, vision_layers=3, merge=r.merge_size)
     out = Path(out_dir or tempfile.mkdtemp(prefix="mimo-accel-rehearsal-"))
     console.print(f"[bold]mimo-accel rehearse[/bold] {profile.name}: {layout} on {layout.world_size} CPU ranks, "
                   f"{steps} steps x micro-batch {micro_batch}, profiles in {out}")
