@@ -43,10 +43,6 @@ def record_language_rows(batch: dict, token_ids) -> None:
     _queue().append(sum((ids == t).sum(dim=1) for t in token_ids))
 
 
-def pending_rows() -> int:
-    return len(_queue())
-
-
 def clear() -> None:
     _queue().clear()
 

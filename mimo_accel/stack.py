@@ -17,8 +17,7 @@ Two things are the project's own, because nothing upstream fits on a CPU:
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence
 
 import torch
@@ -346,7 +345,6 @@ class Stack:
     pg_collection: Any
     module_to_grid_tuple: list
     optimizer: Any
-    role_module: str | None = field(default=None)
 
     def train_step(self, data_iterator, num_microbatches: int, micro_batch_size: int,
                    forward_step_func: Optional[Callable] = None):
@@ -454,12 +452,3 @@ class VariedSpec:
         imgs = tuple((sides[2 * k], sides[2 * k + 1]) for k in range(n))
         lo, hi = self.text_tokens
         return SampleSpec(imgs, int(torch.randint(lo, hi + 1, (1,), generator=g)))
-
-
-def max_tokens(spec: Callable[[int], SampleSpec], n: int, merge: int = 2) -> int:
-    return max(sum(image_rows(h, w, merge) for h, w in s.images) + s.text_tokens
-               for s in (spec(i) for i in range(n)))
-
-
-def ceil_to(x: int, k: int) -> int:
-    return int(math.ceil(x / k) * k)

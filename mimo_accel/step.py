@@ -16,7 +16,7 @@ import logging
 import threading
 import warnings
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Callable, Optional
 
 from mimo_accel.sampler import SHARD_TAG_KEY, ShardTag
 
@@ -42,10 +42,6 @@ _step = threading.local()
 
 def current_role() -> Optional[StepRole]:
     return getattr(_step, "role", None)
-
-
-def last_packing_stats():
-    return getattr(_step, "packing_stats", None)
 
 
 def role_of(mimo_model) -> Optional[StepRole]:
@@ -134,10 +130,8 @@ def pack_for_language_model(batch: dict, role: StepRole, pad_multiple: int) -> d
             "its length source on every language pipeline stage, but it is None. Keep the padding "
             "mask in the batch (Bridge's Qwen3.5-VL example keeps it when packing is on); the "
             "packer drops it before the model.")
-    packed, kwargs, stats = pack_language_shard(batch, pad_multiple=pad_multiple,
-                                                tp_size=role.sequence_parallel_size,
-                                                is_first_stage=role.is_first_stage,
-                                                return_stats=True)
+    packed, kwargs = pack_language_shard(batch, pad_multiple=pad_multiple,
+                                         tp_size=role.sequence_parallel_size,
+                                         is_first_stage=role.is_first_stage)
     packed["packing_kwargs"] = kwargs
-    _step.packing_stats = stats
     return packed

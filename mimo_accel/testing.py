@@ -17,9 +17,8 @@ import sys
 import tempfile
 import time
 import traceback
-from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 
 from mimo_accel.layout import LANGUAGE, VISION, MimoLayout, ModuleLayout  # noqa: F401  (re-exported)
 
@@ -194,8 +193,3 @@ def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any, deadline_s: f
                 p.kill()
         for p in procs:
             p.join(timeout=5)
-
-
-def ranks_of(layout: MimoLayout, module: str) -> Sequence[int]:
-    m, offset = layout.modules()[module]
-    return range(offset, offset + m.size)

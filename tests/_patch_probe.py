@@ -27,7 +27,7 @@ import megatron.bridge.data.megatron_mimo.dp_utils as dp_utils  # noqa: E402
 import megatron.bridge.data.megatron_mimo.loaders as loaders  # noqa: E402
 import megatron.bridge.data.samplers as samplers  # noqa: E402
 import megatron.bridge.training.megatron_mimo_step as step  # noqa: E402
-import megatron.bridge.training.pretrain_megatron_mimo as pretrain  # noqa: E402
+import megatron.bridge.training.pretrain_megatron_mimo as pretrain  # noqa: E402,F401  (its import hook)
 
 SITES = {
     "slice": [dp_utils, step, pkg],

@@ -13,7 +13,6 @@ from functools import partial
 from types import SimpleNamespace
 
 import pytest
-import torch
 
 from mimo_accel import stack as st
 from mimo_accel.testing import LANGUAGE, VISION, MimoLayout, module_of_rank, run_ranks

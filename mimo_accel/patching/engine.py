@@ -218,7 +218,3 @@ def status() -> dict:
             "waiting_for_import": pending,
             "notes": list(_state.notes),
         }
-
-
-def is_patched(owner: Any, name: str) -> bool:
-    return any(s.owner is owner and s.name == name for s in _swaps)
