@@ -1,0 +1,1 @@
+"""The launcher's sitecustomize directory (put on PYTHONPATH by `mimo-accel run`)."""
