@@ -94,15 +94,17 @@ def record_exchange(stats) -> None:
             rec.add(bytes_exchanged=int(stats.bytes_sent))
 
 
-def record_batch(batch: dict, *, read_samples: int, tagged: bool) -> None:
-    """Called by the step's batch hook with the local batch of this step."""
+def record_batch(batch: dict, *, read_samples: int, read_bytes: int = 0, tagged: bool) -> None:
+    """Called by the step's batch hook with the local batch of this step. ``read_bytes``: tensor
+    bytes of the batch as it reached the step (the whole micro-batch upstream, the share when
+    sharded); on language ranks upstream has already dropped the raw images by then."""
     rec = recorder()
     if rec is None:
         return
     ids = batch.get("input_ids")
     mask = batch.get("attention_mask")
     samples = int(ids.size(0)) if ids is not None and ids.dim() == 2 else 0
-    rec.add(samples=samples, samples_read=read_samples)
+    rec.add(samples=samples, samples_read=read_samples, bytes_read=read_bytes)
     if mask is not None:
         _pending_counts.append(("tokens", mask.sum()))
     if tagged and _planned_spreads:

@@ -80,6 +80,7 @@ def make_local_batch_fn(upstream_slice: Callable, *, sharded_reads: bool, packin
 
     def local_batch_for_megatron_mimo(batch: dict, dp_rank: int, dp_size: int) -> dict:
         tag: Optional[ShardTag] = batch.pop(SHARD_TAG_KEY, None) if isinstance(batch, dict) else None
+        loaded_bytes = _tensor_bytes(batch) if profile else 0
         if tag is not None:
             if (tag.dp_rank, tag.dp_size) != (dp_rank, dp_size):
                 raise RuntimeError(
@@ -106,7 +107,7 @@ def make_local_batch_fn(upstream_slice: Callable, *, sharded_reads: bool, packin
         if profile:
             from mimo_accel import instrument
 
-            instrument.record_batch(local, read_samples=read, tagged=tag is not None)
+            instrument.record_batch(local, read_samples=read, read_bytes=loaded_bytes, tagged=tag is not None)
         if packing:
             if role is not None and role.is_language:
                 local = pack_for_language_model(local, role, pad_multiple)
@@ -114,6 +115,17 @@ def make_local_batch_fn(upstream_slice: Callable, *, sharded_reads: bool, packin
 
     local_batch_for_megatron_mimo.__wrapped__ = upstream_slice
     return local_batch_for_megatron_mimo
+
+
+def _tensor_bytes(obj) -> int:
+    """Bytes of the tensors in a (nested) batch: what this rank loaded for the step (metadata only)."""
+    if hasattr(obj, "element_size") and hasattr(obj, "numel"):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, dict):
+        return sum(_tensor_bytes(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(_tensor_bytes(v) for v in obj)
+    return 0
 
 
 def _batch_size(batch: dict) -> int:

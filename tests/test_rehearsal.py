@@ -32,7 +32,9 @@ def test_rehearsal_of_each_profile(profile, tmp_path):
     reads_after = doc["report"]["after"]["samples_read_per_rank"]
     total = lambda reads: sum(reads.values()) if isinstance(reads, dict) else sum(reads)  # noqa: E731
     if result["before_label"] == "baseline":
-        assert total(reads_after) < total(reads_before)  # sharded reads read less than upstream
+        # sharded reads read less than upstream, in samples and in bytes
+        assert total(reads_after) < total(reads_before)
+        assert doc["report"]["after"]["bytes_read_per_step"] < doc["report"]["before"]["bytes_read_per_step"]
     else:
         # upstream 0.6.2 cannot run this data at this layout; the message says why
         assert "upstream cannot run" in result["before_note"]
