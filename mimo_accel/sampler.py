@@ -33,7 +33,6 @@ class ShardContext:
     dp_rank: int
     dp_size: int
     grid: int
-    needs_data: bool
     dp_sizes: dict = field(default_factory=dict)  # every module's DP size (what G came from)
 
     @property
@@ -81,13 +80,8 @@ def context_from_grids(parallelism_config, grids):
     for name, grid in grids.items():
         if grid.rank_offset <= me < grid.rank_offset + grid.size:
             dp = grid.get_pg(["dp"])
-            pp_rank = grid.get_pg(["pp"]).rank()
-            from megatron.core.models.mimo.config.role import MIMO_LANGUAGE_MODULE_KEY
-
-            needs = name == MIMO_LANGUAGE_MODULE_KEY or pp_rank == 0
             return ShardContext(module=name, dp_rank=dp.rank(), dp_size=dp.size(),
-                                grid=canonical_grid(dp_sizes.values()), needs_data=needs,
-                                dp_sizes=dp_sizes), dp
+                                grid=canonical_grid(dp_sizes.values()), dp_sizes=dp_sizes), dp
     return None, None
 
 

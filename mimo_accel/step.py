@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import threading
 import warnings
+import weakref
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -63,10 +64,17 @@ def role_of(mimo_model) -> Optional[StepRole]:
 
 
 def capture_role(get_module_dp_info: Callable) -> Callable:
-    """Wrap ``_get_module_dp_info(model)``: record the step's role, return upstream's answer."""
+    """Wrap ``_get_module_dp_info(model)``: record the step's role, return upstream's answer.
+
+    A model's role never changes, so it is worked out once per model, not per micro-batch.
+    """
+    roles: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
     def get_module_dp_info_and_role(megatron_mimo_model, *args, **kwargs):
-        _step.role = role_of(megatron_mimo_model)
+        role = roles.get(megatron_mimo_model)
+        if role is None:
+            role = roles[megatron_mimo_model] = role_of(megatron_mimo_model)
+        _step.role = role
         return get_module_dp_info(megatron_mimo_model, *args, **kwargs)
 
     get_module_dp_info_and_role.__wrapped__ = get_module_dp_info

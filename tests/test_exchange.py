@@ -290,7 +290,7 @@ def test_overlap_refused_when_cuda_device_max_connections_is_1(results, name):
 
 def test_overlap_refused_before_anything_collective(monkeypatch):
     monkeypatch.setenv(ex.OVERLAP_ENV, "1")
-    ctx = ShardContext(VISION, 0, 2, 2, True)
+    ctx = ShardContext(VISION, 0, 2, 2)
     with pytest.raises(ex.ExchangeError, match="CUDA_DEVICE_MAX_CONNECTIONS=1"):
         ex.ExchangeReorder(object(), ctx, overlap=True)  # never touches the (bogus) group
 

@@ -28,7 +28,7 @@ def _index(n: int, seed: int) -> CostIndex:
 def _contexts(vdp: int, ldp: int):
     g = canonical_grid([vdp, ldp])
     sizes = {"vision": vdp, "language": ldp}
-    return [ShardContext(m, r, d, g, True, sizes) for m, d in sizes.items() for r in range(d)]
+    return [ShardContext(m, r, d, g, sizes) for m, d in sizes.items() for r in range(d)]
 
 
 def _read(vdp, ldp, batches, index, window=1):
