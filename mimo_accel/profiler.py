@@ -270,7 +270,7 @@ class Recorder:
             "host": platform.node(),
             "t": time.time(),
         }
-        self.header = _finite(self.header)
+        self.header = json_safe(self.header)
         self._write(self.header)
 
         self._next_step = 0
@@ -327,7 +327,7 @@ class Recorder:
         record.update(self._counters)
         for name in SETTABLE:
             record[name] = None
-        record.update(_finite(self._fields))
+        record.update(json_safe(self._fields))
         record["timed_calls"] = dict(self._calls)
         if self._fallbacks:
             record["clock_fallbacks"] = self._fallbacks
@@ -421,14 +421,14 @@ class Recorder:
         self.close()
 
 
-def _finite(obj: Any) -> Any:
+def json_safe(obj: Any) -> Any:
     """Copy with non-finite floats replaced by None (the file stays strict JSON)."""
     if isinstance(obj, float):
         return obj if math.isfinite(obj) else None
     if isinstance(obj, dict):
-        return {k: _finite(v) for k, v in obj.items()}
+        return {k: json_safe(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return [_finite(v) for v in obj]
+        return [json_safe(v) for v in obj]
     return obj
 
 
@@ -436,7 +436,7 @@ def _json_default(obj: Any) -> Any:
     item = getattr(obj, "item", None)  # numpy / torch scalars
     if callable(item):
         try:
-            return _finite(item())
+            return json_safe(item())
         except Exception:
             pass
     if isinstance(obj, (set, frozenset, tuple)):

@@ -36,6 +36,7 @@ from rich.table import Table
 from rich.text import Text
 
 from mimo_accel.profiler import NoProfileData, Run, read_run
+from mimo_accel.profiler import json_safe
 from mimo_accel.profiler import record_number as _num
 
 __all__ = ["REPORT_FORMAT", "compare", "main", "render", "summarize", "write_png"]
@@ -264,7 +265,7 @@ def summarize(run: Run, *, warmup: int = 1) -> dict[str, Any]:
 
     spreads = [v for recs in steps_of.values() for r in recs.values() if (v := _num(r, "predicted_spread")) is not None]
     header = run.header
-    return _clean(
+    return json_safe(
         {
             "label": run.label,
             "directory": str(run.directory),
@@ -311,17 +312,6 @@ def summarize(run: Run, *, warmup: int = 1) -> dict[str, Any]:
             "warnings": warnings,
         }
     )
-
-
-def _clean(obj: Any) -> Any:
-    """JSON-safe copy: non-finite floats → None."""
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if isinstance(obj, dict):
-        return {k: _clean(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_clean(v) for v in obj]
-    return obj
 
 
 def _module_dp(summary: dict[str, Any]) -> dict[str, int]:
