@@ -2,19 +2,23 @@
 
 Upstream (megatron-core 0.19, megatron/core/models/mimo/model/base.py
 ``_attach_modality_split_sizes``) asserts encoder DP <= language DP when per-sample encoder rows
-differ, because the bridge has no way to split the *gradient* back: the language replica
+differ, because the bridge has no way to split the *gradient* back: the language leader
 concatenates k vision replicas' rows in the forward, and BridgeCommunicator's
 ``_split_tensor_at_batch_dim`` splits the gradient into k equal parts in the backward — wrong as
 soon as images differ in size.
 
-Every language replica knows, from its own ``input_ids``, how many placeholder rows each of its
-samples has, and its samples are the k vision replicas' samples in order (canonical grid). So:
+The receiving leader already knows the right split: in the forward it learns each peer's row
+count from the shape exchange (``BridgeCommunicator._communicate_shapes(recv_prev=True)``) before
+it receives the rows. So:
 - vision side: in fan-in a replica sends its whole output to one peer, so the split metadata is
   not needed — skip the attach (and its assertion);
-- language side: record the per-sample row counts of each micro-batch (first language stage),
-  and when the gradient is split back into k parts, attach them, so the bridge's own
-  sample-aligned split is used (it sums per-sample sizes into k peers).
-Micro-batches are consumed first-in first-out (1F1B keeps the order).
+- language side: where (and only where) the bridge will split a gradient — the receiving leader
+  of a fan-in bridge, one record per bridge, so one per encoder — remember the per-peer row counts
+  of every forward that will have a backward (grad mode on: Bridge's ``evaluate`` runs its
+  forward-only passes under ``torch.no_grad``, so evaluation leaves nothing behind), and attach
+  them to the gradient when it is split back.
+Micro-batches are consumed first-in first-out (the pipeline schedules run backwards in forward
+order), and every pop is checked against the gradient's rows.
 """
 
 from __future__ import annotations
@@ -22,29 +26,33 @@ from __future__ import annotations
 import collections
 import functools
 import threading
+import weakref
 from typing import Callable
 
-_local = threading.local()
+import torch
+
+_lock = threading.Lock()
+# one FIFO of per-peer row counts per BridgeCommunicator (one bridge per encoder)
+_rows: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
-def _queue() -> collections.deque:
-    q = getattr(_local, "rows", None)
-    if q is None:
-        q = _local.rows = collections.deque()
-    return q
+def _queue(bridge) -> collections.deque:
+    with _lock:
+        q = _rows.get(bridge)
+        if q is None:
+            q = _rows[bridge] = collections.deque()
+        return q
 
 
-def record_language_rows(batch: dict, token_ids) -> None:
-    """Remember this language micro-batch's per-sample encoder-row counts (before any packing)."""
-    ids = batch.get("input_ids")
-    if ids is None or ids.dim() != 2 or not token_ids:
-        return
-    # Kept on the device: read back only when the gradient is split (the bridge syncs there anyway).
-    _queue().append(sum((ids == t).sum(dim=1) for t in token_ids))
+def pending() -> dict:
+    """Row-count records waiting for a backward, per bridge (for tests and diagnostics)."""
+    with _lock:
+        return {bridge: len(q) for bridge, q in _rows.items() if q}
 
 
 def clear() -> None:
-    _queue().clear()
+    with _lock:
+        _rows.clear()
 
 
 def _is_fan_in(mimo_model, encoder_name: str) -> bool:
@@ -66,22 +74,39 @@ def wrap_attach_split_sizes(original: Callable) -> Callable:
     return _attach_modality_split_sizes
 
 
+def wrap_communicate_shapes(original: Callable) -> Callable:
+    @functools.wraps(original)
+    def _communicate_shapes(self, tensor_to_send_next=None, recv_next=False, recv_prev=False,
+                            tensor_to_send_prev=None):
+        forward_shapes, grad_shapes = original(self, tensor_to_send_next, recv_next, recv_prev,
+                                               tensor_to_send_prev)
+        # Only a receiving leader gets shapes back; a fan-in leader gets more than one.
+        if recv_prev and len(forward_shapes) > 1 and torch.is_grad_enabled():
+            dim = self._batch_dim
+            _queue(self).append([int(shape[dim]) for shape in forward_shapes])
+        return forward_shapes, grad_shapes
+
+    return _communicate_shapes
+
+
 def wrap_split_at_batch_dim(original: Callable) -> Callable:
     @functools.wraps(original)
     def _split_tensor_at_batch_dim(self, aggregated_tensor, num_splits):
         if (num_splits > 1 and getattr(aggregated_tensor, "_mimo_bridge_split_sizes", None) is None
                 and self.is_current_rank_in_grid(self.dest_grid)):
-            q = _queue()
+            q = _queue(self)
             if not q:
                 raise RuntimeError(
                     "mimo_accel fan-in: a gradient is being split back to the vision replicas but no "
-                    "language micro-batch row counts were recorded; refusing an equal split that could "
-                    "mis-assign gradients between samples")
-            rows = [int(c) for c in q.popleft().tolist()]
-            if sum(rows) != aggregated_tensor.shape[self._batch_dim] or len(rows) % num_splits:
+                    "forward with gradients recorded its row counts on this bridge; refusing an equal "
+                    "split that could mis-assign gradients between samples")
+            rows = q.popleft()
+            total = int(aggregated_tensor.shape[self._batch_dim])
+            if sum(rows) != total or len(rows) != num_splits:
                 raise RuntimeError(
-                    f"mimo_accel fan-in: recorded rows {rows} (sum {sum(rows)}) do not match the gradient's "
-                    f"{aggregated_tensor.shape[self._batch_dim]} rows for {num_splits} vision replicas")
+                    f"mimo_accel fan-in: the forward received rows {rows} (sum {sum(rows)}) from "
+                    f"{len(rows)} vision replicas, but the gradient has {total} rows for {num_splits} "
+                    "replicas: backward and forward are out of step")
             aggregated_tensor._mimo_bridge_split_sizes = rows
         return original(self, aggregated_tensor, num_splits)
 

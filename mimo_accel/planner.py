@@ -59,21 +59,46 @@ class CostIndexPlanner:
         return [indices[p] for p in order], float(spread(costs, order, v))
 
 
-def cost_index_for(dataset, path: Optional[str]) -> CostIndex:
-    """The cost index of ``dataset``: the configured file, or the one the dataset carries."""
-    if path is not None:
-        index = CostIndex.load(path)
+SPLIT_FIELD = "{split}"
+
+
+def cost_index_for(dataset, path: Optional[str], split: str = "train") -> CostIndex:
+    """The cost index of one split's dataset.
+
+    ``path`` with ``{split}`` in it names one file per split (``train``, ``validation``, ``test``);
+    a plain path is the train split's index only — an index never describes two datasets. Without
+    a file, the index the dataset carries (``mimo_accel_cost_index``).
+    """
+    if path is not None and (SPLIT_FIELD in path or split == "train"):
+        index = CostIndex.load(path.replace(SPLIT_FIELD, split))
     else:
         index = getattr(dataset, "mimo_accel_cost_index", None)
         if index is None:
+            given = (f" The configured cost index {path!r} is the train split's; name one file per "
+                     f"split with '{SPLIT_FIELD}' in the path (e.g. costs-{SPLIT_FIELD}.npz)."
+                     if path is not None else "")
             raise ValueError(
-                "mimo_accel reorder (plan mode) needs per-sample costs before reading: build a cost "
-                "index with `mimo-accel index` and pass enable(cost_index=PATH) / MIMO_ACCEL_COST_INDEX, "
-                f"or give the dataset ({type(dataset).__name__}) a `mimo_accel_cost_index` attribute.")
+                f"mimo_accel reorder (plan mode) needs per-sample costs of the {split} split before "
+                "reading: build a cost index with `mimo-accel index` and pass enable(cost_index=PATH) / "
+                f"MIMO_ACCEL_COST_INDEX, give the dataset ({type(dataset).__name__}) a "
+                "`mimo_accel_cost_index` attribute, or use reorder_mode='exchange'." + given)
     if len(index) < len(dataset):
-        raise ValueError(f"mimo_accel reorder: the cost index covers {len(index)} samples but the dataset "
-                         f"has {len(dataset)}; rebuild it with `mimo-accel index`")
+        raise ValueError(f"mimo_accel reorder: the {split} cost index covers {len(index)} samples but the "
+                         f"dataset has {len(dataset)}; rebuild it with `mimo-accel index`")
     return index
+
+
+def index_digest(index: CostIndex) -> str:
+    """What every rank's plan reads from a cost index, hashed (compared across ranks)."""
+    import dataclasses
+    import hashlib
+
+    everything = np.arange(len(index))
+    h = hashlib.sha256(repr(dataclasses.astuple(index.rule)).encode())
+    for column in (index.patches(everything), index.sq_patches(everything), index.tokens(everything),
+                   index.images(everything)):
+        h.update(np.ascontiguousarray(column, dtype=np.int64).tobytes())
+    return h.hexdigest()[:16]
 
 
 def cost_model_for(path: Optional[str]) -> CostModel:

@@ -34,6 +34,7 @@ class ShardContext:
     dp_size: int
     grid: int
     dp_sizes: dict = field(default_factory=dict)  # every module's DP size (what G came from)
+    data_ranks: tuple = ()  # every rank that builds data loaders in this layout
 
     @property
     def groups(self) -> range:
@@ -51,15 +52,28 @@ class ShardTag:
     samples: int
 
 
+# Bridge's build_megatron_mimo_data_loaders (megatron/bridge/data/megatron_mimo/loaders.py) looks
+# up the sampling info once, then builds the train, validation and test loaders in this order.
+SPLITS = ("train", "validation", "test")
+
 _lock = threading.Lock()
 _context: Optional[ShardContext] = None
 _dp_group = None  # this rank's module DP process group (not part of the picklable context)
+_loaders_built = 0  # loaders built since the context was set: which split comes next
 
 
 def set_context(ctx: Optional[ShardContext], dp_group=None) -> None:
-    global _context, _dp_group
+    global _context, _dp_group, _loaders_built
     with _lock:
-        _context, _dp_group = ctx, dp_group
+        _context, _dp_group, _loaders_built = ctx, dp_group, 0
+
+
+def take_split() -> str:
+    """The split of the loader being built now (train, validation, test, in Bridge's order)."""
+    global _loaders_built
+    with _lock:
+        n, _loaders_built = _loaders_built, _loaders_built + 1
+    return SPLITS[n] if n < len(SPLITS) else f"loader{n}"
 
 
 def current_context() -> Optional[ShardContext]:
@@ -75,30 +89,68 @@ def context_from_grids(parallelism_config, grids):
     (None, None) on a rank outside every module."""
     import torch.distributed as dist
 
+    from mimo_accel.agree import data_loading_ranks
+
     me = dist.get_rank()
     dp_sizes = {name: p.data_parallel_size for name, p in parallelism_config.module_parallelisms.items()}
     for name, grid in grids.items():
         if grid.rank_offset <= me < grid.rank_offset + grid.size:
             dp = grid.get_pg(["dp"])
             return ShardContext(module=name, dp_rank=dp.rank(), dp_size=dp.size(),
-                                grid=canonical_grid(dp_sizes.values()), dp_sizes=dp_sizes), dp
+                                grid=canonical_grid(dp_sizes.values()), dp_sizes=dp_sizes,
+                                data_ranks=data_loading_ranks(grids)), dp
     return None, None
 
 
+def check_window(window: int, step_micro_batches: Optional[int]) -> None:
+    """A reorder window must tile the micro-batches of a training step, so that samples move between
+    the micro-batches of one step and never into another step (resume restarts at a step)."""
+    if window < 1:
+        raise ValueError(f"reorder window must be >= 1 micro-batch, got {window}")
+    if window == 1:
+        return
+    if step_micro_batches is None:
+        raise ValueError(
+            f"mimo_accel reorder_window={window} needs the number of micro-batches per training step, "
+            "which megatron-core's num-microbatches calculator did not have when the loader was built "
+            "(Bridge's setup_megatron_mimo initialises it); set reorder_window=1 or build the loaders "
+            "inside pretrain_megatron_mimo's build_data_iterators")
+    if step_micro_batches % window:
+        valid = [w for w in range(1, step_micro_batches + 1) if step_micro_batches % w == 0]
+        raise ValueError(
+            f"mimo_accel reorder_window={window} does not divide the {step_micro_batches} micro-batches "
+            f"of a training step, so a window would take samples from the next step. Valid values: "
+            f"{valid} ({step_micro_batches} balances the whole global batch).")
+
+
 class ShardedBatchSampler:
-    """Yields this replica's share of every global micro-batch the upstream sampler yields."""
+    """Yields this replica's share of every global micro-batch the upstream sampler yields.
+
+    With a planner and ``window`` > 1, ``window`` consecutive micro-batches are planned together;
+    ``window`` must divide ``step_micro_batches`` and the sampler must start at a window boundary
+    (a resume starts at a step), so a window never spans two training steps.
+    """
 
     def __init__(self, global_sampler, ctx: ShardContext, planner: Optional[Planner] = None,
-                 on_batch: Optional[Callable[[list, list, Optional[float]], None]] = None, window: int = 1):
-        if window < 1:
-            raise ValueError(f"reorder window must be >= 1 micro-batch, got {window}")
+                 on_batch: Optional[Callable[[list, list, Optional[float]], None]] = None, window: int = 1,
+                 step_micro_batches: Optional[int] = None):
+        window = window if planner is not None else 1
+        check_window(window, step_micro_batches)
         self.global_sampler = global_sampler
         self.ctx = ctx
         self.planner = planner
         self.on_batch = on_batch  # (global indices, local indices, predicted spread) -> None
-        self.window = window if planner is not None else 1
+        self.window = window
+        self.step_micro_batches = step_micro_batches
 
     def _windows(self) -> Iterator[list[list]]:
+        consumed = getattr(self.global_sampler, "consumed_samples", None)
+        mbs = getattr(self.global_sampler, "micro_batch_size", None)
+        if self.window > 1 and consumed and mbs and (consumed // mbs) % self.window:
+            raise ValueError(
+                f"mimo_accel reorder_window={self.window}: the loader starts at consumed_samples="
+                f"{consumed}, {consumed // mbs} micro-batches in, which is not the start of a window; "
+                "resume from a checkpoint taken at the end of a training step")
         pending: list[list] = []
         for global_indices in self.global_sampler:
             pending.append(list(global_indices))
@@ -161,7 +213,7 @@ class TaggingCollate:
 
 
 def shard_loader(loader, ctx: ShardContext, micro_batch_size: int, planner: Optional[Planner] = None,
-                 on_batch=None, window: int = 1):
+                 on_batch=None, window: int = 1, step_micro_batches: Optional[int] = None):
     """A DataLoader over the same dataset/collate/workers that reads only this replica's share."""
     from torch.utils.data import DataLoader
 
@@ -170,7 +222,7 @@ def shard_loader(loader, ctx: ShardContext, micro_batch_size: int, planner: Opti
         raise TypeError("mimo_accel sharded reads: the upstream loader has no batch sampler to shard "
                         "(dataloader_type 'external' passes the dataset through). Use 'single' or "
                         "'cyclic', or turn sharded_reads off.")
-    sampler = ShardedBatchSampler(loader.batch_sampler, ctx, planner, on_batch, window)
+    sampler = ShardedBatchSampler(loader.batch_sampler, ctx, planner, on_batch, window, step_micro_batches)
     return DataLoader(loader.dataset, batch_sampler=sampler, num_workers=loader.num_workers,
                       collate_fn=TaggingCollate(loader.collate_fn, ctx),
                       pin_memory=loader.pin_memory, worker_init_fn=loader.worker_init_fn,

@@ -34,8 +34,6 @@ class StepRole:
     is_first_stage: bool
     is_last_stage: bool
     sequence_parallel_size: int  # T must divide by this for sequence parallelism (tp·cp), else 1
-    fan_in: bool = False  # a modality module has more DP replicas than the language module
-    placeholder_ids: tuple = ()  # the modality placeholder token ids in input_ids
 
 
 _step = threading.local()
@@ -52,15 +50,12 @@ def role_of(mimo_model) -> Optional[StepRole]:
     sp = 1
     grids = getattr(getattr(mimo_model, "mimo_config", None), "module_to_grid_map", None) or {}
     grid = grids.get(LANGUAGE)
-    dp = lambda g: dict(zip(g.dim_names, g.shape)).get("dp", 1)  # noqa: E731
-    fan_in = grid is not None and any(dp(g) > dp(grid) for name, g in grids.items() if name != LANGUAGE)
-    tokens = tuple(getattr(mimo_model, "special_token_ids", {}).values())
     lm = getattr(mimo_model, "language_model", None)
     lm_config = getattr(lm, "config", None)
     if grid is not None and getattr(lm_config, "sequence_parallel", False):
         dims = dict(zip(grid.dim_names, grid.shape))
         sp = dims.get("tp", 1) * dims.get("cp", 1)
-    return StepRole(True, role.is_first_stage(LANGUAGE), role.is_last_stage(LANGUAGE), sp, fan_in, tokens)
+    return StepRole(True, role.is_first_stage(LANGUAGE), role.is_last_stage(LANGUAGE), sp)
 
 
 def capture_role(get_module_dp_info: Callable) -> Callable:
@@ -82,11 +77,26 @@ def capture_role(get_module_dp_info: Callable) -> Callable:
 
 
 def make_local_batch_fn(upstream_slice: Callable, *, sharded_reads: bool, packing: bool,
-                        pad_multiple: int = 1, profile: bool = False, fan_in_rows: bool = False) -> Callable:
-    """The replacement for ``slice_batch_for_megatron_mimo(batch, dp_rank, dp_size)``."""
+                        pad_multiple: int = 1, profile: bool = False) -> Callable:
+    """The replacement for ``slice_batch_for_megatron_mimo(batch, dp_rank, dp_size)``.
+
+    It is also bound in ``dp_utils``, where upstream's slice calls itself by module-global name
+    for nested dicts (``modality_inputs``): those nested calls must reach upstream's slice, not
+    run the step's work (tag check, profiling, packing) once more per nested dict.
+    """
     warned = []
+    inside = threading.local()
 
     def local_batch_for_megatron_mimo(batch: dict, dp_rank: int, dp_size: int) -> dict:
+        if getattr(inside, "active", False):
+            return upstream_slice(batch, dp_rank, dp_size)
+        inside.active = True
+        try:
+            return _local_batch(batch, dp_rank, dp_size)
+        finally:
+            inside.active = False
+
+    def _local_batch(batch: dict, dp_rank: int, dp_size: int) -> dict:
         tag: Optional[ShardTag] = batch.pop(SHARD_TAG_KEY, None) if isinstance(batch, dict) else None
         loaded_bytes = _tensor_bytes(batch) if profile else 0
         if tag is not None:
@@ -108,10 +118,6 @@ def make_local_batch_fn(upstream_slice: Callable, *, sharded_reads: bool, packin
                     "`mimo-accel run`.", RuntimeWarning, stacklevel=2)
             local, read = upstream_slice(batch, dp_rank, dp_size), _batch_size(batch)
         role = current_role()
-        if fan_in_rows and role is not None and role.is_language and role.fan_in and role.is_first_stage:
-            from mimo_accel import fanin
-
-            fanin.record_language_rows(local, role.placeholder_ids)
         if profile:
             from mimo_accel import instrument
 

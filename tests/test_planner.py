@@ -36,7 +36,8 @@ def _read(vdp, ldp, batches, index, window=1):
     out = {}
     for ctx in _contexts(vdp, ldp):
         planner = CostIndexPlanner(index, CostModel(), g, vision_groups=vdp)
-        out[(ctx.module, ctx.dp_rank)] = list(ShardedBatchSampler(batches, ctx, planner, window=window))
+        out[(ctx.module, ctx.dp_rank)] = list(ShardedBatchSampler(batches, ctx, planner, window=window,
+                                                                  step_micro_batches=2))
     return out
 
 

@@ -7,9 +7,10 @@ replacement at every site the original is bound, so the sites stay identical to 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
-from typing import Callable
+from typing import Callable, Optional
 
 from mimo_accel.config import AccelConfig
 
@@ -39,29 +40,63 @@ def _pretraining_loader(original: Callable, cfg: AccelConfig) -> Callable:
         a = call.arguments
         ctx = sampler.current_context()
         # Only MIMO's global loaders (sampler dp_size=1 after a MIMO sampling-info lookup) are sharded.
-        if loader is None or ctx is None or a["data_parallel_size"] != 1 or a["dataloader_type"] == "external":
+        if ctx is None or a["data_parallel_size"] != 1:
             return loader
-        from mimo_accel import instrument
-
-        if cfg.reorder and cfg.reorder_mode == "exchange":
-            from mimo_accel.exchange import exchange_shard_loader
-            from mimo_accel.planner import cost_model_for
-
-            return exchange_shard_loader(loader, ctx, a["micro_batch_size"], sampler.current_dp_group(),
-                                         cost_model=cost_model_for(cfg.cost_model),
-                                         on_exchange=instrument.record_exchange)
-        planner = None
-        if cfg.reorder:
-            from mimo_accel.planner import CostIndexPlanner, cost_index_for, cost_model_for
-
-            modality_dps = [d for name, d in ctx.dp_sizes.items() if name != "language"]
-            planner = CostIndexPlanner(cost_index_for(a["dataset"], cfg.cost_index),
-                                       cost_model_for(cfg.cost_model), ctx.grid,
-                                       vision_groups=max(modality_dps) if modality_dps else None)
-        return sampler.shard_loader(loader, ctx, a["micro_batch_size"], planner=planner,
-                                    on_batch=instrument.record_plan, window=cfg.reorder_window)
+        split = sampler.take_split()
+        if loader is None or a["dataloader_type"] == "external":
+            return loader
+        return _shard(loader, a, ctx, split, cfg)
 
     return build_pretraining_data_loader
+
+
+def _micro_batches_per_step() -> Optional[int]:
+    """megatron-core's micro-batches per training step (None before its calculator is set up)."""
+    from megatron.core import num_microbatches_calculator as nmc
+
+    if getattr(nmc, "_GLOBAL_NUM_MICROBATCHES_CALCULATOR", None) is None:
+        return None
+    return int(nmc.get_num_microbatches())
+
+
+def _shard(loader, a: dict, ctx, split: str, cfg: AccelConfig):
+    """This rank's sharded (and, with reorder, planned) loader for one split."""
+    from mimo_accel import agree, instrument, sampler
+
+    dataset = a["dataset"]
+    plan_inputs = {
+        "layout": agree.digest([sorted(ctx.dp_sizes.items()), ctx.grid]),
+        "options": agree.digest({k: v for k, v in dataclasses.asdict(cfg).items() if k != "profile"}),
+        "dataset": agree.digest([type(dataset).__name__, len(dataset)]),
+        "sampler": agree.digest([a[k] for k in ("consumed_samples", "dataloader_type", "micro_batch_size",
+                                                "drop_last", "seed", "data_sharding")]),
+    }
+    planner, model, window, step_mbs = None, None, 1, None
+    if cfg.reorder:
+        from mimo_accel.planner import CostIndexPlanner, cost_index_for, cost_model_for, index_digest
+
+        model = cost_model_for(cfg.cost_model)
+        plan_inputs["cost model"] = agree.digest(dataclasses.asdict(model))
+        if cfg.reorder_mode == "plan":
+            index = cost_index_for(dataset, cfg.cost_index, split)
+            plan_inputs["cost index"] = index_digest(index)
+            modality_dps = [d for name, d in ctx.dp_sizes.items() if name != "language"]
+            planner = CostIndexPlanner(index, model, ctx.grid,
+                                       vision_groups=max(modality_dps) if modality_dps else None)
+            # Windows span the micro-batches of one training step; evaluation plans each
+            # micro-batch on its own (its micro-batches per pass follow other settings).
+            if split == "train" and cfg.reorder_window > 1:
+                window, step_mbs = cfg.reorder_window, _micro_batches_per_step()
+                sampler.check_window(window, step_mbs)
+    agree.check_same_everywhere(plan_inputs, ctx.data_ranks, f"{split} loader")
+
+    if cfg.reorder and cfg.reorder_mode == "exchange":
+        from mimo_accel.exchange import exchange_shard_loader
+
+        return exchange_shard_loader(loader, ctx, a["micro_batch_size"], sampler.current_dp_group(),
+                                     cost_model=model, on_exchange=instrument.record_exchange)
+    return sampler.shard_loader(loader, ctx, a["micro_batch_size"], planner=planner,
+                                on_batch=instrument.record_plan, window=window, step_micro_batches=step_mbs)
 
 
 def _slice(original: Callable, cfg: AccelConfig, native_packing: bool) -> Callable:
@@ -69,12 +104,7 @@ def _slice(original: Callable, cfg: AccelConfig, native_packing: bool) -> Callab
 
     return make_local_batch_fn(original, sharded_reads=cfg.sharded_reads,
                                packing=cfg.packing and not native_packing, pad_multiple=cfg.pad_multiple,
-                               profile=cfg.profile is not None, fan_in_rows=_fan_in_enabled(cfg))
-
-
-def _fan_in_enabled(cfg: AccelConfig) -> bool:
-    """Uneven-row fan-in support comes with the data features; the profiler alone changes nothing."""
-    return cfg.sharded_reads or cfg.packing
+                               profile=cfg.profile is not None)
 
 
 def _module_dp_info(original: Callable, cfg: AccelConfig) -> Callable:
@@ -104,8 +134,10 @@ def _optimizer_step(original: Callable, cfg: AccelConfig) -> Callable:
 def _fan_in(name: str) -> Callable[[Callable], Callable]:
     from mimo_accel import fanin
 
-    return fanin.wrap_attach_split_sizes if name.endswith("_attach_modality_split_sizes") \
-        else fanin.wrap_split_at_batch_dim
+    wrappers = {"_attach_modality_split_sizes": fanin.wrap_attach_split_sizes,
+                "_communicate_shapes": fanin.wrap_communicate_shapes,
+                "_split_tensor_at_batch_dim": fanin.wrap_split_at_batch_dim}
+    return wrappers[name.rsplit(".", 1)[-1]]
 
 
 def replacement_factory(name: str, cfg: AccelConfig, native_packing: bool) -> Callable[[Callable], Callable]:
@@ -118,6 +150,7 @@ def replacement_factory(name: str, cfg: AccelConfig, native_packing: bool) -> Ca
         "ModalitySubmodules.encode": lambda o: _encode(o, cfg),
         "MimoOptimizer.step": lambda o: _optimizer_step(o, cfg),
         "MimoModel._attach_modality_split_sizes": _fan_in("_attach_modality_split_sizes"),
+        "BridgeCommunicator._communicate_shapes": _fan_in("_communicate_shapes"),
         "BridgeCommunicator._split_tensor_at_batch_dim": _fan_in("_split_tensor_at_batch_dim"),
     }
     return factories[name]

@@ -16,7 +16,8 @@ References (NVIDIA-NeMo/Megatron-Bridge):
 - src/megatron/bridge/training/pretrain_megatron_mimo.py: looks up train_megatron_mimo in its
   globals at call time
 (NVIDIA/Megatron-LM) megatron/core/models/mimo/model/base.py: MimoModel._attach_modality_split_sizes;
-megatron/core/pipeline_parallel/bridge_communicator.py: BridgeCommunicator._split_tensor_at_batch_dim
+megatron/core/pipeline_parallel/bridge_communicator.py: BridgeCommunicator._communicate_shapes and
+_split_tensor_at_batch_dim
 """
 
 from __future__ import annotations
@@ -63,6 +64,8 @@ MIMO_MODEL = "megatron.core.models.mimo.model.base"
 BRIDGE_COMM = "megatron.core.pipeline_parallel.bridge_communicator"
 FAN_IN = (Target(MIMO_MODEL, "MimoModel._attach_modality_split_sizes", MIMO_MODEL,
                  ("self", "output", "input_ids", "encoder_name")),
+          Target(BRIDGE_COMM, "BridgeCommunicator._communicate_shapes", BRIDGE_COMM,
+                 ("self", "tensor_to_send_next", "recv_next", "recv_prev", "tensor_to_send_prev")),
           Target(BRIDGE_COMM, "BridgeCommunicator._split_tensor_at_batch_dim", BRIDGE_COMM,
                  ("self", "aggregated_tensor", "num_splits")))
 NATIVE_PACK = (Target(STEP, "pack_language_shard", "megatron.bridge.data.megatron_mimo.sequence_pack",
