@@ -13,7 +13,13 @@ loaders, MimoModel, pipeline schedule, optimizer) runs on CPU processes:
   ``Tensor.cuda()``) are created on / left on the CPU, through a TorchFunctionMode;
 - ``torch.cuda`` stream/synchronize calls become no-ops;
 - the model-parallel RNG tracker is seeded with CPU generators (Bridge seeds it only when a GPU
-  exists, and the encoder's dropout/attention forks it).
+  exists, and the encoder's dropout/attention forks it);
+- for Bridge's own loop (``pretrain_megatron_mimo``): the CUDA RNG state that checkpoints always
+  save is the CPU generator's, and restoring it / emptying the cache are no-ops; the MIMO
+  optimizer's checkpoint routing also covers ``FP32Optimizer``'s layout (the only optimizer that
+  runs on gloo); and the MIMO train step drops ``param.grad`` after zeroing the grad buffers, as
+  Bridge's standard step does through ``optimizer.zero_grad()`` (otherwise ``FP32Optimizer``'s
+  ``param.grad = main_grad`` alias doubles every gradient from the second iteration on).
 
 Never active unless asked for; refuses to activate when CUDA is available (pass ``force=True`` to
 rehearse on CPU anyway); ``deactivate()`` restores every redirected attribute.
@@ -324,6 +330,114 @@ def _wrap_bridge_seeding(set_seeds):
     return set_seeds_and_cpu_tracker
 
 
+def _cpu_generator_state(device=None):
+    """``torch.cuda.get_rng_state`` on CPU: the device generator *is* the CPU generator."""
+    import torch
+
+    return torch.get_rng_state()
+
+
+def _no_op(*args, **kwargs) -> None:
+    return None
+
+
+def _fp32_layout(sub_sd) -> bool:
+    """``FP32Optimizer.sharded_state_dict`` is torch's own layout: ``state`` and ``param_groups``
+    at the top level. The mixed-precision and distributed optimizers nest them under
+    ``optimizer`` (which upstream's MIMO routing expects)."""
+    return isinstance(sub_sd, dict) and "optimizer" not in sub_sd and "state" in sub_sd
+
+
+_COMMON_STEP_KEY = "_mimo_accel_common_step"
+
+
+def _extract_param_groups_fp32_too(extract):
+    """megatron/core/models/mimo/optimizer.py ``_extract_param_groups`` routes only
+    ``sub_sd['optimizer']['param_groups']`` through the sharded save. With ``FP32Optimizer``
+    the param groups (and ``state['common_step']``) sit at the top level, land in the common
+    state that only global rank 0 writes, and every other module's ranks cannot resume."""
+
+    def extract_param_groups(sub_sd, module_name, suffix, replica_id):
+        if _fp32_layout(sub_sd) and "param_groups" in sub_sd:
+            from megatron.core.dist_checkpointing.mapping import ShardedObject
+
+            sub_sd["optimizer"] = {"param_groups": sub_sd.pop("param_groups")}
+            # FP32Optimizer writes common_step only when it is non-zero, so the load template
+            # (built before any step) would not ask for it: always declare it, 0 = never stepped.
+            state = sub_sd["state"]
+            step = state.pop("common_step", 0) if isinstance(state, dict) else 0
+            sub_sd[f"{_COMMON_STEP_KEY}{suffix}"] = ShardedObject(
+                f"optimizer.mimo.{module_name}{suffix}.common_step", step, (1,), (0,), replica_id=replica_id)
+        return extract(sub_sd, module_name, suffix, replica_id)
+
+    extract_param_groups.__wrapped__ = extract
+    return extract_param_groups
+
+
+def _restore_param_groups_fp32_too(restore):
+    """The load side of :func:`_extract_param_groups_fp32_too`: put the param groups and the
+    common step back where ``FP32Optimizer.load_state_dict`` reads them."""
+
+    def restore_param_groups(sub_sd, inner_optimizer, module_name):
+        fp32 = _fp32_layout(sub_sd)
+        restore(sub_sd, inner_optimizer, module_name)
+        if not fp32:
+            return
+        if "optimizer" in sub_sd:
+            sub_sd["param_groups"] = sub_sd.pop("optimizer")["param_groups"]
+        for key in [k for k in sub_sd if isinstance(k, str) and k.startswith(_COMMON_STEP_KEY)]:
+            step = sub_sd.pop(key)
+            if step:
+                sub_sd["state"]["common_step"] = step
+
+    restore_param_groups.__wrapped__ = restore
+    return restore_param_groups
+
+
+def _also_drop_param_grads(zero_grad_buffers):
+    """``train_step_megatron_mimo`` (bridge/training/train_megatron_mimo.py) only zeroes the DDP
+    grad buffers; Bridge's standard step also calls ``optimizer.zero_grad()``. ``FP32Optimizer``
+    leaves ``param.grad`` aliased to ``param.main_grad`` (core/optimizer/optimizer.py
+    ``prepare_grads``), so the next backward accumulates into ``main_grad`` through the alias and
+    the DDP hook adds ``param.grad`` once more: 2x gradients. Drop the alias here."""
+
+    def zero_grad_buffer_for_multimodule(module_to_grid_tuple, *args, **kwargs):
+        result = zero_grad_buffers(module_to_grid_tuple, *args, **kwargs)
+        for module, _grid in module_to_grid_tuple:
+            if module is not None:
+                for param in module.parameters():
+                    param.grad = None
+        return result
+
+    zero_grad_buffer_for_multimodule.__wrapped__ = zero_grad_buffers
+    return zero_grad_buffer_for_multimodule
+
+
+def _install_training_loop_redirects() -> None:
+    """What Bridge's ``pretrain_megatron_mimo`` loop needs beyond the model path."""
+    import torch
+
+    # bridge/training/checkpointing.py get_rng_state() saves torch.cuda.get_rng_state() whatever
+    # save_rng says; loading sets it back and empties the cache.
+    _swaps.swap(torch.cuda, "get_rng_state", _cpu_generator_state)
+    _swaps.swap(torch.cuda, "set_rng_state", _no_op)
+    _swaps.swap(torch.cuda, "empty_cache", _no_op)
+
+    from megatron.core.models.mimo import optimizer as mimo_optimizer
+
+    _swaps.swap(mimo_optimizer, "_extract_param_groups",
+                _extract_param_groups_fp32_too(mimo_optimizer._extract_param_groups))
+    _swaps.swap(mimo_optimizer, "_restore_param_groups",
+                _restore_param_groups_fp32_too(mimo_optimizer._restore_param_groups))
+
+    from megatron.bridge.training import megatron_mimo_parallel_utils, train_megatron_mimo
+
+    zero = megatron_mimo_parallel_utils.zero_grad_buffer_for_multimodule
+    zero_and_drop = _also_drop_param_grads(zero)
+    for owner in (megatron_mimo_parallel_utils, train_megatron_mimo):  # bound by name in the loop
+        _swaps.swap(owner, "zero_grad_buffer_for_multimodule", zero_and_drop, original=zero)
+
+
 def _install_runtime_redirects() -> None:
     import torch
     import torch.distributed as dist
@@ -347,6 +461,8 @@ def _install_runtime_redirects() -> None:
 
     _swaps.swap(build_model, "_set_per_module_random_seeds",
                 _wrap_bridge_seeding(build_model._set_per_module_random_seeds))
+
+    _install_training_loop_redirects()
 
     _mode = _make_mode()
     _mode.__enter__()

@@ -4,6 +4,8 @@ Used by the test suite and the rehearsal. Ranks are forked from a forkserver tha
 imported torch and megatron (20-30 s of imports paid once per session, not once per rank).
 Every run has a hard deadline; when a rank fails, the others are killed and the failing rank's
 traceback (and the tail of its output) is raised in the caller — no hang when one rank dies.
+Each rank leads its own process group, so whatever it started (the spawn Manager a torch_dist
+checkpoint save starts) is killed with it.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import faulthandler
 import multiprocessing as mp
 import os
 import queue
+import signal
 import socket
 import sys
 import tempfile
@@ -73,9 +76,33 @@ def _context():
     return ctx
 
 
+def _results_queue_by_fork() -> None:
+    """torch_dist saves pass their write results through a ``Manager().Queue()`` started with
+    spawn (megatron/core/dist_checkpointing/strategies/filesystem_async.py
+    ``get_write_results_queue``); the fresh server imports torch to unpickle them, 2-7 s per
+    save on 2 cores. A rank has torch loaded already: start that server by fork instead."""
+    try:
+        from megatron.core.dist_checkpointing.strategies import filesystem_async
+    except ImportError:
+        return
+    spawn_started = filesystem_async.get_write_results_queue
+
+    def get_write_results_queue(mp_mode: str = "spawn"):
+        return spawn_started("fork" if mp_mode == "spawn" else mp_mode)
+
+    filesystem_async.get_write_results_queue = get_write_results_queue  # this rank process only
+
+
 def _rank_main(fn, rank, world_size, port, args, results, log_path, deadline_s, cpu_layer):
     global _progress, _rank_of_this_process
     _progress, _rank_of_this_process = results, rank
+    # The parent starts ranks daemonic (they die with it), but a daemonic process may not start
+    # children, and a torch_dist save starts a spawn Manager (megatron/core/dist_checkpointing/
+    # strategies/filesystem_async.py get_write_results_queue). Inside the rank the flag only
+    # governs that; the rank leads a process group of its own, which the parent kills whole.
+    mp.current_process().daemon = False
+    os.setpgrp()
+    _results_queue_by_fork()
     log = open(log_path, "w", buffering=1)
     os.dup2(log.fileno(), 1)
     os.dup2(log.fileno(), 2)
@@ -117,6 +144,31 @@ def _tail(path: str, limit: int = 4000) -> str:
     return text[-limit:]
 
 
+def _died_without_report(rank: int, exitcode: int) -> str:
+    if exitcode < 0:
+        try:
+            how = f"was killed by signal {signal.Signals(-exitcode).name}"
+        except ValueError:
+            how = f"was killed by signal {-exitcode}"
+    else:
+        how = f"exited with code {exitcode}"
+    return f"rank {rank} {how} without a report"
+
+
+def _kill_rank(p) -> None:
+    """Kill a rank and everything it started (its process group); reap it."""
+    if p.pid is None:
+        return
+    if p.exitcode is None or p.exitcode != 0:
+        try:
+            os.killpg(p.pid, signal.SIGKILL)  # the rank called setpgrp(): its pid is its group's id
+        except (ProcessLookupError, PermissionError):
+            pass
+    if p.is_alive():
+        p.kill()
+    p.join(timeout=5)
+
+
 def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any, deadline_s: float = 240.0,
               cpu_layer: bool = True, on_progress: Callable[[int, int, int], None] | None = None) -> list[Any]:
     """Run ``fn(rank, world_size, *args)`` on ``world_size`` gloo ranks; return each rank's result.
@@ -133,13 +185,12 @@ def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any, deadline_s: f
     procs = [ctx.Process(target=_rank_main, daemon=True,
                          args=(fn, r, world_size, port, args, results, logs[r], deadline_s, cpu_layer))
              for r in range(world_size)]
-    for p in procs:
-        p.start()
-
     out: dict[int, Any] = {}
     errors: dict[int, str] = {}
     end = time.monotonic() + deadline_s
     try:
+        for p in procs:
+            p.start()
         while len(out) < world_size and not errors:
             try:
                 rank, status, value = results.get(timeout=0.2)
@@ -152,7 +203,7 @@ def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any, deadline_s: f
                         rank, status, value = results.get(timeout=1.0)
                     except queue.Empty:
                         r = dead[0]
-                        errors[r] = f"rank {r} exited with code {procs[r].exitcode} without a report"
+                        errors[r] = _died_without_report(r, procs[r].exitcode)
                         break
                 elif time.monotonic() > end:
                     raise RankFailure(
@@ -179,7 +230,14 @@ def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any, deadline_s: f
                         errors.setdefault(rank, value)
                 except queue.Empty:
                     pass
-            first = next(iter(errors))  # the first to report is the root cause, usually
+            # A rank that died without a report (killed by a signal, a segfault) is the root
+            # cause: the others fail only because their collectives lost it, and they may well
+            # report first.
+            silent = [r for r, p in enumerate(procs)
+                      if r not in errors and r not in out and p.exitcode not in (None, 0)]
+            for r in silent:
+                errors[r] = _died_without_report(r, procs[r].exitcode)
+            first = silent[0] if silent else next(iter(errors))  # else the first to report, usually
             raise RankFailure(
                 f"rank {first} of {world_size} failed:\n{errors[first]}"
                 f"\n--- rank {first} output (tail) ---\n{_tail(logs[first])}"
@@ -189,7 +247,4 @@ def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any, deadline_s: f
         return [out[r] for r in range(world_size)]
     finally:
         for p in procs:
-            if p.is_alive():
-                p.kill()
-        for p in procs:
-            p.join(timeout=5)
+            _kill_rank(p)

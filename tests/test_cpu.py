@@ -5,6 +5,7 @@ distributed test, whose ranks activate it.)"""
 from __future__ import annotations
 
 import sys
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -45,7 +46,15 @@ def test_activate_redirects_and_deactivate_restores_the_identical_objects(inacti
         "Stream": torch.cuda.Stream, "synchronize": torch.cuda.synchronize,
     }
     from megatron.bridge.models.megatron_mimo import build_model
+    from megatron.bridge.training import megatron_mimo_parallel_utils as mimo_utils
+    from megatron.bridge.training import train_megatron_mimo
+    from megatron.core.models.mimo import optimizer as mimo_optimizer
+
     seeds = build_model._set_per_module_random_seeds
+    loop = {"get_rng_state": torch.cuda.get_rng_state, "set_rng_state": torch.cuda.set_rng_state,
+            "empty_cache": torch.cuda.empty_cache, "zero": mimo_utils.zero_grad_buffer_for_multimodule,
+            "extract": mimo_optimizer._extract_param_groups, "restore": mimo_optimizer._restore_param_groups}
+    assert train_megatron_mimo.zero_grad_buffer_for_multimodule is loop["zero"]
 
     cpu.activate()
     assert cpu.is_active()
@@ -55,6 +64,14 @@ def test_activate_redirects_and_deactivate_restores_the_identical_objects(inacti
     torch.cuda.current_stream().wait_stream(torch.cuda.Stream())  # streams are no-ops
     assert dist.new_group is not originals["dist.new_group"]
     assert build_model._set_per_module_random_seeds is not seeds
+    # Bridge's loop: checkpoints save the CPU generator as the "CUDA" RNG state
+    assert torch.equal(torch.cuda.get_rng_state(), torch.get_rng_state())
+    torch.cuda.set_rng_state(torch.get_rng_state())
+    torch.cuda.empty_cache()
+    assert mimo_optimizer._extract_param_groups.__wrapped__ is loop["extract"]
+    assert mimo_optimizer._restore_param_groups.__wrapped__ is loop["restore"]
+    assert train_megatron_mimo.zero_grad_buffer_for_multimodule is mimo_utils.zero_grad_buffer_for_multimodule
+    assert mimo_utils.zero_grad_buffer_for_multimodule.__wrapped__ is loop["zero"]
 
     cpu.deactivate()
     assert not cpu.is_active()
@@ -63,6 +80,12 @@ def test_activate_redirects_and_deactivate_restores_the_identical_objects(inacti
     assert torch.cuda.current_stream is originals["current_stream"] and torch.cuda.Stream is originals["Stream"]
     assert torch.cuda.synchronize is originals["synchronize"]
     assert build_model._set_per_module_random_seeds is seeds
+    assert (torch.cuda.get_rng_state, torch.cuda.set_rng_state, torch.cuda.empty_cache) == \
+        (loop["get_rng_state"], loop["set_rng_state"], loop["empty_cache"])
+    assert mimo_utils.zero_grad_buffer_for_multimodule is loop["zero"]
+    assert train_megatron_mimo.zero_grad_buffer_for_multimodule is loop["zero"]
+    assert mimo_optimizer._extract_param_groups is loop["extract"]
+    assert mimo_optimizer._restore_param_groups is loop["restore"]
     with pytest.raises(Exception):
         torch.empty(1, device="cuda")
 
@@ -77,3 +100,43 @@ def test_stand_ins_only_where_the_real_package_is_absent_and_they_refuse_use(ina
         te_pytorch.Linear(4, 4)
     cpu.deactivate()
     assert "transformer_engine" not in sys.modules
+
+
+def test_mimo_train_step_drops_the_param_grad_alias(inactive, monkeypatch):
+    # FP32Optimizer.prepare_grads leaves param.grad = param.main_grad; Bridge's MIMO step only
+    # zeroes the grad buffers, so the next backward would add each gradient twice.
+    from megatron.bridge.training import megatron_mimo_parallel_utils as mimo_utils
+    from megatron.bridge.training import train_megatron_mimo
+
+    monkeypatch.setattr(mimo_utils, "is_current_rank_in_grid", lambda grid: True)  # no process group here
+    cpu.activate()
+    module = torch.nn.Linear(2, 2)
+    zeroed = []
+    module.zero_grad_buffer = lambda: zeroed.append(True)
+    for p in module.parameters():
+        p.main_grad = torch.zeros_like(p)
+        p.grad = p.main_grad
+    train_megatron_mimo.zero_grad_buffer_for_multimodule([(module, None), (None, None)])
+    assert zeroed == [True]  # upstream's zeroing still runs
+    assert all(p.grad is None for p in module.parameters())
+
+
+def test_fp32_optimizer_checkpoint_layout_is_routed_per_module_and_restored(inactive):
+    # FP32Optimizer keeps torch's layout (state, param_groups at the top level). Upstream's MIMO
+    # routing only moves sub_sd["optimizer"]["param_groups"] out of the rank-0-only common state.
+    from megatron.core.dist_checkpointing.mapping import ShardedObject
+    from megatron.core.models.mimo import optimizer as mimo_optimizer
+
+    cpu.activate()
+    sd = {"state": {0: {"exp_avg": "tensor"}, "common_step": 7}, "param_groups": [{"lr": 0.1, "params": [0]}]}
+    mimo_optimizer._extract_param_groups(sd, "language", "", (0, 0, 0))
+    routed = {k: v for k, v in sd.items() if isinstance(v, ShardedObject)}
+    assert sorted(o.key for o in routed.values()) == ["optimizer.mimo.language.common_step",
+                                                       "optimizer.mimo.language.param_groups"]
+    assert set(sd) == {"state", *routed} and "common_step" not in sd["state"]
+
+    loaded = {"state": sd["state"], **{k: o.data for k, o in routed.items()}}
+    inner = SimpleNamespace(optimizer=SimpleNamespace(state_dict=lambda: {"param_groups": [{"params": [5]}]}))
+    mimo_optimizer._restore_param_groups(loaded, inner, "language")
+    assert loaded == {"state": {0: {"exp_avg": "tensor"}, "common_step": 7},
+                      "param_groups": [{"lr": 0.1, "params": [5]}]}

@@ -1,0 +1,252 @@
+"""Bridge's own training loop end to end: ``examples/train_mimo.py`` runs megatron-bridge's
+``pretrain_megatron_mimo`` (training, interval evaluation, torch_dist checkpoints, resume) on CPU
+gloo ranks, upstream as shipped and with ``enable(sharded_reads=True, reorder=True,
+packing=True)``.
+
+Every rank writes a trace (``--trace``): per training iteration, the sample ids it trained and,
+on language ranks, the summed loss and token count. With the per-token loss (the example's
+default) the gradient does not depend on which DP replica holds a sample, so reordering changes
+who computes what, not the result: per iteration, the global loss and the multiset of samples
+each module trained equal the baseline's.
+
+Upstream cannot run fan-in with uneven encoder rows (0-3 images of varied sizes), and its
+fan-out splits encoder rows evenly; mimo_accel's fan-in and fan-out runs on that data are checked
+against upstream on one vision and one language replica, where its slicing is a no-op.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from mimo_accel.testing import RankFailure, run_ranks
+
+pytestmark = pytest.mark.distributed
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "train_mimo.py"
+MBS, GBS = 4, 8
+MICRO_BATCHES = GBS // MBS
+ALL = dict(sharded_reads=True, reorder=True, packing=True)
+WINDOWED = dict(ALL, reorder_window=MICRO_BATCHES)  # plan a whole step at a time
+DEADLINE_S = 150.0
+RTOL = 1e-4  # reordering and packing change summation order (observed: below 1e-7)
+# A resume repeats the same float operations: bit-exact here. A tolerance as loose as RTOL would
+# let doubled gradients after the first post-restart iteration through (3e-5 at the next loss).
+RESUME_RTOL = 1e-9
+
+
+def _example():
+    name = "mimo_accel_examples_train_mimo"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, EXAMPLE)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module  # dataclasses resolve the module's annotations through it
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+def _train(rank, world, argv, features, env):
+    """One rank: the example's own main(), with mimo_accel enabled first when asked."""
+    import os
+
+    import mimo_accel
+
+    os.environ.update(env)
+    if features:
+        mimo_accel.enable(**features)
+    try:
+        _example().main(argv)
+        return mimo_accel.status()["active"]
+    finally:
+        mimo_accel.disable()
+
+
+@dataclass
+class Run:
+    records: list  # the trace: one dict per rank and iteration
+    active: list  # mimo_accel features active on the ranks
+    checkpoint: Path
+
+    def steps(self) -> dict:
+        """iteration -> {"vision"/"language": sorted ids trained by the module, "loss": global loss}"""
+        out: dict = {}
+        for r in self.records:
+            step = out.setdefault(r["iteration"], {"vision": [], "language": [], "sum": 0.0, "tokens": 0.0})
+            step[r["module"]] += [i for micro in r["ids"] for i in micro]
+            if r["loss_sum"] is not None:
+                step["sum"] += r["loss_sum"]
+                step["tokens"] += r["tokens"]
+        return {it: {"vision": sorted(s["vision"]), "language": sorted(s["language"]),
+                     "loss": s["sum"] / s["tokens"] if s["tokens"] else None}
+                for it, s in sorted(out.items())}
+
+    def replica(self, module: str, dp_rank: int) -> dict:
+        """iteration -> the ids (per micro-batch) one replica trained."""
+        return {r["iteration"]: r["ids"] for r in self.records
+                if r["module"] == module and r["dp_rank"] == dp_rank}
+
+    def saved_iteration(self) -> int:
+        return int((self.checkpoint / "latest_checkpointed_iteration.txt").read_text())
+
+
+def _train_run(workdir: Path, name: str, vdp: int, ldp: int, features: dict, *extra: str,
+               iters: int = 4, env: dict | None = None, checkpoint: str | None = None) -> Run:
+    trace = workdir / f"{name}.jsonl"
+    ckpt = workdir / (checkpoint or f"ckpt-{name}")
+    argv = ["--cpu", "--vision-dp", str(vdp), "--language-dp", str(ldp), "--mbs", str(MBS), "--gbs", str(GBS),
+            "--train-iters", str(iters), "--eval-interval", "2", "--eval-iters", "1",
+            "--save", str(ckpt), "--trace", str(trace), *extra]
+    active = run_ranks(_train, vdp + ldp, argv, features, env or {}, deadline_s=DEADLINE_S)
+    assert all(a == active[0] for a in active)
+    return Run(_read(trace), active[0], ckpt)
+
+
+def _read(trace: Path) -> list:
+    return [json.loads(line) for line in trace.read_text().splitlines()] if trace.exists() else []
+
+
+def _contiguous(iteration: int) -> list:
+    return list(range((iteration - 1) * GBS, iteration * GBS))
+
+
+def _assert_same_training(got: dict, want: dict, iterations, rtol: float = RTOL) -> None:
+    for it in iterations:
+        for module in ("vision", "language"):
+            assert got[it][module] == want[it][module], f"iteration {it}: {module} trained other samples"
+        assert got[it]["loss"] == pytest.approx(want[it]["loss"], rel=rtol), f"iteration {it}: loss differs"
+
+
+def _assert_resumed(resumed: "Run", straight: "Run", iterations) -> None:
+    """Per replica: the same micro-batches, the same samples in them, the same losses."""
+    _assert_same_training(resumed.steps(), straight.steps(), iterations, rtol=RESUME_RTOL)
+    for r in resumed.records:
+        want = [w for w in straight.records
+                if (w["module"], w["dp_rank"], w["iteration"]) == (r["module"], r["dp_rank"], r["iteration"])]
+        assert len(want) == 1
+        assert r["ids"] == want[0]["ids"], f"{r['module']} replica {r['dp_rank']}, iteration {r['iteration']}"
+        if want[0]["loss_sum"] is not None:
+            assert r["loss_sum"] == pytest.approx(want[0]["loss_sum"], rel=RESUME_RTOL)
+            assert r["tokens"] == want[0]["tokens"]
+    assert sorted({r["iteration"] for r in resumed.records}) == list(iterations)
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    return tmp_path_factory.mktemp("pretrain-loop")
+
+
+# Upstream, unchanged -------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def upstream_varied(workdir):
+    return _train_run(workdir, "upstream-v1-l1-varied", 1, 1, {}, "--varied")
+
+
+@pytest.fixture(scope="module")
+def upstream_one_to_one(workdir):
+    return _train_run(workdir, "upstream-v2-l2", 2, 2, {})
+
+
+# mimo_accel ----------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def accel_one_to_one(workdir):
+    return _train_run(workdir, "accel-v2-l2", 2, 2, ALL)
+
+
+@pytest.fixture(scope="module")
+def accel_fan_in(workdir):
+    return _train_run(workdir, "accel-v2-l1-varied", 2, 1, ALL, "--varied")
+
+
+@pytest.fixture(scope="module")
+def accel_fan_out(workdir):
+    return _train_run(workdir, "accel-v1-l2-varied", 1, 2, ALL, "--varied")
+
+
+def test_upstream_loop_trains_every_sample_once_with_eval_and_checkpoint(upstream_varied, upstream_one_to_one):
+    for run in (upstream_varied, upstream_one_to_one):
+        steps = run.steps()
+        assert list(steps) == [1, 2, 3, 4]
+        for it, step in steps.items():
+            assert step["vision"] == step["language"] == _contiguous(it)
+            assert step["loss"] is not None and 0 < step["loss"] < 20
+        assert run.saved_iteration() == 4
+        assert run.active == []
+
+
+@pytest.mark.parametrize("layout", ["one-to-one", "fan-in", "fan-out"])
+def test_accelerated_loop_matches_upstream(request, layout):
+    accel = request.getfixturevalue({"one-to-one": "accel_one_to_one", "fan-in": "accel_fan_in",
+                                     "fan-out": "accel_fan_out"}[layout])
+    upstream = request.getfixturevalue("upstream_one_to_one" if layout == "one-to-one" else "upstream_varied")
+    assert accel.active == ["sharded_reads", "reorder", "packing"]
+    assert accel.saved_iteration() == 4
+    _assert_same_training(accel.steps(), upstream.steps(), range(1, 5))
+
+
+def test_reordering_moved_samples_between_vision_replicas(accel_fan_in):
+    # Fan-in, varied images: the plan balances vision cost, so some replica trained samples
+    # other than its contiguous half of a global micro-batch.
+    moved = 0
+    for it, micros in accel_fan_in.replica("vision", 0).items():
+        for m, ids in enumerate(micros):
+            first = (it - 1) * GBS + m * MBS
+            moved += sorted(ids) != list(range(first, first + MBS // 2))
+    assert moved > 0
+
+
+# Resume --------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def accel_fan_in_straight(workdir):
+    return _train_run(workdir, "accel-v2-l1-varied-6", 2, 1, ALL, "--varied", iters=6)
+
+
+def test_resume_trains_what_an_uninterrupted_run_trains(workdir, accel_fan_in, accel_fan_in_straight):
+    # accel_fan_in trained 4 iterations and saved; resume it to 6.
+    _assert_resumed(accel_fan_in, accel_fan_in_straight, [1, 2, 3, 4])  # the same run, so far
+    resumed = _train_run(workdir, "accel-v2-l1-varied-resumed", 2, 1, ALL, "--varied",
+                         "--load", str(accel_fan_in.checkpoint), iters=6)
+    _assert_resumed(resumed, accel_fan_in_straight, [5, 6])
+    assert resumed.saved_iteration() == 6
+
+
+@pytest.fixture(scope="module")
+def windowed_straight(workdir):
+    return _train_run(workdir, "windowed-v2-l1-varied-6", 2, 1, WINDOWED, "--varied", iters=6)
+
+
+def test_a_killed_rank_fails_the_job_fast_and_a_restart_loses_nothing(workdir, windowed_straight):
+    # reorder_window = the micro-batches of a step: samples move between the micro-batches of a
+    # step (never across steps), and a restart from a checkpoint must plan the same windows.
+    straight = windowed_straight.steps()
+    for it, step in straight.items():
+        assert step["vision"] == step["language"] == _contiguous(it)
+    crossed = [(it, m) for dp_rank in (0, 1) for it, micros in windowed_straight.replica("vision", dp_rank).items()
+               for m, ids in enumerate(micros)
+               if not set(ids) <= set(range((it - 1) * GBS + m * MBS, (it - 1) * GBS + (m + 1) * MBS))]
+    assert crossed, "the step-wide plan never moved a sample to the other micro-batch of its step"
+
+    argv = ("--varied", "--save-interval", "2")
+    started = time.monotonic()
+    with pytest.raises(RankFailure, match=r"rank 1 was killed by signal SIGKILL") as failure:
+        _train_run(workdir, "windowed-killed", 2, 1, WINDOWED, *argv, iters=6,
+                   env={"TRAIN_MIMO_KILL": "1:5"}, checkpoint="ckpt-windowed")
+    assert time.monotonic() - started < 60, "the job took too long to notice the dead rank"
+    assert str(failure.value).startswith("rank 1 of 3 failed")
+    killed = Run(_read(workdir / "windowed-killed.jsonl"), [], workdir / "ckpt-windowed")
+    assert killed.saved_iteration() == 4
+    # the killed rank trained iterations 1-4 exactly as the uninterrupted run did, then died
+    assert killed.replica("vision", 1) == {it: windowed_straight.replica("vision", 1)[it] for it in range(1, 5)}
+
+    restarted = _train_run(workdir, "windowed-restarted", 2, 1, WINDOWED, *argv, "--load",
+                           str(workdir / "ckpt-windowed"), iters=6, checkpoint="ckpt-windowed")
+    _assert_resumed(restarted, windowed_straight, [5, 6])
+    assert restarted.saved_iteration() == 6
