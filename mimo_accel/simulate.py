@@ -1,10 +1,11 @@
 """The planners at cluster scale, without processes: what sharding and reordering would buy.
 
-``mimo-accel simulate --profile receipts --dp 2,4,8,...,512 [--steps N] [--per-replica K]
-[--seed S] [--cost FILE] [--language-dp ratio|equal] [--json PATH] [--png PATH]``
+``mimo-accel simulate --profile receipts --dp 2,4,8,...,512 [--steps N] [--window W]
+[--per-replica K] [--seed S] [--cost FILE] [--language-dp ratio|equal] [--json PATH] [--png PATH]``
 
-For each vision DP size ``d`` it draws ``N`` global micro-batches of ``d × K`` samples from the
-profile (one shared pool: every DP size sees the same first samples of each step), costs them
+For each vision DP size ``d`` it draws ``N × W`` global micro-batches of ``d × K`` samples (``N``
+steps of ``W`` micro-batches; ``W = --window``, default 1) from the
+profile (one shared pool: every DP size sees the same first samples of each micro-batch), costs them
 with the cost model (default :class:`~mimo_accel.costs.CostModel`, or ``--cost`` from
 ``mimo-accel calibrate``), and plans each micro-batch three ways over the canonical grid
 ``G = lcm(d, language dp)``:
@@ -28,29 +29,44 @@ Definitions:
 * **straggler ratio** of a micro-batch: max / mean of the vision replicas' summed sample costs
   (1.0 is perfect); p50 / p99 / mean over the micro-batches. ``bound`` is the same ratio for
   :func:`mimo_accel.balance.lower_bound` of a d-way equal-size split: no planner can go below it.
-* **vision speedup**: Σ over steps of the max replica cost of one planner over another's, i.e. the
-  vision-phase speedup if vision time ∝ the slowest replica's cost; ``vision_time_saved`` is
-  ``1 - balanced/contiguous``.
+* **vision speedup**: Σ over micro-batches of the max replica cost of one planner over
+  another's, i.e. the vision-phase speedup if vision time ∝ the slowest replica's cost;
+  ``vision_time_saved`` is ``1 - balanced/contiguous``.
 * **data ranks** (who reads the micro-batch, as upstream's ``get_megatron_mimo_sampling_info``
   decides): vision: the first PP stage, ``d × tp``; language: every rank, ``l × tp × pp``.
-* **reads** per step: baseline (upstream): every data rank reads the whole micro-batch, so
+* **reads** per micro-batch: baseline (upstream): every data rank reads the whole micro-batch, so
   per rank = mbs and cluster = mbs × data ranks (∝ DP). Sharded: a rank reads its replica's share,
   mbs / dp; cluster = mbs × (vision tp + language tp × pp), flat in DP. Bytes from the profile's
   size model (original pixels × bytes_per_pixel + text tokens × bytes_per_token). The micro-batch
   grows with DP (d × K), so ``amplification`` = cluster reads / micro-batch is the DP-free view:
   baseline = data ranks (∝ DP), sharded = vision tp + language tp × pp (flat).
-* **exchange**: bytes a read-then-exchange reorder moves per step: every sample whose replica
-  differs between the contiguous read and the plan is sent to its new owner by every data rank of
-  that replica's TP/PP group (an all_to_all per group), in both modules. Plan-before-read mode
+* **exchange**: bytes a read-then-exchange reorder moves per micro-batch: every sample whose
+  replica differs between the contiguous read and the plan is sent to its new owner by every data
+  rank of that replica's TP/PP group (an all_to_all per group), in both modules. Plan-before-read mode
   moves 0. ``balanced_matched`` renumbers the balanced plan's canonical groups (a max-weight
   matching of groups to slots by bytes already in place; still balanced) to show how much of the
   exchange is avoidable; ``null`` without scipy.
 * **plan_ms**: wall time of one planner call on the whole micro-batch (p50 and max).
+* **window** (``--window W`` > 1; ``null`` otherwise): the W micro-batches of a step (the whole
+  global batch) planned together. Vision replicas meet once a step (the gradient all-reduce); in
+  between, micro-batches stream through the encoder-to-LM pipeline, so the step's vision time
+  follows the slowest replica's cost *summed over the step*. ``straggler`` is that step straggler,
+  max / mean over the d replicas of their step sums, for: ``per_micro_batch`` (each micro-batch
+  balanced alone over the d replicas, ``balanced_vision``, as with window 1), ``window``
+  (``balanced_order`` over the step's ``W × d`` groups: what the planner does with
+  ``reorder_window = W``), ``window_replica`` (diagnostic:
+  the step balanced over the d replicas, each holding ``W × K`` samples, then each replica's
+  samples dealt into its W micro-batch slots heaviest first in snake order) and ``bound``
+  (:func:`~mimo_accel.balance.lower_bound` of the step over d replicas). ``bound_per_micro_batch``
+  is the row's per-micro-batch bound (set by the largest image and the cheapest fill); ``removed``
+  the share of its excess over 1 (p50) that a plan's step straggler no longer has.
+  ``lockstep``: Σ over micro-batches of the slowest replica / Σ of the mean, the straggler if every
+  micro-batch waited for all replicas instead.
 
 JSON (``--json``; format ``mimo-accel-simulate/1``), stable keys::
 
     format, profile{name, path, description, summary{...}}, cost_model{a, b, c, source},
-    steps, samples_per_replica, seed, language_dp_rule, elapsed_s, notes[],
+    steps, window, samples_per_replica, seed, language_dp_rule, elapsed_s, notes[],
     layout{vision{tp, pp, dp}, language{tp, pp, dp}, micro_batch_size},
     rows[]: {dp, language_dp, grid, micro_batch_size,
              straggler{contiguous|lpt|balanced|balanced_vision|bound: {p50, p99, mean}},
@@ -67,9 +83,16 @@ JSON (``--json``; format ``mimo-accel-simulate/1``), stable keys::
              exchange{plan_before_read_bytes,
                       lpt|balanced|balanced_matched: {samples_moved, samples_moved_fraction,
                                                      language_samples_moved, bytes_moved} | null},
-             plan_ms{balanced_p50, balanced_max, lpt_p50, lpt_max, balanced_vision_p50}}
+             plan_ms{balanced_p50, balanced_max, lpt_p50, lpt_max, balanced_vision_p50},
+             window{micro_batches,
+                    straggler{per_micro_batch|window|window_replica|bound: {p50, p99, mean}},
+                    lockstep{per_micro_batch|window|window_replica: {p50, p99, mean}},
+                    bound_per_micro_batch{p50, p99, mean},
+                    removed{per_micro_batch|window|window_replica: fraction | null},
+                    plan_ms{window_p50, window_max, window_replica_p50}} | null}
 
-Sample counts and bytes are means per step; ``samples_moved`` counts vision-replica moves.
+Sample counts and bytes are means per micro-batch (the tables' "per step" without a window);
+``samples_moved`` counts vision-replica moves.
 """
 
 from __future__ import annotations
@@ -201,6 +224,65 @@ def _matched(order: np.ndarray, grid: int, nbytes: np.ndarray) -> np.ndarray | N
     return placed.ravel()
 
 
+def _replica_window_order(costs: np.ndarray, d: int, window: int) -> np.ndarray:
+    """The diagnostic window plan: the step's samples balanced over the ``d`` vision replicas
+    (each holds ``window × K`` of them), then each replica's samples dealt into its ``window``
+    micro-batch slots heaviest first in snake order, so every replica's heaviest samples share a
+    micro-batch. Returns an order in the planner's layout: micro-batch j is the j-th block, cut
+    into the d replicas' contiguous shares."""
+    per = costs.size // (d * window)  # samples per replica per micro-batch
+    rows = np.asarray(balanced_order(costs, d), dtype=np.int64).reshape(d, window * per)
+    rows = np.take_along_axis(rows, np.argsort(-costs[rows], axis=1, kind="stable"), axis=1)
+    rank = np.arange(window * per) % (2 * window)
+    slot = np.where(rank < window, rank, 2 * window - 1 - rank)  # 0, 1, .., W-1, W-1, .., 0, 0, ..
+    rows = rows[:, np.argsort(slot, kind="stable")]
+    return rows.reshape(d, window, per).transpose(1, 0, 2).ravel()
+
+
+WINDOW_PLANS = ("per_micro_batch", "window", "window_replica")
+
+
+def _window_row(costs: np.ndarray, d: int, vision_sums: np.ndarray, bound_mb: Sequence[float]) -> dict[str, Any]:
+    """The ``window`` entry of a row: ``costs`` is (steps, window, micro-batch) and
+    ``vision_sums[s * window + j]`` the vision replica sums of micro-batch j balanced alone over
+    the d vision replicas (``balanced_vision``: what the planner does per micro-batch)."""
+    steps, window, mbs = costs.shape
+    step_ratio: dict[str, list[float]] = {p: [] for p in (*WINDOW_PLANS, "bound")}
+    lockstep: dict[str, list[float]] = {p: [] for p in WINDOW_PLANS}
+    ms: dict[str, list[float]] = {"window": [], "window_replica": []}
+    for s in range(steps):
+        flat = costs[s].ravel()
+        t0 = time.perf_counter()
+        window_order = np.asarray(balanced_order(flat, d * window), dtype=np.int64)
+        t1 = time.perf_counter()
+        replica_order = _replica_window_order(flat, d, window)
+        ms["window"].append((t1 - t0) * 1e3)
+        ms["window_replica"].append((time.perf_counter() - t1) * 1e3)
+        sums = {  # (micro-batch, vision replica) summed cost
+            "per_micro_batch": vision_sums[s * window:(s + 1) * window],
+            "window": flat[window_order].reshape(window, d, -1).sum(axis=2),
+            "window_replica": flat[replica_order].reshape(window, d, -1).sum(axis=2),
+        }
+        for name, m in sums.items():
+            step_ratio[name].append(_ratio(m.sum(axis=0)))
+            mean = float(m.mean(axis=1).sum())
+            lockstep[name].append(float(m.max(axis=1).sum()) / mean if mean > 0 else 1.0)
+        mean = flat.sum() / d
+        step_ratio["bound"].append(lower_bound(flat, d) / mean if mean > 0 else 1.0)
+    straggler = {name: _stats(v) for name, v in step_ratio.items()}
+    base = float(np.percentile(bound_mb, 50))
+    return {
+        "micro_batches": window,
+        "straggler": straggler,
+        "lockstep": {name: _stats(v) for name, v in lockstep.items()},
+        "bound_per_micro_batch": _stats(bound_mb),
+        "removed": {name: ((base - straggler[name]["p50"]) / (base - 1.0) if base - 1.0 > 1e-9 else None)
+                    for name in WINDOW_PLANS},
+        "plan_ms": {"window_p50": float(np.median(ms["window"])), "window_max": float(max(ms["window"])),
+                    "window_replica_p50": float(np.median(ms["window_replica"]))},
+    }
+
+
 def simulate(
     profile: Profile | str | Path,
     dp_sizes: Sequence[int],
@@ -211,18 +293,23 @@ def simulate(
     *,
     language_dp: str = "ratio",
     cost_source: str = "default",
+    window: int = 1,
 ) -> dict[str, Any]:
     """Run the simulation; returns the JSON document described in the module docstring.
 
     ``profile`` is a :class:`~mimo_accel.profiles.Profile` or a name/path for
     :func:`~mimo_accel.profiles.load_profile`; ``samples_per_replica`` defaults to the profile's
     ``micro_batch_size / vision dp``; ``cost_model`` to the built-in :class:`CostModel`.
+    ``window``: micro-batches per step (``steps × window`` micro-batches are drawn); above 1, each
+    row also gets the global-batch window results (``rows[].window``).
     """
     t_start = time.perf_counter()
     if not isinstance(profile, Profile):
         profile = load_profile(profile)
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ValueError(f"steps must be a positive integer, got {steps!r}")
+    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+        raise ValueError(f"window must be a positive integer (micro-batches per step), got {window!r}")
     dps = sorted(set(int(d) for d in dp_sizes))
     if not dps or dps[0] < 1:
         raise ValueError(f"dp sizes must be positive integers, got {list(dp_sizes)!r}")
@@ -242,9 +329,10 @@ def simulate(
             notes.append(f"dp {d}: {d} x {k} samples is not a multiple of G={grid}; used micro-batch {mbs}")
         plans.append((d, lang, grid, mbs))
     pool_mbs = max(p[3] for p in plans)
-    table = profile.sample_table(steps * pool_mbs, seed)
-    costs_all = table.costs(model).reshape(steps, pool_mbs)
-    bytes_all = table.bytes.reshape(steps, pool_mbs)
+    n_mb = steps * window  # micro-batch s * window + j is micro-batch j of step s
+    table = profile.sample_table(n_mb * pool_mbs, seed)
+    costs_all = table.costs(model).reshape(n_mb, pool_mbs)
+    bytes_all = table.bytes.reshape(n_mb, pool_mbs)
 
     tp_v = profile.layout.vision.tp
     lang_ranks_per_replica = profile.layout.language.tp * profile.layout.language.pp
@@ -261,7 +349,8 @@ def simulate(
         vision_bytes_max = 0.0
         identity = np.arange(mbs)
         owner_v0, owner_l0 = identity // (mbs // d), identity // (mbs // lang)
-        for s in range(steps):
+        vision_sums = np.empty((n_mb, d))  # vision replica sums of each micro-batch balanced over the d replicas
+        for s in range(n_mb):
             c = costs_all[s, :mbs]
             b = bytes_all[s, :mbs]
             mb_bytes += float(b.sum())
@@ -284,6 +373,8 @@ def simulate(
                 sums = _replica_sums(c, order, d)
                 ratios[name].append(_ratio(sums))
                 maxes[name] += float(sums.max())
+                if name == "balanced_vision":  # the per-micro-batch plan the window is compared with
+                    vision_sums[s] = sums
             mean = c.sum() / d
             ratios["bound"].append(lower_bound(c, d) / mean if mean > 0 else 1.0)
             vision_bytes_max += float(_replica_sums(b, bal, d).max())
@@ -299,7 +390,7 @@ def simulate(
                 m["language_samples"] += float(ml.sum())
                 m["bytes"] += float(b[mv].sum()) * tp_v + float(b[ml].sum()) * lang_ranks_per_replica
 
-        mb_bytes /= steps
+        mb_bytes /= n_mb
         data_v, data_l = d * tp_v, lang * lang_ranks_per_replica
         base_cluster = mbs * (data_v + data_l)
         shard_cluster = mbs * (tp_v + lang_ranks_per_replica)
@@ -309,10 +400,10 @@ def simulate(
                 exchange[name] = None
                 continue
             exchange[name] = {
-                "samples_moved": m["samples"] / steps,
-                "samples_moved_fraction": m["samples"] / steps / mbs,
-                "language_samples_moved": m["language_samples"] / steps,
-                "bytes_moved": m["bytes"] / steps,
+                "samples_moved": m["samples"] / n_mb,
+                "samples_moved_fraction": m["samples"] / n_mb / mbs,
+                "language_samples_moved": m["language_samples"] / n_mb,
+                "bytes_moved": m["bytes"] / n_mb,
             }
         rows.append({
             "dp": d,
@@ -342,7 +433,7 @@ def simulate(
                     "language_per_rank_samples": mbs / lang,
                     "vision_per_rank_bytes": mb_bytes / d,
                     "language_per_rank_bytes": mb_bytes / lang,
-                    "vision_per_rank_bytes_max": vision_bytes_max / steps,
+                    "vision_per_rank_bytes_max": vision_bytes_max / n_mb,
                     "cluster_samples": float(shard_cluster),
                     "cluster_bytes": mb_bytes * (tp_v + lang_ranks_per_replica),
                     "amplification": float(tp_v + lang_ranks_per_replica),
@@ -357,6 +448,8 @@ def simulate(
                 "lpt_max": float(max(ms["lpt"])),
                 "balanced_vision_p50": float(np.median(ms["balanced_vision"])),
             },
+            "window": (_window_row(costs_all[:, :mbs].reshape(steps, window, mbs), d, vision_sums,
+                                   ratios["bound"]) if window > 1 else None),
         })
 
     rule = ("ratio: language dp = max(1, round(dp x {l}/{v})) (the profile layout's ratio)".format(
@@ -371,6 +464,7 @@ def simulate(
         },
         "cost_model": {"a": model.a, "b": model.b, "c": model.c, "source": cost_source},
         "steps": steps,
+        "window": window,
         "samples_per_replica": k,
         "seed": seed,
         "language_dp_rule": rule,
@@ -411,7 +505,7 @@ def render(doc: dict[str, Any], console: Console | None = None) -> None:
     prof, cm = doc["profile"], doc["cost_model"]
     console.print(
         f"[bold]mimo-accel simulate[/]: profile [bold]{prof['name']}[/] — {prof['description']}\n"
-        f"{doc['steps']} micro-batches per DP size, {doc['samples_per_replica']} samples per vision replica, "
+        f"{_micro_batches(doc)} per DP size, {doc['samples_per_replica']} samples per vision replica, "
         f"seed {doc['seed']}; cost = {cm['a']:.4g}·Σp + {cm['b']:.4g}·Σp² + {cm['c']:.4g}·tokens ({cm['source']}); "
         f"{doc['language_dp_rule']}"
     )
@@ -443,7 +537,8 @@ def render(doc: dict[str, Any], console: Console | None = None) -> None:
             " 'balanced over vision replicas' balances the d vision replicas directly (still a valid plan)."
         )
 
-    t = Table(title="Reads per step: baseline (every data rank reads the micro-batch) → sharded",
+    per = "per step" if doc.get("window", 1) == 1 else "per micro-batch"
+    t = Table(title=f"Reads {per}: baseline (every data rank reads the micro-batch) → sharded",
               title_justify="left")
     for col in ("vision dp", "data ranks\nvision + lang", "per-rank samples\nvision", "per-rank bytes\nvision",
                 "per-rank samples\nlanguage", "cluster samples", "cluster bytes", "reduction"):
@@ -462,7 +557,7 @@ def render(doc: dict[str, Any], console: Console | None = None) -> None:
         )
     console.print(t)
 
-    t = Table(title="Reorder traffic per step: exchange mode (read, then all_to_all) vs plan-before-read (0)",
+    t = Table(title=f"Reorder traffic {per}: exchange mode (read, then all_to_all) vs plan-before-read (0)",
               title_justify="left")
     for col in ("vision dp", "micro-batch", "moved: LPT", "moved: balanced", "moved: balanced,\nmatched groups",
                 "bytes moved:\nLPT", "bytes moved:\nbalanced", "bytes moved:\nmatched", "plan-before-read"):
@@ -480,9 +575,47 @@ def render(doc: dict[str, Any], console: Console | None = None) -> None:
             _bytes(ex["plan_before_read_bytes"]),
         )
     console.print(t)
+    if doc.get("window", 1) > 1:
+        _render_window(doc, console)
     for note in doc["notes"]:
         console.print(f"[yellow]note:[/] {note}")
     console.print(f"simulated in {doc['elapsed_s']:.2f} s")
+
+
+def _micro_batches(doc: dict[str, Any]) -> str:
+    w = doc.get("window", 1)
+    return f"{doc['steps']} micro-batches" if w == 1 else f"{doc['steps']} steps x {w} micro-batches"
+
+
+def _render_window(doc: dict[str, Any], console: Console) -> None:
+    w = doc["window"]
+    t = Table(title=f"Global-batch window: {w} micro-batches per step planned together. Step straggler = max/mean "
+                    "over vision replicas of their cost summed over the step, p50", title_justify="left")
+    for col in ("vision dp", "micro-batch\nbound", "per-micro-batch\nplans", "window\n(planner)",
+                "window,\nreplica totals", "step\nbound", "bound excess removed\nper-mb / window / replica",
+                "lockstep p50\nper-mb / window / replica", "window plan\nms p50"):
+        t.add_column(col, justify="right")
+    for r in doc["rows"]:
+        wr = r["window"]
+        st, rm, ls = wr["straggler"], wr["removed"], wr["lockstep"]
+        t.add_row(
+            str(r["dp"]), f"{wr['bound_per_micro_batch']['p50']:.3f}",
+            *(f"{st[n]['p50']:.3f}" for n in (*WINDOW_PLANS, "bound")),
+            " / ".join("—" if rm[n] is None else f"{rm[n]:.0%}" for n in WINDOW_PLANS),
+            " / ".join(f"{ls[n]['p50']:.3f}" for n in WINDOW_PLANS),
+            f"{wr['plan_ms']['window_p50']:.1f}",
+        )
+    console.print(t)
+    console.print(
+        "micro-batch bound: the per-micro-batch straggler no plan of one micro-batch can beat (the largest image"
+        " and the cheapest fill); [bold]removed[/]: the share of its excess over 1 gone at the step level."
+        " per-micro-batch plans: each micro-batch balanced alone over the dp replicas (window 1); window (planner):"
+        " balanced_order over"
+        f" the step's {w} x dp groups, as reorder_window={w} plans it; replica totals (diagnostic): the step"
+        " balanced over the dp replicas, each replica's samples dealt into its micro-batches heaviest first."
+        " lockstep: sum over micro-batches of the slowest replica / of the mean, if every micro-batch waited for"
+        " all replicas."
+    )
 
 
 def write_png(doc: dict[str, Any], path: str | Path) -> None:
@@ -539,7 +672,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--profile", default="receipts", help="profile name (profiles/<name>.toml) or path; default receipts")
     p.add_argument("--dp", default="2,4,...,512", help="vision DP sizes, e.g. 2,4,8 or 2,4,...,512 (default)")
-    p.add_argument("--steps", type=int, default=20, help="global micro-batches per DP size (default 20)")
+    p.add_argument("--steps", type=int, default=20,
+                   help="steps per DP size, each of --window global micro-batches (default 20)")
+    p.add_argument("--window", type=int, default=1, metavar="W",
+                   help="global micro-batches per step planned together (the whole global batch); default 1: "
+                        "each micro-batch alone. Above 1 adds the window table")
     p.add_argument("--per-replica", type=int, default=None, metavar="K",
                    help="samples per vision replica (default: the profile's micro_batch_size / vision dp)")
     p.add_argument("--seed", type=int, default=0)
@@ -560,11 +697,13 @@ def main(argv: Sequence[str] | None = None, *, console: Console | None = None) -
         model = CostModel.from_file(args.cost) if args.cost else None
         if args.steps < 1:
             raise ValueError("--steps must be >= 1")
+        if args.window < 1:
+            raise ValueError("--window must be >= 1 (micro-batches per step)")
         if args.per_replica is not None and args.per_replica < 1:
             raise ValueError("--per-replica must be >= 1")
         doc = simulate(profile, dps, steps=args.steps, samples_per_replica=args.per_replica, seed=args.seed,
                        cost_model=model, language_dp=args.language_dp,
-                       cost_source=str(args.cost) if args.cost else "default")
+                       cost_source=str(args.cost) if args.cost else "default", window=args.window)
     except (ProfileError, ValueError, OSError) as e:
         print(f"mimo-accel simulate: error: {e}", file=sys.stderr)
         return 2

@@ -23,6 +23,7 @@ from mimo_accel.balance import (
     lpt_order,
     spread,
 )
+from mimo_accel.profiles import list_profiles, load_profile
 
 ROOT = Path(__file__).resolve().parents[1]
 _kk = balance._kk_groups
@@ -103,6 +104,112 @@ def test_both_starts_are_equal_size_partitions(batch):
         assert sorted(start.ravel().tolist()) == list(range(len(costs)))
 
 
+@settings(max_examples=150, deadline=None)
+@given(batches(max_groups=40, max_size=12))
+def test_lower_bound_loop_and_vectorised_agree_to_the_bit(batch):
+    costs, k = batch
+    c = np.asarray(costs, dtype=float)
+    old = balance._LOOP_BOUND_TERMS
+    try:
+        balance._LOOP_BOUND_TERMS = 0
+        vectorised = balance._lower_bound(c, k)
+    finally:
+        balance._LOOP_BOUND_TERMS = old
+    assert vectorised == balance._lower_bound_loop(c, k)
+
+
+@settings(max_examples=150, deadline=None)
+@given(batches(max_groups=40, max_size=12))
+def test_batched_lpt_is_the_heap_lpt(batch):
+    # The numpy-batched LPT must make exactly the heap's choices, ties and zeros included.
+    costs, k = batch
+    c = np.asarray(costs, dtype=float)
+    assert np.array_equal(balance._lpt_batched(c, k), balance._lpt_heap(c, k))
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_batched_lpt_is_the_heap_lpt_at_cluster_scale(seed):
+    rng = np.random.default_rng(seed)
+    k = int(rng.choice([64, 256, 512]))
+    c = [rng.lognormal(0, 1.5, 8 * k),  # skewed
+         rng.integers(0, 4, 8 * k).astype(float),  # heavy ties
+         np.where(rng.random(8 * k) < 0.6, 0.0, rng.lognormal(3, 1, 8 * k))][seed % 3]  # mostly zeros
+    assert np.array_equal(balance._lpt_batched(c, k), balance._lpt_heap(c, k))
+    assert lpt_order(c, k) == balance._canonical(balance._lpt_heap(c, k))
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.integers(1, 30), st.integers(1, 40), st.integers(0, 2**32 - 1), st.sampled_from(["lognormal", "ties"]))
+def test_sorted_search_finds_the_brute_force_best_swap(pairs, size, seed, kind):
+    # Large groups search sorted columns instead of comparing all size² swaps; both must find a
+    # swap of the same quality (ties may pick different slots).
+    rng = np.random.default_rng(seed)
+    shape = (size, 2 * pairs)
+    vals = rng.lognormal(0, 1, shape) if kind == "lognormal" else rng.integers(0, 5, shape).astype(float)
+    sums = vals.sum(axis=0)
+    rank = np.argsort(sums, kind="stable")
+    heavy, light = rank[::-1][:pairs], rank[:pairs]
+    old = balance._BRUTE_FORCE_SIZE
+    try:
+        balance._BRUTE_FORCE_SIZE = 10**9
+        a1, b1, g1 = balance._best_swaps(vals, sums, heavy, light)
+        balance._BRUTE_FORCE_SIZE = 0
+        a2, b2, g2 = balance._best_swaps(vals, sums, heavy, light)
+    finally:
+        balance._BRUTE_FORCE_SIZE = old
+    assert g2 == pytest.approx(g1, rel=1e-9, abs=1e-9)
+    half_gap = (sums[heavy] - sums[light]) / 2
+    for a, b, gain in ((a1, b1, g1), (a2, b2, g2)):  # each reported gain is its swap's
+        moved = vals[a, heavy] - vals[b, light]
+        assert half_gap - np.abs(moved - half_gap) == pytest.approx(gain, rel=1e-9, abs=1e-9)
+
+
+@st.composite
+def wide_batches(draw):
+    """The fast path's shapes: many groups (pair rounds), or large groups (sorted search)."""
+    if draw(st.booleans()):
+        k, size = draw(st.integers(16, 48)), draw(st.integers(1, 8))
+    else:
+        k, size = draw(st.integers(2, 20)), draw(st.integers(17, 24))
+    seed = draw(st.integers(0, 2**32 - 1))
+    kind = draw(st.sampled_from(["lognormal", "ties", "zeros", "one_huge"]))
+    rng = np.random.default_rng(seed)
+    n = k * size
+    if kind == "lognormal":
+        costs = rng.lognormal(0, 1.5, n)
+    elif kind == "ties":
+        costs = rng.integers(0, 4, n).astype(float)
+    elif kind == "zeros":
+        costs = np.where(rng.random(n) < 0.7, 0.0, rng.lognormal(0, 1, n))
+    else:
+        costs = rng.random(n) * 10
+        costs[rng.integers(n)] = 1e9
+    return costs.tolist(), k
+
+
+@settings(max_examples=60, deadline=None)
+@given(wide_batches())
+def test_fast_path_properties(batch):
+    costs, k = batch
+    n = len(costs)
+    order = balanced_order(costs, k)
+    assert sorted(order) == list(range(n))
+    blocks = [order[g * (n // k) : (g + 1) * (n // k)] for g in range(k)]
+    assert all(b == sorted(b) for b in blocks)
+    assert [b[0] for b in blocks] == sorted(b[0] for b in blocks)
+    g = group_costs(costs, order, k)
+    assert g.max() <= group_costs(costs, lpt_order(costs, k), k).max()
+    assert g.max() <= group_costs(costs, contiguous_order(n), k).max()
+    assert g.max() >= lower_bound(costs, k) * (1 - REL)
+    # The swap pass alone, made to spend its whole budget (stop 0), never raises the heaviest
+    # group and keeps an equal-size partition.
+    c = np.asarray(costs)
+    start = balance._lpt_groups(c, k)
+    improved = balance._improve(c, start, 0.0)
+    assert sorted(improved.ravel().tolist()) == list(range(n)) and improved.shape == start.shape
+    assert c[improved].sum(axis=1).max() <= c[start].sum(axis=1).max() * (1 + REL)
+
+
 def test_kk_start_is_used_when_lpt_leaves_many_groups_above_target(monkeypatch, pools):
     calls = []
     monkeypatch.setattr(balance, "_kk_groups", lambda c, k: calls.append(k) or _kk(c, k))
@@ -176,6 +283,23 @@ def test_deterministic_in_process_and_across_processes():
         env={"PYTHONHASHSEED": "12345", "PATH": ""},
     )
     assert json.loads(out.stdout) == expected
+
+
+def test_deterministic_across_processes_at_cluster_scale():
+    # The fast path (batched LPT, KK, pair rounds, budgets) bounds its work by counts, never by
+    # time: every rank, fast or slow, computes the same plan.
+    costs = np.round(load_profile("documents").sample_table(4096, 3).costs(), 2).tolist()
+    expected = balanced_order(costs, 512)
+    code = (
+        "import json, sys; from mimo_accel.balance import balanced_order;"
+        "print(json.dumps(balanced_order(json.loads(sys.stdin.read()), 512)))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], input=json.dumps(costs), capture_output=True, text=True, check=True,
+        cwd=ROOT, env={"PYTHONHASHSEED": "999", "PATH": ""},
+    )
+    assert json.loads(out.stdout) == expected
+    assert "import time" not in Path(balance.__file__).read_text()  # no clock anywhere in the planner
 
 
 def test_ties_keep_the_contiguous_order():
@@ -283,6 +407,47 @@ def test_quality_on_realistic_workloads(pools, workload):
             assert beats_lpt == 30
             if size >= 8:  # enough samples per group: the bound is the mean, spread itself <= 1.02
                 assert np.median(ratio) <= 1.005, (workload, k, size, np.median(ratio))
+
+
+@pytest.mark.parametrize("profile", ["receipts", "mixed_chat", "uniform", "documents"])
+def test_quality_at_cluster_scale_on_the_shipped_profiles(profile):
+    """4096 samples / 512 groups (a quality gate; the timing is benchmarks/bench_balance.py):
+    median spread within 0.5% of the lower bound, and never above LPT. documents is the
+    exception the bound's docstring names: whole pages at the resize cap come in near-multiples
+    of one page cost, so group totals can only take a few values and the bound (the mean) is out
+    of reach; there the gate is 2% and a clear gain over LPT."""
+    costs = load_profile(profile).sample_table(4096 * 5, 1).costs().reshape(5, 4096)
+    gaps, gains = [], []
+    for c in costs:
+        bound = lower_bound(c, 512)
+        ours = group_costs(c, balanced_order(c, 512), 512).max()
+        lpt = group_costs(c, lpt_order(c, 512), 512).max()
+        assert ours <= lpt
+        gaps.append(ours / bound - 1 if bound > 0 else 0.0)
+        gains.append(lpt / ours - 1 if ours > 0 else 0.0)
+    if profile == "documents":
+        assert np.median(gaps) <= 0.02 and np.median(gains) > 0.002, (gaps, gains)
+    else:
+        assert np.median(gaps) <= 0.005, gaps
+
+
+@pytest.mark.parametrize("workload", ["receipts", "documents", "chat"])
+def test_quality_at_cluster_scale_on_synthetic_workloads(pools, workload):
+    rng = np.random.default_rng(9)
+    pool = pools[workload]
+    gaps = []
+    for _ in range(4):
+        c = pool[rng.integers(pool.size, size=4096)]
+        gaps.append(group_costs(c, balanced_order(c, 512), 512).max() / lower_bound(c, 512) - 1)
+    assert np.median(gaps) <= 0.005, gaps
+
+
+def test_shipped_profiles_are_the_benchmark_profiles():
+    bench = _load_bench()
+    assert list_profiles() == ["documents", "mixed_chat", "receipts", "uniform"]
+    assert bench.SIZES == ((64, 8), (512, 64), (4096, 512))
+    batches = bench.profile_batches("receipts", 64, 3, seed=0)
+    assert len(batches) == 3 and all(b.shape == (64,) for b in batches)
 
 
 def test_balancing_beats_the_contiguous_split_by_a_wide_margin(pools):

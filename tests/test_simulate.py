@@ -5,10 +5,12 @@ from __future__ import annotations
 import io
 import json
 
+import numpy as np
 import pytest
 from rich.console import Console
 
 from mimo_accel import simulate as sim
+from mimo_accel.balance import balanced_order
 from mimo_accel.profiles import load_profile
 
 DPS = [2, 4, 8, 16, 32]
@@ -111,7 +113,7 @@ def test_parse_dp_list():
 
 
 JSON_ROW_KEYS = {"dp", "language_dp", "grid", "micro_batch_size", "straggler", "vision_speedup", "reads",
-                 "exchange", "plan_ms"}
+                 "exchange", "plan_ms", "window"}
 
 
 def test_main_prints_tables_and_writes_json_and_png(tmp_path):
@@ -122,7 +124,7 @@ def test_main_prints_tables_and_writes_json_and_png(tmp_path):
     text = console.export_text()
     assert "straggler" in text and "Reads per step" in text and "plan-before-read" in text
     doc = json.loads(out.read_text())
-    assert set(doc) == {"format", "profile", "cost_model", "steps", "samples_per_replica", "seed",
+    assert set(doc) == {"format", "profile", "cost_model", "steps", "window", "samples_per_replica", "seed",
                         "language_dp_rule", "layout", "rows", "notes", "elapsed_s"}
     assert doc["format"] == sim.SIMULATE_FORMAT and doc["samples_per_replica"] == 4
     assert doc["cost_model"]["source"] == "default"
@@ -133,6 +135,7 @@ def test_main_prints_tables_and_writes_json_and_png(tmp_path):
     assert set(row["reads"]) == {"data_ranks", "micro_batch_bytes", "baseline", "sharded", "cluster_reduction"}
     assert set(row["exchange"]) == {"plan_before_read_bytes", "lpt", "balanced", "balanced_matched"}
     assert set(row["plan_ms"]) >= {"balanced_p50", "balanced_max", "lpt_p50", "lpt_max"}
+    assert doc["window"] == 1 and row["window"] is None and "Global-batch window" not in text
     # matplotlib is a declared dependency (requirements/dev.txt): the chart must be written
     assert rc == 0 and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 1000
 
@@ -150,3 +153,93 @@ def test_main_with_a_cost_file_and_bad_input(tmp_path, capsys):
     assert "no such profile" in capsys.readouterr().err
     assert sim.main(["--dp", "2,...,8"]) == 2
     assert sim.main(["--steps", "0"]) == 2
+
+
+# --------------------------------------------------------------------------------------------
+# Global-batch window (--window W: the W micro-batches of a step planned together)
+# --------------------------------------------------------------------------------------------
+
+WINDOW = 8
+
+
+@pytest.fixture(scope="module")
+def receipts_window():
+    return sim.simulate(load_profile("receipts"), [8, 64], steps=3, seed=0, window=WINDOW)
+
+
+def test_window_removes_the_per_micro_batch_straggler_bound(receipts_window):
+    for r in receipts_window["rows"]:
+        w = r["window"]
+        assert w["micro_batches"] == WINDOW
+        st, ls, removed = w["straggler"], w["lockstep"], w["removed"]
+        assert set(st) == {*sim.WINDOW_PLANS, "bound"} and set(ls) == set(removed) == set(sim.WINDOW_PLANS)
+        assert w["bound_per_micro_batch"] == r["straggler"]["bound"]
+        base = w["bound_per_micro_batch"]["p50"]
+        for name in sim.WINDOW_PLANS:
+            # the step bound holds for every plan; summing a step can only even replicas out
+            assert st["bound"]["p50"] <= st[name]["p50"] + 1e-9
+            assert ls[name]["p50"] >= st[name]["p50"] - 1e-12  # waiting every micro-batch is never faster
+            assert removed[name] == pytest.approx((base - st[name]["p50"]) / (base - 1))
+        # balancing the replicas' step totals reaches the step bound and removes the whole excess
+        assert st["window_replica"]["p50"] <= st["bound"]["p50"] * 1.002
+        assert removed["window_replica"] > 0.97
+        assert st["window_replica"]["p50"] <= min(st["window"]["p50"], st["per_micro_batch"]["p50"])
+        # heaviest samples share a micro-batch, so even in lockstep it beats per-micro-batch plans
+        assert ls["window_replica"]["p50"] < ls["per_micro_batch"]["p50"]
+        assert w["plan_ms"]["window_p50"] > 0
+    dp64 = receipts_window["rows"][1]["window"]
+    assert dp64["bound_per_micro_batch"]["p50"] > 1.25  # the largest image sets it (about 1.30)
+    assert dp64["straggler"]["window_replica"]["p50"] < 1.01
+
+
+def test_window_keeps_the_per_micro_batch_results(receipts_window):
+    # steps x window micro-batches from one pool: the per-micro-batch part is a window-1 run of
+    # steps * window steps, to the last figure (timings aside)
+    plain = sim.simulate(load_profile("receipts"), [8, 64], steps=3 * WINDOW, seed=0)
+    assert plain["window"] == 1
+    for a, b in zip(receipts_window["rows"], plain["rows"]):
+        assert b["window"] is None
+        for key in ("straggler", "vision_speedup", "reads", "exchange"):
+            assert a[key] == b[key]
+
+
+def test_replica_window_order_balances_replica_totals_and_deals_heaviest_first():
+    rng = np.random.default_rng(4)
+    d, window, per = 6, 4, 3
+    costs = rng.lognormal(0, 1.5, d * window * per)
+    order = sim._replica_window_order(costs, d, window)
+    assert sorted(order.tolist()) == list(range(costs.size))
+    slots = order.reshape(window, d, per)  # micro-batch, replica, sample
+    totals = costs[slots].sum(axis=(0, 2))
+    reference = np.sort(costs[np.asarray(balanced_order(costs, d))].reshape(d, -1).sum(axis=1))
+    assert np.sort(totals) == pytest.approx(reference)  # the replicas' step totals: balanced_order's
+    for r in range(d):
+        mine = costs[slots[:, r]]  # (micro-batch, sample)
+        # snake order: micro-batch j leads with the replica's (j+1)-th heaviest sample, so the
+        # replicas' heaviest samples share micro-batch 0
+        assert mine.max(axis=1).tolist() == np.sort(mine.ravel())[::-1][:window].tolist()
+
+
+def test_window_on_the_command_line(tmp_path, capsys):
+    from mimo_accel import cli
+
+    out = tmp_path / "w.json"
+    console = Console(record=True, width=220)
+    assert sim.main(["--profile", "receipts", "--dp", "4", "--steps", "2", "--window", "3", "--json", str(out)],
+                    console=console) == 0
+    text = console.export_text()
+    assert "Global-batch window: 3 micro-batches per step" in text and "replica totals" in text
+    assert "2 steps x 3 micro-batches" in text and "Reads per micro-batch" in text
+    doc = json.loads(out.read_text())
+    assert doc["window"] == 3 and doc["rows"][0]["window"]["micro_batches"] == 3
+    assert set(doc["rows"][0]["window"]) == {"micro_batches", "straggler", "lockstep", "bound_per_micro_batch",
+                                             "removed", "plan_ms"}
+    # the same through `mimo-accel simulate`
+    out2 = tmp_path / "w2.json"
+    assert cli.main(["simulate", "--dp", "4", "--steps", "2", "--window", "3", "--json", str(out2)]) == 0
+    assert json.loads(out2.read_text())["rows"][0]["window"]["straggler"] == doc["rows"][0]["window"]["straggler"]
+    capsys.readouterr()
+    assert sim.main(["--window", "0"]) == 2
+    assert "--window must be >= 1" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="window must be a positive integer"):
+        sim.simulate(load_profile("receipts"), [2], steps=1, window=0)
