@@ -48,7 +48,7 @@ DELEGATED = {
     "report": ("mimo_accel.report", "before/after straggler report from profiler runs"),
     "rehearse": ("mimo_accel.rehearsal", "CPU rehearsal of a real MegatronMIMO layout, baseline vs accelerated"),
     "simulate": ("mimo_accel.simulate", "the planners at cluster scale, no processes"),
-    "index": ("mimo_accel.indexing", "build a per-sample cost index from a dataset manifest"),
+    "index": ("mimo_accel.indexing", "build a per-sample cost index from a manifest or the training dataset"),
     "calibrate": ("mimo_accel.calibrate", "fit the cost model from profiler logs"),
 }
 

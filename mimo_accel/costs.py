@@ -8,6 +8,8 @@ sample without decoding it.
 
 from __future__ import annotations
 
+import hashlib
+import io
 import json
 import math
 import os
@@ -25,9 +27,12 @@ import numpy as np
 __all__ = [
     "CostIndex",
     "CostModel",
+    "FixedPatches",
     "ResizeRule",
     "SampleShape",
+    "image_size_from_bytes",
     "image_size_from_header",
+    "rule_from_dict",
 ]
 
 COST_MODEL_FORMAT = "mimo-accel-cost-model/1"
@@ -155,6 +160,49 @@ class ResizeRule:
             "min_pixels": self.min_pixels,
             "max_pixels": self.max_pixels,
         }
+
+
+@dataclass(frozen=True)
+class FixedPatches:
+    """A fixed-resolution vision processor (CLIP, SigLIP): every image becomes ``patches`` encoder
+    rows whatever its size, because the processor resizes and crops it to one resolution.
+
+    The same methods as :class:`ResizeRule` where a cost index needs them, so either can be an
+    index's ``rule``.
+    """
+
+    patches_per_image: int
+
+    def __post_init__(self) -> None:
+        _positive_int("FixedPatches.patches_per_image", self.patches_per_image)
+        object.__setattr__(self, "patches_per_image", int(self.patches_per_image))
+
+    def patches(self, height: int, width: int) -> int:
+        """Encoder rows of one image (its size does not matter)."""
+        _positive_int("height", height)
+        _positive_int("width", width)
+        return self.patches_per_image
+
+    def patches_many(self, heights: Sequence[int] | np.ndarray, widths: Sequence[int] | np.ndarray) -> np.ndarray:
+        h = np.asarray(heights, dtype=np.int64)
+        w = np.asarray(widths, dtype=np.int64)
+        if h.shape != w.shape or h.ndim != 1:
+            raise ValueError("heights and widths must be 1-D sequences of the same length")
+        return np.full(h.shape, self.patches_per_image, dtype=np.int64)
+
+    def to_dict(self) -> dict[str, int]:
+        return {"fixed_patches": self.patches_per_image}
+
+
+def rule_from_dict(doc: Mapping[str, Any]) -> ResizeRule | FixedPatches:
+    """The rule a ``to_dict()`` describes (:class:`ResizeRule` or :class:`FixedPatches`)."""
+    if not isinstance(doc, Mapping):
+        raise ValueError(f"a resize rule must be a mapping, got {type(doc).__name__}")
+    if "fixed_patches" in doc:
+        if set(doc) != {"fixed_patches"}:
+            raise ValueError(f"a fixed-patches rule has only \"fixed_patches\", got keys {sorted(doc)}")
+        return FixedPatches(doc["fixed_patches"])
+    return ResizeRule(**doc)
 
 
 # --------------------------------------------------------------------------------------------
@@ -305,7 +353,7 @@ class CostIndex:
         sq_patches: Any,
         tokens: Any,
         images: Any,
-        rule: ResizeRule,
+        rule: ResizeRule | FixedPatches,
     ) -> None:
         arrays = {}
         for name, values in (("patches", patches), ("sq_patches", sq_patches), ("tokens", tokens), ("images", images)):
@@ -324,14 +372,14 @@ class CostIndex:
         # Σp² >= Σp for positive patch counts, and patches exist iff images do.
         if (q < p).any() or ((p > 0) != (n > 0)).any():
             raise ValueError(f"cost index: inconsistent patch/image counts; {_REBUILD_HINT}")
-        if not isinstance(rule, ResizeRule):
-            raise ValueError(f"cost index: rule must be a ResizeRule, got {type(rule).__name__}")
+        if not isinstance(rule, (ResizeRule, FixedPatches)):
+            raise ValueError(f"cost index: rule must be a ResizeRule or FixedPatches, got {type(rule).__name__}")
         self._patches, self._sq_patches = p, q
         self._tokens, self._images = arrays["tokens"], n
         self.rule = rule
 
     @classmethod
-    def from_shapes(cls, shapes: Sequence[SampleShape], rule: ResizeRule | None = None) -> CostIndex:
+    def from_shapes(cls, shapes: Sequence[SampleShape], rule: ResizeRule | FixedPatches | None = None) -> CostIndex:
         """Build the index from per-sample shapes (e.g. read with :func:`image_size_from_header`)."""
         rule = ResizeRule() if rule is None else rule
         counts = np.fromiter((len(s.image_sizes) for s in shapes), dtype=np.int64, count=len(shapes))
@@ -384,6 +432,13 @@ class CostIndex:
         """Real language tokens of each sample."""
         return self._tokens[self._lookup(indices)]
 
+    def digest(self) -> str:
+        """A hex SHA-256 of the rule and every array: equal digests, equal indexes (and plans)."""
+        h = hashlib.sha256(json.dumps(self.rule.to_dict(), sort_keys=True).encode())
+        for a in (self._patches, self._sq_patches, self._tokens, self._images):
+            h.update(np.ascontiguousarray(a, dtype="<i8").tobytes())
+        return h.hexdigest()
+
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write the index as one ``.npz`` file at exactly ``path`` (atomically replaced)."""
         header = {"format": COST_INDEX_FORMAT, "length": len(self), "rule": self.rule.to_dict()}
@@ -429,7 +484,7 @@ class CostIndex:
         if fmt != COST_INDEX_FORMAT:
             raise ValueError(f"{path}: expected format {COST_INDEX_FORMAT!r}, found {fmt!r}; {_REBUILD_HINT}")
         try:
-            index = cls(**arrays, rule=ResizeRule(**rule))
+            index = cls(**arrays, rule=rule_from_dict(rule))
         except (ValueError, TypeError) as exc:
             raise ValueError(f"{path}: {exc}") from None
         if len(index) != length:
@@ -483,6 +538,35 @@ def image_size_from_header(path: str | os.PathLike[str]) -> tuple[int, int]:
             width, height = im.size
     except Exception as exc:  # Pillow raises many types for unreadable files
         raise ValueError(f"{path}: cannot read image size ({exc})") from None
+    return int(height), int(width)
+
+
+def image_size_from_bytes(data: bytes | bytearray | memoryview, where: str = "image bytes") -> tuple[int, int]:
+    """``(height, width)`` of an encoded image held in memory (e.g. an undecoded HF ``Image``
+    cell), from its header only; the same formats and fallback as :func:`image_size_from_header`.
+    ``where`` names the image in error messages."""
+    f = io.BytesIO(data)
+    head = f.read(64)
+    try:
+        size = _parse_header(f, head)
+    except (struct.error, IndexError):
+        raise ValueError(f"{where}: image header is truncated") from None
+    except ValueError as exc:
+        raise ValueError(f"{where}: {exc}") from None
+    if size is not None:
+        return size
+    try:
+        from PIL import Image
+    except ImportError:
+        raise ValueError(
+            f"{where}: not a PNG, JPEG, GIF, BMP or WebP image; install Pillow to read other formats"
+        ) from None
+    try:
+        f.seek(0)
+        with Image.open(f) as im:
+            width, height = im.size
+    except Exception as exc:  # Pillow raises many types for unreadable data
+        raise ValueError(f"{where}: cannot read image size ({exc})") from None
     return int(height), int(width)
 
 

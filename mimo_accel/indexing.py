@@ -2,6 +2,8 @@
 
 The index is built once, from a manifest or an in-memory dataset, and stored beside the dataset;
 the planner then costs any sample without decoding it (:class:`mimo_accel.costs.CostIndex`).
+``mimo-accel index --dataset MODULE:NAME`` instead builds, offline, the index a training job
+derives by itself when none is configured (:mod:`mimo_accel.derive`), into the same cache.
 
 Manifest format (JSON Lines, one object per sample, in dataset order; blank lines are skipped)::
 
@@ -45,6 +47,7 @@ __all__ = [
     "build_index_from_dataset",
     "build_index_from_manifest",
     "default_index_path",
+    "load_dataset_spec",
     "main",
     "read_manifest",
     "summarize",
@@ -248,49 +251,146 @@ def _parser() -> argparse.ArgumentParser:
     d = ResizeRule()
     p = argparse.ArgumentParser(
         prog="mimo-accel index",
-        description="Build the per-sample cost index (plan-before-read reordering) from a JSONL manifest: "
+        description="Build the per-sample cost index (plan-before-read reordering). From a JSONL manifest: "
                     "one object per sample in dataset order, with \"images\" (paths relative to the "
                     "manifest) or \"image_sizes\" ([h, w] pairs), and \"tokens\" or \"text\" "
-                    f"(tokens estimated as len(text)/{CHARS_PER_TOKEN}). Image sizes come from file "
-                    "headers; nothing is decoded.")
-    p.add_argument("manifest", help="the JSONL manifest")
-    p.add_argument("--out", help=f"where to write the index (default: <manifest>{INDEX_SUFFIX})")
-    p.add_argument("--patch-size", type=int, default=d.patch_size,
-                   help=f"vision patch size in pixels (default {d.patch_size}; Qwen3-VL uses 16)")
-    p.add_argument("--merge-size", type=int, default=d.merge_size, help=f"spatial merge size (default {d.merge_size})")
-    p.add_argument("--temporal-patch-size", type=int, default=d.temporal_patch_size,
-                   help=f"temporal patch size (default {d.temporal_patch_size})")
-    p.add_argument("--min-pixels", type=int, default=d.min_pixels, help=f"default {d.min_pixels}")
-    p.add_argument("--max-pixels", type=int, default=d.max_pixels, help=f"default {d.max_pixels}")
+                    f"(tokens estimated as len(text)/{CHARS_PER_TOKEN}). Or from the training dataset itself "
+                    "(--dataset): the same index a training job derives when no index is configured, "
+                    "written to the same cache, so the job finds it. Image sizes come from file headers; "
+                    "nothing is decoded.")
+    p.add_argument("manifest", nargs="?", help="the JSONL manifest (or give --dataset)")
+    p.add_argument("--dataset", metavar="MODULE:NAME",
+                   help="the training dataset: NAME in MODULE (a module name, or a .py file) is the dataset "
+                        "or a function returning it (a Bridge MegatronMIMODataset or DirectSFTDataset). "
+                        "The index goes to the cache the training job reads (see --cache-dir)")
+    p.add_argument("--cache-dir", help="with --dataset: the cache directory (default: $MIMO_ACCEL_CACHE_DIR, "
+                                       "else ~/.cache/mimo_accel); give the training job the same one")
+    p.add_argument("--refresh", action="store_true", help="with --dataset: rebuild even if the cache has it")
+    p.add_argument("--out", help=f"where to write the index (manifest default: <manifest>{INDEX_SUFFIX}; "
+                                 "with --dataset: a copy besides the cache, for enable(cost_index=PATH))")
+    p.add_argument("--patch-size", type=int, default=None,
+                   help=f"manifest only: vision patch size in pixels (default {d.patch_size}; Qwen3-VL uses 16)")
+    p.add_argument("--merge-size", type=int, default=None,
+                   help=f"manifest only: spatial merge size (default {d.merge_size})")
+    p.add_argument("--temporal-patch-size", type=int, default=None,
+                   help=f"manifest only: temporal patch size (default {d.temporal_patch_size})")
+    p.add_argument("--min-pixels", type=int, default=None, help=f"manifest only: default {d.min_pixels}")
+    p.add_argument("--max-pixels", type=int, default=None, help=f"manifest only: default {d.max_pixels}")
     p.add_argument("--workers", type=int, default=None,
                    help="threads reading image headers (default: Python's thread-pool default; 1 = serial)")
     return p
 
 
-def _print_summary(console, summary: dict[str, Any], out: Path, seconds: float, workers: Optional[int]) -> None:
+_RULE_OPTIONS = ("patch_size", "merge_size", "temporal_patch_size", "min_pixels", "max_pixels")
+
+
+def _rule_text(r: dict[str, Any]) -> str:
+    if "fixed_patches" in r:
+        return f"fixed resolution: {r['fixed_patches']:,} rows per image"
+    return f"patch {r['patch_size']}, merge {r['merge_size']}, pixels [{r['min_pixels']:,}, {r['max_pixels']:,}]"
+
+
+def _print_summary(console, summary: dict[str, Any], out: Any, seconds: float, workers: Optional[int],
+                   source: Optional[str] = None) -> None:
     from rich.table import Table
 
     table = Table(title="mimo-accel cost index", show_header=False, title_justify="left")
     table.add_column("what", style="bold")
-    table.add_column("value")
+    table.add_column("value", overflow="fold")  # paths are folded, never cut short
     pa, tk = summary["patches_per_image_sample"], summary["tokens_per_sample"]
-    r = summary["rule"]
+    if source:
+        table.add_row("dataset", source)
     table.add_row("samples", f"{summary['samples']:,}")
     table.add_row("images", f"{summary['images']:,} (up to {summary['max_images_per_sample']} per sample)")
     table.add_row("text-only samples", f"{summary['text_only_samples']:,} ({summary['text_only_fraction']:.1%})")
     table.add_row("patches per sample with images",
                   f"p50 {pa['p50']:,.0f} · p90 {pa['p90']:,.0f} · max {pa['max']:,.0f}")
     table.add_row("tokens per sample", f"p50 {tk['p50']:,.0f} · p90 {tk['p90']:,.0f} · max {tk['max']:,.0f}")
-    table.add_row("resize rule", f"patch {r['patch_size']}, merge {r['merge_size']}, "
-                                 f"pixels [{r['min_pixels']:,}, {r['max_pixels']:,}]")
+    table.add_row("resize rule", _rule_text(summary["rule"]))
     table.add_row("header-read threads", "default" if workers is None else str(workers))
     table.add_row("time", f"{seconds:.2f} s")
-    table.add_row("written to", str(out))
+    for where in (out if isinstance(out, (list, tuple)) else [out]):
+        table.add_row("written to", str(where))
     console.print(table)
 
 
+def load_dataset_spec(spec: str) -> Any:
+    """The dataset ``MODULE:NAME`` names: NAME in MODULE (a module, or a ``.py`` file), called when
+    it is a function or class. The current directory is importable, as with ``python -m``."""
+    import importlib
+    import importlib.util
+
+    module_name, sep, name = spec.rpartition(":")
+    if not sep or not module_name or not name:
+        raise ValueError(f"--dataset {spec!r}: expected MODULE:NAME, e.g. my_train:build_dataset")
+    try:  # a Bridge dataset factory on a machine without Transformer Engine (a login node)
+        from mimo_accel import cpu
+
+        cpu.prepare_imports()
+    except ImportError:
+        pass
+    if module_name.endswith(".py") or os.sep in module_name:
+        path = Path(module_name)
+        if not path.is_file():
+            raise ValueError(f"--dataset {spec!r}: no such file {path}")
+        mod_spec = importlib.util.spec_from_file_location(path.stem, path)
+        module = importlib.util.module_from_spec(mod_spec)
+        sys.modules.setdefault(path.stem, module)
+        mod_spec.loader.exec_module(module)
+    else:
+        if os.getcwd() not in sys.path and "" not in sys.path:
+            sys.path.insert(0, os.getcwd())
+        module = importlib.import_module(module_name)
+    if not hasattr(module, name):
+        raise ValueError(f"--dataset {spec!r}: {module_name} has no attribute {name!r}")
+    obj = getattr(module, name)
+    return obj() if callable(obj) and not hasattr(obj, "__getitem__") else obj
+
+
+def _main_dataset(args, err, escape) -> int:
+    from rich.console import Console
+
+    from mimo_accel.derive import derive_cost_index
+
+    given = [f"--{o.replace('_', '-')}" for o in _RULE_OPTIONS if getattr(args, o) is not None]
+    if given:
+        err.print(f"[bold red]mimo-accel index:[/] {', '.join(given)} apply to manifests only; with --dataset "
+                  "the resize rule is the dataset's own processor's", highlight=False)
+        return 2
+    start = time.perf_counter()
+    try:
+        from mimo_accel.derive import cache_path
+        from mimo_accel.probe import source_for
+
+        dataset = load_dataset_spec(args.dataset)
+        written: list[Any] = []
+        index = derive_cost_index(dataset, cache_dir=args.cache_dir, refresh=args.refresh, progress=True,
+                                  workers=args.workers)
+        if getattr(dataset, "mimo_accel_cost_index", None) is not None:
+            described = f"{type(dataset).__name__} (carries its own index)"
+        else:
+            source = source_for(dataset)
+            described = source.describe()
+            path = cache_path(source.fingerprint(), args.cache_dir)
+            if not path.exists():  # the cache write failed: say so rather than claim it
+                raise OSError(f"the cache file {path} was not written (see the warning above)")
+            written.append(path)
+        if args.out:
+            out = Path(args.out)
+            out.parent.mkdir(parents=True, exist_ok=True)
+            index.save(out)
+            written.append(out)
+    except (ValueError, OSError, ImportError) as exc:
+        err.print(f"[bold red]mimo-accel index:[/] {escape(str(exc))}", highlight=False)
+        return 1
+    _print_summary(Console(), summarize(index), written, time.perf_counter() - start, args.workers,
+                   source=described)
+    return 0
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """``mimo-accel index MANIFEST [options]``: write the index, print a summary. Returns the exit code."""
+    """``mimo-accel index MANIFEST [options]`` or ``mimo-accel index --dataset MODULE:NAME``: write the
+    index, print a summary. Returns the exit code."""
     from rich.console import Console
     from rich.markup import escape
 
@@ -299,12 +399,23 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except SystemExit as exc:  # --help, or a usage error argparse already printed
         return int(exc.code or 0)
     err = Console(stderr=True, soft_wrap=True)  # never break a path in an error message
+    if (args.manifest is None) == (args.dataset is None):
+        err.print("[bold red]mimo-accel index:[/] give a manifest or --dataset MODULE:NAME (one of the two)",
+                  highlight=False)
+        return 2
+    if args.workers is not None and args.workers < 1:
+        err.print(f"[bold red]mimo-accel index:[/] --workers must be >= 1, got {args.workers}", highlight=False)
+        return 2
+    if args.dataset is not None:
+        return _main_dataset(args, err, escape)
+    if args.cache_dir is not None or args.refresh:
+        err.print("[bold red]mimo-accel index:[/] --cache-dir and --refresh apply to --dataset only",
+                  highlight=False)
+        return 2
     try:
-        rule = ResizeRule(patch_size=args.patch_size, merge_size=args.merge_size,
-                          temporal_patch_size=args.temporal_patch_size, min_pixels=args.min_pixels,
-                          max_pixels=args.max_pixels)
-        if args.workers is not None and args.workers < 1:
-            raise ValueError(f"--workers must be >= 1, got {args.workers}")
+        d = ResizeRule()
+        rule = ResizeRule(**{o: getattr(args, o) if getattr(args, o) is not None else getattr(d, o)
+                             for o in _RULE_OPTIONS})
     except ValueError as exc:
         err.print(f"[bold red]mimo-accel index:[/] {escape(str(exc))}", highlight=False)
         return 2

@@ -17,7 +17,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mimo_accel.costs import CostIndex, CostModel, ResizeRule, SampleShape, image_size_from_header
+from mimo_accel.costs import (
+    CostIndex,
+    CostModel,
+    FixedPatches,
+    ResizeRule,
+    SampleShape,
+    image_size_from_bytes,
+    image_size_from_header,
+    rule_from_dict,
+)
 
 RULE = ResizeRule()
 
@@ -408,3 +417,71 @@ def test_bad_image_headers(tmp_path, content, message):
     with pytest.raises(ValueError, match=message) as err:
         image_size_from_header(path)
     assert str(path) in str(err.value)
+
+
+# --------------------------------------------------------------------------------------------
+# Additions for costs derived without an index: bytes headers, fixed resolution, digests
+# --------------------------------------------------------------------------------------------
+
+_MAKERS = [_png, _jpeg, lambda w, h: _jpeg(w, h, sof=0xC2), _gif, _bmp, _webp_lossy, _webp_lossless, _webp_extended]
+
+
+@pytest.mark.parametrize("make", _MAKERS, ids=["png", "jpeg", "jpeg-progressive", "gif", "bmp", "webp-vp8",
+                                               "webp-vp8l", "webp-vp8x"])
+def test_image_size_from_bytes_equals_the_file_reader(tmp_path, make):
+    data = make(37, 23)
+    (tmp_path / "image").write_bytes(data)
+    assert image_size_from_bytes(data) == image_size_from_header(tmp_path / "image") == (23, 37)
+    assert image_size_from_bytes(memoryview(data)) == (23, 37)
+
+
+def test_image_size_from_bytes_errors_name_the_image():
+    with pytest.raises(ValueError, match="sample 7: image header is truncated"):
+        image_size_from_bytes(_png(5, 5)[:20], "sample 7")
+    with pytest.raises(ValueError, match="cell 3: cannot read image size"):
+        image_size_from_bytes(b"this is no image at all", "cell 3")
+
+
+def test_image_size_from_bytes_falls_back_to_pillow_for_other_formats():
+    import io
+
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("RGB", (41, 17)).save(buf, format="TIFF")
+    assert image_size_from_bytes(buf.getvalue()) == (17, 41)
+
+
+def test_fixed_patches_rule():
+    rule = FixedPatches(577)
+    assert rule.patches(10, 4000) == 577 and rule.patches_many([1, 2], [3, 4]).tolist() == [577, 577]
+    assert rule_from_dict(rule.to_dict()) == rule and rule_from_dict(RULE.to_dict()) == RULE
+    for bad in (0, -1, 2.5, True):
+        with pytest.raises(ValueError, match="patches_per_image"):
+            FixedPatches(bad)
+    with pytest.raises(ValueError, match="only"):
+        rule_from_dict({"fixed_patches": 5, "patch_size": 14})
+    index = CostIndex.from_shapes([SampleShape(((10, 20), (3000, 4000)), 9), SampleShape((), 4)], rule)
+    assert index.patches([0, 1]).tolist() == [1154, 0] and index.sq_patches([0]).tolist() == [2 * 577 ** 2]
+
+
+def test_an_index_with_a_fixed_rule_round_trips(tmp_path):
+    index = CostIndex([577, 0], [577 ** 2, 0], [600, 20], [1, 0], FixedPatches(577))
+    index.save(tmp_path / "i.npz")
+    again = CostIndex.load(tmp_path / "i.npz")
+    assert again.rule == FixedPatches(577) and again.digest() == index.digest()
+
+
+def test_an_index_refuses_other_rules():
+    with pytest.raises(ValueError, match="ResizeRule or FixedPatches"):
+        CostIndex([1], [1], [1], [1], {"patch_size": 14})
+
+
+def test_digest_covers_every_array_and_the_rule():
+    base = dict(patches=[4, 0], sq_patches=[16, 0], tokens=[9, 3], images=[1, 0])
+    d = CostIndex(**base, rule=RULE).digest()
+    assert CostIndex(**base, rule=RULE).digest() == d and len(d) == 64
+    for changed in ({"tokens": [9, 4]}, {"sq_patches": [17, 0]}, {"patches": [4, 1], "sq_patches": [16, 1], "images": [1, 1]},
+                    {"patches": [4, 1], "sq_patches": [16, 1], "images": [1, 2]}):
+        assert CostIndex(**{**base, **changed}, rule=RULE).digest() != d
+    assert CostIndex(**base, rule=ResizeRule(patch_size=16)).digest() != d

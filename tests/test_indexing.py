@@ -254,3 +254,70 @@ def test_pillow_written_files_agree_with_the_header_reader(tmp_path):
     index = indexing.build_index_from_manifest(manifest, rule)
     assert index.patches(np.arange(5)).tolist() == [rule.patches(45, 123)] * 5
     assert math.isfinite(float(index.costs(np.arange(5), CostModel()).sum()))
+
+
+# ----------------------------------------------------------------------------------------------
+# CLI from the training dataset itself (--dataset): the cache a training job reads
+# ----------------------------------------------------------------------------------------------
+
+FACTORY = '''
+from pathlib import Path
+from tests.test_derive import all_kinds_of_examples, mimo_dataset, qwen_processor
+
+ROOT = Path(__file__).parent / "images"
+
+def build():
+    return mimo_dataset(all_kinds_of_examples(ROOT, write=False), qwen_processor())
+
+class Unknown:
+    def __len__(self):
+        return 1
+
+unknown = Unknown()
+'''
+
+
+@pytest.fixture
+def factory(tmp_path):
+    from tests.test_derive import all_kinds_of_examples
+
+    (tmp_path / "images").mkdir()
+    all_kinds_of_examples(tmp_path / "images")
+    path = tmp_path / "my_train.py"
+    path.write_text(FACTORY)
+    return path
+
+
+def test_cli_builds_the_cache_the_training_job_reads(factory, tmp_path, capsys, monkeypatch):
+    from mimo_accel import derive
+    from mimo_accel.probe import MimoDatasetSource
+
+    monkeypatch.setenv("COLUMNS", "400")
+    cache, out = tmp_path / "cache", tmp_path / "copy.npz"
+    argv = ["--dataset", f"{factory}:build", "--cache-dir", str(cache), "--out", str(out)]
+    assert indexing.main(argv) == 0
+    text = capsys.readouterr().out
+    assert "MegatronMIMODataset of 11 samples" in text and "pixels [3,136, 1,003,520]" in text
+    assert str(out) in text and str(cache) in text
+
+    # The training job, no index configured: the cache answers, nothing is probed.
+    monkeypatch.setattr(MimoDatasetSource, "_probe_chunk", lambda *a: pytest.fail("probed again"))
+    spec = indexing.load_dataset_spec(f"{factory}:build")
+    index = derive.derive_cost_index(spec, cache_dir=cache)
+    assert index.digest() == CostIndex.load(out).digest()
+
+
+def test_cli_dataset_errors(factory, dataset_dir, tmp_path, capsys):
+    assert indexing.main([]) == 2
+    assert indexing.main([str(dataset_dir), "--dataset", f"{factory}:build"]) == 2
+    assert "one of the two" in capsys.readouterr().err
+    assert indexing.main(["--dataset", f"{factory}:build", "--patch-size", "16"]) == 2
+    assert "--patch-size apply to manifests only" in capsys.readouterr().err
+    assert indexing.main([str(dataset_dir), "--cache-dir", str(tmp_path)]) == 2
+    assert indexing.main(["--dataset", f"{factory}:unknown", "--cache-dir", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert "Unknown" in err and "Three ways out" in err
+    assert indexing.main(["--dataset", f"{factory}:nothing"]) == 1
+    assert "has no attribute 'nothing'" in capsys.readouterr().err
+    assert indexing.main(["--dataset", "no_colon"]) == 1
+    assert "expected MODULE:NAME" in capsys.readouterr().err

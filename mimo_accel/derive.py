@@ -1,0 +1,233 @@
+"""Per-sample costs without an index: derived when the loaders are built, once, in parallel.
+
+:func:`derive_cost_index` turns a dataset into the :class:`~mimo_accel.costs.CostIndex` that
+plan-mode reordering needs, with no setup: a dataset carrying ``mimo_accel_cost_index`` gives
+that; Bridge's ``MegatronMIMODataset`` and ``DirectSFTDataset`` are probed from their raw examples
+(image headers, the processor's resize rule, token counts; :mod:`mimo_accel.probe`); anything else
+is a :class:`~mimo_accel.probe.DeriveError` naming the three ways out.
+
+With a process group, each rank probes its contiguous 1/world share and one
+``all_gather_object`` assembles the whole index on every rank, so every rank holds the identical
+index (same arrays, same order) without a broadcast. The result is cached on disk keyed by the
+dataset's fingerprint and the resize settings (:meth:`SampleSource.fingerprint`), so a restart
+reads it back: ``cache_dir`` argument, else ``$MIMO_ACCEL_CACHE_DIR``, else
+``$XDG_CACHE_HOME/mimo_accel`` (``~/.cache/mimo_accel``). ``mimo-accel index --dataset
+MODULE:FACTORY`` builds the same cache offline.
+
+Collectives (all ranks of ``group`` call it together): two ``all_gather_object`` when every rank
+finds the cache, three when the index is built. A failure on any rank (a missing image, a bad
+sample) reaches every rank as the same error, naming the rank: no rank is left waiting.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import time
+from pathlib import Path
+from typing import Any, Callable, Optional, Union
+
+from mimo_accel.costs import CostIndex, _atomic_write
+from mimo_accel.probe import DeriveError, Probed, SampleSource, source_for
+
+__all__ = ["ENV_CACHE_DIR", "DeriveError", "cache_path", "default_cache_dir", "derive_cost_index", "share"]
+
+ENV_CACHE_DIR = "MIMO_ACCEL_CACHE_DIR"
+_PROGRESS_FROM = 2048  # samples in rank 0's share from which a progress bar is shown by default
+
+logger = logging.getLogger(__name__)
+
+CacheDir = Union[str, "os.PathLike[str]", None, bool]
+
+
+def default_cache_dir() -> Path:
+    """``$MIMO_ACCEL_CACHE_DIR``, else ``$XDG_CACHE_HOME/mimo_accel``, else ``~/.cache/mimo_accel``."""
+    if os.environ.get(ENV_CACHE_DIR):
+        return Path(os.environ[ENV_CACHE_DIR]).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base).expanduser() / "mimo_accel"
+
+
+def cache_path(key: str, cache_dir: CacheDir = None) -> Optional[Path]:
+    """Where the index with fingerprint ``key`` is cached (None: caching off, ``cache_dir=False``)."""
+    if cache_dir is False:
+        return None
+    root = default_cache_dir() if cache_dir is None or cache_dir is True else Path(cache_dir).expanduser()
+    return root / f"cost-index-{key[:32]}.npz"
+
+
+def share(rank: int, world: int, n: int) -> tuple[int, int]:
+    """Rank ``rank``'s contiguous share ``[lo, hi)`` of ``n`` samples (sizes differ by at most 1)."""
+    return rank * n // world, (rank + 1) * n // world
+
+
+def _load_cached(path: Optional[Path], length: int) -> Optional[CostIndex]:
+    if path is None or not path.exists():
+        return None
+    try:
+        index = CostIndex.load(path)
+    except (ValueError, OSError) as exc:
+        logger.warning("mimo_accel: ignoring the unreadable cost-index cache %s (%s); rebuilding it", path, exc)
+        return None
+    if len(index) != length:
+        logger.warning("mimo_accel: the cost-index cache %s holds %d samples, the dataset %d; rebuilding it",
+                       path, len(index), length)
+        return None
+    return index
+
+
+def _save(index: CostIndex, path: Path, source: SampleSource, key: str) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        index.save(path)  # atomic: written beside, then renamed over
+        about = {"key": key, "dataset": source.describe(), "rule": index.rule.to_dict(),
+                 "samples": len(index), "digest": index.digest(), "created": time.strftime("%Y-%m-%dT%H:%M:%S")}
+        _atomic_write(path.with_suffix(".json"), (json.dumps(about, indent=2) + "\n").encode())
+    except OSError as exc:  # a read-only or full cache dir costs a rebuild next time, nothing more
+        logger.warning("mimo_accel: could not write the cost-index cache %s: %s", path, exc)
+
+
+class _Group:
+    """The few collective operations used, over a torch.distributed group or a single process."""
+
+    def __init__(self, group: Any):
+        self.group = group
+        if group is None:
+            self.rank, self.world = 0, 1
+        else:
+            import torch.distributed as dist
+
+            self.rank, self.world = dist.get_rank(group), dist.get_world_size(group)
+
+    def gather(self, obj: Any) -> list[Any]:
+        if self.group is None:
+            return [obj]
+        import torch.distributed as dist
+
+        out: list[Any] = [None] * self.world
+        dist.all_gather_object(out, obj, group=self.group)
+        return out
+
+
+def _raise_first_error(reports: list[tuple], what: Callable[[int], str], local: Optional[BaseException]) -> None:
+    if len(reports) == 1 and local is not None:
+        raise local  # a single process: the error as it was raised
+    for r, report in enumerate(reports):
+        if report[0] == "error":
+            raise DeriveError(f"mimo_accel: deriving per-sample costs failed on {what(r)}: {report[1]}")
+
+
+def _error_text(exc: BaseException) -> str:
+    return str(exc) if isinstance(exc, DeriveError) else f"{type(exc).__name__}: {exc}"
+
+
+def _progress_bar(enabled: bool, total: int, description: str):
+    """A rich progress bar (a context manager and an ``advance(n)`` callable), or a no-op."""
+    if not enabled or total <= 0:
+        return None
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                        TimeRemainingColumn(), console=Console(stderr=True), transient=False)
+    task = progress.add_task(description, total=total)
+    return progress, (lambda n: progress.advance(task, n))
+
+
+def derive_cost_index(dataset: Any, *, group: Any = None, cache_dir: CacheDir = None, refresh: bool = False,
+                      progress: Optional[bool] = None, workers: Optional[int] = None) -> CostIndex:
+    """The per-sample cost index of ``dataset``, identical on every rank of ``group``.
+
+    ``group``: a ``torch.distributed`` process group whose ranks all call this together, each
+    probing 1/world of the samples; None for a single process (it probes everything).
+    ``cache_dir``: where the index is cached (None: :func:`default_cache_dir`; False: no cache).
+    ``refresh``: ignore a cached index and rebuild it. ``progress``: a progress bar on the group's
+    rank 0 (None: when its share has 2048 samples or more). ``workers``: threads reading image
+    file headers per rank (None: a pool when a chunk has many files; 1: serial).
+
+    Deterministic: the index depends only on the dataset and its processors, never on the
+    world size or on which rank probed what. Raises :class:`DeriveError` (a ValueError) naming
+    the rank and sample when a sample cannot be probed, and naming the three ways out when the
+    dataset is of an unknown kind.
+    """
+    carried = getattr(dataset, "mimo_accel_cost_index", None)
+    if carried is not None:
+        if not isinstance(carried, CostIndex):
+            raise DeriveError(f"{type(dataset).__name__}.mimo_accel_cost_index must be a "
+                              f"mimo_accel.costs.CostIndex, got {type(carried).__name__}")
+        if len(carried) < len(dataset):
+            raise DeriveError(f"{type(dataset).__name__}.mimo_accel_cost_index covers {len(carried)} samples, "
+                              f"the dataset has {len(dataset)}")
+        return carried
+
+    comm = _Group(group)
+    rank, world = comm.rank, comm.world
+    start = time.perf_counter()
+
+    # 1. Every rank names what it sees; an unknown dataset fails everywhere, together.
+    failure: Optional[BaseException] = None
+    try:
+        source = source_for(dataset)
+        hello: tuple = ("ok", source.fingerprint(), source.length, source.base_length)
+    except Exception as exc:  # reported to every rank below, so none waits in a collective
+        source, hello, failure = None, ("error", _error_text(exc)), exc
+    hellos = comm.gather(hello)
+    _raise_first_error(hellos, lambda r: f"rank {r}", failure)
+    assert source is not None
+    lengths = {r: h[2:] for r, h in enumerate(hellos)}
+    if len(set(lengths.values())) > 1:
+        raise DeriveError(f"mimo_accel: the ranks see datasets of different lengths (samples, distinct): "
+                          f"{lengths}; every rank must build the same dataset")
+    key = hellos[0][1]
+    differ = [r for r, h in enumerate(hellos) if h[1] != key]
+    if differ and rank == 0:
+        logger.warning("mimo_accel: ranks %s fingerprint the dataset differently from rank 0 (e.g. files with "
+                       "other modification times); using rank 0's cache key. The index is assembled from "
+                       "every rank's share either way.", differ)
+
+    # 2. The cache: used only when every rank holds the identical index.
+    path = cache_path(key, cache_dir)
+    cached = None if refresh else _load_cached(path, source.length)
+    mine = (cached.digest() if cached is not None else None, socket.gethostname(),
+            str(path.resolve()) if path is not None else None)
+    states = comm.gather(mine)
+    digests = {s[0] for s in states}
+    if cached is not None and len(digests) == 1:
+        if rank == 0:
+            logger.info("mimo_accel: cost index of %s read from the cache %s", source.describe(), path)
+        return cached
+
+    # 3. Probe this rank's share; one gather assembles the whole index everywhere.
+    lo, hi = share(rank, world, source.base_length)
+    show = rank == 0 and (progress if progress is not None else hi - lo >= _PROGRESS_FROM)
+    bar = _progress_bar(show, hi - lo, f"mimo_accel: probing samples (rank 0's {hi - lo:,} of {source.base_length:,})")
+    t0 = time.perf_counter()
+    try:
+        if bar is None:
+            probed = source.probe(lo, hi, workers=workers)
+        else:
+            with bar[0]:
+                probed = source.probe(lo, hi, on_progress=bar[1], workers=workers)
+        part: tuple = ("ok", probed, time.perf_counter() - t0)
+    except Exception as exc:
+        part, failure = ("error", _error_text(exc)), exc
+    parts = comm.gather(part)
+    _raise_first_error(parts, lambda r: f"rank {r} (samples {share(r, world, source.base_length)[0]}.."
+                                        f"{share(r, world, source.base_length)[1] - 1})", failure)
+    index = source.to_index(Probed.concat([p[1] for p in parts]))
+
+    # One writer per (host, cache file) among the ranks whose cache is stale or missing.
+    if path is not None:
+        writer: dict[tuple, int] = {}
+        for r, (_, host, where) in enumerate(states):
+            writer.setdefault((host, where), r)
+        if writer[(mine[1], mine[2])] == rank and mine[0] != index.digest():
+            _save(index, path, source, key)
+    if rank == 0:
+        slowest = max(p[2] for p in parts)
+        logger.info("mimo_accel: derived the cost index of %s on %d rank(s) in %.1f s (slowest probe %.1f s)%s",
+                    source.describe(), world, time.perf_counter() - start, slowest,
+                    f"; cached at {path}" if path is not None else "")
+    return index
