@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import pickle
 import threading
 from typing import Mapping, Sequence
 
@@ -43,24 +44,40 @@ def data_loading_ranks(grids: Mapping[str, object]) -> tuple[int, ...]:
     return tuple(sorted(ranks))
 
 
-def _exchange(fields: Mapping[str, str], ranks: tuple[int, ...], me: int) -> list:
-    """Every rank's ``fields``, through the job's rendezvous store (no process group to create,
-    so nothing collective with the ranks that build no loader)."""
-    from torch.distributed import distributed_c10d as c10d
+class RankSet:
+    """A set of ranks that gathers Python objects through the job's rendezvous store.
 
-    with _lock:
-        n = _rounds[ranks] = _rounds.get(ranks, 0) + 1
-    store = c10d._get_default_store()
-    prefix = f"mimo_accel/agree/{'-'.join(map(str, ranks))}/{n}"
-    store.set(f"{prefix}/{me}", json.dumps(dict(fields)))
-    keys = [f"{prefix}/{r}" for r in ranks]
-    try:
-        store.wait(keys)
-    except Exception as exc:  # the store's own timeout: say who never came
-        missing = [r for r, k in zip(ranks, keys) if not store.check([k])]
-        raise RuntimeError(f"mimo_accel: ranks {missing} never built this loader (rank {me} waited for "
-                           f"them to compare plan inputs): {exc}") from exc
-    return [json.loads(store.get(k)) for k in keys]
+    No process group is created, so nothing is collective with the ranks outside the set (Bridge
+    builds loaders on the data-loading ranks only). Every member must call :meth:`gather` the same
+    number of times, in the same order. ``rank``/``world`` are this process's place in the set.
+    """
+
+    def __init__(self, ranks: Sequence[int]):
+        import torch.distributed as dist
+
+        self.ranks = tuple(sorted(ranks))
+        me = dist.get_rank()
+        if me not in self.ranks:
+            raise RuntimeError(f"mimo_accel: rank {me} builds a loader but is not one of the "
+                               f"data-loading ranks {list(self.ranks)} of Bridge's layout")
+        self.rank, self.world = self.ranks.index(me), len(self.ranks)
+
+    def gather(self, obj) -> list:
+        from torch.distributed import distributed_c10d as c10d
+
+        with _lock:
+            n = _rounds[self.ranks] = _rounds.get(self.ranks, 0) + 1
+        store = c10d._get_default_store()
+        prefix = f"mimo_accel/gather/{'-'.join(map(str, self.ranks))}/{n}"
+        keys = [f"{prefix}/{r}" for r in self.ranks]
+        store.set(keys[self.rank], pickle.dumps(obj))
+        try:
+            store.wait(keys)
+        except Exception as exc:  # the store's own timeout: say who never came
+            missing = [r for r, k in zip(self.ranks, keys) if not store.check([k])]
+            raise RuntimeError(f"mimo_accel: ranks {missing} never reached this point (rank "
+                               f"{self.ranks[self.rank]} waited for them): {exc}") from exc
+        return [pickle.loads(store.get(k)) for k in keys]
 
 
 def mismatches(per_rank: Sequence[Mapping[str, str]], ranks: Sequence[int]) -> list[str]:
@@ -85,10 +102,7 @@ def check_same_everywhere(fields: Mapping[str, str], ranks: Sequence[int], what:
     ranks = tuple(sorted(ranks))
     if len(ranks) < 2 or not dist.is_initialized():
         return
-    if dist.get_rank() not in ranks:
-        raise RuntimeError(f"mimo_accel: rank {dist.get_rank()} builds {what} but is not one of the "
-                           f"data-loading ranks {list(ranks)} Bridge's layout gives")
-    gathered = _exchange(fields, ranks, dist.get_rank())
+    gathered = RankSet(ranks).gather(dict(fields))
     differ = mismatches(gathered, ranks)
     if differ:
         raise RuntimeError(

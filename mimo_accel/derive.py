@@ -96,6 +96,8 @@ class _Group:
         self.group = group
         if group is None:
             self.rank, self.world = 0, 1
+        elif hasattr(group, "gather"):  # mimo_accel.agree.RankSet: gathers through the store
+            self.rank, self.world = group.rank, group.world
         else:
             import torch.distributed as dist
 
@@ -104,6 +106,8 @@ class _Group:
     def gather(self, obj: Any) -> list[Any]:
         if self.group is None:
             return [obj]
+        if hasattr(self.group, "gather"):
+            return self.group.gather(obj)
         import torch.distributed as dist
 
         out: list[Any] = [None] * self.world

@@ -563,6 +563,12 @@ class ExchangeReorder:
         meta += local.size
         all_costs = np.concatenate([r[:8 * n_local].view(np.float64) for r in rows])
         all_sizes = np.concatenate([r[8 * n_local:].view(np.int64) for r in rows])
+        if all_costs.size and np.all(all_costs == all_costs[0]):
+            from mimo_accel.notices import say_once
+
+            say_once("exchange:equal-costs", "mimo_accel reorder (exchange): every decoded sample of a "
+                     "global micro-batch has the same cost (no grid_thw/image_grid_thw in the batch, or "
+                     "equal images), so there is nothing to balance: samples stay where they were read")
         plan = plan_exchange(all_costs, all_sizes, n_ranks, self.ctx.grid)
         t2 = time.perf_counter()
 

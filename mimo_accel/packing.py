@@ -283,6 +283,46 @@ def _lengths_from_mask(
     return host[0], mask.size(1)
 
 
+def lengths_from_loss_mask(batch: Mapping[str, Any], placeholder_ids: Sequence[int]) -> list[int]:
+    """Real lengths of right-padded samples whose ``attention_mask`` is all ones.
+
+    Bridge 0.6.2's ``MegatronMIMODataset`` (megatron/bridge/data/megatron_mimo/dataset.py) pads to
+    ``seq_length`` and sets ``attention_mask`` to ones, but its ``loss_mask`` is 1 exactly where the
+    target ``input_ids[i + 1]`` is a real, non-placeholder token before the last real one. So if p
+    is a sample's last loss position, tokens ``p + 2 ...`` up to the real length are placeholders,
+    and the real length is p + 2 extended over the placeholders that follow (1 when there is no
+    loss position). What remains must be padding — one repeated token id — or this source does not
+    describe the batch and packing refuses rather than cut real tokens.
+    """
+    loss_mask, ids = batch.get("loss_mask"), batch.get("input_ids")
+    if not isinstance(loss_mask, torch.Tensor) or not isinstance(ids, torch.Tensor):
+        raise ValueError(
+            "mimo_accel packing: attention_mask is all ones (no padding marked), and the batch has no "
+            "loss_mask and input_ids to take the real lengths from; there is no length source. Give "
+            "the collate a padding attention_mask (1 = real token), or turn packing off.")
+    if loss_mask.shape != ids.shape or loss_mask.dim() != 2:
+        raise ValueError(f"loss_mask {tuple(loss_mask.shape)} and input_ids {tuple(ids.shape)} must both be [B, S]")
+    seq = ids.size(1)
+    positions = torch.arange(seq, device=ids.device)
+    last = torch.where(loss_mask != 0, positions, torch.full_like(positions, -1)).max(dim=1).values
+    placeholder = torch.zeros_like(ids, dtype=torch.bool)
+    for t in placeholder_ids:
+        placeholder |= ids == int(t)
+    host_last, host_ph, host_ids = last.tolist(), placeholder.tolist(), ids.tolist()
+    lengths = []
+    for row, (p, ph, tokens) in enumerate(zip(host_last, host_ph, host_ids)):
+        n = min(p + 2 if p >= 0 else 1, seq)
+        while n < seq and ph[n]:
+            n += 1
+        if len(set(tokens[n:])) > 1:
+            raise ValueError(
+                f"mimo_accel packing: attention_mask is all ones and sample {row}'s loss_mask does not "
+                "mark where its real tokens end (what follows is not one repeated pad token), so its "
+                "length cannot be known. Give the collate a padding attention_mask (1 = real token).")
+        lengths.append(n)
+    return lengths
+
+
 def _check_lengths(lengths: Any, batch_size: int | None) -> list[int]:
     if isinstance(lengths, torch.Tensor):
         if lengths.dim() != 1 or lengths.is_floating_point() or lengths.is_complex():

@@ -46,6 +46,13 @@ class CostIndexPlanner:
         """Plan ``micro_batches`` consecutive global micro-batches together (a window): the
         result's j-th block of len/micro_batches samples is micro-batch j, cut into G groups."""
         costs = self.costs(indices)
+        if costs.size and np.all(costs == costs[0]):
+            from mimo_accel.notices import say_once
+
+            say_once("reorder:equal-costs", "mimo_accel reorder: every sample of a global micro-batch has "
+                     "the same vision cost (the cost index sees no images or no size differences), so "
+                     "there is nothing to balance: keeping the contiguous split where that happens")
+            return list(indices), 1.0
         v = self.vision_groups * micro_batches
         order = balanced_order(costs, v)
         if self.grid > self.vision_groups:
@@ -62,26 +69,28 @@ class CostIndexPlanner:
 SPLIT_FIELD = "{split}"
 
 
-def cost_index_for(dataset, path: Optional[str], split: str = "train") -> CostIndex:
+def cost_index_for(dataset, path: Optional[str], split: str = "train", group=None) -> CostIndex:
     """The cost index of one split's dataset.
 
     ``path`` with ``{split}`` in it names one file per split (``train``, ``validation``, ``test``);
     a plain path is the train split's index only — an index never describes two datasets. Without
-    a file, the index the dataset carries (``mimo_accel_cost_index``).
+    a file: the index the dataset carries (``mimo_accel_cost_index``), else one derived from the
+    dataset's raw examples (:func:`mimo_accel.derive.derive_cost_index`; every rank of ``group``
+    probes its share, cached on disk).
     """
     if path is not None and (SPLIT_FIELD in path or split == "train"):
         index = CostIndex.load(path.replace(SPLIT_FIELD, split))
     else:
-        index = getattr(dataset, "mimo_accel_cost_index", None)
-        if index is None:
-            given = (f" The configured cost index {path!r} is the train split's; name one file per "
-                     f"split with '{SPLIT_FIELD}' in the path (e.g. costs-{SPLIT_FIELD}.npz)."
-                     if path is not None else "")
-            raise ValueError(
-                f"mimo_accel reorder (plan mode) needs per-sample costs of the {split} split before "
-                "reading: build a cost index with `mimo-accel index` and pass enable(cost_index=PATH) / "
-                f"MIMO_ACCEL_COST_INDEX, give the dataset ({type(dataset).__name__}) a "
-                "`mimo_accel_cost_index` attribute, or use reorder_mode='exchange'." + given)
+        from mimo_accel.derive import DeriveError, derive_cost_index
+
+        try:
+            index = derive_cost_index(dataset, group=group)
+        except DeriveError as exc:
+            if path is None:
+                raise
+            raise DeriveError(f"{exc}\nThe configured cost index {path!r} is the train split's; name one "
+                              f"file per split with '{SPLIT_FIELD}' in the path (e.g. costs-{SPLIT_FIELD}.npz)"
+                              f" to give the {split} split its own.") from exc
     if len(index) < len(dataset):
         raise ValueError(f"mimo_accel reorder: the {split} cost index covers {len(index)} samples but the "
                          f"dataset has {len(dataset)}; rebuild it with `mimo-accel index`")

@@ -34,6 +34,7 @@ class StepRole:
     is_first_stage: bool
     is_last_stage: bool
     sequence_parallel_size: int  # T must divide by this for sequence parallelism (tp·cp), else 1
+    placeholder_ids: tuple = ()  # the modality placeholder token ids in input_ids
 
 
 _step = threading.local()
@@ -50,12 +51,13 @@ def role_of(mimo_model) -> Optional[StepRole]:
     sp = 1
     grids = getattr(getattr(mimo_model, "mimo_config", None), "module_to_grid_map", None) or {}
     grid = grids.get(LANGUAGE)
+    tokens = tuple((getattr(mimo_model, "special_token_ids", None) or {}).values())
     lm = getattr(mimo_model, "language_model", None)
     lm_config = getattr(lm, "config", None)
     if grid is not None and getattr(lm_config, "sequence_parallel", False):
         dims = dict(zip(grid.dim_names, grid.shape))
         sp = dims.get("tp", 1) * dims.get("cp", 1)
-    return StepRole(True, role.is_first_stage(LANGUAGE), role.is_last_stage(LANGUAGE), sp)
+    return StepRole(True, role.is_first_stage(LANGUAGE), role.is_last_stage(LANGUAGE), sp, tokens)
 
 
 def capture_role(get_module_dp_info: Callable) -> Callable:
@@ -148,15 +150,24 @@ def _batch_size(batch: dict) -> int:
 
 
 def pack_for_language_model(batch: dict, role: StepRole, pad_multiple: int) -> dict:
-    from mimo_accel.packing import pack_language_shard
+    """THD-pack the language shard. Lengths come from the padding ``attention_mask``; when it is all
+    ones (Bridge 0.6.2's MegatronMIMODataset), from ``loss_mask`` and the placeholder tokens."""
+    from mimo_accel.notices import say_once
+    from mimo_accel.packing import lengths_from_loss_mask, pack_language_shard
 
-    if batch.get("attention_mask") is None:
+    mask = batch.get("attention_mask")
+    if mask is None:
         raise ValueError(
             "mimo_accel packing needs the batch's [batch, seq] attention_mask (1 = real token) as "
             "its length source on every language pipeline stage, but it is None. Keep the padding "
             "mask in the batch (Bridge's Qwen3.5-VL example keeps it when packing is on); the "
             "packer drops it before the model.")
-    packed, kwargs = pack_language_shard(batch, pad_multiple=pad_multiple,
+    lengths = None
+    if bool((mask != 0).all()):
+        lengths = lengths_from_loss_mask(batch, role.placeholder_ids)
+        say_once("packing:length-source", "mimo_accel packing: the attention_mask marks no padding "
+                 "(all ones), so sample lengths come from loss_mask and the placeholder tokens")
+    packed, kwargs = pack_language_shard(batch, lengths, pad_multiple=pad_multiple,
                                          tp_size=role.sequence_parallel_size,
                                          is_first_stage=role.is_first_stage)
     packed["packing_kwargs"] = kwargs

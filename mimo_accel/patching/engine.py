@@ -20,6 +20,7 @@ from typing import Any, Callable, Optional
 
 import wrapt
 
+from mimo_accel import notices
 from mimo_accel.config import AccelConfig
 from mimo_accel.patching import targets as T
 from mimo_accel.patching.features import replacement_factory
@@ -195,6 +196,7 @@ def _disable_locked() -> None:
     _state.notes = []
     from mimo_accel import fanin, instrument, sampler
 
+    notices.clear()
     sampler.set_context(None)
     instrument.close()
     fanin.clear()
@@ -216,5 +218,5 @@ def status() -> dict:
             "shape": _state.shape.name if _state.shape else None,
             "patched": patched,
             "waiting_for_import": pending,
-            "notes": list(_state.notes),
+            "notes": list(_state.notes) + list(notices.said().values()),
         }

@@ -59,6 +59,15 @@ def _micro_batches_per_step() -> Optional[int]:
     return int(nmc.get_num_microbatches())
 
 
+def _data_ranks(ctx):
+    """The data-loading ranks as a gather group (None in a single process)."""
+    import torch.distributed as dist
+
+    from mimo_accel.agree import RankSet
+
+    return RankSet(ctx.data_ranks) if dist.is_initialized() and len(ctx.data_ranks) > 1 else None
+
+
 def _shard(loader, a: dict, ctx, split: str, cfg: AccelConfig):
     """This rank's sharded (and, with reorder, planned) loader for one split."""
     from mimo_accel import agree, instrument, sampler
@@ -78,7 +87,7 @@ def _shard(loader, a: dict, ctx, split: str, cfg: AccelConfig):
         model = cost_model_for(cfg.cost_model)
         plan_inputs["cost model"] = agree.digest(dataclasses.asdict(model))
         if cfg.reorder_mode == "plan":
-            index = cost_index_for(dataset, cfg.cost_index, split)
+            index = cost_index_for(dataset, cfg.cost_index, split, group=_data_ranks(ctx))
             plan_inputs["cost index"] = index_digest(index)
             modality_dps = [d for name, d in ctx.dp_sizes.items() if name != "language"]
             planner = CostIndexPlanner(index, model, ctx.grid,
