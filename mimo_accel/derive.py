@@ -93,10 +93,13 @@ class _Group:
     """The few collective operations used, over a torch.distributed group or a single process."""
 
     def __init__(self, group: Any):
+        from .agree import RankSet  # light module: no torch import until a RankSet is built
+
         self.group = group
+        self.through_store = isinstance(group, RankSet)  # a ProcessGroup has .gather too
         if group is None:
             self.rank, self.world = 0, 1
-        elif hasattr(group, "gather"):  # mimo_accel.agree.RankSet: gathers through the store
+        elif self.through_store:
             self.rank, self.world = group.rank, group.world
         else:
             import torch.distributed as dist
@@ -106,7 +109,7 @@ class _Group:
     def gather(self, obj: Any) -> list[Any]:
         if self.group is None:
             return [obj]
-        if hasattr(self.group, "gather"):
+        if self.through_store:
             return self.group.gather(obj)
         import torch.distributed as dist
 
