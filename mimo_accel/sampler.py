@@ -12,6 +12,7 @@ Data flows one way: the sampler decides what a rank reads → the loader reads i
 
 from __future__ import annotations
 
+import sys
 import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Optional, Sequence
@@ -59,13 +60,37 @@ SPLITS = ("train", "validation", "test")
 _lock = threading.Lock()
 _context: Optional[ShardContext] = None
 _dp_group = None  # this rank's module DP process group (not part of the picklable context)
+_lookup = None  # (parallelism config, grids) of the last sampling-info lookup, resolved lazily
+_armed_by: Optional[tuple] = None  # (id, code) of the frame that looked the sampling info up
 _loaders_built = 0  # loaders built since the context was set: which split comes next
 
 
 def set_context(ctx: Optional[ShardContext], dp_group=None) -> None:
-    global _context, _dp_group, _loaders_built
+    global _context, _dp_group, _lookup, _armed_by, _loaders_built
     with _lock:
-        _context, _dp_group, _loaders_built = ctx, dp_group, 0
+        _context, _dp_group, _lookup, _armed_by, _loaders_built = ctx, dp_group, None, None, 0
+
+
+def arm(parallelism_config, grids, caller) -> None:
+    """Record a sampling-info lookup made by the frame ``caller`` (Bridge's
+    build_megatron_mimo_data_loaders, or a script's own build_data_iterators).
+
+    The context is resolved only when a loader is built, and loaders are sharded only while that
+    frame is still running: a lookup on its own (a unit test, a tool) never leaks into a later,
+    unrelated build_pretraining_data_loader call.
+    """
+    global _context, _dp_group, _lookup, _armed_by, _loaders_built
+    with _lock:
+        _context, _dp_group, _loaders_built = None, None, 0
+        _lookup = (parallelism_config, grids)
+        _armed_by = (id(caller), caller.f_code) if caller is not None else None
+
+
+def _resolve() -> None:
+    global _context, _dp_group, _lookup
+    if _lookup is not None:
+        lookup, _lookup = _lookup, None
+        _context, _dp_group = context_from_grids(*lookup)
 
 
 def take_split() -> str:
@@ -77,11 +102,29 @@ def take_split() -> str:
 
 
 def current_context() -> Optional[ShardContext]:
-    return _context
+    with _lock:
+        _resolve()
+        return _context
+
+
+def context_for_loader() -> Optional[ShardContext]:
+    """The context when the loader being built belongs to the call that looked up the sampling
+    info (that frame is on the stack now), else None."""
+    armed = _armed_by
+    if armed is None:
+        return current_context()  # set directly (set_context): no frame to scope it
+    f = sys._getframe(1)
+    while f is not None:
+        if id(f) == armed[0] and f.f_code is armed[1]:
+            return current_context()
+        f = f.f_back
+    return None
 
 
 def current_dp_group():
-    return _dp_group
+    with _lock:
+        _resolve()
+        return _dp_group
 
 
 def context_from_grids(parallelism_config, grids):

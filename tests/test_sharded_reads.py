@@ -208,3 +208,42 @@ def test_micro_batch_not_divisible_by_grid_is_refused_with_the_fix():
     # example script's direct path does not, so the sharded loader must.
     msgs = run_ranks(_example_path_with_bad_micro_batch, 6, deadline_s=200)
     assert all(m and "canonical grid G=4" in m and "4 or 8" in m for m in msgs), msgs
+
+
+def _lookup_scoped_to_its_caller(rank, world):
+    """A sampling-info lookup shards the loaders its own caller builds, and nothing built later
+    (a lookup alone — a unit test, a tool — must not leak into an unrelated loader)."""
+    import mimo_accel
+    from mimo_accel.sampler import ShardedBatchSampler
+
+    mimo_accel.enable(sharded_reads=True)
+    from megatron.bridge.data.megatron_mimo.dp_utils import get_megatron_mimo_sampling_info
+    from megatron.bridge.data.samplers import build_pretraining_data_loader
+
+    layout = MimoLayout.from_dp(2, 1)
+    grids = build_grids(layout)
+    ds = st.SyntheticVLMDataset(16, st.uniform_spec(), seq_length=32, patch_dim=24, vocab_size=2048)
+
+    def build():
+        return build_pretraining_data_loader(ds, 0, "single", 2, 0, True, collate_fn=st.collate,
+                                             pin_memory=False, data_parallel_rank=0, data_parallel_size=1)
+
+    def lookup_only():
+        get_megatron_mimo_sampling_info(layout.parallelism_config(), grids)
+
+    def lookup_then_build():
+        get_megatron_mimo_sampling_info(layout.parallelism_config(), grids)
+        return build()
+
+    try:
+        lookup_only()
+        stray = build()
+        scoped = lookup_then_build()
+    finally:
+        mimo_accel.disable()
+    return isinstance(stray.batch_sampler, ShardedBatchSampler), isinstance(scoped.batch_sampler, ShardedBatchSampler)
+
+
+def test_a_sampling_info_lookup_shards_only_the_loaders_its_caller_builds():
+    results = run_ranks(_lookup_scoped_to_its_caller, 3, deadline_s=200)
+    assert results == [(False, True)] * 3, results
