@@ -7,14 +7,6 @@ import importlib.util
 import inspect
 import platform
 import sys
-from importlib import metadata
-
-
-def _version(dist: str) -> str:
-    try:
-        return metadata.version(dist)
-    except metadata.PackageNotFoundError:
-        return "not installed"
 
 
 def _target_state(t) -> tuple[str, str]:
@@ -47,24 +39,27 @@ def collect() -> dict:
     from mimo_accel import cpu
     from mimo_accel.patching import engine, targets
 
+    bridge, core = engine.installed_versions()
     info = {
         "python": platform.python_version(),
         "torch": torch.__version__,
-        "megatron-core": _version("megatron-core"),
-        "megatron-bridge": _version("megatron-bridge"),
+        "megatron-core": core or "not installed",
+        "megatron-bridge": bridge or "not installed",
         "cuda_available": torch.cuda.is_available(),
         "nccl_available": bool(torch.distributed.is_available() and torch.distributed.is_nccl_available()),
         "transformer_engine": importlib.util.find_spec("transformer_engine") is not None
         and not getattr(sys.modules.get("transformer_engine"), cpu.STAND_IN_MARKER, False),
     }
-    version = info["megatron-bridge"]
-    shape = targets.shape_for(version) if version != "not installed" else None
+    m = targets.match(bridge, core)
+    shape = m.shape
     info["shape"] = shape.name if shape else None
+    info["support"] = support_line(m)
+    info["refused"] = m.status == "missing" or (m.status == "untested" and not _allowed())
     rows = []
-    if version != "not installed":
+    if shape is not None:
         cpu.prepare_imports()  # import-time compatibility only (3.11 back-port, stand-ins where absent)
-        for feature in ("context", "sharded_reads", "step", "fan_in", "profile", "train_entry"):
-            for t in (shape or targets.SHAPES[0]).targets(feature):
+        for feature in ("context", "sharded_reads", "step", "fan_in", "packing", "profile", "train_entry"):
+            for t in shape.targets(feature):
                 state, where = _target_state(t)
                 rows.append(dict(feature=feature, target=f"{_short(t.site)}:{t.name}", state=state, detail=where))
     info["targets"] = rows
@@ -74,9 +69,33 @@ def collect() -> dict:
     return info
 
 
+def _allowed() -> bool:
+    from mimo_accel.config import ConfigError
+    from mimo_accel.patching import engine
+
+    try:
+        return engine.allow_untested()
+    except ConfigError:
+        return False
+
+
+def support_line(m) -> str:
+    """Whether enable() accepts this installed pair: tested / declared / untested / refused."""
+    from mimo_accel.patching import targets
+
+    if m.status in ("tested", "declared"):
+        return f"{m.shape.support}: {m.shape.evidence}"
+    why = "; ".join(m.problems)
+    if m.status == "untested" and _allowed():
+        return (f"untested, allowed by {targets.ALLOW_UNTESTED_ENV}=1: patched as nearest shape "
+                f"'{m.shape.name}' ({why})")
+    nearest = f"; {targets.ALLOW_UNTESTED_ENV}=1 would use nearest shape '{m.shape.name}'" if m.shape else ""
+    return f"refused: {why}{nearest}"
+
+
 FEATURE_NEEDS = {"sharded_reads": ("context", "sharded_reads", "step", "fan_in"),
                  "reorder": ("context", "sharded_reads", "step", "fan_in"),
-                 "packing": ("context", "step", "fan_in"), "profile": ("profile", "step", "context")}
+                 "packing": ("context", "step", "fan_in", "packing"), "profile": ("profile", "step", "context")}
 
 
 def main() -> int:
@@ -86,7 +105,7 @@ def main() -> int:
     info = collect()
     console = Console(width=max(Console().width, 120))
     env = Table(title="mimo-accel doctor: environment", show_header=False)
-    for key in ("python", "torch", "megatron-core", "megatron-bridge", "shape", "cuda_available",
+    for key in ("python", "torch", "megatron-core", "megatron-bridge", "shape", "support", "cuda_available",
                 "nccl_available", "transformer_engine"):
         env.add_row(key, str(info[key]))
     console.print(env)
@@ -103,11 +122,12 @@ def main() -> int:
     ft.add_column("active")
     broken = {r["feature"] for r in info["targets"] if r["state"] != "ok"}
     for feature, needs in FEATURE_NEEDS.items():
-        ok = info["shape"] is not None and not (set(needs) & broken)
+        ok = not info["refused"] and not (set(needs) & broken)
         ft.add_row(feature, "[green]yes[/green]" if ok else "[red]no[/red]",
                    "yes" if feature in info["active"] else "no")
     console.print(ft)
-    if info["shape"] is None:
-        console.print(f"[red]megatron-bridge {info['megatron-bridge']} is not a supported shape[/red]")
+    if info["refused"]:
+        console.print(f"[red]mimo_accel.enable() refuses megatron-bridge {info['megatron-bridge']} with "
+                      f"megatron-core {info['megatron-core']}: {info['support']}[/red]")
         return 1
     return 0

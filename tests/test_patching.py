@@ -152,8 +152,10 @@ def test_mismatched_upstream_signature_is_refused_before_anything_is_patched(cle
 
 
 def test_unsupported_version_is_refused(clean_engine, monkeypatch):
-    monkeypatch.setattr(engine, "bridge_version", lambda: "0.5.1")
-    with pytest.raises(PatchError, match=r"0\.5\.1 is not a supported upstream shape"):
+    # the full version guard is tested in test_version_guard.py
+    monkeypatch.delenv("MIMO_ACCEL_ALLOW_UNTESTED", raising=False)
+    monkeypatch.setattr(engine, "installed_versions", lambda: ("0.5.1", "0.19.2"))
+    with pytest.raises(PatchError, match=r"megatron-bridge 0\.5\.1 .*not a tested combination"):
         mimo_accel.enable(packing=True)
     assert mimo_accel.status()["patched"] == []
 

@@ -1,7 +1,9 @@
 """The patch engine: enable/disable as a lifecycle, like OpenTelemetry's BaseInstrumentor.
 
-- The installed megatron-bridge version is checked against the declared shapes (targets.py)
-  *before* anything is patched; every target of a site is validated before that site is patched.
+- The installed megatron-bridge *and* megatron-core versions are checked against the declared
+  shapes (targets.py) *before* anything is patched: a pair outside every shape is refused unless
+  ``MIMO_ACCEL_ALLOW_UNTESTED=1``, which picks the nearest shape and warns once. Every target of a
+  site is then validated before that site is patched, tested shape or not.
 - Sites already imported are patched at ``enable()``; the others when they are imported
   (wrapt post-import hooks), so the order of ``import megatron.bridge`` and ``enable()`` does not
   matter. A site that fails validation when it is imported undoes everything (all-or-nothing).
@@ -11,6 +13,8 @@
 from __future__ import annotations
 
 import inspect
+import logging
+import os
 import sys
 import threading
 from collections import defaultdict
@@ -21,7 +25,7 @@ from typing import Any, Callable, Optional
 import wrapt
 
 from mimo_accel import notices
-from mimo_accel.config import AccelConfig
+from mimo_accel.config import AccelConfig, ConfigError
 from mimo_accel.patching import targets as T
 from mimo_accel.patching.features import replacement_factory
 from mimo_accel.patching.swaps import SwapSet
@@ -35,7 +39,7 @@ class PatchError(RuntimeError):
 class _State:
     config: AccelConfig = field(default_factory=AccelConfig)
     shape: Optional[T.Shape] = None
-    version: Optional[str] = None
+    match: Optional[T.Match] = None
     generation: int = 0
     by_site: dict = field(default_factory=dict)  # site -> [Target] still to patch or patched
     patched_sites: list = field(default_factory=list)
@@ -47,13 +51,53 @@ class _State:
 _lock = threading.RLock()
 _swaps = SwapSet()
 _state = _State()
+_warned_untested: set = set()  # (bridge, core) pairs already warned about in this process
+logger = logging.getLogger("mimo_accel")
 
 
-def bridge_version() -> Optional[str]:
-    try:
-        return metadata.version("megatron-bridge")
-    except metadata.PackageNotFoundError:
-        return None
+def installed_versions() -> tuple[Optional[str], Optional[str]]:
+    """(megatron-bridge, megatron-core) versions as installed, None where absent.
+
+    The one place the engine (and ``mimo-accel doctor``) reads them; tests substitute it.
+    """
+    found = []
+    for dist in ("megatron-bridge", "megatron-core"):
+        try:
+            found.append(metadata.version(dist))
+        except metadata.PackageNotFoundError:
+            found.append(None)
+    return found[0], found[1]
+
+
+def allow_untested(environ=None) -> bool:
+    """``MIMO_ACCEL_ALLOW_UNTESTED``: "1" allows an untested upstream; unset, "" or "0" do not."""
+    raw = (os.environ if environ is None else environ).get(T.ALLOW_UNTESTED_ENV, "").strip()
+    if raw not in ("", "0", "1"):
+        raise ConfigError(f"{T.ALLOW_UNTESTED_ENV}={raw!r}: use 1 (allow an untested megatron-bridge/"
+                          "megatron-core with the nearest shape) or 0 / unset (refuse it)")
+    return raw == "1"
+
+
+def check_versions(m: T.Match) -> T.Shape:
+    """The shape to patch for an installed version pair, or PatchError (nothing is patched)."""
+    allowed = allow_untested()  # a bad value is an error whatever the versions
+    if m.status == "missing":
+        raise PatchError(f"mimo_accel.enable(): {'; '.join(m.problems)}. Install a tested pair "
+                         f"({T.SUPPORTED}) or leave mimo_accel disabled; nothing was patched.")
+    if m.status == "untested":
+        if not allowed:
+            raise PatchError(
+                f"mimo_accel.enable(): installed {m.installed} is not a tested combination "
+                f"({'; '.join(m.problems)}). Tested: {T.SUPPORTED}. Nothing was patched. Install a tested "
+                f"pair, or set {T.ALLOW_UNTESTED_ENV}=1 to patch it anyway as the nearest shape "
+                f"('{m.shape.name}'); every patch target is still checked before anything is patched.")
+        key = (m.bridge, m.core)
+        if key not in _warned_untested:
+            _warned_untested.add(key)
+            logger.warning("mimo_accel: %s is untested (%s); %s=1 is set, so patching it as the nearest "
+                           "shape '%s'. Tested: %s", m.installed, "; ".join(m.problems),
+                           T.ALLOW_UNTESTED_ENV, m.shape.name, T.SUPPORTED)
+    return m.shape
 
 
 def _features_for(cfg: AccelConfig) -> list[str]:
@@ -64,6 +108,8 @@ def _features_for(cfg: AccelConfig) -> list[str]:
         features.append("sharded_reads")
     if cfg.sharded_reads or cfg.packing:
         features.append("fan_in")
+    if cfg.packing:
+        features.append("packing")
     if cfg.profile is not None:
         features += ["profile", "train_entry"]
     return features
@@ -80,7 +126,7 @@ def _resolve(site_module, name: str):
     return owner, attr, obj
 
 
-def _validate(site: str, targets: list[T.Target], version: str) -> None:
+def _validate(site: str, targets: list[T.Target], installed: str) -> None:
     module = sys.modules[site]
     for t in targets:
         where = f"{site}.{t.name}"
@@ -89,8 +135,8 @@ def _validate(site: str, targets: list[T.Target], version: str) -> None:
         except AttributeError:
             obj = None
         if obj is None:
-            raise PatchError(f"mimo_accel cannot patch {where}: it does not exist in megatron-bridge "
-                             f"{version}. Supported: {T.SUPPORTED}. Install a supported release or "
+            raise PatchError(f"mimo_accel cannot patch {where}: it does not exist in {installed}. "
+                             f"Supported: {T.SUPPORTED}. Install a supported release or "
                              "turn the feature off; nothing was patched.")
         origin = sys.modules.get(t.origin)
         if origin is not None and origin is not module:
@@ -104,7 +150,7 @@ def _validate(site: str, targets: list[T.Target], version: str) -> None:
             params = ()
         if params[:len(t.params)] != t.params:
             raise PatchError(f"mimo_accel cannot patch {where}: expected parameters {t.params}, found "
-                             f"{params} in megatron-bridge {version}. Supported: {T.SUPPORTED}. "
+                             f"{params} in {installed}. Supported: {T.SUPPORTED}. "
                              "Nothing was patched.")
 
 
@@ -130,7 +176,7 @@ def _on_import(site: str, generation: int) -> Callable[[Any], None]:
             if generation != _state.generation or site in _state.patched_sites:
                 return
             try:
-                _validate(site, _state.by_site[site], _state.version)
+                _validate(site, _state.by_site[site], _state.match.installed)
                 _apply(site, _state.by_site[site])
             except Exception:
                 _disable_locked()  # all-or-nothing: a site that does not fit undoes the others
@@ -147,22 +193,16 @@ def enable(cfg: AccelConfig) -> AccelConfig:
         if not cfg.any_feature:
             _state.config = cfg
             return cfg
-        version = bridge_version()
-        if version is None:
-            raise PatchError("mimo_accel.enable(): megatron-bridge is not installed; install it "
-                             f"(supported: {T.SUPPORTED}) or leave mimo_accel disabled.")
-        shape = T.shape_for(version)
-        if shape is None:
-            raise PatchError(f"mimo_accel.enable(): megatron-bridge {version} is not a supported upstream "
-                             f"shape ({T.SUPPORTED}); nothing was patched.")
+        m = T.match(*installed_versions())
+        shape = check_versions(m)  # before anything is patched
         by_site: dict = defaultdict(list)
         for feature in _features_for(cfg):
             for t in shape.targets(feature):
                 by_site[t.site].append(t)
         now = [s for s in by_site if s in sys.modules]
         for site in now:  # validate everything importable before patching anything
-            _validate(site, by_site[site], version)
-        _state.config, _state.shape, _state.version = cfg, shape, version
+            _validate(site, by_site[site], m.installed)
+        _state.config, _state.shape, _state.match = cfg, shape, m
         _state.by_site = dict(by_site)
         _state.generation += 1
         _state.notes = []
@@ -170,9 +210,12 @@ def enable(cfg: AccelConfig) -> AccelConfig:
             from mimo_accel import instrument
 
             instrument.configure(cfg)
+        if m.status != "tested":
+            _state.notes.append(f"{m.installed}: {m.status} — shape '{shape.name}', {shape.support}: "
+                                f"{shape.evidence}")
         if cfg.packing and shape.native_packing:
-            _state.notes.append("packing: upstream main packs in its own step (sequence_pack); "
-                                "mimo_accel defers to it — enable it in the dataset config")
+            _state.notes.append("packing: upstream's step packs (sequence_pack); mimo_accel's packer replaces "
+                                "its pack_language_shard and turns step packing on (resolve_step_packing)")
         try:
             for site in now:
                 _apply(site, by_site[site])
@@ -189,6 +232,8 @@ def _disable_locked() -> None:
     _swaps.restore()
     _state.generation += 1  # pending post-import hooks of the old generation become no-ops
     _state.config = AccelConfig()
+    _state.shape = None
+    _state.match = None
     _state.by_site = {}
     _state.patched_sites = []
     _state.replacements = {}
@@ -211,11 +256,14 @@ def status() -> dict:
     with _lock:
         patched = [s.where for s in _swaps]
         pending = sorted(s for s in _state.by_site if s not in _state.patched_sites)
+        m = _state.match or T.match(*installed_versions())
         return {
             "active": _state.config.features(),
             "config": _state.config,
-            "megatron_bridge": _state.version or bridge_version(),
+            "megatron_bridge": m.bridge,
+            "megatron_core": m.core,
             "shape": _state.shape.name if _state.shape else None,
+            "support": m.status,
             "patched": patched,
             "waiting_for_import": pending,
             "notes": list(_state.notes) + list(notices.said().values()),

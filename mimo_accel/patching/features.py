@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import sys
 from typing import Callable, Optional
 
 from mimo_accel.config import AccelConfig
@@ -21,7 +22,7 @@ def _sampling_info(original: Callable, cfg: AccelConfig) -> Callable:
     @functools.wraps(original)
     def get_megatron_mimo_sampling_info(megatron_mimo_cfg, grids, *args, **kwargs):
         result = original(megatron_mimo_cfg, grids, *args, **kwargs)
-        sampler.set_context(*sampler.context_from_grids(megatron_mimo_cfg, grids))
+        sampler.arm(megatron_mimo_cfg, grids, sys._getframe(1))
         return result
 
     return get_megatron_mimo_sampling_info
@@ -38,7 +39,7 @@ def _pretraining_loader(original: Callable, cfg: AccelConfig) -> Callable:
         call = signature.bind(*args, **kwargs)
         call.apply_defaults()
         a = call.arguments
-        ctx = sampler.current_context()
+        ctx = sampler.context_for_loader()
         # Only MIMO's global loaders (sampler dp_size=1 after a MIMO sampling-info lookup) are sharded.
         if ctx is None or a["data_parallel_size"] != 1:
             return loader
@@ -149,6 +150,15 @@ def _fan_in(name: str) -> Callable[[Callable], Callable]:
     return wrappers[name.rsplit(".", 1)[-1]]
 
 
+def _native_pack(name: str, cfg: AccelConfig) -> Callable[[Callable], Callable]:
+    """Upstream main's step-time packing (sequence_pack.py): mimo_accel's packer instead."""
+    from mimo_accel import native_pack
+
+    if name == "resolve_step_packing":
+        return native_pack.wrap_resolve_step_packing
+    return lambda o: native_pack.make_pack_language_shard(o, cfg.pad_multiple)
+
+
 def replacement_factory(name: str, cfg: AccelConfig, native_packing: bool) -> Callable[[Callable], Callable]:
     factories = {
         "get_megatron_mimo_sampling_info": lambda o: _sampling_info(o, cfg),
@@ -161,5 +171,7 @@ def replacement_factory(name: str, cfg: AccelConfig, native_packing: bool) -> Ca
         "MimoModel._attach_modality_split_sizes": _fan_in("_attach_modality_split_sizes"),
         "BridgeCommunicator._communicate_shapes": _fan_in("_communicate_shapes"),
         "BridgeCommunicator._split_tensor_at_batch_dim": _fan_in("_split_tensor_at_batch_dim"),
+        "pack_language_shard": _native_pack("pack_language_shard", cfg),
+        "resolve_step_packing": _native_pack("resolve_step_packing", cfg),
     }
     return factories[name]

@@ -12,7 +12,8 @@ References (NVIDIA-NeMo/Megatron-Bridge):
 - src/megatron/bridge/data/megatron_mimo/loaders.py: binds both of the above helpers' sampling
   function and build_pretraining_data_loader by name
 - src/megatron/bridge/training/megatron_mimo_step.py: binds slice_batch_for_megatron_mimo by
-  name; _get_module_dp_info; (main only) pack_language_shard from sequence_pack.py
+  name; _get_module_dp_info; (main only) pack_language_shard, bound from sequence_pack.py,
+  and resolve_step_packing
 - src/megatron/bridge/training/pretrain_megatron_mimo.py: looks up train_megatron_mimo in its
   globals at call time
 (NVIDIA/Megatron-LM) megatron/core/models/mimo/model/base.py: MimoModel._attach_modality_split_sizes;
@@ -68,21 +69,45 @@ FAN_IN = (Target(MIMO_MODEL, "MimoModel._attach_modality_split_sizes", MIMO_MODE
                  ("self", "tensor_to_send_next", "recv_next", "recv_prev", "tensor_to_send_prev")),
           Target(BRIDGE_COMM, "BridgeCommunicator._split_tensor_at_batch_dim", BRIDGE_COMM,
                  ("self", "aggregated_tensor", "num_splits")))
-NATIVE_PACK = (Target(STEP, "pack_language_shard", "megatron.bridge.data.megatron_mimo.sequence_pack",
-                      ("batch",)),)
+SEQUENCE_PACK = "megatron.bridge.data.megatron_mimo.sequence_pack"
+# Upstream main's step (training/megatron_mimo_step.py at 067f987) packs the language shard itself:
+#     pack_sequences_enabled = resolve_step_packing(state.cfg.dataset)
+#     ... data_batch, packing_kwargs = pack_language_shard(data_batch, lengths=pack_lengths)
+# Both names are looked up in the step's module globals at call time. mimo_accel replaces the
+# packer with its own (pad_multiple / tp alignment, validated lengths) and turns step packing on
+# when mimo_accel packing is on, so the feature acts without a dataset-config change.
+NATIVE_PACK = (Target(STEP, "pack_language_shard", SEQUENCE_PACK, ("data_batch", "lengths")),
+               Target(STEP, "resolve_step_packing", STEP, ("dataset_cfg",)))
 
 
 @dataclass(frozen=True)
 class Shape:
-    """One supported upstream shape: which megatron-bridge versions, and what it has."""
+    """One supported upstream shape: the megatron-bridge and megatron-core versions it covers.
+
+    The version lists are closed: a version that is not listed is *untested*, and ``enable()``
+    refuses it unless ``MIMO_ACCEL_ALLOW_UNTESTED=1``. A listed version without a local segment is
+    a release (as on PyPI); one with a local segment (``0.7.0+067f987``) is a source build at that
+    commit: Bridge and megatron-core append ``+<git rev-parse --short HEAD>`` to ``__version__``
+    when built from a git checkout, and a build at another commit is a different, untested code.
+    """
 
     name: str
-    min_version: str  # inclusive
-    below_version: Optional[str]  # exclusive, None = open
+    bridge: tuple[str, ...]  # megatron-bridge versions covered
+    core: tuple[str, ...]  # megatron-core versions covered (fan-in replaces private core methods)
     native_packing: bool  # upstream's step already packs (sequence_pack.py)
+    tested_here: bool  # False: declared from reading upstream's source, not run by this project's tests
+    evidence: str  # what the declaration rests on
 
     def targets(self, feature: str) -> tuple[Target, ...]:
         return FEATURE_TARGETS[feature] + (NATIVE_PACK if feature == "packing" and self.native_packing else ())
+
+    @property
+    def support(self) -> str:
+        return "tested" if self.tested_here else "declared, not tested here"
+
+    def describe(self) -> str:
+        return (f"shape '{self.name}': megatron-bridge {', '.join(self.bridge)} with megatron-core "
+                f"{', '.join(self.core)} ({self.support})")
 
 
 # Feature -> the targets it patches. "context" (the rank's shard context) serves every data feature.
@@ -97,18 +122,89 @@ FEATURE_TARGETS = {
 }
 
 SHAPES = (
-    Shape("0.6 (PyPI: step packs nothing)", "0.6.0", "0.7.0.dev0", native_packing=False),
-    Shape("main (0.7.0.dev: sequence_pack in the step)", "0.7.0.dev0", None, native_packing=True),
+    # 0.6.2 is what this project installs and tests. 0.6.0 and 0.6.1 count: their MegatronMIMO path
+    # (data/megatron_mimo/{dp_utils,loaders,__init__}.py, data/samplers.py,
+    # training/{megatron_mimo_step,pretrain_megatron_mimo,train_megatron_mimo}.py) is byte-identical
+    # to 0.6.2 (compared with tag v0.6.0). Any later 0.6.x is untested until listed here.
+    # megatron-core 0.19.x: the three private fan-in methods are identical in core_v0.19.0 and
+    # 0.19.2 (installed); 0.19.1 lies between them.
+    Shape("0.6", bridge=("0.6.0", "0.6.1", "0.6.2"), core=("0.19.0", "0.19.1", "0.19.2"),
+          native_packing=False, tested_here=True,
+          evidence="the test suite runs on megatron-bridge 0.6.2 / megatron-core 0.19.2"),
+    # Upstream main at 067f987 (2026-08-22) reports 0.7.0 (no pre-release tag since #5134; main was
+    # never "0.7.0.dev"; between 2026-06-02 and 2026-08-04 it reported 0.6.0+<commit>, which the 0.6
+    # shape does not cover: not a release). It pins Megatron-LM 2a75ac12c54b = megatron-core
+    # 0.20.0. Checked by reading that source: every target below exists with the expected
+    # parameters and bindings, and the fan-in methods' bodies equal 0.19.2's (logging aside).
+    Shape("main", bridge=("0.7.0+067f987",), core=("0.20.0+2a75ac1",), native_packing=True,
+          tested_here=False,
+          evidence="targets read from upstream main's source (Bridge 067f987, Megatron-LM 2a75ac12c54b); "
+                   "main's forward_step ran once by hand on CPU with mimo_accel's packer; not in the test suite"),
 )
 
-SUPPORTED = "megatron-bridge 0.6.x (tested: 0.6.2) and upstream main 0.7.0.dev (declared, not tested here)"
+ALLOW_UNTESTED_ENV = "MIMO_ACCEL_ALLOW_UNTESTED"
+SUPPORTED = "; ".join(shape.describe() for shape in SHAPES)
 
 
-def shape_for(version: str) -> Optional[Shape]:
+def _covers(installed, declared) -> bool:
+    """Whether an installed version is a declared one (see :class:`Shape` for local segments)."""
+    if installed.public != declared.public:
+        return False
+    if declared.local is None or installed.local is None:
+        return declared.local is None and installed.local is None
+    a, b = str(installed.local), str(declared.local)
+    return len(a) >= 7 and (a.startswith(b) or b.startswith(a))
+
+
+@dataclass(frozen=True)
+class Match:
+    """How an installed (megatron-bridge, megatron-core) pair relates to the declared shapes.
+
+    ``status``: "tested" / "declared" (inside a shape's lists; declared = not tested here),
+    "untested" (outside every shape; ``shape`` is then the nearest one), "missing" (a package is
+    not installed, or its version does not parse; ``shape`` is None).
+    """
+
+    bridge: Optional[str]
+    core: Optional[str]
+    shape: Optional[Shape]
+    status: str
+    problems: tuple[str, ...] = ()
+
+    @property
+    def installed(self) -> str:
+        return f"megatron-bridge {self.bridge or 'not installed'} with megatron-core {self.core or 'not installed'}"
+
+
+def match(bridge: Optional[str], core: Optional[str]) -> Match:
+    """The shape an installed (megatron-bridge, megatron-core) pair has. Pure: no imports of either."""
+    from packaging.version import InvalidVersion, Version
+
+    missing = [f"{name} is not installed" for name, v in (("megatron-bridge", bridge), ("megatron-core", core))
+               if v is None]
+    if missing:
+        return Match(bridge, core, None, "missing", tuple(missing))
+    try:
+        b, c = Version(bridge), Version(core)
+    except InvalidVersion as exc:
+        return Match(bridge, core, None, "missing", (f"unreadable version: {exc}",))
+    for shape in SHAPES:
+        if any(_covers(b, Version(v)) for v in shape.bridge) and any(_covers(c, Version(v)) for v in shape.core):
+            return Match(bridge, core, shape, "tested" if shape.tested_here else "declared")
+    shape = nearest_shape(b)
+    problems = []
+    if not any(_covers(b, Version(v)) for v in shape.bridge):
+        problems.append(f"megatron-bridge {bridge} is not one of {', '.join(shape.bridge)}")
+    if not any(_covers(c, Version(v)) for v in shape.core):
+        problems.append(f"megatron-core {core} is not one of {', '.join(shape.core)}")
+    return Match(bridge, core, shape, "untested", tuple(problems))
+
+
+def nearest_shape(bridge) -> Shape:
+    """The shape whose megatron-bridge is closest: the newest one not newer than ``bridge``
+    (release part only), or the oldest shape for a version older than all."""
     from packaging.version import Version
 
-    v = Version(version)
-    for shape in SHAPES:
-        if v >= Version(shape.min_version) and (shape.below_version is None or v < Version(shape.below_version)):
-            return shape
-    return None
+    v = Version(str(bridge)).release
+    older = [s for s in SHAPES if min(Version(x).release for x in s.bridge) <= v]
+    return max(older, key=lambda s: min(Version(x).release for x in s.bridge)) if older else SHAPES[0]

@@ -1,0 +1,65 @@
+"""mimo_accel's packer in place of upstream main's step-time packing.
+
+Megatron-Bridge main (training/megatron_mimo_step.py at 067f987) packs the language shard in its
+``forward_step``; both names are looked up in the step's module globals at call time::
+
+    pack_sequences_enabled = resolve_step_packing(state.cfg.dataset)
+    ...  # slice; then on every language stage, from the sliced [B, S] attention_mask:
+    pack_lengths = mask.to(torch.bool).sum(dim=1).to(torch.long)
+    ...  # input_ids = None off the first LM stage, labels / loss_mask = None off the last
+    data_batch, packing_kwargs = pack_language_shard(data_batch, lengths=pack_lengths)
+    if packing_kwargs is not None:
+        data_batch["packing_kwargs"] = packing_kwargs
+    model(**data_batch)   # MimoModel builds PackedSeqParams(**packing_kwargs), qkv_format="thd"
+
+With mimo_accel packing on, :func:`wrap_resolve_step_packing` turns step packing on (upstream's
+own check still runs, so collate-time packing is still refused), and
+:func:`make_pack_language_shard` packs exactly as mimo_accel does on 0.6: per-segment
+``pad_multiple`` and sequence-parallel alignment of ``T``, lengths validated from the
+``attention_mask`` (right padding only; loss_mask + placeholders when it is all ones),
+``position_ids`` generated when absent, and ``pad_between_seqs`` in the kwargs (a
+``PackedSeqParams`` field in megatron-core 0.19.2 and at the 0.20.0 pin). It returns what
+upstream's does, ``(packed_batch, packing_kwargs)`` with ``attention_mask=None``. On 0.6 the step
+packs nothing, and mimo_accel packs in its slice replacement instead (:mod:`mimo_accel.step`).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Callable
+
+
+def wrap_resolve_step_packing(original: Callable) -> Callable:
+    """``resolve_step_packing(dataset_cfg) -> bool``: True (mimo_accel packing is on)."""
+
+    @functools.wraps(original)
+    def resolve_step_packing(dataset_cfg, *args, **kwargs):
+        original(dataset_cfg, *args, **kwargs)  # keeps upstream's refusal of collate-time packing
+        return True
+
+    return resolve_step_packing
+
+
+def make_pack_language_shard(original: Callable, pad_multiple: int) -> Callable:
+    """The replacement for main's ``pack_language_shard(data_batch, *, lengths=None)``.
+
+    Packs as mimo_accel does on 0.6 (:func:`mimo_accel.step.pack_for_language_model`): the caller's
+    ``lengths`` are the row sums of the batch's ``attention_mask``, which that function derives
+    itself, checking right padding, and replaces by ``loss_mask`` + placeholder lengths when the
+    mask marks no padding (all ones), saying so once.
+    """
+
+    @functools.wraps(original)
+    def pack_language_shard(data_batch, *, lengths=None):
+        from mimo_accel.step import current_role, pack_for_language_model
+
+        role = current_role()  # recorded by the _get_module_dp_info wrapper earlier in this step
+        if role is None or not role.is_language:
+            raise RuntimeError(
+                "mimo_accel: upstream's step asked to pack a language shard, but mimo_accel has not seen "
+                "this step's _get_module_dp_info call, so it does not know the rank's pipeline stage. "
+                "Call pack_language_shard only from megatron_mimo_step.forward_step, or disable packing.")
+        packed = pack_for_language_model(data_batch, role, pad_multiple)
+        return packed, packed.pop("packing_kwargs")
+
+    return pack_language_shard
