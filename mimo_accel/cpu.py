@@ -31,10 +31,13 @@ from __future__ import annotations
 import contextlib
 import importlib.machinery
 import importlib.util
+import os
 import sys
+import tempfile
 import threading
 import types
 import typing
+from typing import Optional
 
 from mimo_accel.patching.swaps import SwapSet
 
@@ -135,20 +138,31 @@ def prepare_imports() -> None:
         _register_stand_ins()
 
 
-def check_megatron_importable() -> dict[str, str]:
-    """Import the MegatronMIMO modules this project targets; fail loudly naming what is missing."""
+def check_megatron_importable(log_path: Optional[str] = None) -> dict[str, str]:
+    """Import the MegatronMIMO modules this project targets; fail loudly naming what is missing.
+
+    What the imports print (TE/Apex fallback warnings, modelopt plugin failures, megatron.bridge's
+    INFO tracebacks) goes to ``log_path`` (default: a new ``mimo-accel-imports-*.log`` in the temp
+    dir), not the console; a failure's message names that file.
+    """
     from importlib import metadata
 
-    prepare_imports()
+    from mimo_accel import quiet
+
+    if log_path is None:
+        fd, log_path = tempfile.mkstemp(prefix="mimo-accel-imports-", suffix=".log")
+        os.close(fd)
     try:
-        import megatron.bridge.data.megatron_mimo.loaders  # noqa: F401
-        import megatron.bridge.training.megatron_mimo_step  # noqa: F401
-        import megatron.core.pipeline_parallel.bridge_communicator  # noqa: F401
+        with quiet.output_to(log_path):
+            prepare_imports()
+            import megatron.bridge.data.megatron_mimo.loaders  # noqa: F401
+            import megatron.bridge.training.megatron_mimo_step  # noqa: F401
+            import megatron.core.pipeline_parallel.bridge_communicator  # noqa: F401
     except Exception as exc:  # re-raised with the fix named
         raise RuntimeError(
             f"the Megatron packages cannot be imported ({type(exc).__name__}: {exc}). "
             "Run `make setup` (or `make test`) to install megatron-core 0.19.2 and "
-            "megatron-bridge 0.6.2 with their runtime dependencies into .venv."
+            f"megatron-bridge 0.6.2 with their runtime dependencies into .venv. (Import output: {log_path})"
         ) from exc
     return {pkg: metadata.version(pkg) for pkg in ("torch", "megatron-core", "megatron-bridge")}
 

@@ -19,12 +19,12 @@ reorder changes which replica computes a sample, not what is computed). Then the
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import sys
 import tempfile
 import time
+import traceback
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Optional, Sequence
@@ -121,10 +121,13 @@ def _check_invariants(results: list[dict], steps: int, micro_batch: int, what: s
     }
 
 
-def _run(label, features, layout, spec, steps, micro_batch, seq_length, profile_dir, model_kw, progress, task):
+def _run(label, features, layout, spec, steps, micro_batch, seq_length, profile_dir, model_kw, progress, task,
+         log_path):
     from mimo_accel.testing import run_ranks
 
     shutil.rmtree(profile_dir, ignore_errors=True)
+    with open(log_path, "a", encoding="utf-8") as log:
+        log.write(f"\n########## {label} run: {time.strftime('%H:%M:%S')} ##########\n")
     done: dict[int, int] = {}
 
     def on_progress(rank, step, total):
@@ -132,12 +135,18 @@ def _run(label, features, layout, spec, steps, micro_batch, seq_length, profile_
         progress.update(task, completed=min(done.values()) if len(done) == layout.world_size else 0)
 
     return run_ranks(_rank, layout.world_size, layout, features, spec, steps, micro_batch, seq_length,
-                     str(profile_dir), label, model_kw, deadline_s=600, on_progress=on_progress)
+                     str(profile_dir), label, model_kw, deadline_s=600, on_progress=on_progress,
+                     log_file=log_path)
 
 
 def rehearse(profile_name: str, *, steps: Optional[int] = None, out_dir: Optional[str] = None,
              json_path: Optional[str] = None, seed: int = 0, console=None, vision_dp: Optional[int] = None,
-             language_dp: Optional[int] = None) -> dict:
+             language_dp: Optional[int] = None, log_path: Optional[str] = None) -> dict:
+    """Run the rehearsal; print progress, the loss comparison and the report on ``console``.
+
+    Everything else — the third-party warnings megatron's imports print, every rank's output —
+    goes to ``log_path`` (default ``<out_dir>/rehearsal.log``), named once on the console.
+    """
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
     from rich.table import Table
@@ -158,8 +167,13 @@ def rehearse(profile_name: str, *, steps: Optional[int] = None, out_dir: Optiona
     spec = TableSpec(tuple((s.images, s.text_tokens) for s in samples))
     model_kw = dict(vision_hidden=128, vision_layers=3, merge=r.merge_size)
     out = Path(out_dir or tempfile.mkdtemp(prefix="mimo-accel-rehearsal-"))
+    out.mkdir(parents=True, exist_ok=True)
+    log = Path(log_path) if log_path else out / "rehearsal.log"
+    log.write_text(f"mimo-accel rehearse {profile.name}: {layout}, {time.strftime('%Y-%m-%d %H:%M:%S')}\n"
+                   "(third-party import output, then each run's rank logs)\n", encoding="utf-8")
     console.print(f"[bold]mimo-accel rehearse[/bold] {profile.name}: {layout} on {layout.world_size} CPU ranks, "
                   f"{steps} steps x micro-batch {micro_batch}, profiles in {out}")
+    console.print(f"third-party warnings and rank logs: {log}", highlight=False, soft_wrap=True)
 
     runs: dict[str, Any] = {}
     before_label, before_note = "baseline", "upstream as shipped"
@@ -169,18 +183,18 @@ def rehearse(profile_name: str, *, steps: Optional[int] = None, out_dir: Optiona
         task = progress.add_task("baseline (upstream)", total=steps)
         try:
             runs["before"] = _run("baseline", {}, layout, spec, steps, micro_batch, seq_length,
-                                  out / "baseline", model_kw, progress, task)
+                                  out / "baseline", model_kw, progress, task, log)
         except RankFailure as exc:
             reason = _first_error_line(str(exc))
             before_label, before_note = "sharded", f"upstream cannot run this data here ({reason}); before = sharded reads only"
             progress.update(task, description="[yellow]baseline failed upstream[/yellow]")
             task = progress.add_task("before: sharded reads, contiguous", total=steps)
             runs["before"] = _run("sharded", SHARDED_ONLY, layout, spec, steps, micro_batch, seq_length,
-                                  out / "sharded", model_kw, progress, task)
+                                  out / "sharded", model_kw, progress, task, log)
         cost_model, cost_note = _calibrated(out / before_label, out / "cost-model.json")
         task = progress.add_task("accelerated (shard+reorder+pack)", total=steps)
         runs["after"] = _run("accelerated", dict(ALL_FEATURES, cost_model=cost_model), layout, spec, steps,
-                             micro_batch, seq_length, out / "accelerated", model_kw, progress, task)
+                             micro_batch, seq_length, out / "accelerated", model_kw, progress, task, log)
     elapsed = time.perf_counter() - t0
 
     before = _check_invariants(runs["before"], steps, micro_batch, before_label)
@@ -206,13 +220,15 @@ def rehearse(profile_name: str, *, steps: Optional[int] = None, out_dir: Optiona
     report.render(doc["before"], doc["after"], console=console)
     console.print(f"before = {before_label}: {before_note}. Plan costs: {cost_note}. "
                   f"Wall time of the rehearsal: {elapsed:.0f}s.")
-    result = {"profile": profile.name, "layout": str(layout), "steps": steps, "micro_batch": micro_batch,
-              "before_label": before_label, "before_note": before_note, "report": doc,
-              "losses": {"before": before["losses"], "after": after["losses"]}, "profile_dir": str(out),
-              "wall_s": elapsed}
+    # The report's keys (format, before, after, change, warnings) at the top level, as
+    # `mimo-accel report --json` writes them; the rehearsal's own fields beside them.
+    own = {"profile": profile.name, "layout": str(layout), "steps": steps, "micro_batch": micro_batch,
+           "before_label": before_label, "before_note": before_note,
+           "losses": {"before": before["losses"], "after": after["losses"]}, "profile_dir": str(out),
+           "log": str(log), "wall_s": elapsed}
     if json_path:
-        Path(json_path).write_text(json.dumps(result, indent=2, default=str))
-    return result
+        report.write_json(json_path, doc, **own)
+    return {**doc, **own}
 
 
 def _calibrated(run_dir: Path, out_file: Path) -> tuple[Optional[str], str]:
@@ -242,13 +258,32 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--vision-dp", type=int, help="override the profile's rehearsal vision DP")
     p.add_argument("--language-dp", type=int, help="override the profile's rehearsal language DP")
     p.add_argument("--out", help="directory for the profiler runs (default: a temp dir)")
-    p.add_argument("--json", help="write the report's JSON (and the losses) here")
+    p.add_argument("--json", help="write the report's JSON here (its keys at the top level, as `mimo-accel "
+                   "report --json` writes them) with the rehearsal's own fields (losses, layout, log, ...)")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
+    from mimo_accel.testing import RankFailure
+
+    out = args.out or tempfile.mkdtemp(prefix="mimo-accel-rehearsal-")
+    log = Path(out) / "rehearsal.log"
     try:
-        rehearse(args.profile, steps=args.steps, out_dir=args.out, json_path=args.json, seed=args.seed,
-                 vision_dp=args.vision_dp, language_dp=args.language_dp)
+        rehearse(args.profile, steps=args.steps, out_dir=out, json_path=args.json, seed=args.seed,
+                 vision_dp=args.vision_dp, language_dp=args.language_dp, log_path=str(log))
     except InvariantViolation as exc:
         print(f"mimo-accel rehearse: INVARIANT VIOLATED: {exc}", file=sys.stderr)
+        _print_log_path(log)
         return 3
+    except RankFailure as exc:
+        print(f"mimo-accel rehearse: a rank failed: {exc}", file=sys.stderr)
+        _print_log_path(log)
+        return 1
+    except Exception:
+        traceback.print_exc()
+        _print_log_path(log)
+        return 1
     return 0
+
+
+def _print_log_path(log: Path) -> None:
+    if log.exists():
+        print(f"mimo-accel rehearse: full log (third-party warnings, every rank's output): {log}", file=sys.stderr)

@@ -39,9 +39,16 @@ from mimo_accel.profiler import NoProfileData, Run, read_run
 from mimo_accel.profiler import json_safe
 from mimo_accel.profiler import record_number as _num
 
-__all__ = ["REPORT_FORMAT", "compare", "main", "render", "summarize", "write_png"]
+__all__ = ["REPORT_FORMAT", "STABLE_KEYS", "build", "compare", "main", "render", "summarize", "write_json",
+           "write_png"]
 
 REPORT_FORMAT = "mimo-accel-report/1"
+
+# The keys of a side (``before`` / ``after``) that scripts may rely on across versions. A JSON file
+# of this format (``mimo-accel report --json``, ``mimo-accel rehearse --json``) has ``format``,
+# ``before``, ``after``, ``change`` and ``warnings`` at its top level.
+STABLE_KEYS = ("vision_max_over_mean_p50", "vision_max_over_mean_p99", "step_time_p50", "step_time_p99",
+               "samples_per_s", "samples_read_per_rank")
 
 # metric key -> (label, kind, lower_is_better); kind picks the formatter.
 _SUMMARY_ROWS: tuple[tuple[str, str, str, bool], ...] = (
@@ -583,6 +590,17 @@ def build(before: Run, after: Run | None = None, *, warmup: int = 1) -> dict[str
     return {"format": REPORT_FORMAT, "before": b, "after": a, "change": cmp["change"], "warnings": warnings}
 
 
+def write_json(path: str | Path, doc: dict[str, Any], **extra: Any) -> None:
+    """Write a report document (:func:`build`) as strict JSON, its keys at the top level, with
+    ``extra`` fields beside them (``mimo-accel rehearse`` adds its own). Non-finite floats become
+    null; an ``extra`` key that is already a report key is refused."""
+    clash = sorted(set(extra) & set(doc))
+    if clash:
+        raise ValueError(f"report JSON: extra fields {clash} would replace report keys")
+    text = json.dumps(json_safe({**doc, **extra}), indent=2, allow_nan=False, default=str)
+    Path(path).write_text(text + "\n", encoding="utf-8")
+
+
 def main(argv: Sequence[str] | None = None, *, console: Console | None = None) -> int:
     """``mimo-accel report``. Returns 0, 1 if an export failed, 2 if an input has no readable data."""
     args = _parser().parse_args(argv)
@@ -607,7 +625,7 @@ def main(argv: Sequence[str] | None = None, *, console: Console | None = None) -
 
     rc = 0
     if args.json:
-        Path(args.json).write_text(json.dumps(doc, indent=2, allow_nan=False) + "\n", encoding="utf-8")
+        write_json(args.json, doc)
     if args.html:
         console.save_html(args.html)
     if args.png:

@@ -14,6 +14,7 @@ import faulthandler
 import multiprocessing as mp
 import os
 import queue
+import shutil
 import signal
 import socket
 import sys
@@ -170,12 +171,17 @@ def _kill_rank(p) -> None:
 
 
 def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any, deadline_s: float = 240.0,
-              cpu_layer: bool = True, on_progress: Callable[[int, int, int], None] | None = None) -> list[Any]:
+              cpu_layer: bool = True, on_progress: Callable[[int, int, int], None] | None = None,
+              log_file: str | os.PathLike | None = None) -> list[Any]:
     """Run ``fn(rank, world_size, *args)`` on ``world_size`` gloo ranks; return each rank's result.
 
     ``fn`` and ``args`` must be picklable (a module-level function). With ``cpu_layer`` each rank
     activates :mod:`mimo_accel.cpu` before ``init_process_group``.
     Raises :class:`RankFailure` naming the first failing rank with its traceback.
+
+    Each rank's stdout/stderr goes to a log of its own. With ``log_file`` those logs are appended
+    to it afterwards (one section per rank, in rank order), and, if this call starts the
+    forkserver, what its preload import of megatron prints goes there too (not the console).
     """
     ctx = _context()
     results = ctx.Queue()
@@ -189,8 +195,7 @@ def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any, deadline_s: f
     errors: dict[int, str] = {}
     end = time.monotonic() + deadline_s
     try:
-        for p in procs:
-            p.start()
+        _start(procs, log_file)
         while len(out) < world_size and not errors:
             try:
                 rank, status, value = results.get(timeout=0.2)
@@ -248,3 +253,37 @@ def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any, deadline_s: f
     finally:
         for p in procs:
             _kill_rank(p)
+        if log_file is not None:
+            _collect_logs(logs, logdir, log_file, getattr(fn, "__qualname__", repr(fn)))
+
+
+def _start(procs, log_file) -> None:
+    """Start the ranks; the first start also starts the forkserver, which inherits the environment
+    (the import log's path) now."""
+    from mimo_accel.quiet import IMPORT_LOG_ENV
+
+    previous = os.environ.get(IMPORT_LOG_ENV)
+    if log_file is not None:
+        os.environ[IMPORT_LOG_ENV] = os.fspath(log_file)
+    try:
+        for p in procs:
+            p.start()
+    finally:
+        if log_file is not None:
+            if previous is None:
+                os.environ.pop(IMPORT_LOG_ENV, None)
+            else:
+                os.environ[IMPORT_LOG_ENV] = previous
+
+
+def _collect_logs(logs: list[str], logdir: str, log_file, what: str) -> None:
+    """Append each rank's log to ``log_file`` (a section per rank) and remove the per-rank logs."""
+    with open(log_file, "a", encoding="utf-8", errors="replace") as out:
+        for r, path in enumerate(logs):
+            out.write(f"\n===== {what}: rank {r} of {len(logs)} =====\n")
+            try:
+                with open(path, errors="replace") as f:
+                    shutil.copyfileobj(f, out)
+            except OSError as exc:
+                out.write(f"(no log: {exc})\n")
+    shutil.rmtree(logdir, ignore_errors=True)

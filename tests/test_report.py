@@ -10,7 +10,7 @@ import pytest
 from rich.console import Console
 
 from mimo_accel.profiler import FORMAT, read_run
-from mimo_accel.report import build, main, render, summarize
+from mimo_accel.report import STABLE_KEYS, build, main, render, summarize, write_json
 
 LAYOUT = {"vision": {"tp": 1, "pp": 1, "dp": 2}, "language": {"tp": 1, "pp": 1, "dp": 2}}
 
@@ -244,6 +244,18 @@ def test_no_readable_data_exits_2_naming_the_directory(tmp_path, capsys, which):
 def test_nonexistent_directory_exits_2(tmp_path, capsys):
     assert main([str(tmp_path / "nope")], console=_console()) == 2
     assert "rank<N>.jsonl" in capsys.readouterr().err
+
+
+def test_write_json_puts_extra_fields_beside_the_report_keys(tmp_path):
+    doc = build(read_run(two_by_two(tmp_path / "b")), read_run(two_by_two(tmp_path / "a", label="accelerated")))
+    out = tmp_path / "r.json"
+    write_json(out, doc, profile="uniform", losses={"before": [[float("nan"), 8.0]]})
+    got = json.loads(out.read_text())
+    assert set(got) == {"format", "before", "after", "change", "warnings", "profile", "losses"}
+    assert set(STABLE_KEYS) <= set(got["before"]) and set(STABLE_KEYS) <= set(got["after"])
+    assert got["losses"]["before"] == [[None, 8.0]]  # strict JSON: non-finite -> null
+    with pytest.raises(ValueError, match="before"):
+        write_json(out, doc, before={})
 
 
 def test_build_one_sided_has_null_after(tmp_path):

@@ -1,0 +1,8 @@
+"""``python -m mimo_accel ...``: the ``mimo-accel`` command."""
+
+import sys
+
+from mimo_accel.cli import main
+
+if __name__ == "__main__":
+    sys.exit(main())
