@@ -8,8 +8,14 @@ after it), a ``MegatronMIMOProvider``, ``build_data_iterators`` through Bridge's
 ``build_megatron_mimo_data_loaders``, Bridge's MIMO ``forward_step`` imported by value at the
 top, and ``pretrain_megatron_mimo`` — training, interval evaluation, torch_dist checkpoints and
 resume. The model is mimo_accel's tiny stack (``mimo_accel.stack``: a native-resolution ViT and
-a GPT language model, local layer specs) on its synthetic VLM dataset, whose per-sample cost
-index lets ``reorder`` plan before reading.
+a GPT language model, local layer specs). Data (--dataset):
+  synthetic (default)  mimo_accel's synthetic VLM dataset, whose per-sample cost index lets
+                       ``reorder`` plan before reading;
+  images               Bridge's own ``MegatronMIMODataset`` over real JPEG/PNG files written at
+                       startup (0/1 image per sample, a few large and many small), Qwen2-VL's
+                       image processor, a fixed --image-rows placeholders per image (the ViT ends
+                       with a per-image resampler to that many rows). No cost index and no flag:
+                       mimo_accel derives the per-sample costs from the examples.
 
 GPUs (NCCL), with or without mimo_accel:
     torchrun --nproc-per-node 8 examples/train_mimo.py --vision-dp 4 --language-dp 4
@@ -17,6 +23,8 @@ GPUs (NCCL), with or without mimo_accel:
 CPU rehearsal (gloo ranks through mimo_accel.cpu; no GPU needed):
     MIMO_ACCEL=all mimo-accel run -- torchrun --nproc-per-node 4 examples/train_mimo.py \\
         --cpu --vision-dp 2 --language-dp 2
+    MIMO_ACCEL=all mimo-accel run -- torchrun --nproc-per-node 3 examples/train_mimo.py \\
+        --cpu --vision-dp 2 --language-dp 1 --dataset images
 
 In-process use (tests): ``main(argv)`` initialises the process group from the torchrun
 environment unless one is initialised already, and leaves an existing one alone.
@@ -99,6 +107,43 @@ class SyntheticVLMProvider(MegatronMIMODatasetProvider):
 
     def get_collate_fn(self):
         return stack.collate
+
+
+@dataclass(kw_only=True)
+class ImageMIMOProvider(MegatronMIMODatasetProvider):
+    """Bridge's own ``MegatronMIMODataset`` over real JPEG/PNG files (``--dataset images``).
+
+    Every rank writes the same deterministic files under ``image_dir`` (atomically; files already
+    there are reused): 0 or 1 image per sample, receipts-like sizes (a few large, many small),
+    Qwen2-VL's image processor, an offline word-level tokenizer and ``image_rows`` placeholders
+    per image (Bridge 0.6.2 inserts a fixed ``encoder_seq_lengths`` per image; the encoder ends
+    with a per-image resampler to that many rows). No cost index: mimo_accel derives one from
+    the examples. Items carry their index as ``sample_id`` (a thin subclass; see --trace).
+    """
+
+    seq_length: int = 64
+    image_dir: str = ""
+    image_rows: int = 4
+
+    def _dataset(self, num_samples: int, seed: int):
+        return stack.images_dataset(self.image_dir, num_samples, seq_length=self.seq_length,
+                                    image_rows=self.image_rows, seed=seed)
+
+    def build_datasets(self, context):
+        valid = self._dataset(context.valid_samples, seed=1) if context.valid_samples else None
+        return self._dataset(context.train_samples, seed=0), valid, None
+
+    def get_collate_fn(self):
+        # Bridge's megatron_mimo_collate_fn cannot stack pixel_values of different sizes.
+        return stack.collate_mimo_images
+
+
+def default_image_dir() -> str:
+    """The same path on every rank (so the examples, and the derived index's cache key, agree)."""
+    import tempfile
+
+    user = os.getuid() if hasattr(os, "getuid") else os.environ.get("USERNAME", "user")
+    return os.path.join(tempfile.gettempdir(), f"mimo_accel-train_mimo-images-{user}")
 
 
 class _Trace:
@@ -246,7 +291,10 @@ def build_layout(args) -> MimoLayout:
 
 
 def build_config(args, layout: MimoLayout) -> ConfigContainer:
-    scfg = stack.StackConfig(layout=layout, seq_length=args.seq_length, seed=args.seed, lr=args.lr)
+    images = args.dataset == "images"
+    scfg = stack.StackConfig(layout=layout, seq_length=args.seq_length, seed=args.seed, lr=args.lr,
+                             **(dict(patch_dim=stack.QWEN2_PATCH_DIM, resample_rows=args.image_rows)
+                                if images else {}))
     provider = stack.build_provider(scfg)
     if args.per_token_loss:
         # Loss = sum over tokens / global token count (finalize_model_grads_multimodule divides):
@@ -259,9 +307,14 @@ def build_config(args, layout: MimoLayout) -> ConfigContainer:
     provider.seq_length = args.seq_length
     provider.moe_expert_rank_capacity_factor = None
 
-    data = SyntheticVLMProvider(seq_length=args.seq_length, varied=args.varied, patch_dim=scfg.patch_dim,
-                                vocab_size=scfg.vocab_size, dataloader_type="single", num_workers=0,
-                                pin_memory=False, persistent_workers=False, drop_last=True, data_sharding=True)
+    loader = dict(dataloader_type="single", num_workers=0, pin_memory=False, persistent_workers=False,
+                  drop_last=True, data_sharding=True)
+    if images:
+        data = ImageMIMOProvider(seq_length=args.seq_length, image_dir=args.image_dir or default_image_dir(),
+                                 image_rows=args.image_rows, **loader)
+    else:
+        data = SyntheticVLMProvider(seq_length=args.seq_length, varied=args.varied, patch_dim=scfg.patch_dim,
+                                    vocab_size=scfg.vocab_size, **loader)
     checkpoint = CheckpointConfig(save=args.save, load=args.load,
                                   save_interval=args.save_interval or args.train_iters,
                                   ckpt_format="torch_dist", async_save=False, fully_parallel_save=False)
@@ -327,12 +380,24 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--save-interval", type=int, default=None, help="default: --train-iters")
     p.add_argument("--load", default=None, help="checkpoint directory to resume from")
     p.add_argument("--seed", type=int, default=1234)
-    p.add_argument("--varied", action="store_true", help="0-3 images of varied sizes per sample")
+    p.add_argument("--dataset", choices=("synthetic", "images"), default="synthetic",
+                   help="synthetic: mimo_accel's synthetic VLM samples (they carry a cost index); images: "
+                        "Bridge's MegatronMIMODataset over real image files written at startup (no index)")
+    p.add_argument("--varied", action="store_true", help="synthetic: 0-3 images of varied sizes per sample")
+    p.add_argument("--image-dir", default=None,
+                   help="images: where the image files are written/reused (default: a fixed temp dir)")
+    p.add_argument("--image-rows", type=int, default=4,
+                   help="images: placeholder tokens per image = rows the encoder's resampler makes")
     p.add_argument("--trace", default=None, help="append one JSON line per rank and training iteration")
     p.add_argument("--dist-timeout", type=float, default=300.0, help="seconds (CPU/gloo process group)")
     args = p.parse_args(argv)
     if args.eval_interval == 0:
         args.eval_interval = None
+    if args.dataset == "images":
+        if args.varied:
+            p.error("--varied applies to --dataset synthetic")
+        if not 1 <= args.image_rows < args.seq_length:
+            p.error(f"--image-rows must be in [1, --seq-length) (got {args.image_rows})")
     return args
 
 

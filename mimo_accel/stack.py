@@ -11,8 +11,16 @@ Two things are the project's own, because nothing upstream fits on a CPU:
   (``hidden_states`` [Σpatches, patch_dim] + ``grid_thw`` [images, 3]) with per-image attention,
   so its cost grows with the image the way Qwen3-VL's does (a fixed-resolution CLIP only varies
   with the image count). Bridge's own Qwen3-VL vision model needs Transformer Engine specs.
+  With ``resample_rows=R`` it ends with a per-image resampler (R learned queries attending to
+  that image's rows, as Perceiver / Q-Former VLMs do): exactly R rows per image, the fixed
+  placeholder count Bridge 0.6.2's ``MegatronMIMODataset`` inserts, while the cost still grows
+  with each image's patches.
 - :class:`SyntheticVLMDataset` / :class:`SyntheticMIMOProvider`: deterministic samples with 0/1/N
   images, each sample carrying its id so tests can check pairing end to end.
+- Real image files through Bridge's own ``MegatronMIMODataset`` (:func:`images_dataset`):
+  :func:`image_examples` writes deterministic JPEG/PNG files, :func:`offline_tokenizer` and
+  :func:`qwen_image_processor` need no download, :func:`collate_mimo_images` patch-packs the
+  variable-size ``pixel_values``, and ``IdentifiedMIMODataset`` adds each item's ``sample_id``.
 """
 
 from __future__ import annotations
@@ -45,18 +53,31 @@ class NativeViT(MegatronModule):
     merge window contiguous). Output: ``[Σpatches / merge², out_hidden]``.
     """
 
-    def __init__(self, config, patch_dim: int, out_hidden: int, merge: int = 2, **_: Any):
+    def __init__(self, config, patch_dim: int, out_hidden: int, merge: int = 2,
+                 resample_rows: Optional[int] = None, **_: Any):
         super().__init__(config=config)
         hidden, num_layers, num_heads = config.hidden_size, config.num_layers, config.num_attention_heads
         self.merge = merge
         self.num_heads = num_heads
+        self.resample_rows = resample_rows
         self.embed = nn.Linear(patch_dim, hidden)
         self.layers = nn.ModuleList(
             nn.ModuleDict(dict(norm1=nn.LayerNorm(hidden), qkv=nn.Linear(hidden, 3 * hidden),
                                proj=nn.Linear(hidden, hidden), norm2=nn.LayerNorm(hidden),
                                fc1=nn.Linear(hidden, 2 * hidden), fc2=nn.Linear(2 * hidden, hidden)))
             for _ in range(num_layers))
-        self.merger = nn.Linear(hidden * merge * merge, out_hidden)
+        if resample_rows is None:
+            self.merger = nn.Linear(hidden * merge * merge, out_hidden)
+        else:
+            if resample_rows < 1:
+                raise ValueError(f"NativeViT: resample_rows must be >= 1, got {resample_rows}")
+            # A Perceiver / Q-Former style resampler: R learned queries attend to one image's
+            # patch rows, so every image becomes exactly R rows whatever its size.
+            self.queries = nn.Parameter(torch.randn(resample_rows, hidden) * 0.02)
+            self.resample_norm = nn.LayerNorm(hidden)
+            self.resample_q = nn.Linear(hidden, hidden)
+            self.resample_kv = nn.Linear(hidden, 2 * hidden)
+            self.merger = nn.Linear(hidden, out_hidden)
 
     def _attend(self, layer: nn.ModuleDict, x: torch.Tensor, lengths: list[int]) -> torch.Tensor:
         h = layer["norm1"](x)
@@ -81,7 +102,25 @@ class NativeViT(MegatronModule):
         x = self.embed(hidden_states)
         for layer in self.layers:
             x = self._attend(layer, x, lengths)
+        if self.resample_rows is not None:
+            return self.merger(self._resample(x, lengths))
         return self.merger(x.reshape(-1, x.size(-1) * self.merge * self.merge))
+
+    def _resample(self, x: torch.Tensor, lengths: list[int]) -> torch.Tensor:
+        """Each image's patch rows -> exactly ``resample_rows`` rows (cross-attention of the
+        learned queries to that image's rows only: cost ∝ R · patches per image)."""
+        r, heads = self.resample_rows, self.num_heads
+        q = self.resample_q(self.queries).view(r, heads, -1).transpose(0, 1)  # [heads, R, d]
+        k, v = self.resample_kv(self.resample_norm(x)).chunk(2, dim=-1)
+        outs = []
+        start = 0
+        for n in lengths:
+            def heads_of(t):
+                return t[start:start + n].view(n, heads, -1).transpose(0, 1)
+            o = F.scaled_dot_product_attention(q, heads_of(k), heads_of(v))  # [heads, R, d]
+            outs.append(o.transpose(0, 1).reshape(r, -1) + self.queries)
+            start += n
+        return torch.cat(outs) if outs else x[:0]
 
 
 def packed_local_attention():
@@ -262,6 +301,184 @@ def make_data_provider(dataset_factory: Callable[[int], torch.utils.data.Dataset
 
 
 # ----------------------------------------------------------------------------------------------
+# Real image files through Bridge's MegatronMIMODataset (offline: no downloads)
+# ----------------------------------------------------------------------------------------------
+
+OFFLINE_WORDS = ("[PAD]", "[UNK]", "[BOS]", "a", "cat", "dog", "describe", "the", "picture", "what", "is", "this",
+                 "user", "assistant")
+OFFLINE_SPECIAL = ("<|image_pad|>", "<|vision_start|>", "<|vision_end|>", "<|im_start|>", "<|im_end|>",
+                   "<|video_pad|>")
+QWEN2_PATCH_DIM = 3 * 2 * 14 * 14  # channels · temporal_patch_size · patch_size²: Qwen2-VL pixel_values rows
+
+
+def offline_tokenizer(words: Sequence[str] = OFFLINE_WORDS, special_tokens: Sequence[str] = OFFLINE_SPECIAL):
+    """A real fast HF tokenizer with a tiny word-level vocabulary and a BOS token (no downloads).
+
+    Ids: ``[PAD]`` 0, ``[UNK]`` 1, ``[BOS]`` 2 (prepended to every text), the words, then the
+    special tokens — all far below :data:`IMAGE_TOKEN_ID`.
+    """
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.post_processor = processors.TemplateProcessing(single="[BOS] $A", special_tokens=[("[BOS]", 2)])
+    t = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", pad_token="[PAD]", bos_token="[BOS]")
+    t.add_special_tokens({"additional_special_tokens": list(special_tokens)})
+    return t
+
+
+def qwen_image_processor(min_pixels: int = 28 * 28, max_pixels: int = 28 * 28 * 64, **kwargs: Any):
+    """Qwen2-VL's image processor (transformers' PIL variant; 14 px patches, 2x2 merge), small
+    pixel bounds so CPU runs are fast: 4 to 256 patches per image by default. The bounds go in as
+    a fresh ``size`` (transformers 5.x writes ``min_pixels``/``max_pixels`` arguments into the
+    class-level default dict, which would leak into every later processor)."""
+    from transformers import Qwen2VLImageProcessorPil
+
+    return Qwen2VLImageProcessorPil(size={"shortest_edge": min_pixels, "longest_edge": max_pixels}, **kwargs)
+
+
+@dataclass(frozen=True)
+class ImageMix:
+    """What :func:`image_examples` draws, receipts-like: some samples have no image, a few carry a
+    large (tall) image, most a small one. Sides in pixels, both ends inclusive."""
+
+    no_image: float = 0.25
+    large: float = 0.15  # of all samples
+    small_sides: tuple[int, int] = (24, 96)
+    large_height: tuple[int, int] = (600, 1400)
+    large_width: tuple[int, int] = (200, 500)
+    words: tuple[int, int] = (3, 40)
+
+
+def _write_image_once(path, height: int, width: int, rng) -> None:
+    """Write a deterministic image to ``path`` unless it exists; atomic (written beside, renamed
+    over), so ranks writing the same file at once are safe."""
+    import os
+
+    import numpy as np
+    from PIL import Image
+
+    if path.exists():
+        return
+    coarse = rng.integers(0, 256, size=(max(1, height // 8), max(1, width // 8), 3), dtype=np.uint8)
+    image = Image.fromarray(coarse, "RGB").resize((width, height), Image.NEAREST)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    image.save(tmp, format="JPEG" if path.suffix == ".jpg" else "PNG")
+    os.replace(tmp, path)
+
+
+def image_examples(root, num_samples: int, *, seed: int = 0, mix: ImageMix = ImageMix()) -> list[dict]:
+    """``num_samples`` examples ``{"image": path or None, "text": str}`` over real JPEG/PNG files
+    written under ``root`` (created; files already there are reused).
+
+    Deterministic in (seed, sample, mix): every rank computes the same list and may write the
+    same files concurrently. A file's name carries its split seed, sample and size.
+    """
+    from pathlib import Path
+
+    import numpy as np
+
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    words = [w for w in OFFLINE_WORDS if not w.startswith("[")]
+    out = []
+    for i in range(num_samples):
+        rng = np.random.default_rng([seed, i])
+        draw = float(rng.random())
+        count = int(rng.integers(*mix.words, endpoint=True))
+        text = " ".join(words[int(j)] for j in rng.integers(0, len(words), count))
+        if draw < mix.no_image:
+            out.append({"image": None, "text": text})
+            continue
+        if draw < mix.no_image + mix.large:
+            h = int(rng.integers(*mix.large_height, endpoint=True))
+            w = int(rng.integers(*mix.large_width, endpoint=True))
+        else:
+            h, w = (int(x) for x in rng.integers(*mix.small_sides, size=2, endpoint=True))
+        path = root / f"s{seed}-{i:06d}-{w}x{h}.{'jpg' if i % 2 else 'png'}"
+        _write_image_once(path, h, w, rng)
+        out.append({"image": str(path), "text": text})
+    return out
+
+
+def collate_mimo_images(samples: Sequence[dict], *, patch_dim: int = QWEN2_PATCH_DIM) -> dict:
+    """Collate ``MegatronMIMODataset`` items whose images have native-resolution (varying) patch
+    counts: stack the text tensors, and concatenate the images' ``pixel_values`` ``[patches,
+    patch_dim]`` and ``image_grid_thw`` in sample order into the encoder's patch-packed inputs
+    ``modality_inputs[vision][ENCODER_NAME] = {hidden_states [Σpatches, patch_dim], grid_thw
+    [images, 3]}``. (Bridge 0.6.2's ``megatron_mimo_collate_fn`` tries to stack them and, when
+    sizes differ, keeps a list the encoder cannot take.) Samples without an image add nothing;
+    a batch without any gives empty tensors. A ``sample_id`` on the items becomes
+    ``batch[SAMPLE_ID_KEY]``."""
+    batch = {k: torch.stack([s[k] for s in samples])
+             for k in ("input_ids", "labels", "loss_mask", "attention_mask", "position_ids")}
+    pixels, grids = [], []
+    for n, s in enumerate(samples):
+        vision = (s.get("modality_inputs") or {}).get(VISION)
+        if not vision:
+            continue
+        pv, grid = vision["pixel_values"], vision["image_grid_thw"].reshape(-1, 3).to(torch.long)
+        pv = pv.reshape(-1, pv.size(-1))
+        if pv.size(-1) != patch_dim or pv.size(0) != int(grid.prod(dim=-1).sum()):
+            raise ValueError(f"collate_mimo_images: sample {n} has pixel_values {tuple(pv.shape)} for "
+                             f"image_grid_thw {grid.tolist()}; expected [Σ t·h·w, {patch_dim}]")
+        pixels.append(pv)
+        grids.append(grid)
+    batch["modality_inputs"] = {VISION: {ENCODER_NAME: {
+        "hidden_states": torch.cat(pixels) if pixels else torch.zeros(0, patch_dim),
+        "grid_thw": torch.cat(grids) if grids else torch.zeros(0, 3, dtype=torch.long),
+    }}}
+    if samples and "sample_id" in samples[0]:
+        batch[SAMPLE_ID_KEY] = torch.tensor([s["sample_id"] for s in samples], dtype=torch.long)
+    return batch
+
+
+def _identified_mimo_dataset_class():
+    from megatron.bridge.data.megatron_mimo.dataset import MegatronMIMODataset
+
+    class IdentifiedMIMODataset(MegatronMIMODataset):
+        """Bridge's ``MegatronMIMODataset``, unchanged, with each item's index as ``sample_id``
+        (for tracing which samples a rank trained). Still a ``MegatronMIMODataset``: mimo_accel
+        derives its per-sample costs from its raw examples like the parent's."""
+
+        def __getitem__(self, idx: int) -> dict:
+            item = super().__getitem__(idx)
+            item["sample_id"] = idx
+            return item
+
+    # picklable (DataLoader workers) as mimo_accel.stack.IdentifiedMIMODataset, through __getattr__
+    IdentifiedMIMODataset.__module__ = __name__
+    IdentifiedMIMODataset.__qualname__ = "IdentifiedMIMODataset"
+    return IdentifiedMIMODataset
+
+
+_lazy: dict = {}
+
+
+def __getattr__(name: str):
+    # IdentifiedMIMODataset subclasses a Bridge class; Bridge is imported on first use only.
+    if name == "IdentifiedMIMODataset":
+        if name not in _lazy:
+            _lazy[name] = _identified_mimo_dataset_class()
+        return _lazy[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def images_dataset(root, num_samples: int, *, seq_length: int, image_rows: int, seed: int = 0,
+                   mix: ImageMix = ImageMix(), processor: Any = None):
+    """An :class:`IdentifiedMIMODataset` (Bridge's ``MegatronMIMODataset``) over
+    :func:`image_examples`: the offline tokenizer, Qwen2-VL's image processor, and
+    ``image_rows`` placeholder tokens (:data:`IMAGE_TOKEN_ID`) per image."""
+    cls = __getattr__("IdentifiedMIMODataset")
+    return cls(examples=image_examples(root, num_samples, seed=seed, mix=mix),
+               processors={VISION: processor if processor is not None else qwen_image_processor()},
+               tokenizer=offline_tokenizer(), seq_length=seq_length,
+               special_token_ids={VISION: IMAGE_TOKEN_ID}, encoder_seq_lengths={VISION: image_rows},
+               modality_columns={VISION: "image"})
+
+
+# ----------------------------------------------------------------------------------------------
 # Model, communicator, optimizer — as Bridge's setup_megatron_mimo builds them
 # ----------------------------------------------------------------------------------------------
 
@@ -280,6 +497,10 @@ class StackConfig:
     merge: int = 2
     seed: int = 1234
     lr: float = 1e-3
+    # None: the encoder merges merge² patches into a row (rows ∝ patches, one placeholder per
+    # row). R: it ends with a per-image resampler to exactly R rows (Bridge 0.6.2's
+    # MegatronMIMODataset inserts a fixed encoder_seq_lengths[vision] placeholders per image).
+    resample_rows: Optional[int] = None
 
 
 def _vision_config(cfg: StackConfig):
@@ -316,7 +537,7 @@ def build_provider(cfg: StackConfig):
         module=VisionModalitySubmodules, params={},
         submodules={"encoders": {ENCODER_NAME: ModuleSpec(module=NativeViT, params=dict(
             config=_vision_config(cfg), patch_dim=cfg.patch_dim, out_hidden=cfg.hidden,
-            merge=cfg.merge))}},
+            merge=cfg.merge, resample_rows=cfg.resample_rows))}},
     )
     layer_spec = get_gpt_layer_local_spec()
     layer_spec.submodules.self_attention.submodules.core_attention = packed_local_attention()

@@ -20,10 +20,8 @@ from PIL import Image
 from mimo_accel import derive, probe
 from mimo_accel.costs import CostIndex, FixedPatches, ResizeRule
 from mimo_accel.probe import DeriveError, MimoDatasetSource, QwenFetchResize
+from mimo_accel.stack import offline_tokenizer
 
-WORDS = ["[PAD]", "[UNK]", "[BOS]", "a", "cat", "dog", "describe", "the", "picture", "what", "is", "this",
-         "user", "assistant"]
-SPECIAL = ["<|image_pad|>", "<|vision_start|>", "<|vision_end|>", "<|im_start|>", "<|im_end|>", "<|video_pad|>"]
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
     "{% if m['content'] is string %}{{ m['content'] }}{% else %}{% for c in m['content'] %}"
@@ -31,19 +29,6 @@ CHAT_TEMPLATE = (
     "{% endfor %}{% endif %}<|im_end|>\n{% endfor %}"
 )
 VISION_TOKEN = 3  # "a": any id works as the placeholder
-
-
-def make_tokenizer():
-    """A real fast HF tokenizer with a tiny word-level vocabulary and a BOS token (no downloads)."""
-    from tokenizers import Tokenizer, models, pre_tokenizers, processors
-    from transformers import PreTrainedTokenizerFast
-
-    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(WORDS)}, unk_token="[UNK]"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok.post_processor = processors.TemplateProcessing(single="[BOS] $A", special_tokens=[("[BOS]", 2)])
-    t = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", pad_token="[PAD]", bos_token="[BOS]")
-    t.add_special_tokens({"additional_special_tokens": SPECIAL})
-    return t
 
 
 def qwen_processor(min_pixels=56 * 56, max_pixels=28 * 28 * 1280, **kwargs):
@@ -64,7 +49,7 @@ def clip_processor():
 def mimo_dataset(examples, processor, *, seq_length=64, rows=5, preprocess_fn=None, max_samples=None):
     from megatron.bridge.data.megatron_mimo.dataset import MegatronMIMODataset
 
-    return MegatronMIMODataset(examples=examples, processors={"vision": processor}, tokenizer=make_tokenizer(),
+    return MegatronMIMODataset(examples=examples, processors={"vision": processor}, tokenizer=offline_tokenizer(),
                                seq_length=seq_length, special_token_ids={"vision": VISION_TOKEN},
                                encoder_seq_lengths={"vision": rows}, modality_columns={"vision": "image"},
                                preprocess_fn=preprocess_fn, max_samples=max_samples)
@@ -254,7 +239,7 @@ def qwen_vl_processor(**image_kwargs):
 
     video_base = ProcessorMixin.get_possibly_dynamic_module("BaseVideoProcessor")
     video = type("NoVideo", (video_base,), {"__init__": lambda self: None})()
-    return Qwen2VLProcessor(image_processor=qwen_processor(**image_kwargs), tokenizer=make_tokenizer(),
+    return Qwen2VLProcessor(image_processor=qwen_processor(**image_kwargs), tokenizer=offline_tokenizer(),
                             video_processor=video, chat_template=CHAT_TEMPLATE)
 
 
