@@ -12,7 +12,7 @@ PINS   := -c requirements/constraints.txt
 # nvidia-modelopt, which megatron.bridge.training imports (its own deps pull in CUDA packages).
 MEGATRON_PKGS := megatron-core==0.19.2 megatron-bridge==0.6.2 nvidia-modelopt==0.47.0
 
-.PHONY: demo test setup doctor clean
+.PHONY: demo test setup doctor clean test-upstream-peer
 
 setup: $(STAMP)
 
@@ -37,6 +37,13 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q
+
+# Upstream's own MegatronMIMO unit tests as a peer suite: the same outcomes without mimo_accel,
+# with enable() and with every feature on. UPSTREAM_BRIDGE: a Megatron-Bridge checkout or extract
+# (tests/unit_tests/{conftest.py,data/megatron_mimo,training/megatron_mimo}); see tools/upstream_peer/run.py.
+test-upstream-peer: $(STAMP)
+	@test -n "$(UPSTREAM_BRIDGE)" || { echo "usage: make test-upstream-peer UPSTREAM_BRIDGE=/path/to/Megatron-Bridge"; exit 2; }
+	$(PY) tools/upstream_peer/run.py --upstream "$(UPSTREAM_BRIDGE)" $(PEER_ARGS)
 
 doctor: $(STAMP)
 	$(VENV)/bin/mimo-accel doctor
