@@ -22,6 +22,7 @@ ENV_LABEL = "MIMO_ACCEL_PROFILE_LABEL"
 
 _lock = threading.Lock()
 _recorder = None
+_noted: set = set()  # notice keys already written into a step line
 _timers: dict[int, Any] = {}
 _config: Optional[AccelConfig] = None
 _planned_spreads: collections.deque = collections.deque()
@@ -73,6 +74,7 @@ def close() -> None:
         _timers.clear()
         _planned_spreads.clear()
         _pending_counts.clear()
+        _noted.clear()
         if _recorder is not None:
             _recorder.close()
         _recorder = None
@@ -133,6 +135,17 @@ def wrap_encode(original: Callable) -> Callable:
     return encode
 
 
+def _attach_new_notes(rec) -> None:
+    """Notices said since the last step (which length source packing used, nothing to balance, ...)
+    go into this step's line, so the report shows them beside the figures they explain."""
+    from mimo_accel import notices
+
+    new = [m for k, m in notices.said().items() if k not in _noted]
+    if new:
+        _noted.update(notices.said())
+        rec.set(notes=new)
+
+
 def wrap_optimizer_step(original: Callable, cfg: AccelConfig) -> Callable:
     configure(cfg)
 
@@ -144,6 +157,7 @@ def wrap_optimizer_step(original: Callable, cfg: AccelConfig) -> Callable:
             for name, value in _pending_counts:
                 rec.add(**{name: int(value)})
             _pending_counts.clear()
+            _attach_new_notes(rec)
             rec.end_step()
         return result
 

@@ -1,8 +1,9 @@
 """Say it once: what a feature could not do with the data it got, or which source it used.
 
 No silent no-op: a feature that cannot act on its data (nothing to balance, no padding to
-remove) says so once per process in the log, and ``mimo_accel.status()["notes"]`` and the
-profiler header carry the same lines.
+remove) says so once per process in the log; ``mimo_accel.status()["notes"]`` lists the same
+lines, and with the profiler on each is written into the next step line (``notes``), which
+``mimo-accel report`` shows.
 """
 
 from __future__ import annotations

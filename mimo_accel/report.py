@@ -310,6 +310,9 @@ def summarize(run: Run, *, warmup: int = 1) -> dict[str, Any]:
             "bytes_read_per_step": cluster(bytes_read),
             "bytes_exchanged_per_step": cluster(bytes_exchanged),
             "predicted_spread_mean": _mean(spreads),
+            # what a feature said once about the data it got (notices.say_once), in step order
+            "notes": list(dict.fromkeys(n for log in run.ranks.values() for r in log.steps
+                                        for n in (r.get("notes") or ()) if isinstance(n, str))),
             "series": {
                 "step": counted,
                 "step_time_s": st_values,
@@ -435,6 +438,9 @@ def render(
         warnings += cmp["warnings"]
     for w in warnings:
         console.print(Text(f"⚠ {w}", style="yellow"))
+    for side, s in (("before", before), ("after", after)):
+        for note in (s or {}).get("notes", []):
+            console.print(Text(f"note ({side}): {note}" if two else f"note: {note}", style="cyan"))
 
     table = Table(title="Summary", header_style="bold")
     table.add_column("metric")
