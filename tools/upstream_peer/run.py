@@ -140,7 +140,7 @@ def run_mode(mode: str, root: Path, python: str, work: Path, extra: list[str], t
                PYTHONPATH=os.pathsep.join([str(HERE), env.get("PYTHONPATH", "")]).rstrip(os.pathsep),
                PYTHONDONTWRITEBYTECODE="1")
     cmd = [python, "-m", "pytest", "-p", "peer_plugin", "-p", "no:cacheprovider",
-           "-o", "addopts=", f"--rootdir={root}", "-q", "-W", "ignore", *extra,
+           "-o", "addopts=", f"--rootdir={root}", "-q", "-W", "ignore", "--continue-on-collection-errors", *extra,
            *(str(root / d) for d in TEST_DIRS)]
     t0 = time.monotonic()
     try:
