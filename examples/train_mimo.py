@@ -16,6 +16,13 @@ a GPT language model, local layer specs). Data (--dataset):
                        image processor, a fixed --image-rows placeholders per image (the ViT ends
                        with a per-image resampler to that many rows). No cost index and no flag:
                        mimo_accel derives the per-sample costs from the examples.
+The vision encoder (--encoder):
+  native (default)     mimo_accel's NativeViT (mimo_accel.stack);
+  qwen3vl              Bridge's own Qwen3-VL vision model (mimo_accel.qwen3vl, local specs, no
+                       Transformer Engine needed): 16 px patches, 2x2 merge, t*h*w/4 rows per
+                       image. With --dataset images: Qwen3-VL's image processing (at most
+                       --max-image-rows rows per image) and as many placeholders per image as its
+                       grid gives rows.
 
 GPUs (NCCL), with or without mimo_accel:
     torchrun --nproc-per-node 8 examples/train_mimo.py --vision-dp 4 --language-dp 4
@@ -74,7 +81,7 @@ from megatron.bridge.training.state import TrainState
 from megatron.bridge.training.tokenizers.config import TokenizerConfig
 
 from mimo_accel import stack
-from mimo_accel.layout import VISION, MimoLayout, ModuleLayout
+from mimo_accel.layout import MimoLayout, ModuleLayout
 from mimo_accel.sampler import SHARD_TAG_KEY
 
 KILL_ENV = "TRAIN_MIMO_KILL"
@@ -119,13 +126,26 @@ class ImageMIMOProvider(MegatronMIMODatasetProvider):
     per image (Bridge 0.6.2 inserts a fixed ``encoder_seq_lengths`` per image; the encoder ends
     with a per-image resampler to that many rows). No cost index: mimo_accel derives one from
     the examples. Items carry their index as ``sample_id`` (a thin subclass; see --trace).
+    With ``encoder="qwen3vl"``: Qwen3-VL's image processing (16 px patches) with at most
+    ``image_rows`` rows per image, and as many placeholders per image as its grid gives rows
+    (``stack.GridPlaceholderMIMODataset``).
     """
 
     seq_length: int = 64
     image_dir: str = ""
     image_rows: int = 4
+    # "qwen3vl": Qwen3-VL's image processing (16 px patches) with at most image_rows rows per
+    # image, and placeholders per image following its grid (stack.GridPlaceholderMIMODataset).
+    encoder: str = "native"
 
     def _dataset(self, num_samples: int, seed: int):
+        if self.encoder == "qwen3vl":
+            from mimo_accel import qwen3vl
+
+            return stack.images_dataset(self.image_dir, num_samples, seq_length=self.seq_length,
+                                        image_rows=self.image_rows, seed=seed, placeholders="grid",
+                                        processor=qwen3vl.image_processor(max_rows=self.image_rows),
+                                        merge=qwen3vl.MERGE)
         return stack.images_dataset(self.image_dir, num_samples, seq_length=self.seq_length,
                                     image_rows=self.image_rows, seed=seed)
 
@@ -135,6 +155,12 @@ class ImageMIMOProvider(MegatronMIMODatasetProvider):
 
     def get_collate_fn(self):
         # Bridge's megatron_mimo_collate_fn cannot stack pixel_values of different sizes.
+        if self.encoder == "qwen3vl":
+            from functools import partial
+
+            from mimo_accel import qwen3vl
+
+            return partial(stack.collate_mimo_images, patch_dim=qwen3vl.PATCH_DIM)
         return stack.collate_mimo_images
 
 
@@ -292,15 +318,16 @@ def build_layout(args) -> MimoLayout:
 
 def build_config(args, layout: MimoLayout) -> ConfigContainer:
     images = args.dataset == "images"
+    native_images = images and args.encoder == "native"
     scfg = stack.StackConfig(layout=layout, seq_length=args.seq_length, seed=args.seed, lr=args.lr,
+                             encoder=args.encoder, vision_hidden=args.vision_hidden, vision_layers=args.vision_layers,
                              **(dict(patch_dim=stack.QWEN2_PATCH_DIM, resample_rows=args.image_rows)
-                                if images else {}))
+                                if native_images else {}))
     provider = stack.build_provider(scfg)
     if args.per_token_loss:
         # Loss = sum over tokens / global token count (finalize_model_grads_multimodule divides):
         # the gradient does not depend on which DP replica holds which sample.
-        vision_encoder = provider.modality_submodules_spec[VISION].submodules["encoders"][stack.ENCODER_NAME]
-        for config in (provider.language_model_spec.params["config"], vision_encoder.params["config"]):
+        for config in (provider.language_model_spec.params["config"], stack.encoder_transformer_config(provider)):
             config.calculate_per_token_loss = True
     # bridge/training/eval.py (evaluate) reads cfg.model.seq_length and
     # cfg.model.moe_expert_rank_capacity_factor, which MegatronMIMOProvider lacks.
@@ -311,7 +338,8 @@ def build_config(args, layout: MimoLayout) -> ConfigContainer:
                   drop_last=True, data_sharding=True)
     if images:
         data = ImageMIMOProvider(seq_length=args.seq_length, image_dir=args.image_dir or default_image_dir(),
-                                 image_rows=args.image_rows, **loader)
+                                 image_rows=args.image_rows if native_images else args.max_image_rows,
+                                 encoder=args.encoder, **loader)
     else:
         data = SyntheticVLMProvider(seq_length=args.seq_length, varied=args.varied, patch_dim=scfg.patch_dim,
                                     vocab_size=scfg.vocab_size, **loader)
@@ -386,18 +414,43 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--varied", action="store_true", help="synthetic: 0-3 images of varied sizes per sample")
     p.add_argument("--image-dir", default=None,
                    help="images: where the image files are written/reused (default: a fixed temp dir)")
-    p.add_argument("--image-rows", type=int, default=4,
-                   help="images: placeholder tokens per image = rows the encoder's resampler makes")
+    p.add_argument("--image-rows", type=int, default=None,
+                   help="images, --encoder native: placeholder tokens per image = rows the encoder's "
+                        "resampler makes (default 4)")
+    p.add_argument("--encoder", choices=stack.ENCODERS, default="native",
+                   help="native: mimo_accel's NativeViT; qwen3vl: Bridge's Qwen3-VL vision model "
+                        "(rows per image follow the image's grid)")
+    p.add_argument("--vision-hidden", type=int, default=stack.StackConfig.vision_hidden,
+                   help="vision encoder hidden size")
+    p.add_argument("--vision-layers", type=int, default=stack.StackConfig.vision_layers,
+                   help="vision encoder layers")
+    p.add_argument("--max-image-rows", type=int, default=None,
+                   help="images, --encoder qwen3vl: the most rows (= placeholders) one image may take; "
+                        "Qwen3-VL's processor resizes larger images down to it (default 16)")
     p.add_argument("--trace", default=None, help="append one JSON line per rank and training iteration")
     p.add_argument("--dist-timeout", type=float, default=300.0, help="seconds (CPU/gloo process group)")
     args = p.parse_args(argv)
     if args.eval_interval == 0:
         args.eval_interval = None
+    if args.encoder == "qwen3vl":
+        if args.image_rows is not None:
+            p.error("--image-rows sets the fixed rows of --encoder native's resampler; with --encoder qwen3vl "
+                    "the rows per image follow its grid: bound them with --max-image-rows instead")
+    elif args.max_image_rows is not None:
+        p.error("--max-image-rows applies to --encoder qwen3vl (--encoder native takes --image-rows)")
     if args.dataset == "images":
         if args.varied:
             p.error("--varied applies to --dataset synthetic")
-        if not 1 <= args.image_rows < args.seq_length:
-            p.error(f"--image-rows must be in [1, --seq-length) (got {args.image_rows})")
+        if args.encoder == "qwen3vl":
+            args.max_image_rows = 16 if args.max_image_rows is None else args.max_image_rows
+            if not 1 <= args.max_image_rows < args.seq_length:
+                p.error(f"--max-image-rows must be in [1, --seq-length) (got {args.max_image_rows})")
+        else:
+            args.image_rows = 4 if args.image_rows is None else args.image_rows
+            if not 1 <= args.image_rows < args.seq_length:
+                p.error(f"--image-rows must be in [1, --seq-length) (got {args.image_rows})")
+    elif args.image_rows is not None or args.max_image_rows is not None:
+        p.error("--image-rows / --max-image-rows apply to --dataset images")
     return args
 
 

@@ -14,6 +14,12 @@ optimizer step), profiler on, on gloo ranks of this machine (``mimo_accel.cpu``)
 While running it checks the invariants: every sample of every global micro-batch processed once
 per module, the same samples and the same image work in both runs, per-step losses equal (the
 reorder changes which replica computes a sample, not what is computed). Then the report.
+
+``--loop bridge`` rehearses Bridge's whole training loop instead of the stack's train step: each
+rank runs ``examples/train_mimo.py`` (``pretrain_megatron_mimo``) with Bridge's own Qwen3-VL
+vision model (``--encoder qwen3vl``) on real image files (``--dataset images``), baseline then
+accelerated, profiler on; the invariants come from the example's ``--trace``, the report is the
+same.
 """
 
 from __future__ import annotations
@@ -185,7 +191,7 @@ def rehearse(profile_name: str, *, steps: Optional[int] = None, out_dir: Optiona
             runs["before"] = _run("baseline", {}, layout, spec, steps, micro_batch, seq_length,
                                   out / "baseline", model_kw, progress, task, log)
         except RankFailure as exc:
-            reason = _first_error_line(str(exc))
+            reason = _upstream_limit(exc)
             before_label, before_note = "sharded", f"upstream cannot run this data here ({reason}); before = sharded reads only"
             progress.update(task, description="[yellow]baseline failed upstream[/yellow]")
             task = progress.add_task("before: sharded reads, contiguous", total=steps)
@@ -246,29 +252,245 @@ def _calibrated(run_dir: Path, out_file: Path) -> tuple[Optional[str], str]:
                            f"c={model.c:.3g} s/token, R²={stats['r2']:.2f}")
 
 
+# What megatron-bridge 0.6.2 says when it cannot run a profile's data (fan-in with uneven encoder
+# rows; images per micro-batch not divisible by the encoder DP). Only these fall back to a
+# "sharded reads only" before-run; any other failure (a port clash, a bug) is raised as it is.
+UPSTREAM_LIMITS = ("Mismatch in shape", "Fan-in with variable", "is not divisible by encoder DP")
+
+
+def _upstream_limit(exc: BaseException) -> str:
+    text = str(exc)
+    if not any(p in text for p in UPSTREAM_LIMITS):
+        raise exc
+    return _first_error_line(text)
+
+
 def _first_error_line(text: str) -> str:
     lines = [l.strip() for l in text.splitlines() if "Error" in l and ":" in l and not l.strip().startswith("File")]
     return (lines[-1] if lines else text.splitlines()[0])[:160]
 
 
+# ----------------------------------------------------------------------------------------------
+# --loop bridge: examples/train_mimo.py (Bridge's pretrain_megatron_mimo), Qwen3-VL, image files
+# ----------------------------------------------------------------------------------------------
+
+BRIDGE_DEFAULTS = dict(steps=4, vision_dp=2, language_dp=1)
+BRIDGE_MBS, BRIDGE_GBS, BRIDGE_SEQ = 4, 8, 64
+BRIDGE_MODEL = ("--encoder", "qwen3vl", "--vision-hidden", "64", "--vision-layers", "2", "--max-image-rows", "16")
+
+
+def example_script(path: Optional[str] = None) -> Path:
+    """``examples/train_mimo.py`` of this source checkout (it is not part of the installed package),
+    or ``path``."""
+    script = Path(path) if path else Path(__file__).resolve().parents[1] / "examples" / "train_mimo.py"
+    if not script.is_file():
+        raise FileNotFoundError(f"--loop bridge runs the example training script, but {script} does not exist: "
+                                "run from a source checkout of mimo_accel, or pass --example PATH/train_mimo.py")
+    return script
+
+
+def _bridge_rank(rank, world, script, argv, features, profile_dir, label, steps, env):
+    """One rank of a ``--loop bridge`` run: the example's own ``main(argv)``, profiler on."""
+    import importlib.util
+
+    os.environ.update(env, MIMO_ACCEL_PROFILE_LABEL=label)
+    import mimo_accel
+    from mimo_accel.testing import report_progress
+
+    name = "mimo_accel_rehearsal_train_mimo"
+    spec = importlib.util.spec_from_file_location(name, script)
+    example = importlib.util.module_from_spec(spec)
+    sys.modules[name] = example  # dataclasses resolve the module's annotations through it
+    spec.loader.exec_module(example)
+    flush = example._Trace.flush
+
+    def flush_and_report(trace):  # the trace flushes once per finished training iteration
+        iteration = trace.current["iteration"] if trace.current is not None else None
+        flush(trace)
+        if iteration is not None:
+            report_progress(iteration, steps)
+
+    example._Trace.flush = flush_and_report
+    mimo_accel.enable(profile=profile_dir, **features)
+    try:
+        example.main(argv)
+        return mimo_accel.status()["active"]
+    finally:
+        mimo_accel.disable()
+
+
+def _bridge_run(label, features, vdp, ldp, steps, out: Path, image_dir: Path, script: Path, seed: int,
+                progress, task, log_path: Path) -> list[dict]:
+    """One run of the example on vdp + ldp ranks; returns its trace records."""
+    from mimo_accel.testing import run_ranks
+
+    profile_dir, trace = out / label, out / f"{label}-trace.jsonl"
+    shutil.rmtree(profile_dir, ignore_errors=True)
+    trace.unlink(missing_ok=True)
+    with open(log_path, "a", encoding="utf-8") as log:
+        log.write(f"\n########## {label} run: {time.strftime('%H:%M:%S')} ##########\n")
+    argv = ["--cpu", *BRIDGE_MODEL, "--dataset", "images", "--image-dir", str(image_dir),
+            "--vision-dp", str(vdp), "--language-dp", str(ldp), "--mbs", str(BRIDGE_MBS),
+            "--gbs", str(BRIDGE_GBS), "--seq-length", str(BRIDGE_SEQ), "--train-iters", str(steps),
+            "--eval-interval", "0", "--seed", str(1234 + seed), "--trace", str(trace)]
+    env = {"MIMO_ACCEL_CACHE_DIR": str(out / "cache")}
+    done: dict[int, int] = {}
+
+    def on_progress(rank, step, total):
+        done[rank] = step
+        progress.update(task, completed=min(done.values()) if len(done) == vdp + ldp else 0)
+
+    run_ranks(_bridge_rank, vdp + ldp, str(script), argv, features, str(profile_dir), label, steps, env,
+              deadline_s=600, on_progress=on_progress, log_file=log_path)
+    progress.update(task, completed=steps)
+    import json
+
+    return [json.loads(line) for line in trace.read_text().splitlines()]
+
+
+def _bridge_steps(records: list[dict], steps: int, what: str) -> list[dict]:
+    """Per iteration from a trace: each module trained every sample of the iteration's global
+    batch exactly once; the global per-token loss and its token count."""
+    out = []
+    for it in range(1, steps + 1):
+        rows = [r for r in records if r["iteration"] == it]
+        want = list(range((it - 1) * BRIDGE_GBS, it * BRIDGE_GBS))
+        for module in ("vision", "language"):
+            ids = sorted(i for r in rows if r["module"] == module for micro in r["ids"] for i in micro)
+            if ids != want:
+                raise InvariantViolation(f"{what}: {module} iteration {it} trained samples {ids}, expected each of "
+                                         f"{want[0]}..{want[-1]} exactly once")
+        loss_sum = sum(r["loss_sum"] for r in rows if r["loss_sum"] is not None)
+        tokens = sum(r["tokens"] for r in rows if r["tokens"] is not None)
+        if not tokens:
+            raise InvariantViolation(f"{what}: iteration {it} has no loss tokens in the trace")
+        out.append({"loss_sum": loss_sum, "tokens": tokens})
+    return out
+
+
+def rehearse_bridge(*, steps: Optional[int] = None, vision_dp: Optional[int] = None,
+                    language_dp: Optional[int] = None, out_dir: Optional[str] = None,
+                    json_path: Optional[str] = None, seed: int = 0, example: Optional[str] = None,
+                    console=None, log_path: Optional[str] = None) -> dict:
+    """``mimo-accel rehearse --loop bridge``: Bridge's ``pretrain_megatron_mimo`` through
+    ``examples/train_mimo.py --encoder qwen3vl --dataset images``, baseline then accelerated
+    (sharded reads + reorder + packing, the cost model calibrated on the baseline), profiler on;
+    checks the invariants on the traces and prints the same report as the stack loop."""
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.table import Table
+
+    from mimo_accel import report
+    from mimo_accel.profiler import read_run
+    from mimo_accel.testing import MimoLayout, RankFailure
+
+    console = console or Console()
+    script = example_script(example)
+    steps = steps or BRIDGE_DEFAULTS["steps"]
+    vdp, ldp = vision_dp or BRIDGE_DEFAULTS["vision_dp"], language_dp or BRIDGE_DEFAULTS["language_dp"]
+    layout = MimoLayout.from_dp(vdp, ldp)
+    if BRIDGE_MBS % vdp or BRIDGE_MBS % ldp:
+        raise ValueError(f"--loop bridge: the micro-batch of {BRIDGE_MBS} samples must split evenly over vision DP "
+                         f"{vdp} and language DP {ldp}; choose DPs among 1, 2, 4")
+    out = Path(out_dir or tempfile.mkdtemp(prefix="mimo-accel-rehearsal-"))
+    out.mkdir(parents=True, exist_ok=True)
+    image_dir = out / "images"
+    log = Path(log_path) if log_path else out / "rehearsal.log"
+    log.write_text(f"mimo-accel rehearse --loop bridge: {layout}, {time.strftime('%Y-%m-%d %H:%M:%S')}\n"
+                   "(third-party import output, then each run's rank logs)\n", encoding="utf-8")
+    console.print(f"[bold]mimo-accel rehearse --loop bridge[/bold]: {script.name} (pretrain_megatron_mimo, "
+                  f"Bridge's Qwen3-VL vision model, image files) on {layout.world_size} CPU ranks, {layout}, "
+                  f"{steps} iterations x {BRIDGE_GBS // BRIDGE_MBS} micro-batches of {BRIDGE_MBS}, profiles in {out}")
+    console.print(f"third-party warnings and rank logs: {log}", highlight=False, soft_wrap=True)
+
+    before_label, before_note = "baseline", "upstream as shipped"
+    t0 = time.perf_counter()
+    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total} steps"),
+                  TimeElapsedColumn(), console=console, transient=False) as progress:
+        task = progress.add_task("baseline (upstream)", total=steps)
+        try:
+            before_records = _bridge_run("baseline", {}, vdp, ldp, steps, out, image_dir, script, seed,
+                                         progress, task, log)
+        except RankFailure as exc:
+            reason = _upstream_limit(exc)
+            before_label, before_note = "sharded", f"upstream cannot run this data here ({reason}); before = sharded reads only"
+            progress.update(task, description="[yellow]baseline failed upstream[/yellow]")
+            task = progress.add_task("before: sharded reads, contiguous", total=steps)
+            before_records = _bridge_run("sharded", SHARDED_ONLY, vdp, ldp, steps, out, image_dir, script, seed,
+                                         progress, task, log)
+        cost_model, cost_note = _calibrated(out / before_label, out / "cost-model.json")
+        task = progress.add_task("accelerated (shard+reorder+pack)", total=steps)
+        features = dict(ALL_FEATURES, **({"cost_model": cost_model} if cost_model else {}))
+        after_records = _bridge_run("accelerated", features, vdp, ldp, steps, out, image_dir, script, seed,
+                                    progress, task, log)
+    elapsed = time.perf_counter() - t0
+
+    before = _bridge_steps(before_records, steps, before_label)
+    after = _bridge_steps(after_records, steps, "accelerated")
+    losses = Table(title="Per-iteration global loss (per token): the same samples, the same math")
+    for col in ("iteration", f"{before_label} loss", "accelerated loss", "tokens", "rel. diff"):
+        losses.add_column(col, justify="right")
+    worst = 0.0
+    for it, (b, a) in enumerate(zip(before, after), start=1):
+        if b["tokens"] != a["tokens"]:
+            raise InvariantViolation(f"iteration {it}: {b['tokens']} loss tokens before vs {a['tokens']} after")
+        lb, la = b["loss_sum"] / b["tokens"], a["loss_sum"] / a["tokens"]
+        rel = abs(la - lb) / max(abs(lb), 1e-12)
+        worst = max(worst, rel)
+        losses.add_row(str(it), f"{lb:.6f}", f"{la:.6f}", f"{int(b['tokens'])}", f"{rel:.1e}")
+    console.print(losses)
+    if worst > 1e-2:
+        raise InvariantViolation(f"per-iteration losses differ by {worst:.1e} relative: not the same computation")
+
+    doc = report.build(read_run(out / before_label), read_run(out / "accelerated"))
+    report.render(doc["before"], doc["after"], console=console)
+    console.print(f"before = {before_label}: {before_note}. Plan costs: {cost_note}. "
+                  f"Wall time of the rehearsal: {elapsed:.0f}s.")
+    own = {"profile": "bridge-loop:qwen3vl-images", "loop": "bridge", "layout": str(layout), "steps": steps,
+           "micro_batch": BRIDGE_MBS, "before_label": before_label, "before_note": before_note,
+           "losses": {"before": [[b["loss_sum"], b["tokens"]] for b in before],
+                      "after": [[a["loss_sum"], a["tokens"]] for a in after]},
+           "profile_dir": str(out), "log": str(log), "wall_s": elapsed}
+    if json_path:
+        report.write_json(json_path, doc, **own)
+    return {**doc, **own}
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     p = argparse.ArgumentParser(prog="mimo-accel rehearse", description=__doc__.split("\n\n")[0])
-    p.add_argument("--profile", default="receipts", help="profile name or TOML path (default: receipts)")
-    p.add_argument("--steps", type=int, help="training steps per run (default: the profile's rehearsal steps)")
-    p.add_argument("--vision-dp", type=int, help="override the profile's rehearsal vision DP")
-    p.add_argument("--language-dp", type=int, help="override the profile's rehearsal language DP")
+    p.add_argument("--loop", choices=("stack", "bridge"), default="stack",
+                   help="stack (default): the tiny stack's train step over a profile's samples; bridge: "
+                        "examples/train_mimo.py (Bridge's pretrain_megatron_mimo) with Bridge's Qwen3-VL "
+                        "vision model on image files")
+    p.add_argument("--example", help="--loop bridge: path of examples/train_mimo.py (default: this checkout's)")
+    p.add_argument("--profile", default=None, help="--loop stack: profile name or TOML path (default: receipts)")
+    p.add_argument("--steps", type=int, help="training steps per run (default: the profile's rehearsal steps; "
+                   f"--loop bridge: {BRIDGE_DEFAULTS['steps']})")
+    p.add_argument("--vision-dp", type=int, help="override the profile's rehearsal vision DP "
+                   f"(--loop bridge: default {BRIDGE_DEFAULTS['vision_dp']})")
+    p.add_argument("--language-dp", type=int, help="override the profile's rehearsal language DP "
+                   f"(--loop bridge: default {BRIDGE_DEFAULTS['language_dp']})")
     p.add_argument("--out", help="directory for the profiler runs (default: a temp dir)")
     p.add_argument("--json", help="write the report's JSON here (its keys at the top level, as `mimo-accel "
                    "report --json` writes them) with the rehearsal's own fields (losses, layout, log, ...)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0,
+                   help="the profile's sample draw (--loop bridge: the model's initialisation, added to 1234)")
     args = p.parse_args(argv)
+    if args.loop == "bridge" and args.profile is not None:
+        p.error("--profile applies to --loop stack; --loop bridge trains on the example's image files")
+    if args.loop == "stack" and args.example is not None:
+        p.error("--example applies to --loop bridge")
     from mimo_accel.testing import RankFailure
 
     out = args.out or tempfile.mkdtemp(prefix="mimo-accel-rehearsal-")
     log = Path(out) / "rehearsal.log"
     try:
-        rehearse(args.profile, steps=args.steps, out_dir=out, json_path=args.json, seed=args.seed,
-                 vision_dp=args.vision_dp, language_dp=args.language_dp, log_path=str(log))
+        if args.loop == "bridge":
+            rehearse_bridge(steps=args.steps, vision_dp=args.vision_dp, language_dp=args.language_dp, out_dir=out,
+                            json_path=args.json, seed=args.seed, example=args.example, log_path=str(log))
+        else:
+            rehearse(args.profile or "receipts", steps=args.steps, out_dir=out, json_path=args.json,
+                     seed=args.seed, vision_dp=args.vision_dp, language_dp=args.language_dp, log_path=str(log))
     except InvariantViolation as exc:
         print(f"mimo-accel rehearse: INVARIANT VIOLATED: {exc}", file=sys.stderr)
         _print_log_path(log)

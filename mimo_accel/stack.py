@@ -10,17 +10,22 @@ Two things are the project's own, because nothing upstream fits on a CPU:
 - :class:`NativeViT`, a native-resolution vision encoder taking Qwen-style patch-packed input
   (``hidden_states`` [Σpatches, patch_dim] + ``grid_thw`` [images, 3]) with per-image attention,
   so its cost grows with the image the way Qwen3-VL's does (a fixed-resolution CLIP only varies
-  with the image count). Bridge's own Qwen3-VL vision model needs Transformer Engine specs.
+  with the image count). Bridge's own Qwen3-VL vision model ships with Transformer Engine specs.
   With ``resample_rows=R`` it ends with a per-image resampler (R learned queries attending to
   that image's rows, as Perceiver / Q-Former VLMs do): exactly R rows per image, the fixed
   placeholder count Bridge 0.6.2's ``MegatronMIMODataset`` inserts, while the cost still grows
   with each image's patches.
+  ``StackConfig(encoder="qwen3vl")`` registers Bridge's own Qwen3-VL vision model instead
+  (:mod:`mimo_accel.qwen3vl`: megatron-core local specs, no Transformer Engine), whose rows per
+  image follow the image's grid (``t·h·w / 4``).
 - :class:`SyntheticVLMDataset` / :class:`SyntheticMIMOProvider`: deterministic samples with 0/1/N
   images, each sample carrying its id so tests can check pairing end to end.
 - Real image files through Bridge's own ``MegatronMIMODataset`` (:func:`images_dataset`):
   :func:`image_examples` writes deterministic JPEG/PNG files, :func:`offline_tokenizer` and
   :func:`qwen_image_processor` need no download, :func:`collate_mimo_images` patch-packs the
-  variable-size ``pixel_values``, and ``IdentifiedMIMODataset`` adds each item's ``sample_id``.
+  variable-size ``pixel_values``, and ``IdentifiedMIMODataset`` adds each item's ``sample_id``;
+  ``GridPlaceholderMIMODataset`` places as many placeholders per image as the image's grid gives
+  encoder rows (Bridge 0.6.2 places a fixed count).
 """
 
 from __future__ import annotations
@@ -453,34 +458,101 @@ def _identified_mimo_dataset_class():
     return IdentifiedMIMODataset
 
 
+def _grid_placeholder_dataset_class():
+    base = __getattr__("IdentifiedMIMODataset")
+
+    class GridPlaceholderMIMODataset(base):
+        """``IdentifiedMIMODataset`` whose placeholders per image follow the image's grid.
+
+        Bridge 0.6.2's ``MegatronMIMODataset._tokenize_with_placeholders``
+        (megatron/bridge/data/megatron_mimo/dataset.py) inserts ``encoder_seq_lengths[modality]``
+        placeholders for every image: right for a fixed-resolution encoder (CLIP), wrong for a
+        native-resolution one (Qwen3-VL gives ``t·h·w / merge²`` rows per image, and the language
+        side raises when counts differ). This thin subclass inserts that many instead, and keeps
+        Bridge's placement, truncation and padding by calling the parent with the item's own
+        count. ``encoder_seq_lengths[modality]`` stays the most rows one image can become (the
+        processor's ``max_pixels`` bound): the parent checks it against ``seq_length``, and an
+        image above it is refused here. (A cost index derived from the examples counts that
+        maximum per image in its ``tokens`` column, which only the fan-out token balance reads.)
+        """
+
+        def __init__(self, *args: Any, merge: int = 2, **kwargs: Any):
+            super().__init__(*args, **kwargs)
+            self.merge = merge
+
+        def _tokenize_with_placeholders(self, text, modality_inputs):
+            counts = {}
+            for modality, inputs in modality_inputs.items():
+                grid = inputs.get("image_grid_thw") if isinstance(inputs, dict) else None
+                if grid is None or modality not in self.special_token_ids:
+                    continue
+                patches = int(torch.as_tensor(grid).reshape(-1, 3).prod(dim=-1).sum())
+                rows, cap = patches // (self.merge * self.merge), self.encoder_seq_lengths.get(modality)
+                if patches % (self.merge * self.merge) or (cap is not None and rows > cap):
+                    raise ValueError(
+                        f"GridPlaceholderMIMODataset: modality {modality!r} image grid {grid.tolist()} gives "
+                        f"{patches} patches = {patches / self.merge ** 2:g} rows at merge {self.merge}; expected a "
+                        f"whole number of at most encoder_seq_lengths[{modality!r}] = {cap} (the processor's "
+                        "max_pixels and merge_size must match the encoder)")
+                counts[modality] = rows
+            caps = self.encoder_seq_lengths
+            # One item at a time (a DataLoader worker owns its copy of the dataset).
+            self.encoder_seq_lengths = {**caps, **counts}
+            try:
+                return super()._tokenize_with_placeholders(text, modality_inputs)
+            finally:
+                self.encoder_seq_lengths = caps
+
+    GridPlaceholderMIMODataset.__module__ = __name__
+    GridPlaceholderMIMODataset.__qualname__ = "GridPlaceholderMIMODataset"
+    return GridPlaceholderMIMODataset
+
+
 _lazy: dict = {}
+_LAZY_CLASSES = {"IdentifiedMIMODataset": _identified_mimo_dataset_class,
+                 "GridPlaceholderMIMODataset": _grid_placeholder_dataset_class}
 
 
 def __getattr__(name: str):
-    # IdentifiedMIMODataset subclasses a Bridge class; Bridge is imported on first use only.
-    if name == "IdentifiedMIMODataset":
+    # These subclass a Bridge class; Bridge is imported on first use only.
+    if name in _LAZY_CLASSES:
         if name not in _lazy:
-            _lazy[name] = _identified_mimo_dataset_class()
+            _lazy[name] = _LAZY_CLASSES[name]()
         return _lazy[name]
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def images_dataset(root, num_samples: int, *, seq_length: int, image_rows: int, seed: int = 0,
-                   mix: ImageMix = ImageMix(), processor: Any = None):
-    """An :class:`IdentifiedMIMODataset` (Bridge's ``MegatronMIMODataset``) over
-    :func:`image_examples`: the offline tokenizer, Qwen2-VL's image processor, and
-    ``image_rows`` placeholder tokens (:data:`IMAGE_TOKEN_ID`) per image."""
-    cls = __getattr__("IdentifiedMIMODataset")
-    return cls(examples=image_examples(root, num_samples, seed=seed, mix=mix),
-               processors={VISION: processor if processor is not None else qwen_image_processor()},
-               tokenizer=offline_tokenizer(), seq_length=seq_length,
-               special_token_ids={VISION: IMAGE_TOKEN_ID}, encoder_seq_lengths={VISION: image_rows},
-               modality_columns={VISION: "image"})
+                   mix: ImageMix = ImageMix(), processor: Any = None, placeholders: str = "fixed",
+                   merge: int = 2):
+    """Bridge's ``MegatronMIMODataset`` over :func:`image_examples`: the offline tokenizer,
+    ``processor`` (default Qwen2-VL's image processor) and placeholder tokens
+    (:data:`IMAGE_TOKEN_ID`) per image:
+
+    - ``placeholders="fixed"``: an :class:`IdentifiedMIMODataset` with ``image_rows`` per image
+      (Bridge's own behaviour; the encoder must resample every image to that many rows);
+    - ``placeholders="grid"``: a :class:`GridPlaceholderMIMODataset` with ``t·h·w / merge²``
+      per image (a native-resolution encoder such as Qwen3-VL's); ``image_rows`` is the most one
+      image may take, which ``processor``'s ``max_pixels`` must respect.
+    """
+    if placeholders not in ("fixed", "grid"):
+        raise ValueError(f"images_dataset: placeholders must be 'fixed' or 'grid', got {placeholders!r}")
+    kwargs = dict(examples=image_examples(root, num_samples, seed=seed, mix=mix),
+                  processors={VISION: processor if processor is not None else qwen_image_processor()},
+                  tokenizer=offline_tokenizer(), seq_length=seq_length,
+                  special_token_ids={VISION: IMAGE_TOKEN_ID}, encoder_seq_lengths={VISION: image_rows},
+                  modality_columns={VISION: "image"})
+    if placeholders == "grid":
+        return __getattr__("GridPlaceholderMIMODataset")(merge=merge, **kwargs)
+    return __getattr__("IdentifiedMIMODataset")(**kwargs)
 
 
 # ----------------------------------------------------------------------------------------------
 # Model, communicator, optimizer — as Bridge's setup_megatron_mimo builds them
 # ----------------------------------------------------------------------------------------------
+
+
+ENCODERS = ("native", "qwen3vl")
 
 
 @dataclass
@@ -491,7 +563,8 @@ class StackConfig:
     vision_layers: int = 1
     language_layers: int = 1
     heads: int = 4
-    patch_dim: int = 24
+    # None: the encoder's own — 24 for NativeViT, 1536 (3·2·16²) for qwen3vl, which takes no other.
+    patch_dim: Optional[int] = None
     vocab_size: int = 2048
     seq_length: int = 64
     merge: int = 2
@@ -501,6 +574,32 @@ class StackConfig:
     # row). R: it ends with a per-image resampler to exactly R rows (Bridge 0.6.2's
     # MegatronMIMODataset inserts a fixed encoder_seq_lengths[vision] placeholders per image).
     resample_rows: Optional[int] = None
+    # "native": the project's NativeViT; "qwen3vl": Bridge's Qwen3VLVisionModel (mimo_accel.qwen3vl),
+    # vision_hidden / vision_layers / heads / merge sized, rows per image = t·h·w / merge².
+    encoder: str = "native"
+
+    def __post_init__(self):
+        if self.encoder not in ENCODERS:
+            raise ValueError(f"StackConfig: unknown encoder {self.encoder!r}; choose one of {ENCODERS}")
+        if self.encoder == "qwen3vl":
+            from mimo_accel.qwen3vl import PATCH_DIM
+
+            if self.patch_dim not in (None, PATCH_DIM):
+                raise ValueError(f"StackConfig: the qwen3vl encoder takes patch_dim {PATCH_DIM} (3·2·16²: "
+                                 f"Qwen3-VL's pixel_values rows), got {self.patch_dim}; leave patch_dim unset")
+            if self.resample_rows is not None:
+                raise ValueError("StackConfig: the qwen3vl encoder has no resampler (its merger gives "
+                                 "t·h·w / merge² rows per image); leave resample_rows unset and place that "
+                                 "many placeholders per image (images_dataset(placeholders='grid'))")
+            self.patch_dim = PATCH_DIM
+        elif self.patch_dim is None:
+            self.patch_dim = 24
+
+
+def encoder_transformer_config(provider):
+    """The vision encoder's TransformerConfig inside a provider built by :func:`build_provider`."""
+    params = provider.modality_submodules_spec[VISION].submodules["encoders"][ENCODER_NAME].params
+    return params["transformer_config"] if "transformer_config" in params else params["config"]
 
 
 def _vision_config(cfg: StackConfig):
@@ -533,12 +632,16 @@ def build_provider(cfg: StackConfig):
 
     from megatron.bridge.models.megatron_mimo.megatron_mimo_provider import MegatronMIMOProvider
 
-    vision = ModuleSpec(
-        module=VisionModalitySubmodules, params={},
-        submodules={"encoders": {ENCODER_NAME: ModuleSpec(module=NativeViT, params=dict(
+    if cfg.encoder == "qwen3vl":
+        from mimo_accel import qwen3vl
+
+        encoder = qwen3vl.encoder_spec(hidden=cfg.vision_hidden, layers=cfg.vision_layers, heads=cfg.heads,
+                                       out_hidden=cfg.hidden, merge=cfg.merge)
+    else:
+        encoder = ModuleSpec(module=NativeViT, params=dict(
             config=_vision_config(cfg), patch_dim=cfg.patch_dim, out_hidden=cfg.hidden,
-            merge=cfg.merge, resample_rows=cfg.resample_rows))}},
-    )
+            merge=cfg.merge, resample_rows=cfg.resample_rows))
+    vision = ModuleSpec(module=VisionModalitySubmodules, params={}, submodules={"encoders": {ENCODER_NAME: encoder}})
     layer_spec = get_gpt_layer_local_spec()
     layer_spec.submodules.self_attention.submodules.core_attention = packed_local_attention()
     language = ModuleSpec(module=GPTModel, params=dict(
