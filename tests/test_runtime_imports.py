@@ -14,7 +14,7 @@ import sys
 
 # The CPU rehearsal kit and the offline tools: nothing a training job needs.
 KIT_AND_TOOLS = {"rehearsal", "stack", "testing", "profiles", "simulate", "report", "calibrate", "doctor",
-                 "cli", "quiet", "indexing", "layout"}
+                 "cli", "quiet", "indexing", "layout", "qwen3vl"}
 
 _JOB = r"""
 import json, sys
