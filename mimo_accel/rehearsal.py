@@ -155,10 +155,8 @@ def rehearse(profile_name: str, *, steps: Optional[int] = None, out_dir: Optiona
     """
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-    from rich.table import Table
 
     from mimo_accel import report
-    from mimo_accel.profiler import read_run
     from mimo_accel.profiles import load_profile
     from mimo_accel.testing import MimoLayout, RankFailure
 
@@ -208,24 +206,10 @@ def rehearse(profile_name: str, *, steps: Optional[int] = None, out_dir: Optiona
     if before["vision_patches"] != after["vision_patches"]:
         raise InvariantViolation(f"the runs did different image work per step: {before['vision_patches']} vs "
                                  f"{after['vision_patches']} patches")
-    losses = Table(title="Per-step language loss (sum over replicas): the same samples, the same math")
-    for col in ("step", f"{before_label} loss", "accelerated loss", "tokens", "rel. diff"):
-        losses.add_column(col, justify="right")
-    worst = 0.0
-    for s, ((lb, tb), (la, ta)) in enumerate(zip(before["losses"], after["losses"])):
-        if tb != ta:
-            raise InvariantViolation(f"step {s}: {tb} loss tokens before vs {ta} after")
-        rel = abs(la - lb) / max(abs(lb), 1e-12)
-        worst = max(worst, rel)
-        losses.add_row(str(s), f"{lb / tb:.6f}", f"{la / ta:.6f}", f"{int(tb)}", f"{rel:.1e}")
-    console.print(losses)
-    if worst > 1e-2:
-        raise InvariantViolation(f"per-step losses differ by {worst:.1e} relative: not the same computation")
-
-    doc = report.build(read_run(out / before_label), read_run(out / "accelerated"))
-    report.render(doc["before"], doc["after"], console=console)
-    console.print(f"before = {before_label}: {before_note}. Plan costs: {cost_note}. "
-                  f"Wall time of the rehearsal: {elapsed:.0f}s.")
+    doc = _compare_and_report(
+        console, "Per-step language loss (sum over replicas): the same samples, the same math", "step",
+        [(str(s), lb, tb, la, ta) for s, ((lb, tb), (la, ta)) in enumerate(zip(before["losses"], after["losses"]))],
+        out, before_label, before_note, cost_note, elapsed)
     # The report's keys (format, before, after, change, warnings) at the top level, as
     # `mimo-accel report --json` writes them; the rehearsal's own fields beside them.
     own = {"profile": profile.name, "layout": str(layout), "steps": steps, "micro_batch": micro_batch,
@@ -256,6 +240,35 @@ def _calibrated(run_dir: Path, out_file: Path) -> tuple[Optional[str], str]:
 # rows; images per micro-batch not divisible by the encoder DP). Only these fall back to a
 # "sharded reads only" before-run; any other failure (a port clash, a bug) is raised as it is.
 UPSTREAM_LIMITS = ("Mismatch in shape", "Fan-in with variable", "is not divisible by encoder DP")
+
+
+def _compare_and_report(console, title: str, unit: str, rows, out: Path, before_label: str, before_note: str,
+                        cost_note: str, elapsed: float) -> dict:
+    """Print the losses side by side (rows: name, before loss sum, tokens, after loss sum, tokens),
+    refusing different token counts or losses, then the report; returns the report document."""
+    from rich.table import Table
+
+    from mimo_accel import report
+    from mimo_accel.profiler import read_run
+
+    losses = Table(title=title)
+    for col in (unit, f"{before_label} loss", "accelerated loss", "tokens", "rel. diff"):
+        losses.add_column(col, justify="right")
+    worst = 0.0
+    for name, lb, tb, la, ta in rows:
+        if tb != ta:
+            raise InvariantViolation(f"{unit} {name}: {tb} loss tokens before vs {ta} after")
+        rel = abs(la - lb) / max(abs(lb), 1e-12)
+        worst = max(worst, rel)
+        losses.add_row(name, f"{lb / tb:.6f}", f"{la / ta:.6f}", f"{int(tb)}", f"{rel:.1e}")
+    console.print(losses)
+    if worst > 1e-2:
+        raise InvariantViolation(f"per-{unit} losses differ by {worst:.1e} relative: not the same computation")
+    doc = report.build(read_run(out / before_label), read_run(out / "accelerated"))
+    report.render(doc["before"], doc["after"], console=console)
+    console.print(f"before = {before_label}: {before_note}. Plan costs: {cost_note}. "
+                  f"Wall time of the rehearsal: {elapsed:.0f}s.")
+    return doc
 
 
 def _upstream_limit(exc: BaseException) -> str:
@@ -378,10 +391,8 @@ def rehearse_bridge(*, steps: Optional[int] = None, vision_dp: Optional[int] = N
     checks the invariants on the traces and prints the same report as the stack loop."""
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-    from rich.table import Table
 
     from mimo_accel import report
-    from mimo_accel.profiler import read_run
     from mimo_accel.testing import MimoLayout, RankFailure
 
     console = console or Console()
@@ -427,25 +438,11 @@ def rehearse_bridge(*, steps: Optional[int] = None, vision_dp: Optional[int] = N
 
     before = _bridge_steps(before_records, steps, before_label)
     after = _bridge_steps(after_records, steps, "accelerated")
-    losses = Table(title="Per-iteration global loss (per token): the same samples, the same math")
-    for col in ("iteration", f"{before_label} loss", "accelerated loss", "tokens", "rel. diff"):
-        losses.add_column(col, justify="right")
-    worst = 0.0
-    for it, (b, a) in enumerate(zip(before, after), start=1):
-        if b["tokens"] != a["tokens"]:
-            raise InvariantViolation(f"iteration {it}: {b['tokens']} loss tokens before vs {a['tokens']} after")
-        lb, la = b["loss_sum"] / b["tokens"], a["loss_sum"] / a["tokens"]
-        rel = abs(la - lb) / max(abs(lb), 1e-12)
-        worst = max(worst, rel)
-        losses.add_row(str(it), f"{lb:.6f}", f"{la:.6f}", f"{int(b['tokens'])}", f"{rel:.1e}")
-    console.print(losses)
-    if worst > 1e-2:
-        raise InvariantViolation(f"per-iteration losses differ by {worst:.1e} relative: not the same computation")
-
-    doc = report.build(read_run(out / before_label), read_run(out / "accelerated"))
-    report.render(doc["before"], doc["after"], console=console)
-    console.print(f"before = {before_label}: {before_note}. Plan costs: {cost_note}. "
-                  f"Wall time of the rehearsal: {elapsed:.0f}s.")
+    doc = _compare_and_report(
+        console, "Per-iteration global loss (per token): the same samples, the same math", "iteration",
+        [(str(it), b["loss_sum"], b["tokens"], a["loss_sum"], a["tokens"])
+         for it, (b, a) in enumerate(zip(before, after), start=1)],
+        out, before_label, before_note, cost_note, elapsed)
     own = {"profile": "bridge-loop:qwen3vl-images", "loop": "bridge", "layout": str(layout), "steps": steps,
            "micro_batch": BRIDGE_MBS, "before_label": before_label, "before_note": before_note,
            "losses": {"before": [[b["loss_sum"], b["tokens"]] for b in before],

@@ -12,10 +12,8 @@ sample, so per iteration: the same samples, the same loss.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -23,40 +21,20 @@ import pytest
 
 from mimo_accel.testing import run_ranks
 
+from ._example import run_example
+
 pytestmark = pytest.mark.distributed
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "train_mimo.py"
 MBS, GBS, ITERS, SEQ, ROWS = 4, 8, 4, 64, 4
 ALL = dict(sharded_reads=True, reorder=True, packing=True)
 RTOL = 1e-4
 DEADLINE_S = 150.0
 
 
-def _example():
-    name = "mimo_accel_examples_train_mimo"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, EXAMPLE)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module  # dataclasses resolve the module's annotations through it
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
 def _train(rank, world, argv, features, env):
     """One rank: the example's own main(), with mimo_accel enabled first when asked."""
-    import os
-
-    import mimo_accel
-
-    os.environ.update(env)
-    if features:
-        mimo_accel.enable(**features)
-    try:
-        _example().main(argv)
-        status = mimo_accel.status()
-        return {"active": status["active"], "notes": status.get("notes", [])}
-    finally:
-        mimo_accel.disable()
+    status = run_example(argv, features, env)
+    return {"active": status["active"], "notes": status.get("notes", [])}
 
 
 def _run(workdir: Path, name: str, vdp: int, ldp: int, features: dict) -> dict:

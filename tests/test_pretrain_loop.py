@@ -16,9 +16,7 @@ against upstream on one vision and one language replica, where its slicing is a 
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,9 +25,10 @@ import pytest
 
 from mimo_accel.testing import RankFailure, run_ranks
 
+from ._example import run_example
+
 pytestmark = pytest.mark.distributed
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "train_mimo.py"
 MBS, GBS = 4, 8
 MICRO_BATCHES = GBS // MBS
 ALL = dict(sharded_reads=True, reorder=True, packing=True)
@@ -41,30 +40,9 @@ RTOL = 1e-4  # reordering and packing change summation order (observed: below 1e
 RESUME_RTOL = 1e-9
 
 
-def _example():
-    name = "mimo_accel_examples_train_mimo"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, EXAMPLE)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module  # dataclasses resolve the module's annotations through it
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
 def _train(rank, world, argv, features, env):
     """One rank: the example's own main(), with mimo_accel enabled first when asked."""
-    import os
-
-    import mimo_accel
-
-    os.environ.update(env)
-    if features:
-        mimo_accel.enable(**features)
-    try:
-        _example().main(argv)
-        return mimo_accel.status()["active"]
-    finally:
-        mimo_accel.disable()
+    return run_example(argv, features, env)["active"]
 
 
 @dataclass

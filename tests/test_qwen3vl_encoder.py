@@ -14,18 +14,17 @@ qwen3vl``.
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
 from mimo_accel.testing import run_ranks
 
+from ._example import load_example, run_example
+
 pytestmark = pytest.mark.distributed
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "train_mimo.py"
 MBS, GBS, ITERS, SEQ, MAX_ROWS = 4, 8, 3, 64, 16
 ALL = dict(sharded_reads=True, reorder=True, packing=True)
 RTOL = 1e-4  # as tests/test_pretrain_loop.py: reordering and packing change summation order
@@ -104,10 +103,10 @@ def test_stack_config_refuses_what_qwen3vl_cannot_take():
 
 def test_example_refuses_image_rows_with_qwen3vl(capsys):
     with pytest.raises(SystemExit):
-        _example().parse_args(["--cpu", "--encoder", "qwen3vl", "--dataset", "images", "--image-rows", "4"])
+        load_example().parse_args(["--cpu", "--encoder", "qwen3vl", "--dataset", "images", "--image-rows", "4"])
     assert "--max-image-rows" in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        _example().parse_args(["--cpu", "--dataset", "images", "--max-image-rows", "4"])
+        load_example().parse_args(["--cpu", "--dataset", "images", "--max-image-rows", "4"])
     assert "applies to --encoder qwen3vl" in capsys.readouterr().err
 
 
@@ -140,43 +139,25 @@ def test_grid_placeholders_follow_each_image(tmp_path):
 
 # Bridge's training loop, real image files ---------------------------------------------------
 
-def _example():
-    name = "mimo_accel_examples_train_mimo"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, EXAMPLE)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module  # dataclasses resolve the module's annotations through it
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
 def _train(rank, world, argv, features, env):
-    """One rank: the example's own main(), with mimo_accel enabled first when asked."""
-    import os
-
-    import mimo_accel
-
+    """One rank: the example's own main(), with mimo_accel enabled first when asked; also records
+    which encoder class the example registered."""
     from mimo_accel import stack
 
-    os.environ.update(env)
     encoders = []
     build_provider = stack.build_provider
 
-    def recording_build_provider(cfg):  # which encoder class the example registered
+    def recording_build_provider(cfg):
         provider = build_provider(cfg)
         spec = provider.modality_submodules_spec["vision"].submodules["encoders"][stack.ENCODER_NAME]
         encoders.append([c.__name__ for c in spec.module.__mro__[:2]])
         return provider
 
     stack.build_provider = recording_build_provider
-    if features:
-        mimo_accel.enable(**features)
     try:
-        _example().main(argv)
-        return {"active": mimo_accel.status()["active"], "encoders": encoders}
+        return {"active": run_example(argv, features, env)["active"], "encoders": encoders}
     finally:
         stack.build_provider = build_provider
-        mimo_accel.disable()
 
 
 def _run(workdir: Path, name: str, vdp: int, ldp: int, features: dict) -> dict:

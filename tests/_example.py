@@ -1,0 +1,36 @@
+"""The example training script (examples/train_mimo.py) as the tests load and run it on a rank."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from pathlib import Path
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "train_mimo.py"
+
+
+def load_example():
+    """examples/train_mimo.py as a module (once per process)."""
+    name = "mimo_accel_examples_train_mimo"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, EXAMPLE)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module  # dataclasses resolve the module's annotations through it
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+def run_example(argv, features: dict, env: dict) -> dict:
+    """On one rank: the example's own main(argv), with mimo_accel enabled first when ``features``
+    is not empty; returns ``mimo_accel.status()`` as the run left it, then disables."""
+    import mimo_accel
+
+    os.environ.update(env)
+    if features:
+        mimo_accel.enable(**features)
+    try:
+        load_example().main(argv)
+        return mimo_accel.status()
+    finally:
+        mimo_accel.disable()
