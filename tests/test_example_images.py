@@ -21,7 +21,7 @@ import pytest
 
 from mimo_accel.testing import run_ranks
 
-from ._example import run_example
+from ._example import run_example, steps_from_trace
 
 pytestmark = pytest.mark.distributed
 
@@ -49,19 +49,6 @@ def _run(workdir: Path, name: str, vdp: int, ldp: int, features: dict) -> dict:
     return {"ranks": ranks, "records": records, "log": log.read_text(), "cache": workdir / f"cache-{name}"}
 
 
-def _steps(records: list) -> dict:
-    """iteration -> {"vision"/"language": sorted ids the module trained, "loss": global per-token loss}"""
-    out: dict = {}
-    for r in records:
-        s = out.setdefault(r["iteration"], {"vision": [], "language": [], "sum": 0.0, "tokens": 0.0})
-        s[r["module"]] += [i for micro in r["ids"] for i in micro]
-        if r["loss_sum"] is not None:
-            s["sum"] += r["loss_sum"]
-            s["tokens"] += r["tokens"]
-    return {it: {"vision": sorted(s["vision"]), "language": sorted(s["language"]), "loss": s["sum"] / s["tokens"]}
-            for it, s in sorted(out.items())}
-
-
 def _validation_losses(log: str) -> list[float]:
     return [float(x) for x in re.findall(r"validation loss at .*?lm loss value: ([0-9.eE+-]+)", log)]
 
@@ -78,7 +65,7 @@ def test_images_dataset_trains_balanced_and_packed_without_an_index(runs):
     assert all(r["active"] == ["sharded_reads", "reorder", "packing"] for r in accel["ranks"])
 
     # Trained with evaluation, every sample once, the same losses as upstream.
-    want, got = _steps(upstream["records"]), _steps(accel["records"])
+    want, got = steps_from_trace(upstream["records"]), steps_from_trace(accel["records"])
     assert list(want) == list(got) == list(range(1, ITERS + 1))
     for it in want:
         contiguous = list(range((it - 1) * GBS, it * GBS))

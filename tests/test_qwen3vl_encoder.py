@@ -21,7 +21,7 @@ import pytest
 
 from mimo_accel.testing import run_ranks
 
-from ._example import load_example, run_example
+from ._example import load_example, run_example, steps_from_trace
 
 pytestmark = pytest.mark.distributed
 
@@ -172,19 +172,6 @@ def _run(workdir: Path, name: str, vdp: int, ldp: int, features: dict) -> dict:
     return {"ranks": ranks, "records": [json.loads(line) for line in trace.read_text().splitlines()]}
 
 
-def _steps(records: list) -> dict:
-    """iteration -> {"vision"/"language": sorted ids the module trained, "loss": global per-token loss}"""
-    out: dict = {}
-    for r in records:
-        s = out.setdefault(r["iteration"], {"vision": [], "language": [], "sum": 0.0, "tokens": 0.0})
-        s[r["module"]] += [i for micro in r["ids"] for i in micro]
-        if r["loss_sum"] is not None:
-            s["sum"] += r["loss_sum"]
-            s["tokens"] += r["tokens"]
-    return {it: {"vision": sorted(s["vision"]), "language": sorted(s["language"]), "loss": s["sum"] / s["tokens"]}
-            for it, s in sorted(out.items())}
-
-
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("qwen3vl-images")
@@ -198,7 +185,7 @@ def test_bridge_loop_with_qwen3vl_matches_upstream_under_fan_in(runs):
     for r in upstream["ranks"] + accel["ranks"]:
         assert r["encoders"] == [["Qwen3VLEncoder", "Qwen3VLVisionModel"]]
 
-    want, got = _steps(upstream["records"]), _steps(accel["records"])
+    want, got = steps_from_trace(upstream["records"]), steps_from_trace(accel["records"])
     assert list(want) == list(got) == list(range(1, ITERS + 1))
     for it in want:
         contiguous = list(range((it - 1) * GBS, it * GBS))
