@@ -318,3 +318,24 @@ def test_notices_reach_the_step_lines_once_and_the_report_shows_them(tmp_path):
     out = io.StringIO()
     render(doc["before"], console=Console(file=out, width=120))
     assert "note: lengths come from loss_mask" in out.getvalue()
+
+
+def test_the_report_shows_the_planned_spread_beside_the_measured_one(tmp_path):
+    from mimo_accel.profiler import Recorder
+
+    for rank in range(2):
+        rec = Recorder(tmp_path, rank=rank, world_size=2, module="vision", dp_rank=rank, dp_size=2,
+                       layout=LAYOUT, label="plan", device="cpu", clock="wall")
+        for step in range(3):
+            with rec.time("vision_fwd"):
+                pass
+            rec.add(samples=2)
+            rec.set(predicted_spread=1.0 + 0.1 * step)
+            rec.end_step()
+        rec.close()
+    doc = build(read_run(tmp_path), warmup=0)
+    assert doc["before"]["predicted_spread_mean"] == pytest.approx(1.1)
+    out = io.StringIO()
+    render(doc["before"], console=Console(file=out, width=140))
+    row = next(ln for ln in out.getvalue().splitlines() if "the plan predicted" in ln)
+    assert "1.100" in row, row
