@@ -10,9 +10,14 @@ PINS   := -c requirements/constraints.txt
 
 # Megatron releases this project targets (see README "Supported upstream versions"), and
 # nvidia-modelopt, which megatron.bridge.training imports (its own deps pull in CUDA packages).
-MEGATRON_PKGS := megatron-core==0.19.2 megatron-bridge==0.6.2 nvidia-modelopt==0.47.0
+MODELOPT      := nvidia-modelopt==0.47.0
+MEGATRON_PKGS := megatron-core==0.19.2 megatron-bridge==0.6.2 $(MODELOPT)
 
-.PHONY: demo test setup doctor clean test-upstream-peer
+# make test-upstream: the same suite on megatron-bridge / megatron-core built from source trees,
+# in a second venv (see tools/upstream_venv.py).
+UPSTREAM_VENV ?= .venv-upstream
+
+.PHONY: demo test setup doctor clean test-upstream-peer test-upstream
 
 setup: $(STAMP)
 
@@ -44,6 +49,20 @@ test: $(STAMP)
 test-upstream-peer: $(STAMP)
 	@test -n "$(UPSTREAM_BRIDGE)" || { echo "usage: make test-upstream-peer UPSTREAM_BRIDGE=/path/to/Megatron-Bridge"; exit 2; }
 	$(PY) tools/upstream_peer/run.py --upstream "$(UPSTREAM_BRIDGE)" $(PEER_ARGS)
+
+# The project's suite on megatron-bridge / megatron-core built from source trees (e.g. upstream
+# main): UPSTREAM_BRIDGE a Megatron-Bridge checkout or extract (src/ layout), UPSTREAM_CORE a
+# Megatron-LM one. Builds $(UPSTREAM_VENV) like .venv (same torch pin and requirements), then
+# installs the two trees with --no-deps; idempotent (a stamp records the requirement files and
+# the trees' commits/contents). Or check both out of git repositories (clones or mirrors) into a
+# temp dir: UPSTREAM_FROM_GIT="BRIDGE_GIT@COMMIT CORE_GIT@COMMIT". PYTEST_ARGS: extra pytest args.
+test-upstream:
+	@test -n "$(UPSTREAM_FROM_GIT)" -o \( -n "$(UPSTREAM_BRIDGE)" -a -n "$(UPSTREAM_CORE)" \) || { \
+		echo "usage: make test-upstream UPSTREAM_BRIDGE=/path/to/Megatron-Bridge UPSTREAM_CORE=/path/to/Megatron-LM"; \
+		echo "   or: make test-upstream UPSTREAM_FROM_GIT='BRIDGE_GIT@COMMIT CORE_GIT@COMMIT'"; exit 2; }
+	$(PYTHON) tools/upstream_venv.py --venv $(UPSTREAM_VENV) --python $(PYTHON) --modelopt $(MODELOPT) \
+		$(if $(UPSTREAM_FROM_GIT),--from-git $(UPSTREAM_FROM_GIT),--bridge "$(UPSTREAM_BRIDGE)" --core "$(UPSTREAM_CORE)")
+	$(UPSTREAM_VENV)/bin/python -m pytest -q $(PYTEST_ARGS)
 
 doctor: $(STAMP)
 	$(VENV)/bin/mimo-accel doctor

@@ -61,6 +61,32 @@ def module_of_rank(layout: MimoLayout, rank: int) -> str | None:
 
 
 # ----------------------------------------------------------------------------------------------
+# The parts of Bridge's ConfigContainer / GlobalState that the harness calls read
+# ----------------------------------------------------------------------------------------------
+
+
+def loader_config(provider, micro_batch_size: int, *, eval_micro_batch_size: int | None = None):
+    """What ``build_megatron_mimo_data_loaders(cfg, ...)`` reads of ``cfg``: ``cfg.model`` (the
+    ``MegatronMIMOProvider``), ``cfg.train.micro_batch_size`` and -- upstream main (#5606), not
+    0.6.2 -- ``cfg.validation.eval_micro_batch_size`` for the valid/test loaders (default: the
+    training micro-batch size, as ``ConfigContainer`` does when it is unset)."""
+    from types import SimpleNamespace
+
+    eval_mbs = micro_batch_size if eval_micro_batch_size is None else eval_micro_batch_size
+    return SimpleNamespace(model=provider, train=SimpleNamespace(micro_batch_size=micro_batch_size),
+                           validation=SimpleNamespace(eval_micro_batch_size=eval_mbs))
+
+
+def step_state(dataset_cfg: Any = None):
+    """The ``state`` for Bridge's MIMO ``forward_step(state, data_iterator, model)`` outside the
+    training loop. 0.6.2 reads nothing of it (``None`` works there); upstream main reads
+    ``state.cfg.dataset`` (``resolve_step_packing``: no dataset config -> no step packing)."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(cfg=SimpleNamespace(dataset=dataset_cfg))
+
+
+# ----------------------------------------------------------------------------------------------
 # Running a function on N ranks
 # ----------------------------------------------------------------------------------------------
 
