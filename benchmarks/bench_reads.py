@@ -21,7 +21,7 @@ def _reads(rank, world, dp, steps, micro_batch, sharded):
     from megatron.bridge.data.megatron_mimo.loaders import build_megatron_mimo_data_loaders
 
     from mimo_accel import stack as st
-    from mimo_accel.testing import MimoLayout, build_grids
+    from mimo_accel.testing import MimoLayout, build_grids, loader_config
 
     if sharded:
         mimo_accel.enable(sharded_reads=True)
@@ -41,7 +41,7 @@ def _reads(rank, world, dp, steps, micro_batch, sharded):
     data = st.make_data_provider(lambda n: Counting(n, st.VariedSpec(), seq_length=64, patch_dim=24,
                                                     vocab_size=2048))
     train, _, _ = build_megatron_mimo_data_loaders(
-        SimpleNamespace(model=provider, train=SimpleNamespace(micro_batch_size=micro_batch)),
+        loader_config(provider, micro_batch),
         SimpleNamespace(consumed_train_samples=0), data, steps * micro_batch, 0, 0)
     it = iter(train)
     for _ in range(steps):

@@ -125,6 +125,23 @@ def _register_stand_ins() -> None:
             setattr(sys.modules[parent], child, mod)
 
 
+def _te_classes_as_types() -> None:
+    """Without Transformer Engine, megatron.core.extensions.transformer_engine derives its TE*
+    classes from a MagicMock (``te = MagicMock()``; ``class TEDotProductAttention(te.pytorch.
+    DotProductAttention)``), so each is a MagicMock *instance*, and ``isinstance(x, TEDotProductAttention)``
+    raises TypeError. Bridge main's Qwen3-VL attention (models/qwen_vl/modelling_qwen3_vl/attention.py,
+    not in 0.6.2) makes exactly that check. Make each such name a plain class nothing is an instance of."""
+    from unittest.mock import NonCallableMock
+
+    te_ext = importlib.import_module("megatron.core.extensions.transformer_engine")
+    if getattr(te_ext, "HAVE_TE", True):
+        return
+    for name, value in list(vars(te_ext).items()):
+        if name.startswith("TE") and isinstance(value, NonCallableMock):
+            _swaps.swap(te_ext, name, type(name, (), {"__module__": te_ext.__name__,
+                                                      "__doc__": "Transformer Engine is not installed"}))
+
+
 def prepare_imports() -> None:
     """Make ``import megatron.bridge...`` work here: the 3.11 back-port and the stand-ins.
 
@@ -136,6 +153,7 @@ def prepare_imports() -> None:
 
             _swaps.swap(typing, "override", typing_extensions.override)
         _register_stand_ins()
+        _te_classes_as_types()
 
 
 def check_megatron_importable(log_path: Optional[str] = None) -> dict[str, str]:

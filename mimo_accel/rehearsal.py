@@ -66,7 +66,7 @@ def _rank(rank, world, layout, features, spec, steps, micro_batch, seq_length, p
     from types import SimpleNamespace
 
     from mimo_accel import stack as st
-    from mimo_accel.testing import module_of_rank, report_progress
+    from mimo_accel.testing import loader_config, module_of_rank, report_progress, step_state
 
     mimo_accel.enable(profile=profile_dir, **features)
     cfg = st.StackConfig(layout=layout, seq_length=seq_length, **model_kw)
@@ -75,7 +75,7 @@ def _rank(rank, world, layout, features, spec, steps, micro_batch, seq_length, p
     data = st.make_data_provider(lambda n: st.SyntheticVLMDataset(
         n, spec, seq_length=seq_length, patch_dim=cfg.patch_dim, vocab_size=cfg.vocab_size))
     train, _, _ = build_megatron_mimo_data_loaders(
-        SimpleNamespace(model=stack.provider, train=SimpleNamespace(micro_batch_size=micro_batch)),
+        loader_config(stack.provider, micro_batch),
         SimpleNamespace(consumed_train_samples=0), data, len(spec.samples), 0, 0)
     module = module_of_rank(layout, rank)
     dp = stack.infra.module_to_grid_map[module].get_pg(["dp"])
@@ -88,7 +88,7 @@ def _rank(rank, world, layout, features, spec, steps, micro_batch, seq_length, p
                                local_view=view, seen_patches=patches)
     losses = []
     for step in range(steps):
-        out, _ = stack.train_step(batches, 1, micro_batch, partial(forward_step, None))
+        out, _ = stack.train_step(batches, 1, micro_batch, partial(forward_step, step_state()))
         losses.append([[float(x) for x in o["lm loss"]] for o in out])
         report_progress(step + 1, steps)
     mimo_accel.disable()

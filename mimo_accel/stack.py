@@ -38,7 +38,7 @@ from megatron.core.transformer.module import MegatronModule
 from torch import nn
 from torch.nn import functional as F
 
-from mimo_accel.testing import LANGUAGE, VISION, MimoLayout
+from mimo_accel.testing import LANGUAGE, VISION, MimoLayout, step_state
 
 IMAGE_TOKEN_ID = 2047  # the vision placeholder token in input_ids (the last id of the vocabulary)
 ENCODER_NAME = "vit"  # modality_inputs["vision"][ENCODER_NAME] = {hidden_states, grid_thw}
@@ -685,7 +685,8 @@ class Stack:
         from megatron.bridge.training.megatron_mimo_parallel_utils import zero_grad_buffer_for_multimodule
 
         if forward_step_func is None:
-            forward_step_func = partial(megatron_mimo_step.forward_step, None)
+            # upstream main reads state.cfg.dataset (step packing); 0.6.2 reads nothing of state
+            forward_step_func = partial(megatron_mimo_step.forward_step, step_state())
         zero_grad_buffer_for_multimodule(self.module_to_grid_tuple)
         losses = forward_backward_pipelining_without_interleaving(
             forward_step_func=forward_step_func, data_iterator=data_iterator, model=[self.model],

@@ -15,7 +15,7 @@ from types import SimpleNamespace
 import pytest
 
 from mimo_accel import stack as st
-from mimo_accel.testing import LANGUAGE, VISION, MimoLayout, module_of_rank, run_ranks
+from mimo_accel.testing import LANGUAGE, VISION, MimoLayout, loader_config, module_of_rank, run_ranks, step_state
 
 MICRO_BATCH = 8
 MICRO_BATCHES = 2
@@ -35,7 +35,7 @@ def _train(rank, world, vdp, ldp, features, spec):
     stack = st.build_stack(cfg)
     data = st.make_data_provider(lambda n: st.SyntheticVLMDataset(
         n, spec, seq_length=cfg.seq_length, patch_dim=cfg.patch_dim, vocab_size=cfg.vocab_size))
-    cfg_ns = SimpleNamespace(model=stack.provider, train=SimpleNamespace(micro_batch_size=MICRO_BATCH))
+    cfg_ns = loader_config(stack.provider, MICRO_BATCH)
     stack.provider._grids = stack.infra.module_to_grid_map
     train, _, _ = build_megatron_mimo_data_loaders(cfg_ns, SimpleNamespace(consumed_train_samples=0), data,
                                                    4 * MICRO_BATCH * MICRO_BATCHES * ITERATIONS, 0, 0)
@@ -44,7 +44,7 @@ def _train(rank, world, vdp, ldp, features, spec):
     batches = st.model_batches(iter(train), keep_attention_mask=bool(features.get("packing")), seen_ids=seen)
     losses = []
     for _ in range(ITERATIONS):
-        out, grad_norm = stack.train_step(batches, MICRO_BATCHES, MICRO_BATCH, partial(forward_step, None))
+        out, grad_norm = stack.train_step(batches, MICRO_BATCHES, MICRO_BATCH, partial(forward_step, step_state()))
         losses.append([[float(x) for x in o["lm loss"]] for o in out])
     with_grad, total = st.module_parameters_with_grad(stack)
     status = mimo_accel.status()

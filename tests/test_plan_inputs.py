@@ -19,7 +19,7 @@ from mimo_accel import stack as st
 from mimo_accel.costs import CostIndex, ResizeRule
 from mimo_accel.planner import cost_index_for, index_digest
 from mimo_accel.sampler import ShardContext, ShardedBatchSampler, check_window
-from mimo_accel.testing import MimoLayout, RankFailure, build_grids, run_ranks
+from mimo_accel.testing import MimoLayout, RankFailure, build_grids, loader_config, run_ranks
 
 
 def _index(n: int, seed: int) -> CostIndex:
@@ -111,7 +111,7 @@ def _build_with_index(rank, world, index_path_for_rank):
     mimo_accel.enable(sharded_reads=True, reorder=True, cost_index=index_path_for_rank[rank])
     provider = st.build_provider(st.StackConfig(layout=layout))
     provider._grids = grids
-    cfg = SimpleNamespace(model=provider, train=SimpleNamespace(micro_batch_size=4))
+    cfg = loader_config(provider, 4)
     data = st.make_data_provider(lambda n: st.SyntheticVLMDataset(n, st.uniform_spec(), seq_length=32,
                                                                  patch_dim=24, vocab_size=256))
     train, _, _ = build_megatron_mimo_data_loaders(cfg, SimpleNamespace(consumed_train_samples=0), data, 32, 0, 0)

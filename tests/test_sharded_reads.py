@@ -12,7 +12,7 @@ import torch
 
 from mimo_accel import stack as st
 from mimo_accel.grid import canonical_grid, owned_groups
-from mimo_accel.testing import LANGUAGE, VISION, MimoLayout, build_grids, module_of_rank, run_ranks
+from mimo_accel.testing import LANGUAGE, VISION, MimoLayout, build_grids, loader_config, module_of_rank, run_ranks
 
 LAYOUTS = [(1, 2), (2, 1), (2, 2), (2, 4), (4, 2), (1, 4), (4, 4)]
 SAMPLERS = ["single", "cyclic"]
@@ -26,7 +26,7 @@ def _loaders(layout, grids, spec, dataloader_type, consumed=0, micro_batch=MICRO
 
     model_provider = st.build_provider(st.StackConfig(layout=layout))
     model_provider._grids = grids
-    cfg = SimpleNamespace(model=model_provider, train=SimpleNamespace(micro_batch_size=micro_batch))
+    cfg = loader_config(model_provider, micro_batch)
     data = st.make_data_provider(lambda n: st.SyntheticVLMDataset(n, spec, seq_length=64, patch_dim=24,
                                                                  vocab_size=2048),
                                  dataloader_type=dataloader_type)

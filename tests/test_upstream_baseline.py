@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from mimo_accel import stack as st
-from mimo_accel.testing import LANGUAGE, VISION, MimoLayout, build_grids, module_of_rank, run_ranks
+from mimo_accel.testing import (LANGUAGE, VISION, MimoLayout, build_grids, loader_config, module_of_rank,
+                                run_ranks)
 
 DP_SIZES = (1, 2, 4)
 LAYOUTS = [(v, l) for v, l in itertools.product(DP_SIZES, DP_SIZES)]
@@ -48,7 +49,7 @@ def _loaders_slice_and_bridge(rank, world, layouts, spec):
                                   dest_module_name=LANGUAGE, tensor_ndim=2)
         model_provider = st.build_provider(st.StackConfig(layout=layout))
         model_provider._grids = grids
-        cfg = SimpleNamespace(model=model_provider, train=SimpleNamespace(micro_batch_size=MICRO_BATCH))
+        cfg = loader_config(model_provider, MICRO_BATCH)
         data = st.make_data_provider(lambda n: st.SyntheticVLMDataset(
             n, spec, seq_length=64, patch_dim=24, vocab_size=2048))
         train, _, _ = build_megatron_mimo_data_loaders(cfg, SimpleNamespace(consumed_train_samples=0),
