@@ -32,7 +32,7 @@ $(STAMP): pyproject.toml requirements/constraints.txt requirements/megatron-runt
 	# requirements/megatron-runtime.txt, so install them without the resolver.
 	$(PIP) install -q --no-deps --ignore-requires-python $(MEGATRON_PKGS)
 	$(PIP) install -q --no-deps -e .
-	$(PY) -c "import mimo_accel.cpu as c; c.check_megatron_importable()"
+	$(PY) -c "import mimo_accel.rehearse.cpu as c; c.check_megatron_importable()"
 	@touch $(STAMP)
 
 # The main job: a real non-colocated MegatronMIMO layout rehearsed on CPU ranks, upstream vs

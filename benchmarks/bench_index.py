@@ -82,7 +82,7 @@ def _words(rng: random.Random, vocabulary: tuple[list[str], list[float]], n: int
 
 
 def main(argv=None) -> int:
-    from mimo_accel import cpu
+    from mimo_accel.rehearse import cpu
 
     cpu.prepare_imports()  # Bridge's dataset imports megatron.bridge
     from PIL import Image

@@ -77,7 +77,7 @@ WORKLOADS = [
 def _profile_workloads() -> list[Workload]:
     """The shipped workload profiles (profiles/*.toml): real tokens per sample (image tokens after
     the model's resize rule + text), padded to the profile's seq_length."""
-    from mimo_accel.profiles import list_profiles, load_profile
+    from mimo_accel.rehearse.profiles import list_profiles, load_profile
 
     out = []
     for name in sorted(list_profiles()):

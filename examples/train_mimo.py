@@ -7,7 +7,7 @@ The shape of upstream's Qwen3.5-VL MegatronMIMO example
 after it), a ``MegatronMIMOProvider``, ``build_data_iterators`` through Bridge's
 ``build_megatron_mimo_data_loaders``, Bridge's MIMO ``forward_step`` imported by value at the
 top, and ``pretrain_megatron_mimo`` — training, interval evaluation, torch_dist checkpoints and
-resume. The model is mimo_accel's tiny stack (``mimo_accel.stack``: a native-resolution ViT and
+resume. The model is mimo_accel's tiny stack (``mimo_accel.rehearse.stack``: a native-resolution ViT and
 a GPT language model, local layer specs). Data (--dataset):
   synthetic (default)  mimo_accel's synthetic VLM dataset, whose per-sample cost index lets
                        ``reorder`` plan before reading;
@@ -17,8 +17,8 @@ a GPT language model, local layer specs). Data (--dataset):
                        with a per-image resampler to that many rows). No cost index and no flag:
                        mimo_accel derives the per-sample costs from the examples.
 The vision encoder (--encoder):
-  native (default)     mimo_accel's NativeViT (mimo_accel.stack);
-  qwen3vl              Bridge's own Qwen3-VL vision model (mimo_accel.qwen3vl, local specs, no
+  native (default)     mimo_accel's NativeViT (mimo_accel.rehearse.stack);
+  qwen3vl              Bridge's own Qwen3-VL vision model (mimo_accel.rehearse.qwen3vl, local specs, no
                        Transformer Engine needed): 16 px patches, 2x2 merge, t*h*w/4 rows per
                        image. With --dataset images: Qwen3-VL's image processing (at most
                        --max-image-rows rows per image) and as many placeholders per image as its
@@ -27,7 +27,7 @@ The vision encoder (--encoder):
 GPUs (NCCL), with or without mimo_accel:
     torchrun --nproc-per-node 8 examples/train_mimo.py --vision-dp 4 --language-dp 4
     MIMO_ACCEL=all mimo-accel run -- torchrun --nproc-per-node 8 examples/train_mimo.py ...
-CPU rehearsal (gloo ranks through mimo_accel.cpu; no GPU needed):
+CPU rehearsal (gloo ranks through mimo_accel.rehearse.cpu; no GPU needed):
     MIMO_ACCEL=all mimo-accel run -- torchrun --nproc-per-node 4 examples/train_mimo.py \\
         --cpu --vision-dp 2 --language-dp 2
     MIMO_ACCEL=all mimo-accel run -- torchrun --nproc-per-node 3 examples/train_mimo.py \\
@@ -57,7 +57,7 @@ from typing import Optional
 if "--cpu" in sys.argv[1:]:
     # Before any megatron.bridge import: the Python 3.11 back-port and the stand-ins for packages
     # that cannot be installed without CUDA (Transformer Engine). Nothing else changes here.
-    from mimo_accel import cpu as _cpu
+    from mimo_accel.rehearse import cpu as _cpu
 
     _cpu.prepare_imports()
 
@@ -80,8 +80,8 @@ from megatron.bridge.training.pretrain_megatron_mimo import pretrain_megatron_mi
 from megatron.bridge.training.state import TrainState
 from megatron.bridge.training.tokenizers.config import TokenizerConfig
 
-from mimo_accel import stack
-from mimo_accel.layout import MimoLayout, ModuleLayout
+from mimo_accel.rehearse import stack
+from mimo_accel.rehearse.layout import MimoLayout, ModuleLayout
 from mimo_accel.sampler import SHARD_TAG_KEY
 
 KILL_ENV = "TRAIN_MIMO_KILL"
@@ -140,7 +140,7 @@ class ImageMIMOProvider(MegatronMIMODatasetProvider):
 
     def _dataset(self, num_samples: int, seed: int):
         if self.encoder == "qwen3vl":
-            from mimo_accel import qwen3vl
+            from mimo_accel.rehearse import qwen3vl
 
             return stack.images_dataset(self.image_dir, num_samples, seq_length=self.seq_length,
                                         image_rows=self.image_rows, seed=seed, placeholders="grid",
@@ -158,7 +158,7 @@ class ImageMIMOProvider(MegatronMIMODatasetProvider):
         if self.encoder == "qwen3vl":
             from functools import partial
 
-            from mimo_accel import qwen3vl
+            from mimo_accel.rehearse import qwen3vl
 
             return partial(stack.collate_mimo_images, patch_dim=qwen3vl.PATCH_DIM)
         return stack.collate_mimo_images
@@ -388,7 +388,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--cpu", action="store_true",
-                   help="rehearse on CPU: gloo ranks through mimo_accel.cpu (refused where CUDA exists)")
+                   help="rehearse on CPU: gloo ranks through mimo_accel.rehearse.cpu (refused where CUDA exists)")
     p.add_argument("--vision-dp", type=int, default=1)
     p.add_argument("--language-dp", type=int, default=1)
     p.add_argument("--vision-tp", type=int, default=1)
@@ -458,7 +458,7 @@ def run(args: argparse.Namespace) -> None:
     """Train on this rank. Initialises the process group from the torchrun environment unless
     one exists (then it is left as it is)."""
     if args.cpu:
-        from mimo_accel import cpu
+        from mimo_accel.rehearse import cpu
 
         cpu.activate()
     owns_group = not dist.is_initialized()

@@ -2,7 +2,7 @@
 
 import sys
 
-from mimo_accel.cli import main
+from mimo_accel.tools.cli import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -29,7 +29,7 @@ Clocks (recorded in the header under ``"clock"``):
   time for that interval and is counted in the step's ``clock_fallbacks`` field.
 
 The recorder does no collective communication and imports torch only when a CUDA clock or the
-module timer needs it, so ``mimo_accel.report`` can load runs without importing torch.
+module timer needs it, so ``mimo_accel.tools.report`` can load runs without importing torch.
 """
 
 from __future__ import annotations

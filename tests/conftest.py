@@ -3,7 +3,7 @@ every test fails loudly (no test may pass by skipping what it tests)."""
 
 import pytest
 
-from mimo_accel import cpu
+from mimo_accel.rehearse import cpu
 
 
 def pytest_configure(config):

@@ -1,4 +1,4 @@
-"""Cost-model calibration from profiler logs (mimo_accel.calibrate)."""
+"""Cost-model calibration from profiler logs (mimo_accel.tools.calibrate)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from rich.console import Console
 
-from mimo_accel import calibrate as cal
+from mimo_accel.tools import calibrate as cal
 from mimo_accel.costs import CostModel
 from mimo_accel.profiler import Recorder, read_run
 

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from mimo_accel import quiet, rehearsal
-from mimo_accel.report import STABLE_KEYS
-from mimo_accel.testing import RankFailure
+from mimo_accel.rehearse import quiet, rehearsal
+from mimo_accel.tools.report import STABLE_KEYS
+from mimo_accel.rehearse.testing import RankFailure
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -31,7 +31,7 @@ def _run(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
 
 def test_python_m_mimo_accel_is_the_cli():
     via_m = _run("-m", "mimo_accel", "--help")
-    via_entry = _run("-c", "import sys; from mimo_accel.cli import main; sys.exit(main())", "--help")
+    via_entry = _run("-c", "import sys; from mimo_accel.tools.cli import main; sys.exit(main())", "--help")
     assert via_m.returncode == 0, via_m.stderr
     assert via_m.stdout == via_entry.stdout
     for sub in ("doctor", "run", "report", "rehearse", "simulate", "index", "calibrate"):
@@ -43,7 +43,7 @@ def test_python_m_mimo_accel_is_the_cli():
 
 _NOISY_IMPORT = """
 import logging, os, sys, warnings
-from mimo_accel import quiet
+from mimo_accel.rehearse import quiet
 with quiet.output_to(sys.argv[1]):
     os.write(2, b"c-level stderr\\n")
     print("python stdout")

@@ -1,4 +1,4 @@
-"""mimo_accel.cpu: the CPU/gloo layer is opt-in, refuses CUDA machines unless forced, and undoes
+"""mimo_accel.rehearse.cpu: the CPU/gloo layer is opt-in, refuses CUDA machines unless forced, and undoes
 itself exactly. (Its real use — the MIMO stack on gloo ranks — is exercised by every
 distributed test, whose ranks activate it.)"""
 
@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
-from mimo_accel import cpu
+from mimo_accel.rehearse import cpu
 
 
 @pytest.fixture

@@ -20,7 +20,7 @@ from PIL import Image
 from mimo_accel import derive, probe
 from mimo_accel.costs import CostIndex, FixedPatches, ResizeRule
 from mimo_accel.probe import DeriveError, MimoDatasetSource, QwenFetchResize
-from mimo_accel.stack import offline_tokenizer
+from mimo_accel.rehearse.stack import offline_tokenizer
 
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
@@ -503,7 +503,7 @@ def _two_ranks(rank, world, root, cache):
 
 @pytest.mark.distributed
 def test_two_ranks_derive_the_identical_index_each_probing_its_half(tmp_path):
-    from mimo_accel.testing import run_ranks
+    from mimo_accel.rehearse.testing import run_ranks
 
     single = derive.derive_cost_index(mimo_dataset(all_kinds_of_examples(tmp_path), qwen_processor()),
                                       cache_dir=False)

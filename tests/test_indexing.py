@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mimo_accel import indexing
+from mimo_accel.tools import indexing
 from mimo_accel.costs import CostIndex, CostModel, ResizeRule, SampleShape
 
 

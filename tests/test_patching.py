@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import mimo_accel
-from mimo_accel import cli
+from mimo_accel.tools import cli
 from mimo_accel.config import AccelConfig, ConfigError
 from mimo_accel.patching import engine
 from mimo_accel.patching.engine import PatchError

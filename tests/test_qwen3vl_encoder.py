@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from mimo_accel.testing import run_ranks
+from mimo_accel.rehearse.testing import run_ranks
 
 from ._example import load_example, run_example, steps_from_trace
 
@@ -39,7 +39,7 @@ def _encoder_alone(rank, world):
     from megatron.core import parallel_state
     from megatron.core.process_groups_config import ProcessGroupCollection
 
-    from mimo_accel import cpu, qwen3vl
+    from mimo_accel.rehearse import cpu, qwen3vl
 
     # What build_megatron_mimo_model provides inside MIMO (bridge/models/megatron_mimo/build_model.py).
     parallel_state._set_global_memory_buffer()
@@ -87,8 +87,8 @@ def test_encoder_forward_backward_on_two_images_of_different_sizes():
 
 
 def test_stack_config_refuses_what_qwen3vl_cannot_take():
-    from mimo_accel.stack import StackConfig
-    from mimo_accel.testing import MimoLayout
+    from mimo_accel.rehearse.stack import StackConfig
+    from mimo_accel.rehearse.testing import MimoLayout
 
     layout = MimoLayout.from_dp(1, 1)
     assert StackConfig(layout=layout, encoder="qwen3vl").patch_dim == 3 * 2 * 16 * 16
@@ -111,7 +111,7 @@ def test_example_refuses_image_rows_with_qwen3vl(capsys):
 
 
 def test_grid_placeholders_follow_each_image(tmp_path):
-    from mimo_accel import qwen3vl, stack
+    from mimo_accel.rehearse import qwen3vl, stack
 
     ds = stack.images_dataset(tmp_path, 12, seq_length=SEQ, image_rows=MAX_ROWS, placeholders="grid",
                               processor=qwen3vl.image_processor(max_rows=MAX_ROWS), merge=qwen3vl.MERGE)
@@ -142,7 +142,7 @@ def test_grid_placeholders_follow_each_image(tmp_path):
 def _train(rank, world, argv, features, env):
     """One rank: the example's own main(), with mimo_accel enabled first when asked; also records
     which encoder class the example registered."""
-    from mimo_accel import stack
+    from mimo_accel.rehearse import stack
 
     encoders = []
     build_provider = stack.build_provider
@@ -215,8 +215,8 @@ def test_bridge_loop_with_qwen3vl_matches_upstream_under_fan_in(runs):
 def test_rehearse_bridge_loop_runs_the_example_with_qwen3vl_and_reports(tmp_path):
     from rich.console import Console
 
-    from mimo_accel import rehearsal
-    from mimo_accel.report import REPORT_FORMAT, STABLE_KEYS
+    from mimo_accel.rehearse import rehearsal
+    from mimo_accel.tools.report import REPORT_FORMAT, STABLE_KEYS
 
     console = Console(file=open(tmp_path / "out.txt", "w"), width=120)
     result = rehearsal.rehearse_bridge(steps=2, out_dir=str(tmp_path / "runs"), json_path=str(tmp_path / "r.json"),
@@ -243,7 +243,7 @@ def test_rehearse_bridge_loop_runs_the_example_with_qwen3vl_and_reports(tmp_path
 
 
 def test_rehearse_refuses_options_of_the_other_loop(capsys):
-    from mimo_accel import rehearsal
+    from mimo_accel.rehearse import rehearsal
 
     with pytest.raises(SystemExit):
         rehearsal.main(["--loop", "bridge", "--profile", "receipts"])

@@ -9,9 +9,9 @@ import json
 import pytest
 from rich.console import Console
 
-from mimo_accel import rehearsal
-from mimo_accel.profiles import list_profiles
-from mimo_accel.report import REPORT_FORMAT, STABLE_KEYS
+from mimo_accel.rehearse import rehearsal
+from mimo_accel.rehearse.profiles import list_profiles
+from mimo_accel.tools.report import REPORT_FORMAT, STABLE_KEYS
 
 
 @pytest.mark.parametrize("profile", sorted(list_profiles()))

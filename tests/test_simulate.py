@@ -1,4 +1,4 @@
-"""The cluster-scale simulation (mimo_accel.simulate)."""
+"""The cluster-scale simulation (mimo_accel.tools.simulate)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from rich.console import Console
 
-from mimo_accel import simulate as sim
+from mimo_accel.tools import simulate as sim
 from mimo_accel.balance import balanced_order
-from mimo_accel.profiles import load_profile
+from mimo_accel.rehearse.profiles import load_profile
 
 DPS = [2, 4, 8, 16, 32]
 
@@ -221,7 +221,7 @@ def test_replica_window_order_balances_replica_totals_and_deals_heaviest_first()
 
 
 def test_window_on_the_command_line(tmp_path, capsys):
-    from mimo_accel import cli
+    from mimo_accel.tools import cli
 
     out = tmp_path / "w.json"
     console = Console(record=True, width=220)

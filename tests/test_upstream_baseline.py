@@ -13,8 +13,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from mimo_accel import stack as st
-from mimo_accel.testing import (LANGUAGE, VISION, MimoLayout, build_grids, loader_config, module_of_rank,
+from mimo_accel.rehearse import stack as st
+from mimo_accel.rehearse.testing import (LANGUAGE, VISION, MimoLayout, build_grids, loader_config, module_of_rank,
                                 run_ranks)
 
 DP_SIZES = (1, 2, 4)

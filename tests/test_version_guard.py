@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import mimo_accel
-from mimo_accel import doctor
+from mimo_accel.tools import doctor
 from mimo_accel.config import ConfigError
 from mimo_accel.patching import engine
 from mimo_accel.patching import targets as T

@@ -2,7 +2,7 @@
 
 Both runs train the same global samples with the real upstream stack (Bridge's loaders, provider,
 forward step; megatron-core's BridgeCommunicator and pipeline schedule; forward, backward,
-optimizer step), profiler on, on gloo ranks of this machine (``mimo_accel.cpu``):
+optimizer step), profiler on, on gloo ranks of this machine (``mimo_accel.rehearse.cpu``):
 
 - **baseline**: upstream as shipped (every data rank reads the whole micro-batch, contiguous
   slices, no packing). Where upstream cannot run the profile's data at all (megatron-bridge 0.6.2
@@ -50,7 +50,7 @@ class TableSpec:
     samples: tuple  # of (images ((h, w), ...), text_tokens)
 
     def __call__(self, idx: int):
-        from mimo_accel.stack import SampleSpec
+        from mimo_accel.rehearse.stack import SampleSpec
 
         images, text = self.samples[idx]
         return SampleSpec(tuple(tuple(i) for i in images), int(text))
@@ -65,8 +65,8 @@ def _rank(rank, world, layout, features, spec, steps, micro_batch, seq_length, p
     from functools import partial
     from types import SimpleNamespace
 
-    from mimo_accel import stack as st
-    from mimo_accel.testing import loader_config, module_of_rank, report_progress, step_state
+    from mimo_accel.rehearse import stack as st
+    from mimo_accel.rehearse.testing import loader_config, module_of_rank, report_progress, step_state
 
     mimo_accel.enable(profile=profile_dir, **features)
     cfg = st.StackConfig(layout=layout, seq_length=seq_length, **model_kw)
@@ -129,7 +129,7 @@ def _check_invariants(results: list[dict], steps: int, micro_batch: int, what: s
 
 def _run(label, features, layout, spec, steps, micro_batch, seq_length, profile_dir, model_kw, progress, task,
          log_path):
-    from mimo_accel.testing import run_ranks
+    from mimo_accel.rehearse.testing import run_ranks
 
     shutil.rmtree(profile_dir, ignore_errors=True)
     with open(log_path, "a", encoding="utf-8") as log:
@@ -156,9 +156,9 @@ def rehearse(profile_name: str, *, steps: Optional[int] = None, out_dir: Optiona
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from mimo_accel import report
-    from mimo_accel.profiles import load_profile
-    from mimo_accel.testing import MimoLayout, RankFailure
+    from mimo_accel.tools import report
+    from mimo_accel.rehearse.profiles import load_profile
+    from mimo_accel.rehearse.testing import MimoLayout, RankFailure
 
     console = console or Console()
     profile = load_profile(profile_name)
@@ -224,7 +224,7 @@ def rehearse(profile_name: str, *, steps: Optional[int] = None, out_dir: Optiona
 def _calibrated(run_dir: Path, out_file: Path) -> tuple[Optional[str], str]:
     """Fit the cost model on the before-run's profile (what `mimo-accel calibrate` does), so the
     accelerated run plans with this machine's measured vision costs."""
-    from mimo_accel.calibrate import CalibrationError, fit
+    from mimo_accel.tools.calibrate import CalibrationError, fit
     from mimo_accel.profiler import read_run
 
     try:
@@ -248,7 +248,7 @@ def _compare_and_report(console, title: str, unit: str, rows, out: Path, before_
     refusing different token counts or losses, then the report; returns the report document."""
     from rich.table import Table
 
-    from mimo_accel import report
+    from mimo_accel.tools import report
     from mimo_accel.profiler import read_run
 
     losses = Table(title=title)
@@ -295,7 +295,7 @@ BRIDGE_MODEL = ("--encoder", "qwen3vl", "--vision-hidden", "64", "--vision-layer
 def example_script(path: Optional[str] = None) -> Path:
     """``examples/train_mimo.py`` of this source checkout (it is not part of the installed package),
     or ``path``."""
-    script = Path(path) if path else Path(__file__).resolve().parents[1] / "examples" / "train_mimo.py"
+    script = Path(path) if path else Path(__file__).resolve().parents[2] / "examples" / "train_mimo.py"
     if not script.is_file():
         raise FileNotFoundError(f"--loop bridge runs the example training script, but {script} does not exist: "
                                 "run from a source checkout of mimo_accel, or pass --example PATH/train_mimo.py")
@@ -308,7 +308,7 @@ def _bridge_rank(rank, world, script, argv, features, profile_dir, label, steps,
 
     os.environ.update(env, MIMO_ACCEL_PROFILE_LABEL=label)
     import mimo_accel
-    from mimo_accel.testing import report_progress
+    from mimo_accel.rehearse.testing import report_progress
 
     name = "mimo_accel_rehearsal_train_mimo"
     spec = importlib.util.spec_from_file_location(name, script)
@@ -335,7 +335,7 @@ def _bridge_rank(rank, world, script, argv, features, profile_dir, label, steps,
 def _bridge_run(label, features, vdp, ldp, steps, out: Path, image_dir: Path, script: Path, seed: int,
                 progress, task, log_path: Path) -> list[dict]:
     """One run of the example on vdp + ldp ranks; returns its trace records."""
-    from mimo_accel.testing import run_ranks
+    from mimo_accel.rehearse.testing import run_ranks
 
     profile_dir, trace = out / label, out / f"{label}-trace.jsonl"
     shutil.rmtree(profile_dir, ignore_errors=True)
@@ -392,8 +392,8 @@ def rehearse_bridge(*, steps: Optional[int] = None, vision_dp: Optional[int] = N
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from mimo_accel import report
-    from mimo_accel.testing import MimoLayout, RankFailure
+    from mimo_accel.tools import report
+    from mimo_accel.rehearse.testing import MimoLayout, RankFailure
 
     console = console or Console()
     script = example_script(example)
@@ -477,7 +477,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         p.error("--profile applies to --loop stack; --loop bridge trains on the example's image files")
     if args.loop == "stack" and args.example is not None:
         p.error("--example applies to --loop bridge")
-    from mimo_accel.testing import RankFailure
+    from mimo_accel.rehearse.testing import RankFailure
 
     out = args.out or tempfile.mkdtemp(prefix="mimo-accel-rehearsal-")
     log = Path(out) / "rehearsal.log"

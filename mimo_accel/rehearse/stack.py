@@ -16,7 +16,7 @@ Two things are the project's own, because nothing upstream fits on a CPU:
   placeholder count Bridge 0.6.2's ``MegatronMIMODataset`` inserts, while the cost still grows
   with each image's patches.
   ``StackConfig(encoder="qwen3vl")`` registers Bridge's own Qwen3-VL vision model instead
-  (:mod:`mimo_accel.qwen3vl`: megatron-core local specs, no Transformer Engine), whose rows per
+  (:mod:`mimo_accel.rehearse.qwen3vl`: megatron-core local specs, no Transformer Engine), whose rows per
   image follow the image's grid (``t·h·w / 4``).
 - :class:`SyntheticVLMDataset` / :class:`SyntheticMIMOProvider`: deterministic samples with 0/1/N
   images, each sample carrying its id so tests can check pairing end to end.
@@ -38,7 +38,7 @@ from megatron.core.transformer.module import MegatronModule
 from torch import nn
 from torch.nn import functional as F
 
-from mimo_accel.testing import LANGUAGE, VISION, MimoLayout, step_state
+from mimo_accel.rehearse.testing import LANGUAGE, VISION, MimoLayout, step_state
 
 IMAGE_TOKEN_ID = 2047  # the vision placeholder token in input_ids (the last id of the vocabulary)
 ENCODER_NAME = "vit"  # modality_inputs["vision"][ENCODER_NAME] = {hidden_states, grid_thw}
@@ -452,7 +452,7 @@ def _identified_mimo_dataset_class():
             item["sample_id"] = idx
             return item
 
-    # picklable (DataLoader workers) as mimo_accel.stack.IdentifiedMIMODataset, through __getattr__
+    # picklable (DataLoader workers) as mimo_accel.rehearse.stack.IdentifiedMIMODataset, through __getattr__
     IdentifiedMIMODataset.__module__ = __name__
     IdentifiedMIMODataset.__qualname__ = "IdentifiedMIMODataset"
     return IdentifiedMIMODataset
@@ -574,7 +574,7 @@ class StackConfig:
     # row). R: it ends with a per-image resampler to exactly R rows (Bridge 0.6.2's
     # MegatronMIMODataset inserts a fixed encoder_seq_lengths[vision] placeholders per image).
     resample_rows: Optional[int] = None
-    # "native": the project's NativeViT; "qwen3vl": Bridge's Qwen3VLVisionModel (mimo_accel.qwen3vl),
+    # "native": the project's NativeViT; "qwen3vl": Bridge's Qwen3VLVisionModel (mimo_accel.rehearse.qwen3vl),
     # vision_hidden / vision_layers / heads / merge sized, rows per image = t·h·w / merge².
     encoder: str = "native"
 
@@ -582,7 +582,7 @@ class StackConfig:
         if self.encoder not in ENCODERS:
             raise ValueError(f"StackConfig: unknown encoder {self.encoder!r}; choose one of {ENCODERS}")
         if self.encoder == "qwen3vl":
-            from mimo_accel.qwen3vl import PATCH_DIM
+            from mimo_accel.rehearse.qwen3vl import PATCH_DIM
 
             if self.patch_dim not in (None, PATCH_DIM):
                 raise ValueError(f"StackConfig: the qwen3vl encoder takes patch_dim {PATCH_DIM} (3·2·16²: "
@@ -633,7 +633,7 @@ def build_provider(cfg: StackConfig):
     from megatron.bridge.models.megatron_mimo.megatron_mimo_provider import MegatronMIMOProvider
 
     if cfg.encoder == "qwen3vl":
-        from mimo_accel import qwen3vl
+        from mimo_accel.rehearse import qwen3vl
 
         encoder = qwen3vl.encoder_spec(hidden=cfg.vision_hidden, layers=cfg.vision_layers, heads=cfg.heads,
                                        out_hidden=cfg.hidden, merge=cfg.merge)

@@ -77,7 +77,7 @@ from typing import Any
 import numpy as np
 
 from mimo_accel.costs import CostIndex, CostModel, ResizeRule, SampleShape
-from mimo_accel.layout import MimoLayout, ModuleLayout
+from mimo_accel.rehearse.layout import MimoLayout, ModuleLayout
 
 __all__ = [
     "PROFILES_DIR",
@@ -98,7 +98,7 @@ __all__ = [
 ]
 
 #: The shipped profiles: ``<repo>/profiles/*.toml``.
-PROFILES_DIR = Path(__file__).resolve().parent.parent / "profiles"
+PROFILES_DIR = Path(__file__).resolve().parents[2] / "profiles"
 
 #: Limits of a ``[rehearsal]``: the CPU rehearsal's ViT costs ~ (h·w)² per image.
 REHEARSAL_MAX_PATCHES = 144
@@ -195,7 +195,7 @@ class Layout:
 class RehearsalSample:
     """One rehearsal sample: image grids ``(h, w)`` in patches and its text tokens.
 
-    Field names match :class:`mimo_accel.stack.SampleSpec`, so ``SampleSpec(s.images,
+    Field names match :class:`mimo_accel.rehearse.stack.SampleSpec`, so ``SampleSpec(s.images,
     s.text_tokens)`` converts one.
     """
 
@@ -426,7 +426,7 @@ class _Checker:
             )
         missing = sorted(required - set(doc))
         if missing:
-            raise self.fail(f"{key}.{missing[0]}" if key else missing[0], "missing", "add it (see mimo_accel/profiles.py)")
+            raise self.fail(f"{key}.{missing[0]}" if key else missing[0], "missing", "add it (see mimo_accel/rehearse/profiles.py)")
         return doc
 
     def integer(self, value: Any, key: str, minimum: int = 0) -> int:

@@ -69,7 +69,7 @@ class _StandInMeta(type):
 def _stand_in_class(qualname: str) -> type:
     def _refuse(self, *args, **kwargs):
         raise RuntimeError(
-            f"{qualname} was called, but its package is not installed: mimo_accel.cpu registered a "
+            f"{qualname} was called, but its package is not installed: mimo_accel.rehearse.cpu registered a "
             "stand-in module only so that megatron.bridge imports on a machine without CUDA. Use "
             "megatron-core's local layer specs (not Transformer Engine) when rehearsing on CPU."
         )
@@ -165,7 +165,7 @@ def check_megatron_importable(log_path: Optional[str] = None) -> dict[str, str]:
     """
     from importlib import metadata
 
-    from mimo_accel import quiet
+    from mimo_accel.rehearse import quiet
 
     if log_path is None:
         fd, log_path = tempfile.mkstemp(prefix="mimo-accel-imports-", suffix=".log")
@@ -510,7 +510,7 @@ def activate(*, force: bool = False) -> None:
             return
         if torch.cuda.is_available() and not force:
             raise RuntimeError(
-                "mimo_accel.cpu.activate() refused: CUDA is available on this machine, and the CPU "
+                "mimo_accel.rehearse.cpu.activate() refused: CUDA is available on this machine, and the CPU "
                 "layer would move the real run off the GPUs. Train on the GPUs as usual, or pass "
                 "force=True to rehearse on CPU anyway."
             )

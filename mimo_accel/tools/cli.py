@@ -8,11 +8,11 @@ import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
-BOOTSTRAP_DIR = Path(__file__).resolve().parent / "_bootstrap"
+BOOTSTRAP_DIR = Path(__file__).resolve().parents[1] / "_bootstrap"
 
 
 def _doctor(args) -> int:
-    from mimo_accel.doctor import main as doctor_main
+    from mimo_accel.tools.doctor import main as doctor_main
 
     return doctor_main()
 
@@ -45,11 +45,11 @@ def _run(args) -> int:
 
 # Subcommands whose module parses its own arguments.
 DELEGATED = {
-    "report": ("mimo_accel.report", "before/after straggler report from profiler runs"),
-    "rehearse": ("mimo_accel.rehearsal", "CPU rehearsal of a real MegatronMIMO layout, baseline vs accelerated"),
-    "simulate": ("mimo_accel.simulate", "the planners at cluster scale, no processes"),
-    "index": ("mimo_accel.indexing", "build a per-sample cost index from a manifest or the training dataset"),
-    "calibrate": ("mimo_accel.calibrate", "fit the cost model from profiler logs"),
+    "report": ("mimo_accel.tools.report", "before/after straggler report from profiler runs"),
+    "rehearse": ("mimo_accel.rehearse.rehearsal", "CPU rehearsal of a real MegatronMIMO layout, baseline vs accelerated"),
+    "simulate": ("mimo_accel.tools.simulate", "the planners at cluster scale, no processes"),
+    "index": ("mimo_accel.tools.indexing", "build a per-sample cost index from a manifest or the training dataset"),
+    "calibrate": ("mimo_accel.tools.calibrate", "fit the cost model from profiler logs"),
 }
 
 

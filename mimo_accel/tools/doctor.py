@@ -36,7 +36,7 @@ def _short(module: str) -> str:
 def collect() -> dict:
     import torch
 
-    from mimo_accel import cpu
+    from mimo_accel.rehearse import cpu
     from mimo_accel.patching import engine, targets
 
     bridge, core = engine.installed_versions()

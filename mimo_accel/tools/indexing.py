@@ -324,7 +324,7 @@ def load_dataset_spec(spec: str) -> Any:
     if not sep or not module_name or not name:
         raise ValueError(f"--dataset {spec!r}: expected MODULE:NAME, e.g. my_train:build_dataset")
     try:  # a Bridge dataset factory on a machine without Transformer Engine (a login node)
-        from mimo_accel import cpu
+        from mimo_accel.rehearse import cpu
 
         cpu.prepare_imports()
     except ImportError:

@@ -1,0 +1,5 @@
+"""Offline tools and the command line: report, calibrate, simulate, index, doctor, `mimo-accel`.
+
+Never imported by a training job that only calls ``mimo_accel.enable()``
+(tests/test_runtime_imports.py).
+"""
