@@ -68,4 +68,4 @@ doctor: $(STAMP)
 	$(VENV)/bin/mimo-accel doctor
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis
+	rm -rf $(VENV) $(UPSTREAM_VENV) .pytest_cache .hypothesis

@@ -56,8 +56,8 @@ def _bindings():
 @pytest.mark.parametrize("bridge, core, status, shape", [
     ("0.6.2", "0.19.2", "tested", "0.6"),
     ("0.6.0", "0.19.0", "tested", "0.6"),
-    ("0.7.0+067f987", "0.20.0+2a75ac1", "declared", "main"),
-    ("0.7.0+067f987df", "0.20.0+2a75ac12c5", "declared", "main"),  # longer abbreviations
+    ("0.7.0+067f987", "0.20.0+2a75ac1", "tested", "main"),
+    ("0.7.0+067f987df", "0.20.0+2a75ac12c5", "tested", "main"),  # longer abbreviations
     ("0.6.3", "0.19.2", "untested", "0.6"),  # a future patch release is not assumed to fit
     ("0.6.2", "0.20.0", "untested", "0.6"),
     ("0.6.2", "0.19.2+abcdef1", "untested", "0.6"),  # a source build is not the release
@@ -189,7 +189,7 @@ def test_main_shape_packs_with_mimo_accel_packer_in_mains_calling_convention(mai
     step = main_shape
     mimo_accel.enable(packing=True, pad_multiple=4)
     st = mimo_accel.status()
-    assert st["shape"] == "main" and st["support"] == "declared"
+    assert st["shape"] == "main" and st["support"] == "tested"
     assert any(p.endswith("megatron_mimo_step.pack_language_shard") for p in st["patched"])
     # main's forward_step, condensed: resolve, dp info (records the role), slice, lengths, pack
     assert step.resolve_step_packing(types.SimpleNamespace()) is True  # on without a dataset flag
