@@ -5,6 +5,7 @@ vs accelerated, with the invariant checks and the report."""
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 from rich.console import Console
@@ -32,6 +33,8 @@ def test_rehearsal_of_each_profile(profile, tmp_path):
     # the same per-step token counts and (to float tolerance) losses: checked inside rehearse();
     # here: both runs trained every step
     assert len(result["losses"]["before"]) == len(result["losses"]["after"]) == 2
+    # every rank ran on the one CPU the rehearsal pins them to (comparable thread-CPU times)
+    assert doc["rank_cpus"] == doc["pinned_cpus"] == [min(os.sched_getaffinity(0))]
     reads_before = doc["before"]["samples_read_per_rank"]
     reads_after = doc["after"]["samples_read_per_rank"]
     total = lambda reads: sum(reads.values()) if isinstance(reads, dict) else sum(reads)  # noqa: E731

@@ -56,8 +56,25 @@ class TableSpec:
         return SampleSpec(tuple(tuple(i) for i in images), int(text))
 
 
-def _rank(rank, world, layout, features, spec, steps, micro_batch, seq_length, profile_dir, label, model_kw):
+def one_cpu() -> Optional[tuple[int, ...]]:
+    """The CPU every rank of a rehearsal is pinned to (the lowest this process may use), or None
+    where the OS cannot pin. Thread-CPU times are comparable across ranks only on the same CPU:
+    measured on the 2-core VM with identical work per vision replica, max/mean was 1.07-1.14 with
+    the ranks spread over both CPUs and 1.03 with all of them on one."""
+    if not hasattr(os, "sched_setaffinity"):
+        return None
+    return (min(os.sched_getaffinity(0)),)
+
+
+def _pin(cpus: Optional[Sequence[int]]) -> None:
+    if cpus:
+        os.sched_setaffinity(0, set(cpus))
+
+
+def _rank(rank, world, layout, features, spec, steps, micro_batch, seq_length, profile_dir, label, model_kw,
+          cpus=None):
     """One rank of a rehearsal run (module-level: the ranks unpickle it)."""
+    _pin(cpus)
     os.environ["MIMO_ACCEL_PROFILE_LABEL"] = label
     import mimo_accel
     from megatron.bridge.data.megatron_mimo.loaders import build_megatron_mimo_data_loaders
@@ -92,7 +109,8 @@ def _rank(rank, world, layout, features, spec, steps, micro_batch, seq_length, p
         losses.append([[float(x) for x in o["lm loss"]] for o in out])
         report_progress(step + 1, steps)
     mimo_accel.disable()
-    return dict(module=module, seen=seen, patches=patches, losses=losses)
+    return dict(module=module, seen=seen, patches=patches, losses=losses, cpus=sorted(os.sched_getaffinity(0))
+                if hasattr(os, "sched_getaffinity") else None)
 
 
 def _as_replica(dp_rank, dp_size, view):
@@ -128,7 +146,7 @@ def _check_invariants(results: list[dict], steps: int, micro_batch: int, what: s
 
 
 def _run(label, features, layout, spec, steps, micro_batch, seq_length, profile_dir, model_kw, progress, task,
-         log_path):
+         log_path, cpus=None):
     from mimo_accel.rehearse.testing import run_ranks
 
     shutil.rmtree(profile_dir, ignore_errors=True)
@@ -141,13 +159,13 @@ def _run(label, features, layout, spec, steps, micro_batch, seq_length, profile_
         progress.update(task, completed=min(done.values()) if len(done) == layout.world_size else 0)
 
     return run_ranks(_rank, layout.world_size, layout, features, spec, steps, micro_batch, seq_length,
-                     str(profile_dir), label, model_kw, deadline_s=600, on_progress=on_progress,
+                     str(profile_dir), label, model_kw, cpus, deadline_s=600, on_progress=on_progress,
                      log_file=log_path)
 
 
 def rehearse(profile_name: str, *, steps: Optional[int] = None, out_dir: Optional[str] = None,
              json_path: Optional[str] = None, seed: int = 0, console=None, vision_dp: Optional[int] = None,
-             language_dp: Optional[int] = None, log_path: Optional[str] = None) -> dict:
+             language_dp: Optional[int] = None, log_path: Optional[str] = None, pin_one_cpu: bool = True) -> dict:
     """Run the rehearsal; print progress, the loss comparison and the report on ``console``.
 
     Everything else — the third-party warnings megatron's imports print, every rank's output —
@@ -181,24 +199,28 @@ def rehearse(profile_name: str, *, steps: Optional[int] = None, out_dir: Optiona
 
     runs: dict[str, Any] = {}
     before_label, before_note = "baseline", "upstream as shipped"
+    cpus = one_cpu() if pin_one_cpu else None
+    if cpus:
+        console.print(f"all ranks on CPU {cpus[0]} (thread-CPU times comparable across ranks; "
+                      "--all-cpus spreads them)", highlight=False)
     t0 = time.perf_counter()
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total} steps"),
                   TimeElapsedColumn(), console=console, transient=False) as progress:
         task = progress.add_task("baseline (upstream)", total=steps)
         try:
             runs["before"] = _run("baseline", {}, layout, spec, steps, micro_batch, seq_length,
-                                  out / "baseline", model_kw, progress, task, log)
+                                  out / "baseline", model_kw, progress, task, log, cpus)
         except RankFailure as exc:
             reason = _upstream_limit(exc)
             before_label, before_note = "sharded", f"upstream cannot run this data here ({reason}); before = sharded reads only"
             progress.update(task, description="[yellow]baseline failed upstream[/yellow]")
             task = progress.add_task("before: sharded reads, contiguous", total=steps)
             runs["before"] = _run("sharded", SHARDED_ONLY, layout, spec, steps, micro_batch, seq_length,
-                                  out / "sharded", model_kw, progress, task, log)
+                                  out / "sharded", model_kw, progress, task, log, cpus)
         cost_model, cost_note = _calibrated(out / before_label, out / "cost-model.json")
         task = progress.add_task("accelerated (shard+reorder+pack)", total=steps)
         runs["after"] = _run("accelerated", dict(ALL_FEATURES, cost_model=cost_model), layout, spec, steps,
-                             micro_batch, seq_length, out / "accelerated", model_kw, progress, task, log)
+                             micro_batch, seq_length, out / "accelerated", model_kw, progress, task, log, cpus)
     elapsed = time.perf_counter() - t0
 
     before = _check_invariants(runs["before"], steps, micro_batch, before_label)
@@ -213,6 +235,8 @@ def rehearse(profile_name: str, *, steps: Optional[int] = None, out_dir: Optiona
     # The report's keys (format, before, after, change, warnings) at the top level, as
     # `mimo-accel report --json` writes them; the rehearsal's own fields beside them.
     own = {"profile": profile.name, "layout": str(layout), "steps": steps, "micro_batch": micro_batch,
+           "pinned_cpus": list(cpus or []),
+           "rank_cpus": sorted({c for r in runs["after"] for c in (r["cpus"] or [])}),
            "before_label": before_label, "before_note": before_note,
            "losses": {"before": before["losses"], "after": after["losses"]}, "profile_dir": str(out),
            "log": str(log), "wall_s": elapsed}
@@ -302,8 +326,9 @@ def example_script(path: Optional[str] = None) -> Path:
     return script
 
 
-def _bridge_rank(rank, world, script, argv, features, profile_dir, label, steps, env):
+def _bridge_rank(rank, world, script, argv, features, profile_dir, label, steps, env, cpus=None):
     """One rank of a ``--loop bridge`` run: the example's own ``main(argv)``, profiler on."""
+    _pin(cpus)
     import importlib.util
 
     os.environ.update(env, MIMO_ACCEL_PROFILE_LABEL=label)
@@ -333,7 +358,7 @@ def _bridge_rank(rank, world, script, argv, features, profile_dir, label, steps,
 
 
 def _bridge_run(label, features, vdp, ldp, steps, out: Path, image_dir: Path, script: Path, seed: int,
-                progress, task, log_path: Path) -> list[dict]:
+                progress, task, log_path: Path, cpus=None) -> list[dict]:
     """One run of the example on vdp + ldp ranks; returns its trace records."""
     from mimo_accel.rehearse.testing import run_ranks
 
@@ -353,7 +378,7 @@ def _bridge_run(label, features, vdp, ldp, steps, out: Path, image_dir: Path, sc
         done[rank] = step
         progress.update(task, completed=min(done.values()) if len(done) == vdp + ldp else 0)
 
-    run_ranks(_bridge_rank, vdp + ldp, str(script), argv, features, str(profile_dir), label, steps, env,
+    run_ranks(_bridge_rank, vdp + ldp, str(script), argv, features, str(profile_dir), label, steps, env, cpus,
               deadline_s=600, on_progress=on_progress, log_file=log_path)
     progress.update(task, completed=steps)
     import json
@@ -384,7 +409,7 @@ def _bridge_steps(records: list[dict], steps: int, what: str) -> list[dict]:
 def rehearse_bridge(*, steps: Optional[int] = None, vision_dp: Optional[int] = None,
                     language_dp: Optional[int] = None, out_dir: Optional[str] = None,
                     json_path: Optional[str] = None, seed: int = 0, example: Optional[str] = None,
-                    console=None, log_path: Optional[str] = None) -> dict:
+                    console=None, log_path: Optional[str] = None, pin_one_cpu: bool = True) -> dict:
     """``mimo-accel rehearse --loop bridge``: Bridge's ``pretrain_megatron_mimo`` through
     ``examples/train_mimo.py --encoder qwen3vl --dataset images``, baseline then accelerated
     (sharded reads + reorder + packing, the cost model calibrated on the baseline), profiler on;
@@ -415,25 +440,29 @@ def rehearse_bridge(*, steps: Optional[int] = None, vision_dp: Optional[int] = N
     console.print(f"third-party warnings and rank logs: {log}", highlight=False, soft_wrap=True)
 
     before_label, before_note = "baseline", "upstream as shipped"
+    cpus = one_cpu() if pin_one_cpu else None
+    if cpus:
+        console.print(f"all ranks on CPU {cpus[0]} (thread-CPU times comparable across ranks; "
+                      "--all-cpus spreads them)", highlight=False)
     t0 = time.perf_counter()
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total} steps"),
                   TimeElapsedColumn(), console=console, transient=False) as progress:
         task = progress.add_task("baseline (upstream)", total=steps)
         try:
             before_records = _bridge_run("baseline", {}, vdp, ldp, steps, out, image_dir, script, seed,
-                                         progress, task, log)
+                                         progress, task, log, cpus)
         except RankFailure as exc:
             reason = _upstream_limit(exc)
             before_label, before_note = "sharded", f"upstream cannot run this data here ({reason}); before = sharded reads only"
             progress.update(task, description="[yellow]baseline failed upstream[/yellow]")
             task = progress.add_task("before: sharded reads, contiguous", total=steps)
             before_records = _bridge_run("sharded", SHARDED_ONLY, vdp, ldp, steps, out, image_dir, script, seed,
-                                         progress, task, log)
+                                         progress, task, log, cpus)
         cost_model, cost_note = _calibrated(out / before_label, out / "cost-model.json")
         task = progress.add_task("accelerated (shard+reorder+pack)", total=steps)
         features = dict(ALL_FEATURES, **({"cost_model": cost_model} if cost_model else {}))
         after_records = _bridge_run("accelerated", features, vdp, ldp, steps, out, image_dir, script, seed,
-                                    progress, task, log)
+                                    progress, task, log, cpus)
     elapsed = time.perf_counter() - t0
 
     before = _bridge_steps(before_records, steps, before_label)
@@ -444,6 +473,7 @@ def rehearse_bridge(*, steps: Optional[int] = None, vision_dp: Optional[int] = N
          for it, (b, a) in enumerate(zip(before, after), start=1)],
         out, before_label, before_note, cost_note, elapsed)
     own = {"profile": "bridge-loop:qwen3vl-images", "loop": "bridge", "layout": str(layout), "steps": steps,
+           "pinned_cpus": list(cpus or []),
            "micro_batch": BRIDGE_MBS, "before_label": before_label, "before_note": before_note,
            "losses": {"before": [[b["loss_sum"], b["tokens"]] for b in before],
                       "after": [[a["loss_sum"], a["tokens"]] for a in after]},
@@ -472,6 +502,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                    "report --json` writes them) with the rehearsal's own fields (losses, layout, log, ...)")
     p.add_argument("--seed", type=int, default=0,
                    help="the profile's sample draw (--loop bridge: the model's initialisation, added to 1234)")
+    p.add_argument("--all-cpus", action="store_true",
+                   help="spread the ranks over every CPU (faster, but thread-CPU times then differ by which "
+                        "CPU a rank ran on: noisier straggler figures); default: all ranks on one CPU")
     args = p.parse_args(argv)
     if args.loop == "bridge" and args.profile is not None:
         p.error("--profile applies to --loop stack; --loop bridge trains on the example's image files")
@@ -484,10 +517,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         if args.loop == "bridge":
             rehearse_bridge(steps=args.steps, vision_dp=args.vision_dp, language_dp=args.language_dp, out_dir=out,
-                            json_path=args.json, seed=args.seed, example=args.example, log_path=str(log))
+                            json_path=args.json, seed=args.seed, example=args.example, log_path=str(log),
+                            pin_one_cpu=not args.all_cpus)
         else:
             rehearse(args.profile or "receipts", steps=args.steps, out_dir=out, json_path=args.json,
-                     seed=args.seed, vision_dp=args.vision_dp, language_dp=args.language_dp, log_path=str(log))
+                     seed=args.seed, vision_dp=args.vision_dp, language_dp=args.language_dp, log_path=str(log),
+                     pin_one_cpu=not args.all_cpus)
     except InvariantViolation as exc:
         print(f"mimo-accel rehearse: INVARIANT VIOLATED: {exc}", file=sys.stderr)
         _print_log_path(log)
