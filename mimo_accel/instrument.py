@@ -140,9 +140,10 @@ def _attach_new_notes(rec) -> None:
     go into this step's line, so the report shows them beside the figures they explain."""
     from mimo_accel import notices
 
-    new = [m for k, m in notices.said().items() if k not in _noted]
+    said = notices.said()
+    new = [m for k, m in said.items() if k not in _noted]
     if new:
-        _noted.update(notices.said())
+        _noted.update(said)
         rec.set(notes=new)
 
 

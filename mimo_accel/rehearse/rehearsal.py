@@ -66,6 +66,22 @@ def one_cpu() -> Optional[tuple[int, ...]]:
     return (min(os.sched_getaffinity(0)),)
 
 
+def _cpus_for_ranks(pin_one_cpu: bool, console) -> Optional[tuple[int, ...]]:
+    """The CPUs the ranks are pinned to (None: not pinned), said on the console."""
+    cpus = one_cpu() if pin_one_cpu else None
+    if cpus:
+        console.print(f"all ranks on CPU {cpus[0]} (thread-CPU times comparable across ranks; "
+                      "--all-cpus spreads them)", highlight=False)
+    return cpus
+
+
+def _progress(console):
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    return Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total} steps"),
+                    TimeElapsedColumn(), console=console, transient=False)
+
+
 def _pin(cpus: Optional[Sequence[int]]) -> None:
     if cpus:
         os.sched_setaffinity(0, set(cpus))
@@ -172,7 +188,6 @@ def rehearse(profile_name: str, *, steps: Optional[int] = None, out_dir: Optiona
     goes to ``log_path`` (default ``<out_dir>/rehearsal.log``), named once on the console.
     """
     from rich.console import Console
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from mimo_accel.tools import report
     from mimo_accel.rehearse.profiles import load_profile
@@ -199,13 +214,9 @@ def rehearse(profile_name: str, *, steps: Optional[int] = None, out_dir: Optiona
 
     runs: dict[str, Any] = {}
     before_label, before_note = "baseline", "upstream as shipped"
-    cpus = one_cpu() if pin_one_cpu else None
-    if cpus:
-        console.print(f"all ranks on CPU {cpus[0]} (thread-CPU times comparable across ranks; "
-                      "--all-cpus spreads them)", highlight=False)
+    cpus = _cpus_for_ranks(pin_one_cpu, console)
     t0 = time.perf_counter()
-    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total} steps"),
-                  TimeElapsedColumn(), console=console, transient=False) as progress:
+    with _progress(console) as progress:
         task = progress.add_task("baseline (upstream)", total=steps)
         try:
             runs["before"] = _run("baseline", {}, layout, spec, steps, micro_batch, seq_length,
@@ -415,7 +426,6 @@ def rehearse_bridge(*, steps: Optional[int] = None, vision_dp: Optional[int] = N
     (sharded reads + reorder + packing, the cost model calibrated on the baseline), profiler on;
     checks the invariants on the traces and prints the same report as the stack loop."""
     from rich.console import Console
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from mimo_accel.tools import report
     from mimo_accel.rehearse.testing import MimoLayout, RankFailure
@@ -440,13 +450,9 @@ def rehearse_bridge(*, steps: Optional[int] = None, vision_dp: Optional[int] = N
     console.print(f"third-party warnings and rank logs: {log}", highlight=False, soft_wrap=True)
 
     before_label, before_note = "baseline", "upstream as shipped"
-    cpus = one_cpu() if pin_one_cpu else None
-    if cpus:
-        console.print(f"all ranks on CPU {cpus[0]} (thread-CPU times comparable across ranks; "
-                      "--all-cpus spreads them)", highlight=False)
+    cpus = _cpus_for_ranks(pin_one_cpu, console)
     t0 = time.perf_counter()
-    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total} steps"),
-                  TimeElapsedColumn(), console=console, transient=False) as progress:
+    with _progress(console) as progress:
         task = progress.add_task("baseline (upstream)", total=steps)
         try:
             before_records = _bridge_run("baseline", {}, vdp, ldp, steps, out, image_dir, script, seed,
