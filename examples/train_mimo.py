@@ -36,6 +36,13 @@ CPU rehearsal (gloo ranks through mimo_accel.rehearse.cpu; no GPU needed):
 In-process use (tests): ``main(argv)`` initialises the process group from the torchrun
 environment unless one is initialised already, and leaves an existing one alone.
 
+--scalable-dp: upstream's own scalable reads (Megatron-Bridge PR #5525, not in a release): sets
+    ``dataset.megatron_mimo_scalable_dp``, so every rank reads only its share on the canonical grid
+    and the forward step does not slice. --dataloader-type single|cyclic picks the sampler.
+
+--upstream-packing: upstream's own in-batch packing in the forward step (Megatron-Bridge main:
+    ``dataset.enable_in_batch_packing`` + ``defer_in_batch_packing_to_step``; not in 0.6.2).
+
 --trace FILE: every rank appends one JSON line per finished training iteration: rank, module,
     dp_rank/dp_size, iteration, ``ids`` (the sample ids it trained, one list per micro-batch)
     and, on language ranks, ``loss_sum``/``tokens``/``loss`` of those micro-batches.
@@ -46,6 +53,7 @@ Environment: TRAIN_MIMO_KILL=RANK:ITERATION makes global rank RANK kill itself w
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import signal
@@ -240,11 +248,12 @@ def make_build_data_iterators(args, trace: _Trace):
             return None, None
         module, dp_rank, dp_size = _module_replica(megatron_mimo_infra)
         trace.where = dict(rank=dist.get_rank(), module=module, dp_rank=dp_rank, dp_size=dp_size)
+        scalable = bool(getattr(cfg.dataset, "megatron_mimo_scalable_dp", False))
 
         def trained_here(view: dict) -> dict:
-            # A sharded read (mimo_accel) is this replica's share already; a whole global
-            # micro-batch is cut contiguously by the forward step, as upstream does.
-            if SHARD_TAG_KEY in view:
+            # A sharded read (mimo_accel, or upstream's scalable reads) is this replica's share
+            # already; a whole global micro-batch is cut contiguously by the forward step.
+            if SHARD_TAG_KEY in view or scalable:
                 return view
             ids = view[stack.SAMPLE_ID_KEY]
             n = ids.numel() // dp_size
@@ -252,7 +261,7 @@ def make_build_data_iterators(args, trace: _Trace):
 
         # The packer reads the [B, S] padding mask as its length source; otherwise it is dropped
         # (causal attention and loss_mask already ignore right padding).
-        keep_mask = "packing" in mimo_accel.status()["active"]
+        keep_mask = "packing" in mimo_accel.status()["active"] or args.upstream_packing
         train_iter = stack.model_batches(iter(train_loader), keep_attention_mask=keep_mask,
                                          seen_ids=trace.pending_ids if trace.path else None,
                                          local_view=trained_here)
@@ -334,7 +343,7 @@ def build_config(args, layout: MimoLayout) -> ConfigContainer:
     provider.seq_length = args.seq_length
     provider.moe_expert_rank_capacity_factor = None
 
-    loader = dict(dataloader_type="single", num_workers=0, pin_memory=False, persistent_workers=False,
+    loader = dict(dataloader_type=args.dataloader_type, num_workers=0, pin_memory=False, persistent_workers=False,
                   drop_last=True, data_sharding=True)
     if images:
         data = ImageMIMOProvider(seq_length=args.seq_length, image_dir=args.image_dir or default_image_dir(),
@@ -343,6 +352,13 @@ def build_config(args, layout: MimoLayout) -> ConfigContainer:
     else:
         data = SyntheticVLMProvider(seq_length=args.seq_length, varied=args.varied, patch_dim=scfg.patch_dim,
                                     vocab_size=scfg.vocab_size, **loader)
+    if args.upstream_packing:
+        # Megatron-Bridge main, training/megatron_mimo_step.py (resolve_step_packing) reads these.
+        data.enable_in_batch_packing = True
+        data.defer_in_batch_packing_to_step = True
+    if args.scalable_dp:
+        # Megatron-Bridge #5525: loaders.py and megatron_mimo_step.py read this from cfg.dataset.
+        data.megatron_mimo_scalable_dp = True
     checkpoint = CheckpointConfig(save=args.save, load=args.load,
                                   save_interval=args.save_interval or args.train_iters,
                                   ckpt_format="torch_dist", async_save=False, fully_parallel_save=False)
@@ -427,6 +443,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--max-image-rows", type=int, default=None,
                    help="images, --encoder qwen3vl: the most rows (= placeholders) one image may take; "
                         "Qwen3-VL's processor resizes larger images down to it (default 16)")
+    p.add_argument("--dataloader-type", choices=("single", "cyclic"), default="single")
+    p.add_argument("--scalable-dp", action="store_true",
+                   help="upstream's scalable reads (dataset.megatron_mimo_scalable_dp; Megatron-Bridge #5525)")
+    p.add_argument("--upstream-packing", action="store_true",
+                   help="upstream's own step packing (dataset.enable_in_batch_packing; Megatron-Bridge main)")
     p.add_argument("--trace", default=None, help="append one JSON line per rank and training iteration")
     p.add_argument("--dist-timeout", type=float, default=300.0, help="seconds (CPU/gloo process group)")
     args = p.parse_args(argv)
@@ -451,6 +472,12 @@ def parse_args(argv=None) -> argparse.Namespace:
                 p.error(f"--image-rows must be in [1, --seq-length) (got {args.image_rows})")
     elif args.image_rows is not None or args.max_image_rows is not None:
         p.error("--image-rows / --max-image-rows apply to --dataset images")
+    if args.upstream_packing and importlib.util.find_spec("megatron.bridge.data.megatron_mimo.sequence_pack") is None:
+        p.error("--upstream-packing needs a megatron-bridge whose MegatronMIMO step packs "
+                "(data/megatron_mimo/sequence_pack.py, Megatron-Bridge main); this one has none")
+    if args.scalable_dp and importlib.util.find_spec("megatron.bridge.data.megatron_mimo.canonical_sampler") is None:
+        p.error("--scalable-dp needs a megatron-bridge with scalable MegatronMIMO reads "
+                "(data/megatron_mimo/canonical_sampler.py, Megatron-Bridge PR #5525); this one has none")
     return args
 
 

@@ -715,9 +715,11 @@ def exchange_loader(source: Iterable, exchange: ExchangeReorder, *, prefetch: in
 def exchange_shard_loader(loader, ctx: ShardContext, micro_batch_size: int, group, *,
                           cost_fn: Optional[Callable[[Any], float]] = None,
                           cost_model: Optional[CostModel] = None, overlap: bool = False,
-                          prefetch: int = 1, on_exchange=None) -> ExchangeLoader:
+                          prefetch: int = 1, on_exchange=None, local_batch_sampler=None) -> ExchangeLoader:
     """Exchange mode on top of an upstream DataLoader: read this replica's canonical shard (sharded
     reads), decode it in the loader's workers, exchange, then collate with the loader's collate_fn.
+    ``local_batch_sampler``: a sampler that already yields this replica's share (upstream's scalable
+    reads); by default the share is cut from the loader's global batch sampler.
 
     Collective (builds an :class:`ExchangeReorder`): every rank of ``group`` calls it.
     """
@@ -730,7 +732,8 @@ def exchange_shard_loader(loader, ctx: ShardContext, micro_batch_size: int, grou
         raise TypeError("mimo_accel exchange: the upstream loader has no batch sampler to shard "
                         "(dataloader_type 'external' passes the dataset through). Use 'single' or "
                         "'cyclic', or turn reorder off.")
-    reader = DataLoader(loader.dataset, batch_sampler=ShardedBatchSampler(loader.batch_sampler, ctx),
+    share = local_batch_sampler or ShardedBatchSampler(loader.batch_sampler, ctx)
+    reader = DataLoader(loader.dataset, batch_sampler=share,
                         num_workers=loader.num_workers, collate_fn=_as_list, pin_memory=False,
                         worker_init_fn=loader.worker_init_fn,
                         persistent_workers=loader.persistent_workers if loader.num_workers > 0 else False)

@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import collections
+import contextlib
 import functools
 import os
 import threading
@@ -103,6 +104,10 @@ def record_batch(batch: dict, *, read_samples: int, read_bytes: int = 0, tagged:
     rec = recorder()
     if rec is None:
         return
+    if _evaluating():  # not part of a training step; its plan's spread is dropped in order
+        if tagged and _planned_spreads:
+            _planned_spreads.popleft()
+        return
     ids = batch.get("input_ids")
     mask = batch.get("attention_mask")
     samples = int(ids.size(0)) if ids is not None and ids.dim() == 2 else 0
@@ -115,12 +120,26 @@ def record_batch(batch: dict, *, read_samples: int, read_bytes: int = 0, tagged:
             rec.set(predicted_spread=spread)
 
 
+def _evaluating() -> bool:
+    """A forward pass outside training: Bridge's ``evaluate`` runs its forward-only passes under
+    ``torch.no_grad`` (a training step's batch fetch and encoder forward run with grad enabled;
+    a recomputation inside a backward has a graph task and is not an evaluation)."""
+    import torch
+
+    return not torch.is_grad_enabled() and torch._C._current_graph_task_id() == -1
+
+
 def wrap_encode(original: Callable) -> Callable:
     from mimo_accel.profiler import attach_module_timer
 
     @functools.wraps(original)
     def encode(self, encoders_data_batch, *args, **kwargs):
         rec = recorder()
+        if rec is not None and _evaluating():
+            with contextlib.ExitStack() as stack:  # an evaluation pass is not part of a training step
+                for timer in list(_timers.values()):
+                    stack.enter_context(timer.paused())
+                return original(self, encoders_data_batch, *args, **kwargs)
         if rec is not None and encoders_data_batch:
             for name, encoder in self.encoders.items():
                 if id(encoder) not in _timers:

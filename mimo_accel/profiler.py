@@ -34,6 +34,7 @@ module timer needs it, so ``mimo_accel.tools.report`` can load runs without impo
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -530,6 +531,15 @@ class ModuleTimer:
         with self._lock:
             self._bwd_tasks.discard(task)
         self.recorder.stop(self._bwd)
+
+    @contextlib.contextmanager
+    def paused(self):
+        """Nothing the module runs inside this block is timed (an evaluation pass)."""
+        was, self._active = self._active, False
+        try:
+            yield
+        finally:
+            self._active = was
 
     def remove(self) -> None:
         """Remove the module hooks; output-gradient hooks already registered become no-ops."""

@@ -36,6 +36,9 @@ class ShardContext:
     grid: int
     dp_sizes: dict = field(default_factory=dict)  # every module's DP size (what G came from)
     data_ranks: tuple = ()  # every rank that builds data loaders in this layout
+    # False under upstream's scalable reads (megatron_mimo_scalable_dp): the step skips its slice,
+    # so the batch's tag is taken off by the step's get_batch instead (mimo_accel.step).
+    sliced_in_step: bool = True
 
     @property
     def groups(self) -> range:
@@ -51,6 +54,7 @@ class ShardTag:
     dp_size: int
     grid: int
     samples: int
+    sliced_in_step: bool = True  # see ShardContext.sliced_in_step
 
 
 # Bridge's build_megatron_mimo_data_loaders (megatron/bridge/data/megatron_mimo/loaders.py) looks
@@ -93,11 +97,27 @@ def _resolve() -> None:
         _context, _dp_group = context_from_grids(*lookup)
 
 
-def take_split() -> str:
-    """The split of the loader being built now (train, validation, test, in Bridge's order)."""
+# The local names of the three datasets in Bridge's build_megatron_mimo_data_loaders, in SPLITS order.
+_SPLIT_LOCALS = ("train_ds", "valid_ds", "test_ds")
+
+
+def take_split(dataset=None) -> str:
+    """The split of the loader being built now.
+
+    Bridge builds the train, validation and test loaders in that order, but skips the builder for
+    a split without a dataset in some versions (#5525's ``_make_loader`` returns None first) and
+    not in others, so counting calls alone can mislabel a test loader as validation. The dataset
+    is looked up among the armed frame's datasets first; counting is the fallback.
+    """
     global _loaders_built
     with _lock:
         n, _loaders_built = _loaders_built, _loaders_built + 1
+    frame = _armed_caller()
+    if dataset is not None and frame is not None:
+        names = frame.f_locals
+        hits = [s for s, local in zip(SPLITS, _SPLIT_LOCALS) if names.get(local) is dataset]
+        if len(hits) == 1:  # the same dataset object for two splits: fall back to the order
+            return hits[0]
     return SPLITS[n] if n < len(SPLITS) else f"loader{n}"
 
 
@@ -110,13 +130,20 @@ def current_context() -> Optional[ShardContext]:
 def context_for_loader() -> Optional[ShardContext]:
     """The context when the loader being built belongs to the call that looked up the sampling
     info (that frame is on the stack now), else None."""
+    if _armed_by is None:
+        return current_context()  # set directly (set_context): no frame to scope it
+    return current_context() if _armed_caller() is not None else None
+
+
+def _armed_caller():
+    """The frame that looked the sampling info up, if it is on the stack now (else None)."""
     armed = _armed_by
     if armed is None:
-        return current_context()  # set directly (set_context): no frame to scope it
+        return None
     f = sys._getframe(1)
     while f is not None:
         if id(f) == armed[0] and f.f_code is armed[1]:
-            return current_context()
+            return f
         f = f.f_back
     return None
 
@@ -176,10 +203,13 @@ class ShardedBatchSampler:
 
     def __init__(self, global_sampler, ctx: ShardContext, planner: Optional[Planner] = None,
                  on_batch: Optional[Callable[[list, list, Optional[float]], None]] = None, window: int = 1,
-                 step_micro_batches: Optional[int] = None):
+                 step_micro_batches: Optional[int] = None, start: Optional[tuple[int, int]] = None):
         window = window if planner is not None else 1
         check_window(window, step_micro_batches)
         self.global_sampler = global_sampler
+        # (consumed_samples, micro_batch_size) where the global sampler starts; default: its own
+        # attributes (Megatron's flat samplers have them, #5525's canonical-group sampler does not)
+        self.start = start
         self.ctx = ctx
         self.planner = planner
         self.on_batch = on_batch  # (global indices, local indices, predicted spread) -> None
@@ -187,8 +217,8 @@ class ShardedBatchSampler:
         self.step_micro_batches = step_micro_batches
 
     def _windows(self) -> Iterator[list[list]]:
-        consumed = getattr(self.global_sampler, "consumed_samples", None)
-        mbs = getattr(self.global_sampler, "micro_batch_size", None)
+        consumed, mbs = self.start or (getattr(self.global_sampler, "consumed_samples", None),
+                                       getattr(self.global_sampler, "micro_batch_size", None))
         if self.window > 1 and consumed and mbs and (consumed // mbs) % self.window:
             raise ValueError(
                 f"mimo_accel reorder_window={self.window}: the loader starts at consumed_samples="
@@ -251,22 +281,30 @@ class TaggingCollate:
             raise TypeError("mimo_accel sharded reads need the collate function to return a dict "
                             f"(MegatronMIMO batches are dicts), got {type(batch).__name__}")
         batch[SHARD_TAG_KEY] = ShardTag(self.ctx.module, self.ctx.dp_rank, self.ctx.dp_size,
-                                        self.ctx.grid, len(samples))
+                                        self.ctx.grid, len(samples), self.ctx.sliced_in_step)
         return batch
 
 
 def shard_loader(loader, ctx: ShardContext, micro_batch_size: int, planner: Optional[Planner] = None,
-                 on_batch=None, window: int = 1, step_micro_batches: Optional[int] = None):
-    """A DataLoader over the same dataset/collate/workers that reads only this replica's share."""
-    from torch.utils.data import DataLoader
-
+                 on_batch=None, window: int = 1, step_micro_batches: Optional[int] = None,
+                 global_sampler=None, start: Optional[tuple[int, int]] = None):
+    """A DataLoader over the same dataset/collate/workers that reads only this replica's share of
+    ``global_sampler``'s micro-batches (default: the upstream loader's own, global, batch sampler)."""
     check_micro_batch(micro_batch_size, ctx.grid)
-    if getattr(loader, "batch_sampler", None) is None:
+    if global_sampler is None and getattr(loader, "batch_sampler", None) is None:
         raise TypeError("mimo_accel sharded reads: the upstream loader has no batch sampler to shard "
                         "(dataloader_type 'external' passes the dataset through). Use 'single' or "
                         "'cyclic', or turn sharded_reads off.")
-    sampler = ShardedBatchSampler(loader.batch_sampler, ctx, planner, on_batch, window, step_micro_batches)
-    return DataLoader(loader.dataset, batch_sampler=sampler, num_workers=loader.num_workers,
+    sampler = ShardedBatchSampler(global_sampler or loader.batch_sampler, ctx, planner, on_batch, window,
+                                  step_micro_batches, start)
+    return tagged_loader(loader, ctx, sampler)
+
+
+def tagged_loader(loader, ctx: ShardContext, batch_sampler):
+    """The upstream loader's dataset, collate and workers over ``batch_sampler``, batches tagged."""
+    from torch.utils.data import DataLoader
+
+    return DataLoader(loader.dataset, batch_sampler=batch_sampler, num_workers=loader.num_workers,
                       collate_fn=TaggingCollate(loader.collate_fn, ctx),
                       pin_memory=loader.pin_memory, worker_init_fn=loader.worker_init_fn,
                       persistent_workers=loader.persistent_workers if loader.num_workers > 0 else False)

@@ -8,6 +8,11 @@ role for this step, and replaces the second with :func:`make_local_batch_fn`'s f
 - passes a batch that sharded reads already made local straight through (checking that it was
   read for this very replica — never a silent mis-pairing), or slices a global batch as upstream;
 - THD-packs the language shard when packing is on.
+
+Under upstream's scalable reads (Megatron-Bridge #5525, ``dataset.megatron_mimo_scalable_dp``) the
+step skips the slice: the loader already delivered the shard. There :func:`make_get_batch_fn`
+takes the batch's tag off as ``get_batch`` returns it, and the ``_get_module_dp_info`` wrapper,
+which the step calls next, checks it against the replica and records the batch.
 """
 
 from __future__ import annotations
@@ -60,10 +65,12 @@ def role_of(mimo_model) -> Optional[StepRole]:
     return StepRole(True, role.is_first_stage(LANGUAGE), role.is_last_stage(LANGUAGE), sp, tokens)
 
 
-def capture_role(get_module_dp_info: Callable) -> Callable:
+def capture_role(get_module_dp_info: Callable, *, profile: bool = False) -> Callable:
     """Wrap ``_get_module_dp_info(model)``: record the step's role, return upstream's answer.
 
-    A model's role never changes, so it is worked out once per model, not per micro-batch.
+    A model's role never changes, so it is worked out once per model, not per micro-batch. A batch
+    whose tag :func:`make_get_batch_fn` took off is checked and recorded here, where the step's
+    replica is known (upstream's step calls this right after ``get_batch``).
     """
     roles: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
@@ -72,10 +79,49 @@ def capture_role(get_module_dp_info: Callable) -> Callable:
         if role is None:
             role = roles[megatron_mimo_model] = role_of(megatron_mimo_model)
         _step.role = role
-        return get_module_dp_info(megatron_mimo_model, *args, **kwargs)
+        dp_rank, dp_size = get_module_dp_info(megatron_mimo_model, *args, **kwargs)
+        taken, _step.taken = getattr(_step, "taken", None), None
+        if taken is not None:
+            tag, batch = taken
+            check_replica(tag, dp_rank, dp_size)
+            if profile:
+                from mimo_accel import instrument
+
+                # the same dict the step goes on with: on language ranks without the raw images
+                instrument.record_batch(batch, read_samples=tag.samples, read_bytes=_tensor_bytes(batch),
+                                        tagged=True)
+        return dp_rank, dp_size
 
     get_module_dp_info_and_role.__wrapped__ = get_module_dp_info
     return get_module_dp_info_and_role
+
+
+def check_replica(tag: ShardTag, dp_rank: int, dp_size: int) -> None:
+    if (tag.dp_rank, tag.dp_size) != (dp_rank, dp_size):
+        raise RuntimeError(
+            f"mimo_accel: this batch was read for {tag.module} replica {tag.dp_rank}/{tag.dp_size} "
+            f"but the forward step runs as replica {dp_rank}/{dp_size}. The data loader and the "
+            "model disagree on the layout; build the loaders after the model (with the same "
+            "MegatronMIMOParallelismConfig).")
+
+
+def make_get_batch_fn(upstream_get_batch: Callable) -> Callable:
+    """The replacement for the step's ``get_batch(data_iterator)`` (#5525's shape): a batch read
+    under upstream's scalable reads never reaches the slice, so its tag is taken off here (the
+    model must not see it) and handed to the ``_get_module_dp_info`` wrapper. Other batches pass
+    untouched: the slice takes their tag."""
+
+    def get_batch(data_iterator, *args, **kwargs):
+        batch = upstream_get_batch(data_iterator, *args, **kwargs)
+        tag = batch.get(SHARD_TAG_KEY) if isinstance(batch, dict) else None
+        if isinstance(tag, ShardTag) and not tag.sliced_in_step:
+            del batch[SHARD_TAG_KEY]
+            _step.taken = (tag, batch)
+        return batch
+
+    get_batch.__wrapped__ = upstream_get_batch
+    get_batch.__doc__ = upstream_get_batch.__doc__
+    return get_batch
 
 
 def make_local_batch_fn(upstream_slice: Callable, *, sharded_reads: bool, packing: bool,
@@ -102,12 +148,7 @@ def make_local_batch_fn(upstream_slice: Callable, *, sharded_reads: bool, packin
         tag: Optional[ShardTag] = batch.pop(SHARD_TAG_KEY, None) if isinstance(batch, dict) else None
         loaded_bytes = _tensor_bytes(batch) if profile else 0
         if tag is not None:
-            if (tag.dp_rank, tag.dp_size) != (dp_rank, dp_size):
-                raise RuntimeError(
-                    f"mimo_accel: this batch was read for {tag.module} replica {tag.dp_rank}/{tag.dp_size} "
-                    f"but the forward step runs as replica {dp_rank}/{dp_size}. The data loader and the "
-                    "model disagree on the layout; build the loaders after the model (with the same "
-                    "MegatronMIMOParallelismConfig).")
+            check_replica(tag, dp_rank, dp_size)
             local, read = batch, tag.samples
         else:
             if sharded_reads and dp_size > 1 and not warned:

@@ -140,7 +140,10 @@ def accel_one_to_one(workdir):
 
 @pytest.fixture(scope="module")
 def accel_fan_in(workdir):
-    return _train_run(workdir, "accel-v2-l1-varied", 2, 1, ALL, "--varied")
+    # profiled: the profiler must not change what is trained (the resume test compares this run
+    # bit for bit with an unprofiled one)
+    return _train_run(workdir, "accel-v2-l1-varied", 2, 1, dict(ALL, profile=str(workdir / "profile-fan-in")),
+                      "--varied")
 
 
 @pytest.fixture(scope="module")
@@ -164,7 +167,7 @@ def test_accelerated_loop_matches_upstream(request, layout):
     accel = request.getfixturevalue({"one-to-one": "accel_one_to_one", "fan-in": "accel_fan_in",
                                      "fan-out": "accel_fan_out"}[layout])
     upstream = request.getfixturevalue("upstream_one_to_one" if layout == "one-to-one" else "upstream_varied")
-    assert accel.active == ["sharded_reads", "reorder", "packing"]
+    assert accel.active[:3] == ["sharded_reads", "reorder", "packing"]
     assert accel.saved_iteration() == 4
     _assert_same_training(accel.steps(), upstream.steps(), range(1, 5))
 
@@ -178,6 +181,19 @@ def test_reordering_moved_samples_between_vision_replicas(accel_fan_in):
             first = (it - 1) * GBS + m * MBS
             moved += sorted(ids) != list(range(first, first + MBS // 2))
     assert moved > 0
+
+
+def test_profile_step_lines_hold_training_steps_only(workdir, accel_fan_in):
+    """Evaluation runs after iterations 2 and 4 (its forward passes under no_grad): its reads and
+    its encoder time belong to no training step line."""
+    from mimo_accel.profiler import read_run
+
+    run = read_run(workdir / "profile-fan-in")
+    assert sorted(run.ranks) == [0, 1, 2] and not run.warnings
+    for rank, log in run.ranks.items():
+        assert [s["samples_read"] for s in log.steps] == [GBS // 2 if rank < 2 else GBS] * 4, rank
+        if rank < 2:  # two micro-batches per step: two timed encoder forwards and backwards
+            assert all(s["timed_calls"] == {"vision_fwd": 2, "vision_bwd": 2} for s in log.steps)
 
 
 # Resume --------------------------------------------------------------------------------------

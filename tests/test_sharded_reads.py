@@ -5,6 +5,7 @@ the per-replica sets equal upstream's under ``single``, rows land with the sampl
 
 from __future__ import annotations
 
+import sys
 from types import SimpleNamespace
 
 import pytest
@@ -247,3 +248,31 @@ def _lookup_scoped_to_its_caller(rank, world):
 def test_a_sampling_info_lookup_shards_only_the_loaders_its_caller_builds():
     results = run_ranks(_lookup_scoped_to_its_caller, 3, deadline_s=200)
     assert results == [(False, True)] * 3, results
+
+
+def test_the_split_of_a_loader_is_its_dataset_in_the_builders_frame_when_a_split_has_none():
+    """#5525's loader builder skips the builder for a split without a dataset (Bridge 0.6.2 calls it
+    with None), so the test loader is the second one built: counting alone would call it
+    validation, and plan it with the validation cost index."""
+    from mimo_accel import sampler
+
+    train, test = object(), object()
+
+    def build_megatron_mimo_data_loaders():  # Bridge's local names; the lookup is made here
+        train_ds, valid_ds, test_ds = train, None, test  # noqa: F841 (read through the frame)
+        sampler.arm(None, None, sys._getframe())
+        return [sampler.take_split(ds) for ds in (train_ds, test_ds)]
+
+    try:
+        assert build_megatron_mimo_data_loaders() == ["train", "test"]
+
+        def same_dataset_twice():  # one object for validation and test: the order decides
+            train_ds, valid_ds, test_ds = train, test, test  # noqa: F841
+            sampler.arm(None, None, sys._getframe())
+            return [sampler.take_split(ds) for ds in (train_ds, valid_ds, test_ds)]
+
+        assert same_dataset_twice() == ["train", "validation", "test"]
+        sampler.arm(None, None, None)  # no frame to look in: the order decides
+        assert [sampler.take_split(ds) for ds in (train, test)] == ["train", "validation"]
+    finally:
+        sampler.set_context(None)

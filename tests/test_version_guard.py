@@ -64,6 +64,9 @@ def _bindings():
     ("0.6.0+1234abc", "0.19.2", "untested", "0.6"),  # main between June and August reported 0.6.0
     ("0.7.0", "0.20.0", "untested", "main"),  # a release 0.7.0 is not commit 067f987
     ("0.7.0+1234567", "0.20.0+2a75ac1", "untested", "main"),
+    ("0.7.0+958575fc3", "0.20.0+24bad8e677", "tested", "scalable-5525"),  # PR #5525's head and its core
+    ("0.7.0+958575fc3", "0.20.0+2a75ac1", "untested", "main"),  # #5525 with main's core: not a tested pair
+    ("0.7.0+067f987", "0.20.0+24bad8e", "untested", "main"),
     ("0.9.1", "0.22.0", "untested", "main"),
     ("0.5.1", "0.19.2", "untested", "0.6"),
 ])

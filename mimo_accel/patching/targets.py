@@ -78,6 +78,16 @@ SEQUENCE_PACK = "megatron.bridge.data.megatron_mimo.sequence_pack"
 # when mimo_accel packing is on, so the feature acts without a dataset-config change.
 NATIVE_PACK = (Target(STEP, "pack_language_shard", SEQUENCE_PACK, ("data_batch", "lengths")),
                Target(STEP, "resolve_step_packing", STEP, ("dataset_cfg",)))
+CANONICAL = "megatron.bridge.data.megatron_mimo.canonical_sampler"
+# Upstream's scalable reads (Megatron-Bridge #5525, data/megatron_mimo/canonical_sampler.py): with
+# ``dataset.megatron_mimo_scalable_dp`` the loaders call build_canonical_mimo_data_loader (bound by
+# name in loaders.py) instead of build_pretraining_data_loader, and the step skips
+# slice_batch_for_megatron_mimo, so the step's per-batch work moves to get_batch (looked up in the
+# step's globals at call time).
+CANONICAL_LOADER = _everywhere("build_canonical_mimo_data_loader", CANONICAL,
+                               ("dataset", "consumed_samples", "dataloader_type", "micro_batch_size",
+                                "module_dp_sizes", "dp_rank", "dp_size"), LOADERS)
+GET_BATCH = (Target(STEP, "get_batch", STEP, ("data_iterator",)),)
 
 
 @dataclass(frozen=True)
@@ -99,9 +109,17 @@ class Shape:
     native_packing: bool  # upstream's step already packs (sequence_pack.py)
     tested_here: bool  # False: declared from reading upstream's source, not run by this project's tests
     evidence: str  # what the declaration rests on
+    scalable_reads: bool = False  # upstream's own canonical-grid reads (megatron_mimo_scalable_dp)
 
     def targets(self, feature: str) -> tuple[Target, ...]:
-        return FEATURE_TARGETS[feature] + (NATIVE_PACK if feature == "packing" and self.native_packing else ())
+        extra = ()
+        if feature == "packing" and self.native_packing:
+            extra = NATIVE_PACK
+        elif feature == "context" and self.scalable_reads:
+            extra = CANONICAL_LOADER
+        elif feature == "step" and self.scalable_reads:
+            extra = GET_BATCH
+        return FEATURE_TARGETS[feature] + extra
 
     @property
     def support(self) -> str:
@@ -143,6 +161,16 @@ SHAPES = (
           tested_here=True,
           evidence="the whole test suite runs on source builds of Bridge 067f987 / Megatron-LM 2a75ac12c54b "
                    "(make test-upstream; 524 passed on 2026-12-01)"),
+    # Upstream's scalable reads, open PR #5525 (branch pull-request/5525, head 958575fc3 of
+    # 2026-08-12, branched from main at 600d069b8, before main's eval_micro_batch_size) with the
+    # Megatron-LM it pins, 24bad8e677 (0.20.0). It reports 0.7.0 like main, at its own commit.
+    # The main-shape targets are all there (same bindings and parameters); on top,
+    # megatron_mimo_scalable_dp routes the loaders through build_canonical_mimo_data_loader and the
+    # step skips the slice, which the scalable targets cover.
+    Shape("scalable-5525", bridge=("0.7.0+958575f",), core=("0.20.0+24bad8e",), native_packing=True,
+          tested_here=True, scalable_reads=True,
+          evidence="the whole test suite runs on source builds of Bridge 958575fc3 (PR #5525) / Megatron-LM "
+                   "24bad8e677 (make test-upstream), scalable reads included"),
 )
 
 ALLOW_UNTESTED_ENV = "MIMO_ACCEL_ALLOW_UNTESTED"
