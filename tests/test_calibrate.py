@@ -33,13 +33,14 @@ def _recorder(out, rank, world, module="vision", dp_rank=0, dp_size=1):
 
 
 def write_run(out, *, steps=40, ranks=2, noise=0.003, sq=True, overhead=0.0, seed=0, identical=False,
-              split_bwd=True, coef=TRUE):
-    """Vision ranks whose vision time is a·Σp + b·Σp² + c·tokens (+ overhead) (+ relative noise)."""
+              split_bwd=True, coef=TRUE, drift=None):
+    """Vision ranks whose vision time is a·Σp + b·Σp² + c·tokens (+ overhead) (+ relative noise);
+    ``drift[s]`` scales step s on every rank alike (a machine whose speed changes between steps)."""
     rng = np.random.default_rng(seed)
     world = ranks + 1
     for r in range(ranks):
         rec, clock = _recorder(out, r, world, dp_rank=r, dp_size=ranks)
-        for _ in range(steps):
+        for step in range(steps):
             if identical:
                 images, tokens = np.array([1000, 2000]), 3000
             else:
@@ -48,6 +49,8 @@ def write_run(out, *, steps=40, ranks=2, noise=0.003, sq=True, overhead=0.0, see
             p, q = int(images.sum()), int((images**2).sum())
             seconds = coef["a"] * p + coef["b"] * q + coef["c"] * tokens + overhead
             seconds *= 1 + noise * rng.standard_normal()
+            if drift is not None:
+                seconds *= drift[step]
             rec.add(samples=4, images=len(images), patches=p, tokens=tokens)
             if sq:
                 rec.add(sq_patches=q)
@@ -110,6 +113,38 @@ def test_without_sq_patches_falls_back_to_a_and_c(tmp_path):
     assert "not fitted (no sq_patches in logs)" in text and "b = 0" in text
 
 
+def test_per_step_overheads_take_out_a_drift_that_every_replica_shares(tmp_path):
+    # the machine runs up to 25 % slower in some steps, on all four replicas at once
+    drift = 1 + 0.25 * np.random.default_rng(7).random(40)
+    run = read_run(write_run(tmp_path, ranks=4, overhead=0.05, drift=drift, seed=5))
+    plain, plain_stats = cal.fit(run)
+    model, stats = cal.fit(run, per_step=True)
+    assert stats["per_step"] and stats["steps"] == 39 and model.fit["per_step"]
+    # within a step the model explains the replicas' differences; across steps the drift is noise
+    assert stats["r2"] > 0.98 > plain_stats["r2"] and stats["r2_across_steps"] == plain_stats["r2"]
+    assert model.fit["r2_across_steps"] == plain_stats["r2"]
+    # the coefficients come out as the drift's mean scale times the true ones
+    scale = drift[1:].mean()
+    for k in ("a", "b", "c"):
+        assert _rel(getattr(model, k), TRUE[k] * scale) < 0.06, (k, getattr(model, k))
+    assert stats["overhead_s"] == pytest.approx(0.05 * scale, rel=0.3)
+    assert len(stats["terms"]["overhead"]["per_step"]) == 39
+    console = Console(record=True, width=160)
+    cal.render(model, stats, console)
+    text = console.export_text()
+    assert "R² within steps" in text and "R² across steps (one overhead)" in text and "overhead per step" in text
+    with pytest.raises(ValueError, match="per_step"):
+        cal.fit(run, per_step=True, intercept=False)
+
+
+def test_per_step_with_one_replica_falls_back_to_one_overhead(tmp_path):
+    run = read_run(write_run(tmp_path, ranks=1, seed=2))
+    model, stats = cal.fit(run, per_step=True)
+    assert not stats["per_step"] and "r2_across_steps" not in stats
+    assert any("fitted one overhead across steps" in w for w in stats["warnings"])
+    assert _rel(model.b, TRUE["b"]) < 0.05
+
+
 def test_main_writes_a_cost_model_file(tmp_path):
     run_dir = write_run(tmp_path / "run")
     out, js = tmp_path / "cost.json", tmp_path / "fit.json"
@@ -144,6 +179,8 @@ def test_error_cases(tmp_path, capsys):
     assert cal.main([str(tmp_path / "missing")]) == 2
     assert "not a directory" in capsys.readouterr().err
     assert cal.main([str(tmp_path / "few"), "--warmup", "-1"]) == 2
+    assert cal.main([str(tmp_path / "few"), "--per-step", "--no-intercept"]) == 2
+    assert "--per-step" in capsys.readouterr().err
     with pytest.raises(ValueError, match="warmup"):
         cal.fit(read_run(tmp_path / "few"), warmup=-1)
 

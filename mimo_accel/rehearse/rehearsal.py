@@ -87,10 +87,30 @@ def _pin(cpus: Optional[Sequence[int]]) -> None:
         os.sched_setaffinity(0, set(cpus))
 
 
+def _keep_freed_memory() -> None:
+    """Let this rank's malloc keep the memory it frees (glibc: no trimming, a fixed 32 MiB mmap
+    threshold). By default glibc hands freed blocks of the encoder's attention buffers back to the
+    OS and faults them in again on the next step; those page faults land in the thread-CPU time
+    the profiler reads, unevenly: measured on the 2-core VM, the same forward+backward took
+    112-209 ms that way and 136-150 ms with freed memory kept. No-op where glibc is absent."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return
+    m_trim_threshold, m_mmap_threshold = -1, -3  # <malloc.h>
+    mallopt(m_trim_threshold, 1 << 30)
+    mallopt(m_mmap_threshold, 32 << 20)
+
+
 def _rank(rank, world, layout, features, spec, steps, micro_batch, seq_length, profile_dir, label, model_kw,
           cpus=None):
     """One rank of a rehearsal run (module-level: the ranks unpickle it)."""
     _pin(cpus)
+    _keep_freed_memory()
     os.environ["MIMO_ACCEL_PROFILE_LABEL"] = label
     import mimo_accel
     from megatron.bridge.data.megatron_mimo.loaders import build_megatron_mimo_data_loaders
@@ -250,25 +270,39 @@ def rehearse(profile_name: str, *, steps: Optional[int] = None, out_dir: Optiona
            "rank_cpus": sorted({c for r in runs["after"] for c in (r["cpus"] or [])}),
            "before_label": before_label, "before_note": before_note,
            "losses": {"before": before["losses"], "after": after["losses"]}, "profile_dir": str(out),
-           "log": str(log), "wall_s": elapsed}
+           "log": str(log), "wall_s": elapsed, "cost_model": _model_doc(cost_model, cost_note)}
     if json_path:
         report.write_json(json_path, doc, **own)
     return {**doc, **own}
 
 
+def _model_doc(path: Optional[str], note: str) -> dict:
+    """The cost model the accelerated run planned with (its coefficients and fit), for the JSON."""
+    import json
+
+    if not path:
+        return {"calibrated": False, "note": note}
+    doc = json.loads(Path(path).read_text(encoding="utf-8"))
+    return {"calibrated": True, "a": doc["a"], "b": doc["b"], "c": doc["c"], "fit": doc.get("fit", {}), "note": note}
+
+
 def _calibrated(run_dir: Path, out_file: Path) -> tuple[Optional[str], str]:
-    """Fit the cost model on the before-run's profile (what `mimo-accel calibrate` does), so the
-    accelerated run plans with this machine's measured vision costs."""
+    """Fit the cost model on the before-run's profile (what `mimo-accel calibrate --per-step`
+    does), so the accelerated run plans with this machine's measured vision costs. One overhead
+    per step: all vision ranks share one CPU, whose speed drifts from step to step on a shared
+    machine alike for every replica; the plan only compares replicas within a step."""
     from mimo_accel.tools.calibrate import CalibrationError, fit
     from mimo_accel.profiler import read_run
 
     try:
-        model, stats = fit(read_run(run_dir))
+        model, stats = fit(read_run(run_dir), per_step=True)
     except CalibrationError as exc:
         return None, f"default cost model (calibration failed: {exc})"
     model.to_file(out_file)
+    r2 = (f"R²={stats['r2']:.2f} within steps ({stats['r2_across_steps']:.2f} across steps)" if stats["per_step"]
+          else f"R²={stats['r2']:.2f}")
     return str(out_file), (f"calibrated on the before-run: a={model.a:.3g} s/patch, b={model.b:.3g} s/patch², "
-                           f"c={model.c:.3g} s/token, R²={stats['r2']:.2f}")
+                           f"c={model.c:.3g} s/token, {r2}")
 
 
 # What megatron-bridge 0.6.2 says when it cannot run a profile's data (fan-in with uneven encoder
@@ -340,6 +374,7 @@ def example_script(path: Optional[str] = None) -> Path:
 def _bridge_rank(rank, world, script, argv, features, profile_dir, label, steps, env, cpus=None):
     """One rank of a ``--loop bridge`` run: the example's own ``main(argv)``, profiler on."""
     _pin(cpus)
+    _keep_freed_memory()
     import importlib.util
 
     os.environ.update(env, MIMO_ACCEL_PROFILE_LABEL=label)
@@ -483,7 +518,8 @@ def rehearse_bridge(*, steps: Optional[int] = None, vision_dp: Optional[int] = N
            "micro_batch": BRIDGE_MBS, "before_label": before_label, "before_note": before_note,
            "losses": {"before": [[b["loss_sum"], b["tokens"]] for b in before],
                       "after": [[a["loss_sum"], a["tokens"]] for a in after]},
-           "profile_dir": str(out), "log": str(log), "wall_s": elapsed}
+           "profile_dir": str(out), "log": str(log), "wall_s": elapsed,
+           "cost_model": _model_doc(cost_model, cost_note)}
     if json_path:
         report.write_json(json_path, doc, **own)
     return {**doc, **own}

@@ -1,6 +1,6 @@
 """Fit the vision cost model from profiler logs.
 
-``mimo-accel calibrate RUN_DIR [--out cost.json] [--warmup N] [--no-intercept] [--json PATH]``
+``mimo-accel calibrate RUN_DIR [--out cost.json] [--warmup N] [--no-intercept | --per-step] [--json PATH]``
 
 Each step line of a vision rank (``rank<N>.jsonl`` from :class:`mimo_accel.profiler.Recorder`) is
 one observation: the rank's vision time in that step, ``vision_fwd_s + vision_bwd_s`` (a missing
@@ -14,6 +14,17 @@ gives the :class:`~mimo_accel.costs.CostModel` ``(a, b, c)`` in seconds (``a`` i
 patch). ``overhead`` is a fixed per-step time (kernel launches, the merger's fixed work): it is
 the same on every replica, so it cannot change a balancing decision and is not part of the model;
 fitting it keeps it from inflating ``a`` or ``c``. ``--no-intercept`` drops it.
+
+``--per-step`` fits one overhead per step instead (a step fixed effect): what every vision
+replica of a step shares — the step's fixed work, and the machine's speed while it ran. On a
+shared machine the same work can take 20 % longer in one step than in the next, on every replica
+at once (measured on the 2-core VM: identical forward+backward passes took 122-237 ms over a
+minute); a single overhead leaves that drift in the residual, although it cannot change which
+replica is slowest. The coefficients are then fitted on how replicas differ *within* a step —
+the only thing a balancing plan uses — and ``r2`` is the share of that within-step variation the
+model explains; ``r2_across_steps`` is the plain fit's R² (one overhead), reported beside it.
+With one vision replica there is no within-step variation, and the fit falls back to one
+overhead (and says so).
 
 ``sq_patches`` is an optional step field. When the logs do not carry it the fit falls back to
 ``a`` and ``c`` only (``b = 0``) and says so: the model then weighs an image by its patch count,
@@ -112,7 +123,7 @@ def observations(run: Run, *, warmup: int = 1) -> dict[str, Any]:
     numbers = sorted({int(rec["step"]) for _, rec in timed})
     skipped = numbers[:warmup] if warmup > 0 and len(numbers) > warmup else []
     skip = set(skipped)
-    y, p, q, t, ranks = [], [], [], [], set()
+    y, p, q, t, steps, ranks = [], [], [], [], [], set()
     dropped = 0
     for rank, rec in timed:
         if int(rec["step"]) in skip:
@@ -129,9 +140,11 @@ def observations(run: Run, *, warmup: int = 1) -> dict[str, Any]:
         # Σp² >= Σp > 0 whenever there are patches: a 0 there is a log that did not record it.
         q.append(sq if sq is not None and sq >= 0 and not (sq == 0 and patches > 0) else None)
         t.append(tokens)
+        steps.append(int(rec["step"]))
         ranks.add(rank)
     return {
         "y": np.asarray(y, dtype=np.float64),
+        "steps": np.asarray(steps, dtype=np.int64),
         "patches": np.asarray(p, dtype=np.float64),
         "sq_patches": q,
         "tokens": np.asarray(t, dtype=np.float64),
@@ -141,17 +154,22 @@ def observations(run: Run, *, warmup: int = 1) -> dict[str, Any]:
     }
 
 
-def fit(run: Run, *, warmup: int = 1, intercept: bool = True) -> tuple[CostModel, dict[str, Any]]:
+def fit(run: Run, *, warmup: int = 1, intercept: bool = True,
+        per_step: bool = False) -> tuple[CostModel, dict[str, Any]]:
     """Fit the cost model to ``run``'s vision steps; returns ``(model, stats)``.
 
     ``stats`` (JSON-serialisable): ``n``, ``ranks``, ``r2``, ``rmse``, ``rel_rmse``,
     ``mean_time``, ``sq_patches`` (whether Σp² was fitted), ``intercept``, ``overhead_s``,
     ``terms`` ({a, b, c, overhead: {coef, stderr, t, significant, share, fitted}}), ``b_over_a``,
-    ``skipped_warmup``, ``warnings``. Raises :class:`CalibrationError` for a run without vision
+    ``skipped_warmup``, ``warnings``; with ``per_step`` (one overhead per step, see the module
+    docstring) also ``per_step``, ``steps`` and ``r2_across_steps``, and ``r2`` is the within-step
+    R². Raises :class:`CalibrationError` for a run without vision
     steps, with fewer than 3 usable steps, or whose steps cannot separate the features.
     """
     if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
         raise ValueError(f"warmup must be an integer >= 0, got {warmup!r}")
+    if per_step and not intercept:
+        raise ValueError("per_step fits one overhead per step: it needs the intercept (drop intercept=False)")
     obs = observations(run, warmup=warmup)
     warnings = list(run.warnings)
     if obs["dropped"]:
@@ -193,11 +211,32 @@ def fit(run: Run, *, warmup: int = 1, intercept: bool = True) -> tuple[CostModel
     for name in unfitted:
         warnings.append(f"every step has {_FEATURE_OF[name]} = 0: {name} is not observable, set to 0")
         del columns[name]
-    if intercept:
+    step_of = obs["steps"][keep]
+    groups = np.unique(step_of)
+    if per_step and not _varies_within_steps(columns, step_of):
+        warnings.append("no step has two vision replicas with different images, so per-step overheads cannot be"
+                        " told from the features: fitted one overhead across steps")
+        per_step = False
+    across = None
+    if per_step:
+        # the within transformation: each step's mean taken out of y and every feature is the
+        # least-squares fit with one free intercept per step
+        across = fit(run, warmup=warmup, intercept=True)[1]
+        y_all = y
+        means = {s: step_of == s for s in groups}
+        y = y - _step_means(y, step_of, means)
+        raw_columns = columns
+        columns = {k: col - _step_means(col, step_of, means) for k, col in columns.items()}
+        for name in [k for k, col in columns.items() if not col.any()]:
+            warnings.append(f"{_FEATURE_OF[name]} never differs between the replicas of a step: {name} is not"
+                            " observable with per-step overheads, set to 0")
+            del columns[name]
+    elif intercept:
         columns["overhead"] = np.ones(n)
     names = list(columns)
     x = np.column_stack([columns[k] for k in names])
     scale = np.linalg.norm(x, axis=0)
+    scale[scale == 0] = 1.0
     xs = x / scale
     sv = np.linalg.svd(xs, compute_uv=False)
     if n < len(names) or sv[-1] <= sv[0] / _MAX_CONDITION:
@@ -207,16 +246,23 @@ def fit(run: Run, *, warmup: int = 1, intercept: bool = True) -> tuple[CostModel
     pred = x @ w
     resid = y - pred
     rss = float(resid @ resid)
-    tss = float(((y - y.mean()) ** 2).sum())
+    tss = float(((y - y.mean()) ** 2).sum()) if not per_step else float(y @ y)
     r2 = 1.0 - rss / tss if tss > 0 else (1.0 if rss <= 1e-30 else 0.0)
     rmse = math.sqrt(rss / n)
+    x_fit = x
+    if per_step:
+        # the step intercepts: what each step's mean time leaves over the features' share
+        raw = np.column_stack([raw_columns[k] for k in names])
+        step_overhead = {int(s): float(y_all[m].mean() - raw[m].mean(axis=0) @ w) for s, m in means.items()}
+        x, y = raw, y_all
+        pred = x @ w + np.array([step_overhead[int(s)] for s in step_of])
     mean_time = float(y.mean())
 
     active = [i for i in range(len(names)) if w[i] > 0]
-    dof = n - len(active)
+    dof = n - len(active) - (len(groups) if per_step else 0)
     se = np.full(len(names), math.nan)
     if active and dof > 0:
-        xa = x[:, active]
+        xa = x_fit[:, active]
         try:
             cov = (rss / dof) * np.linalg.inv(xa.T @ xa)
             se[active] = np.sqrt(np.clip(np.diag(cov), 0, None))
@@ -235,6 +281,11 @@ def fit(run: Run, *, warmup: int = 1, intercept: bool = True) -> tuple[CostModel
             "share": float(w[i] * x[:, i].mean() / mean_pred) if mean_pred > 0 else 0.0,
             "fitted": True,
         }
+    if per_step:
+        level = float(np.mean([step_overhead[int(s)] for s in step_of]))
+        terms["overhead"] = {"coef": level, "stderr": None, "t": None, "significant": False,
+                             "share": level / float(pred.mean()) if pred.mean() > 0 else 0.0, "fitted": True,
+                             "per_step": step_overhead}
     for coef in ("a", "b", "c"):
         if coef not in terms:
             terms[coef] = {"coef": 0.0, "stderr": None, "t": None, "significant": False, "share": 0.0,
@@ -249,7 +300,8 @@ def fit(run: Run, *, warmup: int = 1, intercept: bool = True) -> tuple[CostModel
         if terms[coef]["fitted"] and not terms[coef]["significant"]:
             warnings.append(f"{coef} ({_UNITS[coef]}) is not significant (t <= {_T_SIGNIFICANT:g})")
     if r2 < 0.9:
-        warnings.append(f"R² = {r2:.3f}: the model explains the vision time poorly; check the run for noise")
+        where = " within steps" if per_step else ""
+        warnings.append(f"R²{where} = {r2:.3f}: the model explains the vision time poorly; check the run for noise")
     stats = {
         "n": n,
         "ranks": obs["ranks"],
@@ -265,14 +317,35 @@ def fit(run: Run, *, warmup: int = 1, intercept: bool = True) -> tuple[CostModel
         "skipped_warmup": obs["skipped_warmup"],
         "warnings": warnings,
         "run": str(run.directory),
+        "per_step": per_step,
     }
+    if per_step:
+        stats["steps"] = len(groups)
+        stats["r2_across_steps"] = across["r2"]
     meta = {
         "r2": r2, "n": n, "rmse": rmse, "rel_rmse": stats["rel_rmse"], "units": "seconds",
         "overhead_s": stats["overhead_s"], "sq_patches": use_sq, "intercept": intercept,
-        "run": str(run.directory), "warmup": warmup,
+        "run": str(run.directory), "warmup": warmup, "per_step": per_step,
+        **({"r2_across_steps": stats["r2_across_steps"]} if per_step else {}),
         "significant": [k for k in ("a", "b", "c") if terms[k]["significant"]],
     }
     return CostModel(a=a, b=b, c=c, fit=meta), stats
+
+
+def _step_means(col: np.ndarray, step_of: np.ndarray, masks: dict) -> np.ndarray:
+    out = np.empty_like(col)
+    for m in masks.values():
+        out[m] = col[m].mean()
+    return out
+
+
+def _varies_within_steps(columns: dict[str, np.ndarray], step_of: np.ndarray) -> bool:
+    """Whether some step has two observations (replicas) whose features differ."""
+    for s in np.unique(step_of):
+        m = step_of == s
+        if m.sum() > 1 and any(np.ptp(col[m]) > 0 for col in columns.values()):
+            return True
+    return False
 
 
 def _singular_message(run: Run, xs: np.ndarray, names: list[str], n: int) -> str:
@@ -309,7 +382,8 @@ def render(model: CostModel, stats: dict[str, Any], console: Console | None = No
     t = Table(title=f"Vision cost-model fit — {stats['run']}", title_justify="left")
     for col in ("term", "coefficient", "units", "std err", "t", "significant", "share of time"):
         t.add_column(col, justify="right" if col not in ("term", "units") else "left")
-    label = {"a": "a · Σpatches", "b": "b · Σpatches²", "c": "c · tokens", "overhead": "overhead (not in model)"}
+    label = {"a": "a · Σpatches", "b": "b · Σpatches²", "c": "c · tokens",
+             "overhead": "overhead per step, mean (not in model)" if stats.get("per_step") else "overhead (not in model)"}
     for key in ("a", "b", "c", "overhead"):
         term = stats["terms"].get(key)
         if term is None:
@@ -319,13 +393,19 @@ def render(model: CostModel, stats: dict[str, Any], console: Console | None = No
             t.add_row(label[key], "0", _UNITS[key], "—", "—", f"[yellow]not fitted ({reason})[/]", "—")
             continue
         sig = "[green]yes[/]" if term["significant"] else ("no (clamped to 0)" if term["coef"] == 0 else "[yellow]no[/]")
+        if "per_step" in term:
+            sig = "—"
         t.add_row(label[key], _fmt(term["coef"], ".4g"), _UNITS[key], _fmt(term["stderr"]), _fmt(term["t"], ".1f"),
                   sig, f"{term['share']:.1%}")
     console.print(t)
     q = Table(title="Fit quality", title_justify="left", show_header=False)
     q.add_column("metric")
     q.add_column("value", justify="right")
-    q.add_row("R²", f"{stats['r2']:.4f}")
+    if stats.get("per_step"):
+        q.add_row("R² within steps (per-step overheads)", f"{stats['r2']:.4f}")
+        q.add_row("R² across steps (one overhead)", f"{stats['r2_across_steps']:.4f}")
+    else:
+        q.add_row("R²", f"{stats['r2']:.4f}")
     q.add_row("relative RMSE", "—" if stats["rel_rmse"] is None else f"{stats['rel_rmse']:.2%}")
     q.add_row("RMSE", f"{stats['rmse'] * 1e3:.3g} ms (mean vision time {stats['mean_time'] * 1e3:.3g} ms)")
     q.add_row("observations (rank-steps)", f"{stats['n']} from {len(stats['ranks'])} vision rank(s)")
@@ -349,6 +429,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--json", metavar="PATH", help="write the fit statistics as JSON")
     p.add_argument("--warmup", type=int, default=1, metavar="N", help="skip the first N step numbers (default 1)")
     p.add_argument("--no-intercept", action="store_true", help="fit without a per-step overhead term")
+    p.add_argument("--per-step", action="store_true",
+                   help="one overhead per step (what all replicas of a step share: its fixed work, the machine's "
+                        "speed at the time); R² is then the share of the within-step variation explained")
     return p
 
 
@@ -360,7 +443,11 @@ def main(argv: Sequence[str] | None = None, *, console: Console | None = None) -
         return 2
     try:
         run = read_run(args.run_dir)
-        model, stats = fit(run, warmup=args.warmup, intercept=not args.no_intercept)
+        if args.per_step and args.no_intercept:
+            print("mimo-accel calibrate: error: --per-step fits one overhead per step; drop --no-intercept",
+                  file=sys.stderr)
+            return 2
+        model, stats = fit(run, warmup=args.warmup, intercept=not args.no_intercept, per_step=args.per_step)
     except (NoProfileData, CalibrationError) as e:
         print(f"mimo-accel calibrate: error: {e}", file=sys.stderr)
         return 2
