@@ -161,7 +161,7 @@ BAD = [
     ('dist = "uniform", min = 200', 'dist = "gaussian", min = 200', ["images.width.dist", "gaussian", "lognormal"]),
     ("median = 800", "median = 8000", ["images.height.median", "outside"]),
     ("seq_length = 8192", "seq_length = 512", ["layout.seq_length", "raise it to at least"]),
-    ("width = 4\n", "width = 40\n", ["rehearsal.images", f"<= {REHEARSAL_MAX_PATCHES}"]),
+    ("width = 4\n", "width = 400\n", ["rehearsal.images", f"<= {REHEARSAL_MAX_PATCHES}"]),
     ("seq_length = 128", "seq_length = 4096", ["rehearsal.seq_length", "at most 256"]),
     ("vision = { dp = 2 }", "vision = { dp = 0 }", ["rehearsal.vision.dp", ">= 1"]),
     ("values = [64, 256], p = [0.5, 0.5]", "values = [64, 256], p = [1.0]", ["text.tokens.p", "one probability per value"]),

@@ -44,7 +44,7 @@ File layout (every key is checked; an unknown key is an error)::
     merge_size = 2                     # sides are rounded up to a multiple of this
     vision = { tp = 1, pp = 1, dp = 4 }
     language = { tp = 1, pp = 1, dp = 2 }
-    [rehearsal.images]                 # sides in PATCHES; <= 144 patches per image, <= 4 images
+    [rehearsal.images]                 # sides in PATCHES; <= 1024 patches per image, <= 4 images
     count = { 1 = 1.0 }                # optional: default the main [images] count
     height = DIST
     width = DIST
@@ -100,8 +100,9 @@ __all__ = [
 #: The shipped profiles: ``<repo>/profiles/*.toml``.
 PROFILES_DIR = Path(__file__).resolve().parents[2] / "profiles"
 
-#: Limits of a ``[rehearsal]``: the CPU rehearsal's ViT costs ~ (h·w)² per image.
-REHEARSAL_MAX_PATCHES = 144
+#: Limits of a ``[rehearsal]``: the CPU rehearsal's ViT costs ~ (h·w)² per image (1024 patches: ~0.2 s
+#: forward+backward on one core), and an image's rows (patches / merge²) must fit the sequence.
+REHEARSAL_MAX_PATCHES = 1024
 REHEARSAL_MAX_IMAGES = 4
 REHEARSAL_MAX_SEQ_LENGTH = 256
 
