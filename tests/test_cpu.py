@@ -41,7 +41,7 @@ def test_refuses_when_cuda_is_available_unless_forced(inactive, monkeypatch):
 
 def test_activate_redirects_and_deactivate_restores_the_identical_objects(inactive):
     originals = {
-        "c10d.new_group": c10d.new_group, "dist.new_group": dist.new_group,
+        "c10d.new_group": c10d.new_group, "dist.new_group": dist.new_group, "gloo": c10d.ProcessGroupGloo,
         "current_device": torch.cuda.current_device, "current_stream": torch.cuda.current_stream,
         "Stream": torch.cuda.Stream, "synchronize": torch.cuda.synchronize,
     }
@@ -63,6 +63,7 @@ def test_activate_redirects_and_deactivate_restores_the_identical_objects(inacti
     assert torch.zeros(1, device=torch.cuda.current_device()).device.type == "cpu"
     torch.cuda.current_stream().wait_stream(torch.cuda.Stream())  # streams are no-ops
     assert dist.new_group is not originals["dist.new_group"]
+    assert c10d.ProcessGroupGloo.__wrapped__ is originals["gloo"]
     assert build_model._set_per_module_random_seeds is not seeds
     # Bridge's loop: checkpoints save the CPU generator as the "CUDA" RNG state
     assert torch.equal(torch.cuda.get_rng_state(), torch.get_rng_state())
@@ -76,6 +77,7 @@ def test_activate_redirects_and_deactivate_restores_the_identical_objects(inacti
     cpu.deactivate()
     assert not cpu.is_active()
     assert c10d.new_group is originals["c10d.new_group"] and dist.new_group is originals["dist.new_group"]
+    assert c10d.ProcessGroupGloo is originals["gloo"]
     assert torch.cuda.current_device is originals["current_device"]
     assert torch.cuda.current_stream is originals["current_stream"] and torch.cuda.Stream is originals["Stream"]
     assert torch.cuda.synchronize is originals["synchronize"]
@@ -140,3 +142,41 @@ def test_fp32_optimizer_checkpoint_layout_is_routed_per_module_and_restored(inac
     mimo_optimizer._restore_param_groups(loaded, inner, "language")
     assert loaded == {"state": {0: {"exp_avg": "tensor"}, "common_step": 7},
                       "param_groups": [{"lr": 0.1, "params": [5]}]}
+
+
+def _groups_rank(rank, world):
+    """Several groups (asked for as NCCL, as megatron does), a collective and a send/recv on each;
+    returns the sums and how many gloo event-loop threads this process runs."""
+    import os
+
+    groups = [dist.new_group(list(range(world)), backend="nccl") for _ in range(5)]
+    groups.append(dist.new_group(list(range(world)), backend="gloo"))
+    sums = []
+    for g in groups:
+        t = torch.full((3,), float(rank + 1))
+        dist.all_reduce(t, group=g)
+        sums.append(float(t[0]))
+        if rank in (0, 1):
+            peer = 1 - rank
+            buf = torch.full((2,), float(rank))
+            if rank == 0:
+                dist.send(buf, peer, group=g)
+            else:
+                dist.recv(buf, 0, group=g)
+                assert buf.tolist() == [0.0, 0.0]
+    isinstance_ok = all(isinstance(g._get_backend(torch.device("cpu")), c10d.ProcessGroupGloo) for g in groups)
+    loops = 0
+    for tid in os.listdir(f"/proc/{os.getpid()}/task"):
+        with open(f"/proc/{os.getpid()}/task/{tid}/comm") as f:
+            loops += f.read().strip().startswith("gloo_tcp_loop")
+    return sums, loops, isinstance_ok
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="counts threads through /proc")
+def test_gloo_groups_share_one_device_and_its_event_loop_thread():
+    from mimo_accel.rehearse.testing import run_ranks
+
+    for sums, loops, isinstance_ok in run_ranks(_groups_rank, 3, deadline_s=120):
+        assert sums == [6.0] * 6  # 1 + 2 + 3 on every group
+        assert isinstance_ok
+        assert loops == 1  # torch alone: one per group (7 here with the default group)
