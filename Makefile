@@ -56,6 +56,7 @@ test-upstream-peer: $(STAMP)
 # installs the two trees with --no-deps; idempotent (a stamp records the requirement files and
 # the trees' commits/contents). Or check both out of git repositories (clones or mirrors) into a
 # temp dir: UPSTREAM_FROM_GIT="BRIDGE_GIT@COMMIT CORE_GIT@COMMIT". PYTEST_ARGS: extra pytest args.
+# UPSTREAM_VENV=.venv-upstream-NAME keeps one venv per upstream (e.g. main and PR #5525).
 test-upstream:
 	@test -n "$(UPSTREAM_FROM_GIT)" -o \( -n "$(UPSTREAM_BRIDGE)" -a -n "$(UPSTREAM_CORE)" \) || { \
 		echo "usage: make test-upstream UPSTREAM_BRIDGE=/path/to/Megatron-Bridge UPSTREAM_CORE=/path/to/Megatron-LM"; \
@@ -68,4 +69,4 @@ doctor: $(STAMP)
 	$(VENV)/bin/mimo-accel doctor
 
 clean:
-	rm -rf $(VENV) $(UPSTREAM_VENV) .pytest_cache .hypothesis
+	rm -rf $(VENV) $(UPSTREAM_VENV) .venv-upstream-* .pytest_cache .hypothesis

@@ -28,6 +28,13 @@ def _sampling_info(original: Callable, cfg: AccelConfig) -> Callable:
     return get_megatron_mimo_sampling_info
 
 
+def _arguments(signature: inspect.Signature, args, kwargs) -> dict:
+    """Every argument of an upstream call by name, defaults included."""
+    call = signature.bind(*args, **kwargs)
+    call.apply_defaults()
+    return call.arguments
+
+
 def _pretraining_loader(original: Callable, cfg: AccelConfig) -> Callable:
     from mimo_accel import sampler
 
@@ -36,9 +43,7 @@ def _pretraining_loader(original: Callable, cfg: AccelConfig) -> Callable:
     @functools.wraps(original)
     def build_pretraining_data_loader(*args, **kwargs):
         loader = original(*args, **kwargs)
-        call = signature.bind(*args, **kwargs)
-        call.apply_defaults()
-        a = call.arguments
+        a = _arguments(signature, args, kwargs)
         ctx = sampler.context_for_loader()
         # Only MIMO's global loaders (sampler dp_size=1 after a MIMO sampling-info lookup) are sharded.
         if ctx is None or a["data_parallel_size"] != 1:
@@ -68,9 +73,7 @@ def _canonical_loader(original: Callable, cfg: AccelConfig) -> Callable:
     @functools.wraps(original)
     def build_canonical_mimo_data_loader(*args, **kwargs):
         loader = original(*args, **kwargs)
-        call = signature.bind(*args, **kwargs)
-        call.apply_defaults()
-        a = call.arguments
+        a = _arguments(signature, args, kwargs)
         ctx = sampler.context_for_loader()
         if ctx is None:
             return loader
