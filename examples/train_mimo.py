@@ -16,6 +16,8 @@ a GPT language model, local layer specs). Data (--dataset):
                        image processor, a fixed --image-rows placeholders per image (the ViT ends
                        with a per-image resampler to that many rows). No cost index and no flag:
                        mimo_accel derives the per-sample costs from the examples.
+                       --image-mix receipts: one narrow image per sample instead, heights
+                       lognormal with a tall tail (what `mimo-accel rehearse --loop bridge` uses).
 The vision encoder (--encoder):
   native (default)     mimo_accel's NativeViT (mimo_accel.rehearse.stack);
   qwen3vl              Bridge's own Qwen3-VL vision model (mimo_accel.rehearse.qwen3vl, local specs, no
@@ -145,17 +147,21 @@ class ImageMIMOProvider(MegatronMIMODatasetProvider):
     # "qwen3vl": Qwen3-VL's image processing (16 px patches) with at most image_rows rows per
     # image, and placeholders per image following its grid (stack.GridPlaceholderMIMODataset).
     encoder: str = "native"
+    # a key of stack.IMAGE_MIXES: "default" (0/1 image per sample, a few large) or "receipts"
+    # (one image per sample, narrow, a long tail of tall ones)
+    image_mix: str = "default"
 
     def _dataset(self, num_samples: int, seed: int):
+        mix = stack.IMAGE_MIXES[self.image_mix]
         if self.encoder == "qwen3vl":
             from mimo_accel.rehearse import qwen3vl
 
             return stack.images_dataset(self.image_dir, num_samples, seq_length=self.seq_length,
                                         image_rows=self.image_rows, seed=seed, placeholders="grid",
                                         processor=qwen3vl.image_processor(max_rows=self.image_rows),
-                                        merge=qwen3vl.MERGE)
+                                        merge=qwen3vl.MERGE, mix=mix)
         return stack.images_dataset(self.image_dir, num_samples, seq_length=self.seq_length,
-                                    image_rows=self.image_rows, seed=seed)
+                                    image_rows=self.image_rows, seed=seed, mix=mix)
 
     def build_datasets(self, context):
         valid = self._dataset(context.valid_samples, seed=1) if context.valid_samples else None
@@ -330,6 +336,7 @@ def build_config(args, layout: MimoLayout) -> ConfigContainer:
     native_images = images and args.encoder == "native"
     scfg = stack.StackConfig(layout=layout, seq_length=args.seq_length, seed=args.seed, lr=args.lr,
                              encoder=args.encoder, vision_hidden=args.vision_hidden, vision_layers=args.vision_layers,
+                             vision_heads=args.vision_heads,
                              **(dict(patch_dim=stack.QWEN2_PATCH_DIM, resample_rows=args.image_rows)
                                 if native_images else {}))
     provider = stack.build_provider(scfg)
@@ -348,7 +355,7 @@ def build_config(args, layout: MimoLayout) -> ConfigContainer:
     if images:
         data = ImageMIMOProvider(seq_length=args.seq_length, image_dir=args.image_dir or default_image_dir(),
                                  image_rows=args.image_rows if native_images else args.max_image_rows,
-                                 encoder=args.encoder, **loader)
+                                 encoder=args.encoder, image_mix=args.image_mix, **loader)
     else:
         data = SyntheticVLMProvider(seq_length=args.seq_length, varied=args.varied, patch_dim=scfg.patch_dim,
                                     vocab_size=scfg.vocab_size, **loader)
@@ -440,6 +447,11 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="vision encoder hidden size")
     p.add_argument("--vision-layers", type=int, default=stack.StackConfig.vision_layers,
                    help="vision encoder layers")
+    p.add_argument("--vision-heads", type=int, default=None,
+                   help=f"vision encoder attention heads (default: the stack's {stack.StackConfig.heads})")
+    p.add_argument("--image-mix", choices=sorted(stack.IMAGE_MIXES), default="default",
+                   help="images: default: 0/1 image per sample, a few large, many small; receipts: one "
+                        "image per sample, narrow, heights lognormal with a long tail of tall ones")
     p.add_argument("--max-image-rows", type=int, default=None,
                    help="images, --encoder qwen3vl: the most rows (= placeholders) one image may take; "
                         "Qwen3-VL's processor resizes larger images down to it (default 16)")

@@ -137,6 +137,32 @@ def test_grid_placeholders_follow_each_image(tmp_path):
         small[big]
 
 
+def test_receipts_mix_one_tall_image_per_sample_as_the_bridge_rehearsal_reads_it(tmp_path):
+    """``--image-mix receipts`` (what ``rehearse --loop bridge`` trains on): one image per sample
+    (upstream can then split any micro-batch by image count), narrow, heights lognormal with a
+    tall tail; Qwen3-VL's processor keeps every image within the rehearsal's row cap and its
+    sequence, and a few images carry a large share of the patches."""
+    from mimo_accel.rehearse import qwen3vl, rehearsal, stack
+
+    mix = stack.IMAGE_MIXES["receipts"]
+    examples = stack.image_examples(tmp_path, 96, mix=mix)
+    assert all(e["image"] for e in examples)
+    assert examples == stack.image_examples(tmp_path, 96, mix=mix)  # deterministic: every rank agrees
+    cap = int(rehearsal.BRIDGE_MODEL[rehearsal.BRIDGE_MODEL.index("--max-image-rows") + 1])
+    ds = stack.images_dataset(tmp_path, 96, seq_length=rehearsal.BRIDGE_SEQ, image_rows=cap, placeholders="grid",
+                              processor=qwen3vl.image_processor(max_rows=cap), merge=qwen3vl.MERGE, mix=mix)
+    patches = []
+    for i in range(len(ds)):
+        grid = ds[i]["modality_inputs"]["vision"]["image_grid_thw"].reshape(-1, 3)
+        assert grid.size(0) == 1 and int(grid[0, 2]) in (6, 8)  # narrow: 96-128 px
+        patches.append(int(grid.prod()))
+    patches.sort()
+    assert max(patches) // 4 <= cap and patches[len(patches) // 2] <= 160
+    assert max(patches) >= 5 * patches[len(patches) // 2]  # the tall tail
+    # ~10% of the images carry ~half the attention work (Σp²): a contiguous split is uneven
+    assert sum(p * p for p in patches[-10:]) > 0.4 * sum(p * p for p in patches)
+
+
 # Bridge's training loop, real image files ---------------------------------------------------
 
 def _train(rank, world, argv, features, env):
@@ -219,7 +245,9 @@ def test_rehearse_bridge_loop_runs_the_example_with_qwen3vl_and_reports(tmp_path
     from mimo_accel.tools.report import REPORT_FORMAT, STABLE_KEYS
 
     console = Console(file=open(tmp_path / "out.txt", "w"), width=120)
-    result = rehearsal.rehearse_bridge(steps=2, out_dir=str(tmp_path / "runs"), json_path=str(tmp_path / "r.json"),
+    # small (the demo's sizes are rehearsal.BRIDGE_DEFAULTS: 8 ranks, 48 samples a step, ~2 min)
+    result = rehearsal.rehearse_bridge(steps=2, vision_dp=2, language_dp=2, micro_batch=8,
+                                       out_dir=str(tmp_path / "runs"), json_path=str(tmp_path / "r.json"),
                                        console=console)
     doc = json.loads((tmp_path / "r.json").read_text())
     assert doc["format"] == REPORT_FORMAT and doc["loop"] == "bridge" and set(doc) == set(result)

@@ -17,8 +17,8 @@ reorder changes which replica computes a sample, not what is computed). Then the
 
 ``--loop bridge`` rehearses Bridge's whole training loop instead of the stack's train step: each
 rank runs ``examples/train_mimo.py`` (``pretrain_megatron_mimo``) with Bridge's own Qwen3-VL
-vision model (``--encoder qwen3vl``) on real image files (``--dataset images``), baseline then
-accelerated, profiler on; the invariants come from the example's ``--trace``, the report is the
+vision model (``--encoder qwen3vl``) on real image files (``--dataset images --image-mix
+receipts``: one narrow image per sample, a tall tail), baseline then accelerated, profiler on; the invariants come from the example's ``--trace``, the report is the
 same.
 """
 
@@ -356,9 +356,19 @@ def _first_error_line(text: str) -> str:
 # --loop bridge: examples/train_mimo.py (Bridge's pretrain_megatron_mimo), Qwen3-VL, image files
 # ----------------------------------------------------------------------------------------------
 
-BRIDGE_DEFAULTS = dict(steps=4, vision_dp=2, language_dp=1)
-BRIDGE_MBS, BRIDGE_GBS, BRIDGE_SEQ = 4, 8, 64
-BRIDGE_MODEL = ("--encoder", "qwen3vl", "--vision-hidden", "64", "--vision-layers", "2", "--max-image-rows", "16")
+# Receipts-like, sized so that vision dominates and a contiguous split leaves one replica far
+# behind on this machine's CPU (measured on the 2-core VM, 8 ranks on one CPU: baseline vision
+# straggler max/mean p50 ~1.37, ~0.35-0.45 s of encoder work per vision rank per step, ~2 min for
+# both runs). One image per sample (so upstream as shipped can split every micro-batch by image
+# count and runs the baseline), heights lognormal with a tall tail up to 120x8 patches
+# (stack.IMAGE_MIXES["receipts"], profiles/receipts.toml's rehearsal sizes), 12 images per vision
+# replica per step (one micro-batch of 48 per iteration), 10 iterations (the first is warm-up).
+# Vision: Qwen3-VL hidden 64, 2 layers, 4 heads; with 8 heads the attention scores of the tallest
+# images (960 patches: 29 MiB) outgrow the 32 MiB L3 and cost more than a·p + b·p² says.
+BRIDGE_DEFAULTS = dict(steps=10, vision_dp=4, language_dp=4, micro_batch=48)
+BRIDGE_SEQ = 288  # the most placeholders one image takes (240) + its text
+BRIDGE_MODEL = ("--encoder", "qwen3vl", "--vision-hidden", "64", "--vision-layers", "2", "--vision-heads", "4",
+                "--image-mix", "receipts", "--max-image-rows", "240")
 
 
 def example_script(path: Optional[str] = None) -> Path:
@@ -403,7 +413,7 @@ def _bridge_rank(rank, world, script, argv, features, profile_dir, label, steps,
         mimo_accel.disable()
 
 
-def _bridge_run(label, features, vdp, ldp, steps, out: Path, image_dir: Path, script: Path, seed: int,
+def _bridge_run(label, features, vdp, ldp, steps, micro_batch, out: Path, image_dir: Path, script: Path, seed: int,
                 progress, task, log_path: Path, cpus=None) -> list[dict]:
     """One run of the example on vdp + ldp ranks; returns its trace records."""
     from mimo_accel.rehearse.testing import run_ranks
@@ -414,8 +424,8 @@ def _bridge_run(label, features, vdp, ldp, steps, out: Path, image_dir: Path, sc
     with open(log_path, "a", encoding="utf-8") as log:
         log.write(f"\n########## {label} run: {time.strftime('%H:%M:%S')} ##########\n")
     argv = ["--cpu", *BRIDGE_MODEL, "--dataset", "images", "--image-dir", str(image_dir),
-            "--vision-dp", str(vdp), "--language-dp", str(ldp), "--mbs", str(BRIDGE_MBS),
-            "--gbs", str(BRIDGE_GBS), "--seq-length", str(BRIDGE_SEQ), "--train-iters", str(steps),
+            "--vision-dp", str(vdp), "--language-dp", str(ldp), "--mbs", str(micro_batch),
+            "--gbs", str(micro_batch), "--seq-length", str(BRIDGE_SEQ), "--train-iters", str(steps),
             "--eval-interval", "0", "--seed", str(1234 + seed), "--trace", str(trace)]
     env = {"MIMO_ACCEL_CACHE_DIR": str(out / "cache")}
     done: dict[int, int] = {}
@@ -432,13 +442,13 @@ def _bridge_run(label, features, vdp, ldp, steps, out: Path, image_dir: Path, sc
     return [json.loads(line) for line in trace.read_text().splitlines()]
 
 
-def _bridge_steps(records: list[dict], steps: int, what: str) -> list[dict]:
+def _bridge_steps(records: list[dict], steps: int, batch: int, what: str) -> list[dict]:
     """Per iteration from a trace: each module trained every sample of the iteration's global
-    batch exactly once; the global per-token loss and its token count."""
+    batch (``batch`` samples) exactly once; the global per-token loss and its token count."""
     out = []
     for it in range(1, steps + 1):
         rows = [r for r in records if r["iteration"] == it]
-        want = list(range((it - 1) * BRIDGE_GBS, it * BRIDGE_GBS))
+        want = list(range((it - 1) * batch, it * batch))
         for module in ("vision", "language"):
             ids = sorted(i for r in rows if r["module"] == module for micro in r["ids"] for i in micro)
             if ids != want:
@@ -455,11 +465,13 @@ def _bridge_steps(records: list[dict], steps: int, what: str) -> list[dict]:
 def rehearse_bridge(*, steps: Optional[int] = None, vision_dp: Optional[int] = None,
                     language_dp: Optional[int] = None, out_dir: Optional[str] = None,
                     json_path: Optional[str] = None, seed: int = 0, example: Optional[str] = None,
-                    console=None, log_path: Optional[str] = None, pin_one_cpu: bool = True) -> dict:
+                    console=None, log_path: Optional[str] = None, pin_one_cpu: bool = True,
+                    micro_batch: Optional[int] = None) -> dict:
     """``mimo-accel rehearse --loop bridge``: Bridge's ``pretrain_megatron_mimo`` through
-    ``examples/train_mimo.py --encoder qwen3vl --dataset images``, baseline then accelerated
-    (sharded reads + reorder + packing, the cost model calibrated on the baseline), profiler on;
-    checks the invariants on the traces and prints the same report as the stack loop."""
+    ``examples/train_mimo.py --encoder qwen3vl --dataset images --image-mix receipts``, baseline
+    then accelerated (sharded reads + reorder + packing, the cost model calibrated on the
+    baseline), profiler on; checks the invariants on the traces and prints the same report as
+    the stack loop. One micro-batch of ``micro_batch`` samples per iteration."""
     from rich.console import Console
 
     from mimo_accel.tools import report
@@ -469,10 +481,11 @@ def rehearse_bridge(*, steps: Optional[int] = None, vision_dp: Optional[int] = N
     script = example_script(example)
     steps = steps or BRIDGE_DEFAULTS["steps"]
     vdp, ldp = vision_dp or BRIDGE_DEFAULTS["vision_dp"], language_dp or BRIDGE_DEFAULTS["language_dp"]
+    mbs = micro_batch or BRIDGE_DEFAULTS["micro_batch"]
     layout = MimoLayout.from_dp(vdp, ldp)
-    if BRIDGE_MBS % vdp or BRIDGE_MBS % ldp:
-        raise ValueError(f"--loop bridge: the micro-batch of {BRIDGE_MBS} samples must split evenly over vision DP "
-                         f"{vdp} and language DP {ldp}; choose DPs among 1, 2, 4")
+    if mbs % vdp or mbs % ldp:
+        raise ValueError(f"--loop bridge: the micro-batch of {mbs} samples must split evenly over vision DP "
+                         f"{vdp} and language DP {ldp}")
     out = Path(out_dir or tempfile.mkdtemp(prefix="mimo-accel-rehearsal-"))
     out.mkdir(parents=True, exist_ok=True)
     image_dir = out / "images"
@@ -480,8 +493,8 @@ def rehearse_bridge(*, steps: Optional[int] = None, vision_dp: Optional[int] = N
     log.write_text(f"mimo-accel rehearse --loop bridge: {layout}, {time.strftime('%Y-%m-%d %H:%M:%S')}\n"
                    "(third-party import output, then each run's rank logs)\n", encoding="utf-8")
     console.print(f"[bold]mimo-accel rehearse --loop bridge[/bold]: {script.name} (pretrain_megatron_mimo, "
-                  f"Bridge's Qwen3-VL vision model, image files) on {layout.world_size} CPU ranks, {layout}, "
-                  f"{steps} iterations x {BRIDGE_GBS // BRIDGE_MBS} micro-batches of {BRIDGE_MBS}, profiles in {out}")
+                  f"Bridge's Qwen3-VL vision model, receipt-like image files) on {layout.world_size} CPU ranks, "
+                  f"{layout}, {steps} iterations x 1 micro-batch of {mbs}, profiles in {out}")
     console.print(f"third-party warnings and rank logs: {log}", highlight=False, soft_wrap=True)
 
     before_label, before_note = "baseline", "upstream as shipped"
@@ -490,32 +503,32 @@ def rehearse_bridge(*, steps: Optional[int] = None, vision_dp: Optional[int] = N
     with _progress(console) as progress:
         task = progress.add_task("baseline (upstream)", total=steps)
         try:
-            before_records = _bridge_run("baseline", {}, vdp, ldp, steps, out, image_dir, script, seed,
+            before_records = _bridge_run("baseline", {}, vdp, ldp, steps, mbs, out, image_dir, script, seed,
                                          progress, task, log, cpus)
         except RankFailure as exc:
             reason = _upstream_limit(exc)
             before_label, before_note = "sharded", f"upstream cannot run this data here ({reason}); before = sharded reads only"
             progress.update(task, description="[yellow]baseline failed upstream[/yellow]")
             task = progress.add_task("before: sharded reads, contiguous", total=steps)
-            before_records = _bridge_run("sharded", SHARDED_ONLY, vdp, ldp, steps, out, image_dir, script, seed,
-                                         progress, task, log, cpus)
+            before_records = _bridge_run("sharded", SHARDED_ONLY, vdp, ldp, steps, mbs, out, image_dir, script,
+                                         seed, progress, task, log, cpus)
         cost_model, cost_note = _calibrated(out / before_label, out / "cost-model.json")
         task = progress.add_task("accelerated (shard+reorder+pack)", total=steps)
         features = dict(ALL_FEATURES, **({"cost_model": cost_model} if cost_model else {}))
-        after_records = _bridge_run("accelerated", features, vdp, ldp, steps, out, image_dir, script, seed,
+        after_records = _bridge_run("accelerated", features, vdp, ldp, steps, mbs, out, image_dir, script, seed,
                                     progress, task, log, cpus)
     elapsed = time.perf_counter() - t0
 
-    before = _bridge_steps(before_records, steps, before_label)
-    after = _bridge_steps(after_records, steps, "accelerated")
+    before = _bridge_steps(before_records, steps, mbs, before_label)
+    after = _bridge_steps(after_records, steps, mbs, "accelerated")
     doc = _compare_and_report(
         console, "Per-iteration global loss (per token): the same samples, the same math", "iteration",
         [(str(it), b["loss_sum"], b["tokens"], a["loss_sum"], a["tokens"])
          for it, (b, a) in enumerate(zip(before, after), start=1)],
         out, before_label, before_note, cost_note, elapsed)
-    own = {"profile": "bridge-loop:qwen3vl-images", "loop": "bridge", "layout": str(layout), "steps": steps,
+    own = {"profile": "bridge-loop:qwen3vl-receipts", "loop": "bridge", "layout": str(layout), "steps": steps,
            "pinned_cpus": list(cpus or []),
-           "micro_batch": BRIDGE_MBS, "before_label": before_label, "before_note": before_note,
+           "micro_batch": mbs, "before_label": before_label, "before_note": before_note,
            "losses": {"before": [[b["loss_sum"], b["tokens"]] for b in before],
                       "after": [[a["loss_sum"], a["tokens"]] for a in after]},
            "profile_dir": str(out), "log": str(log), "wall_s": elapsed,

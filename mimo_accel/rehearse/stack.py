@@ -356,6 +356,18 @@ class ImageMix:
     large_height: tuple[int, int] = (600, 1400)
     large_width: tuple[int, int] = (200, 500)
     words: tuple[int, int] = (3, 40)
+    # Receipts-like instead (``no_image``, ``large`` and the sides above then unused): every sample
+    # has one image, height lognormal (median px, sigma, min px, max px), width uniform in
+    # ``tall_width`` px: narrow images with a long tail of very tall ones.
+    tall: Optional[tuple[float, float, int, int]] = None
+    tall_width: tuple[int, int] = (96, 128)
+
+
+#: ``--image-mix`` choices of examples/train_mimo.py. "receipts": profiles/receipts.toml's
+#: rehearsal sizes in pixels (16 px patches: height median 16 patches, sigma 0.9, 8-120; width
+#: 6-8), one image per sample, so upstream as shipped can split every micro-batch by image count.
+IMAGE_MIXES = {"default": ImageMix(),
+               "receipts": ImageMix(no_image=0.0, large=0.0, tall=(256.0, 0.9, 128, 1920), tall_width=(96, 128))}
 
 
 def _write_image_once(path, height: int, width: int, rng) -> None:
@@ -395,10 +407,14 @@ def image_examples(root, num_samples: int, *, seed: int = 0, mix: ImageMix = Ima
         draw = float(rng.random())
         count = int(rng.integers(*mix.words, endpoint=True))
         text = " ".join(words[int(j)] for j in rng.integers(0, len(words), count))
-        if draw < mix.no_image:
+        if mix.tall is not None:
+            median, sigma, low, high = mix.tall
+            h = int(min(high, max(low, round(float(rng.lognormal(np.log(median), sigma))))))
+            w = int(rng.integers(*mix.tall_width, endpoint=True))
+        elif draw < mix.no_image:
             out.append({"image": None, "text": text})
             continue
-        if draw < mix.no_image + mix.large:
+        elif draw < mix.no_image + mix.large:
             h = int(rng.integers(*mix.large_height, endpoint=True))
             w = int(rng.integers(*mix.large_width, endpoint=True))
         else:
@@ -565,6 +581,7 @@ class StackConfig:
     vision_layers: int = 1
     language_layers: int = 1
     heads: int = 4
+    vision_heads: Optional[int] = None  # None: ``heads``
     # None: the encoder's own — 24 for NativeViT, 1536 (3·2·16²) for qwen3vl, which takes no other.
     patch_dim: Optional[int] = None
     vocab_size: int = 2048
@@ -605,7 +622,7 @@ def encoder_transformer_config(provider):
 
 
 def _vision_config(cfg: StackConfig):
-    return _transformer_config(cfg.vision_layers, cfg.vision_hidden, cfg.heads)
+    return _transformer_config(cfg.vision_layers, cfg.vision_hidden, cfg.vision_heads or cfg.heads)
 
 
 def _language_config(cfg: StackConfig):
@@ -637,7 +654,8 @@ def build_provider(cfg: StackConfig):
     if cfg.encoder == "qwen3vl":
         from mimo_accel.rehearse import qwen3vl
 
-        encoder = qwen3vl.encoder_spec(hidden=cfg.vision_hidden, layers=cfg.vision_layers, heads=cfg.heads,
+        encoder = qwen3vl.encoder_spec(hidden=cfg.vision_hidden, layers=cfg.vision_layers,
+                                       heads=cfg.vision_heads or cfg.heads,
                                        out_hidden=cfg.hidden, merge=cfg.merge)
     else:
         encoder = ModuleSpec(module=NativeViT, params=dict(
