@@ -363,8 +363,10 @@ def _first_error_line(text: str) -> str:
 # count and runs the baseline), heights lognormal with a tall tail up to 120x8 patches
 # (stack.IMAGE_MIXES["receipts"], profiles/receipts.toml's rehearsal sizes), 12 images per vision
 # replica per step (one micro-batch of 48 per iteration), 10 iterations (the first is warm-up).
-# Vision: Qwen3-VL hidden 64, 2 layers, 4 heads; with 8 heads the attention scores of the tallest
-# images (960 patches: 29 MiB) outgrow the 32 MiB L3 and cost more than a·p + b·p² says.
+# Vision: Qwen3-VL hidden 64, 2 layers, 4 heads. With 8 heads (one run) the replicas holding the
+# tallest images (800-960 patches) ran 20-30% over what a·Σp + b·Σp² predicts, even fitted on
+# both runs (likely their attention scores, 20-29 MiB at 8 heads, outgrowing the 32 MiB L3 the
+# two CPUs share): after-run straggler p50 1.05 instead of 1.03.
 BRIDGE_DEFAULTS = dict(steps=10, vision_dp=4, language_dp=4, micro_batch=48)
 BRIDGE_SEQ = 288  # the most placeholders one image takes (240) + its text
 BRIDGE_MODEL = ("--encoder", "qwen3vl", "--vision-hidden", "64", "--vision-layers", "2", "--vision-heads", "4",
