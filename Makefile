@@ -35,10 +35,11 @@ $(STAMP): pyproject.toml requirements/constraints.txt requirements/megatron-runt
 	$(PY) -c "import mimo_accel.rehearse.cpu as c; c.check_megatron_importable()"
 	@touch $(STAMP)
 
-# The main job: a real non-colocated MegatronMIMO layout rehearsed on CPU ranks, upstream vs
-# mimo_accel, with the straggler report (about a minute on 2 cores).
+# The main job: the user's path rehearsed on CPU ranks -- examples/train_mimo.py (Bridge's own
+# pretrain_megatron_mimo) with Bridge's Qwen3-VL vision model over receipt image files, upstream
+# as shipped vs mimo_accel, with the straggler report (about 2-2.5 minutes on 2 cores).
 demo: $(STAMP)
-	$(VENV)/bin/mimo-accel rehearse --profile receipts --json rehearsal.json
+	$(VENV)/bin/mimo-accel rehearse --loop bridge --json rehearsal.json
 
 test: $(STAMP)
 	$(PY) -m pytest -q
