@@ -91,9 +91,9 @@ def record_plan(global_indices, local_indices, spread: Optional[float]) -> None:
 def record_exchange(stats) -> None:
     """Called by the exchange loader on the consuming thread, once per exchanged micro-batch."""
     if _config is not None and _config.profile is not None:
-        _planned_spreads.append(stats.predicted_spread)
+        _planned_spreads.append(stats.predicted_spread)  # popped in order by record_batch
         rec = recorder()
-        if rec is not None:
+        if rec is not None and not _evaluating():
             rec.add(bytes_exchanged=int(stats.bytes_sent))
 
 

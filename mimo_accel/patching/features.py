@@ -63,8 +63,6 @@ def _canonical_loader(original: Callable, cfg: AccelConfig) -> Callable:
     count), and with reorder the planned order, taken from upstream's own canonical-group
     samplers over *all* groups — the global micro-batch upstream reads, under ``single`` and
     ``cyclic`` alike — so every module plans the same micro-batch and keeps its own share."""
-    import dataclasses as dc
-
     from mimo_accel import sampler
 
     signature = inspect.signature(original)
@@ -86,7 +84,7 @@ def _canonical_loader(original: Callable, cfg: AccelConfig) -> Callable:
                 f"mimo_accel: upstream's scalable reads build this loader for replica {a['dp_rank']}/"
                 f"{a['dp_size']} on a grid of {grid}, but the MIMO layout puts this rank at {ctx.module} "
                 f"replica {ctx.dp_rank}/{ctx.dp_size} on a grid of {ctx.grid}; refusing to mis-pair samples")
-        ctx = dc.replace(ctx, sliced_in_step=False)
+        ctx = dataclasses.replace(ctx, sliced_in_step=False)
         return _shard_canonical(loader, a, ctx, split, cfg, canonical)
 
     return build_canonical_mimo_data_loader
