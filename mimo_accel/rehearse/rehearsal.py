@@ -75,6 +75,19 @@ def _cpus_for_ranks(pin_one_cpu: bool, console) -> Optional[tuple[int, ...]]:
     return cpus
 
 
+def _start(out_dir, log_path, title: str, console, banner) -> tuple[Path, Path]:
+    """The rehearsal's output directory and log file (started with ``title``); says both on the
+    console (``banner(out)`` first)."""
+    out = Path(out_dir or tempfile.mkdtemp(prefix="mimo-accel-rehearsal-"))
+    out.mkdir(parents=True, exist_ok=True)
+    log = Path(log_path) if log_path else out / "rehearsal.log"
+    log.write_text(f"{title}, {time.strftime('%Y-%m-%d %H:%M:%S')}\n"
+                   "(third-party import output, then each run's rank logs)\n", encoding="utf-8")
+    console.print(banner(out))
+    console.print(f"third-party warnings and rank logs: {log}", highlight=False, soft_wrap=True)
+    return out, log
+
+
 def _progress(console):
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -223,14 +236,10 @@ def rehearse(profile_name: str, *, steps: Optional[int] = None, out_dir: Optiona
     samples = profile.rehearsal_shapes(steps * micro_batch, seed)
     spec = TableSpec(tuple((s.images, s.text_tokens) for s in samples))
     model_kw = dict(vision_hidden=128, vision_layers=3, merge=r.merge_size)
-    out = Path(out_dir or tempfile.mkdtemp(prefix="mimo-accel-rehearsal-"))
-    out.mkdir(parents=True, exist_ok=True)
-    log = Path(log_path) if log_path else out / "rehearsal.log"
-    log.write_text(f"mimo-accel rehearse {profile.name}: {layout}, {time.strftime('%Y-%m-%d %H:%M:%S')}\n"
-                   "(third-party import output, then each run's rank logs)\n", encoding="utf-8")
-    console.print(f"[bold]mimo-accel rehearse[/bold] {profile.name}: {layout} on {layout.world_size} CPU ranks, "
-                  f"{steps} steps x micro-batch {micro_batch}, profiles in {out}")
-    console.print(f"third-party warnings and rank logs: {log}", highlight=False, soft_wrap=True)
+    out, log = _start(out_dir, log_path, f"mimo-accel rehearse {profile.name}: {layout}", console,
+                      lambda out: f"[bold]mimo-accel rehearse[/bold] {profile.name}: {layout} on "
+                                  f"{layout.world_size} CPU ranks, {steps} steps x micro-batch {micro_batch}, "
+                                  f"profiles in {out}")
 
     runs: dict[str, Any] = {}
     before_label, before_note = "baseline", "upstream as shipped"
@@ -488,16 +497,12 @@ def rehearse_bridge(*, steps: Optional[int] = None, vision_dp: Optional[int] = N
     if mbs % vdp or mbs % ldp:
         raise ValueError(f"--loop bridge: the micro-batch of {mbs} samples must split evenly over vision DP "
                          f"{vdp} and language DP {ldp}")
-    out = Path(out_dir or tempfile.mkdtemp(prefix="mimo-accel-rehearsal-"))
-    out.mkdir(parents=True, exist_ok=True)
+    out, log = _start(out_dir, log_path, f"mimo-accel rehearse --loop bridge: {layout}", console,
+                      lambda out: f"[bold]mimo-accel rehearse --loop bridge[/bold]: {script.name} "
+                                  f"(pretrain_megatron_mimo, Bridge's Qwen3-VL vision model, receipt-like image "
+                                  f"files) on {layout.world_size} CPU ranks, {layout}, {steps} iterations x 1 "
+                                  f"micro-batch of {mbs}, profiles in {out}")
     image_dir = out / "images"
-    log = Path(log_path) if log_path else out / "rehearsal.log"
-    log.write_text(f"mimo-accel rehearse --loop bridge: {layout}, {time.strftime('%Y-%m-%d %H:%M:%S')}\n"
-                   "(third-party import output, then each run's rank logs)\n", encoding="utf-8")
-    console.print(f"[bold]mimo-accel rehearse --loop bridge[/bold]: {script.name} (pretrain_megatron_mimo, "
-                  f"Bridge's Qwen3-VL vision model, receipt-like image files) on {layout.world_size} CPU ranks, "
-                  f"{layout}, {steps} iterations x 1 micro-batch of {mbs}, profiles in {out}")
-    console.print(f"third-party warnings and rank logs: {log}", highlight=False, soft_wrap=True)
 
     before_label, before_note = "baseline", "upstream as shipped"
     cpus = _cpus_for_ranks(pin_one_cpu, console)
