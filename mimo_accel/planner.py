@@ -8,7 +8,7 @@ order, and no sample byte moves between ranks. Pure: numpy only.
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 
@@ -27,8 +27,10 @@ class CostIndexPlanner:
     same order, and a vision replica's block is still exactly the groups its language peers own.
     """
 
-    def __init__(self, index: CostIndex, model: CostModel, grid: int, vision_groups: Optional[int] = None):
+    def __init__(self, index: CostIndex, model: CostModel, grid: int, vision_groups: Optional[int] = None,
+                 notify: Optional[Callable[[str, str], object]] = None):
         self.index = index
+        self.notify = notify  # say_once(key, message): what the plan could not act on, said once
         self.model = model
         self.grid = grid
         self.vision_groups = vision_groups or grid
@@ -47,11 +49,10 @@ class CostIndexPlanner:
         result's j-th block of len/micro_batches samples is micro-batch j, cut into G groups."""
         costs = self.costs(indices)
         if costs.size and np.all(costs == costs[0]):
-            from mimo_accel.notices import say_once
-
-            say_once("reorder:equal-costs", "mimo_accel reorder: every sample of a global micro-batch has "
-                     "the same vision cost (the cost index sees no images or no size differences), so "
-                     "there is nothing to balance: keeping the contiguous split where that happens")
+            if self.notify is not None:
+                self.notify("reorder:equal-costs", "mimo_accel reorder: every sample of a global micro-batch "
+                            "has the same vision cost (the cost index sees no images or no size differences), so "
+                            "there is nothing to balance: keeping the contiguous split where that happens")
             return list(indices), 1.0
         v = self.vision_groups * micro_batches
         order = balanced_order(costs, v)

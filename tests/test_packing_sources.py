@@ -9,9 +9,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mimo_accel import notices
-from mimo_accel.packing import lengths_from_loss_mask
-from mimo_accel.step import StepRole, pack_for_language_model
+from mimo_accel.config import AccelConfig
+from mimo_accel.runtime.packing import lengths_from_loss_mask
+from mimo_accel.runtime.state import Runtime
+from mimo_accel.runtime.step import StepRole, pack_for_language_model
 from tests.test_derive import VISION_TOKEN, all_kinds_of_examples, ground_truth, mimo_dataset, qwen_processor
 
 
@@ -31,15 +32,15 @@ def test_megatron_mimo_dataset_lengths_from_loss_mask_are_exact(tmp_path):
 
 
 def test_the_step_packs_that_data_and_says_which_source_it_used(tmp_path):
-    notices.clear()
+    runtime = Runtime(AccelConfig(packing=True))
     ds = mimo_dataset(all_kinds_of_examples(tmp_path), qwen_processor(), seq_length=48)
     batch = _bridge_batch(ds)
     _, _, real_tokens = ground_truth(ds)
-    packed = pack_for_language_model(batch, StepRole(True, True, True, 1, (VISION_TOKEN,)), 1)
+    packed = pack_for_language_model(batch, StepRole(True, True, True, 1, (VISION_TOKEN,)), 1, runtime.say_once)
     assert packed["input_ids"].shape == (1, sum(real_tokens))
     # every placeholder survived, in order: the encoder rows still pair with their tokens
     assert int((packed["input_ids"] == VISION_TOKEN).sum()) == int((batch["input_ids"] == VISION_TOKEN).sum())
-    assert "loss_mask" in notices.said()["packing:length-source"]
+    assert "loss_mask" in runtime.notices()["packing:length-source"]
 
 
 def test_placeholders_at_the_end_and_pad_equal_to_eos():

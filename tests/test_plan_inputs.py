@@ -14,11 +14,12 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from mimo_accel import agree
+from mimo_accel.runtime import plan_inputs
 from mimo_accel.rehearse import stack as st
 from mimo_accel.costs import CostIndex, ResizeRule
 from mimo_accel.planner import cost_index_for, index_digest
-from mimo_accel.sampler import ShardContext, ShardedBatchSampler, check_window
+from mimo_accel.runtime.sampler import ShardedBatchSampler, check_window
+from mimo_accel.runtime.shard import ShardContext
 from mimo_accel.rehearse.testing import MimoLayout, RankFailure, build_grids, loader_config, run_ranks
 
 
@@ -32,8 +33,8 @@ def _index(n: int, seed: int) -> CostIndex:
 def test_mismatches_name_the_ranks_on_each_side():
     rows = [{"cost index": "a", "options": "x"}, {"cost index": "a", "options": "x"},
             {"cost index": "b", "options": "x"}]
-    assert agree.mismatches(rows, [0, 1, 5]) == ["cost index: ranks [0, 1] have a; ranks [5] have b"]
-    assert agree.mismatches(rows[:2], [0, 1]) == []
+    assert plan_inputs.mismatches(rows, [0, 1, 5]) == ["cost index: ranks [0, 1] have a; ranks [5] have b"]
+    assert plan_inputs.mismatches(rows[:2], [0, 1]) == []
 
 
 def test_index_digest_sees_any_change():

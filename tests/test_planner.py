@@ -14,7 +14,8 @@ from mimo_accel.balance import lpt_order, spread
 from mimo_accel.costs import CostIndex, CostModel, ResizeRule
 from mimo_accel.grid import canonical_grid
 from mimo_accel.planner import CostIndexPlanner
-from mimo_accel.sampler import ShardContext, ShardedBatchSampler
+from mimo_accel.runtime.sampler import ShardedBatchSampler
+from mimo_accel.runtime.shard import ShardContext
 
 
 def _index(n: int, seed: int) -> CostIndex:

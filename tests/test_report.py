@@ -291,27 +291,27 @@ def test_report_reads_recorder_output(tmp_path):
 def test_notices_reach_the_step_lines_once_and_the_report_shows_them(tmp_path):
     """What a feature said once (e.g. which length source packing used) is written into the next
     step line by the profiler hook, once per process, and the report lists it."""
-    from mimo_accel import instrument, notices
     from mimo_accel.config import AccelConfig
     from mimo_accel.profiler import Recorder
+    from mimo_accel.runtime.profiling import Profiling
+    from mimo_accel.runtime.state import Runtime
 
-    notices.clear()
-    instrument.configure(AccelConfig(packing=True, profile=str(tmp_path)))
+    runtime = Runtime(AccelConfig(packing=True, profile=str(tmp_path)))
+    profiling = Profiling(runtime)
     try:
         rec = Recorder(tmp_path, rank=0, world_size=1, module="language", dp_rank=0, dp_size=1,
                        layout=LAYOUT, label="notes", device="cpu", clock="wall")
         lines = []
         for step in range(3):
             if step == 1:
-                notices.say_once("packing:length-source", "lengths come from loss_mask")
-                notices.say_once("packing:length-source", "lengths come from loss_mask")
+                runtime.say_once("packing:length-source", "lengths come from loss_mask")
+                runtime.say_once("packing:length-source", "lengths come from loss_mask")
             rec.add(samples=1)
-            instrument._attach_new_notes(rec)
+            profiling._attach_new_notes(rec)
             lines.append(rec.end_step())
         rec.close()
     finally:
-        instrument.close()
-        notices.clear()
+        profiling.close()
     assert [ln.get("notes") for ln in lines] == [None, ["lengths come from loss_mask"], None]
     doc = build(read_run(tmp_path), warmup=0)
     assert doc["before"]["notes"] == ["lengths come from loss_mask"]

@@ -5,7 +5,6 @@ the per-replica sets equal upstream's under ``single``, rows land with the sampl
 
 from __future__ import annotations
 
-import sys
 from types import SimpleNamespace
 
 import pytest
@@ -181,6 +180,19 @@ def test_zero_one_and_many_images_per_sample_shard_by_sample():
     assert {0, 1} <= images_seen and max(images_seen) >= 2
 
 
+def _as_setup_runs_it(build_data_iterators):
+    """Run a script's own build_data_iterators the way the patched setup_megatron_mimo runs it for
+    pretrain_megatron_mimo: inside its loader scope (the replacement's own code, over a setup that
+    does nothing else — the rest of Bridge's setup is not needed to build loaders)."""
+    from mimo_accel.patching import engine
+    from mimo_accel.runtime.scope import wrap_setup
+
+    def setup_that_only_builds(state, build_data_iterators_fn=None):
+        return build_data_iterators_fn()
+
+    return wrap_setup(setup_that_only_builds, engine._state.runtime)(None, build_data_iterators_fn=build_data_iterators)
+
+
 def _example_path_with_bad_micro_batch(rank, world):
     """The Qwen3.5-VL example's own path: sampling info + build_pretraining_data_loader, imported
     by name at the top of the script — after enable(), as `mimo-accel run` or an early enable() does."""
@@ -192,11 +204,15 @@ def _example_path_with_bad_micro_batch(rank, world):
 
     layout = MimoLayout.from_dp(4, 2)
     grids = build_grids(layout)
-    dp_rank, dp_size, needs = get_megatron_mimo_sampling_info(layout.parallelism_config(), grids)
     ds = st.SyntheticVLMDataset(64, st.uniform_spec(), seq_length=64, patch_dim=24, vocab_size=2048)
+
+    def build_data_iterators():
+        dp_rank, dp_size, needs = get_megatron_mimo_sampling_info(layout.parallelism_config(), grids)
+        return build_pretraining_data_loader(ds, 0, "single", 6, 0, True, collate_fn=st.collate, pin_memory=False,
+                                             data_parallel_rank=dp_rank, data_parallel_size=dp_size)
+
     try:
-        build_pretraining_data_loader(ds, 0, "single", 6, 0, True, collate_fn=st.collate, pin_memory=False,
-                                      data_parallel_rank=dp_rank, data_parallel_size=dp_size)
+        _as_setup_runs_it(build_data_iterators)
     except ValueError as exc:
         return str(exc)
     finally:
@@ -211,11 +227,12 @@ def test_micro_batch_not_divisible_by_grid_is_refused_with_the_fix():
     assert all(m and "canonical grid G=4" in m and "4 or 8" in m for m in msgs), msgs
 
 
-def _lookup_scoped_to_its_caller(rank, world):
-    """A sampling-info lookup shards the loaders its own caller builds, and nothing built later
-    (a lookup alone — a unit test, a tool — must not leak into an unrelated loader)."""
+def _only_loaders_built_in_a_scope_are_sharded(rank, world):
+    """Loaders are sharded inside the loader scope of the builders that open one (Bridge's
+    build_megatron_mimo_data_loaders, a script's build_data_iterators under pretrain), and a
+    lookup or loader outside every scope — a unit test, a tool — is left to upstream."""
     import mimo_accel
-    from mimo_accel.sampler import ShardedBatchSampler
+    from mimo_accel.runtime.sampler import ShardedBatchSampler
 
     mimo_accel.enable(sharded_reads=True)
     from megatron.bridge.data.megatron_mimo.dp_utils import get_megatron_mimo_sampling_info
@@ -229,50 +246,59 @@ def _lookup_scoped_to_its_caller(rank, world):
         return build_pretraining_data_loader(ds, 0, "single", 2, 0, True, collate_fn=st.collate,
                                              pin_memory=False, data_parallel_rank=0, data_parallel_size=1)
 
-    def lookup_only():
-        get_megatron_mimo_sampling_info(layout.parallelism_config(), grids)
-
     def lookup_then_build():
         get_megatron_mimo_sampling_info(layout.parallelism_config(), grids)
         return build()
 
     try:
-        lookup_only()
-        stray = build()
-        scoped = lookup_then_build()
+        stray = lookup_then_build()  # no scope: upstream's loader
+        scoped = _as_setup_runs_it(lookup_then_build)
+        after = build()  # the scope closed with its builder
     finally:
         mimo_accel.disable()
-    return isinstance(stray.batch_sampler, ShardedBatchSampler), isinstance(scoped.batch_sampler, ShardedBatchSampler)
+    return tuple(isinstance(x.batch_sampler, ShardedBatchSampler) for x in (stray, scoped, after))
 
 
-def test_a_sampling_info_lookup_shards_only_the_loaders_its_caller_builds():
-    results = run_ranks(_lookup_scoped_to_its_caller, 3, deadline_s=200)
-    assert results == [(False, True)] * 3, results
+@pytest.mark.distributed
+def test_only_loaders_built_in_a_loader_scope_are_sharded():
+    results = run_ranks(_only_loaders_built_in_a_scope_are_sharded, 3, deadline_s=200)
+    assert results == [(False, True, False)] * 3, results
 
 
-def test_the_split_of_a_loader_is_its_dataset_in_the_builders_frame_when_a_split_has_none():
+def test_the_split_of_a_loader_is_the_dataset_the_builders_provider_built():
     """#5525's loader builder skips the builder for a split without a dataset (Bridge 0.6.2 calls it
     with None), so the test loader is the second one built: counting alone would call it
-    validation, and plan it with the validation cost index."""
-    from mimo_accel import sampler
+    validation, and plan it with the validation cost index. The scope of Bridge's builder learns
+    each dataset's split from what the provider's build_datasets returned to it."""
+    from mimo_accel.config import AccelConfig
+    from mimo_accel.runtime import scope
+    from mimo_accel.runtime.state import Runtime
 
+    runtime = Runtime(AccelConfig(sharded_reads=True))
     train, test = object(), object()
 
-    def build_megatron_mimo_data_loaders():  # Bridge's local names; the lookup is made here
-        train_ds, valid_ds, test_ds = train, None, test  # noqa: F841 (read through the frame)
-        sampler.arm(None, None, sys._getframe())
-        return [sampler.take_split(ds) for ds in (train_ds, test_ds)]
+    class Provider:
+        def __init__(self, datasets):
+            self.datasets = datasets
 
-    try:
-        assert build_megatron_mimo_data_loaders() == ["train", "test"]
+        def build_datasets(self, context):
+            return self.datasets
 
-        def same_dataset_twice():  # one object for validation and test: the order decides
-            train_ds, valid_ds, test_ds = train, test, test  # noqa: F841
-            sampler.arm(None, None, sys._getframe())
-            return [sampler.take_split(ds) for ds in (train_ds, valid_ds, test_ds)]
+    def build_megatron_mimo_data_loaders(cfg, train_state, megatron_mimo_provider):  # upstream's shape
+        train_ds, valid_ds, test_ds = megatron_mimo_provider.build_datasets(None)
+        return [scope.current().split_of(ds) for ds in (train_ds, test_ds)]
 
-        assert same_dataset_twice() == ["train", "validation", "test"]
-        sampler.arm(None, None, None)  # no frame to look in: the order decides
-        assert [sampler.take_split(ds) for ds in (train, test)] == ["train", "validation"]
-    finally:
-        sampler.set_context(None)
+    builder = scope.wrap_loader_builder(build_megatron_mimo_data_loaders, runtime)
+    provider = Provider((train, None, test))
+    assert builder(None, None, provider) == ["train", "test"]
+    assert "build_datasets" not in vars(provider)  # the provider is left as it was
+    assert scope.current() is None
+
+    def same_dataset_twice(cfg, train_state, megatron_mimo_provider):  # one object for two splits
+        datasets = megatron_mimo_provider.build_datasets(None)
+        return [scope.current().split_of(ds) for ds in datasets]
+
+    assert scope.wrap_loader_builder(same_dataset_twice, runtime)(None, None, Provider((train, test, test))) == \
+        ["train", "validation", "test"]
+    with scope.loader_scope(runtime) as open_scope:  # a script's own builder: the build order decides
+        assert [open_scope.split_of(ds) for ds in (train, test)] == ["train", "validation"]

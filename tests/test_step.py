@@ -1,4 +1,5 @@
-"""The slice replacement runs once per batch: nested dicts reach upstream's slice.
+"""The forward step's replacements: the slice runs once per batch, and under upstream's scalable
+reads the tag is taken off, checked and recorded where the batch arrives.
 
 Upstream's ``slice_batch_for_megatron_mimo`` recurses into nested dicts (``modality_inputs``) by
 its module-global name, which mimo_accel also patches in ``dp_utils``; the recursion must not run
@@ -10,25 +11,29 @@ from __future__ import annotations
 import torch
 
 import mimo_accel
-from mimo_accel import instrument, step
+from mimo_accel.config import AccelConfig
 from mimo_accel.patching import engine
+from mimo_accel.runtime import step
+from mimo_accel.runtime.profiling import Profiling
+from mimo_accel.runtime.shard import SHARD_TAG_KEY, ShardContext, ShardTag
+from mimo_accel.runtime.state import Runtime
 
 
 def test_nested_dicts_reach_upstream_and_the_step_work_runs_once(tmp_path, monkeypatch):
     from megatron.bridge.data.megatron_mimo import dp_utils
 
     packed, recorded = [], []
-    monkeypatch.setattr(step, "pack_for_language_model", lambda b, role, pm: packed.append(b) or b)
-    monkeypatch.setattr(instrument, "record_batch", lambda b, **kw: recorded.append(kw))
+    monkeypatch.setattr(step, "pack_for_language_model", lambda b, role, pm, say: packed.append(b) or b)
+    monkeypatch.setattr(Profiling, "record_batch", lambda self, b, **kw: recorded.append(kw))
     mimo_accel.enable(packing=True, profile=str(tmp_path))
     # Where upstream's step packs itself (the "main" shape), mimo_accel packs in upstream's
     # pack_language_shard, not in the slice: the slice must then not pack at all.
     native_packing = engine._state.shape.native_packing
     try:
-        monkeypatch.setattr(step._step, "role", step.StepRole(True, True, True, 1), raising=False)
+        language = step.ReplicaRank(1, step.StepRole(True, True, True, 1))  # what _get_module_dp_info answers
         batch = {"input_ids": torch.arange(32).view(4, 8), "attention_mask": torch.ones(4, 8),
                  "modality_inputs": {"vision": {"clip": {"x": torch.zeros(4, 3)}}}}
-        out = dp_utils.slice_batch_for_megatron_mimo(batch, 1, 2)
+        out = dp_utils.slice_batch_for_megatron_mimo(batch, language, 2)
     finally:
         mimo_accel.disable()
     assert len(packed) == (0 if native_packing else 1) and len(recorded) == 1
@@ -38,44 +43,54 @@ def test_nested_dicts_reach_upstream_and_the_step_work_runs_once(tmp_path, monke
     assert recorded[0]["read_bytes"] == (32 * 8) + (32 * 4) + (12 * 4)
 
 
-def _scalable_tag(dp_rank: int, samples: int = 2):
-    from mimo_accel.sampler import ShardTag
+def test_the_rank_upstream_passes_to_the_slice_carries_the_role():
+    role = step.StepRole(True, False, True, 2)
+    runtime = Runtime(AccelConfig(packing=True))
+    model = type("Model", (), {"role": None})()
+    dp_info = step.wrap_module_dp_info(lambda m: (3, 4), runtime)
+    dp_rank, dp_size = dp_info(model)
+    assert (dp_rank, dp_size) == (3, 4) and dp_rank * 2 == 6 and isinstance(dp_rank, int)
+    assert dp_rank.role is None  # a model without a MIMO role
+    other = type("Model", (), {"role": None})()
+    runtime.roles[other] = role  # worked out once per model, then kept
+    assert dp_info(other)[0].role is role and dp_info(model)[0].role is None
 
+
+def _scalable_tag(dp_rank: int, samples: int = 2):
     return ShardTag("vision", dp_rank, 2, 2, samples, sliced_in_step=False)
 
 
-def _dp_info_of(dp_rank: int):
-    return lambda model: (dp_rank, 2)
+class _Recording:
+    def __init__(self):
+        self.calls = []
+
+    def record_batch(self, batch, **kw):
+        self.calls.append((batch, kw))
 
 
-def test_under_scalable_reads_get_batch_takes_the_tag_and_dp_info_checks_and_records_it(monkeypatch):
+def test_under_scalable_reads_get_batch_takes_the_tag_checks_and_records_it():
     """Upstream's scalable reads (#5525): the step calls get_batch, then _get_module_dp_info, and
     never the slice; the tag must not reach the model, and the replica check and the profiler's
-    counts happen where the replica is known."""
-    from mimo_accel.sampler import SHARD_TAG_KEY, ShardTag
-
-    recorded = []
-    monkeypatch.setattr(instrument, "record_batch", lambda b, **kw: recorded.append((b, kw)))
-    model = type("Model", (), {"role": None})()
+    counts happen where the batch arrives."""
+    runtime = Runtime(AccelConfig(sharded_reads=True))
+    runtime.context = ShardContext("vision", 1, 2, 2)  # what the loader scope resolved
+    runtime.profiling = recording = _Recording()
     batches = iter([{"input_ids": torch.zeros(2, 4), SHARD_TAG_KEY: _scalable_tag(1)},
                     {"input_ids": torch.zeros(2, 4), SHARD_TAG_KEY: _scalable_tag(0)},
                     {"input_ids": torch.zeros(4, 4), SHARD_TAG_KEY: ShardTag("vision", 1, 2, 2, 2)}])
-    get_batch = step.make_get_batch_fn(lambda it: next(it))
-    dp_info = step.capture_role(_dp_info_of(1), profile=True)
+    get_batch = step.wrap_get_batch(lambda it: next(it), runtime)
 
     batch = get_batch(batches)
     assert SHARD_TAG_KEY not in batch  # the model never sees it
-    assert dp_info(model) == (1, 2)
-    assert len(recorded) == 1 and recorded[0][0] is batch and recorded[0][1]["read_samples"] == 2
+    assert len(recording.calls) == 1 and recording.calls[0][0] is batch
+    assert recording.calls[0][1]["read_samples"] == 2
 
-    get_batch(batches)  # read for replica 0, but this step runs as replica 1
     try:
-        dp_info(model)
+        get_batch(batches)  # read for replica 0, but this rank is replica 1
     except RuntimeError as exc:
         assert "read for vision replica 0/2" in str(exc) and "runs as replica 1/2" in str(exc)
     else:
         raise AssertionError("a batch read for another replica was accepted")
 
     batch = get_batch(batches)  # a batch for the slice (not scalable): left for the slice to take
-    assert SHARD_TAG_KEY in batch
-    assert dp_info(model) == (1, 2) and len(recorded) == 1
+    assert SHARD_TAG_KEY in batch and len(recording.calls) == 1

@@ -229,10 +229,7 @@ def test_main_shape_later_stage_packs_labels_without_input_ids(main_shape):
 
 def test_main_shape_packer_without_a_known_role_raises(main_shape):
     step = main_shape
-    mimo_accel.enable(packing=True)
-    from mimo_accel import step as accel_step
-
-    accel_step._step.role = None  # no _get_module_dp_info call in this step
+    mimo_accel.enable(packing=True)  # and no _get_module_dp_info call has told the rank's role
     with pytest.raises(RuntimeError, match="_get_module_dp_info"):
         step.pack_language_shard({"attention_mask": torch.ones(1, 2)}, lengths=torch.tensor([2]))
 

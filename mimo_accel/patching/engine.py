@@ -3,7 +3,11 @@
 - The installed megatron-bridge *and* megatron-core versions are checked against the declared
   shapes (targets.py) *before* anything is patched: a pair outside every shape is refused unless
   ``MIMO_ACCEL_ALLOW_UNTESTED=1``, which picks the nearest shape and warns once. Every target of a
-  site is then validated before that site is patched, tested shape or not.
+  site is then validated before that site is patched, tested shape or not, and so is every
+  private upstream name the enabled features read (``targets.INTERNALS``).
+- What to patch comes from one table, :mod:`mimo_accel.patching.registry`; each replacement is
+  made once per original object with the :class:`~mimo_accel.runtime.state.Runtime` of this
+  enable, which holds all of the features' state.
 - Sites already imported are patched at ``enable()``; the others when they are imported
   (wrapt post-import hooks), so the order of ``import megatron.bridge`` and ``enable()`` does not
   matter. A site that fails validation when it is imported undoes everything (all-or-nothing).
@@ -15,6 +19,7 @@ from __future__ import annotations
 import inspect
 import logging
 import os
+import re
 import sys
 import threading
 from collections import defaultdict
@@ -24,11 +29,11 @@ from typing import Any, Callable, Optional
 
 import wrapt
 
-from mimo_accel import notices
 from mimo_accel.config import AccelConfig, ConfigError
+from mimo_accel.patching import registry
 from mimo_accel.patching import targets as T
-from mimo_accel.patching.features import replacement_factory
 from mimo_accel.patching.swaps import SwapSet
+from mimo_accel.runtime.state import Runtime
 
 
 class PatchError(RuntimeError):
@@ -40,8 +45,10 @@ class _State:
     config: AccelConfig = field(default_factory=AccelConfig)
     shape: Optional[T.Shape] = None
     match: Optional[T.Match] = None
+    runtime: Optional[Runtime] = None  # the features' state while enabled
     generation: int = 0
-    by_site: dict = field(default_factory=dict)  # site -> [Target] still to patch or patched
+    by_site: dict = field(default_factory=dict)  # site -> [(Target, Patch)] still to patch or patched
+    internals: dict = field(default_factory=dict)  # module -> [Internal] to check when it is imported
     patched_sites: list = field(default_factory=list)
     replacements: dict = field(default_factory=dict)  # id(original) -> replacement
     originals: dict = field(default_factory=dict)  # id(replacement) -> original
@@ -100,22 +107,7 @@ def check_versions(m: T.Match) -> T.Shape:
     return m.shape
 
 
-def _features_for(cfg: AccelConfig) -> list[str]:
-    features = []
-    if cfg.sharded_reads or cfg.packing or cfg.profile is not None:
-        features += ["context", "step"]
-    if cfg.sharded_reads:
-        features.append("sharded_reads")
-    if cfg.sharded_reads or cfg.packing:
-        features.append("fan_in")
-    if cfg.packing:
-        features.append("packing")
-    if cfg.profile is not None:
-        features += ["profile", "train_entry"]
-    return features
-
-
-def _resolve(site_module, name: str):
+def resolve(site_module, name: str):
     """(owner, attribute, current object) for ``name`` ('func' or 'Class.method') in a module."""
     owner = site_module
     parts = name.split(".")
@@ -131,7 +123,7 @@ def _validate(site: str, targets: list[T.Target], installed: str) -> None:
     for t in targets:
         where = f"{site}.{t.name}"
         try:
-            _, _, obj = _resolve(module, t.name)
+            _, _, obj = resolve(module, t.name)
         except AttributeError:
             obj = None
         if obj is None:
@@ -140,7 +132,7 @@ def _validate(site: str, targets: list[T.Target], installed: str) -> None:
                              "turn the feature off; nothing was patched.")
         origin = sys.modules.get(t.origin)
         if origin is not None and origin is not module:
-            _, _, defined = _resolve(origin, t.name)
+            _, _, defined = resolve(origin, t.name)
             if obj is not defined:
                 raise PatchError(f"mimo_accel cannot patch {where}: it is no longer the function "
                                  f"{t.origin} defines (something else replaced it). Nothing was patched.")
@@ -154,30 +146,70 @@ def _validate(site: str, targets: list[T.Target], installed: str) -> None:
                              "Nothing was patched.")
 
 
-def _apply(site: str, targets: list[T.Target]) -> None:
+def internal_problem(internal: T.Internal) -> Optional[str]:
+    """Why a declared private upstream name is not what mimo_accel reads (None: it is)."""
+    module = sys.modules.get(internal.module)
+    if module is None:
+        try:
+            import importlib
+
+            module = importlib.import_module(internal.module)
+        except Exception as exc:  # a diagnosis: report, don't crash
+            return f"{internal.module} does not import ({type(exc).__name__}: {exc})"
+    parts = internal.name.split(".")
+    owner = module
+    for part in parts[:-1] if internal.instance else parts:
+        owner = getattr(owner, part, None)
+        if owner is None:
+            return f"{internal.where} does not exist"
+    if internal.instance:
+        try:
+            source = inspect.getsource(owner.__init__)
+        except (OSError, TypeError):
+            return f"the source of {internal.module}.{'.'.join(parts[:-1])}.__init__ cannot be read"
+        if not re.search(rf"\b{re.escape(parts[-1])}\b", source):
+            return f"{internal.module}.{'.'.join(parts[:-1])}.__init__ no longer names {parts[-1]}"
+    return None
+
+
+def _check_internals(internals: list[T.Internal], installed: str) -> None:
+    for internal in internals:
+        problem = internal_problem(internal)
+        if problem is not None:
+            raise PatchError(f"mimo_accel cannot run on {installed}: it reads the private upstream name "
+                             f"{internal.where} for {internal.used_for}, but {problem}. Supported: "
+                             f"{T.SUPPORTED}. Nothing was patched.")
+
+
+def _apply(site: str, entries: list) -> None:
     module = sys.modules[site]
-    for t in targets:
-        owner, attr, current = _resolve(module, t.name)
+    for t, patch in entries:
+        owner, attr, current = resolve(module, t.name)
         # A site that imported the name after its origin was patched already holds our replacement.
         original = _state.originals.get(id(current), current)
         replacement = _state.replacements.get(id(original))
         if replacement is None:
-            make = replacement_factory(t.name, _state.config, _state.shape.native_packing)
-            replacement = make(original)
+            replacement = patch.replace(original, _state.runtime)
             _state.replacements[id(original)] = replacement
             _state.originals[id(replacement)] = original
         _swaps.swap(owner, attr, replacement, original=original)
     _state.patched_sites.append(site)
 
 
+def _targets(entries: list) -> list[T.Target]:
+    return [t for t, _ in entries]
+
+
 def _on_import(site: str, generation: int) -> Callable[[Any], None]:
     def hook(module) -> None:
         with _lock:
-            if generation != _state.generation or site in _state.patched_sites:
+            if generation != _state.generation:
                 return
             try:
-                _validate(site, _state.by_site[site], _state.match.installed)
-                _apply(site, _state.by_site[site])
+                _check_internals(_state.internals.pop(site, []), _state.match.installed)
+                if site in _state.by_site and site not in _state.patched_sites:
+                    _validate(site, _targets(_state.by_site[site]), _state.match.installed)
+                    _apply(site, _state.by_site[site])
             except Exception:
                 _disable_locked()  # all-or-nothing: a site that does not fit undoes the others
                 raise
@@ -196,20 +228,27 @@ def enable(cfg: AccelConfig) -> AccelConfig:
         m = T.match(*installed_versions())
         shape = check_versions(m)  # before anything is patched
         by_site: dict = defaultdict(list)
-        for feature in _features_for(cfg):
-            for t in shape.targets(feature):
-                by_site[t.site].append(t)
+        for patch in registry.patches_for(cfg, shape):
+            for t in patch.targets:
+                by_site[t.site].append((t, patch))
+        internals: dict = defaultdict(list)
+        for internal in registry.internals_for(cfg):
+            internals[internal.module].append(internal)
         now = [s for s in by_site if s in sys.modules]
-        for site in now:  # validate everything importable before patching anything
-            _validate(site, by_site[site], m.installed)
-        _state.config, _state.shape, _state.match = cfg, shape, m
+        # validate everything importable before patching anything
+        _check_internals([i for mod, found in internals.items() if mod in sys.modules for i in found], m.installed)
+        for site in now:
+            _validate(site, _targets(by_site[site]), m.installed)
+        runtime = Runtime(cfg, shape)
+        if cfg.profile is not None:
+            from mimo_accel.runtime.profiling import Profiling
+
+            runtime.profiling = Profiling(runtime)
+        _state.config, _state.shape, _state.match, _state.runtime = cfg, shape, m, runtime
         _state.by_site = dict(by_site)
+        _state.internals = {mod: found for mod, found in internals.items() if mod not in sys.modules}
         _state.generation += 1
         _state.notes = []
-        if cfg.profile is not None:
-            from mimo_accel import instrument
-
-            instrument.configure(cfg)
         if m.status != "tested":
             _state.notes.append(f"{m.installed}: {m.status} — shape '{shape.name}', {shape.support}: "
                                 f"{shape.evidence}")
@@ -222,7 +261,7 @@ def enable(cfg: AccelConfig) -> AccelConfig:
         except Exception:
             _disable_locked()
             raise
-        for site in by_site:
+        for site in set(by_site) | set(_state.internals):
             if site not in now:
                 wrapt.register_post_import_hook(_on_import(site, _state.generation), site)
         return cfg
@@ -231,20 +270,18 @@ def enable(cfg: AccelConfig) -> AccelConfig:
 def _disable_locked() -> None:
     _swaps.restore()
     _state.generation += 1  # pending post-import hooks of the old generation become no-ops
+    runtime, _state.runtime = _state.runtime, None
+    if runtime is not None:
+        runtime.close()
     _state.config = AccelConfig()
     _state.shape = None
     _state.match = None
     _state.by_site = {}
+    _state.internals = {}
     _state.patched_sites = []
     _state.replacements = {}
     _state.originals = {}
     _state.notes = []
-    from mimo_accel import fanin, instrument, sampler
-
-    notices.clear()
-    sampler.set_context(None)
-    instrument.close()
-    fanin.clear()
 
 
 def disable() -> None:
@@ -266,5 +303,5 @@ def status() -> dict:
             "support": m.status,
             "patched": patched,
             "waiting_for_import": pending,
-            "notes": list(_state.notes) + list(notices.said().values()),
+            "notes": list(_state.notes) + (list(_state.runtime.notices().values()) if _state.runtime else []),
         }

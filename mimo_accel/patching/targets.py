@@ -1,4 +1,4 @@
-"""The upstream shapes mimo_accel supports, declared in one place.
+"""What mimo_accel patches and reads of upstream, and the upstream shapes it supports, declared in one place.
 
 A *target* is one name bound in one module. Upstream binds several functions by value in more
 than one module (``from ... import name``), so each function is listed at every binding site: the
@@ -14,8 +14,10 @@ References (NVIDIA-NeMo/Megatron-Bridge):
 - src/megatron/bridge/training/megatron_mimo_step.py: binds slice_batch_for_megatron_mimo by
   name; _get_module_dp_info; (main only) pack_language_shard, bound from sequence_pack.py,
   and resolve_step_packing
-- src/megatron/bridge/training/pretrain_megatron_mimo.py: looks up train_megatron_mimo in its
-  globals at call time
+- src/megatron/bridge/data/megatron_mimo/loaders.py: build_megatron_mimo_data_loaders (re-exported
+  by the package)
+- src/megatron/bridge/training/pretrain_megatron_mimo.py: looks up setup_megatron_mimo and
+  train_megatron_mimo in its globals at call time
 (NVIDIA/Megatron-LM) megatron/core/models/mimo/model/base.py: MimoModel._attach_modality_split_sizes;
 megatron/core/pipeline_parallel/bridge_communicator.py: BridgeCommunicator._communicate_shapes and
 _split_tensor_at_batch_dim
@@ -32,6 +34,7 @@ DATA_PKG = "megatron.bridge.data.megatron_mimo"
 SAMPLERS = "megatron.bridge.data.samplers"
 STEP = "megatron.bridge.training.megatron_mimo_step"
 PRETRAIN = "megatron.bridge.training.pretrain_megatron_mimo"
+SETUP = "megatron.bridge.training.setup_megatron_mimo"
 TRAIN = "megatron.bridge.training.train_megatron_mimo"
 MIMO_SUBMODULES = "megatron.core.models.mimo.submodules.base"
 MIMO_OPTIMIZER = "megatron.core.models.mimo.optimizer"
@@ -57,6 +60,9 @@ PRETRAINING_LOADER = _everywhere("build_pretraining_data_loader", SAMPLERS,
 SLICE = _everywhere("slice_batch_for_megatron_mimo", DP_UTILS, ("batch", "dp_rank", "dp_size"),
                     STEP, DATA_PKG)
 MODULE_DP_INFO = (Target(STEP, "_get_module_dp_info", STEP, ("megatron_mimo_model",)),)
+LOADER_BUILDER = _everywhere("build_megatron_mimo_data_loaders", LOADERS,
+                             ("cfg", "train_state", "megatron_mimo_provider"), DATA_PKG)
+SETUP_ENTRY = (Target(PRETRAIN, "setup_megatron_mimo", SETUP, ("state", "build_data_iterators_fn")),)
 TRAIN_ENTRY = (Target(PRETRAIN, "train_megatron_mimo", TRAIN, ("forward_step_func", "model")),)
 ENCODE = (Target(MIMO_SUBMODULES, "ModalitySubmodules.encode", MIMO_SUBMODULES,
                  ("self", "encoders_data_batch")),)
@@ -111,16 +117,6 @@ class Shape:
     evidence: str  # what the declaration rests on
     scalable_reads: bool = False  # upstream's own canonical-grid reads (megatron_mimo_scalable_dp)
 
-    def targets(self, feature: str) -> tuple[Target, ...]:
-        extra = ()
-        if feature == "packing" and self.native_packing:
-            extra = NATIVE_PACK
-        elif feature == "context" and self.scalable_reads:
-            extra = CANONICAL_LOADER
-        elif feature == "step" and self.scalable_reads:
-            extra = GET_BATCH
-        return FEATURE_TARGETS[feature] + extra
-
     @property
     def support(self) -> str:
         return "tested" if self.tested_here else "declared, not tested here"
@@ -129,17 +125,6 @@ class Shape:
         return (f"shape '{self.name}': megatron-bridge {', '.join(self.bridge)} with megatron-core "
                 f"{', '.join(self.core)} ({self.support})")
 
-
-# Feature -> the targets it patches. "context" (the rank's shard context) serves every data feature.
-FEATURE_TARGETS = {
-    "context": SAMPLING_INFO,
-    "sharded_reads": PRETRAINING_LOADER,
-    "step": SLICE + MODULE_DP_INFO,
-    "fan_in": FAN_IN,
-    "packing": (),
-    "profile": ENCODE + OPTIMIZER_STEP,
-    "train_entry": TRAIN_ENTRY,
-}
 
 SHAPES = (
     # 0.6.2 is what this project installs and tests. 0.6.0 and 0.6.1 count: their MegatronMIMO path
@@ -171,6 +156,47 @@ SHAPES = (
           tested_here=True, scalable_reads=True,
           evidence="the whole test suite runs on source builds of Bridge 958575fc3 (PR #5525) / Megatron-LM "
                    "24bad8e677 (make test-upstream), scalable reads included"),
+)
+
+@dataclass(frozen=True)
+class Internal:
+    """A private upstream name mimo_accel reads (not patches). Checked before anything is patched
+    where its module is imported, and listed by ``mimo-accel doctor``.
+
+    ``name`` is an attribute path from ``module`` (``"_world.pg_names"``); with ``instance`` the
+    last part is an attribute that instances of the class before it set in their ``__init__``.
+    """
+
+    module: str
+    name: str
+    used_for: str
+    features: tuple[str, ...]  # the user-facing features that read it
+    instance: bool = False
+
+    @property
+    def where(self) -> str:
+        return f"{self.module}.{self.name}"
+
+
+# Every private upstream name read anywhere in mimo_accel.
+INTERNALS = (
+    Internal("megatron.core.num_microbatches_calculator", "_GLOBAL_NUM_MICROBATCHES_CALCULATOR",
+             "reorder windows: the micro-batches of a training step (runtime/loaders.py)", ("reorder",)),
+    Internal("torch.distributed.distributed_c10d", "_get_default_store",
+             "plan-input checks and derived cost indexes gather through the job's store (runtime/rank_set.py)",
+             ("sharded_reads",)),
+    Internal("torch.distributed.distributed_c10d", "_world.pg_names",
+             "exchange mode: members agree on their group count before making a gloo group (exchange/)",
+             ("reorder",)),
+    Internal("megatron.bridge.data.datasets.direct_sft", "DirectSFTDataset._base_examples",
+             "deriving costs of a direct HF SFT dataset: its raw examples (datasets/direct_sft.py)",
+             ("reorder",), instance=True),
+    Internal("megatron.bridge.data.datasets.direct_sft", "DirectSFTDataset._processor",
+             "deriving costs of a direct HF SFT dataset: its HF processor (datasets/direct_sft.py)",
+             ("reorder",), instance=True),
+    Internal("megatron.bridge.data.datasets.direct_sft", "DirectSFTDataset.collate_impl",
+             "deriving costs of a direct HF SFT dataset: the collate its collate_fn closes over, for the "
+             "collate's min/max pixels (datasets/direct_sft.py)", ("reorder",), instance=True),
 )
 
 ALLOW_UNTESTED_ENV = "MIMO_ACCEL_ALLOW_UNTESTED"

@@ -10,14 +10,14 @@ import sys
 
 
 def _target_state(t) -> tuple[str, str]:
-    from mimo_accel.patching.engine import _resolve
+    from mimo_accel.patching.engine import resolve
 
     try:
         module = importlib.import_module(t.site)
     except Exception as exc:  # report, don't crash: this is a diagnosis
         return "missing", f"import failed: {type(exc).__name__}: {exc}"[:120]
     try:
-        _, _, obj = _resolve(module, t.name)
+        _, _, obj = resolve(module, t.name)
     except AttributeError:
         obj = None
     if obj is None:
@@ -36,8 +36,8 @@ def _short(module: str) -> str:
 def collect() -> dict:
     import torch
 
+    from mimo_accel.patching import engine, registry, targets
     from mimo_accel.rehearse import cpu
-    from mimo_accel.patching import engine, targets
 
     bridge, core = engine.installed_versions()
     info = {
@@ -55,14 +55,23 @@ def collect() -> dict:
     info["shape"] = shape.name if shape else None
     info["support"] = support_line(m)
     info["refused"] = m.status == "missing" or (m.status == "untested" and not _allowed())
-    rows = []
+    rows, internals = [], []
     if shape is not None:
         cpu.prepare_imports()  # import-time compatibility only (3.11 back-port, stand-ins where absent)
-        for feature in ("context", "sharded_reads", "step", "fan_in", "packing", "profile", "train_entry"):
-            for t in shape.targets(feature):
+        for name, patch in registry.PATCHES.items():
+            if not patch.applies_to(shape):
+                continue
+            users = [f for f, needs in registry.FEATURES.items() if name in needs]
+            for t in patch.targets:
                 state, where = _target_state(t)
-                rows.append(dict(feature=feature, target=f"{_short(t.site)}:{t.name}", state=state, detail=where))
+                rows.append(dict(patch=name, features=users, target=f"{_short(t.site)}:{t.name}", state=state,
+                                 detail=where))
+        for internal in targets.INTERNALS:
+            problem = engine.internal_problem(internal)
+            internals.append(dict(name=_short(internal.where), features=list(internal.features),
+                                  state="ok" if problem is None else "missing", detail=problem or internal.used_for))
     info["targets"] = rows
+    info["internals"] = internals
     st = engine.status()
     info["active"] = st["active"]
     info["patched"] = st["patched"]
@@ -93,9 +102,7 @@ def support_line(m) -> str:
     return f"refused: {why}{nearest}"
 
 
-FEATURE_NEEDS = {"sharded_reads": ("context", "sharded_reads", "step", "fan_in"),
-                 "reorder": ("context", "sharded_reads", "step", "fan_in"),
-                 "packing": ("context", "step", "fan_in", "packing"), "profile": ("profile", "step", "context")}
+FEATURES = ("sharded_reads", "reorder", "packing", "profile")
 
 
 def main() -> int:
@@ -109,20 +116,28 @@ def main() -> int:
                 "nccl_available", "transformer_engine"):
         env.add_row(key, str(info[key]))
     console.print(env)
-    tt = Table(title="MegatronMIMO targets")
-    for col in ("feature", "target", "state", "found as"):
+    colors = {"ok": "green", "missing": "red", "mismatch": "yellow"}
+    tt = Table(title="MegatronMIMO targets (what mimo_accel patches)")
+    for col in ("patch", "target", "state", "found as"):
         tt.add_column(col)
     for r in info["targets"]:
-        color = {"ok": "green", "missing": "red", "mismatch": "yellow"}[r["state"]]
-        tt.add_row(r["feature"], r["target"], f"[{color}]{r['state']}[/{color}]", r["detail"])
+        color = colors[r["state"]]
+        tt.add_row(r["patch"], r["target"], f"[{color}]{r['state']}[/{color}]", r["detail"])
     console.print(tt)
+    it = Table(title="private upstream names (what mimo_accel reads)")
+    for col in ("name", "needed by", "state", "what for"):
+        it.add_column(col)
+    for r in info["internals"]:
+        color = colors[r["state"]]
+        it.add_row(r["name"], ", ".join(r["features"]), f"[{color}]{r['state']}[/{color}]", r["detail"])
+    console.print(it)
     ft = Table(title="features")
     ft.add_column("feature")
     ft.add_column("can be patched here")
     ft.add_column("active")
-    broken = {r["feature"] for r in info["targets"] if r["state"] != "ok"}
-    for feature, needs in FEATURE_NEEDS.items():
-        ok = not info["refused"] and not (set(needs) & broken)
+    broken = {f for r in info["targets"] + info["internals"] if r["state"] != "ok" for f in r["features"]}
+    for feature in FEATURES:
+        ok = not info["refused"] and feature not in broken and not (feature == "reorder" and "sharded_reads" in broken)
         ft.add_row(feature, "[green]yes[/green]" if ok else "[red]no[/red]",
                    "yes" if feature in info["active"] else "no")
     console.print(ft)

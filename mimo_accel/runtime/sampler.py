@@ -8,169 +8,59 @@ share of each global micro-batch that this rank's module replica owns on the can
 With a planner (reordering), the share is taken from the planned order instead of the loaded one.
 
 Data flows one way: the sampler decides what a rank reads → the loader reads it → the step packs it.
+What the plan predicted for a micro-batch travels with its indices into the read and then in the
+batch's tag (:class:`LocalIndices` → :class:`SamplesRead` → :class:`~mimo_accel.runtime.shard.ShardTag`),
+through the loader's workers too, so nothing has to pair figures with batches afterwards.
 """
 
 from __future__ import annotations
 
-import sys
-import threading
-from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Optional, Sequence
 
-from mimo_accel.grid import canonical_grid, check_micro_batch, owned_groups
-
-SHARD_TAG_KEY = "mimo_accel_shard"
+from mimo_accel.grid import check_micro_batch
+from mimo_accel.runtime.shard import SHARD_TAG_KEY, ShardContext, tag_for
 
 # planner(global_indices, micro_batches) -> (the same indices in canonical-group order, predicted
 # spread or None); with micro_batches > 1 the indices are a window of consecutive micro-batches.
 Planner = Callable[[Sequence[int], int], "tuple[list[int], Optional[float]]"]
 
 
-@dataclass(frozen=True)
-class ShardContext:
-    """Where this rank's data goes: its module, its replica in the module DP group, and G."""
+class LocalIndices(list):
+    """This replica's sample indices of one global micro-batch, with what the plan predicted for it."""
 
-    module: str
-    dp_rank: int
-    dp_size: int
-    grid: int
-    dp_sizes: dict = field(default_factory=dict)  # every module's DP size (what G came from)
-    data_ranks: tuple = ()  # every rank that builds data loaders in this layout
-    # False under upstream's scalable reads (megatron_mimo_scalable_dp): the step skips its slice,
-    # so the batch's tag is taken off by the step's get_batch instead (mimo_accel.step).
-    sliced_in_step: bool = True
-
-    @property
-    def groups(self) -> range:
-        return owned_groups(self.dp_rank, self.dp_size, self.grid)
+    def __init__(self, indices, predicted_spread: Optional[float] = None):
+        super().__init__(indices)
+        self.predicted_spread = predicted_spread
 
 
-@dataclass(frozen=True)
-class ShardTag:
-    """Rides in a sharded batch (key ``SHARD_TAG_KEY``) so the step knows it is already local."""
+class SamplesRead(list):
+    """The samples read for one :class:`LocalIndices`, as the collate function receives them."""
 
-    module: str
-    dp_rank: int
-    dp_size: int
-    grid: int
-    samples: int
-    sliced_in_step: bool = True  # see ShardContext.sliced_in_step
+    def __init__(self, samples, predicted_spread: Optional[float] = None):
+        super().__init__(samples)
+        self.predicted_spread = predicted_spread
 
 
-# Bridge's build_megatron_mimo_data_loaders (megatron/bridge/data/megatron_mimo/loaders.py) looks
-# up the sampling info once, then builds the train, validation and test loaders in this order.
-SPLITS = ("train", "validation", "test")
+class ReadsOf:
+    """The dataset as the sharded loader reads it: the same samples, read by a batch of indices at
+    a time (torch's ``__getitems__``), so that the plan's figures stay with them."""
 
-_lock = threading.Lock()
-_context: Optional[ShardContext] = None
-_dp_group = None  # this rank's module DP process group (not part of the picklable context)
-_lookup = None  # (parallelism config, grids) of the last sampling-info lookup, resolved lazily
-_armed_by: Optional[tuple] = None  # (id, code) of the frame that looked the sampling info up
-_loaders_built = 0  # loaders built since the context was set: which split comes next
+    def __init__(self, dataset):
+        self.dataset = dataset
 
+    def __len__(self) -> int:
+        return len(self.dataset)
 
-def set_context(ctx: Optional[ShardContext], dp_group=None) -> None:
-    global _context, _dp_group, _lookup, _armed_by, _loaders_built
-    with _lock:
-        _context, _dp_group, _lookup, _armed_by, _loaders_built = ctx, dp_group, None, None, 0
+    def __getitem__(self, index):
+        return self.dataset[index]
 
+    def __getitems__(self, indices) -> SamplesRead:
+        own = getattr(self.dataset, "__getitems__", None)
+        samples = own(list(indices)) if own else [self.dataset[i] for i in indices]
+        return SamplesRead(samples, getattr(indices, "predicted_spread", None))
 
-def arm(parallelism_config, grids, caller) -> None:
-    """Record a sampling-info lookup made by the frame ``caller`` (Bridge's
-    build_megatron_mimo_data_loaders, or a script's own build_data_iterators).
-
-    The context is resolved only when a loader is built, and loaders are sharded only while that
-    frame is still running: a lookup on its own (a unit test, a tool) never leaks into a later,
-    unrelated build_pretraining_data_loader call.
-    """
-    global _context, _dp_group, _lookup, _armed_by, _loaders_built
-    with _lock:
-        _context, _dp_group, _loaders_built = None, None, 0
-        _lookup = (parallelism_config, grids)
-        _armed_by = (id(caller), caller.f_code) if caller is not None else None
-
-
-def _resolve() -> None:
-    global _context, _dp_group, _lookup
-    if _lookup is not None:
-        lookup, _lookup = _lookup, None
-        _context, _dp_group = context_from_grids(*lookup)
-
-
-# The local names of the three datasets in Bridge's build_megatron_mimo_data_loaders, in SPLITS order.
-_SPLIT_LOCALS = ("train_ds", "valid_ds", "test_ds")
-
-
-def take_split(dataset=None) -> str:
-    """The split of the loader being built now.
-
-    Bridge builds the train, validation and test loaders in that order, but skips the builder for
-    a split without a dataset in some versions (#5525's ``_make_loader`` returns None first) and
-    not in others, so counting calls alone can mislabel a test loader as validation. The dataset
-    is looked up among the armed frame's datasets first; counting is the fallback.
-    """
-    global _loaders_built
-    with _lock:
-        n, _loaders_built = _loaders_built, _loaders_built + 1
-    frame = _armed_caller()
-    if dataset is not None and frame is not None:
-        names = frame.f_locals
-        hits = [s for s, local in zip(SPLITS, _SPLIT_LOCALS) if names.get(local) is dataset]
-        if len(hits) == 1:  # the same dataset object for two splits: fall back to the order
-            return hits[0]
-    return SPLITS[n] if n < len(SPLITS) else f"loader{n}"
-
-
-def current_context() -> Optional[ShardContext]:
-    with _lock:
-        _resolve()
-        return _context
-
-
-def context_for_loader() -> Optional[ShardContext]:
-    """The context when the loader being built belongs to the call that looked up the sampling
-    info (that frame is on the stack now), else None."""
-    if _armed_by is None:
-        return current_context()  # set directly (set_context): no frame to scope it
-    return current_context() if _armed_caller() is not None else None
-
-
-def _armed_caller():
-    """The frame that looked the sampling info up, if it is on the stack now (else None)."""
-    armed = _armed_by
-    if armed is None:
-        return None
-    f = sys._getframe(1)
-    while f is not None:
-        if id(f) == armed[0] and f.f_code is armed[1]:
-            return f
-        f = f.f_back
-    return None
-
-
-def current_dp_group():
-    with _lock:
-        _resolve()
-        return _dp_group
-
-
-def context_from_grids(parallelism_config, grids):
-    """(ShardContext, module DP group) of this rank from the MIMO parallelism config and grids;
-    (None, None) on a rank outside every module."""
-    import torch.distributed as dist
-
-    from mimo_accel.agree import data_loading_ranks
-
-    me = dist.get_rank()
-    dp_sizes = {name: p.data_parallel_size for name, p in parallelism_config.module_parallelisms.items()}
-    for name, grid in grids.items():
-        if grid.rank_offset <= me < grid.rank_offset + grid.size:
-            dp = grid.get_pg(["dp"])
-            return ShardContext(module=name, dp_rank=dp.rank(), dp_size=dp.size(),
-                                grid=canonical_grid(dp_sizes.values()), dp_sizes=dp_sizes,
-                                data_ranks=data_loading_ranks(grids)), dp
-    return None, None
-
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.__dict__["dataset"], name)
 
 def check_window(window: int, step_micro_batches: Optional[int]) -> None:
     """A reorder window must tile the micro-batches of a training step, so that samples move between
@@ -201,8 +91,7 @@ class ShardedBatchSampler:
     (a resume starts at a step), so a window never spans two training steps.
     """
 
-    def __init__(self, global_sampler, ctx: ShardContext, planner: Optional[Planner] = None,
-                 on_batch: Optional[Callable[[list, list, Optional[float]], None]] = None, window: int = 1,
+    def __init__(self, global_sampler, ctx: ShardContext, planner: Optional[Planner] = None, window: int = 1,
                  step_micro_batches: Optional[int] = None, start: Optional[tuple[int, int]] = None):
         window = window if planner is not None else 1
         check_window(window, step_micro_batches)
@@ -212,7 +101,6 @@ class ShardedBatchSampler:
         self.start = start
         self.ctx = ctx
         self.planner = planner
-        self.on_batch = on_batch  # (global indices, local indices, predicted spread) -> None
         self.window = window
         self.step_micro_batches = step_micro_batches
 
@@ -256,9 +144,7 @@ class ShardedBatchSampler:
                 start += len(b)
                 per_group = len(b) // self.ctx.grid
                 local = micro[g.start * per_group: g.stop * per_group]
-                if self.on_batch is not None:
-                    self.on_batch(b, local, spread)
-                yield local
+                yield LocalIndices(local, spread)
 
     def __len__(self) -> int:
         return len(self.global_sampler)
@@ -280,13 +166,12 @@ class TaggingCollate:
         if not isinstance(batch, dict):
             raise TypeError("mimo_accel sharded reads need the collate function to return a dict "
                             f"(MegatronMIMO batches are dicts), got {type(batch).__name__}")
-        batch[SHARD_TAG_KEY] = ShardTag(self.ctx.module, self.ctx.dp_rank, self.ctx.dp_size,
-                                        self.ctx.grid, len(samples), self.ctx.sliced_in_step)
+        batch[SHARD_TAG_KEY] = tag_for(self.ctx, len(samples), getattr(samples, "predicted_spread", None))
         return batch
 
 
 def shard_loader(loader, ctx: ShardContext, micro_batch_size: int, planner: Optional[Planner] = None,
-                 on_batch=None, window: int = 1, step_micro_batches: Optional[int] = None,
+                 window: int = 1, step_micro_batches: Optional[int] = None,
                  global_sampler=None, start: Optional[tuple[int, int]] = None):
     """A DataLoader over the same dataset/collate/workers that reads only this replica's share of
     ``global_sampler``'s micro-batches (default: the upstream loader's own, global, batch sampler)."""
@@ -295,7 +180,7 @@ def shard_loader(loader, ctx: ShardContext, micro_batch_size: int, planner: Opti
         raise TypeError("mimo_accel sharded reads: the upstream loader has no batch sampler to shard "
                         "(dataloader_type 'external' passes the dataset through). Use 'single' or "
                         "'cyclic', or turn sharded_reads off.")
-    sampler = ShardedBatchSampler(global_sampler or loader.batch_sampler, ctx, planner, on_batch, window,
+    sampler = ShardedBatchSampler(global_sampler or loader.batch_sampler, ctx, planner, window,
                                   step_micro_batches, start)
     return tagged_loader(loader, ctx, sampler)
 
@@ -304,7 +189,7 @@ def tagged_loader(loader, ctx: ShardContext, batch_sampler):
     """The upstream loader's dataset, collate and workers over ``batch_sampler``, batches tagged."""
     from torch.utils.data import DataLoader
 
-    return DataLoader(loader.dataset, batch_sampler=batch_sampler, num_workers=loader.num_workers,
+    return DataLoader(ReadsOf(loader.dataset), batch_sampler=batch_sampler, num_workers=loader.num_workers,
                       collate_fn=TaggingCollate(loader.collate_fn, ctx),
                       pin_memory=loader.pin_memory, worker_init_fn=loader.worker_init_fn,
                       persistent_workers=loader.persistent_workers if loader.num_workers > 0 else False)

@@ -14,13 +14,18 @@ Megatron-Bridge main (training/megatron_mimo_step.py at 067f987) packs the langu
 
 With mimo_accel packing on, :func:`wrap_resolve_step_packing` turns step packing on (upstream's
 own check still runs, so collate-time packing is still refused), and
-:func:`make_pack_language_shard` packs exactly as mimo_accel does on 0.6: per-segment
+:func:`wrap_pack_language_shard` packs exactly as mimo_accel does on 0.6: per-segment
 ``pad_multiple`` and sequence-parallel alignment of ``T``, lengths validated from the
 ``attention_mask`` (right padding only; loss_mask + placeholders when it is all ones),
 ``position_ids`` generated when absent, and ``pad_between_seqs`` in the kwargs (a
 ``PackedSeqParams`` field in megatron-core 0.19.2 and at the 0.20.0 pin). It returns what
 upstream's does, ``(packed_batch, packing_kwargs)`` with ``attention_mask=None``. On 0.6 the step
-packs nothing, and mimo_accel packs in its slice replacement instead (:mod:`mimo_accel.step`).
+packs nothing, and mimo_accel packs in its slice replacement instead (:mod:`mimo_accel.runtime.step`).
+
+The packer needs the rank's pipeline stage: the batch the slice returned carries it
+(:class:`~mimo_accel.runtime.step.LocalBatch`); under upstream's scalable reads no slice runs,
+and the role this rank's model declared to ``_get_module_dp_info`` earlier in the step is used
+(one MimoModel per rank in the non-colocated layout).
 """
 
 from __future__ import annotations
@@ -28,8 +33,10 @@ from __future__ import annotations
 import functools
 from typing import Callable
 
+from mimo_accel.runtime.state import Runtime
 
-def wrap_resolve_step_packing(original: Callable) -> Callable:
+
+def wrap_resolve_step_packing(original: Callable, runtime: Runtime) -> Callable:
     """``resolve_step_packing(dataset_cfg) -> bool``: True (mimo_accel packing is on)."""
 
     @functools.wraps(original)
@@ -40,26 +47,27 @@ def wrap_resolve_step_packing(original: Callable) -> Callable:
     return resolve_step_packing
 
 
-def make_pack_language_shard(original: Callable, pad_multiple: int) -> Callable:
+def wrap_pack_language_shard(original: Callable, runtime: Runtime) -> Callable:
     """The replacement for main's ``pack_language_shard(data_batch, *, lengths=None)``.
 
-    Packs as mimo_accel does on 0.6 (:func:`mimo_accel.step.pack_for_language_model`): the caller's
-    ``lengths`` are the row sums of the batch's ``attention_mask``, which that function derives
-    itself, checking right padding, and replaces by ``loss_mask`` + placeholder lengths when the
-    mask marks no padding (all ones), saying so once.
+    Packs as mimo_accel does on 0.6 (:func:`mimo_accel.runtime.step.pack_for_language_model`): the
+    caller's ``lengths`` are the row sums of the batch's ``attention_mask``, which that function
+    derives itself, checking right padding, and replaces by ``loss_mask`` + placeholder lengths
+    when the mask marks no padding (all ones), saying so once.
     """
+    pad_multiple = runtime.config.pad_multiple
 
     @functools.wraps(original)
     def pack_language_shard(data_batch, *, lengths=None):
-        from mimo_accel.step import current_role, pack_for_language_model
+        from mimo_accel.runtime.step import pack_for_language_model
 
-        role = current_role()  # recorded by the _get_module_dp_info wrapper earlier in this step
+        role = getattr(data_batch, "role", None) or runtime.rank_role
         if role is None or not role.is_language:
             raise RuntimeError(
                 "mimo_accel: upstream's step asked to pack a language shard, but mimo_accel has not seen "
                 "this step's _get_module_dp_info call, so it does not know the rank's pipeline stage. "
                 "Call pack_language_shard only from megatron_mimo_step.forward_step, or disable packing.")
-        packed = pack_for_language_model(data_batch, role, pad_multiple)
+        packed = pack_for_language_model(data_batch, role, pad_multiple, runtime.say_once)
         return packed, packed.pop("packing_kwargs")
 
     return pack_language_shard

@@ -25,46 +25,39 @@ from __future__ import annotations
 
 import collections
 import functools
-import threading
-import weakref
 from typing import Callable
 
 import torch
 
-_lock = threading.Lock()
-# one FIFO of per-peer row counts per BridgeCommunicator (one bridge per encoder)
-_rows: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+from mimo_accel.modules import LANGUAGE
+from mimo_accel.runtime.state import Runtime
 
 
-def _queue(bridge) -> collections.deque:
-    with _lock:
-        q = _rows.get(bridge)
+def _queue(runtime: Runtime, bridge) -> collections.deque:
+    """The FIFO of per-peer row counts of one BridgeCommunicator (one bridge per encoder)."""
+    with runtime.lock:
+        q = runtime.fan_in_rows.get(bridge)
         if q is None:
-            q = _rows[bridge] = collections.deque()
+            q = runtime.fan_in_rows[bridge] = collections.deque()
         return q
 
 
-def pending() -> dict:
+def pending(runtime: Runtime) -> dict:
     """Row-count records waiting for a backward, per bridge (for tests and diagnostics)."""
-    with _lock:
-        return {bridge: len(q) for bridge, q in _rows.items() if q}
-
-
-def clear() -> None:
-    with _lock:
-        _rows.clear()
+    with runtime.lock:
+        return {bridge: len(q) for bridge, q in runtime.fan_in_rows.items() if q}
 
 
 def _is_fan_in(mimo_model, encoder_name: str) -> bool:
     grids = getattr(mimo_model.mimo_config, "module_to_grid_map", None) or {}
-    enc, lang = grids.get(encoder_name), grids.get("language")
+    enc, lang = grids.get(encoder_name), grids.get(LANGUAGE)
     if enc is None or lang is None:
         return False
     dp = lambda g: g.shape[g.dim_names.index("dp")]  # noqa: E731
     return dp(enc) > dp(lang)
 
 
-def wrap_attach_split_sizes(original: Callable) -> Callable:
+def wrap_attach_split_sizes(original: Callable, runtime: Runtime) -> Callable:
     @functools.wraps(original)
     def _attach_modality_split_sizes(self, output, input_ids, encoder_name):
         if _is_fan_in(self, encoder_name):
@@ -74,7 +67,7 @@ def wrap_attach_split_sizes(original: Callable) -> Callable:
     return _attach_modality_split_sizes
 
 
-def wrap_communicate_shapes(original: Callable) -> Callable:
+def wrap_communicate_shapes(original: Callable, runtime: Runtime) -> Callable:
     @functools.wraps(original)
     def _communicate_shapes(self, tensor_to_send_next=None, recv_next=False, recv_prev=False,
                             tensor_to_send_prev=None):
@@ -83,18 +76,18 @@ def wrap_communicate_shapes(original: Callable) -> Callable:
         # Only a receiving leader gets shapes back; a fan-in leader gets more than one.
         if recv_prev and len(forward_shapes) > 1 and torch.is_grad_enabled():
             dim = self._batch_dim
-            _queue(self).append([int(shape[dim]) for shape in forward_shapes])
+            _queue(runtime, self).append([int(shape[dim]) for shape in forward_shapes])
         return forward_shapes, grad_shapes
 
     return _communicate_shapes
 
 
-def wrap_split_at_batch_dim(original: Callable) -> Callable:
+def wrap_split_at_batch_dim(original: Callable, runtime: Runtime) -> Callable:
     @functools.wraps(original)
     def _split_tensor_at_batch_dim(self, aggregated_tensor, num_splits):
         if (num_splits > 1 and getattr(aggregated_tensor, "_mimo_bridge_split_sizes", None) is None
                 and self.is_current_rank_in_grid(self.dest_grid)):
-            q = _queue(self)
+            q = _queue(runtime, self)
             if not q:
                 raise RuntimeError(
                     "mimo_accel fan-in: a gradient is being split back to the vision replicas but no "

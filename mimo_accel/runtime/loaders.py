@@ -1,0 +1,182 @@
+"""This rank's loader for one split: its share of every global micro-batch, planned or not.
+
+Upstream's loader builders run as they are (``build_pretraining_data_loader`` with the sampler's
+dp_size=1, or #5525's ``build_canonical_mimo_data_loader``); inside a loader scope
+(:mod:`mimo_accel.runtime.scope`) their loader is replaced by one that reads only this replica's
+share, on the canonical grid: in upstream's global order (sharded reads), in the planned order
+(reorder, plan mode), or exchanged after decoding (reorder, exchange mode). Before the first
+batch every data-loading rank checks that it plans from the same inputs
+(:mod:`mimo_accel.runtime.plan_inputs`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+import sys
+from typing import Callable, Optional
+
+from mimo_accel.runtime import plan_inputs, scope
+from mimo_accel.runtime.state import Runtime
+
+
+def micro_batches_per_step() -> Optional[int]:
+    """megatron-core's micro-batches per training step (None before its calculator is set up; the
+    calculator is the private ``_GLOBAL_NUM_MICROBATCHES_CALCULATOR``, declared in
+    :data:`mimo_accel.patching.targets.INTERNALS`)."""
+    from megatron.core import num_microbatches_calculator as nmc
+
+    if getattr(nmc, "_GLOBAL_NUM_MICROBATCHES_CALCULATOR", None) is None:
+        return None
+    return int(nmc.get_num_microbatches())
+
+
+def _data_ranks(ctx):
+    """The data-loading ranks as a gather group (None in a single process)."""
+    import torch.distributed as dist
+
+    from mimo_accel.runtime.rank_set import RankSet
+
+    return RankSet(ctx.data_ranks) if dist.is_initialized() and len(ctx.data_ranks) > 1 else None
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """How one split's loader orders its global micro-batches."""
+
+    planner: object = None  # a sampler.Planner (plan mode), else None
+    cost_model: object = None  # the CostModel reorder prices samples with
+    window: int = 1  # micro-batches planned together
+    step_micro_batches: Optional[int] = None
+
+
+def plan_for(dataset, sampler_settings: list, ctx, split: str, runtime: Runtime) -> Plan:
+    """The plan of one split's loader; first checks that every data-loading rank plans from the
+    same inputs (collective over those ranks)."""
+    from mimo_accel.runtime import sampler
+
+    cfg = runtime.config
+    fields = {
+        "layout": plan_inputs.digest([sorted(ctx.dp_sizes.items()), ctx.grid]),
+        "options": plan_inputs.digest({k: v for k, v in dataclasses.asdict(cfg).items() if k != "profile"}),
+        "dataset": plan_inputs.digest([type(dataset).__name__, len(dataset)]),
+        "sampler": plan_inputs.digest(sampler_settings),
+    }
+    plan = Plan()
+    if cfg.reorder:
+        from mimo_accel.datasets.split_index import cost_index_for, index_digest
+        from mimo_accel.planner import CostIndexPlanner, cost_model_for
+
+        model = cost_model_for(cfg.cost_model)
+        fields["cost model"] = plan_inputs.digest(dataclasses.asdict(model))
+        plan = Plan(cost_model=model)
+        if cfg.reorder_mode == "plan":
+            index = cost_index_for(dataset, cfg.cost_index, split, group=_data_ranks(ctx))
+            fields["cost index"] = index_digest(index)
+            planner = CostIndexPlanner(index, model, ctx.grid, vision_groups=ctx.modules.encoder_groups(),
+                                       notify=runtime.say_once)
+            window, step_mbs = 1, None
+            # Windows span the micro-batches of one training step; evaluation plans each
+            # micro-batch on its own (its micro-batches per pass follow other settings).
+            if split == "train" and cfg.reorder_window > 1:
+                window, step_mbs = cfg.reorder_window, micro_batches_per_step()
+                sampler.check_window(window, step_mbs)
+            plan = Plan(planner, model, window, step_mbs)
+    plan_inputs.check_same_everywhere(fields, ctx.data_ranks, f"{split} loader")
+    return plan
+
+
+_SETTINGS = ("consumed_samples", "dataloader_type", "micro_batch_size", "drop_last", "seed", "data_sharding")
+
+
+def wrap_pretraining_loader(original: Callable, runtime: Runtime) -> Callable:
+    """``build_pretraining_data_loader``: upstream's loader; inside a loader scope with a MIMO layout
+    (the sampler's dp_size=1 after the scope's sampling-info lookup), this rank's share of it."""
+    signature = inspect.signature(original)
+
+    @functools.wraps(original)
+    def build_pretraining_data_loader(*args, **kwargs):
+        loader = original(*args, **kwargs)
+        a = scope.bound_arguments(signature, args, kwargs)
+        open_scope = scope.current()
+        ctx = open_scope.shard_context() if open_scope is not None else None
+        if ctx is None or a["data_parallel_size"] != 1:
+            return loader
+        split = open_scope.split_of(a["dataset"])
+        if loader is None or a["dataloader_type"] == "external":
+            return loader
+        return _share(loader, a, ctx, split, open_scope.dp_group, runtime)
+
+    return build_pretraining_data_loader
+
+
+def _share(loader, a: dict, ctx, split: str, dp_group, runtime: Runtime):
+    """This rank's sharded (and, with reorder, planned) loader for one split."""
+    from mimo_accel.runtime import sampler
+
+    cfg = runtime.config
+    plan = plan_for(a["dataset"], [a[k] for k in _SETTINGS], ctx, split, runtime)
+    if cfg.reorder and cfg.reorder_mode == "exchange":
+        from mimo_accel.exchange import exchange_shard_loader
+
+        return exchange_shard_loader(loader, ctx, a["micro_batch_size"], dp_group, cost_model=plan.cost_model,
+                                     notify=runtime.say_once)
+    return sampler.shard_loader(loader, ctx, a["micro_batch_size"], planner=plan.planner, window=plan.window,
+                                step_micro_batches=plan.step_micro_batches)
+
+
+def wrap_canonical_loader(original: Callable, runtime: Runtime) -> Callable:
+    """Upstream's scalable reads (#5525 ``build_canonical_mimo_data_loader``): upstream already
+    reads this replica's share on the same canonical grid, so sharded reads step aside. What
+    mimo_accel adds on top: the batch tag (so the step can check the replica and the profiler can
+    count), and with reorder the planned order, taken from upstream's own canonical-group
+    samplers over *all* groups — the global micro-batch upstream reads, under ``single`` and
+    ``cyclic`` alike — so every module plans the same micro-batch and keeps its own share."""
+    signature = inspect.signature(original)
+    canonical = sys.modules[original.__module__]
+
+    @functools.wraps(original)
+    def build_canonical_mimo_data_loader(*args, **kwargs):
+        loader = original(*args, **kwargs)
+        a = scope.bound_arguments(signature, args, kwargs)
+        open_scope = scope.current()
+        ctx = open_scope.shard_context() if open_scope is not None else None
+        if ctx is None:
+            return loader
+        split = open_scope.split_of(a["dataset"])
+        if loader is None:
+            return loader
+        grid = canonical.canonical_grid_size(list(a["module_dp_sizes"]))
+        if (a["dp_rank"], a["dp_size"], grid) != (ctx.dp_rank, ctx.dp_size, ctx.grid):
+            raise RuntimeError(
+                f"mimo_accel: upstream's scalable reads build this loader for replica {a['dp_rank']}/"
+                f"{a['dp_size']} on a grid of {grid}, but the MIMO layout puts this rank at {ctx.module} "
+                f"replica {ctx.dp_rank}/{ctx.dp_size} on a grid of {ctx.grid}; refusing to mis-pair samples")
+        ctx = dataclasses.replace(ctx, sliced_in_step=False)
+        return _canonical_share(loader, a, ctx, split, open_scope.dp_group, runtime, canonical)
+
+    return build_canonical_mimo_data_loader
+
+
+def _canonical_share(loader, a: dict, ctx, split: str, dp_group, runtime: Runtime, canonical):
+    """On top of upstream's canonical loader (scalable reads): tagged, and with reorder planned."""
+    from mimo_accel.runtime import sampler
+
+    cfg = runtime.config
+    if not cfg.reorder:
+        return sampler.tagged_loader(loader, ctx, loader.batch_sampler)  # upstream's own shard
+    plan = plan_for(a["dataset"], [a[k] for k in _SETTINGS if k != "seed"], ctx, split, runtime)
+    if cfg.reorder_mode == "exchange":
+        from mimo_accel.exchange import exchange_shard_loader
+
+        return exchange_shard_loader(loader, ctx, a["micro_batch_size"], dp_group, cost_model=plan.cost_model,
+                                     local_batch_sampler=loader.batch_sampler, notify=runtime.say_once)
+    # upstream's own per-group samplers for every group: the global micro-batch, in canonical order
+    everything = canonical.build_canonical_group_batch_sampler(
+        dataloader_type=a["dataloader_type"], dataset=a["dataset"], consumed_samples=a["consumed_samples"],
+        micro_batch_size=a["micro_batch_size"], grid_size=ctx.grid, groups=list(range(ctx.grid)),
+        data_sharding=a["data_sharding"], drop_last=a["drop_last"])
+    return sampler.shard_loader(loader, ctx, a["micro_batch_size"], planner=plan.planner, window=plan.window,
+                                step_micro_batches=plan.step_micro_batches, global_sampler=everything,
+                                start=(a["consumed_samples"], a["micro_batch_size"]))

@@ -1,0 +1,61 @@
+"""A set of ranks that gathers Python objects through the job's rendezvous store.
+
+Bridge builds MIMO data loaders on the data-loading ranks only, so nothing collective over all
+ranks can run there; the store every rank already shares can carry a gather among any subset.
+"""
+
+from __future__ import annotations
+
+import pickle
+import threading
+from typing import Sequence
+
+_lock = threading.Lock()
+# ranks -> gathers these ranks have made (the same count on each of them). Process-lifetime on
+# purpose: the job's store outlives mimo_accel's enable/disable, so a count that restarted would
+# read another round's values under the same keys.
+_rounds: dict = {}
+
+
+def default_store():
+    """The job's rendezvous store (torch.distributed's private ``_get_default_store``; declared in
+    :data:`mimo_accel.patching.targets.INTERNALS`)."""
+    from torch.distributed import distributed_c10d as c10d
+
+    return c10d._get_default_store()
+
+
+class RankSet:
+    """A set of ranks that gathers Python objects through the job's rendezvous store.
+
+    No process group is created, so nothing is collective with the ranks outside the set (Bridge
+    builds loaders on the data-loading ranks only). Every member must call :meth:`gather` the same
+    number of times, in the same order. ``rank``/``world`` are this process's place in the set.
+    """
+
+    through_store = True  # what a gather over it goes through (a ProcessGroup has .gather too)
+
+    def __init__(self, ranks: Sequence[int]):
+        import torch.distributed as dist
+
+        self.ranks = tuple(sorted(ranks))
+        me = dist.get_rank()
+        if me not in self.ranks:
+            raise RuntimeError(f"mimo_accel: rank {me} builds a loader but is not one of the "
+                               f"data-loading ranks {list(self.ranks)} of Bridge's layout")
+        self.rank, self.world = self.ranks.index(me), len(self.ranks)
+
+    def gather(self, obj) -> list:
+        with _lock:
+            n = _rounds[self.ranks] = _rounds.get(self.ranks, 0) + 1
+        store = default_store()
+        prefix = f"mimo_accel/gather/{'-'.join(map(str, self.ranks))}/{n}"
+        keys = [f"{prefix}/{r}" for r in self.ranks]
+        store.set(keys[self.rank], pickle.dumps(obj))
+        try:
+            store.wait(keys)
+        except Exception as exc:  # the store's own timeout: say who never came
+            missing = [r for r, k in zip(self.ranks, keys) if not store.check([k])]
+            raise RuntimeError(f"mimo_accel: ranks {missing} never reached this point (rank "
+                               f"{self.ranks[self.rank]} waited for them): {exc}") from exc
+        return [pickle.loads(store.get(k)) for k in keys]

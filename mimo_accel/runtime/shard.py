@@ -1,0 +1,92 @@
+"""Where this rank's data goes, and the tag a batch read for one replica carries.
+
+A :class:`ShardContext` is this rank's module, its replica in the module's DP group and the
+canonical grid G, worked out from Bridge's MIMO parallelism config and grids (what the
+sampling-info lookup is given). A :class:`ShardTag` rides in every batch the sharded loader
+delivers (key :data:`SHARD_TAG_KEY`), so the forward step knows the batch is already this
+replica's share and can check it was read for this very replica.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping, Optional
+
+from mimo_accel.grid import canonical_grid, owned_groups
+from mimo_accel.modules import LANGUAGE, Modules
+
+SHARD_TAG_KEY = "mimo_accel_shard"
+
+
+@dataclass(frozen=True)
+class ShardContext:
+    """Where this rank's data goes: its module, its replica in the module DP group, and G."""
+
+    module: str
+    dp_rank: int
+    dp_size: int
+    grid: int
+    dp_sizes: dict = field(default_factory=dict)  # every module's DP size (what G came from)
+    data_ranks: tuple = ()  # every rank that builds data loaders in this layout
+    # False under upstream's scalable reads (megatron_mimo_scalable_dp): the step skips its slice,
+    # so the batch's tag is taken off by the step's get_batch instead (mimo_accel.runtime.step).
+    sliced_in_step: bool = True
+
+    @property
+    def groups(self) -> range:
+        return owned_groups(self.dp_rank, self.dp_size, self.grid)
+
+    @property
+    def modules(self) -> Modules:
+        return Modules.from_dp_sizes(self.dp_sizes or {self.module: self.dp_size})
+
+
+@dataclass(frozen=True)
+class ShardTag:
+    """Rides in a sharded batch (key ``SHARD_TAG_KEY``) so the step knows it is already local."""
+
+    module: str
+    dp_rank: int
+    dp_size: int
+    grid: int
+    samples: int
+    sliced_in_step: bool = True  # see ShardContext.sliced_in_step
+    # what the plan predicted for this batch's global micro-batch (max/mean over the balanced
+    # replicas), and the sample bytes the exchange moved for it; None/0 when not planned
+    predicted_spread: Optional[float] = None
+    bytes_exchanged: int = 0
+
+
+def tag_for(ctx: ShardContext, samples: int, predicted_spread: Optional[float] = None,
+            bytes_exchanged: int = 0) -> ShardTag:
+    return ShardTag(ctx.module, ctx.dp_rank, ctx.dp_size, ctx.grid, samples, ctx.sliced_in_step,
+                    predicted_spread, bytes_exchanged)
+
+
+def data_loading_ranks(grids: Mapping[str, object]) -> tuple[int, ...]:
+    """The ranks Bridge builds data loaders on, from the grids alone (no communication).
+
+    Bridge (megatron/bridge/data/megatron_mimo/dp_utils.py ``_needs_data_for_module``): every
+    language rank loads data; an encoder rank loads data on its first pipeline stage only.
+    """
+    ranks: set[int] = set()
+    for name, grid in grids.items():
+        for pp_group in grid.get_rank_enum(["pp"]):
+            ranks.update(pp_group if name == LANGUAGE else pp_group[:1])
+    return tuple(sorted(ranks))
+
+
+def context_from_grids(parallelism_config, grids):
+    """(ShardContext, module DP group) of this rank from the MIMO parallelism config and grids;
+    (None, None) on a rank outside every module."""
+    import torch.distributed as dist
+
+    me = dist.get_rank()
+    dp_sizes = Modules.from_parallelism(parallelism_config).dp_sizes
+    for name, grid in grids.items():
+        if grid.rank_offset <= me < grid.rank_offset + grid.size:
+            dp = grid.get_pg(["dp"])
+            return ShardContext(module=name, dp_rank=dp.rank(), dp_size=dp.size(),
+                                grid=canonical_grid(dp_sizes.values()), dp_sizes=dp_sizes,
+                                data_ranks=data_loading_ranks(grids)), dp
+    return None, None

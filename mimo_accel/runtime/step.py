@@ -1,0 +1,229 @@
+"""The forward-step pieces that replace upstream's per-step batch handling.
+
+Bridge's MIMO ``forward_step`` (megatron/bridge/training/megatron_mimo_step.py) calls, in order:
+``get_batch(data_iterator)``, ``_get_module_dp_info(model)`` and then
+``slice_batch_for_megatron_mimo(batch, dp_rank, dp_size)``, all looked up in its module globals
+at call time. mimo_accel wraps the second so that the ``dp_rank`` it answers carries this rank's
+role (:class:`ReplicaRank`: upstream's step passes that very value on to the slice), and
+replaces the third with :func:`wrap_slice`'s function, which
+
+- passes a batch that sharded reads already made local straight through (checking that it was
+  read for this very replica — never a silent mis-pairing), or slices a global batch as upstream;
+- THD-packs the language shard when packing is on (on upstream main the step packs itself, and
+  the local batch it gets back carries the role on to the packer: :class:`LocalBatch`).
+
+Under upstream's scalable reads (Megatron-Bridge #5525, ``dataset.megatron_mimo_scalable_dp``) the
+step skips the slice: the loader already delivered the shard. There :func:`wrap_get_batch` takes
+the batch's tag off as ``get_batch`` returns it, checks it against this rank's replica and
+records the batch.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import functools
+import warnings
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+from mimo_accel.modules import LANGUAGE
+from mimo_accel.runtime.shard import SHARD_TAG_KEY, ShardTag
+from mimo_accel.runtime.state import Runtime
+
+
+@dataclass(frozen=True)
+class StepRole:
+    """What this rank does in a forward step (from the MimoModel's role)."""
+
+    is_language: bool
+    is_first_stage: bool
+    is_last_stage: bool
+    sequence_parallel_size: int  # T must divide by this for sequence parallelism (tp·cp), else 1
+    placeholder_ids: tuple = ()  # the modality placeholder token ids in input_ids
+
+
+class ReplicaRank(int):
+    """A module DP rank that carries this rank's :class:`StepRole`: what the wrapped
+    ``_get_module_dp_info`` answers, and upstream's step hands straight to the slice."""
+
+    role: Optional[StepRole]
+
+    def __new__(cls, value: int, role: Optional[StepRole]):
+        rank = super().__new__(cls, value)
+        rank.role = role
+        return rank
+
+
+class LocalBatch(dict):
+    """The local batch the slice returns, carrying the role on to upstream main's step packer."""
+
+    role: Optional[StepRole] = None
+
+
+def role_of(mimo_model) -> Optional[StepRole]:
+    role = getattr(mimo_model, "role", None)
+    if role is None or not role.has_language_module:
+        return StepRole(False, True, True, 1) if role is not None else None
+    sp = 1
+    grids = getattr(getattr(mimo_model, "mimo_config", None), "module_to_grid_map", None) or {}
+    grid = grids.get(LANGUAGE)
+    tokens = tuple((getattr(mimo_model, "special_token_ids", None) or {}).values())
+    lm = getattr(mimo_model, "language_model", None)
+    lm_config = getattr(lm, "config", None)
+    if grid is not None and getattr(lm_config, "sequence_parallel", False):
+        dims = dict(zip(grid.dim_names, grid.shape))
+        sp = dims.get("tp", 1) * dims.get("cp", 1)
+    return StepRole(True, role.is_first_stage(LANGUAGE), role.is_last_stage(LANGUAGE), sp, tokens)
+
+
+def role_of_rank(runtime: Runtime, mimo_model) -> Optional[StepRole]:
+    """The role of ``mimo_model``, worked out once per model (a model's role never changes)."""
+    if mimo_model in runtime.roles:
+        return runtime.roles[mimo_model]
+    role = runtime.roles[mimo_model] = role_of(mimo_model)
+    runtime.rank_role = role
+    return role
+
+
+def wrap_module_dp_info(original: Callable, runtime: Runtime) -> Callable:
+    """``_get_module_dp_info(model)``: upstream's (dp_rank, dp_size), the rank carrying the role."""
+
+    @functools.wraps(original)
+    def _get_module_dp_info(megatron_mimo_model, *args, **kwargs):
+        role = role_of_rank(runtime, megatron_mimo_model)
+        dp_rank, dp_size = original(megatron_mimo_model, *args, **kwargs)
+        return ReplicaRank(dp_rank, role), dp_size
+
+    return _get_module_dp_info
+
+
+def check_replica(tag: ShardTag, dp_rank: int, dp_size: int) -> None:
+    if (tag.dp_rank, tag.dp_size) != (dp_rank, dp_size):
+        raise RuntimeError(
+            f"mimo_accel: this batch was read for {tag.module} replica {tag.dp_rank}/{tag.dp_size} "
+            f"but the forward step runs as replica {dp_rank}/{dp_size}. The data loader and the "
+            "model disagree on the layout; build the loaders after the model (with the same "
+            "MegatronMIMOParallelismConfig).")
+
+
+def wrap_get_batch(original: Callable, runtime: Runtime) -> Callable:
+    """The step's ``get_batch(data_iterator)`` (#5525's shape): a batch read under upstream's
+    scalable reads never reaches the slice, so its tag is taken off here (the model must not see
+    it), checked against this rank's replica and recorded. Other batches pass untouched: the
+    slice takes their tag."""
+
+    @functools.wraps(original)
+    def get_batch(data_iterator, *args, **kwargs):
+        batch = original(data_iterator, *args, **kwargs)
+        tag = batch.get(SHARD_TAG_KEY) if isinstance(batch, dict) else None
+        if isinstance(tag, ShardTag) and not tag.sliced_in_step:
+            del batch[SHARD_TAG_KEY]
+            ctx = runtime.context
+            if ctx is not None:
+                check_replica(tag, ctx.dp_rank, ctx.dp_size)
+            if runtime.profiling is not None:
+                # the dict the step goes on with: language ranks drop the raw encoder inputs
+                seen = {k: v for k, v in batch.items() if not (tag.module == LANGUAGE and k == "modality_inputs")}
+                runtime.profiling.record_batch(batch, read_samples=tag.samples, read_bytes=tensor_bytes(seen),
+                                               tag=tag)
+        return batch
+
+    return get_batch
+
+
+def wrap_slice(original: Callable, runtime: Runtime) -> Callable:
+    """The replacement for ``slice_batch_for_megatron_mimo(batch, dp_rank, dp_size)``.
+
+    It is also bound in ``dp_utils``, where upstream's slice calls itself by module-global name
+    for nested dicts (``modality_inputs``): those nested calls must reach upstream's slice, not
+    run the step's work (tag check, profiling, packing) once more per nested dict.
+    """
+    cfg = runtime.config
+    pack_here = cfg.packing and not runtime.shape.native_packing
+    packed_by_step = cfg.packing and runtime.shape.native_packing  # main's step packs what we return
+    inside: contextvars.ContextVar[bool] = contextvars.ContextVar("mimo_accel_slicing", default=False)
+
+    @functools.wraps(original)
+    def local_batch_for_megatron_mimo(batch: dict, dp_rank: int, dp_size: int) -> dict:
+        if inside.get():
+            return original(batch, dp_rank, dp_size)
+        token = inside.set(True)
+        try:
+            return _local_batch(batch, dp_rank, dp_size)
+        finally:
+            inside.reset(token)
+
+    def _local_batch(batch: dict, dp_rank: int, dp_size: int) -> dict:
+        tag: Optional[ShardTag] = batch.pop(SHARD_TAG_KEY, None) if isinstance(batch, dict) else None
+        profiling = runtime.profiling
+        loaded_bytes = tensor_bytes(batch) if profiling is not None else 0
+        if tag is not None:
+            check_replica(tag, dp_rank, dp_size)
+            local, read = batch, tag.samples
+        else:
+            if cfg.sharded_reads and dp_size > 1:
+                _warn_whole_batch_once(runtime)
+            local, read = original(batch, dp_rank, dp_size), _batch_size(batch)
+        role = getattr(dp_rank, "role", None)
+        if profiling is not None:
+            profiling.record_batch(local, read_samples=read, read_bytes=loaded_bytes, tag=tag)
+        if pack_here and role is not None and role.is_language:
+            local = pack_for_language_model(local, role, cfg.pad_multiple, runtime.say_once)
+        if packed_by_step and isinstance(local, dict):
+            local = LocalBatch(local)
+            local.role = role
+        return local
+
+    return local_batch_for_megatron_mimo
+
+
+def _warn_whole_batch_once(runtime: Runtime) -> None:
+    message = ("mimo_accel sharded_reads is on, but this rank loaded a whole global micro-batch "
+               "(the loader was built without mimo_accel: enable() ran after the script imported "
+               "Bridge's loader builders, the loaders were built outside pretrain_megatron_mimo and "
+               "build_megatron_mimo_data_loaders, or dataloader_type='external'). Slicing it as "
+               "upstream does; call mimo_accel.enable() before importing megatron.bridge, or use "
+               "`mimo-accel run`.")
+    if runtime.say_once("sharded_reads:whole-batch", message):
+        warnings.warn(message, RuntimeWarning, stacklevel=4)
+
+
+def tensor_bytes(obj) -> int:
+    """Bytes of the tensors in a (nested) batch: what this rank loaded for the step (metadata only)."""
+    if hasattr(obj, "element_size") and hasattr(obj, "numel"):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, dict):
+        return sum(tensor_bytes(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(tensor_bytes(v) for v in obj)
+    return 0
+
+
+def _batch_size(batch: dict) -> int:
+    ids = batch.get("input_ids") if isinstance(batch, dict) else None
+    return int(ids.size(0)) if ids is not None and ids.dim() == 2 else 0
+
+
+def pack_for_language_model(batch: dict, role: StepRole, pad_multiple: int,
+                            say_once: Callable[[str, str], object]) -> dict:
+    """THD-pack the language shard. Lengths come from the padding ``attention_mask``; when it is all
+    ones (Bridge 0.6.2's MegatronMIMODataset), from ``loss_mask`` and the placeholder tokens."""
+    from mimo_accel.runtime.packing import lengths_from_loss_mask, pack_language_shard
+
+    mask = batch.get("attention_mask")
+    if mask is None:
+        raise ValueError(
+            "mimo_accel packing needs the batch's [batch, seq] attention_mask (1 = real token) as "
+            "its length source on every language pipeline stage, but it is None. Keep the padding "
+            "mask in the batch (Bridge's Qwen3.5-VL example keeps it when packing is on); the "
+            "packer drops it before the model.")
+    lengths = None
+    if bool((mask != 0).all()):
+        lengths = lengths_from_loss_mask(batch, role.placeholder_ids)
+        say_once("packing:length-source", "mimo_accel packing: the attention_mask marks no padding "
+                 "(all ones), so sample lengths come from loss_mask and the placeholder tokens")
+    packed, kwargs = pack_language_shard(batch, lengths, pad_multiple=pad_multiple,
+                                         tp_size=role.sequence_parallel_size,
+                                         is_first_stage=role.is_first_stage)
+    packed["packing_kwargs"] = kwargs
+    return packed
