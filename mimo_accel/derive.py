@@ -29,7 +29,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Optional, Union
 
-from mimo_accel.costs import CostIndex, _atomic_write
+from mimo_accel.costs import CostIndex
+from mimo_accel.costs._files import atomic_write
 from mimo_accel.probe import DeriveError, Probed, SampleSource, source_for
 
 __all__ = ["ENV_CACHE_DIR", "DeriveError", "cache_path", "default_cache_dir", "derive_cost_index", "share"]
@@ -84,7 +85,7 @@ def _save(index: CostIndex, path: Path, source: SampleSource, key: str) -> None:
         index.save(path)  # atomic: written beside, then renamed over
         about = {"key": key, "dataset": source.describe(), "rule": index.rule.to_dict(),
                  "samples": len(index), "digest": index.digest(), "created": time.strftime("%Y-%m-%dT%H:%M:%S")}
-        _atomic_write(path.with_suffix(".json"), (json.dumps(about, indent=2) + "\n").encode())
+        atomic_write(path.with_suffix(".json"), (json.dumps(about, indent=2) + "\n").encode())
     except OSError as exc:  # a read-only or full cache dir costs a rebuild next time, nothing more
         logger.warning("mimo_accel: could not write the cost-index cache %s: %s", path, exc)
 
