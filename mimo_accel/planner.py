@@ -75,13 +75,13 @@ def cost_index_for(dataset, path: Optional[str], split: str = "train", group=Non
     ``path`` with ``{split}`` in it names one file per split (``train``, ``validation``, ``test``);
     a plain path is the train split's index only — an index never describes two datasets. Without
     a file: the index the dataset carries (``mimo_accel_cost_index``), else one derived from the
-    dataset's raw examples (:func:`mimo_accel.derive.derive_cost_index`; every rank of ``group``
+    dataset's raw examples (:func:`mimo_accel.datasets.derive_cost_index`; every rank of ``group``
     probes its share, cached on disk).
     """
     if path is not None and (SPLIT_FIELD in path or split == "train"):
         index = CostIndex.load(path.replace(SPLIT_FIELD, split))
     else:
-        from mimo_accel.derive import DeriveError, derive_cost_index
+        from mimo_accel.datasets import DeriveError, derive_cost_index
 
         try:
             index = derive_cost_index(dataset, group=group)

@@ -1,15 +1,25 @@
 """An image's ``(height, width)`` without decoding it: from a file's or bytes' header (PNG, JPEG,
-GIF, BMP, WebP; Pillow for other formats)."""
+GIF, BMP, WebP; Pillow for other formats), a PIL image's ``.size`` or an array's shape."""
 
 from __future__ import annotations
 
+import base64
 import io
 import os
 import struct
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-__all__ = ["image_size_from_bytes", "image_size_from_header"]
+__all__ = ["ImageSizeError", "RemoteImageError", "image_size_from_bytes", "image_size_from_header", "image_size_of"]
+
+
+class ImageSizeError(ValueError):
+    """An image as a dataset holds it whose size cannot be read; the message names the image."""
+
+
+class RemoteImageError(ImageSizeError):
+    """An image named by a URL: reading its size would download it."""
 
 
 # --------------------------------------------------------------------------------------------
@@ -162,3 +172,90 @@ def _checked(height: int, width: int) -> tuple[int, int]:
     if height < 1 or width < 1:
         raise ValueError(f"image header gives a zero size ({height}x{width}); the file is corrupt")
     return int(height), int(width)
+
+
+# --------------------------------------------------------------------------------------------
+# Images as datasets hold them
+# --------------------------------------------------------------------------------------------
+
+
+def _is_pil(obj: Any) -> bool:
+    return type(obj).__module__.startswith("PIL.") and isinstance(getattr(obj, "size", None), tuple)
+
+
+def image_size_of(image: Any, where: str = "image") -> tuple[int, int]:
+    """``(height, width)`` of one image as a dataset holds it, reading at most its header.
+
+    Accepts a path (``str``/``PathLike``, ``file://`` prefix allowed), a ``data:image/...;base64,``
+    URI, encoded bytes, an undecoded HF image cell ``{"bytes": ..., "path": ...}``, a PIL image
+    (its ``.size``; nothing is decoded that was not already), or an array of shape ``(H, W)``,
+    ``(H, W, C)`` or ``(C, H, W)`` with C in 1, 3, 4. URLs are refused: probing them would
+    download them. Raises :class:`ImageSizeError` naming ``where``.
+    """
+    try:
+        if _is_pil(image):
+            width, height = image.size
+            return int(height), int(width)
+        if isinstance(image, (bytes, bytearray, memoryview)):
+            return image_size_from_bytes(image, where)
+        if isinstance(image, Mapping):
+            data, path = image.get("bytes"), image.get("path")
+            if data is not None:
+                return image_size_from_bytes(data, where)
+            if path:
+                return image_size_of(path, where)
+            raise ImageSizeError(f"{where}: an image cell with neither bytes nor a path")
+        if isinstance(image, os.PathLike):
+            image = os.fspath(image)
+        if isinstance(image, str):
+            if image.startswith(("http://", "https://")):
+                raise RemoteImageError(f"{where}: image {image!r} is a URL; its size cannot be read without "
+                                       "downloading it. Store the images locally, or use another way.")
+            if image.startswith("data:image"):
+                if "base64," not in image:
+                    raise ImageSizeError(f"{where}: a data:image URI without base64 data")
+                return image_size_from_bytes(base64.b64decode(image.split("base64,", 1)[1]), where)
+            if image.startswith("file://"):
+                image = image[len("file://"):]
+            return image_size_from_header(image)
+        shape = getattr(image, "shape", None)
+        if shape is not None:
+            return _array_size(tuple(int(s) for s in shape), where)
+    except FileNotFoundError:
+        raise ImageSizeError(f"{where}: image file not found: {image}") from None
+    except ImageSizeError:
+        raise
+    except (OSError, ValueError) as exc:
+        raise ImageSizeError(f"{where}: cannot read the image size: {exc}") from None
+    raise ImageSizeError(f"{where}: cannot read the size of an image given as {type(image).__name__}; "
+                         "give a path, bytes, a PIL image or an HF Image cell")
+
+
+def _array_size(shape: tuple[int, ...], where: str) -> tuple[int, int]:
+    if len(shape) == 2:
+        h, w = shape
+    elif len(shape) == 3 and shape[-1] in (1, 3, 4):
+        h, w = shape[0], shape[1]
+    elif len(shape) == 3 and shape[0] in (1, 3, 4):
+        h, w = shape[1], shape[2]
+    else:
+        raise ImageSizeError(f"{where}: an image array of shape {shape} is neither (H, W), (H, W, C) nor (C, H, W)")
+    if h < 1 or w < 1:
+        raise ImageSizeError(f"{where}: an image array of shape {shape} is empty")
+    return h, w
+
+
+def _is_local_file(image: Any) -> bool:
+    """Whether reading the size means opening a file (worth a thread pool)."""
+    if isinstance(image, Mapping):
+        return image.get("bytes") is None and bool(image.get("path"))
+    return isinstance(image, (str, os.PathLike)) and not str(image).startswith("data:")
+
+
+def _images_in(value: Any) -> list[Any]:
+    """The images a modality cell holds: None -> none, a list -> each, anything else -> one."""
+    if value is None:
+        return []
+    if isinstance(value, (list, tuple)):
+        return [v for v in value if v is not None]
+    return [value]

@@ -3,8 +3,8 @@
 :func:`derive_cost_index` turns a dataset into the :class:`~mimo_accel.costs.CostIndex` that
 plan-mode reordering needs, with no setup: a dataset carrying ``mimo_accel_cost_index`` gives
 that; Bridge's ``MegatronMIMODataset`` and ``DirectSFTDataset`` are probed from their raw examples
-(image headers, the processor's resize rule, token counts; :mod:`mimo_accel.probe`); anything else
-is a :class:`~mimo_accel.probe.DeriveError` naming the three ways out.
+(image headers, the processor's resize rule, token counts; :mod:`mimo_accel.datasets`); anything else
+is a :class:`~mimo_accel.datasets.DeriveError` naming the three ways out.
 
 With a process group, each rank probes its contiguous 1/world share and one
 ``all_gather_object`` assembles the whole index on every rank, so every rank holds the identical
@@ -29,11 +29,13 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Optional, Union
 
+
 from mimo_accel.costs import CostIndex
 from mimo_accel.costs._files import atomic_write
-from mimo_accel.probe import DeriveError, Probed, SampleSource, source_for
+from mimo_accel.datasets.dispatch import source_for
+from mimo_accel.datasets.sources import DeriveError, Probed, SampleSource
 
-__all__ = ["ENV_CACHE_DIR", "DeriveError", "cache_path", "default_cache_dir", "derive_cost_index", "share"]
+__all__ = ["ENV_CACHE_DIR", "cache_path", "default_cache_dir", "derive_cost_index", "share"]
 
 ENV_CACHE_DIR = "MIMO_ACCEL_CACHE_DIR"
 _PROGRESS_FROM = 2048  # samples in rank 0's share from which a progress bar is shown by default
@@ -94,7 +96,7 @@ class _Group:
     """The few collective operations used, over a torch.distributed group or a single process."""
 
     def __init__(self, group: Any):
-        from .agree import RankSet  # light module: no torch import until a RankSet is built
+        from mimo_accel.agree import RankSet  # light module: no torch import until a RankSet is built
 
         self.group = group
         self.through_store = isinstance(group, RankSet)  # a ProcessGroup has .gather too
