@@ -17,7 +17,7 @@ import pytest
 from mimo_accel import agree
 from mimo_accel.rehearse import stack as st
 from mimo_accel.costs import CostIndex, ResizeRule
-from mimo_accel.planner import cost_index_for, index_digest
+from mimo_accel.datasets.split_index import cost_index_for, index_digest
 from mimo_accel.sampler import ShardContext, ShardedBatchSampler, check_window
 from mimo_accel.rehearse.testing import MimoLayout, RankFailure, build_grids, loader_config, run_ranks
 

@@ -13,6 +13,7 @@ the three ways out.
 - :mod:`~mimo_accel.datasets.dispatch`: which of the two reads a dataset (``source_for``)
 - :mod:`~mimo_accel.datasets.shared_index`: ``derive_cost_index``: every rank probes a share, all
   gather, cached on disk
+- :mod:`~mimo_accel.datasets.split_index`: which index a split plans from (``cost_index_for``)
 """
 
 from mimo_accel.datasets.dispatch import source_for

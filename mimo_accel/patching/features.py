@@ -121,7 +121,8 @@ def _plan(dataset, sampler_settings: list, ctx, split: str, cfg: AccelConfig):
     }
     planner, model, window, step_mbs = None, None, 1, None
     if cfg.reorder:
-        from mimo_accel.planner import CostIndexPlanner, cost_index_for, cost_model_for, index_digest
+        from mimo_accel.datasets.split_index import cost_index_for, index_digest
+        from mimo_accel.planner import CostIndexPlanner, cost_model_for
 
         model = cost_model_for(cfg.cost_model)
         plan_inputs["cost model"] = agree.digest(dataclasses.asdict(model))
