@@ -3,8 +3,8 @@
 :func:`derive_cost_index` turns a dataset into the :class:`~mimo_accel.costs.CostIndex` that
 plan-mode reordering needs, with no setup: a dataset carrying ``mimo_accel_cost_index`` gives
 that; Bridge's ``MegatronMIMODataset`` and ``DirectSFTDataset`` are probed from their raw examples
-(image headers, the processor's resize rule, token counts; :mod:`mimo_accel.datasets`); anything else
-is a :class:`~mimo_accel.datasets.DeriveError` naming the three ways out.
+(image headers, the processor's resize rule, token counts; :mod:`mimo_accel.datasets`); anything
+else is a :class:`~mimo_accel.datasets.DeriveError` naming the three ways out.
 
 With a process group, each rank probes its contiguous 1/world share and one
 ``all_gather_object`` assembles the whole index on every rank, so every rank holds the identical
@@ -28,7 +28,6 @@ import socket
 import time
 from pathlib import Path
 from typing import Any, Callable, Optional, Union
-
 
 from mimo_accel.costs import CostIndex
 from mimo_accel.costs._files import atomic_write
