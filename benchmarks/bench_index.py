@@ -92,7 +92,7 @@ def main(argv=None) -> int:
     from megatron.bridge.data.megatron_mimo.dataset import MegatronMIMODataset
 
     from mimo_accel.costs import image_size_from_header
-    from mimo_accel.probe import MimoDatasetSource
+    from mimo_accel.datasets import MimoDatasetSource
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--files", type=int, default=2000, help="files written per format")

@@ -1,4 +1,4 @@
-"""Per-sample costs derived from the dataset itself (mimo_accel.probe / mimo_accel.derive).
+"""Per-sample costs derived from the dataset itself (mimo_accel.datasets).
 
 Ground truth is the real thing: Bridge's MegatronMIMODataset.__getitem__ run with a real HF
 tokenizer and image processor (built offline), decoding every image; the derived index must
@@ -17,9 +17,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
-from mimo_accel import derive, probe
 from mimo_accel.costs import CostIndex, FixedPatches, ResizeRule
-from mimo_accel.probe import DeriveError, MimoDatasetSource, QwenFetchResize
+from mimo_accel.costs.images import image_size_of
+from mimo_accel.datasets import DeriveError, MimoDatasetSource, Probed, QwenFetchResize, qwen_resize_rule, shared_index
+from mimo_accel.datasets.megatron_mimo import _mimo_real_tokens
 from mimo_accel.rehearse.stack import offline_tokenizer
 
 CHAT_TEMPLATE = (
@@ -121,25 +122,25 @@ def test_mimo_dataset_index_matches_the_decoded_samples(tmp_path, kind):
     processor = {"qwen": qwen_processor, "clip": clip_processor,
                  "qwen3": lambda: qwen_processor(patch_size=16, min_pixels=65536, max_pixels=262144)}[kind]()
     ds = mimo_dataset(all_kinds_of_examples(tmp_path), processor)
-    index = derive.derive_cost_index(ds, cache_dir=False)
+    index = shared_index.derive_cost_index(ds, cache_dir=False)
     assert columns(index) == ground_truth(ds)
     assert index.images(np.arange(len(ds))).tolist().count(0) == 2
     if kind == "clip":
         assert index.rule == FixedPatches(5)
     else:
-        assert index.rule == probe.qwen_resize_rule(processor)
+        assert index.rule == qwen_resize_rule(processor)
     a = np.arange(len(index))
     assert (index.sq_patches(a) == index.patches(a) ** 2).all()  # one image per sample here
 
 
 def test_rule_comes_from_the_processor_settings():
-    assert probe.qwen_resize_rule(qwen_processor()) == ResizeRule()
-    assert probe.qwen_resize_rule(qwen_processor(patch_size=16, merge_size=2, min_pixels=65536,
+    assert qwen_resize_rule(qwen_processor()) == ResizeRule()
+    assert qwen_resize_rule(qwen_processor(patch_size=16, merge_size=2, min_pixels=65536,
                                                  max_pixels=16777216)) == ResizeRule(
         patch_size=16, min_pixels=65536, max_pixels=16777216)
     # a collate's overrides win over the processor's size
-    assert probe.qwen_resize_rule(qwen_processor(), min_pixels=200704, max_pixels=1003520).min_pixels == 200704
-    assert probe.qwen_resize_rule(clip_processor()) is None
+    assert qwen_resize_rule(qwen_processor(), min_pixels=200704, max_pixels=1003520).min_pixels == 200704
+    assert qwen_resize_rule(clip_processor()) is None
 
 
 def test_several_images_per_sample_and_max_samples(tmp_path):
@@ -149,7 +150,7 @@ def test_several_images_per_sample_and_max_samples(tmp_path):
     rule = ResizeRule()
     p = [rule.patches(90, 60 + 40 * i) for i in range(3)]
     ds = mimo_dataset(ex, qwen_processor(), max_samples=3)
-    index = derive.derive_cost_index(ds, cache_dir=False)
+    index = shared_index.derive_cost_index(ds, cache_dir=False)
     a = np.arange(3)
     assert len(index) == 3
     assert index.images(a).tolist() == [3, 1, 0]
@@ -168,7 +169,7 @@ def test_preprocess_fn_is_applied(tmp_path):
         return {"image": paths[row["file"]], "text": row["caption"] + " dog"}
 
     ds = mimo_dataset(ex, qwen_processor(), preprocess_fn=to_example)
-    index = derive.derive_cost_index(ds, cache_dir=False)
+    index = shared_index.derive_cost_index(ds, cache_dir=False)
     assert columns(index) == ground_truth(_Preprocessed(ds, to_example))
 
 
@@ -211,7 +212,7 @@ def test_hf_image_column_is_read_undecoded(tmp_path, monkeypatch):
         raise AssertionError("an image was decoded")
 
     monkeypatch.setattr(datasets.Image, "decode_example", no_decoding)
-    index = derive.derive_cost_index(ds, cache_dir=False)
+    index = shared_index.derive_cost_index(ds, cache_dir=False)
     assert columns(index) == expected
     assert columns(index)[0][:4] == [ResizeRule().patches(h, w) for w, h in sizes]
 
@@ -222,7 +223,7 @@ def test_hf_list_of_images_column(tmp_path):
     paths = [str(write_image(tmp_path / f"{i}.png", 64 * (i + 1), 64)) for i in range(3)]
     hf = datasets.Dataset.from_dict({"image": [paths, paths[:1], []], "text": ["a", "a", "a"]})
     hf = hf.cast_column("image", datasets.Sequence(datasets.Image()))
-    index = derive.derive_cost_index(mimo_dataset(hf, qwen_processor()), cache_dir=False)
+    index = shared_index.derive_cost_index(mimo_dataset(hf, qwen_processor()), cache_dir=False)
     p = [ResizeRule().patches(64, 64 * (i + 1)) for i in range(3)]
     assert columns(index)[:2] == ([sum(p), p[0], 0], [3, 1, 0])
 
@@ -267,7 +268,7 @@ def test_direct_sft_conversations_follow_the_qwen_collate(tmp_path):
     ]
     processor = qwen_vl_processor()
     ds = DirectSFTDataset(examples, target_length=9, processor=processor, collate_impl=qwen2_5_collate_fn)
-    index = derive.derive_cost_index(ds, cache_dir=False)
+    index = shared_index.derive_cost_index(ds, cache_dir=False)
     assert len(index) == 9  # wraps around the 6 examples, as the dataset does
     assert index.rule == ResizeRule(min_pixels=QWEN_VL_MIN_PIXELS, max_pixels=QWEN_VL_MAX_PIXELS)
 
@@ -326,41 +327,41 @@ def test_qwen_vl_utils_resize_properties(h, w):
 def test_second_call_reads_the_cache(tmp_path, monkeypatch):
     ds = mimo_dataset(all_kinds_of_examples(tmp_path), qwen_processor())
     cache = tmp_path / "cache"
-    first = derive.derive_cost_index(ds, cache_dir=cache)
+    first = shared_index.derive_cost_index(ds, cache_dir=cache)
     files = sorted(p.name for p in cache.iterdir())
     assert len(files) == 2 and files[0].endswith(".json") and files[1].endswith(".npz")
 
     calls = []
     real = MimoDatasetSource._probe_chunk
     monkeypatch.setattr(MimoDatasetSource, "_probe_chunk", lambda self, *a: calls.append(a) or real(self, *a))
-    again = derive.derive_cost_index(mimo_dataset(all_kinds_of_examples(tmp_path), qwen_processor()), cache_dir=cache)
+    again = shared_index.derive_cost_index(mimo_dataset(all_kinds_of_examples(tmp_path), qwen_processor()), cache_dir=cache)
     assert calls == [] and again.digest() == first.digest()
 
-    derive.derive_cost_index(ds, cache_dir=cache, refresh=True)
+    shared_index.derive_cost_index(ds, cache_dir=cache, refresh=True)
     assert len(calls) == 1
 
     # other resize settings are another key: probed again, a second file
-    other = derive.derive_cost_index(mimo_dataset(ds.examples, qwen_processor(max_pixels=200704)), cache_dir=cache)
+    other = shared_index.derive_cost_index(mimo_dataset(ds.examples, qwen_processor(max_pixels=200704)), cache_dir=cache)
     assert len(calls) == 2 and other.digest() != first.digest()
     assert len(list(cache.glob("*.npz"))) == 2
 
 
 def test_cache_dir_defaults_and_env(tmp_path, monkeypatch):
-    monkeypatch.setenv(derive.ENV_CACHE_DIR, str(tmp_path / "env"))
-    assert derive.default_cache_dir() == tmp_path / "env"
-    monkeypatch.delenv(derive.ENV_CACHE_DIR)
+    monkeypatch.setenv(shared_index.ENV_CACHE_DIR, str(tmp_path / "env"))
+    assert shared_index.default_cache_dir() == tmp_path / "env"
+    monkeypatch.delenv(shared_index.ENV_CACHE_DIR)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    assert derive.default_cache_dir() == tmp_path / "xdg" / "mimo_accel"
-    assert derive.cache_path("ab" * 32, False) is None
-    assert derive.cache_path("ab" * 32, tmp_path).parent == tmp_path
+    assert shared_index.default_cache_dir() == tmp_path / "xdg" / "mimo_accel"
+    assert shared_index.cache_path("ab" * 32, False) is None
+    assert shared_index.cache_path("ab" * 32, tmp_path).parent == tmp_path
 
 
 def test_a_damaged_cache_is_rebuilt(tmp_path, caplog):
     ds = mimo_dataset(all_kinds_of_examples(tmp_path), qwen_processor())
-    first = derive.derive_cost_index(ds, cache_dir=tmp_path / "c")
+    first = shared_index.derive_cost_index(ds, cache_dir=tmp_path / "c")
     (npz,) = (tmp_path / "c").glob("*.npz")
     npz.write_bytes(b"garbage")
-    assert derive.derive_cost_index(ds, cache_dir=tmp_path / "c").digest() == first.digest()
+    assert shared_index.derive_cost_index(ds, cache_dir=tmp_path / "c").digest() == first.digest()
     assert "unreadable cost-index cache" in caplog.text
     assert CostIndex.load(npz).digest() == first.digest()
 
@@ -390,7 +391,7 @@ def test_unknown_datasets_name_the_three_ways_out():
             return 3
 
     with pytest.raises(DeriveError) as err:
-        derive.derive_cost_index(Mine(), cache_dir=False)
+        shared_index.derive_cost_index(Mine(), cache_dir=False)
     msg = str(err.value)
     assert "Mine" in msg and "mimo-accel index" in msg and "cost_index=PATH" in msg
     assert "mimo_accel_cost_index" in msg and "reorder_mode='exchange'" in msg
@@ -403,10 +404,10 @@ def test_a_dataset_carrying_an_index_gives_it():
         def __len__(self):
             return 0
 
-    assert derive.derive_cost_index(Carrying()) is Carrying.mimo_accel_cost_index
+    assert shared_index.derive_cost_index(Carrying()) is Carrying.mimo_accel_cost_index
     Carrying.mimo_accel_cost_index = "not an index"
     with pytest.raises(DeriveError, match="must be a mimo_accel.costs.CostIndex"):
-        derive.derive_cost_index(Carrying())
+        shared_index.derive_cost_index(Carrying())
 
 
 @pytest.mark.parametrize("image, message", [
@@ -418,13 +419,13 @@ def test_a_dataset_carrying_an_index_gives_it():
 def test_bad_samples_are_named(tmp_path, image, message):
     ex = [{"image": str(write_image(tmp_path / "ok.png", 10, 10)), "text": "a"}, {"image": image, "text": "a"}]
     with pytest.raises(DeriveError, match=message):
-        derive.derive_cost_index(mimo_dataset(ex, qwen_processor()), cache_dir=False)
+        shared_index.derive_cost_index(mimo_dataset(ex, qwen_processor()), cache_dir=False)
 
 
 def test_an_image_the_processor_refuses_is_named(tmp_path):
     ex = [{"image": str(write_image(tmp_path / "thin.png", 2010, 10)), "text": "a"}]
     with pytest.raises(DeriveError, match="sample 0, column 'image'.*aspect ratio"):
-        derive.derive_cost_index(mimo_dataset(ex, qwen_processor()), cache_dir=False)
+        shared_index.derive_cost_index(mimo_dataset(ex, qwen_processor()), cache_dir=False)
 
 
 def test_a_modality_without_a_usable_rule_is_refused(tmp_path):
@@ -434,7 +435,7 @@ def test_a_modality_without_a_usable_rule_is_refused(tmp_path):
 
     ex = [{"image": str(write_image(tmp_path / "a.png", 10, 10)), "text": "a"}]
     with pytest.raises(DeriveError, match="cannot tell how many encoder rows.*Three ways out"):
-        derive.derive_cost_index(mimo_dataset(ex, Odd()), cache_dir=False)
+        shared_index.derive_cost_index(mimo_dataset(ex, Odd()), cache_dir=False)
 
 
 def test_image_size_of_every_form(tmp_path):
@@ -443,19 +444,19 @@ def test_image_size_of_every_form(tmp_path):
                  {"bytes": None, "path": str(path)}, {"bytes": path.read_bytes(), "path": "ignored"},
                  Image.open(path), np.zeros((45, 123, 3)), np.zeros((3, 45, 123)), np.zeros((45, 123)),
                  "data:image/jpeg;base64," + base64.b64encode(path.read_bytes()).decode()):
-        assert probe.image_size_of(form) == (45, 123), type(form)
+        assert image_size_of(form) == (45, 123), type(form)
 
 
 @settings(max_examples=60, deadline=None)
 @given(st.integers(1, 3000), st.integers(1, 3000), st.sampled_from(["PNG", "JPEG", "GIF", "BMP", "WEBP", "TIFF"]))
 def test_header_sizes_equal_pillow_sizes(width, height, fmt):
     data = encoded(width, height, fmt)
-    assert probe.image_size_of(data) == (height, width)
+    assert image_size_of(data) == (height, width)
 
 
 @given(st.integers(0, 10_000), st.integers(1, 64))
 def test_shares_cover_every_sample_once(n, world):
-    spans = [derive.share(r, world, n) for r in range(world)]
+    spans = [shared_index.share(r, world, n) for r in range(world)]
     assert spans[0][0] == 0 and spans[-1][1] == n
     assert all(a[1] == b[0] for a, b in zip(spans, spans[1:]))
     assert max(hi - lo for lo, hi in spans) - min(hi - lo for lo, hi in spans) <= 1
@@ -467,7 +468,7 @@ def test_real_tokens_follow_the_datasets_slicing(text, prefix, seq):
     if prefix:
         ids = [-1] * prefix + ids[:seq - prefix]
     expected = min(len(ids), seq)
-    got = probe._mimo_real_tokens(np.array([min(text, seq)]), np.array([prefix]), seq)
+    got = _mimo_real_tokens(np.array([min(text, seq)]), np.array([prefix]), seq)
     assert got.tolist() == [expected]
 
 
@@ -486,14 +487,14 @@ def _two_ranks(rank, world, root, cache):
         self, start, stop, workers)
     group = dist.new_group(list(range(world)), backend="gloo")
     ds = mimo_dataset(all_kinds_of_examples(root, write=False), qwen_processor())  # the parent wrote them
-    first = derive.derive_cost_index(ds, group=group, cache_dir=cache)
+    first = shared_index.derive_cost_index(ds, group=group, cache_dir=cache)
     built = list(probed)
-    again = derive.derive_cost_index(ds, group=group, cache_dir=cache)
+    again = shared_index.derive_cost_index(ds, group=group, cache_dir=cache)
     probed_again = probed[len(built):]
     bad = list(ds.examples)
     bad[-1] = {"image": str(root / "missing.png"), "text": "a"}
     try:
-        derive.derive_cost_index(mimo_dataset(bad, qwen_processor()), group=group, cache_dir=False)
+        shared_index.derive_cost_index(mimo_dataset(bad, qwen_processor()), group=group, cache_dir=False)
         error = None
     except DeriveError as exc:
         error = str(exc)
@@ -505,7 +506,7 @@ def _two_ranks(rank, world, root, cache):
 def test_two_ranks_derive_the_identical_index_each_probing_its_half(tmp_path):
     from mimo_accel.rehearse.testing import run_ranks
 
-    single = derive.derive_cost_index(mimo_dataset(all_kinds_of_examples(tmp_path), qwen_processor()),
+    single = shared_index.derive_cost_index(mimo_dataset(all_kinds_of_examples(tmp_path), qwen_processor()),
                                       cache_dir=False)
     results = run_ranks(_two_ranks, 2, str(tmp_path), str(tmp_path / "cache"), cpu_layer=False, deadline_s=200)
     n = len(single)
@@ -522,10 +523,10 @@ def test_two_ranks_derive_the_identical_index_each_probing_its_half(tmp_path):
 
 def test_rank_zero_shows_a_progress_bar(tmp_path, capsys):
     ds = mimo_dataset(all_kinds_of_examples(tmp_path), qwen_processor())
-    derive.derive_cost_index(ds, cache_dir=False, progress=True)
+    shared_index.derive_cost_index(ds, cache_dir=False, progress=True)
     err = capsys.readouterr().err
     assert "probing samples" in err and "11/11" in err
-    derive.derive_cost_index(ds, cache_dir=False)  # small share: no bar by default
+    shared_index.derive_cost_index(ds, cache_dir=False)  # small share: no bar by default
     assert "probing samples" not in capsys.readouterr().err
 
 
@@ -535,5 +536,5 @@ def test_more_ranks_than_samples_and_world_size_independence(tmp_path):
     source = MimoDatasetSource(ds)
     whole = source.to_index(source.probe(0, source.base_length)).digest()
     for world in (2, 3, 16):
-        parts = [source.probe(*derive.share(r, world, source.base_length)) for r in range(world)]
-        assert source.to_index(probe.Probed.concat(parts)).digest() == whole
+        parts = [source.probe(*shared_index.share(r, world, source.base_length)) for r in range(world)]
+        assert source.to_index(Probed.concat(parts)).digest() == whole

@@ -289,8 +289,7 @@ def factory(tmp_path):
 
 
 def test_cli_builds_the_cache_the_training_job_reads(factory, tmp_path, capsys, monkeypatch):
-    from mimo_accel import derive
-    from mimo_accel.probe import MimoDatasetSource
+    from mimo_accel.datasets import MimoDatasetSource, derive_cost_index
 
     monkeypatch.setenv("COLUMNS", "400")
     cache, out = tmp_path / "cache", tmp_path / "copy.npz"
@@ -303,7 +302,7 @@ def test_cli_builds_the_cache_the_training_job_reads(factory, tmp_path, capsys, 
     # The training job, no index configured: the cache answers, nothing is probed.
     monkeypatch.setattr(MimoDatasetSource, "_probe_chunk", lambda *a: pytest.fail("probed again"))
     spec = indexing.load_dataset_spec(f"{factory}:build")
-    index = derive.derive_cost_index(spec, cache_dir=cache)
+    index = derive_cost_index(spec, cache_dir=cache)
     assert index.digest() == CostIndex.load(out).digest()
 
 

@@ -3,7 +3,7 @@
 The index is built once, from a manifest or an in-memory dataset, and stored beside the dataset;
 the planner then costs any sample without decoding it (:class:`mimo_accel.costs.CostIndex`).
 ``mimo-accel index --dataset MODULE:NAME`` instead builds, offline, the index a training job
-derives by itself when none is configured (:mod:`mimo_accel.derive`), into the same cache.
+derives by itself when none is configured (:mod:`mimo_accel.datasets`), into the same cache.
 
 Manifest format (JSON Lines, one object per sample, in dataset order; blank lines are skipped)::
 
@@ -350,7 +350,7 @@ def load_dataset_spec(spec: str) -> Any:
 def _main_dataset(args, err, escape) -> int:
     from rich.console import Console
 
-    from mimo_accel.derive import derive_cost_index
+    from mimo_accel.datasets import derive_cost_index
 
     given = [f"--{o.replace('_', '-')}" for o in _RULE_OPTIONS if getattr(args, o) is not None]
     if given:
@@ -359,8 +359,7 @@ def _main_dataset(args, err, escape) -> int:
         return 2
     start = time.perf_counter()
     try:
-        from mimo_accel.derive import cache_path
-        from mimo_accel.probe import source_for
+        from mimo_accel.datasets import cache_path, source_for
 
         dataset = load_dataset_spec(args.dataset)
         written: list[Any] = []

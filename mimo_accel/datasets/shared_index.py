@@ -3,8 +3,8 @@
 :func:`derive_cost_index` turns a dataset into the :class:`~mimo_accel.costs.CostIndex` that
 plan-mode reordering needs, with no setup: a dataset carrying ``mimo_accel_cost_index`` gives
 that; Bridge's ``MegatronMIMODataset`` and ``DirectSFTDataset`` are probed from their raw examples
-(image headers, the processor's resize rule, token counts; :mod:`mimo_accel.probe`); anything else
-is a :class:`~mimo_accel.probe.DeriveError` naming the three ways out.
+(image headers, the processor's resize rule, token counts; :mod:`mimo_accel.datasets`); anything
+else is a :class:`~mimo_accel.datasets.DeriveError` naming the three ways out.
 
 With a process group, each rank probes its contiguous 1/world share and one
 ``all_gather_object`` assembles the whole index on every rank, so every rank holds the identical
@@ -29,10 +29,12 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Optional, Union
 
-from mimo_accel.costs import CostIndex, _atomic_write
-from mimo_accel.probe import DeriveError, Probed, SampleSource, source_for
+from mimo_accel.costs import CostIndex
+from mimo_accel.costs._files import atomic_write
+from mimo_accel.datasets.dispatch import source_for
+from mimo_accel.datasets.sources import DeriveError, Probed, SampleSource
 
-__all__ = ["ENV_CACHE_DIR", "DeriveError", "cache_path", "default_cache_dir", "derive_cost_index", "share"]
+__all__ = ["ENV_CACHE_DIR", "cache_path", "default_cache_dir", "derive_cost_index", "share"]
 
 ENV_CACHE_DIR = "MIMO_ACCEL_CACHE_DIR"
 _PROGRESS_FROM = 2048  # samples in rank 0's share from which a progress bar is shown by default
@@ -84,7 +86,7 @@ def _save(index: CostIndex, path: Path, source: SampleSource, key: str) -> None:
         index.save(path)  # atomic: written beside, then renamed over
         about = {"key": key, "dataset": source.describe(), "rule": index.rule.to_dict(),
                  "samples": len(index), "digest": index.digest(), "created": time.strftime("%Y-%m-%dT%H:%M:%S")}
-        _atomic_write(path.with_suffix(".json"), (json.dumps(about, indent=2) + "\n").encode())
+        atomic_write(path.with_suffix(".json"), (json.dumps(about, indent=2) + "\n").encode())
     except OSError as exc:  # a read-only or full cache dir costs a rebuild next time, nothing more
         logger.warning("mimo_accel: could not write the cost-index cache %s: %s", path, exc)
 
@@ -93,10 +95,9 @@ class _Group:
     """The few collective operations used, over a torch.distributed group or a single process."""
 
     def __init__(self, group: Any):
-        from .agree import RankSet  # light module: no torch import until a RankSet is built
-
         self.group = group
-        self.through_store = isinstance(group, RankSet)  # a ProcessGroup has .gather too
+        # a runtime.rank_set.RankSet gathers through the job's store (a ProcessGroup has .gather too)
+        self.through_store = bool(getattr(group, "through_store", False))
         if group is None:
             self.rank, self.world = 0, 1
         elif self.through_store:

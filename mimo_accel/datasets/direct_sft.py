@@ -1,0 +1,201 @@
+"""Bridge's direct HF SFT dataset (``DirectSFTDataset``, what ``DirectHFSFTDatasetBuilder`` builds for
+the Qwen3.5-VL MegatronMIMO example), probed from its conversation examples.
+
+Their ``{"type": "image"}`` parts hold a path, ``file://`` path, ``data:image`` URI, bytes or PIL
+image. The Qwen collate's two resizes are reproduced: qwen_vl_utils' ``fetch_image`` (factor 28)
+and then the processor with the collate's ``min_pixels``/``max_pixels``. Tokens are the chat
+template's tokens with each image token expanded to its ``patches / merge²`` rows.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import json
+from typing import Any, Mapping, Optional
+
+import numpy as np
+
+from mimo_accel.costs import ResizeRule
+from mimo_accel.datasets.fingerprints import _callable_name, _sha, examples_fingerprint, tokenizer_fingerprint
+from mimo_accel.datasets.processors import QwenFetchResize, qwen_resize_rule
+from mimo_accel.datasets.sources import (
+    WAYS_OUT,
+    DeriveError,
+    Probed,
+    SampleSource,
+    _Image,
+    _per_sample,
+    _read_sizes,
+    _token_lengths,
+)
+
+__all__ = ["ConversationSource"]
+
+
+def _collate_of(dataset: Any) -> Any:
+    """The collate function a Bridge DirectSFTDataset binds (a closure over it), or None."""
+    fn = getattr(dataset, "collate_fn", None)
+    try:
+        free = inspect.getclosurevars(fn).nonlocals if fn is not None else {}
+    except TypeError:
+        free = {}
+    for name in ("collate_impl", "collator"):
+        impl = free.get(name)
+        if impl is not None:
+            return getattr(impl, "collate_fn", impl)
+    try:  # Bridge resolves it by processor class name when none was given
+        import sys
+
+        registry = sys.modules.get("megatron.bridge.data.collators.registry")
+        resolve = getattr(registry, "resolve_model_collate", None)
+        return resolve(type(dataset._processor).__name__) if resolve else None
+    except Exception:
+        return None
+
+
+def _pixel_bounds(collate: Any) -> tuple[bool, Optional[int], Optional[int]]:
+    """(takes min/max pixels, min_pixels, max_pixels) of a collate: its defaults, then a partial's
+    keywords."""
+    keywords: dict[str, Any] = {}
+    while isinstance(collate, functools.partial):
+        keywords = {**collate.keywords, **keywords}
+        collate = collate.func
+    try:
+        params = inspect.signature(collate).parameters
+    except (TypeError, ValueError):
+        return False, None, None
+    if "min_pixels" not in params and "max_pixels" not in params:
+        return False, None, None
+
+    def value(name: str) -> Optional[int]:
+        if name in keywords:
+            return keywords[name]
+        p = params.get(name)
+        return None if p is None or p.default is inspect.Parameter.empty else p.default
+
+    return True, value("min_pixels"), value("max_pixels")
+
+
+class ConversationSource(SampleSource):
+    """Bridge's direct HF SFT dataset (``DirectSFTDataset``): conversation examples, repeated to
+    the target length, collated by the model's collate (Qwen: ``qwen2_5_collate_fn``)."""
+
+    kind = "DirectSFTDataset"
+
+    def __init__(self, dataset: Any):
+        self.examples = dataset._base_examples
+        self.base_length = len(self.examples)
+        self.length = len(dataset)
+        self.processor = dataset._processor
+        self.tokenizer = getattr(self.processor, "tokenizer", None) or self.processor
+        self.collate = _collate_of(dataset)
+        takes_pixels, lo, hi = _pixel_bounds(self.collate)
+        ip = getattr(self.processor, "image_processor", None)
+        self.has_image_processor = ip is not None
+        rule = qwen_resize_rule(ip, min_pixels=lo, max_pixels=hi) if ip is not None else None
+        if ip is not None and rule is None:
+            raise DeriveError(
+                f"DirectSFTDataset with a {type(ip).__name__}: only Qwen-VL image processors (patch_size, "
+                "merge_size) are understood. " + WAYS_OUT)
+        # A Qwen collate resizes twice: qwen_vl_utils first, then the processor.
+        self.pre = QwenFetchResize() if rule is not None and takes_pixels else None
+        self.rule = rule if rule is not None else ResizeRule()
+        self.merge = rule.merge_size if rule is not None else 1
+        self.image_token = getattr(self.processor, "image_token", None) if rule is not None else None
+        self.template = getattr(self.processor, "apply_chat_template", None)
+        if not callable(self.template):
+            raise DeriveError(f"DirectSFTDataset: its processor {type(self.processor).__name__} has no "
+                              "apply_chat_template. " + WAYS_OUT)
+
+    def fingerprint_material(self) -> dict[str, Any]:
+        template = getattr(self.processor, "chat_template", None) or getattr(self.tokenizer, "chat_template", None)
+        return {
+            "examples": examples_fingerprint(self.examples, self.base_length),
+            "pre_resize": self.pre.to_dict() if self.pre else None,
+            "image_token": self.image_token,
+            "chat_template": _sha(json.dumps(template, sort_keys=True, default=str)),
+            "tokenizer": tokenizer_fingerprint(self.tokenizer),
+            "processor": type(self.processor).__name__,
+            "collate": _callable_name(self.collate),
+        }
+
+    def describe(self) -> str:
+        return f"{self.kind} of {self.length:,} samples ({self.base_length:,} distinct)"
+
+    def _probe_chunk(self, start: int, stop: int, workers: Optional[int]) -> Probed:
+        images: list[_Image] = []
+        texts = []
+        for j in range(stop - start):
+            i = start + j
+            example = self.examples[i]
+            conversation = example.get("conversation") if isinstance(example, Mapping) else None
+            if not isinstance(conversation, list):
+                raise DeriveError(f"example {i}: no \"conversation\" list; only conversation examples are "
+                                  "understood. " + WAYS_OUT)
+            for k, part in enumerate(_vision_parts(conversation, i)):
+                where = f"example {i}, image {k}"
+                if "video" in part and "image" not in part and "image_url" not in part:
+                    raise DeriveError(f"{where}: video parts are not supported. " + WAYS_OUT)
+                if not self.has_image_processor:
+                    raise DeriveError(f"{where}: an image, but the processor {type(self.processor).__name__} "
+                                      "has no image processor. " + WAYS_OUT)
+                obj = part["image"] if "image" in part else part.get("image_url")
+                im = _Image(j, obj, where, part=part)
+                if self.pre is not None and not self.pre.needs_header(part):
+                    im.size = (1, 1)  # replaced by the part's resized_height/width
+                images.append(im)
+            kwargs = {"tools": example["tools"]} if example.get("tools") is not None else {}
+            try:
+                texts.append(self.template(conversation, tokenize=False, **kwargs))
+            except Exception as exc:
+                raise DeriveError(f"example {i}: the chat template failed ({type(exc).__name__}: {exc})") from None
+        _read_sizes(images, workers)
+        if self.pre is not None:
+            _fetch_resize(images, self.pre)
+        n = stop - start
+        patches, sq, count, per_image = _per_sample(n, images, self.rule)
+        tokens = np.asarray(_token_lengths(self.tokenizer, texts), dtype=np.int64).reshape(-1)
+        if self.image_token:
+            # The processor replaces each image token by the image's merged rows.
+            rows = np.zeros(n, np.int64)
+            owner = np.array([im.sample for im in images], dtype=np.int64)
+            np.add.at(rows, owner, per_image // (self.merge ** 2) - 1)
+            tokens = tokens + rows
+        return Probed(patches, sq, tokens, count)
+
+
+def _vision_parts(conversation: list, i: int) -> list[Mapping[str, Any]]:
+    """The image/video parts of a conversation, as qwen_vl_utils finds them."""
+    parts = []
+    for turn in conversation:
+        content = turn.get("content") if isinstance(turn, Mapping) else None
+        if isinstance(content, Mapping):
+            content = [content]
+        if not isinstance(content, list):
+            continue
+        for part in content:
+            if not isinstance(part, Mapping):
+                continue
+            if ("image" in part or "image_url" in part or "video" in part
+                    or part.get("type", "text") in ("image", "image_url", "video")):
+                if not any(k in part for k in ("image", "image_url", "video")):
+                    raise DeriveError(f"example {i}: a {part.get('type')!r} part without an \"image\" or "
+                                      "\"image_url\" value")
+                parts.append(part)
+    return parts
+
+
+def _fetch_resize(images: list[_Image], pre: QwenFetchResize) -> None:
+    """Each image's size as qwen_vl_utils' ``fetch_image`` hands it to the processor."""
+    for im in images:
+        if im.patches is None:
+            h, w = im.size if im.size is not None else (1, 1)
+            try:
+                im.size = pre.size(h, w, im.part or {})
+            except ValueError as exc:
+                raise DeriveError(f"{im.where}: {exc}") from None
+
+
+def _looks_like_direct_sft(dataset: Any) -> bool:
+    return isinstance(getattr(dataset, "_base_examples", None), list) and hasattr(dataset, "_processor")

@@ -1,0 +1,100 @@
+"""What a derived cost index depends on, hashed (its cache key's material): the tokenizer, the raw
+examples, the callables."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+from typing import Any, Mapping, Optional
+
+import numpy as np
+
+from mimo_accel.costs.images import _is_pil
+
+__all__ = ["examples_fingerprint", "tokenizer_fingerprint"]
+
+_SAMPLED_ROWS = 4096  # rows hashed into a list dataset's fingerprint
+
+
+def _sha(data: Any) -> str:
+    if isinstance(data, str):
+        data = data.encode()
+    return hashlib.sha256(data).hexdigest()
+
+
+def tokenizer_fingerprint(tokenizer: Any) -> dict[str, Any]:
+    """What decides a tokenizer's token counts: its full serialisation for fast tokenizers (vocab,
+    merges, normaliser, special tokens, post-processor), else its class, name and vocabulary."""
+    fp: dict[str, Any] = {"class": type(tokenizer).__name__}
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None and hasattr(backend, "to_str"):
+        doc = json.loads(backend.to_str())
+        # Truncation and padding are call state (HF sets them per call), not the tokenizer.
+        doc.pop("truncation", None)
+        doc.pop("padding", None)
+        fp["backend"] = _sha(json.dumps(doc, sort_keys=True))
+    else:
+        fp["name"] = str(getattr(tokenizer, "name_or_path", ""))
+        get_vocab = getattr(tokenizer, "get_vocab", None)
+        if callable(get_vocab):
+            fp["vocab"] = _sha(json.dumps(sorted(get_vocab().items())))
+    for attr in ("add_bos_token", "add_eos_token"):
+        if isinstance(getattr(tokenizer, attr, None), bool):
+            fp[attr] = getattr(tokenizer, attr)
+    return fp
+
+
+def _canon(obj: Any, depth: int = 0) -> Any:
+    """A deterministic, JSON-able stand-in for a raw example (never a memory address)."""
+    if depth > 8:
+        return "..."
+    if obj is None or isinstance(obj, (bool, int, float, str)):
+        return obj
+    if isinstance(obj, (bytes, bytearray, memoryview)):
+        return ["bytes", len(obj), _sha(bytes(obj))[:16]]
+    if isinstance(obj, Mapping):
+        return [[str(k), _canon(v, depth + 1)] for k, v in sorted(obj.items(), key=lambda kv: str(kv[0]))]
+    if isinstance(obj, (list, tuple)):
+        return [_canon(v, depth + 1) for v in obj]
+    if isinstance(obj, os.PathLike):
+        return os.fspath(obj)
+    if _is_pil(obj):
+        return ["PIL", list(obj.size), obj.mode, str(getattr(obj, "filename", "") or "")]
+    shape = getattr(obj, "shape", None)
+    if shape is not None:
+        return ["array", [int(s) for s in shape], str(getattr(obj, "dtype", ""))]
+    return ["object", type(obj).__module__, type(obj).__qualname__]
+
+
+def _sampled_rows(n: int) -> list[int]:
+    if n <= _SAMPLED_ROWS:
+        return list(range(n))
+    return sorted(set(np.linspace(0, n - 1, _SAMPLED_ROWS).round().astype(np.int64).tolist()))
+
+
+def _is_hf_dataset(obj: Any) -> bool:
+    return (type(obj).__module__.startswith("datasets.") and hasattr(obj, "_fingerprint")
+            and hasattr(obj, "with_format"))
+
+
+def examples_fingerprint(examples: Any, length: int) -> dict[str, Any]:
+    """An HF dataset's own ``_fingerprint`` (content and transform history); for a list, a hash of
+    up to 4096 evenly spaced rows and the length. (An edit to a row outside the sample goes
+    unnoticed: pass ``refresh=True`` to rebuild.)"""
+    if _is_hf_dataset(examples):
+        return {"hf_fingerprint": str(examples._fingerprint), "rows": len(examples)}
+    h = hashlib.sha256()
+    for i in _sampled_rows(length):
+        h.update(json.dumps(_canon(examples[i]), sort_keys=True, default=str).encode())
+        h.update(b"\n")
+    return {"sampled_rows": h.hexdigest(), "rows": length}
+
+
+def _callable_name(fn: Any) -> Optional[str]:
+    if fn is None:
+        return None
+    if isinstance(fn, functools.partial):
+        return f"partial({_callable_name(fn.func)}, {sorted(fn.keywords)})"
+    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', type(fn).__qualname__)}"

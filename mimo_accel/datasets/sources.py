@@ -1,0 +1,186 @@
+"""What every dataset probe shares: the :class:`SampleSource` base, what a probe returns
+(:class:`Probed`), per-sample assembly of image sizes and patches, and :class:`DeriveError` with the
+three ways out.
+
+Pure: no torch.distributed; transformers, datasets and Pillow are only touched through the objects
+the dataset already holds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Optional, Sequence
+
+import numpy as np
+
+from mimo_accel.costs import CostIndex, FixedPatches, ResizeRule
+from mimo_accel.costs.images import ImageSizeError, RemoteImageError, _is_local_file, image_size_of
+from mimo_accel.datasets.fingerprints import _sha
+
+__all__ = ["PROBE_FORMAT", "DeriveError", "Probed", "SampleSource"]
+
+PROBE_FORMAT = "mimo-accel-probe/1"
+WAYS_OUT = (
+    "Three ways out: (1) an index file: build it with `mimo-accel index` (from a JSONL manifest, or "
+    "--dataset MODULE:FACTORY) and pass enable(cost_index=PATH) / MIMO_ACCEL_COST_INDEX; (2) give the "
+    "dataset a `mimo_accel_cost_index` attribute (a mimo_accel.costs.CostIndex); (3) exchange mode, "
+    "enable(reorder_mode='exchange') / MIMO_ACCEL_REORDER_MODE=exchange, which costs samples after "
+    "they are decoded and needs no index."
+)
+CHUNK = 512  # samples read, tokenized and reported per step
+_THREADS_FROM = 64  # image files per chunk from which header reads go to a thread pool
+
+
+class DeriveError(ValueError):
+    """Per-sample costs cannot be derived from this dataset or sample; the message names the fix."""
+
+
+# ----------------------------------------------------------------------------------------------
+# What a probe returns
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Probed:
+    """Cost ingredients of consecutive samples (int64 arrays of one length)."""
+
+    patches: np.ndarray
+    sq_patches: np.ndarray
+    tokens: np.ndarray
+    images: np.ndarray
+
+    def __len__(self) -> int:
+        return int(self.patches.size)
+
+    @classmethod
+    def concat(cls, parts: Sequence[Probed]) -> Probed:
+        def cat(name: str) -> np.ndarray:
+            arrays = [getattr(p, name) for p in parts]
+            return np.concatenate(arrays).astype(np.int64) if arrays else np.zeros(0, np.int64)
+
+        return cls(cat("patches"), cat("sq_patches"), cat("tokens"), cat("images"))
+
+    def to_index(self, rule: ResizeRule | FixedPatches, length: int) -> CostIndex:
+        """The index of a dataset of ``length`` samples, sample i being probed sample i % len."""
+        if length == len(self):
+            take = slice(None)
+        else:
+            take = np.arange(length) % max(len(self), 1)
+        return CostIndex(self.patches[take], self.sq_patches[take], self.tokens[take],
+                         self.images[take], rule)
+
+
+@dataclass
+class _Image:
+    sample: int  # position in the chunk
+    obj: Any  # what the dataset holds (None when the size is given)
+    where: str
+    part: Optional[Mapping[str, Any]] = None  # a conversation's image part (qwen_vl_utils resize)
+    size: Optional[tuple[int, int]] = None  # (height, width) as the processor receives it
+    patches: Optional[int] = None  # when the rule needs no size
+
+
+def _size_of(im: _Image) -> tuple[int, int]:
+    """:func:`image_size_of` with its error as a :class:`DeriveError` (a URL's names the ways out)."""
+    try:
+        return image_size_of(im.obj, im.where)
+    except RemoteImageError as exc:
+        raise DeriveError(f"{exc} {WAYS_OUT}") from None
+    except ImageSizeError as exc:
+        raise DeriveError(str(exc)) from None
+
+
+def _read_sizes(images: list[_Image], workers: Optional[int]) -> None:
+    """Fill ``size`` of every image that needs one; files through a thread pool when many."""
+    todo = [im for im in images if im.size is None and im.patches is None]
+    files = [im for im in todo if _is_local_file(im.obj)]
+    if len(files) >= _THREADS_FROM and workers != 1:
+        with ThreadPoolExecutor(max_workers=workers or min(8, (os.cpu_count() or 1) + 4),
+                                thread_name_prefix="mimo-accel-probe") as pool:
+            # map() yields in order: the error raised is the earliest image's.
+            for im, size in zip(files, pool.map(_size_of, files)):
+                im.size = size
+    for im in todo:
+        if im.size is None:
+            im.size = _size_of(im)
+
+
+
+def _per_sample(n: int, images: list[_Image],
+                rule: ResizeRule | FixedPatches) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(Σp, Σp², image count) per sample of a chunk, and each image's patches."""
+    fixed = np.array([im.patches if im.patches is not None else -1 for im in images], dtype=np.int64)
+    need = np.flatnonzero(fixed < 0)
+    per_image = fixed.copy()
+    if need.size:
+        hw = np.array([images[i].size for i in need], dtype=np.int64).reshape(-1, 2)
+        try:
+            per_image[need] = rule.patches_many(hw[:, 0], hw[:, 1])
+        except ValueError:
+            for i in need:  # name the image the rule refuses
+                try:
+                    rule.patches(*images[i].size)
+                except ValueError as exc:
+                    raise DeriveError(f"{images[i].where}: {exc}") from None
+            raise
+    owner = np.array([im.sample for im in images], dtype=np.int64)
+    patches = np.zeros(n, np.int64)
+    sq = np.zeros(n, np.int64)
+    count = np.zeros(n, np.int64)
+    np.add.at(patches, owner, per_image)
+    np.add.at(sq, owner, per_image * per_image)
+    np.add.at(count, owner, 1)
+    return patches, sq, count, per_image
+
+
+def _token_lengths(tokenizer: Any, texts: list[str], **kwargs: Any) -> list[int]:
+    if not texts:
+        return []
+    out = tokenizer(texts, return_attention_mask=False, **kwargs)
+    return [len(ids) for ids in out["input_ids"]]
+
+
+# ----------------------------------------------------------------------------------------------
+# Sources
+# ----------------------------------------------------------------------------------------------
+
+
+class SampleSource:
+    """A dataset whose per-sample costs can be probed. ``probe(lo, hi)`` covers base samples
+    ``[lo, hi)`` of ``base_length``; dataset sample i is base sample ``i % base_length``."""
+
+    kind: str = ""
+    length: int = 0
+    base_length: int = 0
+    rule: ResizeRule | FixedPatches
+
+    def fingerprint_material(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def fingerprint(self) -> str:
+        """Hex SHA-256 of everything the derived index depends on (the cache key)."""
+        doc = {"format": PROBE_FORMAT, "kind": self.kind, "length": self.length,
+               "base_length": self.base_length, "rule": self.rule.to_dict(), **self.fingerprint_material()}
+        return _sha(json.dumps(doc, sort_keys=True, default=str))
+
+    def describe(self) -> str:
+        return f"{self.kind} of {self.length:,} samples"
+
+    def probe(self, lo: int, hi: int, *, on_progress: Optional[Callable[[int], None]] = None,
+              workers: Optional[int] = None) -> Probed:
+        parts = []
+        for start in range(lo, hi, CHUNK):
+            stop = min(hi, start + CHUNK)
+            parts.append(self._probe_chunk(start, stop, workers))
+            if on_progress is not None:
+                on_progress(stop - start)
+        return Probed.concat(parts)
+
+    def _probe_chunk(self, start: int, stop: int, workers: Optional[int]) -> Probed:
+        raise NotImplementedError
+
+    def to_index(self, probed: Probed) -> CostIndex:
+        return probed.to_index(self.rule, self.length)
