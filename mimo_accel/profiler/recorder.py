@@ -67,8 +67,6 @@ def rank_file(out_dir: str | os.PathLike[str], rank: int) -> Path:
     return Path(out_dir) / f"rank{int(rank)}.jsonl"
 
 
-
-
 # --------------------------------------------------------------------------------------- clocks
 
 
