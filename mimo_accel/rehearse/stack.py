@@ -38,6 +38,7 @@ from megatron.core.transformer.module import MegatronModule
 from torch import nn
 from torch.nn import functional as F
 
+from mimo_accel.rehearse.qwen_processor import qwen_image_processor
 from mimo_accel.rehearse.testing import LANGUAGE, VISION, MimoLayout, step_state
 
 IMAGE_TOKEN_ID = 2047  # the vision placeholder token in input_ids (the last id of the vocabulary)
@@ -333,16 +334,6 @@ def offline_tokenizer(words: Sequence[str] = OFFLINE_WORDS, special_tokens: Sequ
     t = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", pad_token="[PAD]", bos_token="[BOS]")
     t.add_special_tokens({"additional_special_tokens": list(special_tokens)})
     return t
-
-
-def qwen_image_processor(min_pixels: int = 28 * 28, max_pixels: int = 28 * 28 * 64, **kwargs: Any):
-    """Qwen2-VL's image processor (transformers' PIL variant; 14 px patches, 2x2 merge), small
-    pixel bounds so CPU runs are fast: 4 to 256 patches per image by default. The bounds go in as
-    a fresh ``size`` (transformers 5.x writes ``min_pixels``/``max_pixels`` arguments into the
-    class-level default dict, which would leak into every later processor)."""
-    from transformers import Qwen2VLImageProcessorPil
-
-    return Qwen2VLImageProcessorPil(size={"shortest_edge": min_pixels, "longest_edge": max_pixels}, **kwargs)
 
 
 @dataclass(frozen=True)
