@@ -14,7 +14,7 @@ import pytest
 
 from mimo_accel.rehearse import quiet, rehearsal
 from mimo_accel.tools.report import STABLE_KEYS
-from mimo_accel.rehearse.testing import RankFailure
+from mimo_accel.rehearse.ranks import RankFailure
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -22,7 +22,7 @@ from mimo_accel.balance import balanced_order
 from mimo_accel.costs import CostModel
 from mimo_accel.grid import canonical_grid, owned_groups, replica_samples
 from mimo_accel.sampler import SHARD_TAG_KEY, ShardContext
-from mimo_accel.rehearse.testing import LANGUAGE, VISION, MimoLayout, ModuleLayout, run_ranks
+from mimo_accel.rehearse.ranks import LANGUAGE, VISION, MimoLayout, ModuleLayout, run_ranks
 
 MICRO_BATCH = 16
 STEPS = 3
@@ -100,7 +100,7 @@ def _expect_error(fn):
 
 def _exchange_scenarios(rank, world, layouts):
     from mimo_accel.sampler import context_from_grids
-    from mimo_accel.rehearse.testing import build_grids
+    from mimo_accel.rehearse.ranks import build_grids
 
     ds = _dataset()
     out = {}

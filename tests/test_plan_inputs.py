@@ -19,7 +19,7 @@ from mimo_accel.rehearse import stack as st
 from mimo_accel.costs import CostIndex, ResizeRule
 from mimo_accel.planner import cost_index_for, index_digest
 from mimo_accel.sampler import ShardContext, ShardedBatchSampler, check_window
-from mimo_accel.rehearse.testing import MimoLayout, RankFailure, build_grids, loader_config, run_ranks
+from mimo_accel.rehearse.ranks import MimoLayout, RankFailure, build_grids, loader_config, run_ranks
 
 
 def _index(n: int, seed: int) -> CostIndex:

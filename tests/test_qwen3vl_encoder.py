@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from mimo_accel.rehearse.testing import run_ranks
+from mimo_accel.rehearse.ranks import run_ranks
 
 from ._example import load_example, run_example, steps_from_trace
 
@@ -88,7 +88,7 @@ def test_encoder_forward_backward_on_two_images_of_different_sizes():
 
 def test_stack_config_refuses_what_qwen3vl_cannot_take():
     from mimo_accel.rehearse.stack import StackConfig
-    from mimo_accel.rehearse.testing import MimoLayout
+    from mimo_accel.rehearse.ranks import MimoLayout
 
     layout = MimoLayout.from_dp(1, 1)
     assert StackConfig(layout=layout, encoder="qwen3vl").patch_dim == 3 * 2 * 16 * 16

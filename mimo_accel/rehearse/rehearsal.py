@@ -132,7 +132,7 @@ def _rank(rank, world, layout, features, spec, steps, micro_batch, seq_length, p
     from types import SimpleNamespace
 
     from mimo_accel.rehearse import stack as st
-    from mimo_accel.rehearse.testing import loader_config, module_of_rank, report_progress, step_state
+    from mimo_accel.rehearse.ranks import loader_config, module_of_rank, report_progress, step_state
 
     mimo_accel.enable(profile=profile_dir, **features)
     cfg = st.StackConfig(layout=layout, seq_length=seq_length, **model_kw)
@@ -196,7 +196,7 @@ def _check_invariants(results: list[dict], steps: int, micro_batch: int, what: s
 
 def _run(label, features, layout, spec, steps, micro_batch, seq_length, profile_dir, model_kw, progress, task,
          log_path, cpus=None):
-    from mimo_accel.rehearse.testing import run_ranks
+    from mimo_accel.rehearse.ranks import run_ranks
 
     shutil.rmtree(profile_dir, ignore_errors=True)
     with open(log_path, "a", encoding="utf-8") as log:
@@ -224,7 +224,7 @@ def rehearse(profile_name: str, *, steps: Optional[int] = None, out_dir: Optiona
 
     from mimo_accel.tools import report
     from mimo_accel.rehearse.profiles import load_profile
-    from mimo_accel.rehearse.testing import MimoLayout, RankFailure
+    from mimo_accel.rehearse.ranks import MimoLayout, RankFailure
 
     console = console or Console()
     profile = load_profile(profile_name)
@@ -400,7 +400,7 @@ def _bridge_rank(rank, world, script, argv, features, profile_dir, label, steps,
 
     os.environ.update(env, MIMO_ACCEL_PROFILE_LABEL=label)
     import mimo_accel
-    from mimo_accel.rehearse.testing import report_progress
+    from mimo_accel.rehearse.ranks import report_progress
 
     name = "mimo_accel_rehearsal_train_mimo"
     spec = importlib.util.spec_from_file_location(name, script)
@@ -427,7 +427,7 @@ def _bridge_rank(rank, world, script, argv, features, profile_dir, label, steps,
 def _bridge_run(label, features, vdp, ldp, steps, micro_batch, out: Path, image_dir: Path, script: Path, seed: int,
                 progress, task, log_path: Path, cpus=None) -> list[dict]:
     """One run of the example on vdp + ldp ranks; returns its trace records."""
-    from mimo_accel.rehearse.testing import run_ranks
+    from mimo_accel.rehearse.ranks import run_ranks
 
     profile_dir, trace = out / label, out / f"{label}-trace.jsonl"
     shutil.rmtree(profile_dir, ignore_errors=True)
@@ -486,7 +486,7 @@ def rehearse_bridge(*, steps: Optional[int] = None, vision_dp: Optional[int] = N
     from rich.console import Console
 
     from mimo_accel.tools import report
-    from mimo_accel.rehearse.testing import MimoLayout, RankFailure
+    from mimo_accel.rehearse.ranks import MimoLayout, RankFailure
 
     console = console or Console()
     script = example_script(example)
@@ -572,7 +572,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         p.error("--profile applies to --loop stack; --loop bridge trains on the example's image files")
     if args.loop == "stack" and args.example is not None:
         p.error("--example applies to --loop bridge")
-    from mimo_accel.rehearse.testing import RankFailure
+    from mimo_accel.rehearse.ranks import RankFailure
 
     out = args.out or tempfile.mkdtemp(prefix="mimo-accel-rehearsal-")
     log = Path(out) / "rehearsal.log"

@@ -39,7 +39,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from mimo_accel.rehearse.qwen_processor import qwen_image_processor
-from mimo_accel.rehearse.testing import LANGUAGE, VISION, MimoLayout, step_state
+from mimo_accel.rehearse.ranks import LANGUAGE, VISION, MimoLayout, step_state
 
 IMAGE_TOKEN_ID = 2047  # the vision placeholder token in input_ids (the last id of the vocabulary)
 ENCODER_NAME = "vit"  # modality_inputs["vision"][ENCODER_NAME] = {hidden_states, grid_thw}
