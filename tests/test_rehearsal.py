@@ -11,7 +11,7 @@ import pytest
 from rich.console import Console
 
 from mimo_accel.rehearse import rehearsal
-from mimo_accel.rehearse.profiles import list_profiles
+from mimo_accel.workloads import list_profiles
 from mimo_accel.tools.report import REPORT_FORMAT, STABLE_KEYS
 
 

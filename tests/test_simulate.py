@@ -11,7 +11,7 @@ from rich.console import Console
 
 from mimo_accel.tools import simulate as sim
 from mimo_accel.balance import balanced_order
-from mimo_accel.rehearse.profiles import load_profile
+from mimo_accel.workloads import load_profile
 
 DPS = [2, 4, 8, 16, 32]
 

@@ -223,7 +223,7 @@ def rehearse(profile_name: str, *, steps: Optional[int] = None, out_dir: Optiona
     from rich.console import Console
 
     from mimo_accel.tools import report
-    from mimo_accel.rehearse.profiles import load_profile
+    from mimo_accel.workloads import load_profile
     from mimo_accel.rehearse.ranks import MimoLayout, RankFailure
 
     console = console or Console()
@@ -370,7 +370,7 @@ def _first_error_line(text: str) -> str:
 # straggler max/mean p50 ~1.37, ~0.35-0.45 s of encoder work per vision rank per step, ~2 min for
 # both runs). One image per sample (so upstream as shipped can split every micro-batch by image
 # count and runs the baseline), heights lognormal with a tall tail up to 120x8 patches
-# (stack.IMAGE_MIXES["receipts"], profiles/receipts.toml's rehearsal sizes), 12 images per vision
+# (stack.IMAGE_MIXES["receipts"], workloads/receipts.toml's rehearsal sizes), 12 images per vision
 # replica per step (one micro-batch of 48 per iteration), 10 iterations (the first is warm-up).
 # Vision: Qwen3-VL hidden 64, 2 layers, 4 heads. With 8 heads (one run) the replicas holding the
 # tallest images (800-960 patches) ran 20-30% over what a·Σp + b·Σp² predicts, even fitted on

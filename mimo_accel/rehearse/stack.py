@@ -354,7 +354,7 @@ class ImageMix:
     tall_width: tuple[int, int] = (96, 128)
 
 
-#: ``--image-mix`` choices of examples/train_mimo.py. "receipts": profiles/receipts.toml's
+#: ``--image-mix`` choices of examples/train_mimo.py. "receipts": workloads/receipts.toml's
 #: rehearsal sizes in pixels (16 px patches: height median 16 patches, sigma 0.9, 8-120; width
 #: 6-8), one image per sample, so upstream as shipped can split every micro-batch by image count.
 IMAGE_MIXES = {"default": ImageMix(),

@@ -112,7 +112,7 @@ from rich.table import Table
 
 from mimo_accel.balance import balanced_order, lower_bound, lpt_order
 from mimo_accel.costs import CostModel
-from mimo_accel.rehearse.profiles import Profile, ProfileError, load_profile
+from mimo_accel.workloads import Profile, ProfileError, load_profile
 
 __all__ = ["SIMULATE_FORMAT", "PLANNERS", "language_dp_for", "main", "parse_dp_list", "render", "simulate",
            "write_png"]
@@ -297,8 +297,8 @@ def simulate(
 ) -> dict[str, Any]:
     """Run the simulation; returns the JSON document described in the module docstring.
 
-    ``profile`` is a :class:`~mimo_accel.rehearse.profiles.Profile` or a name/path for
-    :func:`~mimo_accel.rehearse.profiles.load_profile`; ``samples_per_replica`` defaults to the profile's
+    ``profile`` is a :class:`~mimo_accel.workloads.Profile` or a name/path for
+    :func:`~mimo_accel.workloads.load_profile`; ``samples_per_replica`` defaults to the profile's
     ``micro_batch_size / vision dp``; ``cost_model`` to the built-in :class:`CostModel`.
     ``window``: micro-batches per step (``steps × window`` micro-batches are drawn); above 1, each
     row also gets the global-batch window results (``rows[].window``).
