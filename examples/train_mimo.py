@@ -91,7 +91,7 @@ from megatron.bridge.training.state import TrainState
 from megatron.bridge.training.tokenizers.config import TokenizerConfig
 
 from mimo_accel.rehearse import stack
-from mimo_accel.rehearse.layout import MimoLayout, ModuleLayout
+from mimo_accel.workloads.layout import MimoLayout, ModuleLayout
 from mimo_accel.sampler import SHARD_TAG_KEY
 
 KILL_ENV = "TRAIN_MIMO_KILL"

@@ -78,7 +78,7 @@ from typing import Any
 import numpy as np
 
 from mimo_accel.costs import CostIndex, CostModel, ResizeRule, SampleShape
-from mimo_accel.rehearse.layout import MimoLayout, ModuleLayout
+from mimo_accel.workloads.layout import MimoLayout, ModuleLayout
 
 __all__ = [
     "PROFILES_DIR",
