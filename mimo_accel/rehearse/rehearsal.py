@@ -382,32 +382,48 @@ BRIDGE_MODEL = ("--encoder", "qwen3vl", "--vision-hidden", "64", "--vision-layer
                 "--image-mix", "receipts", "--max-image-rows", "240")
 
 
-def example_script(path: Optional[str] = None) -> Path:
-    """``examples/train_mimo.py`` of this source checkout (it is not part of the installed package),
-    or ``path``."""
-    script = Path(path) if path else Path(__file__).resolve().parents[2] / "examples" / "train_mimo.py"
+#: The default ``--loop bridge`` training script (the body of ``examples/train_mimo.py``).
+BRIDGE_SCRIPT = "mimo_accel.rehearse.bridge_script"
+
+
+def example_script(path: Optional[str] = None) -> Optional[Path]:
+    """``--example PATH``: a training script to run instead of :data:`BRIDGE_SCRIPT`; None without one."""
+    if path is None:
+        return None
+    script = Path(path)
     if not script.is_file():
         raise FileNotFoundError(f"--loop bridge runs the example training script, but {script} does not exist: "
-                                "run from a source checkout of mimo_accel, or pass --example PATH/train_mimo.py")
+                                f"pass --example PATH/train_mimo.py, or leave --example out to run {BRIDGE_SCRIPT}")
     return script
 
 
-def _bridge_rank(rank, world, script, argv, features, profile_dir, label, steps, env, cpus=None):
-    """One rank of a ``--loop bridge`` run: the example's own ``main(argv)``, profiler on."""
-    _pin(cpus)
-    _keep_freed_memory()
-    import importlib.util
+def _load_example(script: Optional[str]):
+    """The training script as a module: :data:`BRIDGE_SCRIPT`, or the file ``script``."""
+    if script is None:
+        from mimo_accel.rehearse import bridge_script
 
-    os.environ.update(env, MIMO_ACCEL_PROFILE_LABEL=label)
-    import mimo_accel
-    from mimo_accel.rehearse.ranks import report_progress
+        return bridge_script
+    import importlib.util
 
     name = "mimo_accel_rehearsal_train_mimo"
     spec = importlib.util.spec_from_file_location(name, script)
     example = importlib.util.module_from_spec(spec)
     sys.modules[name] = example  # dataclasses resolve the module's annotations through it
     spec.loader.exec_module(example)
-    flush = example._Trace.flush
+    return example
+
+
+def _bridge_rank(rank, world, script, argv, features, profile_dir, label, steps, env, cpus=None):
+    """One rank of a ``--loop bridge`` run: the example's own ``main(argv)``, profiler on."""
+    _pin(cpus)
+    _keep_freed_memory()
+    os.environ.update(env, MIMO_ACCEL_PROFILE_LABEL=label)
+    import mimo_accel
+    from mimo_accel.rehearse.ranks import report_progress
+
+    example = _load_example(script)
+    home = sys.modules[example.main.__module__]  # where main's _Trace is (examples/train_mimo.py imports main)
+    flush = home._Trace.flush
 
     def flush_and_report(trace):  # the trace flushes once per finished training iteration
         iteration = trace.current["iteration"] if trace.current is not None else None
@@ -415,7 +431,7 @@ def _bridge_rank(rank, world, script, argv, features, profile_dir, label, steps,
         if iteration is not None:
             report_progress(iteration, steps)
 
-    example._Trace.flush = flush_and_report
+    home._Trace.flush = flush_and_report
     mimo_accel.enable(profile=profile_dir, **features)
     try:
         example.main(argv)
@@ -424,9 +440,10 @@ def _bridge_rank(rank, world, script, argv, features, profile_dir, label, steps,
         mimo_accel.disable()
 
 
-def _bridge_run(label, features, vdp, ldp, steps, micro_batch, out: Path, image_dir: Path, script: Path, seed: int,
-                progress, task, log_path: Path, cpus=None) -> list[dict]:
-    """One run of the example on vdp + ldp ranks; returns its trace records."""
+def _bridge_run(label, features, vdp, ldp, steps, micro_batch, out: Path, image_dir: Path, script: Optional[Path],
+                seed: int, progress, task, log_path: Path, cpus=None) -> list[dict]:
+    """One run of the example (``script``, or :data:`BRIDGE_SCRIPT` when None) on vdp + ldp ranks; returns its
+    trace records."""
     from mimo_accel.rehearse.ranks import run_ranks
 
     profile_dir, trace = out / label, out / f"{label}-trace.jsonl"
@@ -445,8 +462,8 @@ def _bridge_run(label, features, vdp, ldp, steps, micro_batch, out: Path, image_
         done[rank] = step
         progress.update(task, completed=min(done.values()) if len(done) == vdp + ldp else 0)
 
-    run_ranks(_bridge_rank, vdp + ldp, str(script), argv, features, str(profile_dir), label, steps, env, cpus,
-              deadline_s=600, on_progress=on_progress, log_file=log_path)
+    run_ranks(_bridge_rank, vdp + ldp, None if script is None else str(script), argv, features, str(profile_dir),
+              label, steps, env, cpus, deadline_s=600, on_progress=on_progress, log_file=log_path)
     progress.update(task, completed=steps)
     import json
 
@@ -498,7 +515,8 @@ def rehearse_bridge(*, steps: Optional[int] = None, vision_dp: Optional[int] = N
         raise ValueError(f"--loop bridge: the micro-batch of {mbs} samples must split evenly over vision DP "
                          f"{vdp} and language DP {ldp}")
     out, log = _start(out_dir, log_path, f"mimo-accel rehearse --loop bridge: {layout}", console,
-                      lambda out: f"[bold]mimo-accel rehearse --loop bridge[/bold]: {script.name} "
+                      lambda out: f"[bold]mimo-accel rehearse --loop bridge[/bold]: "
+                                  f"{script.name if script else BRIDGE_SCRIPT} "
                                   f"(pretrain_megatron_mimo, Bridge's Qwen3-VL vision model, receipt-like image "
                                   f"files) on {layout.world_size} CPU ranks, {layout}, {steps} iterations x 1 "
                                   f"micro-batch of {mbs}, profiles in {out}")
@@ -551,7 +569,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                    help="stack (default): the tiny stack's train step over a profile's samples; bridge: "
                         "examples/train_mimo.py (Bridge's pretrain_megatron_mimo) with Bridge's Qwen3-VL "
                         "vision model on image files")
-    p.add_argument("--example", help="--loop bridge: path of examples/train_mimo.py (default: this checkout's)")
+    p.add_argument("--example", help="--loop bridge: path of a training script to run instead of "
+                   f"{BRIDGE_SCRIPT} (the body of examples/train_mimo.py)")
     p.add_argument("--profile", default=None, help="--loop stack: profile name or TOML path (default: receipts)")
     p.add_argument("--steps", type=int, help="training steps per run (default: the profile's rehearsal steps; "
                    f"--loop bridge: {BRIDGE_DEFAULTS['steps']})")
