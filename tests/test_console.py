@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from mimo_accel.rehearse import quiet, rehearsal
+from mimo_accel.tools import rehearsing
 from mimo_accel.tools.report import STABLE_KEYS
 from mimo_accel.rehearse.ranks import RankFailure
 
@@ -106,8 +107,8 @@ def test_rehearse_failure_prints_the_error_and_the_log(tmp_path, monkeypatch, ca
     def failing_run(*args, **kwargs):
         raise RankFailure("rank 3 of 8 failed:\nValueError: the real error")
 
-    monkeypatch.setattr(rehearsal, "_run", failing_run)
-    rc = rehearsal.main(["--profile", "uniform", "--steps", "2", "--out", str(tmp_path)])
+    monkeypatch.setattr(rehearsal, "run_stack", failing_run)
+    rc = rehearsing.main(["--profile", "uniform", "--steps", "2", "--out", str(tmp_path)])
     err = capsys.readouterr().err
     assert rc == 1
     assert "ValueError: the real error" in err
