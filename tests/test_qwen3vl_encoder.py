@@ -275,8 +275,8 @@ def test_rehearse_refuses_options_of_the_other_loop(capsys):
     from mimo_accel.tools import rehearsing
 
     with pytest.raises(SystemExit):
-        rehearsing.main(["--loop", "bridge", "--profile", "receipts"])
-    assert "--profile applies to --loop stack" in capsys.readouterr().err
+        rehearsing.main(["--loop", "bridge", "--workload", "receipts"])
+    assert "--workload applies to --loop stack" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         rehearsing.main(["--example", "x.py"])
     assert "--example applies to --loop bridge" in capsys.readouterr().err

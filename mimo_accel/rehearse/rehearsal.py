@@ -172,7 +172,7 @@ def run_stack(label, features, layout, spec, steps, micro_batch, seq_length, pro
                      log_file=log_path)
 
 
-# What megatron-bridge 0.6.2 says when it cannot run a profile's data (fan-in with uneven encoder
+# What megatron-bridge 0.6.2 says when it cannot run a workload's data (fan-in with uneven encoder
 # rows; images per micro-batch not divisible by the encoder DP). Only these fall back to a
 # "sharded reads only" before-run; any other failure (a port clash, a bug) is raised as it is.
 UPSTREAM_LIMITS = ("Mismatch in shape", "Fan-in with variable", "is not divisible by encoder DP")

@@ -5,7 +5,7 @@ forward step; megatron-core's BridgeCommunicator and pipeline schedule; forward,
 optimizer step), profiler on, on gloo ranks of this machine (``mimo_accel.rehearse.cpu``):
 
 - **baseline**: upstream as shipped (every data rank reads the whole micro-batch, contiguous
-  slices, no packing). Where upstream cannot run the profile's data at all (megatron-bridge 0.6.2
+  slices, no packing). Where upstream cannot run the workload's data at all (megatron-bridge 0.6.2
   slices patch-packed images by image count, so multi-image samples break at vision DP > 1, and
   fan-in with uneven rows breaks in the backward), the rehearsal says so and uses
   "sharded reads only" (contiguous order) as the before, labelled as such;
@@ -275,29 +275,30 @@ def rehearse_bridge(*, steps: Optional[int] = None, vision_dp: Optional[int] = N
 def main(argv: Optional[Sequence[str]] = None) -> int:
     p = argparse.ArgumentParser(prog="mimo-accel rehearse", description=__doc__.split("\n\n")[0])
     p.add_argument("--loop", choices=("stack", "bridge"), default="stack",
-                   help="stack (default): the tiny stack's train step over a profile's samples; bridge: "
+                   help="stack (default): the tiny stack's train step over a workload's samples; bridge: "
                         "examples/train_mimo.py (Bridge's pretrain_megatron_mimo) with Bridge's Qwen3-VL "
                         "vision model on image files")
     p.add_argument("--example", help="--loop bridge: path of a training script to run instead of "
                    f"{rehearsal.BRIDGE_SCRIPT} (the body of examples/train_mimo.py)")
-    p.add_argument("--profile", default=None, help="--loop stack: profile name or TOML path (default: receipts)")
-    p.add_argument("--steps", type=int, help="training steps per run (default: the profile's rehearsal steps; "
+    p.add_argument("--workload", default=None,
+                   help="--loop stack: workload profile name or TOML path (default: receipts)")
+    p.add_argument("--steps", type=int, help="training steps per run (default: the workload's rehearsal steps; "
                    f"--loop bridge: {rehearsal.BRIDGE_DEFAULTS['steps']})")
-    p.add_argument("--vision-dp", type=int, help="override the profile's rehearsal vision DP "
+    p.add_argument("--vision-dp", type=int, help="override the workload's rehearsal vision DP "
                    f"(--loop bridge: default {rehearsal.BRIDGE_DEFAULTS['vision_dp']})")
-    p.add_argument("--language-dp", type=int, help="override the profile's rehearsal language DP "
+    p.add_argument("--language-dp", type=int, help="override the workload's rehearsal language DP "
                    f"(--loop bridge: default {rehearsal.BRIDGE_DEFAULTS['language_dp']})")
     p.add_argument("--out", help="directory for the profiler runs (default: a temp dir)")
     p.add_argument("--json", help="write the report's JSON here (its keys at the top level, as `mimo-accel "
                    "report --json` writes them) with the rehearsal's own fields (losses, layout, log, ...)")
     p.add_argument("--seed", type=int, default=0,
-                   help="the profile's sample draw (--loop bridge: the model's initialisation, added to 1234)")
+                   help="the workload's sample draw (--loop bridge: the model's initialisation, added to 1234)")
     p.add_argument("--all-cpus", action="store_true",
                    help="spread the ranks over every CPU (faster, but thread-CPU times then differ by which "
                         "CPU a rank ran on: noisier straggler figures); default: all ranks on one CPU")
     args = p.parse_args(argv)
-    if args.loop == "bridge" and args.profile is not None:
-        p.error("--profile applies to --loop stack; --loop bridge trains on the example's image files")
+    if args.loop == "bridge" and args.workload is not None:
+        p.error("--workload applies to --loop stack; --loop bridge trains on the example's image files")
     if args.loop == "stack" and args.example is not None:
         p.error("--example applies to --loop bridge")
     from mimo_accel.rehearse.ranks import RankFailure
@@ -310,7 +311,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                             json_path=args.json, seed=args.seed, example=args.example, log_path=str(log),
                             pin_one_cpu=not args.all_cpus)
         else:
-            rehearse(args.profile or "receipts", steps=args.steps, out_dir=out, json_path=args.json,
+            rehearse(args.workload or "receipts", steps=args.steps, out_dir=out, json_path=args.json,
                      seed=args.seed, vision_dp=args.vision_dp, language_dp=args.language_dp, log_path=str(log),
                      pin_one_cpu=not args.all_cpus)
     except rehearsal.InvariantViolation as exc:
