@@ -156,7 +156,7 @@ SHAPES = (
     # shape does not cover: not a release). It pins Megatron-LM 2a75ac12c54b = megatron-core
     # 0.20.0. Checked by reading that source: every target below exists with the expected
     # parameters and bindings, and the fan-in methods' bodies equal 0.19.2's (logging aside). Tested
-    # with `make test-upstream` (a venv built from those two trees; see tools/upstream_venv.py).
+    # with `make test-upstream` (a venv built from those two trees; see upstream/upstream_venv.py).
     Shape("main", bridge=("0.7.0+067f987",), core=("0.20.0+2a75ac1",), native_packing=True,
           tested_here=True,
           evidence="the whole test suite runs on source builds of Bridge 067f987 / Megatron-LM 2a75ac12c54b "
