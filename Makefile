@@ -14,7 +14,7 @@ MODELOPT      := nvidia-modelopt==0.47.0
 MEGATRON_PKGS := megatron-core==0.19.2 megatron-bridge==0.6.2 $(MODELOPT)
 
 # make test-upstream: the same suite on megatron-bridge / megatron-core built from source trees,
-# in a second venv (see tools/upstream_venv.py).
+# in a second venv (see upstream/upstream_venv.py).
 UPSTREAM_VENV ?= .venv-upstream
 
 .PHONY: demo test setup doctor clean test-upstream-peer test-upstream
@@ -46,10 +46,10 @@ test: $(STAMP)
 
 # Upstream's own MegatronMIMO unit tests as a peer suite: the same outcomes without mimo_accel,
 # with enable() and with every feature on. UPSTREAM_BRIDGE: a Megatron-Bridge checkout or extract
-# (tests/unit_tests/{conftest.py,data/megatron_mimo,training/megatron_mimo}); see tools/upstream_peer/run.py.
+# (tests/unit_tests/{conftest.py,data/megatron_mimo,training/megatron_mimo}); see upstream/upstream_peer/run.py.
 test-upstream-peer: $(STAMP)
 	@test -n "$(UPSTREAM_BRIDGE)" || { echo "usage: make test-upstream-peer UPSTREAM_BRIDGE=/path/to/Megatron-Bridge"; exit 2; }
-	$(PY) tools/upstream_peer/run.py --upstream "$(UPSTREAM_BRIDGE)" $(PEER_ARGS)
+	$(PY) upstream/upstream_peer/run.py --upstream "$(UPSTREAM_BRIDGE)" $(PEER_ARGS)
 
 # The project's suite on megatron-bridge / megatron-core built from source trees (e.g. upstream
 # main): UPSTREAM_BRIDGE a Megatron-Bridge checkout or extract (src/ layout), UPSTREAM_CORE a
@@ -62,7 +62,7 @@ test-upstream:
 	@test -n "$(UPSTREAM_FROM_GIT)" -o \( -n "$(UPSTREAM_BRIDGE)" -a -n "$(UPSTREAM_CORE)" \) || { \
 		echo "usage: make test-upstream UPSTREAM_BRIDGE=/path/to/Megatron-Bridge UPSTREAM_CORE=/path/to/Megatron-LM"; \
 		echo "   or: make test-upstream UPSTREAM_FROM_GIT='BRIDGE_GIT@COMMIT CORE_GIT@COMMIT'"; exit 2; }
-	$(PYTHON) tools/upstream_venv.py --venv $(UPSTREAM_VENV) --python $(PYTHON) --modelopt $(MODELOPT) \
+	$(PYTHON) upstream/upstream_venv.py --venv $(UPSTREAM_VENV) --python $(PYTHON) --modelopt $(MODELOPT) \
 		$(if $(UPSTREAM_FROM_GIT),--from-git $(UPSTREAM_FROM_GIT),--bridge "$(UPSTREAM_BRIDGE)" --core "$(UPSTREAM_CORE)")
 	$(UPSTREAM_VENV)/bin/python -m pytest -q $(PYTEST_ARGS)
 

@@ -3,7 +3,7 @@
 Run: python benchmarks/bench_balance.py [--repeats 30] [--batches 200] [--per-group 8] [--seed 0]
                                         [--no-synthetic]
 
-First table: the shipped profiles (``profiles/*.toml`` through :mod:`mimo_accel.rehearse.profiles`) at
+First table: the shipped workload profiles (``*.toml`` of :mod:`mimo_accel.workloads`) at
 64 samples / 8 groups, 512 / 64 and 4096 / 512 (cluster scale), LPT and balanced_order side by
 side: wall-clock plan time of one call (min and median over ``--repeats`` micro-batches) and
 spread = max group / mean group, next to the lower bound's spread
@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from mimo_accel.balance import balanced_order, contiguous_order, lower_bound, lpt_order, spread  # noqa: E402
 from mimo_accel.costs import CostIndex, CostModel, ResizeRule, SampleShape  # noqa: E402
-from mimo_accel.rehearse.profiles import list_profiles, load_profile  # noqa: E402
+from mimo_accel.workloads import list_profiles, load_profile  # noqa: E402
 
 SIZES = ((64, 8), (512, 64), (4096, 512))
 

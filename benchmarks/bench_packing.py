@@ -15,7 +15,7 @@ of ``B`` samples:
 
     python benchmarks/bench_packing.py [--batch 8] [--steps 200] [--device cpu|cuda] [--threads 1]
 
-The last rows are the shipped workload profiles (profiles/*.toml).
+The last rows are the shipped workload profiles (mimo_accel/workloads/*.toml).
 
 Pack times include deriving the lengths from attention_mask (one device -> host copy).
 """
@@ -75,9 +75,9 @@ WORKLOADS = [
 
 
 def _profile_workloads() -> list[Workload]:
-    """The shipped workload profiles (profiles/*.toml): real tokens per sample (image tokens after
+    """The shipped workload profiles (mimo_accel.workloads): real tokens per sample (image tokens after
     the model's resize rule + text), padded to the profile's seq_length."""
-    from mimo_accel.rehearse.profiles import list_profiles, load_profile
+    from mimo_accel.workloads import list_profiles, load_profile
 
     out = []
     for name in sorted(list_profiles()):

@@ -13,7 +13,7 @@ from typing import Optional
 
 from mimo_accel.config import AccelConfig, ConfigError
 
-__version__ = "0.1.0"
+from mimo_accel._version import __version__
 __all__ = ["AccelConfig", "ConfigError", "enable", "disable", "status"]
 
 

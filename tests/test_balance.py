@@ -23,7 +23,7 @@ from mimo_accel.balance import (
     lpt_order,
     spread,
 )
-from mimo_accel.rehearse.profiles import list_profiles, load_profile
+from mimo_accel.workloads import list_profiles, load_profile
 
 ROOT = Path(__file__).resolve().parents[1]
 _kk = balance._kk_groups

@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 
 from mimo_accel.rehearse import quiet, rehearsal
+from mimo_accel.tools import rehearsing
 from mimo_accel.tools.report import STABLE_KEYS
-from mimo_accel.rehearse.testing import RankFailure
+from mimo_accel.rehearse.ranks import RankFailure
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -83,7 +84,7 @@ def test_rehearse_console_is_quiet_and_names_the_log(tmp_path):
     path, once; the log has the noise and every rank's output; the JSON has the report's keys at
     the top level."""
     out, js = tmp_path / "runs", tmp_path / "r.json"
-    proc = _run("-m", "mimo_accel", "rehearse", "--profile", "uniform", "--steps", "2", "--vision-dp", "1",
+    proc = _run("-m", "mimo_accel", "rehearse", "--workload", "uniform", "--steps", "2", "--vision-dp", "1",
                 "--language-dp", "1", "--out", str(out), "--json", str(js), timeout=400)
     console = proc.stdout + proc.stderr
     assert proc.returncode == 0, console
@@ -106,8 +107,8 @@ def test_rehearse_failure_prints_the_error_and_the_log(tmp_path, monkeypatch, ca
     def failing_run(*args, **kwargs):
         raise RankFailure("rank 3 of 8 failed:\nValueError: the real error")
 
-    monkeypatch.setattr(rehearsal, "_run", failing_run)
-    rc = rehearsal.main(["--profile", "uniform", "--steps", "2", "--out", str(tmp_path)])
+    monkeypatch.setattr(rehearsal, "run_stack", failing_run)
+    rc = rehearsing.main(["--workload", "uniform", "--steps", "2", "--out", str(tmp_path)])
     err = capsys.readouterr().err
     assert rc == 1
     assert "ValueError: the real error" in err

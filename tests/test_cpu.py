@@ -174,7 +174,7 @@ def _groups_rank(rank, world):
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="counts threads through /proc")
 def test_gloo_groups_share_one_device_and_its_event_loop_thread():
-    from mimo_accel.rehearse.testing import run_ranks
+    from mimo_accel.rehearse.ranks import run_ranks
 
     for sums, loops, isinstance_ok in run_ranks(_groups_rank, 3, deadline_s=120):
         assert sums == [6.0] * 6  # 1 + 2 + 3 on every group

@@ -504,7 +504,7 @@ def _two_ranks(rank, world, root, cache):
 
 @pytest.mark.distributed
 def test_two_ranks_derive_the_identical_index_each_probing_its_half(tmp_path):
-    from mimo_accel.rehearse.testing import run_ranks
+    from mimo_accel.rehearse.ranks import run_ranks
 
     single = shared_index.derive_cost_index(mimo_dataset(all_kinds_of_examples(tmp_path), qwen_processor()),
                                       cache_dir=False)

@@ -16,13 +16,13 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as hs
 
-from mimo_accel import exchange as ex
+from mimo_accel.runtime import exchange as ex
 from mimo_accel.rehearse import stack as st
 from mimo_accel.balance import balanced_order
 from mimo_accel.costs import CostModel
 from mimo_accel.grid import canonical_grid, owned_groups, replica_samples
 from mimo_accel.runtime.shard import SHARD_TAG_KEY, ShardContext
-from mimo_accel.rehearse.testing import LANGUAGE, VISION, MimoLayout, ModuleLayout, run_ranks
+from mimo_accel.rehearse.ranks import LANGUAGE, VISION, MimoLayout, ModuleLayout, run_ranks
 
 MICRO_BATCH = 16
 STEPS = 3
@@ -100,7 +100,7 @@ def _expect_error(fn):
 
 def _exchange_scenarios(rank, world, layouts):
     from mimo_accel.runtime.shard import context_from_grids
-    from mimo_accel.rehearse.testing import build_grids
+    from mimo_accel.rehearse.ranks import build_grids
 
     ds = _dataset()
     out = {}

@@ -20,7 +20,7 @@ from mimo_accel.costs import CostIndex, ResizeRule
 from mimo_accel.datasets.split_index import cost_index_for, index_digest
 from mimo_accel.runtime.sampler import ShardedBatchSampler, check_window
 from mimo_accel.runtime.shard import ShardContext
-from mimo_accel.rehearse.testing import MimoLayout, RankFailure, build_grids, loader_config, run_ranks
+from mimo_accel.rehearse.ranks import MimoLayout, RankFailure, build_grids, loader_config, run_ranks
 
 
 def _index(n: int, seed: int) -> CostIndex:

@@ -93,7 +93,7 @@ def test_backward_is_timed_when_the_gradient_arrives_from_outside(tmp_path):
     no input requires grad (so register_full_backward_hook would fire immediately)."""
     enc = _encoder(256, 6)
     rec = _recorder(tmp_path, clock="thread_cpu")  # CPU time: immune to a busy machine's preemption
-    clock = profiler.time.thread_time
+    clock = profiler.recorder.time.thread_time
     attach_module_timer(enc, rec)
     for _ in range(3):
         out = enc(torch.randn(256, 256))

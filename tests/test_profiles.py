@@ -1,4 +1,4 @@
-"""Workload profiles (mimo_accel.rehearse.profiles): shipped files, validation messages, sampling."""
+"""Workload profiles (mimo_accel.workloads): shipped files, validation messages, sampling."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from mimo_accel.costs import CostIndex, CostModel, SampleShape
-from mimo_accel.rehearse.profiles import (
+from mimo_accel.workloads import (
     PROFILES_DIR,
     REHEARSAL_MAX_IMAGES,
     REHEARSAL_MAX_PATCHES,

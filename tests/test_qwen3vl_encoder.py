@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from mimo_accel.rehearse.testing import run_ranks
+from mimo_accel.rehearse.ranks import run_ranks
 
 from ._example import load_example, run_example, steps_from_trace
 
@@ -88,7 +88,7 @@ def test_encoder_forward_backward_on_two_images_of_different_sizes():
 
 def test_stack_config_refuses_what_qwen3vl_cannot_take():
     from mimo_accel.rehearse.stack import StackConfig
-    from mimo_accel.rehearse.testing import MimoLayout
+    from mimo_accel.rehearse.ranks import MimoLayout
 
     layout = MimoLayout.from_dp(1, 1)
     assert StackConfig(layout=layout, encoder="qwen3vl").patch_dim == 3 * 2 * 16 * 16
@@ -241,14 +241,14 @@ def test_bridge_loop_with_qwen3vl_matches_upstream_under_fan_in(runs):
 def test_rehearse_bridge_loop_runs_the_example_with_qwen3vl_and_reports(tmp_path):
     from rich.console import Console
 
-    from mimo_accel.rehearse import rehearsal
+    from mimo_accel.tools import rehearsing
     from mimo_accel.tools.report import REPORT_FORMAT, STABLE_KEYS
 
     console = Console(file=open(tmp_path / "out.txt", "w"), width=120)
     # small (the demo's sizes are rehearsal.BRIDGE_DEFAULTS: 8 ranks, 48 samples a step, ~2 min)
-    result = rehearsal.rehearse_bridge(steps=2, vision_dp=2, language_dp=2, micro_batch=8,
-                                       out_dir=str(tmp_path / "runs"), json_path=str(tmp_path / "r.json"),
-                                       console=console)
+    result = rehearsing.rehearse_bridge(steps=2, vision_dp=2, language_dp=2, micro_batch=8,
+                                        out_dir=str(tmp_path / "runs"), json_path=str(tmp_path / "r.json"),
+                                        console=console)
     doc = json.loads((tmp_path / "r.json").read_text())
     assert doc["format"] == REPORT_FORMAT and doc["loop"] == "bridge" and set(doc) == set(result)
     for side in ("before", "after"):
@@ -272,12 +272,13 @@ def test_rehearse_bridge_loop_runs_the_example_with_qwen3vl_and_reports(tmp_path
 
 def test_rehearse_refuses_options_of_the_other_loop(capsys):
     from mimo_accel.rehearse import rehearsal
+    from mimo_accel.tools import rehearsing
 
     with pytest.raises(SystemExit):
-        rehearsal.main(["--loop", "bridge", "--profile", "receipts"])
-    assert "--profile applies to --loop stack" in capsys.readouterr().err
+        rehearsing.main(["--loop", "bridge", "--workload", "receipts"])
+    assert "--workload applies to --loop stack" in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        rehearsal.main(["--example", "x.py"])
+        rehearsing.main(["--example", "x.py"])
     assert "--example applies to --loop bridge" in capsys.readouterr().err
     with pytest.raises(FileNotFoundError, match="--example"):
         rehearsal.example_script("/nonexistent/train_mimo.py")

@@ -10,16 +10,16 @@ import os
 import pytest
 from rich.console import Console
 
-from mimo_accel.rehearse import rehearsal
-from mimo_accel.rehearse.profiles import list_profiles
+from mimo_accel.tools import rehearsing
+from mimo_accel.workloads import list_profiles
 from mimo_accel.tools.report import REPORT_FORMAT, STABLE_KEYS
 
 
 @pytest.mark.parametrize("profile", sorted(list_profiles()))
 def test_rehearsal_of_each_profile(profile, tmp_path):
     console = Console(file=open(tmp_path / "out.txt", "w"), width=120)
-    result = rehearsal.rehearse(profile, steps=2, out_dir=str(tmp_path / "runs"),
-                                json_path=str(tmp_path / "r.json"), console=console)
+    result = rehearsing.rehearse(profile, steps=2, out_dir=str(tmp_path / "runs"),
+                                 json_path=str(tmp_path / "r.json"), console=console)
     doc = json.loads((tmp_path / "r.json").read_text())
     assert doc["profile"] == profile
     # the report's keys at the top level (as `mimo-accel report --json` writes them), the

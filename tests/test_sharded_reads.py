@@ -12,7 +12,7 @@ import torch
 
 from mimo_accel.rehearse import stack as st
 from mimo_accel.grid import canonical_grid, owned_groups
-from mimo_accel.rehearse.testing import LANGUAGE, VISION, MimoLayout, build_grids, loader_config, module_of_rank, run_ranks
+from mimo_accel.rehearse.ranks import LANGUAGE, VISION, MimoLayout, build_grids, loader_config, module_of_rank, run_ranks
 
 LAYOUTS = [(1, 2), (2, 1), (2, 2), (2, 4), (4, 2), (1, 4), (4, 4)]
 SAMPLERS = ["single", "cyclic"]

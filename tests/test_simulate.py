@@ -11,7 +11,7 @@ from rich.console import Console
 
 from mimo_accel.tools import simulate as sim
 from mimo_accel.balance import balanced_order
-from mimo_accel.rehearse.profiles import load_profile
+from mimo_accel.workloads import load_profile
 
 DPS = [2, 4, 8, 16, 32]
 
@@ -119,7 +119,7 @@ JSON_ROW_KEYS = {"dp", "language_dp", "grid", "micro_batch_size", "straggler", "
 def test_main_prints_tables_and_writes_json_and_png(tmp_path):
     out, png = tmp_path / "sim.json", tmp_path / "sim.png"
     console = Console(record=True, width=200)
-    rc = sim.main(["--profile", "receipts", "--dp", "2,4,8", "--steps", "3", "--per-replica", "4",
+    rc = sim.main(["--workload", "receipts", "--dp", "2,4,8", "--steps", "3", "--per-replica", "4",
                    "--json", str(out), "--png", str(png)], console=console)
     text = console.export_text()
     assert "straggler" in text and "Reads per step" in text and "plan-before-read" in text
@@ -146,10 +146,10 @@ def test_main_with_a_cost_file_and_bad_input(tmp_path, capsys):
     cost = tmp_path / "cost.json"
     CostModel(a=2e-5, b=0.0, c=0.0).to_file(cost)
     out = tmp_path / "o.json"
-    assert sim.main(["--profile", "documents", "--dp", "2", "--steps", "1", "--cost", str(cost),
+    assert sim.main(["--workload", "documents", "--dp", "2", "--steps", "1", "--cost", str(cost),
                      "--json", str(out)], console=Console(file=io.StringIO())) == 0
     assert json.loads(out.read_text())["cost_model"] == {"a": 2e-5, "b": 0.0, "c": 0.0, "source": str(cost)}
-    assert sim.main(["--profile", "nope"]) == 2
+    assert sim.main(["--workload", "nope"]) == 2
     assert "no such profile" in capsys.readouterr().err
     assert sim.main(["--dp", "2,...,8"]) == 2
     assert sim.main(["--steps", "0"]) == 2
@@ -225,7 +225,7 @@ def test_window_on_the_command_line(tmp_path, capsys):
 
     out = tmp_path / "w.json"
     console = Console(record=True, width=220)
-    assert sim.main(["--profile", "receipts", "--dp", "4", "--steps", "2", "--window", "3", "--json", str(out)],
+    assert sim.main(["--workload", "receipts", "--dp", "4", "--steps", "2", "--window", "3", "--json", str(out)],
                     console=console) == 0
     text = console.export_text()
     assert "Global-batch window: 3 micro-batches per step" in text and "replica totals" in text

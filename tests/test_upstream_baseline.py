@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from mimo_accel.rehearse import stack as st
-from mimo_accel.rehearse.testing import (LANGUAGE, VISION, MimoLayout, build_grids, loader_config, module_of_rank,
+from mimo_accel.rehearse.ranks import (LANGUAGE, VISION, MimoLayout, build_grids, loader_config, module_of_rank,
                                 run_ranks)
 
 DP_SIZES = (1, 2, 4)

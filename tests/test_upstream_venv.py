@@ -1,4 +1,4 @@
-"""tools/upstream_venv.py (make test-upstream): source trees, their identity, sparse checkouts,
+"""upstream/upstream_venv.py (make test-upstream): source trees, their identity, sparse checkouts,
 and the stamp that makes a rebuild of .venv-upstream a no-op. Nothing is installed here."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ pytestmark = pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
 
 @pytest.fixture(scope="module")
 def uv():
-    spec = importlib.util.spec_from_file_location("upstream_venv", ROOT / "tools" / "upstream_venv.py")
+    spec = importlib.util.spec_from_file_location("upstream_venv", ROOT / "upstream" / "upstream_venv.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod

@@ -141,7 +141,7 @@ SHAPES = (
     # shape does not cover: not a release). It pins Megatron-LM 2a75ac12c54b = megatron-core
     # 0.20.0. Checked by reading that source: every target below exists with the expected
     # parameters and bindings, and the fan-in methods' bodies equal 0.19.2's (logging aside). Tested
-    # with `make test-upstream` (a venv built from those two trees; see tools/upstream_venv.py).
+    # with `make test-upstream` (a venv built from those two trees; see upstream/upstream_venv.py).
     Shape("main", bridge=("0.7.0+067f987",), core=("0.20.0+2a75ac1",), native_packing=True,
           tested_here=True,
           evidence="the whole test suite runs on source builds of Bridge 067f987 / Megatron-LM 2a75ac12c54b "
@@ -186,7 +186,7 @@ INTERNALS = (
              "plan-input checks and derived cost indexes gather through the job's store (runtime/rank_set.py)",
              ("sharded_reads",)),
     Internal("torch.distributed.distributed_c10d", "_world.pg_names",
-             "exchange mode: members agree on their group count before making a gloo group (exchange/)",
+             "exchange mode: members agree on their group count before making a gloo group (runtime/exchange/reorder.py)",
              ("reorder",)),
     Internal("megatron.bridge.data.datasets.direct_sft", "DirectSFTDataset._base_examples",
              "deriving costs of a direct HF SFT dataset: its raw examples (datasets/direct_sft.py)",

@@ -39,11 +39,12 @@ import tempfile
 import threading
 import types
 import typing
-from typing import Optional
+from typing import Optional, Sequence
 
 from mimo_accel.patching.swaps import SwapSet
 
-__all__ = ["activate", "deactivate", "is_active", "prepare_imports", "check_megatron_importable"]
+__all__ = ["activate", "deactivate", "is_active", "prepare_imports", "prepare_imports_if_cpu",
+           "check_megatron_importable"]
 
 _lock = threading.RLock()
 _swaps = SwapSet()
@@ -156,6 +157,15 @@ def prepare_imports() -> None:
             _swaps.swap(typing, "override", typing_extensions.override)
         _register_stand_ins()
         _te_classes_as_types()
+
+
+def prepare_imports_if_cpu(argv: Sequence[str]) -> None:
+    """The training script's ``--cpu`` prelude: :func:`prepare_imports` when ``"--cpu"`` is in
+    ``argv``, else nothing. Call it before any megatron.bridge import: the Python 3.11 back-port
+    and the stand-ins for packages that cannot be installed without CUDA (Transformer Engine).
+    Nothing else changes here."""
+    if "--cpu" in argv:
+        prepare_imports()
 
 
 def check_megatron_importable(log_path: Optional[str] = None) -> dict[str, str]:

@@ -170,7 +170,7 @@ def image_processor(*, max_rows: int, min_rows: int = 1, **kwargs: Any):
     """Qwen3-VL's image processing (transformers' Qwen2-VL processor with Qwen3-VL's settings:
     16 px patches, 2×2 merge, mean/std 0.5), pixel bounds in encoder rows: every image becomes
     ``min_rows``..``max_rows`` rows of 32×32 px (4 patches each)."""
-    from mimo_accel.rehearse.stack import qwen_image_processor
+    from mimo_accel.rehearse.qwen_processor import qwen_image_processor
 
     if not 1 <= min_rows <= max_rows:
         raise ValueError(f"qwen3vl image processor: need 1 <= min_rows <= max_rows, got {min_rows}, {max_rows}")

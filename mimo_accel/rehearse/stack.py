@@ -38,7 +38,8 @@ from megatron.core.transformer.module import MegatronModule
 from torch import nn
 from torch.nn import functional as F
 
-from mimo_accel.rehearse.testing import LANGUAGE, VISION, MimoLayout, step_state
+from mimo_accel.rehearse.qwen_processor import qwen_image_processor
+from mimo_accel.rehearse.ranks import LANGUAGE, VISION, MimoLayout, step_state
 
 IMAGE_TOKEN_ID = 2047  # the vision placeholder token in input_ids (the last id of the vocabulary)
 ENCODER_NAME = "vit"  # modality_inputs["vision"][ENCODER_NAME] = {hidden_states, grid_thw}
@@ -263,7 +264,7 @@ def model_batches(batches, *, keep_attention_mask: bool = False, seen_ids: Optio
     is cut exactly as the step will cut it. The ``[B, S]`` padding mask is dropped (causal
     attention + loss_mask already ignore right padding) unless a packer needs it.
     """
-    from mimo_accel.sampler import SHARD_TAG_KEY
+    from mimo_accel.runtime.shard import SHARD_TAG_KEY
 
     for batch in batches:
         ids = batch.pop(SAMPLE_ID_KEY, None)
@@ -335,16 +336,6 @@ def offline_tokenizer(words: Sequence[str] = OFFLINE_WORDS, special_tokens: Sequ
     return t
 
 
-def qwen_image_processor(min_pixels: int = 28 * 28, max_pixels: int = 28 * 28 * 64, **kwargs: Any):
-    """Qwen2-VL's image processor (transformers' PIL variant; 14 px patches, 2x2 merge), small
-    pixel bounds so CPU runs are fast: 4 to 256 patches per image by default. The bounds go in as
-    a fresh ``size`` (transformers 5.x writes ``min_pixels``/``max_pixels`` arguments into the
-    class-level default dict, which would leak into every later processor)."""
-    from transformers import Qwen2VLImageProcessorPil
-
-    return Qwen2VLImageProcessorPil(size={"shortest_edge": min_pixels, "longest_edge": max_pixels}, **kwargs)
-
-
 @dataclass(frozen=True)
 class ImageMix:
     """What :func:`image_examples` draws, receipts-like: some samples have no image, a few carry a
@@ -363,7 +354,7 @@ class ImageMix:
     tall_width: tuple[int, int] = (96, 128)
 
 
-#: ``--image-mix`` choices of examples/train_mimo.py. "receipts": profiles/receipts.toml's
+#: ``--image-mix`` choices of examples/train_mimo.py. "receipts": workloads/receipts.toml's
 #: rehearsal sizes in pixels (16 px patches: height median 16 patches, sigma 0.9, 8-120; width
 #: 6-8), one image per sample, so upstream as shipped can split every micro-batch by image count.
 IMAGE_MIXES = {"default": ImageMix(),

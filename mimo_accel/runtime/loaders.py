@@ -118,7 +118,7 @@ def _share(loader, a: dict, ctx, split: str, dp_group, runtime: Runtime):
     cfg = runtime.config
     plan = plan_for(a["dataset"], [a[k] for k in _SETTINGS], ctx, split, runtime)
     if cfg.reorder and cfg.reorder_mode == "exchange":
-        from mimo_accel.exchange import exchange_shard_loader
+        from mimo_accel.runtime.exchange import exchange_shard_loader
 
         return exchange_shard_loader(loader, ctx, a["micro_batch_size"], dp_group, cost_model=plan.cost_model,
                                      notify=runtime.say_once)
@@ -168,7 +168,7 @@ def _canonical_share(loader, a: dict, ctx, split: str, dp_group, runtime: Runtim
         return sampler.tagged_loader(loader, ctx, loader.batch_sampler)  # upstream's own shard
     plan = plan_for(a["dataset"], [a[k] for k in _SETTINGS if k != "seed"], ctx, split, runtime)
     if cfg.reorder_mode == "exchange":
-        from mimo_accel.exchange import exchange_shard_loader
+        from mimo_accel.runtime.exchange import exchange_shard_loader
 
         return exchange_shard_loader(loader, ctx, a["micro_batch_size"], dp_group, cost_model=plan.cost_model,
                                      local_batch_sampler=loader.batch_sampler, notify=runtime.say_once)

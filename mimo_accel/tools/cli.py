@@ -46,7 +46,7 @@ def _run(args) -> int:
 # Subcommands whose module parses its own arguments.
 DELEGATED = {
     "report": ("mimo_accel.tools.report", "before/after straggler report from profiler runs"),
-    "rehearse": ("mimo_accel.rehearse.rehearsal", "CPU rehearsal of a real MegatronMIMO layout, baseline vs accelerated"),
+    "rehearse": ("mimo_accel.tools.rehearsing", "CPU rehearsal of a real MegatronMIMO layout, baseline vs accelerated"),
     "simulate": ("mimo_accel.tools.simulate", "the planners at cluster scale, no processes"),
     "index": ("mimo_accel.tools.indexing", "build a per-sample cost index from a manifest or the training dataset"),
     "calibrate": ("mimo_accel.tools.calibrate", "fit the cost model from profiler logs"),

@@ -1,6 +1,6 @@
 """The planners at cluster scale, without processes: what sharding and reordering would buy.
 
-``mimo-accel simulate --profile receipts --dp 2,4,8,...,512 [--steps N] [--window W]
+``mimo-accel simulate --workload receipts --dp 2,4,8,...,512 [--steps N] [--window W]
 [--per-replica K] [--seed S] [--cost FILE] [--language-dp ratio|equal] [--json PATH] [--png PATH]``
 
 For each vision DP size ``d`` it draws ``N × W`` global micro-batches of ``d × K`` samples (``N``
@@ -112,7 +112,7 @@ from rich.table import Table
 
 from mimo_accel.balance import balanced_order, lower_bound, lpt_order
 from mimo_accel.costs import CostModel
-from mimo_accel.rehearse.profiles import Profile, ProfileError, load_profile
+from mimo_accel.workloads import Profile, ProfileError, load_profile
 
 __all__ = ["SIMULATE_FORMAT", "PLANNERS", "language_dp_for", "main", "parse_dp_list", "render", "simulate",
            "write_png"]
@@ -297,8 +297,8 @@ def simulate(
 ) -> dict[str, Any]:
     """Run the simulation; returns the JSON document described in the module docstring.
 
-    ``profile`` is a :class:`~mimo_accel.rehearse.profiles.Profile` or a name/path for
-    :func:`~mimo_accel.rehearse.profiles.load_profile`; ``samples_per_replica`` defaults to the profile's
+    ``profile`` is a :class:`~mimo_accel.workloads.Profile` or a name/path for
+    :func:`~mimo_accel.workloads.load_profile`; ``samples_per_replica`` defaults to the profile's
     ``micro_batch_size / vision dp``; ``cost_model`` to the built-in :class:`CostModel`.
     ``window``: micro-batches per step (``steps × window`` micro-batches are drawn); above 1, each
     row also gets the global-batch window results (``rows[].window``).
@@ -670,7 +670,8 @@ def _parser() -> argparse.ArgumentParser:
         prog="mimo-accel simulate",
         description="Simulate the planners (contiguous, LPT, balanced) and sharded reads at cluster scale.",
     )
-    p.add_argument("--profile", default="receipts", help="profile name (profiles/<name>.toml) or path; default receipts")
+    p.add_argument("--workload", default="receipts",
+                   help="workload profile name (mimo_accel/workloads/<name>.toml) or path; default receipts")
     p.add_argument("--dp", default="2,4,...,512", help="vision DP sizes, e.g. 2,4,8 or 2,4,...,512 (default)")
     p.add_argument("--steps", type=int, default=20,
                    help="steps per DP size, each of --window global micro-batches (default 20)")
@@ -678,11 +679,11 @@ def _parser() -> argparse.ArgumentParser:
                    help="global micro-batches per step planned together (the whole global batch); default 1: "
                         "each micro-batch alone. Above 1 adds the window table")
     p.add_argument("--per-replica", type=int, default=None, metavar="K",
-                   help="samples per vision replica (default: the profile's micro_batch_size / vision dp)")
+                   help="samples per vision replica (default: the workload's micro_batch_size / vision dp)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--cost", metavar="FILE", help="cost-model file from `mimo-accel calibrate` (default: built-in)")
     p.add_argument("--language-dp", choices=("ratio", "equal"), default="ratio",
-                   help="language DP per vision DP: the profile's ratio (default) or equal")
+                   help="language DP per vision DP: the workload's ratio (default) or equal")
     p.add_argument("--json", metavar="PATH", help="write the results as JSON")
     p.add_argument("--png", metavar="PATH", help="write charts (needs matplotlib)")
     return p
@@ -692,7 +693,7 @@ def main(argv: Sequence[str] | None = None, *, console: Console | None = None) -
     """``mimo-accel simulate``. Returns 0, 1 if an export failed, 2 on bad input."""
     args = _parser().parse_args(argv)
     try:
-        profile = load_profile(args.profile)
+        profile = load_profile(args.workload)
         dps = parse_dp_list(args.dp)
         model = CostModel.from_file(args.cost) if args.cost else None
         if args.steps < 1:

@@ -1,9 +1,9 @@
 """Build a second venv (default ``.venv-upstream``) with megatron-bridge / megatron-core installed
 from source trees -- e.g. upstream main -- instead of the PyPI releases ``make setup`` installs.
 
-    python3 tools/upstream_venv.py --bridge DIR --core DIR          # DIRs: source trees
-    python3 tools/upstream_venv.py --from-git BRIDGE_GIT@COMMIT CORE_GIT@COMMIT [--keep-trees DIR]
-    python3 tools/upstream_venv.py ... --versions                    # print the installed versions
+    python3 upstream/upstream_venv.py --bridge DIR --core DIR          # DIRs: source trees
+    python3 upstream/upstream_venv.py --from-git BRIDGE_GIT@COMMIT CORE_GIT@COMMIT [--keep-trees DIR]
+    python3 upstream/upstream_venv.py ... --versions                    # print the installed versions
 
 ``make test-upstream UPSTREAM_BRIDGE=DIR UPSTREAM_CORE=DIR`` (or ``UPSTREAM_FROM_GIT="B@C C@C"``)
 runs this, then the project's suite with the venv's python.

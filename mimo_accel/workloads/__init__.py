@@ -2,9 +2,10 @@
 
 A profile describes the samples of a workload (images per sample, image sizes, text tokens), the
 model's image resize rule, the default parallel layout, and a scaled-down ``[rehearsal]``
-version small enough to run on CPUs. The shipped profiles live in ``profiles/`` at the repository
-root (``receipts``, ``documents``, ``mixed_chat``, ``uniform``); :func:`load_profile` takes either
-such a name or a path. Pure: numpy and the standard library only (``tomllib``).
+version small enough to run on CPUs. The shipped profiles are this package's data
+(``mimo_accel/workloads/*.toml``: ``receipts``, ``documents``, ``mixed_chat``, ``uniform``);
+:func:`load_profile` takes either such a name or a path. Pure: numpy and the standard library
+only (``tomllib``).
 
 File layout (every key is checked; an unknown key is an error)::
 
@@ -77,7 +78,7 @@ from typing import Any
 import numpy as np
 
 from mimo_accel.costs import CostIndex, CostModel, ResizeRule, SampleShape
-from mimo_accel.rehearse.layout import MimoLayout, ModuleLayout
+from mimo_accel.workloads.layout import MimoLayout, ModuleLayout
 
 __all__ = [
     "PROFILES_DIR",
@@ -97,8 +98,8 @@ __all__ = [
     "parse_profile",
 ]
 
-#: The shipped profiles: ``<repo>/profiles/*.toml``.
-PROFILES_DIR = Path(__file__).resolve().parents[2] / "profiles"
+#: The shipped profiles: ``*.toml`` of this package (package data).
+PROFILES_DIR = Path(__file__).resolve().parent
 
 #: Limits of a ``[rehearsal]``: the CPU rehearsal's ViT costs ~ (h·w)² per image (1024 patches: ~0.2 s
 #: forward+backward on one core), and an image's rows (patches / merge²) must fit the sequence.
@@ -384,7 +385,7 @@ def _round_up(x: np.ndarray, m: int) -> np.ndarray:
 
 
 def list_profiles() -> list[str]:
-    """Names of the shipped profiles (``profiles/*.toml``), sorted."""
+    """Names of the shipped profiles (``mimo_accel/workloads/*.toml``), sorted."""
     return sorted(p.stem for p in PROFILES_DIR.glob("*.toml")) if PROFILES_DIR.is_dir() else []
 
 

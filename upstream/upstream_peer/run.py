@@ -1,7 +1,7 @@
 """Upstream's own MegatronMIMO unit tests as a peer suite: same outcomes with and without mimo_accel.
 
-    python tools/upstream_peer/run.py --upstream DIR          # DIR: Megatron-Bridge checkout/extract
-    python tools/upstream_peer/run.py --from-git GITDIR --ref r0.6.0   # extract into a temp dir
+    python upstream/upstream_peer/run.py --upstream DIR          # DIR: Megatron-Bridge checkout/extract
+    python upstream/upstream_peer/run.py --from-git GITDIR --ref r0.6.0   # extract into a temp dir
 
 Runs ``tests/unit_tests/data/megatron_mimo`` and ``tests/unit_tests/training/megatron_mimo`` of
 DIR (with DIR's ``tests/unit_tests/conftest.py``) with this interpreter (the project venv), once

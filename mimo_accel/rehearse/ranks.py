@@ -24,7 +24,7 @@ import traceback
 from datetime import timedelta
 from typing import Any, Callable
 
-from mimo_accel.rehearse.layout import LANGUAGE, VISION, MimoLayout, ModuleLayout  # noqa: F401  (re-exported)
+from mimo_accel.workloads.layout import LANGUAGE, VISION, MimoLayout, ModuleLayout  # noqa: F401  (re-exported)
 
 _PRELOAD = "mimo_accel.rehearse._preload"
 _progress = None  # in a rank: the parent's queue, for report_progress()

@@ -1,0 +1,227 @@
+"""The offline reader: every ``rank<N>.jsonl`` of a profile directory, and what was wrong with them."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mimo_accel.profiler.recorder import FORMAT
+
+_RANK_FILE = re.compile(r"^rank(\d+)\.jsonl$")
+
+
+class ProfileError(Exception):
+    """A profile directory or record that cannot be used."""
+
+
+class NoProfileData(ProfileError):
+    """A directory holds no readable profile data at all."""
+
+
+def record_number(rec: dict[str, Any], key: str) -> float | None:
+    """A finite number from a profile record, or None (missing, null, not a number, NaN/inf)."""
+    v = rec.get(key)
+    if v is None or isinstance(v, bool):
+        return None
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return None
+    return f if math.isfinite(f) else None
+
+
+@dataclass
+class RankLog:
+    """One rank's file: its header (``None`` if missing) and its step records, in file order."""
+
+    rank: int
+    path: Path
+    header: dict[str, Any] | None
+    steps: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def module(self) -> str:
+        return str((self.header or {}).get("module", "unknown"))
+
+    @property
+    def dp_rank(self) -> int:
+        return int((self.header or {}).get("dp_rank", 0))
+
+    @property
+    def dp_size(self) -> int:
+        return int((self.header or {}).get("dp_size", 1))
+
+
+@dataclass
+class Run:
+    """All rank files of one profile directory, and what was wrong with them."""
+
+    directory: Path
+    ranks: dict[int, RankLog]
+    warnings: list[str]
+    world_size: int | None
+
+    @property
+    def header(self) -> dict[str, Any]:
+        """The lowest rank's header (run-wide fields: layout, label, config, versions)."""
+        for r in sorted(self.ranks):
+            if self.ranks[r].header:
+                return self.ranks[r].header  # type: ignore[return-value]
+        return {}
+
+    @property
+    def label(self) -> str:
+        return str(self.header.get("label", "")) or self.directory.name
+
+    @property
+    def layout(self) -> dict[str, Any]:
+        return dict(self.header.get("layout", {}))
+
+
+def read_run(directory: str | os.PathLike[str]) -> Run:
+    """Load every ``rank<N>.jsonl`` of ``directory``.
+
+    Tolerates and reports (in ``Run.warnings``): a torn last line, invalid lines, empty files,
+    missing headers, restarted files (several headers), ranks missing from ``world_size``, and
+    headers that disagree. Raises :class:`NoProfileData` if the directory does not exist or no
+    file has a single step record.
+    """
+    d = Path(directory)
+    expected = "rank<N>.jsonl files written by mimo_accel.profiler.Recorder"
+    if not d.is_dir():
+        raise NoProfileData(f"{d}: not a directory (expected a profile directory with {expected})")
+    files = sorted(
+        ((int(m.group(1)), p) for p in d.iterdir() if (m := _RANK_FILE.match(p.name)) and p.is_file()),
+    )
+    if not files:
+        raise NoProfileData(f"{d}: no rank<N>.jsonl files (expected {expected})")
+
+    warnings: list[str] = []
+    ranks: dict[int, RankLog] = {}
+    for rank, path in files:
+        log = _read_rank_file(rank, path, warnings)
+        if log is not None:
+            ranks[rank] = log
+
+    if not any(log.steps for log in ranks.values()):
+        detail = "; ".join(warnings) if warnings else "the files hold headers but no step records"
+        raise NoProfileData(f"{d}: no step records in {len(files)} rank file(s) ({detail})")
+
+    # world size and missing ranks
+    sizes = {int(log.header["world_size"]) for log in ranks.values() if log.header and "world_size" in log.header}
+    world_size = max(sizes) if sizes else None
+    if len(sizes) > 1:
+        warnings.append(f"headers disagree on world_size ({sorted(sizes)}); using {world_size}")
+    if world_size is not None:
+        present = {r for r in ranks if ranks[r].steps}
+        beyond = sorted(r for r in ranks if r >= world_size)
+        if beyond:
+            warnings.append(f"rank file(s) {beyond} beyond world_size {world_size}")
+        missing = [r for r in range(world_size) if r not in present]
+        if missing:
+            warnings.append(
+                f"{_ranks_str(missing)} of world {world_size} missing or without steps "
+                f"({len(present)} of {world_size} ranks have data)"
+            )
+    labels = {str(log.header.get("label", "")) for log in ranks.values() if log.header}
+    if len(labels) > 1:
+        warnings.append(f"ranks carry different labels: {sorted(labels)}")
+    layouts = {json.dumps(log.header.get("layout", {}), sort_keys=True) for log in ranks.values() if log.header}
+    if len(layouts) > 1:
+        warnings.append("ranks carry different layouts in their headers; using the lowest rank's")
+    return Run(directory=d, ranks=ranks, warnings=warnings, world_size=world_size)
+
+
+def _ranks_str(ranks: list[int]) -> str:
+    if len(ranks) == 1:
+        return f"rank {ranks[0]}"
+    if len(ranks) > 8:
+        return f"ranks {', '.join(map(str, ranks[:8]))}, … ({len(ranks)} ranks)"
+    return f"ranks {', '.join(map(str, ranks))}"
+
+
+def _read_rank_file(rank: int, path: Path, warnings: list[str]) -> RankLog | None:
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        warnings.append(f"rank {rank}: cannot read {path.name}: {e}")
+        return None
+    if not data.strip():
+        warnings.append(f"rank {rank}: {path.name} is empty (did the rank die before its first step?)")
+        return None
+    text = data.decode("utf-8", errors="replace")
+    lines = text.split("\n")
+    torn_tail = not text.endswith("\n")
+    if not torn_tail:
+        lines.pop()  # the empty string after the final newline
+    log = RankLog(rank=rank, path=path, header=None)
+    headers = 0
+    bad: list[int] = []
+    by_step: dict[int, int] = {}
+    duplicates = 0
+    for i, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+            if not isinstance(rec, dict):
+                raise ValueError("not an object")
+        except ValueError:
+            if i == len(lines) and torn_tail:
+                warnings.append(
+                    f"rank {rank}: last line of {path.name} is incomplete (run killed mid-write?); ignored it"
+                )
+            else:
+                bad.append(i)
+            continue
+        kind = rec.get("kind")
+        if kind == "header":
+            headers += 1
+            fmt = rec.get("format")
+            if fmt != FORMAT:
+                warnings.append(f"rank {rank}: {path.name} has format {fmt!r}, expected {FORMAT!r}; reading it anyway")
+            if log.header is None:
+                log.header = rec
+                if int(rec.get("rank", rank)) != rank:
+                    warnings.append(f"rank {rank}: {path.name} header says rank {rec.get('rank')}")
+        elif kind == "step":
+            if not _valid_step(rec):
+                bad.append(i)
+                continue
+            step = int(rec["step"])
+            if step in by_step:
+                duplicates += 1
+                log.steps[by_step[step]] = rec  # a restart re-ran this step: keep the latest
+            else:
+                by_step[step] = len(log.steps)
+                log.steps.append(rec)
+        else:
+            bad.append(i)
+    if bad:
+        shown = ", ".join(map(str, bad[:5])) + (" …" if len(bad) > 5 else "")
+        warnings.append(f"rank {rank}: {len(bad)} unreadable line(s) in {path.name} (line {shown}); skipped")
+    if log.header is None:
+        warnings.append(f"rank {rank}: {path.name} has no header line; module and DP rank unknown")
+    if headers > 1:
+        warnings.append(
+            f"rank {rank}: {path.name} holds {headers} headers (restarted into the same file?); "
+            f"{duplicates} repeated step(s) keep their latest record"
+        )
+    if not log.steps and log.header is not None:
+        warnings.append(f"rank {rank}: {path.name} has a header but no step records")
+    log.steps.sort(key=lambda r: r["step"])
+    return log
+
+
+def _valid_step(rec: dict[str, Any]) -> bool:
+    try:
+        int(rec["step"])
+        st = float(rec["step_time_s"])
+    except (KeyError, TypeError, ValueError):
+        return False
+    return math.isfinite(st) and st >= 0

@@ -1,0 +1,130 @@
+"""Module timer: an ``nn.Module``'s forward and backward as regions of a :class:`Recorder`."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+from mimo_accel.profiler.recorder import Recorder
+
+
+class ModuleTimer:
+    """Times an ``nn.Module``'s forward and backward as regions ``<name>_fwd`` / ``<name>_bwd``.
+
+    * forward: forward-pre-hook → forward-hook (``always_call``, so an exception closes it).
+      Forwards that run *inside* a backward (activation recomputation) are not counted as forward;
+      their time falls inside the backward region.
+    * backward: starts when the gradient of the module's output arrives (a hook on each output
+      tensor, registered by the forward hook; outputs may be tensors or nested tuples/lists/dicts)
+      and stops when the backward pass (autograd graph task) that delivered it finishes (an
+      autograd final callback). On a vision-encoder rank, that backward is the encoder's own; when
+      the encoder shares a graph with other modules it is the tail of it (the encoder ran first, so
+      its backward runs last).
+
+    Why not ``register_full_backward_hook`` for the end: when no module input requires grad (a
+    vision encoder's pixel values never do) torch fires it as soon as the *output* gradient
+    arrives, so it would measure ~0.
+    """
+
+    def __init__(self, module: Any, recorder: Recorder, name: str = "vision") -> None:
+        import torch
+
+        self._torch = torch
+        self.recorder = recorder
+        self.name = name
+        self._fwd = f"{name}_fwd"
+        self._bwd = f"{name}_bwd"
+        self._active = True
+        self._recompute_depth = 0
+        self._bwd_tasks: set[int] = set()
+        self._lock = threading.Lock()
+        self._handles = [
+            module.register_forward_pre_hook(self._pre_forward),
+            module.register_forward_hook(self._post_forward, always_call=True),
+        ]
+
+    # forward ------------------------------------------------------------------------------------
+    def _pre_forward(self, module: Any, args: Any) -> None:
+        if not self._active:
+            return
+        task = self._torch._C._current_graph_task_id()
+        if task != -1:
+            # Recomputation inside a backward (activation checkpointing). With reentrant
+            # checkpointing the forward ran under no_grad, so no output hook was registered:
+            # the backward region starts here at the latest.
+            self._recompute_depth += 1
+            self._begin_backward(task)
+            return
+        self.recorder.start(self._fwd)
+
+    def _post_forward(self, module: Any, args: Any, output: Any) -> None:
+        if not self._active:
+            return
+        if self._recompute_depth:
+            self._recompute_depth -= 1
+            return
+        self.recorder.stop(self._fwd)
+        if not self._torch.is_grad_enabled():
+            return
+        if isinstance(output, self._torch.Tensor):  # the common case, without the walk
+            if output.requires_grad:
+                output.register_hook(self._on_output_grad)
+            return
+        for t in _iter_tensors(output, self._torch.Tensor):
+            if t.requires_grad:
+                t.register_hook(self._on_output_grad)
+
+    # backward -----------------------------------------------------------------------------------
+    def _on_output_grad(self, grad: Any) -> None:
+        if self._active:
+            self._begin_backward(self._torch._C._current_graph_task_id())
+
+    def _begin_backward(self, task: int) -> None:
+        with self._lock:
+            if task in self._bwd_tasks:
+                return
+            self._bwd_tasks.add(task)
+        self.recorder.start(self._bwd)
+        self._torch.autograd.Variable._execution_engine.queue_callback(lambda: self._on_backward_done(task))
+
+    def _on_backward_done(self, task: int) -> None:
+        with self._lock:
+            self._bwd_tasks.discard(task)
+        self.recorder.stop(self._bwd)
+
+    @contextlib.contextmanager
+    def paused(self):
+        """Nothing the module runs inside this block is timed (an evaluation pass)."""
+        was, self._active = self._active, False
+        try:
+            yield
+        finally:
+            self._active = was
+
+    def remove(self) -> None:
+        """Remove the module hooks; output-gradient hooks already registered become no-ops."""
+        self._active = False
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+
+
+def _iter_tensors(obj: Any, tensor_type: type, _depth: int = 0) -> Iterator[Any]:
+    if isinstance(obj, tensor_type):
+        yield obj
+    elif _depth < 4 and isinstance(obj, (tuple, list)):
+        for o in obj:
+            yield from _iter_tensors(o, tensor_type, _depth + 1)
+    elif _depth < 4 and isinstance(obj, dict):
+        for o in obj.values():
+            yield from _iter_tensors(o, tensor_type, _depth + 1)
+
+
+def attach_module_timer(module: Any, recorder: Recorder, name: str = "vision") -> ModuleTimer:
+    """Time ``module``'s forward and backward into ``recorder`` as ``<name>_fwd``/``<name>_bwd``.
+
+    Returns a handle; ``handle.remove()`` detaches it. See :class:`ModuleTimer`.
+    """
+    return ModuleTimer(module, recorder, name)

@@ -1,0 +1,95 @@
+"""Planning (pure): who holds which sample after the exchange, and what moves."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import cached_property
+
+import numpy as np
+
+from mimo_accel.balance import balanced_order, contiguous_order, spread
+from mimo_accel.grid import check_micro_batch
+
+
+@dataclass(frozen=True)
+class ExchangePlan:
+    """Who holds which sample after the exchange, and what moves.
+
+    Positions are indices into the global micro-batch in canonical order (rank 0's local samples,
+    then rank 1's, ...). ``order`` is the balanced canonical-group order; rank r holds
+    ``order[r·n_local:(r+1)·n_local]`` afterwards, in that order.
+    """
+
+    n_ranks: int
+    n_local: int
+    grid: int
+    order: tuple[int, ...]
+    sizes: tuple[int, ...]
+    predicted_spread: float
+    baseline_spread: float
+
+    def local_after(self, rank: int) -> list[int]:
+        return list(self.order[rank * self.n_local:(rank + 1) * self.n_local])
+
+    def owner_before(self, position: int) -> int:
+        return position // self.n_local
+
+    @cached_property
+    def _owner_after(self) -> tuple[int, ...]:
+        owner = [0] * len(self.order)
+        for k, p in enumerate(self.order):
+            owner[p] = k // self.n_local
+        return tuple(owner)
+
+    def owner_after(self) -> list[int]:
+        return list(self._owner_after)
+
+    @cached_property
+    def _flows(self) -> dict[tuple[int, int], list[int]]:
+        flows: dict[tuple[int, int], list[int]] = {}
+        for k, p in enumerate(self.order):  # in each receiver's hold order
+            flows.setdefault((k // self.n_local, p // self.n_local), []).append(p)
+        return flows
+
+    def incoming(self, rank: int, src: int) -> list[int]:
+        """Positions ``rank`` receives from ``src``, in the order ``rank`` will hold them."""
+        return list(self._flows.get((rank, src), ()))
+
+    def send_bytes(self, rank: int) -> list[int]:
+        """Bytes ``rank`` sends to each peer (0 to itself)."""
+        return [0 if d == rank else sum(self.sizes[p] for p in self._flows.get((d, rank), ()))
+                for d in range(self.n_ranks)]
+
+    def recv_bytes(self, rank: int) -> list[int]:
+        return [0 if s == rank else sum(self.sizes[p] for p in self._flows.get((rank, s), ()))
+                for s in range(self.n_ranks)]
+
+    def moved(self) -> list[int]:
+        """Positions whose owner changes, ascending."""
+        return [p for p, r in enumerate(self._owner_after) if r != p // self.n_local]
+
+    @property
+    def bytes_moved(self) -> int:
+        return sum(self.sizes[p] for p in self.moved())
+
+
+def plan_exchange(costs: Sequence[float] | np.ndarray, sizes: Sequence[int] | np.ndarray,
+                  n_ranks: int, grid: int) -> ExchangePlan:
+    """The exchange plan of a global micro-batch held by ``n_ranks`` replicas on a grid of G groups.
+
+    ``costs``/``sizes``: per sample, in canonical order. The order is
+    ``balanced_order(costs, grid)``: the same on every rank, ties broken by position.
+    """
+    c = np.asarray(costs, dtype=np.float64)
+    s = np.asarray(sizes, dtype=np.int64)
+    if c.shape != s.shape or c.ndim != 1:
+        raise ValueError("costs and sizes must be 1-D and of equal length (one per sample)")
+    if n_ranks < 1 or grid % n_ranks:
+        raise ValueError(f"the canonical grid G={grid} must be a multiple of the DP size {n_ranks}")
+    check_micro_batch(c.size, grid, "global micro-batch size")
+    order = balanced_order(c, grid)
+    return ExchangePlan(n_ranks=n_ranks, n_local=c.size // n_ranks, grid=grid, order=tuple(order),
+                        sizes=tuple(int(x) for x in s),
+                        predicted_spread=float(spread(c, order, grid)),
+                        baseline_spread=float(spread(c, contiguous_order(c.size), grid)))

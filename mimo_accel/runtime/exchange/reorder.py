@@ -1,0 +1,302 @@
+"""The exchange (collective): reorder each global micro-batch of a module's DP group after decoding."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import math
+import os
+import struct
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import numpy as np
+import torch
+
+from mimo_accel.costs import CostModel
+from mimo_accel.runtime.exchange.cost import DecodedSampleCost
+from mimo_accel.runtime.exchange.plan import ExchangePlan, plan_exchange
+from mimo_accel.runtime.exchange.wire import EncodedSample, decode_sample
+from mimo_accel.runtime.sampler import SamplesRead, TaggingCollate
+from mimo_accel.runtime.shard import SHARD_TAG_KEY, ShardContext
+from mimo_accel.runtime.state import notify_with
+
+OVERLAP_ENV = "CUDA_DEVICE_MAX_CONNECTIONS"
+_MESSAGE_BYTES = 480  # error text carried by the status all-gather (utf-8, truncated)
+_STATUS_HEADER = struct.Struct("<qq")  # ok flag (1 = ok), local sample count
+
+
+class ExchangeError(RuntimeError):
+    """The exchange cannot proceed on this DP group; raised on every rank of it alike."""
+
+
+@dataclass(frozen=True)
+class ExchangeStats:
+    """One micro-batch's exchange, seen from one rank.
+
+    ``bytes_sent``/``bytes_received``/``samples_sent``/``samples_received``: this rank's share of the
+    sample payload (the status and cost all-gathers are ``meta_bytes``). ``samples_moved`` and
+    ``bytes_moved``: the whole DP group's (every rank reports the same). Spreads are per canonical
+    group, max/mean (1.0 is perfect); ``baseline_spread`` is the contiguous split's.
+    Wall times: ``cost_s`` costing and sizing the local samples; ``plan_s`` the status and cost
+    all-gathers plus planning (it includes waiting for the slowest replica); ``move_s`` serialising,
+    the all_to_all and deserialising; ``total_s`` all of it.
+    """
+
+    bytes_sent: int
+    bytes_received: int
+    samples_sent: int
+    samples_received: int
+    samples_moved: int
+    bytes_moved: int
+    meta_bytes: int
+    predicted_spread: float
+    baseline_spread: float
+    cost_s: float
+    plan_s: float
+    move_s: float
+    total_s: float
+
+
+def _refuse_overlap_if_unsafe() -> None:
+    if os.environ.get(OVERLAP_ENV, "").strip() == "1":
+        raise ExchangeError(
+            f"mimo_accel exchange: overlap=True is refused while {OVERLAP_ENV}=1. Upstream reproduced "
+            "a deadlock when samples are exchanged on a side thread while training kernels and "
+            f"collectives are serialised on one hardware queue. Use overlap=False, or unset "
+            f"{OVERLAP_ENV} (or set it > 1) if your setup allows.")
+
+
+def _registered_group_names():
+    """torch's registry of process-group names, or None where this torch has none.
+
+    The one use of a private torch attribute (``torch.distributed.distributed_c10d._world.pg_names``):
+    :func:`_new_gloo_group` counts the groups this rank has registered.
+    """
+    from torch.distributed import distributed_c10d as c10d
+
+    return getattr(getattr(c10d, "_world", None), "pg_names", None)
+
+
+def _new_gloo_group(parent, ranks: list[int]):
+    """A gloo group over ``ranks``, created by those ranks only (collective over ``parent``).
+
+    Vision and language ranks build their exchange groups independently (ranks that load no data
+    never get here), so this uses ``new_group(use_local_synchronization=True)``. torch names such a
+    group by hashing its ranks with the creating rank's count of registered groups, and that count
+    differs between members whose group-membership histories differ (a rank that was in another
+    module's group earlier) — the members would then wait on different store keys forever. So the
+    members first agree on the largest count and pad theirs with single-rank groups, which register
+    without involving any other rank.
+    """
+    import torch.distributed as dist
+
+    names = _registered_group_names()
+    if names is not None and len(ranks) > 1:
+        counts: list = [None] * len(ranks)
+        dist.all_gather_object(counts, len(names), group=parent)  # works on gloo and NCCL groups
+        me = dist.get_rank()
+        for _ in range(max(counts) - len(names)):
+            dist.new_group([me], backend="gloo", use_local_synchronization=True)
+    return dist.new_group(ranks, backend="gloo", use_local_synchronization=True)
+
+
+class ExchangeReorder:
+    """Reorder each global micro-batch of a module's DP group after decoding, with one all_to_all.
+
+    Collective at construction (when it creates a process group): every rank of ``group`` must
+    construct it, in the same order relative to other group creations.
+
+    group: the module's DP process group (defines the ranks, in DP-rank order).
+    ctx: this rank's :class:`~mimo_accel.runtime.shard.ShardContext` (its ``dp_rank``/``dp_size`` must
+        match ``group``; ``grid`` is G).
+    cost_fn: ``sample -> float`` (finite, >= 0), computed from the decoded sample; default
+        :class:`DecodedSampleCost` with ``cost_model`` (or the default :class:`CostModel`).
+    collate_fn: collate for :meth:`collate`/:func:`exchange_loader`; ``None`` yields lists.
+    overlap: exchange the next micro-batch on a side thread (uses a dedicated group).
+    comm_group: a ready gloo group over the same ranks to use instead of creating one.
+    notify: ``say_once(key, message)`` for what the exchange could not act on (default: log once).
+    """
+
+    def __init__(self, group, ctx: ShardContext, cost_fn: Optional[Callable[[Any], float]] = None,
+                 collate_fn: Optional[Callable] = None, *, cost_model: Optional[CostModel] = None,
+                 overlap: bool = False, comm_group=None, notify: Optional[Callable[[str, str], object]] = None):
+        import torch.distributed as dist
+
+        if overlap:
+            _refuse_overlap_if_unsafe()  # before anything collective
+        self.ctx = ctx
+        self.overlap = bool(overlap)
+        self.cost_fn = cost_fn if cost_fn is not None else DecodedSampleCost(cost_model)
+        self.collate_fn = collate_fn
+        self.notify = notify_with(None) if notify is None else notify
+        self._tagging = TaggingCollate(collate_fn, ctx) if collate_fn is not None else None
+        self.ranks = list(dist.get_process_group_ranks(group))
+        if len(self.ranks) != ctx.dp_size or dist.get_rank(group) != ctx.dp_rank:
+            raise ExchangeError(
+                f"mimo_accel exchange: the process group has {len(self.ranks)} ranks and this rank is "
+                f"{dist.get_rank(group)} in it, but the ShardContext says {ctx.module} replica "
+                f"{ctx.dp_rank}/{ctx.dp_size}; pass the module's DP group")
+        if ctx.grid % ctx.dp_size:
+            raise ExchangeError(f"mimo_accel exchange: G={ctx.grid} is not a multiple of dp_size {ctx.dp_size}")
+        if comm_group is not None:
+            if list(dist.get_process_group_ranks(comm_group)) != self.ranks:
+                raise ExchangeError("mimo_accel exchange: comm_group must hold the DP group's ranks in "
+                                    "the same order")
+            self.comm_group = comm_group
+        elif overlap or dist.get_backend(group) != "gloo":
+            self.comm_group = _new_gloo_group(group, self.ranks)
+        else:
+            self.comm_group = group
+        if dist.get_rank(self.comm_group) != ctx.dp_rank:
+            raise ExchangeError("mimo_accel exchange: the exchange group orders ranks differently from "
+                                "the DP group; pass comm_group in DP-rank order")
+        self.last_plan: Optional[ExchangePlan] = None
+        self.last_stats: Optional[ExchangeStats] = None
+        self._buffers: dict[str, np.ndarray] = {}
+
+    def _buffer(self, name: str, size: int) -> np.ndarray:
+        """A reused uint8 buffer of at least ``size`` bytes (spares page faults on every step)."""
+        buf = self._buffers.get(name)
+        if buf is None or buf.size < size:
+            buf = np.empty(max(size, int(size * 1.25)), dtype=np.uint8)
+            self._buffers[name] = buf
+        return buf[:size]
+
+    # -- steps ---------------------------------------------------------------------------------
+
+    def _local_costs(self, samples: Sequence[Any]):
+        costs = np.empty(len(samples), dtype=np.float64)
+        encoded = []
+        for i, sample in enumerate(samples):
+            try:
+                value = self.cost_fn(sample)
+                cost = float(value)
+            except Exception as exc:
+                raise ExchangeError(f"cost_fn raised {type(exc).__name__} on local sample {i}: {exc}") from exc
+            if not math.isfinite(cost) or cost < 0:
+                raise ExchangeError(f"cost_fn returned {cost} for local sample {i}; costs must be finite "
+                                    "and >= 0 (fix the cost function or the sample)")
+            costs[i] = cost
+            encoded.append(EncodedSample(sample))
+        return costs, encoded
+
+    def _all_gather(self, payload: np.ndarray) -> list[np.ndarray]:
+        import torch.distributed as dist
+
+        t = torch.from_numpy(payload)
+        out = [torch.empty_like(t) for _ in self.ranks]
+        dist.all_gather(out, t, group=self.comm_group)
+        return [o.numpy() for o in out]
+
+    def _status(self, n_local: int, error: Optional[BaseException]) -> int:
+        msg = b"" if error is None else (
+            f"{self.ctx.module} replica {self.ctx.dp_rank}: {error}".encode("utf-8", "replace")[:_MESSAGE_BYTES])
+        head = _STATUS_HEADER.pack(1 if error is None else 0, n_local)
+        payload = np.zeros(_STATUS_HEADER.size + 2 + _MESSAGE_BYTES, dtype=np.uint8)
+        payload[:_STATUS_HEADER.size] = np.frombuffer(head, dtype=np.uint8)
+        payload[_STATUS_HEADER.size:_STATUS_HEADER.size + 2] = np.frombuffer(struct.pack("<H", len(msg)), np.uint8)
+        payload[_STATUS_HEADER.size + 2:_STATUS_HEADER.size + 2 + len(msg)] = np.frombuffer(msg, np.uint8)
+        failures, counts = [], []
+        for rank, row in enumerate(self._all_gather(payload)):
+            ok, n = _STATUS_HEADER.unpack(row[:_STATUS_HEADER.size].tobytes())
+            (length,) = struct.unpack("<H", row[_STATUS_HEADER.size:_STATUS_HEADER.size + 2].tobytes())
+            counts.append(n)
+            if not ok:
+                failures.append((rank, row[_STATUS_HEADER.size + 2:_STATUS_HEADER.size + 2 + length]
+                                 .tobytes().decode("utf-8", "replace")))
+        if failures:
+            first = failures[0][1]
+            raise ExchangeError(
+                f"mimo_accel exchange: computing sample costs failed on {self.ctx.module} replica(s) "
+                f"{[r for r, _ in failures]} of {len(self.ranks)} (first: {first}). Every replica of "
+                "the DP group stops before any sample moves; fix the cost function or the data.") from error
+        if len(set(counts)) > 1:
+            raise ExchangeError(
+                f"mimo_accel exchange: the {self.ctx.module} replicas hold different numbers of samples "
+                f"{counts}; each must hold its equal canonical share of the global micro-batch (build "
+                "the loader with sharded reads on the same global sampler)")
+        return payload.size
+
+    def reorder(self, local_samples: Sequence[Any]) -> tuple[list, ExchangeStats]:
+        """This rank's samples after balancing the global micro-batch, and the exchange's stats.
+
+        Collective over the DP group: every replica calls it with its canonical shard of the same
+        global micro-batch (equal lengths).
+        """
+        import torch.distributed as dist
+
+        t0 = time.perf_counter()
+        samples = list(local_samples)
+        error: Optional[BaseException] = None
+        try:
+            costs, encoded = self._local_costs(samples)
+        except ExchangeError as exc:
+            error, costs, encoded = exc, None, None
+        except Exception as exc:  # serialisation of an odd sample, ...
+            error, costs, encoded = ExchangeError(f"{type(exc).__name__}: {exc}"), None, None
+            error.__cause__ = exc
+        t1 = time.perf_counter()
+        meta = self._status(len(samples), error)  # raises on every rank if any failed
+
+        n_local, n_ranks, me = len(samples), len(self.ranks), self.ctx.dp_rank
+        local = np.concatenate([costs.view(np.uint8), np.fromiter((e.nbytes for e in encoded), dtype=np.int64,
+                                                                  count=n_local).view(np.uint8)])
+        rows = self._all_gather(local)
+        meta += local.size
+        all_costs = np.concatenate([r[:8 * n_local].view(np.float64) for r in rows])
+        all_sizes = np.concatenate([r[8 * n_local:].view(np.int64) for r in rows])
+        if all_costs.size and np.all(all_costs == all_costs[0]):
+            self.notify("exchange:equal-costs", "mimo_accel reorder (exchange): every decoded sample of a "
+                        "global micro-batch has the same cost (no grid_thw/image_grid_thw in the batch, or "
+                        "equal images), so there is nothing to balance: samples stay where they were read")
+        plan = plan_exchange(all_costs, all_sizes, n_ranks, self.ctx.grid)
+        t2 = time.perf_counter()
+
+        send_splits = plan.send_bytes(me)
+        recv_splits = plan.recv_bytes(me)
+        send = self._buffer("send", sum(send_splits))
+        offset = 0
+        for d in range(n_ranks):
+            if d != me:
+                for p in plan.incoming(d, me):
+                    offset = encoded[p - me * n_local].write(send, offset)
+        recv = self._buffer("recv", sum(recv_splits))
+        moved = plan.moved()
+        if moved:  # the same answer on every rank: all call the collective, or none
+            dist.all_to_all_single(torch.from_numpy(recv), torch.from_numpy(send), recv_splits, send_splits,
+                                   group=self.comm_group)
+        received: dict[int, Any] = {}
+        offset = 0
+        for s in range(n_ranks):
+            if s != me:
+                for p in plan.incoming(me, s):
+                    received[p], offset = decode_sample(recv, offset)
+        out = [samples[p - me * n_local] if p // n_local == me else received[p] for p in plan.local_after(me)]
+        t3 = time.perf_counter()
+
+        stats = ExchangeStats(
+            bytes_sent=int(send.size), bytes_received=int(recv.size),
+            samples_sent=sum(len(plan.incoming(d, me)) for d in range(n_ranks) if d != me),
+            samples_received=len(received), samples_moved=len(moved),
+            bytes_moved=int(sum(plan.sizes[p] for p in moved)), meta_bytes=int(meta),
+            predicted_spread=plan.predicted_spread, baseline_spread=plan.baseline_spread,
+            cost_s=t1 - t0, plan_s=t2 - t1, move_s=t3 - t2, total_s=t3 - t0)
+        self.last_plan, self.last_stats = plan, stats
+        return out, stats
+
+    def collate(self, samples: list, stats: Optional[ExchangeStats] = None) -> Any:
+        """Collate and tag (as already local for this replica, with what the exchange predicted and
+        moved), or the list without a collate_fn."""
+        if self._tagging is None:
+            return samples
+        batch = self._tagging(SamplesRead(samples, stats.predicted_spread if stats is not None else None))
+        if stats is not None:
+            batch[SHARD_TAG_KEY] = dataclasses.replace(batch[SHARD_TAG_KEY], bytes_exchanged=stats.bytes_sent)
+        return batch
+
+    def reorder_and_collate(self, local_samples: Sequence[Any]) -> tuple[Any, ExchangeStats]:
+        samples, stats = self.reorder(local_samples)
+        return self.collate(samples, stats), stats

@@ -1,0 +1,334 @@
+"""`mimo-accel rehearse`: a real non-colocated MegatronMIMO layout on CPU ranks, baseline vs accelerated.
+
+Both runs train the same global samples with the real upstream stack (Bridge's loaders, provider,
+forward step; megatron-core's BridgeCommunicator and pipeline schedule; forward, backward,
+optimizer step), profiler on, on gloo ranks of this machine (``mimo_accel.rehearse.cpu``):
+
+- **baseline**: upstream as shipped (every data rank reads the whole micro-batch, contiguous
+  slices, no packing). Where upstream cannot run the workload's data at all (megatron-bridge 0.6.2
+  slices patch-packed images by image count, so multi-image samples break at vision DP > 1, and
+  fan-in with uneven rows breaks in the backward), the rehearsal says so and uses
+  "sharded reads only" (contiguous order) as the before, labelled as such;
+- **accelerated**: sharded reads + plan-before-read reordering + THD packing.
+
+While running it checks the invariants: every sample of every global micro-batch processed once
+per module, the same samples and the same image work in both runs, per-step losses equal (the
+reorder changes which replica computes a sample, not what is computed). Then the report.
+
+``--loop bridge`` rehearses Bridge's whole training loop instead of the stack's train step: each
+rank runs ``examples/train_mimo.py`` (``pretrain_megatron_mimo``) with Bridge's own Qwen3-VL
+vision model (``--encoder qwen3vl``) on real image files (``--dataset images --image-mix
+receipts``: one narrow image per sample, a tall tail), baseline then accelerated, profiler on; the invariants come from the example's ``--trace``, the report is the
+same.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+import traceback
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+from mimo_accel.rehearse import rehearsal
+
+
+def _cpus_for_ranks(pin_one_cpu: bool, console) -> Optional[tuple[int, ...]]:
+    """The CPUs the ranks are pinned to (None: not pinned), said on the console."""
+    cpus = rehearsal.one_cpu() if pin_one_cpu else None
+    if cpus:
+        console.print(f"all ranks on CPU {cpus[0]} (thread-CPU times comparable across ranks; "
+                      "--all-cpus spreads them)", highlight=False)
+    return cpus
+
+
+def _start(out_dir, log_path, title: str, console, banner) -> tuple[Path, Path]:
+    """The rehearsal's output directory and log file (started with ``title``); says both on the
+    console (``banner(out)`` first)."""
+    out = Path(out_dir or tempfile.mkdtemp(prefix="mimo-accel-rehearsal-"))
+    out.mkdir(parents=True, exist_ok=True)
+    log = Path(log_path) if log_path else out / "rehearsal.log"
+    log.write_text(f"{title}, {time.strftime('%Y-%m-%d %H:%M:%S')}\n"
+                   "(third-party import output, then each run's rank logs)\n", encoding="utf-8")
+    console.print(banner(out))
+    console.print(f"third-party warnings and rank logs: {log}", highlight=False, soft_wrap=True)
+    return out, log
+
+
+def _progress(console):
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    return Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total} steps"),
+                    TimeElapsedColumn(), console=console, transient=False)
+
+
+def rehearse(profile_name: str, *, steps: Optional[int] = None, out_dir: Optional[str] = None,
+             json_path: Optional[str] = None, seed: int = 0, console=None, vision_dp: Optional[int] = None,
+             language_dp: Optional[int] = None, log_path: Optional[str] = None, pin_one_cpu: bool = True) -> dict:
+    """Run the rehearsal; print progress, the loss comparison and the report on ``console``.
+
+    Everything else — the third-party warnings megatron's imports print, every rank's output —
+    goes to ``log_path`` (default ``<out_dir>/rehearsal.log``), named once on the console.
+    """
+    from rich.console import Console
+
+    from mimo_accel.rehearse.ranks import MimoLayout, RankFailure
+    from mimo_accel.tools import report
+    from mimo_accel.workloads import load_profile
+
+    console = console or Console()
+    profile = load_profile(profile_name)
+    r = profile.rehearsal
+    steps = steps or r.steps
+    micro_batch, seq_length = r.layout.micro_batch_size, r.layout.seq_length
+    v, lang = r.layout.vision, r.layout.language
+    layout = MimoLayout(replace(v, dp=vision_dp or v.dp), replace(lang, dp=language_dp or lang.dp))
+    samples = profile.rehearsal_shapes(steps * micro_batch, seed)
+    spec = rehearsal.TableSpec(tuple((s.images, s.text_tokens) for s in samples))
+    model_kw = dict(vision_hidden=128, vision_layers=3, merge=r.merge_size)
+    out, log = _start(out_dir, log_path, f"mimo-accel rehearse {profile.name}: {layout}", console,
+                      lambda out: f"[bold]mimo-accel rehearse[/bold] {profile.name}: {layout} on "
+                                  f"{layout.world_size} CPU ranks, {steps} steps x micro-batch {micro_batch}, "
+                                  f"profiles in {out}")
+
+    runs: dict[str, Any] = {}
+    before_label, before_note = "baseline", "upstream as shipped"
+    cpus = _cpus_for_ranks(pin_one_cpu, console)
+    t0 = time.perf_counter()
+    with _progress(console) as progress:
+        task = progress.add_task("baseline (upstream)", total=steps)
+        try:
+            runs["before"] = rehearsal.run_stack("baseline", {}, layout, spec, steps, micro_batch, seq_length,
+                                                 out / "baseline", model_kw, progress, task, log, cpus)
+        except RankFailure as exc:
+            reason = rehearsal.upstream_limit(exc)
+            before_label, before_note = "sharded", f"upstream cannot run this data here ({reason}); before = sharded reads only"
+            progress.update(task, description="[yellow]baseline failed upstream[/yellow]")
+            task = progress.add_task("before: sharded reads, contiguous", total=steps)
+            runs["before"] = rehearsal.run_stack("sharded", rehearsal.SHARDED_ONLY, layout, spec, steps, micro_batch,
+                                                 seq_length, out / "sharded", model_kw, progress, task, log, cpus)
+        cost_model, cost_note = _calibrated(out / before_label, out / "cost-model.json")
+        task = progress.add_task("accelerated (shard+reorder+pack)", total=steps)
+        runs["after"] = rehearsal.run_stack("accelerated", dict(rehearsal.ALL_FEATURES, cost_model=cost_model), layout,
+                                            spec, steps, micro_batch, seq_length, out / "accelerated", model_kw,
+                                            progress, task, log, cpus)
+    elapsed = time.perf_counter() - t0
+
+    before = rehearsal.check_invariants(runs["before"], steps, micro_batch, before_label)
+    after = rehearsal.check_invariants(runs["after"], steps, micro_batch, "accelerated")
+    if before["vision_patches"] != after["vision_patches"]:
+        raise rehearsal.InvariantViolation(f"the runs did different image work per step: {before['vision_patches']} "
+                                           f"vs {after['vision_patches']} patches")
+    doc = _compare_and_report(
+        console, "Per-step language loss (sum over replicas): the same samples, the same math", "step",
+        [(str(s), lb, tb, la, ta) for s, ((lb, tb), (la, ta)) in enumerate(zip(before["losses"], after["losses"]))],
+        out, before_label, before_note, cost_note, elapsed)
+    # The report's keys (format, before, after, change, warnings) at the top level, as
+    # `mimo-accel report --json` writes them; the rehearsal's own fields beside them.
+    own = {"profile": profile.name, "layout": str(layout), "steps": steps, "micro_batch": micro_batch,
+           "pinned_cpus": list(cpus or []),
+           "rank_cpus": sorted({c for r in runs["after"] for c in (r["cpus"] or [])}),
+           "before_label": before_label, "before_note": before_note,
+           "losses": {"before": before["losses"], "after": after["losses"]}, "profile_dir": str(out),
+           "log": str(log), "wall_s": elapsed, "cost_model": _model_doc(cost_model, cost_note)}
+    if json_path:
+        report.write_json(json_path, doc, **own)
+    return {**doc, **own}
+
+
+def _model_doc(path: Optional[str], note: str) -> dict:
+    """The cost model the accelerated run planned with (its coefficients and fit), for the JSON."""
+    import json
+
+    if not path:
+        return {"calibrated": False, "note": note}
+    doc = json.loads(Path(path).read_text(encoding="utf-8"))
+    return {"calibrated": True, "a": doc["a"], "b": doc["b"], "c": doc["c"], "fit": doc.get("fit", {}), "note": note}
+
+
+def _calibrated(run_dir: Path, out_file: Path) -> tuple[Optional[str], str]:
+    """Fit the cost model on the before-run's profile (what `mimo-accel calibrate --per-step`
+    does), so the accelerated run plans with this machine's measured vision costs. One overhead
+    per step: all vision ranks share one CPU, whose speed drifts from step to step on a shared
+    machine alike for every replica; the plan only compares replicas within a step."""
+    from mimo_accel.profiler import read_run
+    from mimo_accel.tools.calibrate import CalibrationError, fit
+
+    try:
+        model, stats = fit(read_run(run_dir), per_step=True)
+    except CalibrationError as exc:
+        return None, f"default cost model (calibration failed: {exc})"
+    model.to_file(out_file)
+    r2 = (f"R²={stats['r2']:.2f} within steps ({stats['r2_across_steps']:.2f} across steps)" if stats["per_step"]
+          else f"R²={stats['r2']:.2f}")
+    return str(out_file), (f"calibrated on the before-run: a={model.a:.3g} s/patch, b={model.b:.3g} s/patch², "
+                           f"c={model.c:.3g} s/token, {r2}")
+
+
+def _compare_and_report(console, title: str, unit: str, rows, out: Path, before_label: str, before_note: str,
+                        cost_note: str, elapsed: float) -> dict:
+    """Print the losses side by side (rows: name, before loss sum, tokens, after loss sum, tokens),
+    refusing different token counts or losses, then the report; returns the report document."""
+    from rich.table import Table
+
+    from mimo_accel.profiler import read_run
+    from mimo_accel.tools import report
+
+    losses = Table(title=title)
+    for col in (unit, f"{before_label} loss", "accelerated loss", "tokens", "rel. diff"):
+        losses.add_column(col, justify="right")
+    worst = 0.0
+    for name, lb, tb, la, ta in rows:
+        if tb != ta:
+            raise rehearsal.InvariantViolation(f"{unit} {name}: {tb} loss tokens before vs {ta} after")
+        rel = abs(la - lb) / max(abs(lb), 1e-12)
+        worst = max(worst, rel)
+        losses.add_row(name, f"{lb / tb:.6f}", f"{la / ta:.6f}", f"{int(tb)}", f"{rel:.1e}")
+    console.print(losses)
+    if worst > 1e-2:
+        raise rehearsal.InvariantViolation(f"per-{unit} losses differ by {worst:.1e} relative: not the same "
+                                           "computation")
+    doc = report.build(read_run(out / before_label), read_run(out / "accelerated"))
+    report.render(doc["before"], doc["after"], console=console)
+    console.print(f"before = {before_label}: {before_note}. Plan costs: {cost_note}. "
+                  f"Wall time of the rehearsal: {elapsed:.0f}s.")
+    return doc
+
+
+def rehearse_bridge(*, steps: Optional[int] = None, vision_dp: Optional[int] = None,
+                    language_dp: Optional[int] = None, out_dir: Optional[str] = None,
+                    json_path: Optional[str] = None, seed: int = 0, example: Optional[str] = None,
+                    console=None, log_path: Optional[str] = None, pin_one_cpu: bool = True,
+                    micro_batch: Optional[int] = None) -> dict:
+    """``mimo-accel rehearse --loop bridge``: Bridge's ``pretrain_megatron_mimo`` through
+    ``examples/train_mimo.py --encoder qwen3vl --dataset images --image-mix receipts``, baseline
+    then accelerated (sharded reads + reorder + packing, the cost model calibrated on the
+    baseline), profiler on; checks the invariants on the traces and prints the same report as
+    the stack loop. One micro-batch of ``micro_batch`` samples per iteration."""
+    from rich.console import Console
+
+    from mimo_accel.rehearse.ranks import MimoLayout, RankFailure
+    from mimo_accel.tools import report
+
+    console = console or Console()
+    script = rehearsal.example_script(example)
+    defaults = rehearsal.BRIDGE_DEFAULTS
+    steps = steps or defaults["steps"]
+    vdp, ldp = vision_dp or defaults["vision_dp"], language_dp or defaults["language_dp"]
+    mbs = micro_batch or defaults["micro_batch"]
+    layout = MimoLayout.from_dp(vdp, ldp)
+    if mbs % vdp or mbs % ldp:
+        raise ValueError(f"--loop bridge: the micro-batch of {mbs} samples must split evenly over vision DP "
+                         f"{vdp} and language DP {ldp}")
+    out, log = _start(out_dir, log_path, f"mimo-accel rehearse --loop bridge: {layout}", console,
+                      lambda out: f"[bold]mimo-accel rehearse --loop bridge[/bold]: "
+                                  f"{script.name if script else rehearsal.BRIDGE_SCRIPT} "
+                                  f"(pretrain_megatron_mimo, Bridge's Qwen3-VL vision model, receipt-like image "
+                                  f"files) on {layout.world_size} CPU ranks, {layout}, {steps} iterations x 1 "
+                                  f"micro-batch of {mbs}, profiles in {out}")
+    image_dir = out / "images"
+
+    before_label, before_note = "baseline", "upstream as shipped"
+    cpus = _cpus_for_ranks(pin_one_cpu, console)
+    t0 = time.perf_counter()
+    with _progress(console) as progress:
+        task = progress.add_task("baseline (upstream)", total=steps)
+        try:
+            before_records = rehearsal.run_bridge("baseline", {}, vdp, ldp, steps, mbs, out, image_dir, script, seed,
+                                                  progress, task, log, cpus)
+        except RankFailure as exc:
+            reason = rehearsal.upstream_limit(exc)
+            before_label, before_note = "sharded", f"upstream cannot run this data here ({reason}); before = sharded reads only"
+            progress.update(task, description="[yellow]baseline failed upstream[/yellow]")
+            task = progress.add_task("before: sharded reads, contiguous", total=steps)
+            before_records = rehearsal.run_bridge("sharded", rehearsal.SHARDED_ONLY, vdp, ldp, steps, mbs, out,
+                                                  image_dir, script, seed, progress, task, log, cpus)
+        cost_model, cost_note = _calibrated(out / before_label, out / "cost-model.json")
+        task = progress.add_task("accelerated (shard+reorder+pack)", total=steps)
+        features = dict(rehearsal.ALL_FEATURES, **({"cost_model": cost_model} if cost_model else {}))
+        after_records = rehearsal.run_bridge("accelerated", features, vdp, ldp, steps, mbs, out, image_dir, script,
+                                             seed, progress, task, log, cpus)
+    elapsed = time.perf_counter() - t0
+
+    before = rehearsal.bridge_steps(before_records, steps, mbs, before_label)
+    after = rehearsal.bridge_steps(after_records, steps, mbs, "accelerated")
+    doc = _compare_and_report(
+        console, "Per-iteration global loss (per token): the same samples, the same math", "iteration",
+        [(str(it), b["loss_sum"], b["tokens"], a["loss_sum"], a["tokens"])
+         for it, (b, a) in enumerate(zip(before, after), start=1)],
+        out, before_label, before_note, cost_note, elapsed)
+    own = {"profile": "bridge-loop:qwen3vl-receipts", "loop": "bridge", "layout": str(layout), "steps": steps,
+           "pinned_cpus": list(cpus or []),
+           "micro_batch": mbs, "before_label": before_label, "before_note": before_note,
+           "losses": {"before": [[b["loss_sum"], b["tokens"]] for b in before],
+                      "after": [[a["loss_sum"], a["tokens"]] for a in after]},
+           "profile_dir": str(out), "log": str(log), "wall_s": elapsed,
+           "cost_model": _model_doc(cost_model, cost_note)}
+    if json_path:
+        report.write_json(json_path, doc, **own)
+    return {**doc, **own}
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    p = argparse.ArgumentParser(prog="mimo-accel rehearse", description=__doc__.split("\n\n")[0])
+    p.add_argument("--loop", choices=("stack", "bridge"), default="stack",
+                   help="stack (default): the tiny stack's train step over a workload's samples; bridge: "
+                        "examples/train_mimo.py (Bridge's pretrain_megatron_mimo) with Bridge's Qwen3-VL "
+                        "vision model on image files")
+    p.add_argument("--example", help="--loop bridge: path of a training script to run instead of "
+                   f"{rehearsal.BRIDGE_SCRIPT} (the body of examples/train_mimo.py)")
+    p.add_argument("--workload", default=None,
+                   help="--loop stack: workload profile name or TOML path (default: receipts)")
+    p.add_argument("--steps", type=int, help="training steps per run (default: the workload's rehearsal steps; "
+                   f"--loop bridge: {rehearsal.BRIDGE_DEFAULTS['steps']})")
+    p.add_argument("--vision-dp", type=int, help="override the workload's rehearsal vision DP "
+                   f"(--loop bridge: default {rehearsal.BRIDGE_DEFAULTS['vision_dp']})")
+    p.add_argument("--language-dp", type=int, help="override the workload's rehearsal language DP "
+                   f"(--loop bridge: default {rehearsal.BRIDGE_DEFAULTS['language_dp']})")
+    p.add_argument("--out", help="directory for the profiler runs (default: a temp dir)")
+    p.add_argument("--json", help="write the report's JSON here (its keys at the top level, as `mimo-accel "
+                   "report --json` writes them) with the rehearsal's own fields (losses, layout, log, ...)")
+    p.add_argument("--seed", type=int, default=0,
+                   help="the workload's sample draw (--loop bridge: the model's initialisation, added to 1234)")
+    p.add_argument("--all-cpus", action="store_true",
+                   help="spread the ranks over every CPU (faster, but thread-CPU times then differ by which "
+                        "CPU a rank ran on: noisier straggler figures); default: all ranks on one CPU")
+    args = p.parse_args(argv)
+    if args.loop == "bridge" and args.workload is not None:
+        p.error("--workload applies to --loop stack; --loop bridge trains on the example's image files")
+    if args.loop == "stack" and args.example is not None:
+        p.error("--example applies to --loop bridge")
+    from mimo_accel.rehearse.ranks import RankFailure
+
+    out = args.out or tempfile.mkdtemp(prefix="mimo-accel-rehearsal-")
+    log = Path(out) / "rehearsal.log"
+    try:
+        if args.loop == "bridge":
+            rehearse_bridge(steps=args.steps, vision_dp=args.vision_dp, language_dp=args.language_dp, out_dir=out,
+                            json_path=args.json, seed=args.seed, example=args.example, log_path=str(log),
+                            pin_one_cpu=not args.all_cpus)
+        else:
+            rehearse(args.workload or "receipts", steps=args.steps, out_dir=out, json_path=args.json,
+                     seed=args.seed, vision_dp=args.vision_dp, language_dp=args.language_dp, log_path=str(log),
+                     pin_one_cpu=not args.all_cpus)
+    except rehearsal.InvariantViolation as exc:
+        print(f"mimo-accel rehearse: INVARIANT VIOLATED: {exc}", file=sys.stderr)
+        _print_log_path(log)
+        return 3
+    except RankFailure as exc:
+        print(f"mimo-accel rehearse: a rank failed: {exc}", file=sys.stderr)
+        _print_log_path(log)
+        return 1
+    except Exception:
+        traceback.print_exc()
+        _print_log_path(log)
+        return 1
+    return 0
+
+
+def _print_log_path(log: Path) -> None:
+    if log.exists():
+        print(f"mimo-accel rehearse: full log (third-party warnings, every rank's output): {log}", file=sys.stderr)
