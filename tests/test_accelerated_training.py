@@ -26,10 +26,11 @@ def _train(rank, world, vdp, ldp, features, spec):
     from megatron.bridge.training.megatron_mimo_step import forward_step  # by value, before enable
 
     import mimo_accel
-    from megatron.bridge.data.megatron_mimo.loaders import build_megatron_mimo_data_loaders
 
     if features:
         mimo_accel.enable(**features)
+    # Bridge's loader builder opens mimo_accel's loader scope: bound by value after enable()
+    from megatron.bridge.data.megatron_mimo.loaders import build_megatron_mimo_data_loaders
     layout = MimoLayout.from_dp(vdp, ldp)
     cfg = st.StackConfig(layout=layout, seq_length=96)
     stack = st.build_stack(cfg)

@@ -105,11 +105,11 @@ def test_windowed_plans_stay_in_their_step_and_resume_exactly():
 
 def _build_with_index(rank, world, index_path_for_rank):
     import mimo_accel
-    from megatron.bridge.data.megatron_mimo.loaders import build_megatron_mimo_data_loaders
 
     layout = MimoLayout.from_dp(2, 1)
     grids = build_grids(layout)
     mimo_accel.enable(sharded_reads=True, reorder=True, cost_index=index_path_for_rank[rank])
+    from megatron.bridge.data.megatron_mimo.loaders import build_megatron_mimo_data_loaders  # after enable
     provider = st.build_provider(st.StackConfig(layout=layout))
     provider._grids = grids
     cfg = loader_config(provider, 4)

@@ -42,6 +42,6 @@ def test_enable_on_a_training_job_never_imports_the_rehearsal_kit(tmp_path):
     result = json.loads(line[len("RESULT "):])
     assert result["patched"] > 0 and result["waiting"] == [], result  # the job path was really patched
     loaded = set(result["new"])
-    assert {"mimo_accel.patching.engine", "mimo_accel.runtime.sampler", "mimo_accel.runtime.step"} <= loaded, loaded
+    assert {"mimo_accel.patching.engine", "mimo_accel.runtime.scope", "mimo_accel.runtime.step"} <= loaded, loaded
     kit = sorted(m for m in loaded if m.startswith(KIT_AND_TOOLS))
     assert not kit, f"a training job imported {kit}"

@@ -159,9 +159,9 @@ def internal_problem(internal: T.Internal) -> Optional[str]:
     parts = internal.name.split(".")
     owner = module
     for part in parts[:-1] if internal.instance else parts:
-        owner = getattr(owner, part, None)
-        if owner is None:
+        if not hasattr(owner, part):  # the value itself may be None (a calculator not set up yet)
             return f"{internal.where} does not exist"
+        owner = getattr(owner, part)
     if internal.instance:
         try:
             source = inspect.getsource(owner.__init__)

@@ -85,7 +85,6 @@ def _rank(rank, world, layout, features, spec, steps, micro_batch, seq_length, p
     _keep_freed_memory()
     os.environ["MIMO_ACCEL_PROFILE_LABEL"] = label
     import mimo_accel
-    from megatron.bridge.data.megatron_mimo.loaders import build_megatron_mimo_data_loaders
     from megatron.bridge.training.megatron_mimo_step import forward_step
     from functools import partial
     from types import SimpleNamespace
@@ -94,6 +93,9 @@ def _rank(rank, world, layout, features, spec, steps, micro_batch, seq_length, p
     from mimo_accel.rehearse.ranks import loader_config, module_of_rank, report_progress, step_state
 
     mimo_accel.enable(profile=profile_dir, **features)
+    # after enable(): Bridge's loader builder is bound by value here
+    from megatron.bridge.data.megatron_mimo.loaders import build_megatron_mimo_data_loaders
+
     cfg = st.StackConfig(layout=layout, seq_length=seq_length, **model_kw)
     stack = st.build_stack(cfg)
     stack.provider._grids = stack.infra.module_to_grid_map
@@ -250,6 +252,8 @@ def _bridge_rank(rank, world, script, argv, features, profile_dir, label, steps,
     import mimo_accel
     from mimo_accel.rehearse.ranks import report_progress
 
+    # before the script is imported: it binds Bridge's loader builder by value at its top
+    mimo_accel.enable(profile=profile_dir, **features)
     example = _load_example(script)
     home = sys.modules[example.main.__module__]  # where main's _Trace is (examples/train_mimo.py imports main)
     flush = home._Trace.flush
@@ -261,7 +265,6 @@ def _bridge_rank(rank, world, script, argv, features, profile_dir, label, steps,
             report_progress(iteration, steps)
 
     home._Trace.flush = flush_and_report
-    mimo_accel.enable(profile=profile_dir, **features)
     try:
         example.main(argv)
         return mimo_accel.status()["active"]

@@ -63,7 +63,7 @@ class Profiling:
 
                 from mimo_accel.profiler import Recorder
 
-                ctx = self.runtime.context
+                ctx = self.runtime.shard_context()
                 rank = dist.get_rank() if dist.is_initialized() else 0
                 world = dist.get_world_size() if dist.is_initialized() else 1
                 cfg = self.config

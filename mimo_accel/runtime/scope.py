@@ -159,6 +159,14 @@ def wrap_setup(original: Callable, runtime: Runtime) -> Callable:
     return setup_megatron_mimo
 
 
+OUTSIDE_A_SCOPE = (
+    "mimo_accel: Bridge's MIMO sampling info was looked up outside the loader builders mimo_accel "
+    "patches (build_megatron_mimo_data_loaders, or build_data_iterators under pretrain_megatron_mimo), "
+    "so the loaders built next are upstream's: every rank reads the whole global micro-batch. If this "
+    "script imported build_megatron_mimo_data_loaders before mimo_accel.enable(), call enable() first "
+    "(or launch with `mimo-accel run`).")
+
+
 def wrap_sampling_info(original: Callable, runtime: Runtime) -> Callable:
     """``get_megatron_mimo_sampling_info(megatron_mimo_cfg, grids)``: upstream's answer; inside a
     loader scope, the layout is recorded for the loaders built next in that scope."""
@@ -169,6 +177,9 @@ def wrap_sampling_info(original: Callable, runtime: Runtime) -> Callable:
         scope = current()
         if scope is not None:
             scope.layout, scope.context, scope.dp_group, scope._resolved = (megatron_mimo_cfg, grids), None, None, False
+            runtime.layout, runtime.context = (megatron_mimo_cfg, grids), None
+        elif runtime.config.sharded_reads:
+            runtime.say_once("scope:outside", OUTSIDE_A_SCOPE)
         return result
 
     return get_megatron_mimo_sampling_info

@@ -32,9 +32,10 @@ class Runtime:
 
     config: AccelConfig
     shape: Any = None  # the patching.targets.Shape being patched (None while disabled)
-    # this rank's place in the data layout (runtime.sampler.ShardContext), once a loader scope
-    # resolved it from a sampling-info lookup; the profiler's header reads it
+    # this rank's place in the data layout (runtime.shard.ShardContext), worked out on first need
+    # from the layout the last sampling-info lookup inside a loader scope recorded
     context: Any = None
+    layout: Any = None  # (parallelism config, grids) of that lookup
     # model -> runtime.step.StepRole: a model's role never changes, so it is worked out once
     roles: "weakref.WeakKeyDictionary" = field(default_factory=weakref.WeakKeyDictionary)
     # the role of the one MimoModel this rank hosts, for the packer under upstream's scalable reads
@@ -55,6 +56,15 @@ class Runtime:
         logger.warning(message)
         return True
 
+    def shard_context(self):
+        """This rank's ShardContext (None before any lookup in a loader scope, or off every module)."""
+        if self.context is None and self.layout is not None:
+            from mimo_accel.runtime.shard import context_from_grids
+
+            layout, self.layout = self.layout, None
+            self.context, _ = context_from_grids(*layout)
+        return self.context
+
     def notices(self) -> dict:
         with self.lock:
             return dict(self.said)
@@ -69,6 +79,7 @@ class Runtime:
             self.roles.clear()
             self.rank_role = None
             self.context = None
+            self.layout = None
             self.said.clear()
 
 

@@ -118,7 +118,7 @@ def wrap_get_batch(original: Callable, runtime: Runtime) -> Callable:
         tag = batch.get(SHARD_TAG_KEY) if isinstance(batch, dict) else None
         if isinstance(tag, ShardTag) and not tag.sliced_in_step:
             del batch[SHARD_TAG_KEY]
-            ctx = runtime.context
+            ctx = runtime.shard_context()
             if ctx is not None:
                 check_replica(tag, ctx.dp_rank, ctx.dp_size)
             if runtime.profiling is not None:
