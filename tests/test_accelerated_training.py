@@ -87,6 +87,7 @@ def reference():
 @pytest.mark.parametrize("layout,features", [((2, 2), ALL), ((1, 2), ALL), ((2, 1), ALL), ((4, 2), ALL),
                                              ((2, 1), dict(ALL, reorder_mode="exchange"))],
                          ids=["one-to-one", "fan-out", "fan-in", "fan-in-v4-l2", "exchange-fan-in"])
+@pytest.mark.distributed
 def test_accelerated_training_conserves_samples_and_matches_the_reference_loss(reference, layout, features):
     accel = run_ranks(_train, sum(layout), *layout, features, SPEC, deadline_s=300)
     _check_conservation(accel, layout)
@@ -104,6 +105,7 @@ def test_accelerated_training_conserves_samples_and_matches_the_reference_loss(r
         assert any(r["seen"][0] != c for r, c in zip(vis, contiguous))
 
 
+@pytest.mark.distributed
 def test_upstream_fan_in_refuses_uneven_rows_that_mimo_accel_handles():
     # Without mimo_accel, the same data in fan-in fails upstream: the image-count slice of the
     # patch-packed input, the fan-in assertion, or (as megatron-core 0.19.2 does here) the equal

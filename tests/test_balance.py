@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mimo_accel import balance
+from mimo_accel.balance import equal_size as balance
 from mimo_accel.balance import (
     balanced_order,
     contiguous_order,

@@ -172,6 +172,7 @@ def _groups_rank(rank, world):
     return sums, loops, isinstance_ok
 
 
+@pytest.mark.distributed
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="counts threads through /proc")
 def test_gloo_groups_share_one_device_and_its_event_loop_thread():
     from mimo_accel.rehearse.ranks import run_ranks

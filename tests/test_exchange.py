@@ -182,6 +182,7 @@ def _ranks(results, name, module=None):
     return [r for r in rs if module is None or r["module"] == module]
 
 
+@pytest.mark.distributed
 @pytest.mark.parametrize("name", list(LAYOUTS))
 def test_every_rank_holds_exactly_the_planned_samples(results, name):
     ranks = _ranks(results, name)
@@ -192,6 +193,7 @@ def test_every_rank_holds_exactly_the_planned_samples(results, name):
             assert got["after"] == local[r["dp_rank"]], (r["module"], r["dp_rank"], step)
 
 
+@pytest.mark.distributed
 @pytest.mark.parametrize("name", list(LAYOUTS))
 def test_union_is_the_global_micro_batch_without_duplicates(results, name):
     for module in (VISION, LANGUAGE):
@@ -202,6 +204,7 @@ def test_union_is_the_global_micro_batch_without_duplicates(results, name):
                 assert sorted(union) == list(range(step * MICRO_BATCH, (step + 1) * MICRO_BATCH))
 
 
+@pytest.mark.distributed
 @pytest.mark.parametrize("name", list(LAYOUTS))
 def test_bytes_moved_equal_the_planned_bytes(results, name):
     for module in (VISION, LANGUAGE):
@@ -226,6 +229,7 @@ def test_bytes_moved_equal_the_planned_bytes(results, name):
                     assert st_["stats"].predicted_spread <= st_["stats"].baseline_spread
 
 
+@pytest.mark.distributed
 @pytest.mark.parametrize("name", list(LAYOUTS))
 def test_vision_and_language_agree_group_by_group(results, name):
     def groups_of(module):
@@ -244,6 +248,7 @@ def test_vision_and_language_agree_group_by_group(results, name):
         [LAYOUTS[name].vision.dp, LAYOUTS[name].language.dp])
 
 
+@pytest.mark.distributed
 @pytest.mark.parametrize("name", list(LAYOUTS))
 def test_zero_one_and_many_image_samples_arrive_intact(results, name):
     ds = _dataset()
@@ -255,6 +260,7 @@ def test_zero_one_and_many_image_samples_arrive_intact(results, name):
     assert {0, 1} <= images and max(images) >= 2
 
 
+@pytest.mark.distributed
 @pytest.mark.parametrize("name", list(LAYOUTS))
 def test_loader_yields_tagged_batches_and_overlap_gives_the_same_result(results, name):
     for r in _ranks(results, name):
@@ -268,6 +274,7 @@ def test_loader_yields_tagged_batches_and_overlap_gives_the_same_result(results,
                 r["module"], r["dp_rank"], r["dp_size"], r["grid"], len(ids))
 
 
+@pytest.mark.distributed
 @pytest.mark.parametrize("name", list(LAYOUTS))
 def test_failing_cost_function_stops_every_rank_with_a_clear_error(results, name):
     for module in (VISION, LANGUAGE):
@@ -282,6 +289,7 @@ def test_failing_cost_function_stops_every_rank_with_a_clear_error(results, name
             assert r["again"] == r["steps"][0]["after"]  # the group is still in step afterwards
 
 
+@pytest.mark.distributed
 @pytest.mark.parametrize("name", list(LAYOUTS))
 def test_overlap_refused_when_cuda_device_max_connections_is_1(results, name):
     for r in _ranks(results, name):

@@ -15,6 +15,7 @@ from mimo_accel.workloads import list_profiles
 from mimo_accel.tools.report import REPORT_FORMAT, STABLE_KEYS
 
 
+@pytest.mark.distributed
 @pytest.mark.parametrize("profile", sorted(list_profiles()))
 def test_rehearsal_of_each_profile(profile, tmp_path):
     console = Console(file=open(tmp_path / "out.txt", "w"), width=120)

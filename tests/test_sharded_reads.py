@@ -116,6 +116,7 @@ def _per_rank(results, key):
     return [r[key] for r in results if key in r]
 
 
+@pytest.mark.distributed
 @pytest.mark.parametrize("sampler", SAMPLERS)
 @pytest.mark.parametrize("layout", LAYOUTS, ids=lambda l: f"v{l[0]}-l{l[1]}")
 def test_each_rank_reads_exactly_its_share(uniform_results, sampler, layout):
@@ -134,6 +135,7 @@ def test_each_rank_reads_exactly_its_share(uniform_results, sampler, layout):
             assert union == sorted(ranks[0]["expected_global"][i]), f"{module} step {i}: lost/duplicated"
 
 
+@pytest.mark.distributed
 @pytest.mark.parametrize("layout", LAYOUTS, ids=lambda l: f"v{l[0]}-l{l[1]}")
 def test_single_sampler_replica_sets_equal_upstream_slicing(uniform_results, layout):
     # Upstream (unpatched) gives replica r the contiguous r-th 1/dp of each micro-batch.
@@ -144,6 +146,7 @@ def test_single_sampler_replica_sets_equal_upstream_slicing(uniform_results, lay
             assert step["read"] == list(range(start, start + share))
 
 
+@pytest.mark.distributed
 @pytest.mark.parametrize("sampler", SAMPLERS)
 @pytest.mark.parametrize("layout", LAYOUTS, ids=lambda l: f"v{l[0]}-l{l[1]}")
 def test_encoder_rows_land_on_the_replica_holding_the_samples(uniform_results, sampler, layout):
@@ -154,6 +157,7 @@ def test_encoder_rows_land_on_the_replica_holding_the_samples(uniform_results, s
             assert step["received"] == [[s, j] for s, n in zip(step["read"], step["rows"]) for j in range(n)]
 
 
+@pytest.mark.distributed
 @pytest.mark.parametrize("sampler", SAMPLERS)
 @pytest.mark.parametrize("layout", LAYOUTS, ids=lambda l: f"v{l[0]}-l{l[1]}")
 def test_resume_from_consumed_samples_matches_uninterrupted_run(uniform_results, sampler, layout):
@@ -165,6 +169,7 @@ def _varied(rank, world):
     return _sharded_scenarios(rank, world, [(2, 1), (1, 2), (2, 2)], ["single"], st.VariedSpec())
 
 
+@pytest.mark.distributed
 def test_zero_one_and_many_images_per_sample_shard_by_sample():
     # Upstream's joint slice needs num_images % dp == 0; sharding by sample has no such limit.
     results = run_ranks(_varied, 4, deadline_s=300)
@@ -220,6 +225,7 @@ def _example_path_with_bad_micro_batch(rank, world):
     return None
 
 
+@pytest.mark.distributed
 def test_micro_batch_not_divisible_by_grid_is_refused_with_the_fix():
     # vision dp4 / language dp2: G = 4. Upstream's own builder checks mbs % dp per module; the
     # example script's direct path does not, so the sharded loader must.

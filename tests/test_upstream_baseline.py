@@ -89,6 +89,7 @@ def baseline_results():
     return run_ranks(_loaders_slice_and_bridge, WORLD, LAYOUTS, st.uniform_spec(), deadline_s=300)
 
 
+@pytest.mark.distributed
 @pytest.mark.parametrize("layout", LAYOUTS, ids=lambda l: f"v{l[0]}-l{l[1]}")
 def test_upstream_loader_and_slice_give_contiguous_replica_shares(baseline_results, layout):
     per_rank = [r[layout] for r in baseline_results if layout in r]
@@ -104,6 +105,7 @@ def test_upstream_loader_and_slice_give_contiguous_replica_shares(baseline_resul
         assert ids == list(range(MICRO_BATCH)), f"{module}: samples lost or duplicated"
 
 
+@pytest.mark.distributed
 @pytest.mark.parametrize("layout", LAYOUTS, ids=lambda l: f"v{l[0]}-l{l[1]}")
 def test_bridge_communicator_delivers_the_rows_of_the_samples_each_language_replica_holds(
         baseline_results, layout):
@@ -117,6 +119,7 @@ def _varied_rows_fan_out(rank, world):
     return _loaders_slice_and_bridge(rank, world, [(1, 2)], st.VariedSpec())
 
 
+@pytest.mark.distributed
 def test_bridge_fan_out_with_uneven_rows_uses_split_sizes():
     results = run_ranks(_varied_rows_fan_out, 3, deadline_s=180)
     lang = [r[(1, 2)] for r in results if r[(1, 2)]["module"] == LANGUAGE]
@@ -142,6 +145,7 @@ def _one_training_step(rank, world, vdp, ldp):
                 with_grad=with_grad, total=total)
 
 
+@pytest.mark.distributed
 @pytest.mark.parametrize("vdp,ldp", [(2, 2), (2, 1)], ids=["one-to-one", "fan-in"])
 def test_one_real_non_colocated_training_step(vdp, ldp):
     results = run_ranks(_one_training_step, vdp + ldp, vdp, ldp, deadline_s=240)

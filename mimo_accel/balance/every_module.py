@@ -1,0 +1,367 @@
+"""One plan for every module: each encoder's replicas and the language model's replicas together.
+
+A global micro-batch of N samples is cut into G = lcm(module DPs) consecutive, equal-size groups
+(the canonical grid); module m with DP d_m gives replica r the groups r·G/d_m … (r+1)·G/d_m − 1.
+Each module prices every sample with its own cost (an encoder: its rows and attention; the
+language model: its real tokens after packing; 0 where a sample has nothing for it), and the step
+waits for the slowest replica of *any* module. :func:`balance_modules` returns the permutation
+whose worst module has the smallest replica spread it can find (max/mean of the replica loads).
+
+How (all in integers, so every rank computes the same plan on any hardware):
+
+1. Each module's costs are scaled so that its mean replica load is ``2**20`` units; modules with
+   one replica or no cost in this micro-batch constrain nothing and are left out.
+2. Start: the equal-size partitioner (:func:`mimo_accel.balance.equal_size.balanced_order`) cuts
+   the samples into G groups by the summed cost of the modules whose replicas *are* groups (DP =
+   G); where the DPs form a chain (each divides the next), the groups are then dealt into every
+   coarser module's replicas, coarsest last, so that each coarser module starts balanced too.
+3. Improve: rounds of swaps between disjoint pairs of groups — the groups under the heaviest
+   replicas against light ones, no two pairs touching the same replica of any module — each pair
+   taking the swap that lowers the heaviest replica it touches the most. A swap never lifts a
+   module above its own lower bound (plus 1/256) unless that module was already higher in the
+   pair, so balancing the language model does not spoil an encoder's balance.
+4. The result is compared with its start and the contiguous split on the exact integer loads and
+   the best kept (contiguous on ties).
+
+The work is bounded by round and candidate budgets (never a clock), ties go to the earlier sample
+or group, and the samples of a group keep ascending position.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from mimo_accel.balance.equal_size import _lower_bound, balanced_order
+
+__all__ = ["balance_modules", "module_spreads", "module_bounds"]
+
+_UNIT = 1 << 20  # a module's mean replica load, in integer cost units
+_QUANT = 1 << 30  # the largest sample cost of a module before normalisation
+_STOP = 200  # a replica within 1/_STOP of its module's lower bound needs no more work
+_CAP = 256  # a swap may lift a module up to its own lower bound plus 1/_CAP
+_ROUNDS = 12  # swap rounds over disjoint pairs of groups
+_CANDIDATES = 8  # samples per group a swap is searched among (all of them up to this size)
+_TAIL_PARTNERS = 16  # lightest groups the tail tries against the heaviest replica's groups
+_TAIL_STEPS = 32  # swaps the tail may make
+
+
+def _validate(costs: Mapping[str, Sequence[float]], dps: Mapping[str, int], micro_batches: int):
+    if not isinstance(costs, Mapping) or not isinstance(dps, Mapping):
+        raise ValueError("costs and dps must map module names to per-sample costs and DP sizes")
+    if set(costs) != set(dps):
+        raise ValueError(f"costs and dps must name the same modules: costs has {sorted(costs)}, "
+                         f"dps has {sorted(dps)}")
+    if not dps:
+        raise ValueError("balance_modules needs at least one module")
+    for name, d in dps.items():
+        if isinstance(d, bool) or not isinstance(d, (int, np.integer)) or d < 1:
+            raise ValueError(f"DP size of module {name!r} must be a positive integer, got {d!r}")
+    if isinstance(micro_batches, bool) or not isinstance(micro_batches, (int, np.integer)) or micro_batches < 1:
+        raise ValueError(f"micro_batches must be a positive integer, got {micro_batches!r}")
+    arrays, n = {}, None
+    for name in sorted(costs):
+        try:
+            c = np.asarray(costs[name], dtype=np.float64)
+        except (TypeError, ValueError):
+            raise ValueError(f"costs of module {name!r} must be a 1-D sequence of numbers") from None
+        if c.ndim != 1:
+            raise ValueError(f"costs of module {name!r} must be 1-D (one cost per sample), got shape {c.shape}")
+        if n is not None and c.size != n:
+            raise ValueError(f"every module must cost the same samples: {name!r} has {c.size}, others {n}")
+        n = c.size
+        if c.size and not (c[c.argmin()] >= 0 and c[c.argmax()] < np.inf):
+            i = int(np.flatnonzero(~(np.isfinite(c) & (c >= 0)))[0])
+            raise ValueError(f"cost of sample {i} for module {name!r} is {c[i]}; costs must be finite and >= 0")
+        arrays[name] = c
+    grid = math.lcm(*(int(d) for d in dps.values())) * int(micro_batches)
+    if n % grid:
+        raise ValueError(f"{n} samples cannot be cut into {grid} equal groups (lcm of the DP sizes "
+                         f"{dict(dps)} x {micro_batches} micro-batches); make the global micro-batch size "
+                         "a multiple of the canonical grid")
+    return arrays, grid
+
+
+def _normalised(c: np.ndarray, replicas: int) -> np.ndarray:
+    """Integer costs whose replica mean is about ``_UNIT``: scaled elementwise by the exact
+    maximum, then by the exact integer total, so no float sum (whose rounding can differ between
+    CPUs) decides anything."""
+    top = c[c.argmax()]
+    q = np.rint(c * (_QUANT / top)).astype(np.int64)
+    total = int(q.sum())
+    return (q * (replicas * _UNIT)) // total
+
+
+def _prepared(costs, dps, micro_batches):
+    """(module names, normalised costs (M, N), replicas per module, G) of the modules that constrain
+    the plan: more than one replica and some cost."""
+    arrays, grid = _validate(costs, dps, micro_batches)
+    names, rows, replicas = [], [], []
+    for name, c in arrays.items():
+        d = int(dps[name]) * int(micro_batches)
+        if d == 1 or not c.size or not c[c.argmax()] > 0:
+            continue
+        q = _normalised(c, d)
+        # in units of this module's own lower bound: every module's best possible heaviest replica
+        # is then _UNIT, so one scale compares how far each module is from what it can reach
+        bound = max(_UNIT, math.ceil(_lower_bound(q.astype(np.float64), d)))
+        names.append(name)
+        rows.append((q * _UNIT) // bound)
+        replicas.append(d)
+    n = next(iter(arrays.values())).size
+    q = np.array(rows, dtype=np.int64).reshape(len(rows), n)
+    return names, q, np.array(replicas, dtype=np.int64), grid
+
+
+def _replica_loads(q: np.ndarray, replicas: np.ndarray, grid: int, groups: np.ndarray) -> list[np.ndarray]:
+    """Per module, the load of each of its replicas under ``groups`` (G, size)."""
+    group_loads = q[:, groups].sum(axis=2)  # (M, G)
+    return [group_loads[m].reshape(int(d), -1).sum(axis=1) for m, d in enumerate(replicas)]
+
+
+def _excess(loads) -> np.ndarray:
+    """How far replica loads are over their module's bound (0 at or under it)."""
+    return np.maximum(np.asarray(loads, dtype=np.int64) - _UNIT, 0)
+
+
+def _quality(q, replicas, grid, groups) -> tuple[int, int]:
+    """(heaviest replica of any module, summed excess over the bounds): lower is better."""
+    loads = _replica_loads(q, replicas, grid, groups)
+    return (max((int(r.max()) for r in loads), default=0), int(sum(int(_excess(r).sum()) for r in loads)))
+
+
+def _is_chain(sizes: list[int]) -> bool:
+    return all(b % a == 0 for a, b in zip(sizes, sizes[1:]))
+
+
+def _serpentine(blocks: np.ndarray, cost: np.ndarray, parts: int) -> np.ndarray:
+    """Each block (B, s) of sample indices cut into ``parts`` equal sub-blocks: its samples by
+    descending cost dealt 0, 1, …, parts-1, parts-1, …, 0, … (ties by position). (B·parts, s/parts)."""
+    count, size = blocks.shape
+    order = np.argsort(-cost[blocks], axis=1, kind="stable")
+    ranked = np.take_along_axis(blocks, order, axis=1)
+    lap = np.arange(size) // parts
+    seat = np.arange(size) % parts
+    seat = np.where(lap % 2 == 0, seat, parts - 1 - seat)
+    by_seat = np.argsort(seat, kind="stable")  # rank positions of part 0, then part 1, ...
+    return np.sort(ranked[:, by_seat].reshape(count * parts, size // parts), axis=1)
+
+
+def _start(q: np.ndarray, replicas: np.ndarray, grid: int) -> np.ndarray:
+    """Top down over the DP sizes: the samples cut into the fewest replicas by the equal-size
+    partitioner on every module's summed cost, then each part dealt into the next DP size's parts by
+    the summed cost of the modules that still care, down to the G groups. Where the DP sizes do not
+    form a chain, the partitioner cuts the G groups at once."""
+    n = q.shape[1]
+    sizes = sorted(set(int(d) for d in replicas) | {grid})
+    if not _is_chain(sizes):
+        return np.array(balanced_order(q.sum(axis=0), grid), dtype=np.int64).reshape(grid, n // grid)
+    first = sizes[0]
+    blocks = np.array(balanced_order(q.sum(axis=0), first), dtype=np.int64).reshape(first, n // first)
+    for coarse, fine in zip(sizes, sizes[1:]):
+        cost = q[replicas >= fine].sum(axis=0)
+        blocks = _serpentine(blocks, cost, fine // coarse)
+    return blocks
+
+
+def _pairs(heaviness: np.ndarray, lightness: np.ndarray, reps: np.ndarray, alternate: bool):
+    """Disjoint (heavy, light) pairs of groups: the groups whose replicas are over their bounds,
+    heaviest first (at most half of them), against the lightest groups, or in alternate rounds
+    against the groups half the ranking below. A pair is kept only if, for every module where its
+    two groups sit in different replicas, it is the first pair to touch those replicas (so no two
+    swaps of a round move the same replica's load)."""
+    grid = heaviness.size
+    half = grid // 2
+    above = min(half, int(np.count_nonzero(heaviness > 0)))
+    if not above:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    heavy = np.argsort(-heaviness, kind="stable")[:above]
+    by_light = np.argsort(lightness, kind="stable")
+    light = by_light[:above] if not alternate else by_light[np.minimum(half - 1 + np.arange(above), grid - 1)]
+    differ = reps[:, heavy] != reps[:, light]  # (M, P)
+    keep = differ.any(axis=0) & (heavy != light)
+    m_count = reps.shape[0]
+    keys = np.concatenate((np.where(differ, np.arange(m_count)[:, None] * grid + reps[:, heavy], -1),
+                           np.where(differ, np.arange(m_count)[:, None] * grid + reps[:, light], -1)), axis=0).T
+    # a group appears once: key it by itself too
+    keys = np.concatenate((keys, (m_count * grid + heavy)[:, None], (m_count * grid + light)[:, None]), axis=1)
+    pair_of = np.repeat(np.arange(keys.shape[0]), keys.shape[1])
+    flat = keys.ravel()
+    live = (flat >= 0) & keep[pair_of]
+    if live.any():
+        _, where = np.unique(flat[live], return_index=True)
+        winner = np.full((m_count + 1) * grid, -1)
+        winner[flat[live][where]] = pair_of[live][where]  # the first live pair touching each key
+        clash = np.zeros(flat.shape, dtype=bool)
+        clash[live] = winner[flat[live]] != pair_of[live]
+        blocked = np.zeros(keys.shape[0], dtype=bool)
+        np.logical_or.at(blocked, pair_of[clash], True)
+        keep &= ~blocked
+    return heavy[keep], light[keep]
+
+
+def _candidates(key: np.ndarray, shift: int) -> np.ndarray:
+    """The slots of each group (P, size) a swap is searched among: the ``_CANDIDATES`` with the
+    largest ``key`` (the samples that move the most of the pair's dominant load; all of them in a
+    small group), every other round spread evenly over the ranks instead."""
+    count, size = key.shape
+    if size <= _CANDIDATES:
+        return np.broadcast_to(np.arange(size), key.shape).copy()
+    ranks = np.argsort(-key, axis=1, kind="stable")
+    if shift % 2 == 0:
+        picks = np.arange(_CANDIDATES)
+    else:
+        picks = ((np.arange(_CANDIDATES) * size) // _CANDIDATES + shift // 2) % size
+    return np.take_along_axis(ranks, np.broadcast_to(picks, (count, _CANDIDATES)), axis=1)
+
+
+def _best_swaps(q, groups, under, reps, g, h, shift):
+    """For each pair (g[p], h[p]): the swap of a sample of g with a sample of h that lowers the
+    squared excess (over the bounds) of the replicas the pair touches the most, without raising the
+    heaviest of them, nor lifting a module past its cap that was under it. (slot in g, slot in h,
+    gain in squared excess)."""
+    lg, lh = under[:, g], under[:, h]  # (M, P): load of each group's replica
+    same = (reps[:, g] == reps[:, h])[:, :, None, None]
+    top = np.where(same[:, :, 0, 0], 0, np.maximum(lg, lh))
+    dominant = top.argmax(axis=0)  # (P,)
+    mg, mh = groups[g], groups[h]  # (P, size)
+    ca = _candidates(q[dominant[:, None], mg], shift)  # heavy side: its samples heaviest in that module
+    cb = _candidates(-q[dominant[:, None], mh], shift)  # light side: its lightest
+    sa = np.take_along_axis(mg, ca, axis=1)  # candidate samples (P, C)
+    sb = np.take_along_axis(mh, cb, axis=1)
+    delta = q[:, sa][..., None] - q[:, sb][:, :, None, :]  # (M, P, A, B)
+    lg4, lh4 = lg[:, :, None, None], lh[:, :, None, None]
+    new_g, new_h = lg4 - delta, lh4 + delta
+    gain = np.where(same, 0, (_excess(lg) + _excess(lh))[:, :, None, None] - _excess(new_g) - _excess(new_h)).sum(axis=0)
+    new_top = np.where(same, 0, np.maximum(new_g, new_h))
+    # never above the heaviest replica the pair touched; a module under its cap stays under it
+    limit = np.maximum(np.maximum(lg4, lh4), _UNIT + _UNIT // _CAP)
+    valid = ((new_top <= top.max(axis=0)[None, :, None, None]) & (new_top <= limit)).all(axis=0)
+    flat = np.where(valid, gain, -1).reshape(len(g), -1)
+    best = flat.argmax(axis=1)
+    a, b = np.divmod(best, sb.shape[1])
+    rows = np.arange(len(g))
+    return ca[rows, a], cb[rows, b], flat[rows, best]
+
+
+def _improve(q: np.ndarray, replicas: np.ndarray, grid: int, groups: np.ndarray) -> np.ndarray:
+    groups = groups.copy()
+    m_count = q.shape[0]
+    per = grid // replicas  # groups per replica, per module
+    reps = np.arange(grid)[None, :] // per[:, None]  # (M, G): the replica of each group, per module
+    stop = _UNIT + _UNIT // _STOP
+    group_loads = q[:, groups].sum(axis=2)  # (M, G)
+
+    def under_each_group():
+        loads = [group_loads[m].reshape(int(replicas[m]), -1).sum(axis=1) for m in range(m_count)]
+        return np.stack([loads[m][reps[m]] for m in range(m_count)])  # (M, G)
+
+    def swap(gi, hi, slot_a, slot_b):
+        moved_a = groups[gi, slot_a].copy()
+        moved_b = groups[hi, slot_b].copy()
+        groups[gi, slot_a] = moved_b
+        groups[hi, slot_b] = moved_a
+        change = q[:, moved_a] - q[:, moved_b]  # (M, k)
+        np.subtract.at(group_loads, (slice(None), gi), change)
+        np.add.at(group_loads, (slice(None), hi), change)
+
+    idle = 0
+    for r in range(_ROUNDS):
+        under = under_each_group()
+        if under.max() <= stop:
+            return np.sort(groups, axis=1)
+        g, h = _pairs(np.maximum(under - stop, 0).sum(axis=0), under.sum(axis=0), reps, alternate=r % 2 == 1)
+        ok = g[:0]
+        if g.size:
+            slot_a, slot_b, gain = _best_swaps(q, groups, under, reps, g, h, r)
+            ok = np.flatnonzero(gain > 0)
+        if ok.size:
+            idle = 0
+            swap(g[ok], h[ok], slot_a[ok], slot_b[ok])
+        else:
+            idle += 1
+            if idle == 2:
+                break
+    # Tail: each module's heaviest replica over its bound, heaviest first: its groups against the
+    # lightest groups of that module outside it, one best swap at a time, while any such swap helps.
+    for t in range(_TAIL_STEPS):
+        under = under_each_group()
+        if under.max() <= stop:
+            break
+        swapped = False
+        for m in np.argsort(-under.max(axis=1), kind="stable"):
+            top = int(under[m].max())
+            if top <= stop:
+                break
+            first = int(np.flatnonzero(under[m] == top)[0])
+            heavy = np.flatnonzero(reps[m] == reps[m, first])  # the groups of that replica
+            others = np.flatnonzero(reps[m] != reps[m, first])
+            others = others[np.argsort(under[m, others], kind="stable")[:_TAIL_PARTNERS]]
+            g = np.repeat(heavy, others.size)
+            h = np.tile(others, heavy.size)
+            slot_a, slot_b, gain = _best_swaps(q, groups, under, reps, g, h, t)
+            j = int(gain.argmax())
+            if gain[j] > 0:
+                swap(g[j:j + 1], h[j:j + 1], slot_a[j:j + 1], slot_b[j:j + 1])
+                swapped = True
+                break
+        if not swapped:
+            break
+    return np.sort(groups, axis=1)
+
+
+def balance_modules(costs: Mapping[str, Sequence[float]], dps: Mapping[str, int], micro_batches: int = 1) -> list[int]:
+    """A permutation of ``range(N)`` for every module at once.
+
+    ``costs`` maps each module name to its per-sample costs (1-D, the same N samples for every
+    module, finite and >= 0); ``dps`` maps each module name to its DP size. G = lcm of the DPs
+    (times ``micro_batches``: a window of consecutive micro-batches planned together, each cut
+    into its own G groups); the permutation is cut into G consecutive equal groups and module m's
+    replica r owns groups r·G/d_m … (r+1)·G/d_m − 1. It minimises the worst module's replica
+    spread; samples inside a group keep ascending position.
+
+    Raises ValueError for costs that are not finite numbers >= 0, modules that differ between
+    ``costs`` and ``dps``, or N not a multiple of G.
+    """
+    names, q, replicas, grid = _prepared(costs, dps, micro_batches)
+    n = q.shape[1]
+    contiguous = np.arange(n, dtype=np.int64).reshape(grid, -1) if n else np.zeros((grid, 0), np.int64)
+    if not names or n <= grid:
+        return contiguous.ravel().tolist()
+    start = _start(q, replicas, grid)
+    improved = _improve(q, replicas, grid, start)
+    candidates = (contiguous, improved, start)
+    # the lowest worst replica; the first of equals (contiguous on ties, so balanced input is left alone)
+    best = min(range(len(candidates)), key=lambda i: (_quality(q, replicas, grid, candidates[i]), i))
+    return np.sort(candidates[best], axis=1).ravel().tolist()
+
+
+def module_spreads(costs: Mapping[str, Sequence[float]], dps: Mapping[str, int], order: Sequence[int],
+                   micro_batches: int = 1) -> dict[str, float]:
+    """Each module's replica spread (max/mean of its replicas' loads) under ``order``; 1.0 for a
+    module with one replica or no cost."""
+    arrays, grid = _validate(costs, dps, micro_batches)
+    o = np.asarray(order, dtype=np.int64)
+    n = next(iter(arrays.values())).size
+    if o.shape != (n,) or not np.array_equal(np.sort(o), np.arange(n)):
+        raise ValueError(f"order must be a permutation of range({n})")
+    out = {}
+    for name, c in arrays.items():
+        d = int(dps[name]) * int(micro_batches)
+        loads = c[o].reshape(d, -1).sum(axis=1) if n else np.zeros(d)
+        mean = loads.mean() if loads.size else 0.0
+        out[name] = float(loads.max() / mean) if mean > 0 else 1.0
+    return out
+
+
+def module_bounds(costs: Mapping[str, Sequence[float]], dps: Mapping[str, int], micro_batches: int = 1) -> dict[str, float]:
+    """Each module's lower bound on its spread (no equal-size split can go below it)."""
+    arrays, _ = _validate(costs, dps, micro_batches)
+    out = {}
+    for name, c in arrays.items():
+        d = int(dps[name]) * int(micro_batches)
+        mean = c.sum() / d if d else 0.0
+        out[name] = float(_lower_bound(c, d) / mean) if mean > 0 else 1.0
+    return out
