@@ -113,6 +113,8 @@ class Profiling:
                 rec.add(bytes_exchanged=int(tag.bytes_exchanged))
             if tag.predicted_spread is not None:
                 rec.set(predicted_spread=tag.predicted_spread)
+            if tag.predicted_spreads:
+                rec.set(predicted_spreads=dict(tag.predicted_spreads))
 
     def _attach_new_notes(self, rec) -> None:
         """Notices said since the last step (which length source packing used, nothing to balance,

@@ -20,23 +20,31 @@ from typing import Any, Callable, Iterator, Optional, Sequence
 from mimo_accel.grid import check_micro_batch
 from mimo_accel.runtime.shard import SHARD_TAG_KEY, ShardContext, tag_for
 
-# planner(global_indices, micro_batches) -> (the same indices in canonical-group order, predicted
-# spread or None); with micro_batches > 1 the indices are a window of consecutive micro-batches.
-Planner = Callable[[Sequence[int], int], "tuple[list[int], Optional[float]]"]
+# planner(global_indices, micro_batches) -> (the same indices in canonical-group order, the predicted
+# spread: one number, one per module, or None); with micro_batches > 1 the indices are a window
+# of consecutive micro-batches.
+Planner = Callable[[Sequence[int], int], "tuple[list[int], object]"]
+
+
+def _worst_of(spreads: list):
+    """The worst of several plans' predicted spreads (numbers, or one per module)."""
+    if all(isinstance(s, dict) for s in spreads):
+        return {m: max(s[m] for s in spreads) for m in spreads[0]}
+    return max(s if not isinstance(s, dict) else max(s.values()) for s in spreads)
 
 
 class LocalIndices(list):
     """This replica's sample indices of one global micro-batch, with what the plan predicted for it."""
 
-    def __init__(self, indices, predicted_spread: Optional[float] = None):
+    def __init__(self, indices, predicted_spread=None):
         super().__init__(indices)
-        self.predicted_spread = predicted_spread
+        self.predicted_spread = predicted_spread  # one number, one per module, or None
 
 
 class SamplesRead(list):
     """The samples read for one :class:`LocalIndices`, as the collate function receives them."""
 
-    def __init__(self, samples, predicted_spread: Optional[float] = None):
+    def __init__(self, samples, predicted_spread=None):
         super().__init__(samples)
         self.predicted_spread = predicted_spread
 
@@ -133,7 +141,7 @@ class ShardedBatchSampler:
                 order, spread = self.planner(window, len(batches))
             else:  # a short last micro-batch (drop_last=False): plan it on its own
                 parts = [self.planner(b, 1) for b in batches]
-                order, spread = [i for p in parts for i in p[0]], max(p[1] for p in parts)
+                order, spread = [i for p in parts for i in p[0]], _worst_of([p[1] for p in parts])
             if sorted(order) != sorted(window):
                 raise RuntimeError("mimo_accel planner returned a different set of samples than the "
                                    "global micro-batch it was given; refusing to mis-pair samples")

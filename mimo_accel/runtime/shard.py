@@ -51,16 +51,20 @@ class ShardTag:
     grid: int
     samples: int
     sliced_in_step: bool = True  # see ShardContext.sliced_in_step
-    # what the plan predicted for this batch's global micro-batch (max/mean over the balanced
-    # replicas), and the sample bytes the exchange moved for it; None/0 when not planned
+    # what the plan predicted for this batch's global micro-batch: each module's replica spread
+    # (max/mean) and the worst of them; and the sample bytes the exchange moved for it
     predicted_spread: Optional[float] = None
     bytes_exchanged: int = 0
+    predicted_spreads: Optional[Mapping[str, float]] = None
 
 
-def tag_for(ctx: ShardContext, samples: int, predicted_spread: Optional[float] = None,
-            bytes_exchanged: int = 0) -> ShardTag:
+def tag_for(ctx: ShardContext, samples: int, predicted=None, bytes_exchanged: int = 0) -> ShardTag:
+    """The tag of a batch of ``samples`` read for ``ctx``; ``predicted``: the plan's spread, one
+    number or one per module."""
+    spreads = dict(predicted) if isinstance(predicted, Mapping) else None
+    worst = max(spreads.values(), default=None) if spreads is not None else predicted
     return ShardTag(ctx.module, ctx.dp_rank, ctx.dp_size, ctx.grid, samples, ctx.sliced_in_step,
-                    predicted_spread, bytes_exchanged)
+                    None if worst is None else float(worst), bytes_exchanged, spreads)
 
 
 def data_loading_ranks(grids: Mapping[str, object]) -> tuple[int, ...]:
