@@ -77,6 +77,9 @@ class Profiling:
                     label=_label(cfg))
         return self._recorder
 
+    def saw_model(self, mimo_model) -> None:
+        """The MimoModel this rank runs, first seen by the step (its modules' names and parts)."""
+
     def close(self) -> None:
         with self._lock:
             for timer in self._timers.values():

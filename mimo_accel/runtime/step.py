@@ -82,6 +82,8 @@ def role_of_rank(runtime: Runtime, mimo_model) -> Optional[StepRole]:
         return runtime.roles[mimo_model]
     role = runtime.roles[mimo_model] = role_of(mimo_model)
     runtime.rank_role = role
+    if runtime.profiling is not None:  # the model this rank runs, seen once: what to time and by which name
+        runtime.profiling.saw_model(mimo_model)
     return role
 
 
