@@ -35,17 +35,18 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from mimo_accel.balance.equal_size import _lower_bound, balanced_order
+from mimo_accel.modules import LANGUAGE
 
 __all__ = ["balance_modules", "module_spreads", "module_bounds"]
 
 _UNIT = 1 << 20  # a module's mean replica load, in integer cost units
 _QUANT = 1 << 30  # the largest sample cost of a module before normalisation
 _STOP = 200  # a replica within 1/_STOP of its module's lower bound needs no more work
-_CAP = 256  # a swap may lift a module up to its own lower bound plus 1/_CAP
-_ROUNDS = 12  # swap rounds over disjoint pairs of groups
+_CAP = 128  # a swap may lift a module up to its own lower bound plus 1/_CAP
+_ROUNDS = 16  # swap rounds over disjoint pairs of groups
 _CANDIDATES = 8  # samples per group a swap is searched among (all of them up to this size)
 _TAIL_PARTNERS = 16  # lightest groups the tail tries against the heaviest replica's groups
-_TAIL_STEPS = 32  # swaps the tail may make
+_TAIL_STEPS = 64  # swaps the tail may make
 
 
 def _validate(costs: Mapping[str, Sequence[float]], dps: Mapping[str, int], micro_batches: int):
@@ -149,40 +150,67 @@ def _serpentine(blocks: np.ndarray, cost: np.ndarray, parts: int) -> np.ndarray:
     return np.sort(ranked[:, by_seat].reshape(count * parts, size // parts), axis=1)
 
 
-def _start(q: np.ndarray, replicas: np.ndarray, grid: int) -> np.ndarray:
-    """Top down over the DP sizes: the samples cut into the fewest replicas by the equal-size
-    partitioner on every module's summed cost, then each part dealt into the next DP size's parts by
-    the summed cost of the modules that still care, down to the G groups. Where the DP sizes do not
-    form a chain, the partitioner cuts the G groups at once."""
+def _start(q: np.ndarray, replicas: np.ndarray, grid: int, encoders: np.ndarray) -> np.ndarray:
+    """The first split. The equal-size partitioner cuts the samples at the finest encoder's DP size
+    by the summed cost of the encoders that care there (the language model's where there is no
+    encoder), so every encoder starts as balanced as the encoders-only plan; where the DP sizes
+    form a chain, each part is then dealt down into the finer levels' parts, and the parts are
+    dealt up into the coarser levels' replicas, each by the modules that care at that level. The
+    swaps then bring the language model in under the encoders' caps. (G, N/G)"""
     n = q.shape[1]
     sizes = sorted(set(int(d) for d in replicas) | {grid})
+
+    def driver(cares: np.ndarray) -> np.ndarray:
+        chosen = cares & encoders if (cares & encoders).any() else cares
+        return q[chosen].sum(axis=0)
+
     if not _is_chain(sizes):
-        return np.array(balanced_order(q.sum(axis=0), grid), dtype=np.int64).reshape(grid, n // grid)
-    first = sizes[0]
-    blocks = np.array(balanced_order(q.sum(axis=0), first), dtype=np.int64).reshape(first, n // first)
-    for coarse, fine in zip(sizes, sizes[1:]):
-        cost = q[replicas >= fine].sum(axis=0)
-        blocks = _serpentine(blocks, cost, fine // coarse)
+        return np.array(balanced_order(driver(np.ones(len(q), bool)), grid), dtype=np.int64).reshape(grid, n // grid)
+    pivot = max((int(d) for d, e in zip(replicas, encoders) if e), default=sizes[0])
+    blocks = np.array(balanced_order(driver(replicas >= pivot), pivot), dtype=np.int64).reshape(pivot, n // pivot)
+    for coarse, fine in zip(sizes, sizes[1:]):  # down: each part dealt into the finer level's parts
+        if coarse >= pivot:
+            blocks = _serpentine(blocks, driver(replicas >= fine), fine // coarse)
+    per = grid // pivot  # groups per part at the pivot level
+    for d in sorted((s for s in sizes if s < pivot), reverse=True):  # up: parts dealt into replicas
+        loads = driver(replicas <= d)[blocks].sum(axis=1).reshape(-1, per).sum(axis=1)
+        order = np.array(balanced_order(loads.astype(np.float64), d), dtype=np.int64)
+        blocks = blocks.reshape(-1, per, blocks.shape[1])[order].reshape(grid, -1)
+        per = grid // d
     return blocks
 
 
-def _pairs(heaviness: np.ndarray, lightness: np.ndarray, reps: np.ndarray, alternate: bool):
-    """Disjoint (heavy, light) pairs of groups: the groups whose replicas are over their bounds,
-    heaviest first (at most half of them), against the lightest groups, or in alternate rounds
-    against the groups half the ranking below. A pair is kept only if, for every module where its
-    two groups sit in different replicas, it is the first pair to touch those replicas (so no two
-    swaps of a round move the same replica's load)."""
-    grid = heaviness.size
+def _pairs(under: np.ndarray, stop: int, reps: np.ndarray, alternate: bool):
+    """Disjoint (heavy, light) pairs of groups. Heavy: the groups whose replicas are over the stop,
+    most over first (at most half of the groups); each is paired with a group light in the module
+    it is most over in — the lightest one left, or in alternate rounds one half the ranking below.
+    A pair is kept only if, for every module where its two groups sit in different replicas, it is
+    the first pair to touch those replicas (so no two swaps of a round move the same replica's
+    load)."""
+    m_count, grid = under.shape
     half = grid // 2
-    above = min(half, int(np.count_nonzero(heaviness > 0)))
+    over = np.maximum(under - stop, 0)
+    worst = over.max(axis=0)
+    above = min(half, int(np.count_nonzero(worst > 0)))
     if not above:
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
-    heavy = np.argsort(-heaviness, kind="stable")[:above]
-    by_light = np.argsort(lightness, kind="stable")
-    light = by_light[:above] if not alternate else by_light[np.minimum(half - 1 + np.arange(above), grid - 1)]
+    heavy = np.argsort(-worst, kind="stable")[:above]
+    dominant = over[:, heavy].argmax(axis=0)
+    light = np.empty(above, dtype=np.int64)
+    taken = np.zeros(grid, dtype=bool)
+    taken[heavy] = True
+    for m in range(m_count):
+        mine = np.flatnonzero(dominant == m)
+        if not mine.size:
+            continue
+        free = np.flatnonzero(~taken)
+        ranked = free[np.argsort(under[m, free], kind="stable")]
+        if alternate:
+            ranked = np.roll(ranked, -min(ranked.size // 2, ranked.size - mine.size))
+        light[mine] = ranked[np.minimum(np.arange(mine.size), ranked.size - 1)]
+        taken[light[mine]] = True
     differ = reps[:, heavy] != reps[:, light]  # (M, P)
     keep = differ.any(axis=0) & (heavy != light)
-    m_count = reps.shape[0]
     keys = np.concatenate((np.where(differ, np.arange(m_count)[:, None] * grid + reps[:, heavy], -1),
                            np.where(differ, np.arange(m_count)[:, None] * grid + reps[:, light], -1)), axis=0).T
     # a group appears once: key it by itself too
@@ -272,7 +300,7 @@ def _improve(q: np.ndarray, replicas: np.ndarray, grid: int, groups: np.ndarray)
         under = under_each_group()
         if under.max() <= stop:
             return np.sort(groups, axis=1)
-        g, h = _pairs(np.maximum(under - stop, 0).sum(axis=0), under.sum(axis=0), reps, alternate=r % 2 == 1)
+        g, h = _pairs(under, stop, reps, alternate=r % 2 == 1)
         ok = g[:0]
         if g.size:
             slot_a, slot_b, gain = _best_swaps(q, groups, under, reps, g, h, r)
@@ -297,8 +325,14 @@ def _improve(q: np.ndarray, replicas: np.ndarray, grid: int, groups: np.ndarray)
                 break
             first = int(np.flatnonzero(under[m] == top)[0])
             heavy = np.flatnonzero(reps[m] == reps[m, first])  # the groups of that replica
-            others = np.flatnonzero(reps[m] != reps[m, first])
-            others = others[np.argsort(under[m, others], kind="stable")[:_TAIL_PARTNERS]]
+            outside = reps[m] != reps[m, first]
+            # partners: the lightest groups of that module, and the groups holding its cheapest
+            # samples (what a heavy group with one large sample needs beside it)
+            lightest = np.flatnonzero(outside)[np.argsort(under[m, outside], kind="stable")[:_TAIL_PARTNERS]]
+            members = groups[outside]
+            cheapest = np.argsort(q[m, members].ravel(), kind="stable")[:_TAIL_PARTNERS]
+            holding = np.flatnonzero(outside)[cheapest // members.shape[1]]
+            others = np.unique(np.concatenate((lightest, holding)))
             g = np.repeat(heavy, others.size)
             h = np.tile(others, heavy.size)
             slot_a, slot_b, gain = _best_swaps(q, groups, under, reps, g, h, t)
@@ -330,7 +364,8 @@ def balance_modules(costs: Mapping[str, Sequence[float]], dps: Mapping[str, int]
     contiguous = np.arange(n, dtype=np.int64).reshape(grid, -1) if n else np.zeros((grid, 0), np.int64)
     if not names or n <= grid:
         return contiguous.ravel().tolist()
-    start = _start(q, replicas, grid)
+    encoders = np.array([name != LANGUAGE for name in names], dtype=bool)
+    start = _start(q, replicas, grid, encoders)
     improved = _improve(q, replicas, grid, start)
     candidates = (contiguous, improved, start)
     # the lowest worst replica; the first of equals (contiguous on ties, so balanced input is left alone)
