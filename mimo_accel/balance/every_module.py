@@ -41,12 +41,13 @@ __all__ = ["balance_modules", "module_spreads", "module_bounds"]
 
 _UNIT = 1 << 20  # a module's mean replica load, in integer cost units
 _QUANT = 1 << 30  # the largest sample cost of a module before normalisation
-_STOP = 200  # a replica within 1/_STOP of its module's lower bound needs no more work
+_STOP = 100  # a replica within 1/_STOP of its module's lower bound needs no more work
 _CAP = 128  # a swap may lift a module up to its own lower bound plus 1/_CAP
 _ROUNDS = 16  # swap rounds over disjoint pairs of groups
 _CANDIDATES = 8  # samples per group a swap is searched among (all of them up to this size)
+_FAR = 1 << 40  # farther than any load moves
 _TAIL_PARTNERS = 16  # lightest groups the tail tries against the heaviest replica's groups
-_TAIL_STEPS = 64  # swaps the tail may make
+_TAIL_STEPS = 32  # swaps the tail may make
 
 
 def _validate(costs: Mapping[str, Sequence[float]], dps: Mapping[str, int], micro_batches: int):
@@ -247,26 +248,34 @@ def _candidates(key: np.ndarray, shift: int) -> np.ndarray:
 
 def _best_swaps(q, groups, under, reps, g, h, shift):
     """For each pair (g[p], h[p]): the swap of a sample of g with a sample of h that lowers the
-    squared excess (over the bounds) of the replicas the pair touches the most, without raising the
+    summed excess (over the bounds) of the replicas the pair touches the most, without raising the
     heaviest of them, nor lifting a module past its cap that was under it. (slot in g, slot in h,
-    gain in squared excess)."""
+    gain in excess; a gain <= 0 means no swap helps)."""
     lg, lh = under[:, g], under[:, h]  # (M, P): load of each group's replica
-    same = (reps[:, g] == reps[:, h])[:, :, None, None]
-    top = np.where(same[:, :, 0, 0], 0, np.maximum(lg, lh))
+    apart = reps[:, g] != reps[:, h]  # (M, P): the modules the swap moves load between
+    top = np.where(apart, np.maximum(lg, lh), 0)
     dominant = top.argmax(axis=0)  # (P,)
     mg, mh = groups[g], groups[h]  # (P, size)
     ca = _candidates(q[dominant[:, None], mg], shift)  # heavy side: its samples heaviest in that module
     cb = _candidates(-q[dominant[:, None], mh], shift)  # light side: its lightest
-    sa = np.take_along_axis(mg, ca, axis=1)  # candidate samples (P, C)
-    sb = np.take_along_axis(mh, cb, axis=1)
-    delta = q[:, sa][..., None] - q[:, sb][:, :, None, :]  # (M, P, A, B)
-    lg4, lh4 = lg[:, :, None, None], lh[:, :, None, None]
-    new_g, new_h = lg4 - delta, lh4 + delta
-    gain = np.where(same, 0, (_excess(lg) + _excess(lh))[:, :, None, None] - _excess(new_g) - _excess(new_h)).sum(axis=0)
-    new_top = np.where(same, 0, np.maximum(new_g, new_h))
-    # never above the heaviest replica the pair touched; a module under its cap stays under it
-    limit = np.maximum(np.maximum(lg4, lh4), _UNIT + _UNIT // _CAP)
-    valid = ((new_top <= top.max(axis=0)[None, :, None, None]) & (new_top <= limit)).all(axis=0)
+    sa = np.take_along_axis(mg, ca, axis=1)  # candidate samples (P, A)
+    sb = np.take_along_axis(mh, cb, axis=1)  # (P, B)
+    ceiling = top.max(axis=0)  # never above the heaviest replica the pair touched
+    cap = _UNIT + _UNIT // _CAP  # a module under its cap stays under it
+    gain = valid = None
+    for m in np.flatnonzero(apart.any(axis=1)):
+        delta = q[m][sa][:, :, None] - q[m][sb][:, None, :]  # (P, A, B): load moved from g to h
+        # the new loads lg - delta and lh + delta stay <= limit where the module's load moves
+        limit = np.minimum(ceiling, np.maximum(np.maximum(lg[m], lh[m]), cap))
+        lo = np.where(apart[m], lg[m] - limit, -_FAR)[:, None, None]
+        hi = np.where(apart[m], limit - lh[m], _FAR)[:, None, None]
+        ok = (delta >= lo) & (delta <= hi)
+        eg = (lg[m] - _UNIT)[:, None, None]  # excess = max(load - _UNIT, 0)
+        eh = (lh[m] - _UNIT)[:, None, None]
+        change = np.maximum(eg, 0) + np.maximum(eh, 0) - np.maximum(eg - delta, 0) - np.maximum(eh + delta, 0)
+        change *= apart[m][:, None, None]
+        gain = change if gain is None else gain + change
+        valid = ok if valid is None else valid & ok
     flat = np.where(valid, gain, -1).reshape(len(g), -1)
     best = flat.argmax(axis=1)
     a, b = np.divmod(best, sb.shape[1])
@@ -286,11 +295,15 @@ def _improve(q: np.ndarray, replicas: np.ndarray, grid: int, groups: np.ndarray)
         loads = [group_loads[m].reshape(int(replicas[m]), -1).sum(axis=1) for m in range(m_count)]
         return np.stack([loads[m][reps[m]] for m in range(m_count)])  # (M, G)
 
+    group_of = np.empty(q.shape[1], dtype=np.int64)
+    group_of[groups] = np.arange(grid)[:, None]
+
     def swap(gi, hi, slot_a, slot_b):
         moved_a = groups[gi, slot_a].copy()
         moved_b = groups[hi, slot_b].copy()
         groups[gi, slot_a] = moved_b
         groups[hi, slot_b] = moved_a
+        group_of[moved_b], group_of[moved_a] = gi, hi
         change = q[:, moved_a] - q[:, moved_b]  # (M, k)
         np.subtract.at(group_loads, (slice(None), gi), change)
         np.add.at(group_loads, (slice(None), hi), change)
@@ -312,6 +325,7 @@ def _improve(q: np.ndarray, replicas: np.ndarray, grid: int, groups: np.ndarray)
             idle += 1
             if idle == 2:
                 break
+    cheap = np.argsort(q, axis=1, kind="stable")  # each module's samples, cheapest first
     # Tail: each module's heaviest replica over its bound, heaviest first: its groups against the
     # lightest groups of that module outside it, one best swap at a time, while any such swap helps.
     for t in range(_TAIL_STEPS):
@@ -329,9 +343,8 @@ def _improve(q: np.ndarray, replicas: np.ndarray, grid: int, groups: np.ndarray)
             # partners: the lightest groups of that module, and the groups holding its cheapest
             # samples (what a heavy group with one large sample needs beside it)
             lightest = np.flatnonzero(outside)[np.argsort(under[m, outside], kind="stable")[:_TAIL_PARTNERS]]
-            members = groups[outside]
-            cheapest = np.argsort(q[m, members].ravel(), kind="stable")[:_TAIL_PARTNERS]
-            holding = np.flatnonzero(outside)[cheapest // members.shape[1]]
+            near = group_of[cheap[m][: 4 * _TAIL_PARTNERS]]
+            holding = near[outside[near]][:_TAIL_PARTNERS]
             others = np.unique(np.concatenate((lightest, holding)))
             g = np.repeat(heavy, others.size)
             h = np.tile(others, heavy.size)
