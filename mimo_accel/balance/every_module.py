@@ -46,6 +46,7 @@ _CAP = 128  # a swap may lift a module up to its own lower bound plus 1/_CAP
 _ROUNDS = 16  # swap rounds over disjoint pairs of groups
 _CANDIDATES = 8  # samples per group a swap is searched among (all of them up to this size)
 _FAR = 1 << 40  # farther than any load moves
+_OPTIONS = 4  # candidate partners a heavy group is tried against in a round
 _TAIL_PARTNERS = 16  # lightest groups the tail tries against the heaviest replica's groups
 _TAIL_STEPS = 32  # swaps the tail may make
 
@@ -197,7 +198,9 @@ def _pairs(under: np.ndarray, stop: int, reps: np.ndarray, alternate: bool):
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
     heavy = np.argsort(-worst, kind="stable")[:above]
     dominant = over[:, heavy].argmax(axis=0)
-    light = np.empty(above, dtype=np.int64)
+    # each heavy group gets `options` candidate partners, no two heavy groups the same ones
+    options = max(1, min(_OPTIONS, (grid - above) // above))
+    light = np.empty((above, options), dtype=np.int64)
     taken = np.zeros(grid, dtype=bool)
     taken[heavy] = True
     for m in range(m_count):
@@ -207,11 +210,20 @@ def _pairs(under: np.ndarray, stop: int, reps: np.ndarray, alternate: bool):
         free = np.flatnonzero(~taken)
         ranked = free[np.argsort(under[m, free], kind="stable")]
         if alternate:
-            ranked = np.roll(ranked, -min(ranked.size // 2, ranked.size - mine.size))
-        light[mine] = ranked[np.minimum(np.arange(mine.size), ranked.size - 1)]
-        taken[light[mine]] = True
+            ranked = np.roll(ranked, -min(ranked.size // 2, max(ranked.size - mine.size * options, 0)))
+        picks = np.minimum(np.arange(mine.size * options), ranked.size - 1).reshape(mine.size, options)
+        light[mine] = ranked[picks]
+        taken[light[mine].ravel()] = True
+    return heavy, light
+
+
+def _disjoint(heavy: np.ndarray, light: np.ndarray, reps: np.ndarray, useful: np.ndarray):
+    """Which of the useful pairs (heavy[p], light[p]) to swap in one round: each group once, and
+    for every module where the two groups sit in different replicas, only the first pair (heaviest
+    first) that touches those replicas."""
+    m_count, grid = reps.shape
     differ = reps[:, heavy] != reps[:, light]  # (M, P)
-    keep = differ.any(axis=0) & (heavy != light)
+    keep = differ.any(axis=0) & (heavy != light) & useful
     keys = np.concatenate((np.where(differ, np.arange(m_count)[:, None] * grid + reps[:, heavy], -1),
                            np.where(differ, np.arange(m_count)[:, None] * grid + reps[:, light], -1)), axis=0).T
     # a group appears once: key it by itself too
@@ -228,7 +240,7 @@ def _pairs(under: np.ndarray, stop: int, reps: np.ndarray, alternate: bool):
         blocked = np.zeros(keys.shape[0], dtype=bool)
         np.logical_or.at(blocked, pair_of[clash], True)
         keep &= ~blocked
-    return heavy[keep], light[keep]
+    return keep
 
 
 def _candidates(key: np.ndarray, shift: int) -> np.ndarray:
@@ -313,11 +325,14 @@ def _improve(q: np.ndarray, replicas: np.ndarray, grid: int, groups: np.ndarray)
         under = under_each_group()
         if under.max() <= stop:
             return np.sort(groups, axis=1)
-        g, h = _pairs(under, stop, reps, alternate=r % 2 == 1)
-        ok = g[:0]
-        if g.size:
-            slot_a, slot_b, gain = _best_swaps(q, groups, under, reps, g, h, r)
-            ok = np.flatnonzero(gain > 0)
+        heavy, light = _pairs(under, stop, reps, alternate=r % 2 == 1)
+        ok = heavy[:0]
+        if heavy.size:
+            k = light.shape[1]
+            slot_a, slot_b, gain = _best_swaps(q, groups, under, reps, np.repeat(heavy, k), light.ravel(), r)
+            pick = gain.reshape(-1, k).argmax(axis=1) + np.arange(heavy.size) * k  # each heavy: its best partner
+            g, h, slot_a, slot_b, gain = heavy, light.ravel()[pick], slot_a[pick], slot_b[pick], gain[pick]
+            ok = np.flatnonzero(_disjoint(g, h, reps, gain > 0))
         if ok.size:
             idle = 0
             swap(g[ok], h[ok], slot_a[ok], slot_b[ok])
