@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import math
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -135,7 +137,26 @@ def test_batched_lpt_is_the_heap_lpt_at_cluster_scale(seed):
          rng.integers(0, 4, 8 * k).astype(float),  # heavy ties
          np.where(rng.random(8 * k) < 0.6, 0.0, rng.lognormal(3, 1, 8 * k))][seed % 3]  # mostly zeros
     assert np.array_equal(balance._lpt_batched(c, k), balance._lpt_heap(c, k))
-    assert lpt_order(c, k) == balance._canonical(balance._lpt_heap(c, k))
+    # the planners plan on the costs in exact units (see test_plans_do_not_depend_on_float_rounding)
+    assert lpt_order(c, k) == balance._canonical(balance._lpt_heap(balance._exact(c), k))
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.floats(min_value=0, max_value=1e9, allow_nan=False), min_size=1, max_size=300),
+       st.randoms(use_true_random=False))
+def test_plans_do_not_depend_on_float_rounding(costs, rnd):
+    """Every rank must compute the same plan on any CPU: float sums can round differently with the
+    order of the terms (vector width, pairwise summation), so the planners work on the costs in
+    whole units of the largest, whose sums are exact in any order."""
+    exact = balance._exact(np.asarray(costs, dtype=float))
+    assert np.all(exact == np.rint(exact))
+    shuffled = list(exact)
+    rnd.shuffle(shuffled)
+    assert math.fsum(exact) == sum(shuffled) == float(np.sum(exact)) == float(np.cumsum(shuffled[::-1])[-1])
+    # monotone: the order of the costs, and their ties, are kept
+    c = np.asarray(costs, dtype=float)
+    i, j = np.argsort(c, kind="stable")[[0, -1]]
+    assert exact[i] <= exact[j]
 
 
 @settings(max_examples=100, deadline=None)

@@ -56,6 +56,8 @@ _PAIR_ROUNDS = 16
 _TAIL_WORK = 1 << 17
 # Groups up to this size compare all size² swaps of a pair at once; larger ones search sorted.
 _BRUTE_FORCE_SIZE = 16
+# Whole units a cost is rounded to, relative to the largest (sums stay exact below 2**53).
+_EXACT_UNITS = float(1 << 32)
 # Up to this many terms (samples per group + groups) the lower bound is a plain loop.
 _LOOP_BOUND_TERMS = 64
 # From this many samples LPT runs as numpy batches; below, the plain heap is as fast (heavy-tailed
@@ -90,6 +92,19 @@ def _validate(costs: _CostsLike, n_groups: int) -> np.ndarray:
             f"cost of sample {i} is negative ({c[i]}); costs must be >= 0, fix the cost model or cost index"
         )
     return c
+
+
+def _exact(c: np.ndarray) -> np.ndarray:
+    """The costs as whole numbers of a unit 2**-32 of the largest (still float64): every sum of
+    them is then exact, so no float rounding — which can differ between CPUs and vector widths —
+    decides a plan, and every rank computes the same one. Scaling and rounding each cost alone are
+    exact IEEE operations; equal costs stay equal and the order of costs is kept."""
+    if not c.size:
+        return c
+    top = c[c.argmax()]
+    if not top > 0:
+        return c
+    return np.rint(c * (_EXACT_UNITS / top))
 
 
 def contiguous_order(n: int) -> list[int]:
@@ -193,7 +208,7 @@ def lpt_order(costs: _CostsLike, n_groups: int) -> list[int]:
 
     Ties go to the lower group id and to the earlier sample.
     """
-    c = _validate(costs, n_groups)
+    c = _exact(_validate(costs, n_groups))
     if c.size == 0:
         return []
     return _canonical(_lpt_groups(c, n_groups))
@@ -214,7 +229,7 @@ def balanced_order(costs: _CostsLike, n_groups: int) -> list[int]:
     Raises ValueError for costs that are not a 1-D sequence of finite numbers >= 0, or whose
     length is not a multiple of ``n_groups``.
     """
-    c = _validate(costs, n_groups)
+    c = _exact(_validate(costs, n_groups))
     n = c.size
     if n_groups == 1 or n <= n_groups:  # one group, one sample per group, or nothing to split
         return contiguous_order(n)
