@@ -80,14 +80,15 @@ class _Sampler(list):
 
 
 def test_windowed_plans_stay_in_their_step_and_resume_exactly():
-    from mimo_accel.planner import CostIndexPlanner
     from mimo_accel.costs import CostModel
+    from mimo_accel.modules import Modules
+    from mimo_accel.planner import CostIndexPlanner
 
     mbs, step_mbs, steps = 4, 2, 4
     index = _index(mbs * step_mbs * steps, 3)
     batches = [list(range(i * mbs, (i + 1) * mbs)) for i in range(step_mbs * steps)]
     ctx = ShardContext("vision", 0, 1, 1, {"vision": 1, "language": 1})
-    planner = CostIndexPlanner(index, CostModel(), 1)
+    planner = CostIndexPlanner(index, CostModel(), Modules.from_dp_sizes({"vision": 1, "language": 1}))
     whole = list(ShardedBatchSampler(_Sampler(batches, 0, mbs), ctx, planner, window=step_mbs,
                                      step_micro_batches=step_mbs))
     for s in range(steps):  # each step trains exactly its own samples
