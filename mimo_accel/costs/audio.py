@@ -98,6 +98,8 @@ def _from_header(source: Any, rate: int, where: str) -> int:
     except ImportError:  # pragma: no cover - a requirement of mimo_accel's runtime
         raise AudioSizeError(f"{where}: reading an audio file's length needs soundfile "
                              "(pip install soundfile)") from None
+    if isinstance(source, str) and not os.path.isfile(source):  # libsndfile says only "System error"
+        raise AudioSizeError(f"{where}: audio file not found: {source}")
     try:
         info = soundfile.info(source)
     except FileNotFoundError:
