@@ -170,9 +170,6 @@ class CostIndex:
         cols = {}
         for name, given in encoders.items():
             _check_name(name)
-            if name == LANGUAGE:
-                raise ValueError(f"cost index: {LANGUAGE!r} is the language module, not an encoder; its column is "
-                                 "the tokens")
             if isinstance(given, EncoderColumns):
                 given = (given.items, given.rows, given.sq_rows, given.rule)
             col = EncoderColumns.of(name, *given)
@@ -441,3 +438,6 @@ class _WrongFormat(Exception):
 def _check_name(name: Any) -> None:
     if not isinstance(name, str) or not name:
         raise ValueError(f"cost index: a module name must be a non-empty string, got {name!r}")
+    if name == LANGUAGE:
+        raise ValueError(f"cost index: {LANGUAGE!r} is the language module, not an encoder; its column is "
+                         "the tokens")
