@@ -20,17 +20,13 @@ from typing import Any, Optional
 
 import numpy as np
 
+from mimo_accel.costs.resize import _positive_int
+
 __all__ = ["AudioRule", "AudioSizeError", "audio_clips_in", "audio_samples_of"]
 
 
 class AudioSizeError(ValueError):
     """An audio clip as a dataset holds it whose length cannot be read; the message names it."""
-
-
-def _positive_int(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    return int(value)
 
 
 @dataclass(frozen=True)

@@ -76,15 +76,21 @@ class ResizeRule:
                 f"image of {height}x{width} px has an aspect ratio above {_MAX_ASPECT}; the Qwen-VL"
                 " processor rejects it, so drop or crop the image"
             )
+        return self._in_budget(height, width, 1, 1)
+
+    def _in_budget(self, height: int, width: int, t_bar: int, frames: int) -> tuple[int, int]:
+        """``smart_resize``'s rounding to the factor and its pixel bounds over ``t_bar·h·w`` (an
+        image: t_bar = frames = 1)."""
+        factor = self.factor
         h_bar = round(height / factor) * factor
         w_bar = round(width / factor) * factor
-        if h_bar * w_bar > self.max_pixels:
-            beta = math.sqrt(height * width / self.max_pixels)
+        if t_bar * h_bar * w_bar > self.max_pixels:
+            beta = math.sqrt(frames * height * width / self.max_pixels)
             # max(factor, ...) as current transformers does; it only matters for tiny max_pixels.
             h_bar = max(factor, math.floor(height / beta / factor) * factor)
             w_bar = max(factor, math.floor(width / beta / factor) * factor)
-        elif h_bar * w_bar < self.min_pixels:
-            beta = math.sqrt(self.min_pixels / (height * width))
+        elif t_bar * h_bar * w_bar < self.min_pixels:
+            beta = math.sqrt(self.min_pixels / (frames * height * width))
             h_bar = math.ceil(height * beta / factor) * factor
             w_bar = math.ceil(width * beta / factor) * factor
         return h_bar, w_bar
@@ -113,18 +119,7 @@ class ResizeRule:
                 f"video of {height}x{width} px has an aspect ratio above {_MAX_ASPECT}; the Qwen-VL"
                 " processor rejects it, so drop or crop the video"
             )
-        h_bar = round(height / factor) * factor
-        w_bar = round(width / factor) * factor
-        t_bar = self.temporal_patches(frames) * self.temporal_patch_size
-        if t_bar * h_bar * w_bar > self.max_pixels:
-            beta = math.sqrt(frames * height * width / self.max_pixels)
-            h_bar = max(factor, math.floor(height / beta / factor) * factor)
-            w_bar = max(factor, math.floor(width / beta / factor) * factor)
-        elif t_bar * h_bar * w_bar < self.min_pixels:
-            beta = math.sqrt(self.min_pixels / (frames * height * width))
-            h_bar = math.ceil(height * beta / factor) * factor
-            w_bar = math.ceil(width * beta / factor) * factor
-        return h_bar, w_bar
+        return self._in_budget(height, width, self.temporal_patches(frames) * self.temporal_patch_size, frames)
 
     def grid_thw(self, height: int, width: int, frames: int = 1) -> tuple[int, int, int]:
         """The encoder's ``grid_thw`` for one image of ``height`` x ``width`` pixels, or (``frames``
