@@ -34,7 +34,8 @@ import numpy as np
 
 from mimo_accel.costs.audio import AudioRule
 from mimo_accel.costs.model import LANGUAGE, CostModel
-from mimo_accel.costs.resize import FixedPatches, ResizeRule, rule_from_dict
+from mimo_accel.costs.resize import FixedPatches, ResizeRule
+from mimo_accel.costs.rules import rule_from_dict
 
 __all__ = ["CostIndex", "EncoderColumns", "IndexModulesError", "SampleShape"]
 

@@ -4,13 +4,12 @@ fixed-resolution processor's constant."""
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
-__all__ = ["FixedPatches", "ResizeRule", "rule_from_dict"]
+__all__ = ["FixedPatches", "ResizeRule"]
 
 _MAX_ASPECT = 200
 
@@ -220,21 +219,3 @@ class FixedPatches:
 
     def to_dict(self) -> dict[str, int]:
         return {"fixed_patches": self.patches_per_image}
-
-
-def rule_from_dict(doc: Mapping[str, Any]) -> Any:
-    """The rule a ``to_dict()`` describes (:class:`ResizeRule`, :class:`FixedPatches` or
-    :class:`~mimo_accel.costs.audio.AudioRule`)."""
-    if not isinstance(doc, Mapping):
-        raise ValueError(f"a resize rule must be a mapping, got {type(doc).__name__}")
-    if "audio" in doc:
-        from mimo_accel.costs.audio import AudioRule
-
-        if set(doc) != {"audio"} or not isinstance(doc["audio"], Mapping):
-            raise ValueError(f"an audio rule is {{\"audio\": {{...}}}}, got keys {sorted(doc)}")
-        return AudioRule(**doc["audio"])
-    if "fixed_patches" in doc:
-        if set(doc) != {"fixed_patches"}:
-            raise ValueError(f"a fixed-patches rule has only \"fixed_patches\", got keys {sorted(doc)}")
-        return FixedPatches(doc["fixed_patches"])
-    return ResizeRule(**doc)
