@@ -242,7 +242,7 @@ class PathAudio:
 
     def __call__(self, path, **kwargs):
         wave, rate = soundfile.read(path, dtype="float32")
-        assert rate == kwargs["sampling_rate"] == self.feature_extractor.sampling_rate
+        assert rate == kwargs.get("sampling_rate", rate) == 16000
         return self.feature_extractor(wave, **kwargs)
 
 
@@ -327,6 +327,10 @@ def test_variable_length_clips_cost_their_own_length(tmp_path):
     assert index.rows("audio", every).tolist() == truth["audio"]  # 2.5 s -> 125 rows, 31 s cut at 30 s
     assert truth["audio"][0] == 125 and truth["audio"][2] == 1500
     assert index.rule_of("audio") == AudioRule(16000, 160, 480000, pad=False)
+    # the same from the files' headers, the partial held as the processor's feature extractor
+    ds = av_dataset(av_examples(tmp_path), PathAudio(longest))
+    index = shared_index.derive_cost_index(ds, cache_dir=False)
+    assert index.rows("audio", every).tolist() == av_ground_truth(ds)["audio"] == truth["audio"]
 
 
 def test_an_hf_audio_column_is_read_from_the_file_headers(tmp_path, monkeypatch):

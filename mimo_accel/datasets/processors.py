@@ -69,12 +69,28 @@ def qwen_resize_rule(processor: Any, *, min_pixels: Optional[int] = None,
         raise DeriveError(f"{owner}: {exc}") from None
 
 
+def _unwrap(obj: Any) -> tuple[Any, dict[str, Any]]:
+    """A callable behind any ``functools.partial`` layers, and the keywords they set."""
+    keywords: dict[str, Any] = {}
+    while isinstance(obj, functools.partial):
+        keywords = {**obj.keywords, **keywords}
+        obj = obj.func
+    return obj, keywords
+
+
 def _feature_extractor(processor: Any) -> Any:
-    """The audio feature extractor a processor is or holds (``.feature_extractor``; a
-    ``functools.partial`` is looked through)."""
-    while isinstance(processor, functools.partial):
-        processor = processor.func
-    return getattr(processor, "feature_extractor", None) or processor
+    """The audio feature extractor a processor is or holds (``.feature_extractor``; partials are
+    looked through)."""
+    return _extractor_and_keywords(processor)[0]
+
+
+def _extractor_and_keywords(processor: Any) -> tuple[Any, dict[str, Any]]:
+    outer, outer_kw = _unwrap(processor)
+    inner = getattr(outer, "feature_extractor", None)
+    if inner is None:
+        return outer, outer_kw
+    fe, inner_kw = _unwrap(inner)
+    return fe, {**inner_kw, **outer_kw}
 
 
 def audio_rule(processor: Any, owner: str = "audio") -> AudioRule:
@@ -83,10 +99,11 @@ def audio_rule(processor: Any, owner: str = "audio") -> AudioRule:
     ``chunk_length · sampling_rate``). Bridge's dataset calls it with its defaults, which for
     Whisper pad and truncate every clip to ``n_samples`` (``padding="max_length"``,
     ``truncation=True``): every clip then has ``n_samples // hop_length`` frames and half as many
-    encoder rows (1500 for 30 s). A ``functools.partial`` that sets ``padding`` to
-    ``"longest"``/``False`` keeps each clip's own length (still truncated at ``n_samples``).
-    Anything else is a :class:`DeriveError` naming the fix."""
-    fe = _feature_extractor(processor)
+    encoder rows (1500 for 30 s). A ``functools.partial`` (of the processor, or as its
+    ``feature_extractor``) that sets ``padding`` to ``"longest"``/``False`` keeps each clip's own
+    length (still truncated at ``n_samples``); padding chosen inside a wrapper's own ``__call__``
+    cannot be seen. Anything else is a :class:`DeriveError` naming the fix."""
+    fe, keywords = _extractor_and_keywords(processor)
     rate, hop = getattr(fe, "sampling_rate", None), getattr(fe, "hop_length", None)
     n = getattr(fe, "n_samples", None)
     if n is None and getattr(fe, "chunk_length", None) is not None and rate is not None:
@@ -97,11 +114,6 @@ def audio_rule(processor: Any, owner: str = "audio") -> AudioRule:
             "Whisper-style feature extractor has sampling_rate, hop_length and n_samples / chunk_length). "
             + WAYS_OUT)
     padding, truncation = "max_length", True
-    call = processor
-    keywords: dict[str, Any] = {}
-    while isinstance(call, functools.partial):
-        keywords = {**call.keywords, **keywords}
-        call = call.func
     try:
         params = inspect.signature(type(fe).__call__).parameters
         padding = params["padding"].default if "padding" in params else padding
