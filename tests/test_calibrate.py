@@ -1,4 +1,6 @@
-"""Cost-model calibration from profiler logs (mimo_accel.tools.calibrate)."""
+"""Cost-model calibration from profiler logs (mimo_accel.tools.calibrate): the vision-only
+profiler's names as before, and every module from its own measured times (files written by the
+real mimo_accel.profiler.Recorder, its region clock driven by hand)."""
 
 from __future__ import annotations
 
@@ -155,7 +157,8 @@ def test_main_writes_a_cost_model_file(tmp_path):
     model = CostModel.from_file(out)
     assert _rel(model.b, TRUE["b"]) < 0.05
     assert {"r2", "n", "rmse", "rel_rmse", "overhead_s"} <= set(model.fit)
-    assert json.loads(out.read_text())["format"] == "mimo-accel-cost-model/1"
+    assert json.loads(out.read_text())["format"] == "mimo-accel-cost-model/2"  # an old run: a, b, c, no modules
+    assert model.modules == {}
     assert json.loads(js.read_text())["model"]["a"] == model.a
 
 
@@ -195,3 +198,122 @@ def test_nnls_matches_scipy():
         ref, _ = scipy_nnls(x, y)
         assert (ours >= 0).all()
         assert np.linalg.norm(x @ ours - y) == pytest.approx(np.linalg.norm(x @ ref - y), rel=1e-9, abs=1e-12)
+
+
+# ------------------------------------------------------------------------------------------
+# Every module from its own measured times
+# ------------------------------------------------------------------------------------------
+
+TRUE_MODULES = {"vision": {"a": 2e-5, "b": 3e-9, "k": 5e-3}, "audios": {"a": 4e-5, "b": 6e-9, "k": 8e-3},
+                "language": {"a": 3e-5, "b": 3e-5 / 8192}}
+
+
+def _count(rec, **counters):
+    """Counters by the profiler's per-module names: ``add`` where the recorder knows them, else
+    ``set`` (the same field in the step line)."""
+    try:
+        rec.add(**counters)
+    except TypeError:
+        rec.set(**counters)
+
+
+def write_module_run(out, *, steps=30, dps=None, noise=0.003, seed=0, drift=None, coef=TRUE_MODULES, sq=True):
+    """One rank per replica of each module; each rank's module time is its true cost (+ noise),
+    recorded under ``<m>_fwd`` / ``<m>_bwd`` with its ``<m>_items/_rows/_sq_rows`` (encoders) or
+    ``tokens``/``sq_tokens`` (language) counters."""
+    dps = dps or {"vision": 2, "audios": 2, "language": 2}
+    rng = np.random.default_rng(seed)
+    world = sum(dps.values())
+    rank = 0
+    for module, dp in dps.items():
+        for r in range(dp):
+            rec, clock = _recorder(out, rank, world, module=module, dp_rank=r, dp_size=dp)
+            rank += 1
+            for step in range(steps):
+                c = coef[module]
+                if module == "language":
+                    lengths = rng.integers(50, 4000, size=int(rng.integers(2, 8)))
+                    t, q = int(lengths.sum()), int((lengths ** 2).sum())
+                    seconds = c["a"] * t + c["b"] * q
+                    rec.add(samples=len(lengths), tokens=t)
+                    _count(rec, **({"sq_tokens": q} if sq else {}))
+                else:
+                    items = rng.integers(50, 3000, size=int(rng.integers(1, 6)))
+                    p, q = int(items.sum()), int((items ** 2).sum())
+                    seconds = c["a"] * p + c["b"] * q + c["k"] * len(items)
+                    _count(rec, **{f"{module}_items": len(items), f"{module}_rows": p,
+                                   **({f"{module}_sq_rows": q} if sq else {})})
+                seconds *= 1 + noise * rng.standard_normal()
+                if drift is not None:
+                    seconds *= drift[step]
+                rec.start(f"{module}_fwd")
+                clock.now += seconds / 3
+                rec.stop(f"{module}_fwd")
+                rec.start(f"{module}_bwd")
+                clock.now += seconds - seconds / 3
+                rec.stop(f"{module}_bwd")
+                rec.end_step()
+            rec.close()
+    return out
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_every_module_is_fitted_from_its_own_times(tmp_path, seed):
+    run = read_run(write_module_run(tmp_path, seed=seed))
+    assert cal.modules_in(run) == ["vision", "audios", "language"]
+    model, stats = cal.fit_modules(run)
+    for m, true in TRUE_MODULES.items():
+        got = model.of(m).to_dict()
+        for k, v in true.items():
+            assert _rel(got[k], v) < (0.15 if k == "k" else 0.08), (m, k, got[k], v)  # few items: k is the weakest
+        assert stats[m]["r2"] > 0.99 and stats[m]["n"] == 2 * 29
+    assert model.of("language").k == 0
+    assert (model.a, model.b) == (model.of("vision").a, model.of("vision").b)  # the default encoder's
+
+
+def test_per_step_fits_each_module_within_steps(tmp_path):
+    drift = 1 + 0.6 * np.random.default_rng(3).random(30)  # every replica of a step slower alike
+    run = read_run(write_module_run(tmp_path, dps={"vision": 4, "language": 4}, drift=drift, seed=4))
+    plain, plain_stats = cal.fit_modules(run)
+    model, stats = cal.fit_modules(run, per_step=True)
+    scale = drift[1:].mean()
+    for m in ("vision", "language"):
+        assert stats[m]["per_step"] and stats[m]["r2"] > 0.98 and stats[m]["r2"] > plain_stats[m]["r2"] + 0.02
+        assert stats[m]["r2_across_steps"] == plain_stats[m]["r2"]
+        assert _rel(model.of(m).a, TRUE_MODULES[m]["a"] * scale) < 0.1, m
+
+
+def test_main_writes_every_module_and_prints_each_fit(tmp_path):
+    run_dir = write_module_run(tmp_path / "run", seed=2)
+    out, js = tmp_path / "cost.json", tmp_path / "fit.json"
+    console = Console(record=True, width=200)
+    assert cal.main([str(run_dir), "--out", str(out), "--json", str(js), "--per-step"], console=console) == 0
+    text = console.export_text()
+    for m in ("vision", "audios", "language"):
+        assert f"{m}: cost-model fit" in text and f"Fit quality ({m})" in text
+    assert "R² within steps" in text and "k · items" in text and "a · tokens" in text
+    doc = json.loads(out.read_text())
+    assert doc["format"] == "mimo-accel-cost-model/2" and set(doc["modules"]) == {"vision", "audios", "language"}
+    model = CostModel.from_file(out)
+    assert _rel(model.of("audios").a, TRUE_MODULES["audios"]["a"]) < 0.1
+    fit_doc = json.loads(js.read_text())
+    assert set(fit_doc["modules"]) == {"vision", "audios", "language"} and fit_doc["model"]["modules"]
+
+
+def test_a_module_without_its_attention_counter_falls_back(tmp_path):
+    run = read_run(write_module_run(tmp_path, dps={"vision": 2, "language": 1}, sq=False,
+                                    coef={"vision": {"a": 2e-5, "b": 0.0, "k": 1e-3},
+                                          "language": {"a": 3e-5, "b": 0.0}}))
+    model, stats = cal.fit_modules(run)
+    assert model.of("vision").b == 0 and not stats["vision"]["sq"]
+    assert any("no vision_sq_rows" in w for w in stats["vision"]["warnings"])
+    assert any("no sq_tokens" in w for w in stats["language"]["warnings"])
+    assert _rel(model.of("language").a, 3e-5) < 0.05
+
+
+def test_old_vision_only_runs_still_calibrate_as_before(tmp_path):
+    run = read_run(write_run(tmp_path))
+    assert cal.modules_in(run) == []
+    model, stats = cal.fit_modules(run)
+    ref, _ = cal.fit(run)
+    assert model == ref and set(stats) == {"vision"}

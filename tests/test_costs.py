@@ -173,7 +173,7 @@ def test_cost_model_file_round_trip(tmp_path):
     path = tmp_path / "cost_model.json"
     model.to_file(path)
     doc = json.loads(path.read_text())
-    assert doc["format"] == "mimo-accel-cost-model/1"
+    assert doc["format"] == "mimo-accel-cost-model/2" and doc["modules"] == {}
     loaded = CostModel.from_file(path)
     assert loaded == model
     assert loaded.fit == {"r2": 0.987, "n": 412}
@@ -185,7 +185,7 @@ def test_cost_model_file_round_trip(tmp_path):
     ("content", "message"),
     [
         ("not json", "not a JSON cost model"),
-        ('{"a": 1, "b": 0, "c": 0}', 'expected "format": "mimo-accel-cost-model/1", found None'),
+        ('{"a": 1, "b": 0, "c": 0}', 'expected "format": "mimo-accel-cost-model/2", found None'),
         ('{"format": "mimo-accel-cost-model/9", "a": 1, "b": 0, "c": 0}', "found 'mimo-accel-cost-model/9'"),
         ('{"format": "mimo-accel-cost-model/1", "a": 1, "b": 0}', r"missing coefficients \['c'\]"),
         ('{"format": "mimo-accel-cost-model/1", "a": 1, "b": 0, "c": 0, "B": 2}', r"unknown keys \['B'\]"),
@@ -273,7 +273,7 @@ GOOD_HEADER = {"format": "mimo-accel-cost-index/1", "length": 2, "rule": ResizeR
 @pytest.mark.parametrize(
     ("header", "arrays", "message"),
     [
-        ({**GOOD_HEADER, "format": "other/1"}, {}, "expected format 'mimo-accel-cost-index/1'"),
+        ({**GOOD_HEADER, "format": "other/1"}, {}, "expected format 'mimo-accel-cost-index/2'"),
         ({**GOOD_HEADER, "length": 3}, {}, "header says 3 samples, arrays hold 2"),
         (GOOD_HEADER, {"tokens": np.array([3, -2])}, "tokens has negative entries"),
         (GOOD_HEADER, {"patches": np.array([4.0, 0.0])}, "patches must be a 1-D integer array"),

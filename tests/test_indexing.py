@@ -311,6 +311,7 @@ def test_cli_dataset_errors(factory, dataset_dir, tmp_path, capsys):
     assert indexing.main([str(dataset_dir), "--dataset", f"{factory}:build"]) == 2
     assert "one of the two" in capsys.readouterr().err
     assert indexing.main(["--dataset", f"{factory}:build", "--patch-size", "16"]) == 2
+    assert indexing.main(["--dataset", f"{factory}:build", "--module", "images"]) == 2
     assert "--patch-size apply to manifests only" in capsys.readouterr().err
     assert indexing.main([str(dataset_dir), "--cache-dir", str(tmp_path)]) == 2
     assert indexing.main(["--dataset", f"{factory}:unknown", "--cache-dir", str(tmp_path)]) == 1
@@ -320,3 +321,38 @@ def test_cli_dataset_errors(factory, dataset_dir, tmp_path, capsys):
     assert "has no attribute 'nothing'" in capsys.readouterr().err
     assert indexing.main(["--dataset", "no_colon"]) == 1
     assert "expected MODULE:NAME" in capsys.readouterr().err
+
+
+def test_module_names_the_encoder_and_the_file_is_v2(dataset_dir, tmp_path, capsys):
+    import json
+
+    out = tmp_path / "images.npz"
+    assert indexing.main([str(dataset_dir), "--module", "images", "--out", str(out)]) == 0
+    index = CostIndex.load(out)
+    assert index.encoders == ("images",)
+    assert json.loads(str(np.load(out)["header"]))["format"] == "mimo-accel-cost-index/2"
+    _check(index, ResizeRule())
+    assert "encoder module" in capsys.readouterr().out
+    # the default is "vision"; "language" is not an encoder
+    assert indexing.main([str(dataset_dir)]) == 0
+    assert CostIndex.load(dataset_dir.parent / "train.jsonl.mimo-cost-index.npz").encoders == ("vision",)
+    assert indexing.main([str(dataset_dir), "--module", "language", "--out", str(out)]) == 1
+    assert "language module" in capsys.readouterr().err
+
+
+def test_summary_of_several_encoders(capsys):
+    from rich.console import Console
+
+    from mimo_accel.costs import AudioRule
+
+    index = CostIndex.from_modules([5, 6, 7], {"vision": ([1, 0, 2], [4, 0, 8], [16, 0, 32], ResizeRule()),
+                                               "audio": ([1, 1, 0], [1500, 1500, 0], [1500 ** 2] * 2 + [0],
+                                                         AudioRule(16000, 160, 480000, pad=True))})
+    s = indexing.summarize(index)
+    assert "images" not in s and set(s["encoders"]) == {"vision", "audio"}
+    assert s["encoders"]["audio"]["items"] == 2 and s["encoders"]["audio"]["samples_without"] == 1
+    assert s["encoders"]["vision"]["rows_per_sample_with"]["max"] == 8
+    console = Console(record=True, width=200)
+    indexing._print_summary(console, s, "x.npz", 0.1, None)
+    text = console.export_text()
+    assert "audio: items" in text and "every clip padded to 30 s" in text and "vision: rule" in text

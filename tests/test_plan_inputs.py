@@ -80,14 +80,15 @@ class _Sampler(list):
 
 
 def test_windowed_plans_stay_in_their_step_and_resume_exactly():
-    from mimo_accel.planner import CostIndexPlanner
     from mimo_accel.costs import CostModel
+    from mimo_accel.modules import Modules
+    from mimo_accel.planner import CostIndexPlanner
 
     mbs, step_mbs, steps = 4, 2, 4
     index = _index(mbs * step_mbs * steps, 3)
     batches = [list(range(i * mbs, (i + 1) * mbs)) for i in range(step_mbs * steps)]
     ctx = ShardContext("vision", 0, 1, 1, {"vision": 1, "language": 1})
-    planner = CostIndexPlanner(index, CostModel(), 1)
+    planner = CostIndexPlanner(index, CostModel(), Modules.from_dp_sizes({"vision": 1, "language": 1}))
     whole = list(ShardedBatchSampler(_Sampler(batches, 0, mbs), ctx, planner, window=step_mbs,
                                      step_micro_batches=step_mbs))
     for s in range(steps):  # each step trains exactly its own samples
@@ -132,3 +133,41 @@ def test_a_rank_with_another_cost_index_stops_the_job_naming_the_ranks(tmp_path)
     # rank 2 (the language rank) has another file: an error naming both sides, never a mis-pairing
     with pytest.raises(RankFailure, match=r"cost index: ranks \[0, 1\] have \w+; ranks \[2\] have \w+"):
         run_ranks(_build_with_index, 3, {0: str(same), 1: str(same), 2: str(other)}, deadline_s=180)
+
+
+def _plan(tmp_path, index: CostIndex, dp_sizes: dict):
+    from mimo_accel.config import AccelConfig
+    from mimo_accel.runtime.loaders import plan_for
+    from mimo_accel.runtime.state import Runtime
+
+    path = tmp_path / "costs.npz"
+    index.save(path)
+    ds = type("DS", (), {"__len__": lambda self: len(index)})()
+    first = next(iter(dp_sizes))
+    ctx = ShardContext(first, 0, dp_sizes[first], 4, dp_sizes)
+    runtime = Runtime(AccelConfig(reorder=True, cost_index=str(path)))
+    return plan_for(ds, [0, "single", 4], ctx, "train", runtime), runtime
+
+
+def test_the_plan_prices_every_module_of_the_layout(tmp_path):
+    rng = np.random.default_rng(0)
+    n = 16
+    audio = rng.integers(0, 2, n)
+    index = CostIndex.from_modules(rng.integers(1, 90, n), {
+        "vision": (np.ones(n, int), rng.integers(1, 50, n) ** 2, rng.integers(1, 50, n) ** 4 + 2500, ResizeRule()),
+        "audio": (audio, audio * 1500, audio * 1500 ** 2, ResizeRule())})
+    plan, _ = _plan(tmp_path, index, {"vision": 2, "audio": 4, "language": 4})
+    assert plan.planner.modules.names == ("vision", "audio", "language")
+    order, spreads = plan.planner(list(range(n)))
+    assert sorted(order) == list(range(n)) and set(spreads) == {"vision", "audio", "language"}
+
+
+def test_a_layout_encoder_the_index_cannot_price_stops_the_plan_naming_both_sides(tmp_path):
+    # the failure: the image plan applied to the audio replicas, silently; now an error
+    with pytest.raises(ValueError, match=r"prices the encoders \['vision'\], the layout's encoders are "
+                                         r"\['vision', 'audio'\].*nothing in the index prices \['audio'\]"):
+        _plan(tmp_path, _index(16, 0), {"vision": 2, "audio": 2, "language": 4})
+    # one encoder on each side: used for it, said once
+    plan, runtime = _plan(tmp_path, _index(16, 0), {"images": 2, "language": 4})
+    assert set(plan.planner(list(range(16)))[1]) == {"images", "language"}
+    assert any("'vision' prices the layout's one encoder 'images'" in m for m in runtime.said.values())

@@ -1,21 +1,29 @@
 """Plan-before-read planning and the sharded sampler, without processes (pure parts).
 
-Every module's replicas must derive the same plan: what vision replica r reads equals what its
-language peers read, for 1:1, fan-in, fan-out and windows of several micro-batches.
+Every module's replicas must derive the same plan: what an encoder replica reads equals what its
+language peers read, for 1:1, fan-in, fan-out and windows of several micro-batches. The planner
+balances every module of the layout (each encoder by its own column, the language model by its
+real tokens) and predicts each module's spread.
 """
 
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st_
 
-from mimo_accel.balance import lpt_order, spread
-from mimo_accel.costs import CostIndex, CostModel, ResizeRule
+from mimo_accel.balance import contiguous_order, module_spreads
+from mimo_accel.costs import AudioRule, CostIndex, CostModel, ResizeRule
+from mimo_accel.costs.index import IndexModulesError
 from mimo_accel.grid import canonical_grid
+from mimo_accel.modules import Modules
 from mimo_accel.planner import CostIndexPlanner
 from mimo_accel.runtime.sampler import ShardedBatchSampler
 from mimo_accel.runtime.shard import ShardContext
+from mimo_accel.workloads import load_profile
+
+AUDIO = AudioRule(sampling_rate=16000, hop_length=160, max_samples=480000)  # variable length up to 30 s
 
 
 def _index(n: int, seed: int) -> CostIndex:
@@ -26,6 +34,35 @@ def _index(n: int, seed: int) -> CostIndex:
                      tokens=rng.integers(10, 500, n), images=images, rule=ResizeRule())
 
 
+def _audio_columns(n: int, seed: int, present: float = 0.6):
+    """Clips per sample (0, 1 or 2, each 0.5-30 s long) as the audio probe records them."""
+    rng = np.random.default_rng(seed)
+    clips = np.where(rng.random(n) < present, rng.integers(1, 3, n), 0)
+    rows = np.zeros(n, np.int64)
+    sq = np.zeros(n, np.int64)
+    for i, k in enumerate(clips):
+        r = AUDIO.rows_many(rng.integers(8000, 480000, k))
+        rows[i], sq[i] = r.sum(), (r * r).sum()
+    return clips, rows, sq
+
+
+def _workload(n: int, seed: int, encoders=("vision",), profile="mixed_chat") -> CostIndex:
+    """A generated workload: a shipped profile's images and tokens, and an audio column."""
+    base = load_profile(profile).cost_index(n, seed)
+    every = np.arange(n)
+    cols = {}
+    for name in encoders:
+        if name == "audio":
+            items, rows, sq = _audio_columns(n, seed + 1)
+            cols[name] = (items, rows, sq, AUDIO)
+        else:
+            cols[name] = (base.images(every), base.patches(every), base.sq_patches(every), base.rule)
+    tokens = base.tokens(every)
+    if "audio" in cols:  # each clip's placeholders are language tokens too
+        tokens = tokens + 64 * cols["audio"][0]
+    return CostIndex.from_modules(tokens, cols)
+
+
 def _contexts(vdp: int, ldp: int):
     g = canonical_grid([vdp, ldp])
     sizes = {"vision": vdp, "language": ldp}
@@ -33,10 +70,9 @@ def _contexts(vdp: int, ldp: int):
 
 
 def _read(vdp, ldp, batches, index, window=1):
-    g = canonical_grid([vdp, ldp])
     out = {}
     for ctx in _contexts(vdp, ldp):
-        planner = CostIndexPlanner(index, CostModel(), g, vision_groups=vdp)
+        planner = CostIndexPlanner(index, CostModel(), ctx.modules)
         out[(ctx.module, ctx.dp_rank)] = list(ShardedBatchSampler(batches, ctx, planner, window=window,
                                                                   step_micro_batches=2))
     return out
@@ -71,29 +107,108 @@ def test_every_module_reads_the_same_samples_per_vision_replica(vdp, ldp, per, s
                 assert reads[("vision", i)][s] == [x for j in range(i * k, (i + 1) * k) for x in reads[("language", j)][s]]
 
 
-def test_fan_out_balances_the_vision_replicas_not_the_finer_groups():
-    # G = 8 language groups, 2 vision replicas: the replica-level spread must be near the bound,
-    # and no worse than LPT over the replicas (what balancing the 8 groups alone can miss).
-    index = _index(64, 3)
-    model = CostModel()
-    costs = index.costs(np.arange(64), model)
-    planner = CostIndexPlanner(index, model, grid=8, vision_groups=2)
-    order, predicted = planner(list(range(64)))
-    pos = {s: p for p, s in enumerate(range(64))}
-    replica_spread = spread(costs, [pos[s] for s in order], 2)
-    assert predicted == replica_spread
-    assert replica_spread <= spread(costs, lpt_order(costs, 2), 2) + 1e-12
-    # and the language groups inside each vision block are balanced by tokens
-    tokens = index.tokens(np.asarray(order)).astype(float).reshape(8, 8).sum(axis=1)
-    assert tokens.max() / tokens.mean() < 1.25
+LAYOUTS = {
+    "1:1": {"vision": 4, "language": 4},
+    "fan-in": {"vision": 4, "language": 2},
+    "fan-out": {"vision": 2, "language": 8},
+    "vision+audio 1:1": {"vision": 4, "audio": 4, "language": 4},
+    "vision+audio fan-in": {"vision": 4, "audio": 2, "language": 2},
+    "vision+audio fan-out": {"vision": 2, "audio": 4, "language": 8},
+    "three dps": {"vision": 2, "audio": 3, "language": 4},
+}
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS), ids=list(LAYOUTS))
+@pytest.mark.parametrize("profile", ["mixed_chat", "documents"])
+def test_the_plan_balances_every_module_no_worse_than_contiguous(layout, profile):
+    dps = LAYOUTS[layout]
+    modules = Modules.from_dp_sizes(dps)
+    per_replica = 8
+    n = modules.grid * per_replica
+    worst_plan, worst_contiguous = [], []
+    for seed in range(4):
+        index = _workload(n * 3, seed, encoders=[m.name for m in modules.encoders], profile=profile)
+        model = CostModel()
+        planner = CostIndexPlanner(index, model, modules)
+        batch = list(range(n, 2 * n))  # a global micro-batch from the middle of the dataset
+        order, spreads = planner(batch)
+        assert sorted(order) == batch
+        costs = index.module_costs(np.asarray(batch), model, modules)
+        assert set(costs) == set(dps) == set(spreads)
+        # the predicted spreads are module_spreads of the plan it returns
+        positions = [batch.index(i) for i in order]
+        assert spreads == module_spreads(costs, dps, positions)
+        contiguous = module_spreads(costs, dps, contiguous_order(n))
+        assert max(spreads.values()) <= max(contiguous.values()) + 1e-12
+        worst_plan.append(max(spreads.values()))
+        worst_contiguous.append(max(contiguous.values()))
+    # and on these workloads the plan is a real improvement
+    assert np.median(worst_plan) < np.median(worst_contiguous)
+
+
+def test_each_encoder_is_priced_by_its_own_column():
+    modules = Modules.from_dp_sizes({"vision": 2, "audio": 2, "language": 2})
+    index = _workload(64, 3, encoders=["vision", "audio"])
+    model = CostModel(modules={"audio": {"a": 2.0, "b": 0.0, "k": 5.0}})
+    costs = index.module_costs(np.arange(64), model, modules)
+    every = np.arange(64)
+    np.testing.assert_allclose(costs["audio"], 2.0 * index.rows("audio", every) + 5.0 * index.items("audio", every))
+    np.testing.assert_allclose(costs["vision"], model.a * index.rows("vision", every) + model.b * index.sq_rows("vision", every))
+    t = index.tokens(every).astype(float)
+    np.testing.assert_allclose(costs["language"], t + t * t / 8192)
+    # the audio plan is not the image plan: balancing audio by image costs would not be this good
+    planner = CostIndexPlanner(index, model, modules)
+    order, spreads = planner(list(range(64)))
+    image_only = CostIndexPlanner(index, model, Modules.from_dp_sizes({"vision": 2, "language": 1}))
+    other, _ = image_only(list(range(64)))
+    assert spreads["audio"] <= module_spreads(costs, modules.dp_sizes, other)["audio"] + 1e-12
+
+
+def test_an_encoder_the_index_cannot_price_is_an_error_naming_both_sides():
+    index = _workload(32, 0, encoders=["vision"])
+    modules = Modules.from_dp_sizes({"vision": 2, "audio": 2, "language": 2})
+    with pytest.raises(IndexModulesError, match=r"prices the encoders \['vision'\].*layout's encoders are "
+                                                 r"\['vision', 'audio'\].*\['audio'\].*--module NAME"):
+        CostIndexPlanner(index, CostModel(), modules)
+    with pytest.raises(IndexModulesError, match=r"\['images', 'audios'\]"):
+        index.module_costs([0, 1], CostModel(), Modules.from_dp_sizes({"images": 1, "audios": 1, "language": 1}))
+
+
+def test_one_encoder_on_each_side_is_used_and_said_once():
+    index = _workload(32, 0, encoders=["vision"])
+    said = []
+    planner = CostIndexPlanner(index, CostModel(), Modules.from_dp_sizes({"images": 2, "language": 2}),
+                               notify=lambda key, msg: said.append((key, msg)))
+    for _ in range(3):
+        order, spreads = planner(list(range(16)))
+    assert set(spreads) == {"images", "language"}
+    assert len({key for key, _ in said}) == 1 and "'vision' prices the layout's one encoder 'images'" in said[0][1]
+
+
+def test_equal_costs_keep_the_contiguous_split_and_say_so():
+    n = 8
+    index = CostIndex([100] * n, [10_000] * n, [50] * n, [1] * n, ResizeRule())
+    said = []
+    planner = CostIndexPlanner(index, CostModel(), Modules.from_dp_sizes({"vision": 2, "language": 2}),
+                               notify=lambda key, msg: said.append(key))
+    order, spreads = planner(list(range(n)))
+    assert order == list(range(n)) and spreads == {"vision": 1.0, "language": 1.0}
+    assert said == ["reorder:equal-costs"]
+
+
+def test_the_planner_needs_the_layouts_modules():
+    with pytest.raises(TypeError, match="Modules"):
+        CostIndexPlanner(_index(8, 0), CostModel(), 4)
 
 
 def test_window_balances_across_the_micro_batches_of_a_step():
     index = _index(64, 5)
     model = CostModel()
-    planner = CostIndexPlanner(index, model, grid=4)
-    one_at_a_time = [planner(list(range(i * 16, (i + 1) * 16)))[1] for i in range(4)]
-    order, window_spread = planner(list(range(64)), micro_batches=4)
+    planner = CostIndexPlanner(index, model, Modules.from_dp_sizes({"vision": 4, "language": 4}))
+    one_at_a_time = [max(planner(list(range(i * 16, (i + 1) * 16)))[1].values()) for i in range(4)]
+    order, window_spreads = planner(list(range(64)), micro_batches=4)
     assert sorted(order) == list(range(64))
     # 16 groups of 4 over the whole window: at least as good as the worst single micro-batch plan
-    assert window_spread <= max(one_at_a_time) + 1e-12
+    assert max(window_spreads.values()) <= max(one_at_a_time) + 1e-12
+    costs = index.module_costs(np.arange(64), model, planner.modules)
+    assert window_spreads == module_spreads(costs, planner.dps, order, 4)

@@ -1,5 +1,17 @@
-"""What a sample costs to encode, from its images' patch counts and its tokens (a fitted model, and
-its JSON file)."""
+"""What a sample costs each module of the layout (a fitted model, and its JSON file).
+
+Per module (the user's config names; the language model is ``"language"``):
+
+- an encoder: ``a·rows + b·sq_rows + k·items`` over the sample's items of that modality (images,
+  clips, videos): ``rows`` the encoder rows before merging, ``sq_rows`` Σ rows² over the items (its
+  attention), ``items`` their count;
+- the language model: ``a·tokens + b·tokens²`` over the sample's real tokens (text + every
+  modality's placeholders), default a = 1, b = 1/8192.
+
+An encoder without its own entry is priced by the model's default encoder coefficients ``a``,
+``b`` (and k = 0). ``c`` weighs tokens in the single vision cost of :meth:`CostModel.costs_from_sums`
+(the v1 model, which exchange mode and ``CostIndex.costs`` still use).
+"""
 
 from __future__ import annotations
 
@@ -15,9 +27,12 @@ import numpy as np
 
 from mimo_accel.costs._files import atomic_write
 
-__all__ = ["CostModel"]
+__all__ = ["CostModel", "ModuleCost"]
 
-COST_MODEL_FORMAT = "mimo-accel-cost-model/1"
+COST_MODEL_FORMAT = "mimo-accel-cost-model/2"
+COST_MODEL_FORMAT_V1 = "mimo-accel-cost-model/1"
+LANGUAGE = "language"  # mimo_accel.modules.LANGUAGE (costs stay importable without it)
+LANGUAGE_A, LANGUAGE_B = 1.0, 1.0 / 8192  # the language model's L + L²/8192
 
 
 def _check_coefficient(name: str, value: object) -> float:
@@ -30,6 +45,68 @@ def _check_coefficient(name: str, value: object) -> float:
 
 
 @dataclass(frozen=True)
+class ModuleCost:
+    """One module's coefficients: an encoder's ``a·rows + b·sq_rows + k·items``, the language
+    model's ``a·tokens + b·tokens²`` (k = 0)."""
+
+    a: float
+    b: float
+    k: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name in ("a", "b", "k"):
+            object.__setattr__(self, name, _check_coefficient(name, getattr(self, name)))
+
+    def encoder_costs(self, rows: Any, sq_rows: Any, items: Any) -> np.ndarray:
+        """Per-sample costs from the samples' rows, Σ rows² and item counts (all >= 0)."""
+        r, q, n = (np.asarray(x, dtype=np.float64) for x in (rows, sq_rows, items))
+        if (r < 0).any() or (q < 0).any() or (n < 0).any():
+            raise ValueError("row, squared-row and item counts must be >= 0")
+        with np.errstate(over="ignore"):
+            out = self.a * r + self.b * q + self.k * n
+        return _finite(out)
+
+    def language_costs(self, tokens: Any) -> np.ndarray:
+        """Per-sample costs from the samples' real tokens (>= 0)."""
+        t = np.asarray(tokens, dtype=np.float64)
+        if (t < 0).any():
+            raise ValueError("token counts must be >= 0")
+        with np.errstate(over="ignore"):
+            out = self.a * t + self.b * t * t
+        return _finite(out)
+
+    def to_dict(self) -> dict[str, float]:
+        return {"a": self.a, "b": self.b, "k": self.k}
+
+
+def _finite(out: np.ndarray) -> np.ndarray:
+    if not np.isfinite(out).all():
+        raise ValueError("a sample cost overflowed to infinity; the counts are implausibly large")
+    return out
+
+
+def _module_table(modules: Any) -> dict[str, ModuleCost]:
+    if not isinstance(modules, Mapping):
+        raise ValueError(f"CostModel.modules must map module names to ModuleCost, got {type(modules).__name__}")
+    out = {}
+    for name, cost in modules.items():
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"CostModel.modules: module names must be non-empty strings, got {name!r}")
+        if isinstance(cost, Mapping):
+            unknown = sorted(set(cost) - {"a", "b", "k"})
+            if unknown or not {"a", "b"} <= set(cost):
+                raise ValueError(f"CostModel.modules[{name!r}] needs a and b (and optionally k), got keys "
+                                 f"{sorted(cost)}")
+            cost = ModuleCost(**cost)
+        if not isinstance(cost, ModuleCost):
+            raise ValueError(f"CostModel.modules[{name!r}] must be a ModuleCost, got {type(cost).__name__}")
+        if name == LANGUAGE and cost.k != 0:
+            raise ValueError("CostModel.modules['language']: the language cost is a·tokens + b·tokens²; k must be 0")
+        out[name] = cost
+    return out
+
+
+@dataclass(frozen=True)
 class CostModel:
     """Vision cost of one sample: ``a * sum(p_i) + b * sum(p_i**2) + c * tokens``.
 
@@ -37,12 +114,17 @@ class CostModel:
     projection work, the quadratic term its full attention over each image. The defaults mirror a
     CPU measurement, t ≈ 6.6e-5·N + 6.1e-8·Σp_i² s, i.e. b/a ≈ 9.2e-4, in units of ``a``.
     ``fit`` carries optional fit-quality metadata (e.g. ``r2``, ``n``) from calibration.
+
+    Per module: ``modules`` maps module names to their :class:`ModuleCost`; an encoder without an
+    entry is priced ``a·rows + b·sq_rows`` (the default encoder), the language model without one
+    ``tokens + tokens²/8192`` (:meth:`of`).
     """
 
     a: float = 1.0
     b: float = 0.0009
     c: float = 0.0
     fit: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False)
+    modules: Mapping[str, ModuleCost] = field(default_factory=dict, hash=False)
 
     def __post_init__(self) -> None:
         for name in ("a", "b", "c"):
@@ -50,6 +132,24 @@ class CostModel:
         if not isinstance(self.fit, Mapping):
             raise ValueError(f"CostModel.fit must be a mapping, got {type(self.fit).__name__}")
         object.__setattr__(self, "fit", dict(self.fit))  # a private copy; stays picklable
+        object.__setattr__(self, "modules", _module_table(self.modules))
+
+    def of(self, module: str) -> ModuleCost:
+        """The coefficients that price ``module``: its own entry, else the default encoder's
+        (``a``, ``b``) or the language model's (1, 1/8192)."""
+        if module in self.modules:
+            return self.modules[module]
+        if module == LANGUAGE:
+            return ModuleCost(LANGUAGE_A, LANGUAGE_B)
+        return ModuleCost(self.a, self.b)
+
+    def encoder_costs(self, module: str, rows: Any, sq_rows: Any, items: Any) -> np.ndarray:
+        """Encoder ``module``'s per-sample costs."""
+        return self.of(module).encoder_costs(rows, sq_rows, items)
+
+    def language_costs(self, tokens: Any, module: str = LANGUAGE) -> np.ndarray:
+        """The language model's per-sample costs from real tokens."""
+        return self.of(module).language_costs(tokens)
 
     def sample_cost(self, image_patches: Sequence[int], tokens: int) -> float:
         """Cost of one sample with images of ``image_patches`` patches and ``tokens`` tokens."""
@@ -75,20 +175,25 @@ class CostModel:
             raise ValueError("patch, squared-patch and token counts must be >= 0")
         with np.errstate(over="ignore"):
             out = self.a * p + self.b * q + self.c * t
-        if not np.isfinite(out).all():
-            raise ValueError("a sample cost overflowed to infinity; the counts are implausibly large")
-        return out
+        return _finite(out)
 
-    def to_file(self, path: str | os.PathLike[str]) -> None:
-        """Write the model as JSON (format ``mimo-accel-cost-model/1``)."""
-        doc: dict[str, Any] = {"format": COST_MODEL_FORMAT, "a": self.a, "b": self.b, "c": self.c}
+    def to_doc(self) -> dict[str, Any]:
+        """The model as the JSON object :meth:`to_file` writes."""
+        doc: dict[str, Any] = {"format": COST_MODEL_FORMAT, "a": self.a, "b": self.b, "c": self.c,
+                               "modules": {name: cost.to_dict() for name, cost in sorted(self.modules.items())}}
         if self.fit:
             doc["fit"] = dict(self.fit)
-        atomic_write(Path(path), (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode())
+        return doc
+
+    def to_file(self, path: str | os.PathLike[str]) -> None:
+        """Write the model as JSON (format ``mimo-accel-cost-model/2``: a, b, c, the ``modules``
+        table, the ``fit`` metadata)."""
+        atomic_write(Path(path), (json.dumps(self.to_doc(), indent=2, sort_keys=True) + "\n").encode())
 
     @classmethod
     def from_file(cls, path: str | os.PathLike[str]) -> CostModel:
-        """Read a model written by :meth:`to_file`; a malformed file raises ValueError."""
+        """Read a model written by :meth:`to_file` (v2, or a v1 file: a, b, c and no modules); a
+        malformed file raises ValueError."""
         path = Path(path)
         try:
             doc = json.loads(path.read_text(encoding="utf-8"))
@@ -96,22 +201,23 @@ class CostModel:
             raise ValueError(
                 f"{path}: not a JSON cost model ({exc}); recreate it with `mimo-accel calibrate`"
             ) from None
-        if not isinstance(doc, dict) or doc.get("format") != COST_MODEL_FORMAT:
+        if not isinstance(doc, dict) or doc.get("format") not in (COST_MODEL_FORMAT, COST_MODEL_FORMAT_V1):
             found = doc.get("format") if isinstance(doc, dict) else type(doc).__name__
             raise ValueError(
                 f"{path}: expected \"format\": \"{COST_MODEL_FORMAT}\", found {found!r};"
                 " recreate it with `mimo-accel calibrate`"
             )
-        unknown = sorted(set(doc) - {"format", "a", "b", "c", "fit"})
+        v2 = doc["format"] == COST_MODEL_FORMAT
+        unknown = sorted(set(doc) - {"format", "a", "b", "c", "fit", *(("modules",) if v2 else ())})
         if unknown:
             raise ValueError(
-                f"{path}: unknown keys {unknown}; a cost model has a, b, c and an optional"
-                " \"fit\" object for metadata"
+                f"{path}: unknown keys {unknown}; a cost model has a, b, c"
+                + (", a \"modules\" table" if v2 else "") + " and an optional \"fit\" object for metadata"
             )
         missing = [k for k in ("a", "b", "c") if k not in doc]
         if missing:
             raise ValueError(f"{path}: missing coefficients {missing}")
         try:
-            return cls(a=doc["a"], b=doc["b"], c=doc["c"], fit=doc.get("fit", {}))
-        except ValueError as exc:
+            return cls(a=doc["a"], b=doc["b"], c=doc["c"], fit=doc.get("fit", {}), modules=doc.get("modules", {}))
+        except (ValueError, TypeError) as exc:
             raise ValueError(f"{path}: {exc}") from None

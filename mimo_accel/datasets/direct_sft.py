@@ -100,7 +100,7 @@ class ConversationSource(SampleSource):
                 "merge_size) are understood. " + WAYS_OUT)
         # A Qwen collate resizes twice: qwen_vl_utils first, then the processor.
         self.pre = QwenFetchResize() if rule is not None and takes_pixels else None
-        self.rule = rule if rule is not None else ResizeRule()
+        self.rules = {"vision": rule if rule is not None else ResizeRule()}  # its one encoder
         self.merge = rule.merge_size if rule is not None else 1
         self.image_token = getattr(self.processor, "image_token", None) if rule is not None else None
         self.template = getattr(self.processor, "apply_chat_template", None)
@@ -162,7 +162,7 @@ class ConversationSource(SampleSource):
             owner = np.array([im.sample for im in images], dtype=np.int64)
             np.add.at(rows, owner, per_image // (self.merge ** 2) - 1)
             tokens = tokens + rows
-        return Probed(patches, sq, tokens, count)
+        return Probed.single(patches, sq, tokens, count)
 
 
 def _vision_parts(conversation: list, i: int) -> list[Mapping[str, Any]]:

@@ -1,29 +1,53 @@
-"""Bridge's ``MegatronMIMODataset`` (0.6.2), probed from its raw examples.
+"""Bridge's ``MegatronMIMODataset`` (0.6.2), probed from its raw examples, one encoder per modality.
 
-``examples`` is an HF ``datasets.Dataset`` (image columns read from the arrow table, undecoded) or a
-list of dicts; an image is a path, bytes, a PIL image, an undecoded HF ``{"bytes", "path"}`` cell,
-or a list of those. Qwen2-VL / Qwen3-VL image processors give a :class:`ResizeRule`; a
-fixed-resolution processor (CLIP, SigLIP) gives ``encoder_seq_lengths[modality]`` rows per image
-(:class:`FixedPatches`). Tokens are the dataset's ``num_real_tokens``: the placeholders plus the
+``examples`` is an HF ``datasets.Dataset`` (modality columns read from the arrow table, undecoded)
+or a list of dicts. Each modality (= module) column is costed with that modality's own processor
+(``processors[modality]``), into the index column of that module name:
+
+- images (a path, bytes, a PIL image, an undecoded HF ``{"bytes", "path"}`` cell, or a list of
+  those): Qwen2-VL / Qwen3-VL image processors give a :class:`ResizeRule`; a fixed-resolution
+  processor (CLIP, SigLIP) gives ``encoder_seq_lengths[modality]`` rows per image
+  (:class:`FixedPatches`);
+- audio (a path, bytes, an HF ``Audio`` cell, a waveform, or a list of clips): a Whisper-style
+  feature extractor (or a processor holding one) gives an :class:`AudioRule`; the clip's length is
+  read from its file header (``soundfile.info``); Whisper pads every clip to 30 s, so each clip
+  costs the same;
+- video (an array ``(T, H, W, C)`` / ``(T, C, H, W)`` or a list of frames, or a list of those): a
+  Qwen-VL video processor that does not sample frames itself groups them into t = ceil(T /
+  temporal patch size) temporal patches (:meth:`ResizeRule.video_rows`); a video file, or a
+  processor that samples frames, is refused with the fix.
+
+Tokens are the dataset's ``num_real_tokens``: every present modality's placeholders plus the
 truncated text tokens.
 """
 
 from __future__ import annotations
 
+import os
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Mapping, Optional
 
 import numpy as np
 
-from mimo_accel.costs import FixedPatches, ResizeRule
-from mimo_accel.costs.images import _images_in
+from mimo_accel.costs import AudioRule, FixedPatches, ResizeRule
+from mimo_accel.costs.audio import AudioSizeError, audio_clips_in, audio_samples_of
+from mimo_accel.costs.images import ImageSizeError, _images_in, _is_pil, image_size_of
 from mimo_accel.datasets.fingerprints import (
     _callable_name,
     _is_hf_dataset,
     examples_fingerprint,
     tokenizer_fingerprint,
 )
-from mimo_accel.datasets.processors import _is_audio, _is_fixed_resolution, qwen_resize_rule
+from mimo_accel.datasets.processors import (
+    _is_audio,
+    _is_fixed_resolution,
+    _is_video,
+    audio_rule,
+    qwen_resize_rule,
+    qwen_video_rule,
+)
 from mimo_accel.datasets.sources import (
+    _THREADS_FROM,
     WAYS_OUT,
     DeriveError,
     Probed,
@@ -56,41 +80,21 @@ class MimoDatasetSource(SampleSource):
         # Modalities the dataset processes (it skips those without a processor), in its order.
         self.modalities: dict[str, str] = {m: c for m, c in dict(dataset.modality_columns).items()
                                            if processors.get(m) is not None}
-        self.image_rules: dict[str, ResizeRule | FixedPatches] = {}
+        self.kinds: dict[str, str] = {}  # modality -> "image" | "audio" | "video"
+        self.rules: dict[str, Any] = {}
         for modality in self.modalities:
-            proc = processors[modality]
-            rule = qwen_resize_rule(proc)
-            if rule is None and not _is_audio(proc) and _is_fixed_resolution(proc):
-                rows = self.enc_lengths.get(modality)
-                if rows is None:
-                    raise DeriveError(
-                        f"MegatronMIMODataset modality {modality!r}: a fixed-resolution {type(proc).__name__} "
-                        "but no encoder_seq_lengths entry to say how many rows an image becomes. " + WAYS_OUT)
-                rule = FixedPatches(rows)
-            if rule is not None:
-                self.image_rules[modality] = rule
-            elif not _is_audio(proc):
-                raise DeriveError(
-                    f"MegatronMIMODataset modality {modality!r}: cannot tell how many encoder rows an image "
-                    f"becomes with a {type(proc).__name__} (neither a Qwen-VL resize rule nor a fixed "
-                    "resolution). " + WAYS_OUT)
-        if not self.image_rules:
+            self.kinds[modality], self.rules[modality] = _rule_of(modality, processors[modality], self.enc_lengths)
+        if not self.rules:
             raise DeriveError(
-                f"MegatronMIMODataset with modalities {sorted(self.modalities)} has no image modality: "
-                "there is no vision cost to balance. " + WAYS_OUT)
-        rules = set(self.image_rules.values())
-        if len(rules) > 1:
-            raise DeriveError(
-                f"MegatronMIMODataset image modalities resize differently ({self.image_rules}); one cost "
-                "index holds one rule. " + WAYS_OUT)
-        self.rule = rules.pop()
+                f"MegatronMIMODataset with modality columns {sorted(dict(dataset.modality_columns))} has no "
+                "modality with a processor: there is no encoder cost to balance. " + WAYS_OUT)
 
     def fingerprint_material(self) -> dict[str, Any]:
         return {
             "examples": examples_fingerprint(self.examples, self.length),
             "text_column": self.text_column,
             "modality_columns": sorted(self.modalities.items()),
-            "image_rules": {m: r.to_dict() for m, r in sorted(self.image_rules.items())},
+            "kinds": sorted(self.kinds.items()),
             "seq_length": self.seq_length,
             "special_token_ids": sorted(self.special.items()),
             "encoder_seq_lengths": sorted(self.enc_lengths.items()),
@@ -119,8 +123,11 @@ class MimoDatasetSource(SampleSource):
 
     def _probe_chunk(self, start: int, stop: int, workers: Optional[int]) -> Probed:
         rows = self._rows(start, stop)
-        images: list[_Image] = []
-        prefix = np.zeros(len(rows), np.int64)
+        n = len(rows)
+        images: dict[str, list[_Image]] = {m: [] for m, k in self.kinds.items() if k == "image"}
+        clips: dict[str, list[_Clip]] = {m: [] for m, k in self.kinds.items() if k == "audio"}
+        videos: dict[str, list[tuple[int, Any, str]]] = {m: [] for m, k in self.kinds.items() if k == "video"}
+        prefix = np.zeros(n, np.int64)
         texts = []
         for j, row in enumerate(rows):
             i = start + j
@@ -129,23 +136,181 @@ class MimoDatasetSource(SampleSource):
                     continue
                 if modality in self.special:
                     prefix[j] += self.enc_lengths.get(modality, 1)
-                rule = self.image_rules.get(modality)
-                if rule is None:
-                    continue
-                for k, obj in enumerate(_images_in(row[column])):
-                    where = f"sample {i}, column {column!r}" + (f" image {k}" if isinstance(row[column], (list, tuple)) else "")
+                cell, kind = row[column], self.kinds[modality]
+                several = isinstance(cell, (list, tuple))
+                if kind == "image":
+                    rule = self.rules[modality]
                     fixed = rule.patches_per_image if isinstance(rule, FixedPatches) else None
-                    images.append(_Image(j, obj, where, patches=fixed))
+                    for k, obj in enumerate(_images_in(cell)):
+                        where = f"sample {i}, column {column!r}" + (f" image {k}" if several else "")
+                        images[modality].append(_Image(j, obj, where, patches=fixed))
+                elif kind == "audio":
+                    found = audio_clips_in(cell)
+                    for k, obj in enumerate(found):
+                        where = f"sample {i}, column {column!r}" + (f" clip {k}" if len(found) > 1 or
+                                                                    (several and found[0] is not cell) else "")
+                        clips[modality].append(_Clip(j, obj, where))
+                else:
+                    found = _videos_in(cell)
+                    for k, obj in enumerate(found):
+                        where = f"sample {i}, column {column!r}" + (f" video {k}" if len(found) > 1 else "")
+                        videos[modality].append((j, obj, where))
             text = row.get(self.text_column, "") if hasattr(row, "get") else ""
             if not isinstance(text, str):
                 raise DeriveError(f"sample {i}: column {self.text_column!r} holds a {type(text).__name__}, "
                                   "not a string; MegatronMIMODataset tokenizes one string per sample")
             texts.append(text)
-        _read_sizes(images, workers)
-        patches, sq, count, _ = _per_sample(len(rows), images, self.rule)
+        columns: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        for modality in self.modalities:
+            kind = self.kinds[modality]
+            if kind == "image":
+                _read_sizes(images[modality], workers)
+                rows_, sq, count, _ = _per_sample(n, images[modality], self.rules[modality])
+            elif kind == "audio":
+                rows_, sq, count = _audio_columns(n, clips[modality], self.rules[modality], workers)
+            else:
+                rows_, sq, count = _video_columns(n, videos[modality], self.rules[modality])
+            columns[modality] = (count, rows_, sq)
         lengths = np.asarray(_token_lengths(self.tokenizer, texts, truncation=True, max_length=self.seq_length),
                              dtype=np.int64).reshape(-1)
-        return Probed(patches, sq, _mimo_real_tokens(lengths, prefix, self.seq_length), count)
+        return Probed(_mimo_real_tokens(lengths, prefix, self.seq_length), columns)
+
+
+def _rule_of(modality: str, proc: Any, enc_lengths: Mapping[str, int]) -> tuple[str, Any]:
+    """(kind, rule) of one modality's processor; a processor mimo_accel cannot cost is refused."""
+    if _is_video(proc):
+        return "video", qwen_video_rule(proc, f"MegatronMIMODataset modality {modality!r}")
+    if _is_audio(proc):
+        return "audio", audio_rule(proc, f"MegatronMIMODataset modality {modality!r}")
+    rule = qwen_resize_rule(proc)
+    if rule is None and _is_fixed_resolution(proc):
+        rows = enc_lengths.get(modality)
+        if rows is None:
+            raise DeriveError(
+                f"MegatronMIMODataset modality {modality!r}: a fixed-resolution {type(proc).__name__} "
+                "but no encoder_seq_lengths entry to say how many rows an image becomes. " + WAYS_OUT)
+        rule = FixedPatches(rows)
+    if rule is None:
+        raise DeriveError(
+            f"MegatronMIMODataset modality {modality!r}: cannot tell how many encoder rows an image "
+            f"becomes with a {type(proc).__name__} (neither a Qwen-VL resize rule nor a fixed "
+            "resolution). " + WAYS_OUT)
+    return "image", rule
+
+
+class _Clip:
+    __slots__ = ("sample", "obj", "where", "samples")
+
+    def __init__(self, sample: int, obj: Any, where: str):
+        self.sample, self.obj, self.where, self.samples = sample, obj, where, None
+
+
+def _clip_length(args: tuple[_Clip, int]) -> int:
+    clip, rate = args
+    try:
+        return audio_samples_of(clip.obj, rate, clip.where)
+    except AudioSizeError as exc:
+        raise DeriveError(str(exc) + (f" {WAYS_OUT}" if "URL" in str(exc) else "")) from None
+
+
+def _is_audio_file(obj: Any) -> bool:
+    if isinstance(obj, Mapping):
+        return obj.get("bytes") is None and obj.get("array") is None and bool(obj.get("path"))
+    return isinstance(obj, (str, os.PathLike))
+
+
+def _audio_columns(n: int, clips: list[_Clip], rule: AudioRule,
+                   workers: Optional[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(Σ rows, Σ rows², clips) per sample of a chunk, each clip's length read from its header (also
+    where the extractor pads every clip to one length: a clip that cannot be read is named here,
+    not in the middle of training)."""
+    rate = rule.sampling_rate
+    files = [c for c in clips if _is_audio_file(c.obj)]
+    if len(files) >= _THREADS_FROM and workers != 1:
+        with ThreadPoolExecutor(max_workers=workers or min(8, (os.cpu_count() or 1) + 4),
+                                thread_name_prefix="mimo-accel-probe") as pool:
+            # map() yields in order: the error raised is the earliest clip's.
+            for c, length in zip(files, pool.map(_clip_length, [(c, rate) for c in files])):
+                c.samples = length
+    lengths = [c.samples if c.samples is not None else _clip_length((c, rate)) for c in clips]
+    per_clip = rule.rows_many(np.asarray(lengths, dtype=np.int64))
+    return _sums(n, [c.sample for c in clips], per_clip, per_clip * per_clip)
+
+
+def _sums(n: int, owner: list[int], rows: np.ndarray, sq: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    o = np.asarray(owner, dtype=np.int64)
+    out_rows, out_sq, count = np.zeros(n, np.int64), np.zeros(n, np.int64), np.zeros(n, np.int64)
+    np.add.at(out_rows, o, np.asarray(rows, dtype=np.int64))
+    np.add.at(out_sq, o, np.asarray(sq, dtype=np.int64))
+    np.add.at(count, o, 1)
+    return out_rows, out_sq, count
+
+
+# ------------------------------------------------------------------------------------- video
+
+
+def _is_frame(obj: Any) -> bool:
+    """One frame (an image) rather than a video."""
+    shape = getattr(obj, "shape", None)
+    if shape is not None:
+        return len(shape) in (2, 3)
+    return _is_pil(obj) or isinstance(obj, (str, os.PathLike, bytes, bytearray, Mapping))
+
+
+def _videos_in(cell: Any) -> list[Any]:
+    """The videos a modality cell holds: an array of frames, or a list of frames, is one video; a
+    list of those is several."""
+    if cell is None:
+        return []
+    if isinstance(cell, (list, tuple)):
+        items = [v for v in cell if v is not None]
+        if items and all(_is_frame(v) for v in items):
+            return [items]  # the frames of one video
+        return items
+    return [cell]
+
+
+def _video_shape(video: Any, where: str) -> tuple[int, int, int]:
+    """(frames, height, width) of one video, from its array's shape or its frames' headers."""
+    shape = getattr(video, "shape", None)
+    if shape is not None:
+        shape = tuple(int(s) for s in shape)
+        if len(shape) == 4 and shape[-1] in (1, 3, 4):
+            return shape[0], shape[1], shape[2]
+        if len(shape) == 4 and shape[1] in (1, 3, 4):
+            return shape[0], shape[2], shape[3]
+        raise DeriveError(f"{where}: a video array of shape {shape} is neither (T, H, W, C) nor (T, C, H, W)")
+    if isinstance(video, (list, tuple)) and video:
+        try:
+            sizes = {image_size_of(f, f"{where} frame {k}") for k, f in enumerate(video)}
+        except ImageSizeError as exc:
+            raise DeriveError(str(exc)) from None
+        if len(sizes) > 1:
+            raise DeriveError(f"{where}: the frames of one video differ in size ({sorted(sizes)}); the video "
+                              "processor stacks them, so give frames of one size")
+        h, w = sizes.pop()
+        return len(video), h, w
+    if isinstance(video, (str, os.PathLike)):
+        raise DeriveError(
+            f"{where}: a video file ({os.fspath(video)!r}): its frames cannot be counted without decoding it "
+            "here. Give the dataset the frames the processor encodes (an array (T, H, W, C) or a list of "
+            "frames). " + WAYS_OUT)
+    raise DeriveError(f"{where}: cannot read the frames of a video given as {type(video).__name__}; give an "
+                      "array (T, H, W, C) or a list of frames. " + WAYS_OUT)
+
+
+def _video_columns(n: int, videos: list[tuple[int, Any, str]],
+                   rule: ResizeRule) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    rows, sq = [], []
+    for _, video, where in videos:
+        frames, h, w = _video_shape(video, where)
+        try:
+            r, q = rule.video_rows(frames, h, w)
+        except ValueError as exc:
+            raise DeriveError(f"{where}: {exc}") from None
+        rows.append(r)
+        sq.append(q)
+    return _sums(n, [v[0] for v in videos], np.asarray(rows, np.int64), np.asarray(sq, np.int64))
 
 
 def _mimo_real_tokens(text: np.ndarray, prefix: np.ndarray, seq: int) -> np.ndarray:

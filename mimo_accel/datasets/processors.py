@@ -1,17 +1,22 @@
-"""The resize rules of HF processors: Qwen-VL's (:func:`qwen_resize_rule`), qwen_vl_utils' fetch
-resize that a Qwen collate applies first (:class:`QwenFetchResize`), and audio and fixed-resolution
-processors told apart."""
+"""The rules of HF processors: Qwen-VL's image resize (:func:`qwen_resize_rule`) and video grouping
+(:func:`qwen_video_rule`), qwen_vl_utils' fetch resize that a Qwen collate applies first
+(:class:`QwenFetchResize`), Whisper-style audio feature extractors (:func:`audio_rule`), and
+fixed-resolution processors told apart."""
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import inspect
 import math
+import sys
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
-from mimo_accel.costs import ResizeRule
-from mimo_accel.datasets.sources import DeriveError
+from mimo_accel.costs import AudioRule, ResizeRule
+from mimo_accel.datasets.sources import WAYS_OUT, DeriveError
 
-__all__ = ["QwenFetchResize", "qwen_resize_rule"]
+__all__ = ["QwenFetchResize", "audio_rule", "qwen_resize_rule", "qwen_video_rule"]
 
 
 def _field(obj: Any, name: str) -> Any:
@@ -64,9 +69,100 @@ def qwen_resize_rule(processor: Any, *, min_pixels: Optional[int] = None,
         raise DeriveError(f"{owner}: {exc}") from None
 
 
+def _unwrap(obj: Any) -> tuple[Any, dict[str, Any]]:
+    """A callable behind any ``functools.partial`` layers, and the keywords they set."""
+    keywords: dict[str, Any] = {}
+    while isinstance(obj, functools.partial):
+        keywords = {**obj.keywords, **keywords}
+        obj = obj.func
+    return obj, keywords
+
+
+def _feature_extractor(processor: Any) -> Any:
+    """The audio feature extractor a processor is or holds (``.feature_extractor``; partials are
+    looked through)."""
+    return _extractor_and_keywords(processor)[0]
+
+
+def _extractor_and_keywords(processor: Any) -> tuple[Any, dict[str, Any]]:
+    outer, outer_kw = _unwrap(processor)
+    inner = getattr(outer, "feature_extractor", None)
+    if inner is None:
+        return outer, outer_kw
+    fe, inner_kw = _unwrap(inner)
+    return fe, {**inner_kw, **outer_kw}
+
+
+def audio_rule(processor: Any, owner: str = "audio") -> AudioRule:
+    """The :class:`AudioRule` of a Whisper-style audio feature extractor (or a processor holding one,
+    as ``WhisperProcessor`` does): ``sampling_rate``, ``hop_length`` and ``n_samples`` (=
+    ``chunk_length · sampling_rate``). Bridge's dataset calls it with its defaults, which for
+    Whisper pad and truncate every clip to ``n_samples`` (``padding="max_length"``,
+    ``truncation=True``): every clip then has ``n_samples // hop_length`` frames and half as many
+    encoder rows (1500 for 30 s). A ``functools.partial`` (of the processor, or as its
+    ``feature_extractor``) that sets ``padding`` to ``"longest"``/``False`` keeps each clip's own
+    length (still truncated at ``n_samples``); padding chosen inside a wrapper's own ``__call__``
+    cannot be seen. Anything else is a :class:`DeriveError` naming the fix."""
+    fe, keywords = _extractor_and_keywords(processor)
+    rate, hop = getattr(fe, "sampling_rate", None), getattr(fe, "hop_length", None)
+    n = getattr(fe, "n_samples", None)
+    if n is None and getattr(fe, "chunk_length", None) is not None and rate is not None:
+        n = int(fe.chunk_length) * int(rate)
+    if rate is None or hop is None or n is None:
+        raise DeriveError(
+            f"{owner}: cannot tell how many encoder rows a clip becomes with a {type(fe).__name__} (a "
+            "Whisper-style feature extractor has sampling_rate, hop_length and n_samples / chunk_length). "
+            + WAYS_OUT)
+    padding, truncation = "max_length", True
+    try:
+        params = inspect.signature(type(fe).__call__).parameters
+        padding = params["padding"].default if "padding" in params else padding
+        truncation = params["truncation"].default if "truncation" in params else truncation
+    except (TypeError, ValueError):
+        pass
+    padding = keywords.get("padding", padding)
+    truncation = keywords.get("truncation", truncation)
+    try:
+        return AudioRule(sampling_rate=int(rate), hop_length=int(hop),
+                         max_samples=int(n) if (truncation or padding == "max_length") else None,
+                         pad=padding == "max_length", frames_per_row=2)
+    except ValueError as exc:
+        raise DeriveError(f"{owner}: {type(fe).__name__}: {exc}") from None
+
+
+def _is_video(processor: Any) -> bool:
+    """A transformers video processor (its inputs are ``pixel_values_videos``)."""
+    names = getattr(processor, "model_input_names", None) or ()
+    return "pixel_values_videos" in names or any(c.__name__ == "BaseVideoProcessor" for c in type(processor).__mro__)
+
+
+def qwen_video_rule(processor: Any, owner: str = "video") -> ResizeRule:
+    """The :class:`ResizeRule` a Qwen-VL video processor groups frames by (its patch, merge and
+    temporal patch sizes and its own pixel bounds), with ``frames_in_budget`` when its
+    ``smart_resize`` counts the frames (Qwen3-VL's). A processor that samples frames itself
+    (``do_sample_frames``) or another video processor is a :class:`DeriveError` naming the fix."""
+    rule = qwen_resize_rule(processor)
+    if rule is None:
+        raise DeriveError(f"{owner}: a {type(processor).__name__} is not a Qwen-VL video processor (patch_size, "
+                          "merge_size); its videos cannot be costed before decoding. " + WAYS_OUT)
+    if getattr(processor, "do_sample_frames", False):
+        raise DeriveError(
+            f"{owner}: the {type(processor).__name__} samples frames itself (do_sample_frames=True), from the "
+            "decoded video's metadata, so how many frames it encodes is not known before decoding. Give the "
+            "dataset the frames to encode (an array (T, H, W, C) or a list of frames) and build the processor "
+            "with do_sample_frames=False. " + WAYS_OUT)
+    module = sys.modules.get(type(processor).__module__)
+    resize = getattr(module, "smart_resize", None)
+    try:
+        in_budget = resize is not None and "num_frames" in inspect.signature(resize).parameters
+    except (TypeError, ValueError):
+        in_budget = False
+    return dataclasses.replace(rule, frames_in_budget=in_budget)
+
+
 def _is_audio(processor: Any) -> bool:
-    ip = _image_processor(processor)
-    fe = getattr(processor, "feature_extractor", None)
+    ip = _image_processor(_feature_extractor(processor))
+    fe = _feature_extractor(processor)
     return (getattr(ip, "sampling_rate", None) is not None or getattr(fe, "sampling_rate", None) is not None
             or getattr(ip, "feature_size", None) is not None)
 

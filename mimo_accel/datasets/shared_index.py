@@ -84,7 +84,8 @@ def _save(index: CostIndex, path: Path, source: SampleSource, key: str) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         index.save(path)  # atomic: written beside, then renamed over
-        about = {"key": key, "dataset": source.describe(), "rule": index.rule.to_dict(),
+        about = {"key": key, "dataset": source.describe(),
+                 "rules": {name: index.rule_of(name).to_dict() for name in index.encoders},
                  "samples": len(index), "digest": index.digest(), "created": time.strftime("%Y-%m-%dT%H:%M:%S")}
         atomic_write(path.with_suffix(".json"), (json.dumps(about, indent=2) + "\n").encode())
     except OSError as exc:  # a read-only or full cache dir costs a rebuild next time, nothing more

@@ -22,7 +22,7 @@ from mimo_accel.datasets.fingerprints import _sha
 
 __all__ = ["PROBE_FORMAT", "DeriveError", "Probed", "SampleSource"]
 
-PROBE_FORMAT = "mimo-accel-probe/1"
+PROBE_FORMAT = "mimo-accel-probe/2"  # /2: one column set per encoder module
 WAYS_OUT = (
     "Three ways out: (1) an index file: build it with `mimo-accel index` (from a JSONL manifest, or "
     "--dataset MODULE:FACTORY) and pass enable(cost_index=PATH) / MIMO_ACCEL_COST_INDEX; (2) give the "
@@ -45,32 +45,45 @@ class DeriveError(ValueError):
 
 @dataclass(frozen=True)
 class Probed:
-    """Cost ingredients of consecutive samples (int64 arrays of one length)."""
+    """Cost ingredients of consecutive samples: the language tokens and, per encoder module, its
+    (items, rows, sq_rows) columns (int64 arrays of one length)."""
 
-    patches: np.ndarray
-    sq_patches: np.ndarray
     tokens: np.ndarray
-    images: np.ndarray
+    encoders: Mapping[str, tuple[np.ndarray, np.ndarray, np.ndarray]]
+
+    @classmethod
+    def single(cls, patches: np.ndarray, sq_patches: np.ndarray, tokens: np.ndarray, images: np.ndarray,
+               module: str = "vision") -> Probed:
+        """One encoder's columns (the v1 shape: Σp, Σp², tokens, images)."""
+        return cls(np.asarray(tokens, np.int64), {module: (np.asarray(images, np.int64),
+                                                           np.asarray(patches, np.int64),
+                                                           np.asarray(sq_patches, np.int64))})
 
     def __len__(self) -> int:
-        return int(self.patches.size)
+        return int(self.tokens.size)
 
     @classmethod
     def concat(cls, parts: Sequence[Probed]) -> Probed:
-        def cat(name: str) -> np.ndarray:
-            arrays = [getattr(p, name) for p in parts]
+        def cat(arrays: list) -> np.ndarray:
             return np.concatenate(arrays).astype(np.int64) if arrays else np.zeros(0, np.int64)
 
-        return cls(cat("patches"), cat("sq_patches"), cat("tokens"), cat("images"))
+        names = list(parts[0].encoders) if parts else []
+        if any(list(p.encoders) != names for p in parts):
+            raise ValueError("probed parts name different encoders")
+        return cls(cat([p.tokens for p in parts]),
+                   {n: tuple(cat([p.encoders[n][k] for p in parts]) for k in range(3)) for n in names})
 
-    def to_index(self, rule: ResizeRule | FixedPatches, length: int) -> CostIndex:
-        """The index of a dataset of ``length`` samples, sample i being probed sample i % len."""
+    def to_index(self, rules: Any, length: int) -> CostIndex:
+        """The index of a dataset of ``length`` samples, sample i being probed sample i % len;
+        ``rules``: each encoder's rule (a mapping by module name; one rule for a single encoder)."""
         if length == len(self):
             take = slice(None)
         else:
             take = np.arange(length) % max(len(self), 1)
-        return CostIndex(self.patches[take], self.sq_patches[take], self.tokens[take],
-                         self.images[take], rule)
+        if not isinstance(rules, Mapping):
+            rules = {name: rules for name in self.encoders}
+        return CostIndex.from_modules(self.tokens[take], {
+            n: (items[take], rows[take], sq[take], rules[n]) for n, (items, rows, sq) in self.encoders.items()})
 
 
 @dataclass
@@ -150,20 +163,29 @@ def _token_lengths(tokenizer: Any, texts: list[str], **kwargs: Any) -> list[int]
 
 class SampleSource:
     """A dataset whose per-sample costs can be probed. ``probe(lo, hi)`` covers base samples
-    ``[lo, hi)`` of ``base_length``; dataset sample i is base sample ``i % base_length``."""
+    ``[lo, hi)`` of ``base_length``; dataset sample i is base sample ``i % base_length``.
+    ``rules``: each encoder module's rule (what gives its rows), in the dataset's order."""
 
     kind: str = ""
     length: int = 0
     base_length: int = 0
-    rule: ResizeRule | FixedPatches
+    rules: dict[str, Any]
+
+    @property
+    def rule(self) -> Any:
+        """The single encoder's rule (ValueError with several)."""
+        if len(self.rules) != 1:
+            raise ValueError(f"{self.kind} has the encoders {list(self.rules)}: ask for one rule by name (rules)")
+        return next(iter(self.rules.values()))
 
     def fingerprint_material(self) -> dict[str, Any]:
         raise NotImplementedError
 
     def fingerprint(self) -> str:
         """Hex SHA-256 of everything the derived index depends on (the cache key)."""
-        doc = {"format": PROBE_FORMAT, "kind": self.kind, "length": self.length,
-               "base_length": self.base_length, "rule": self.rule.to_dict(), **self.fingerprint_material()}
+        doc = {"format": PROBE_FORMAT, "kind": self.kind, "length": self.length, "base_length": self.base_length,
+               "rules": [[name, rule.to_dict()] for name, rule in self.rules.items()],
+               **self.fingerprint_material()}
         return _sha(json.dumps(doc, sort_keys=True, default=str))
 
     def describe(self) -> str:
@@ -177,10 +199,12 @@ class SampleSource:
             parts.append(self._probe_chunk(start, stop, workers))
             if on_progress is not None:
                 on_progress(stop - start)
+        if not parts:
+            return Probed(np.zeros(0, np.int64), {name: (np.zeros(0, np.int64),) * 3 for name in self.rules})
         return Probed.concat(parts)
 
     def _probe_chunk(self, start: int, stop: int, workers: Optional[int]) -> Probed:
         raise NotImplementedError
 
     def to_index(self, probed: Probed) -> CostIndex:
-        return probed.to_index(self.rule, self.length)
+        return probed.to_index(self.rules, self.length)

@@ -3,11 +3,7 @@ examples."""
 
 from __future__ import annotations
 
-import dataclasses
-import hashlib
 from typing import Optional
-
-import numpy as np
 
 from mimo_accel.costs import CostIndex
 from mimo_accel.datasets.shared_index import derive_cost_index
@@ -45,10 +41,6 @@ def cost_index_for(dataset, path: Optional[str], split: str = "train", group=Non
 
 
 def index_digest(index: CostIndex) -> str:
-    """What every rank's plan reads from a cost index, hashed (compared across ranks)."""
-    everything = np.arange(len(index))
-    h = hashlib.sha256(repr(dataclasses.astuple(index.rule)).encode())
-    for column in (index.patches(everything), index.sq_patches(everything), index.tokens(everything),
-                   index.images(everything)):
-        h.update(np.ascontiguousarray(column, dtype=np.int64).tobytes())
-    return h.hexdigest()[:16]
+    """What every rank's plan reads from a cost index, hashed (compared across ranks): every
+    encoder's columns and rule, and the tokens (:meth:`CostIndex.digest`)."""
+    return index.digest()[:16]

@@ -63,7 +63,7 @@ def plan_for(dataset, sampler_settings: list, ctx, split: str, runtime: Runtime)
         "dataset": plan_inputs.digest([type(dataset).__name__, len(dataset)]),
         "sampler": plan_inputs.digest(sampler_settings),
     }
-    plan = Plan()
+    plan, index = Plan(), None
     if cfg.reorder:
         from mimo_accel.datasets.split_index import cost_index_for, index_digest
         from mimo_accel.planner import CostIndexPlanner, cost_model_for
@@ -74,16 +74,18 @@ def plan_for(dataset, sampler_settings: list, ctx, split: str, runtime: Runtime)
         if cfg.reorder_mode == "plan":
             index = cost_index_for(dataset, cfg.cost_index, split, group=_data_ranks(ctx))
             fields["cost index"] = index_digest(index)
-            planner = CostIndexPlanner(index, model, ctx.grid, vision_groups=ctx.modules.encoder_groups(),
-                                       notify=runtime.say_once)
-            window, step_mbs = 1, None
-            # Windows span the micro-batches of one training step; evaluation plans each
-            # micro-batch on its own (its micro-batches per pass follow other settings).
-            if split == "train" and cfg.reorder_window > 1:
-                window, step_mbs = cfg.reorder_window, micro_batches_per_step()
-                sampler.check_window(window, step_mbs)
-            plan = Plan(planner, model, window, step_mbs)
     plan_inputs.check_same_everywhere(fields, ctx.data_ranks, f"{split} loader")
+    if index is not None:
+        # every module of the layout, each priced by its own column; an encoder the index cannot
+        # price is an error naming both sides (raised alike on every rank: the inputs are the same)
+        planner = CostIndexPlanner(index, plan.cost_model, ctx.modules, notify=runtime.say_once)
+        window, step_mbs = 1, None
+        # Windows span the micro-batches of one training step; evaluation plans each
+        # micro-batch on its own (its micro-batches per pass follow other settings).
+        if split == "train" and cfg.reorder_window > 1:
+            window, step_mbs = cfg.reorder_window, micro_batches_per_step()
+            sampler.check_window(window, step_mbs)
+        plan = Plan(planner, plan.cost_model, window, step_mbs)
     return plan
 
 

@@ -1,6 +1,21 @@
-"""Fit the vision cost model from profiler logs.
+"""Fit each module's cost model from profiler logs.
 
 ``mimo-accel calibrate RUN_DIR [--out cost.json] [--warmup N] [--no-intercept | --per-step] [--json PATH]``
+
+Every module is fitted from its own measured times, per step and replica (one rank-step is one
+observation), with the profiler's per-module names:
+
+- an encoder ``m``: ``<m>_fwd_s + <m>_bwd_s`` against ``<m>_rows`` (its encoder rows),
+  ``<m>_sq_rows`` (Σ rows² over its items: the attention term) and ``<m>_items``, giving
+  ``a·rows + b·sq_rows + k·items``;
+- the language model: ``language_fwd_s + language_bwd_s`` against ``tokens`` (the replica's real
+  tokens) and ``sq_tokens`` (Σ over its samples of L²), giving ``a·tokens + b·tokens²``.
+
+The result is a v2 cost-model file with every fitted module in its ``modules`` table (see
+:class:`~mimo_accel.costs.CostModel`). A run of the vision-only profiler (``vision_fwd_s``,
+``patches``, ``sq_patches``, ``images``: older profile files) is fitted as before, its vision
+encoder's ``(a, b, c)``, as described below; everything said there (the overhead, ``--per-step``,
+a missing attention counter, the fit quality) holds for each module alike.
 
 Each step line of a vision rank (``rank<N>.jsonl`` from :class:`mimo_accel.profiler.Recorder`) is
 one observation: the rank's vision time in that step, ``vision_fwd_s + vision_bwd_s`` (a missing
@@ -47,6 +62,7 @@ import json
 import math
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -54,15 +70,15 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from mimo_accel.costs import CostModel
+from mimo_accel.costs import CostModel, ModuleCost
 from mimo_accel.profiler import NoProfileData, Run, read_run
 from mimo_accel.profiler import record_number as _num
 
-__all__ = ["FEATURES", "CalibrationError", "fit", "main", "nnls", "observations", "render"]
+__all__ = ["FEATURES", "CalibrationError", "encoder_spec", "fit", "fit_modules", "language_spec", "main",
+           "modules_in", "nnls", "observations", "render", "render_modules"]
 
 #: Step fields the model is fitted on, with the coefficient each one gives.
 FEATURES = (("patches", "a"), ("sq_patches", "b"), ("tokens", "c"))
-_FEATURE_OF = {coef: feature for feature, coef in FEATURES}
 _UNITS = {"a": "s / patch", "b": "s / patch²", "c": "s / token", "overhead": "s / step"}
 _LANGUAGE = "language"
 _MIN_STEPS = 3
@@ -105,53 +121,101 @@ def nnls(x: np.ndarray, y: np.ndarray) -> np.ndarray:
 # ---------------------------------------------------------------------------------- fitting
 
 
-def observations(run: Run, *, warmup: int = 1) -> dict[str, Any]:
-    """The usable vision steps of ``run``: ``{y, patches, sq_patches (None where missing), tokens,
-    ranks, skipped_warmup, dropped}`` (arrays are float64, one entry per rank-step)."""
-    vision_logs = [log for log in run.ranks.values() if log.module != _LANGUAGE]
-    timed = [
-        (log.rank, rec) for log in vision_logs for rec in log.steps
-        if _num(rec, "vision_fwd_s") is not None or _num(rec, "vision_bwd_s") is not None
-    ]
+@dataclass(frozen=True)
+class _Spec:
+    """What one module's fit reads from the step lines and says in its messages."""
+
+    module: str  # the module's name (the model's key); "" for the v1 vision fit
+    regions: tuple[str, str]  # the forward and backward time fields
+    features: tuple[tuple[str, str], ...]  # (step field, coefficient); the first is required, the others too
+    optional: str  # the attention field that older logs may lack (fitted only where every step has it)
+    what: str  # "vision" / "audio" / "language": how messages name the module's steps
+    labels: dict  # coefficient -> feature label in messages
+    units: dict  # coefficient -> units
+    nothing: str  # why the first feature must be observed
+    skip_language_logs: bool = False  # the v1 fit pools every rank log but the language ones
+
+    @property
+    def coefficients(self) -> tuple[str, ...]:
+        return tuple(c for _, c in self.features)
+
+
+def _v1_spec() -> _Spec:
+    return _Spec("", ("vision_fwd_s", "vision_bwd_s"), FEATURES, "sq_patches", "vision",
+                 {"a": "patches", "b": "sq_patches", "c": "tokens", "overhead": "the per-step overhead"},
+                 _UNITS, "no usable vision step has any patches (the encoder saw no images), so no cost can be "
+                 "fitted; profile steps with images", skip_language_logs=True)
+
+
+def encoder_spec(module: str) -> _Spec:
+    """An encoder ``module``'s fit: ``<m>_fwd_s + <m>_bwd_s`` against ``<m>_rows``, ``<m>_sq_rows``
+    (Σ rows² over its items: the attention term) and ``<m>_items``."""
+    return _Spec(module, (f"{module}_fwd_s", f"{module}_bwd_s"),
+                 ((f"{module}_rows", "a"), (f"{module}_sq_rows", "b"), (f"{module}_items", "k")),
+                 f"{module}_sq_rows", module,
+                 {"a": f"{module}_rows", "b": f"{module}_sq_rows", "k": f"{module}_items",
+                  "overhead": "the per-step overhead"},
+                 {"a": "s / row", "b": "s / row²", "k": "s / item", "overhead": "s / step"},
+                 f"no usable {module} step has any rows (the encoder saw no input), so no cost can be fitted; "
+                 f"profile steps where the {module} encoder has work")
+
+
+def language_spec(module: str = _LANGUAGE) -> _Spec:
+    """The language model's fit: ``language_fwd_s + language_bwd_s`` against ``tokens`` (the
+    replica's real tokens) and ``sq_tokens`` (Σ over its samples of L²)."""
+    return _Spec(module, (f"{module}_fwd_s", f"{module}_bwd_s"), (("tokens", "a"), ("sq_tokens", "b")),
+                 "sq_tokens", module, {"a": "tokens", "b": "sq_tokens", "overhead": "the per-step overhead"},
+                 {"a": "s / token", "b": "s / token²", "overhead": "s / step"},
+                 f"no usable {module} step has any tokens, so no cost can be fitted")
+
+
+def _observe(run: Run, spec: _Spec, *, warmup: int = 1) -> dict[str, Any]:
+    """The usable steps of ``spec``'s module in ``run`` (one entry per rank-step)."""
+    fwd_key, bwd_key = spec.regions
+    logs = [log for log in run.ranks.values() if not (spec.skip_language_logs and log.module == _LANGUAGE)]
+    timed = [(log.rank, rec) for log in logs for rec in log.steps
+             if _num(rec, fwd_key) is not None or _num(rec, bwd_key) is not None]
     if not timed:
         modules = sorted({log.module for log in run.ranks.values()})
         raise CalibrationError(
-            f"{run.directory}: no vision steps in the run (no step line has vision_fwd_s/vision_bwd_s;"
-            f" modules seen: {', '.join(modules)}); profile a run with the vision encoder timed"
-            " (mimo_accel profiler on the vision ranks)"
+            f"{run.directory}: no {spec.what} steps in the run (no step line has {fwd_key}/{bwd_key};"
+            f" modules seen: {', '.join(modules)}); profile a run with the {spec.what}"
+            f"{' encoder' if spec.what != _LANGUAGE else ' model'} timed"
+            f" (mimo_accel profiler on the {spec.what} ranks)"
         )
     numbers = sorted({int(rec["step"]) for _, rec in timed})
     skipped = numbers[:warmup] if warmup > 0 and len(numbers) > warmup else []
     skip = set(skipped)
-    y, p, q, t, steps, ranks = [], [], [], [], [], set()
+    required = [f for f, _ in spec.features if f != spec.optional]
+    y, steps, ranks, columns = [], [], set(), {f: [] for f, _ in spec.features}
     dropped = 0
     for rank, rec in timed:
         if int(rec["step"]) in skip:
             continue
-        fwd, bwd = _num(rec, "vision_fwd_s"), _num(rec, "vision_bwd_s")
-        seconds = (fwd or 0.0) + (bwd or 0.0)
-        patches, tokens = _num(rec, "patches"), _num(rec, "tokens")
-        if seconds < 0 or patches is None or patches < 0 or tokens is None or tokens < 0:
+        seconds = (_num(rec, fwd_key) or 0.0) + (_num(rec, bwd_key) or 0.0)
+        values = {f: _num(rec, f) for f in required}
+        if seconds < 0 or any(v is None or v < 0 for v in values.values()):
             dropped += 1
             continue
-        sq = _num(rec, "sq_patches")
         y.append(seconds)
-        p.append(patches)
-        # Σp² >= Σp > 0 whenever there are patches: a 0 there is a log that did not record it.
-        q.append(sq if sq is not None and sq >= 0 and not (sq == 0 and patches > 0) else None)
-        t.append(tokens)
+        for f in required:
+            columns[f].append(values[f])
+        sq = _num(rec, spec.optional)
+        first = values[spec.features[0][0]]
+        # Σx² >= Σx > 0 whenever there is work: a 0 there is a log that did not record it.
+        columns[spec.optional].append(sq if sq is not None and sq >= 0 and not (sq == 0 and first > 0) else None)
         steps.append(int(rec["step"]))
         ranks.add(rank)
-    return {
-        "y": np.asarray(y, dtype=np.float64),
-        "steps": np.asarray(steps, dtype=np.int64),
-        "patches": np.asarray(p, dtype=np.float64),
-        "sq_patches": q,
-        "tokens": np.asarray(t, dtype=np.float64),
-        "ranks": sorted(ranks),
-        "skipped_warmup": skipped,
-        "dropped": dropped,
-    }
+    out = {f: (np.asarray(v, dtype=np.float64) if f != spec.optional else v) for f, v in columns.items()}
+    out.update({"y": np.asarray(y, dtype=np.float64), "steps": np.asarray(steps, dtype=np.int64),
+                "ranks": sorted(ranks), "skipped_warmup": skipped, "dropped": dropped})
+    return out
+
+
+def observations(run: Run, *, warmup: int = 1) -> dict[str, Any]:
+    """The usable vision steps of ``run``: ``{y, patches, sq_patches (None where missing), tokens,
+    ranks, skipped_warmup, dropped}`` (arrays are float64, one entry per rank-step)."""
+    return _observe(run, _v1_spec(), warmup=warmup)
 
 
 def fit(run: Run, *, warmup: int = 1, intercept: bool = True,
@@ -166,69 +230,90 @@ def fit(run: Run, *, warmup: int = 1, intercept: bool = True,
     R². Raises :class:`CalibrationError` for a run without vision
     steps, with fewer than 3 usable steps, or whose steps cannot separate the features.
     """
+    coefs, stats, meta = _fit_spec(run, _v1_spec(), warmup=warmup, intercept=intercept, per_step=per_step)
+    stats["sq_patches"] = stats.pop("sq")
+    meta["sq_patches"] = meta.pop("sq")
+    return CostModel(a=coefs["a"], b=coefs["b"], c=coefs["c"], fit=meta), stats
+
+
+def _fit_spec(run: Run, spec: _Spec, *, warmup: int, intercept: bool,
+              per_step: bool) -> tuple[dict[str, float], dict[str, Any], dict[str, Any]]:
+    """(coefficients, stats, model-file metadata) of one module's fit."""
     if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
         raise ValueError(f"warmup must be an integer >= 0, got {warmup!r}")
     if per_step and not intercept:
         raise ValueError("per_step fits one overhead per step: it needs the intercept (drop intercept=False)")
-    obs = observations(run, warmup=warmup)
+    what = spec.what
+    obs = _observe(run, spec, warmup=warmup)
     warnings = list(run.warnings)
+    first_field = spec.features[0][0]
     if obs["dropped"]:
-        warnings.append(f"{obs['dropped']} step line(s) without usable patches/tokens counters were skipped")
+        counters = "/".join(f for f, _ in spec.features if f != spec.optional)
+        counters = "patches/tokens" if not spec.module else counters
+        warnings.append(f"{obs['dropped']} step line(s) without usable {counters} counters were skipped")
     y = obs["y"]
     keep = np.ones(y.size, dtype=bool)
-    have_sq = np.array([v is not None for v in obs["sq_patches"]], dtype=bool)
+    have_sq = np.array([v is not None for v in obs[spec.optional]], dtype=bool)
     use_sq = bool(have_sq.all()) and y.size > 0
+    sq_coef = dict(spec.features)[spec.optional]
     if not use_sq and have_sq.sum() >= _MIN_STEPS + 1:
         warnings.append(
-            f"{int((~have_sq).sum())} of {y.size} steps lack sq_patches (older profiler?); fitted on the"
+            f"{int((~have_sq).sum())} of {y.size} steps lack {spec.optional} (older profiler?); fitted on the"
             f" {int(have_sq.sum())} steps that have it"
         )
         keep, use_sq = have_sq, True
     elif not use_sq:
-        warnings.append(
-            "the logs carry no sq_patches (Σ patches² per step), so the attention term cannot be fitted:"
-            " b = 0 and the model weighs images by patch count only. Record sq_patches (the profiler hook"
-            " of this version does) and calibrate again."
-        )
+        if not spec.module:
+            warnings.append(
+                "the logs carry no sq_patches (Σ patches² per step), so the attention term cannot be fitted:"
+                " b = 0 and the model weighs images by patch count only. Record sq_patches (the profiler hook"
+                " of this version does) and calibrate again."
+            )
+        else:
+            warnings.append(f"the logs carry no {spec.optional}, so the attention term cannot be fitted: "
+                            f"{sq_coef} = 0 for {spec.module}. Record it and calibrate again.")
     n = int(keep.sum())
     if n < _MIN_STEPS:
         raise CalibrationError(
-            f"{run.directory}: too few steps to fit: {n} usable vision step(s) after skipping"
+            f"{run.directory}: too few steps to fit: {n} usable {what} step(s) after skipping"
             f" {len(obs['skipped_warmup'])} warm-up step(s); need at least {_MIN_STEPS} — profile more steps"
             " (or lower --warmup)"
         )
     y = y[keep]
-    columns: dict[str, np.ndarray] = {"a": obs["patches"][keep]}
-    if use_sq:
-        columns["b"] = np.asarray([v for v, k in zip(obs["sq_patches"], keep) if k], dtype=np.float64)
-    columns["c"] = obs["tokens"][keep]
+    columns: dict[str, np.ndarray] = {}
+    for field_name, coef in spec.features:
+        if field_name == spec.optional:
+            if use_sq:
+                columns[coef] = np.asarray([v for v, k in zip(obs[spec.optional], keep) if k], dtype=np.float64)
+        else:
+            columns[coef] = obs[field_name][keep]
+    feature_of = {coef: field_name for field_name, coef in spec.features}
     unfitted = [name for name, col in columns.items() if not col.any()]
-    if "a" in unfitted:
-        raise CalibrationError(
-            f"{run.directory}: no usable vision step has any patches (the encoder saw no images), so no"
-            " cost can be fitted; profile steps with images"
-        )
+    first = spec.features[0][1]
+    if first in unfitted:
+        raise CalibrationError(f"{run.directory}: {spec.nothing}")
     for name in unfitted:
-        warnings.append(f"every step has {_FEATURE_OF[name]} = 0: {name} is not observable, set to 0")
+        warnings.append(f"every step has {feature_of[name]} = 0: {name} is not observable, set to 0")
         del columns[name]
     step_of = obs["steps"][keep]
     groups = np.unique(step_of)
     if per_step and not _varies_within_steps(columns, step_of):
-        warnings.append("no step has two vision replicas with different images, so per-step overheads cannot be"
+        warnings.append(f"no step has two {what} replicas with different "
+                        f"{'images' if not spec.module else 'work'}, so per-step overheads cannot be"
                         " told from the features: fitted one overhead across steps")
         per_step = False
     across = None
     if per_step:
         # the within transformation: each step's mean taken out of y and every feature is the
         # least-squares fit with one free intercept per step
-        across = fit(run, warmup=warmup, intercept=True)[1]
+        across = _fit_spec(run, spec, warmup=warmup, intercept=True, per_step=False)[1]
         y_all = y
         means = {s: step_of == s for s in groups}
         y = y - _step_means(y, step_of, means)
         raw_columns = columns
         columns = {k: col - _step_means(col, step_of, means) for k, col in columns.items()}
         for name in [k for k, col in columns.items() if not col.any()]:
-            warnings.append(f"{_FEATURE_OF[name]} never differs between the replicas of a step: {name} is not"
+            warnings.append(f"{feature_of[name]} never differs between the replicas of a step: {name} is not"
                             " observable with per-step overheads, set to 0")
             del columns[name]
     elif intercept:
@@ -240,7 +325,7 @@ def fit(run: Run, *, warmup: int = 1, intercept: bool = True,
     xs = x / scale
     sv = np.linalg.svd(xs, compute_uv=False)
     if n < len(names) or sv[-1] <= sv[0] / _MAX_CONDITION:
-        raise CalibrationError(_singular_message(run, xs, names, n))
+        raise CalibrationError(_singular_message(run, xs, names, n, spec.labels, what))
 
     w = nnls(xs, y) / scale
     pred = x @ w
@@ -286,22 +371,28 @@ def fit(run: Run, *, warmup: int = 1, intercept: bool = True,
         terms["overhead"] = {"coef": level, "stderr": None, "t": None, "significant": False,
                              "share": level / float(pred.mean()) if pred.mean() > 0 else 0.0, "fitted": True,
                              "per_step": step_overhead}
-    for coef in ("a", "b", "c"):
+    for coef in spec.coefficients:
         if coef not in terms:
             terms[coef] = {"coef": 0.0, "stderr": None, "t": None, "significant": False, "share": 0.0,
                            "fitted": False}
-    a, b, c = (terms[k]["coef"] for k in ("a", "b", "c"))
-    if a == 0 and b == 0 and c == 0:
+    coefs = {k: terms[k]["coef"] for k in spec.coefficients}
+    if not any(coefs.values()):
+        if not spec.module:
+            raise CalibrationError(
+                f"{run.directory}: the fit gives every feature a zero coefficient (vision time does not grow"
+                " with patches or tokens in these steps); profile steps whose image load varies"
+            )
         raise CalibrationError(
-            f"{run.directory}: the fit gives every feature a zero coefficient (vision time does not grow"
-            " with patches or tokens in these steps); profile steps whose image load varies"
-        )
-    for coef in ("a", "b", "c"):
+            f"{run.directory}: the fit gives every feature a zero coefficient ({what} time does not grow with"
+            f" {', '.join(feature_of[c] for c in spec.coefficients)} in these steps); profile steps whose"
+            f" {what} load varies")
+    for coef in spec.coefficients:
         if terms[coef]["fitted"] and not terms[coef]["significant"]:
-            warnings.append(f"{coef} ({_UNITS[coef]}) is not significant (t <= {_T_SIGNIFICANT:g})")
+            warnings.append(f"{coef} ({spec.units[coef]}) is not significant (t <= {_T_SIGNIFICANT:g})")
     if r2 < 0.9:
         where = " within steps" if per_step else ""
-        warnings.append(f"R²{where} = {r2:.3f}: the model explains the vision time poorly; check the run for noise")
+        warnings.append(f"R²{where} = {r2:.3f}: the model explains the {what} time poorly; check the run for noise")
+    a, b = coefs["a"], coefs["b"]
     stats = {
         "n": n,
         "ranks": obs["ranks"],
@@ -309,7 +400,7 @@ def fit(run: Run, *, warmup: int = 1, intercept: bool = True,
         "rmse": rmse,
         "rel_rmse": rmse / mean_time if mean_time > 0 else None,
         "mean_time": mean_time,
-        "sq_patches": use_sq,
+        "sq": use_sq,
         "intercept": intercept,
         "overhead_s": terms["overhead"]["coef"] if "overhead" in terms else 0.0,
         "terms": terms,
@@ -324,12 +415,61 @@ def fit(run: Run, *, warmup: int = 1, intercept: bool = True,
         stats["r2_across_steps"] = across["r2"]
     meta = {
         "r2": r2, "n": n, "rmse": rmse, "rel_rmse": stats["rel_rmse"], "units": "seconds",
-        "overhead_s": stats["overhead_s"], "sq_patches": use_sq, "intercept": intercept,
+        "overhead_s": stats["overhead_s"], "sq": use_sq, "intercept": intercept,
         "run": str(run.directory), "warmup": warmup, "per_step": per_step,
         **({"r2_across_steps": stats["r2_across_steps"]} if per_step else {}),
-        "significant": [k for k in ("a", "b", "c") if terms[k]["significant"]],
+        "significant": [k for k in spec.coefficients if terms[k]["significant"]],
     }
-    return CostModel(a=a, b=b, c=c, fit=meta), stats
+    return coefs, stats, meta
+
+
+# ------------------------------------------------------------------------------ every module
+
+
+def modules_in(run: Run) -> list[str]:
+    """The modules whose own counters the run records (``<m>_rows`` for an encoder, ``tokens`` with
+    ``language_fwd_s``/``language_bwd_s`` for the language model), in rank order; empty for a run
+    of the vision-only profiler (its ``patches``/``vision_fwd_s`` names)."""
+    found: dict[str, None] = {}
+    for r in sorted(run.ranks):
+        log = run.ranks[r]
+        for rec in log.steps:
+            for key in rec:
+                if key.endswith("_rows") and not key.endswith("_sq_rows"):
+                    m = key[:-len("_rows")]
+                    if _num(rec, f"{m}_fwd_s") is not None or _num(rec, f"{m}_bwd_s") is not None:
+                        found.setdefault(m, None)
+            if _num(rec, f"{_LANGUAGE}_fwd_s") is not None or _num(rec, f"{_LANGUAGE}_bwd_s") is not None:
+                found.setdefault(_LANGUAGE, None)
+    if found and _LANGUAGE in found and len(found) == 1:
+        return [_LANGUAGE]
+    return list(found)
+
+
+def fit_modules(run: Run, *, warmup: int = 1, intercept: bool = True, per_step: bool = False,
+                modules: Sequence[str] | None = None) -> tuple[CostModel, dict[str, dict[str, Any]]]:
+    """Fit every module of ``run`` from its own measured times: per encoder m, ``<m>_fwd_s +
+    <m>_bwd_s`` against ``<m>_rows``, ``<m>_sq_rows``, ``<m>_items`` (``a·rows + b·sq_rows +
+    k·items``); the language model, ``language_fwd_s + language_bwd_s`` against ``tokens`` and
+    ``sq_tokens`` (``a·tokens + b·tokens²``). Returns the v2 :class:`CostModel` (every fitted
+    module in its ``modules`` table; ``a``, ``b`` are the ``vision`` encoder's, else the first
+    encoder's) and each module's stats (as :func:`fit` gives them). A run with the vision-only
+    profiler's names fits the vision encoder as :func:`fit` does."""
+    names = list(modules) if modules is not None else modules_in(run)
+    if not names:
+        model, stats = fit(run, warmup=warmup, intercept=intercept, per_step=per_step)
+        return model, {"vision": stats}
+    table, stats, metas = {}, {}, {}
+    for m in names:
+        spec = language_spec(m) if m == _LANGUAGE else encoder_spec(m)
+        coefs, stats[m], metas[m] = _fit_spec(run, spec, warmup=warmup, intercept=intercept, per_step=per_step)
+        table[m] = ModuleCost(coefs["a"], coefs["b"], coefs.get("k", 0.0))
+    encoders = [m for m in names if m != _LANGUAGE]
+    lead = "vision" if "vision" in encoders else (encoders[0] if encoders else None)
+    a, b = (table[lead].a, table[lead].b) if lead is not None else (CostModel().a, CostModel().b)
+    meta = {"units": "seconds", "run": str(run.directory), "warmup": warmup, "per_step": per_step,
+            "intercept": intercept, "modules": metas}
+    return CostModel(a=a, b=b, c=0.0, fit=meta, modules=table), stats
 
 
 def _step_means(col: np.ndarray, step_of: np.ndarray, masks: dict) -> np.ndarray:
@@ -348,8 +488,7 @@ def _varies_within_steps(columns: dict[str, np.ndarray], step_of: np.ndarray) ->
     return False
 
 
-def _singular_message(run: Run, xs: np.ndarray, names: list[str], n: int) -> str:
-    label = {"a": "patches", "b": "sq_patches", "c": "tokens", "overhead": "the per-step overhead"}
+def _singular_message(run: Run, xs: np.ndarray, names: list[str], n: int, label: dict, what: str) -> str:
     if n < len(names):
         return (f"{run.directory}: singular design: {n} steps cannot determine {len(names)} terms"
                 f" ({', '.join(label[k] for k in names)}); profile more steps")
@@ -360,8 +499,9 @@ def _singular_message(run: Run, xs: np.ndarray, names: list[str], n: int) -> str
     hint = " or pass --no-intercept" if "overhead" in names else ""
     return (
         f"{run.directory}: singular design: {' and '.join(involved)} are collinear across the {n} steps"
-        " (e.g. every step carried the same images), so their coefficients cannot be told apart;"
-        f" profile a run whose batches vary in image sizes and counts{hint}"
+        + (" (e.g. every step carried the same images), so their coefficients cannot be told apart;"
+           f" profile a run whose batches vary in image sizes and counts{hint}" if what == "vision" else
+           f", so their coefficients cannot be told apart; profile a run whose {what} batches vary{hint}")
     )
 
 
@@ -377,28 +517,55 @@ def _fmt(v: float | None, spec: str = ".3g") -> str:
 
 
 def render(model: CostModel, stats: dict[str, Any], console: Console | None = None) -> None:
-    """Print the fit as rich tables."""
+    """Print the vision fit (:func:`fit`) as rich tables."""
+    labels = {"a": "a · Σpatches", "b": "b · Σpatches²", "c": "c · tokens"}
+    _render_one(_v1_spec(), f"Vision cost-model fit — {stats['run']}", labels, stats,
+                CostModel().b / CostModel().a, "sq_patches", console or Console())
+
+
+def render_modules(model: CostModel, stats: dict[str, dict[str, Any]], console: Console | None = None) -> None:
+    """Print every module's fit (:func:`fit_modules`) as rich tables, one per module."""
     console = console or Console()
-    t = Table(title=f"Vision cost-model fit — {stats['run']}", title_justify="left")
+    for m, st in stats.items():
+        if "sq_patches" in st:  # the vision-only profiler's names
+            render(model, st, console)
+            continue
+        if m == _LANGUAGE:
+            spec = language_spec(m)
+            labels = {"a": "a · tokens", "b": "b · Σ tokens² (per sample)"}
+            default = 1 / 8192  # the built-in language cost L + L²/8192
+        else:
+            spec = encoder_spec(m)
+            labels = {"a": "a · rows", "b": "b · Σ rows² (per item)", "k": "k · items"}
+            default = CostModel().b / CostModel().a
+        _render_one(spec, f"{m}: cost-model fit — {st['run']}", labels, st, default, spec.optional, console)
+
+
+def _render_one(spec: _Spec, title: str, labels: dict, stats: dict[str, Any], default_ratio: float, sq_name: str,
+                console: Console) -> None:
+    what = spec.what
+    t = Table(title=title, title_justify="left")
     for col in ("term", "coefficient", "units", "std err", "t", "significant", "share of time"):
         t.add_column(col, justify="right" if col not in ("term", "units") else "left")
-    label = {"a": "a · Σpatches", "b": "b · Σpatches²", "c": "c · tokens",
+    label = {**labels,
              "overhead": "overhead per step, mean (not in model)" if stats.get("per_step") else "overhead (not in model)"}
-    for key in ("a", "b", "c", "overhead"):
+    sq = stats["sq_patches"] if "sq_patches" in stats else stats["sq"]
+    for key in (*spec.coefficients, "overhead"):
         term = stats["terms"].get(key)
         if term is None:
             continue
         if not term["fitted"]:
-            reason = "no sq_patches in logs" if key == "b" and not stats["sq_patches"] else "not observed"
-            t.add_row(label[key], "0", _UNITS[key], "—", "—", f"[yellow]not fitted ({reason})[/]", "—")
+            reason = f"no {sq_name} in logs" if key == "b" and not sq else "not observed"
+            t.add_row(label[key], "0", spec.units[key], "—", "—", f"[yellow]not fitted ({reason})[/]", "—")
             continue
         sig = "[green]yes[/]" if term["significant"] else ("no (clamped to 0)" if term["coef"] == 0 else "[yellow]no[/]")
         if "per_step" in term:
             sig = "—"
-        t.add_row(label[key], _fmt(term["coef"], ".4g"), _UNITS[key], _fmt(term["stderr"]), _fmt(term["t"], ".1f"),
-                  sig, f"{term['share']:.1%}")
+        t.add_row(label[key], _fmt(term["coef"], ".4g"), spec.units[key], _fmt(term["stderr"]),
+                  _fmt(term["t"], ".1f"), sig, f"{term['share']:.1%}")
     console.print(t)
-    q = Table(title="Fit quality", title_justify="left", show_header=False)
+    q = Table(title="Fit quality" + (f" ({spec.module})" if spec.module else ""), title_justify="left",
+              show_header=False)
     q.add_column("metric")
     q.add_column("value", justify="right")
     if stats.get("per_step"):
@@ -407,12 +574,12 @@ def render(model: CostModel, stats: dict[str, Any], console: Console | None = No
     else:
         q.add_row("R²", f"{stats['r2']:.4f}")
     q.add_row("relative RMSE", "—" if stats["rel_rmse"] is None else f"{stats['rel_rmse']:.2%}")
-    q.add_row("RMSE", f"{stats['rmse'] * 1e3:.3g} ms (mean vision time {stats['mean_time'] * 1e3:.3g} ms)")
-    q.add_row("observations (rank-steps)", f"{stats['n']} from {len(stats['ranks'])} vision rank(s)")
+    q.add_row("RMSE", f"{stats['rmse'] * 1e3:.3g} ms (mean {what} time {stats['mean_time'] * 1e3:.3g} ms)")
+    q.add_row("observations (rank-steps)", f"{stats['n']} from {len(stats['ranks'])} {what} rank(s)")
     skipped = stats["skipped_warmup"]
     q.add_row("warm-up steps skipped", f"step {', '.join(map(str, skipped))}" if skipped else "none")
     b_over_a = stats["b_over_a"]
-    q.add_row("b / a (attention weight)", "—" if b_over_a is None else f"{b_over_a:.3g} (built-in default {CostModel().b / CostModel().a:.3g})")
+    q.add_row("b / a (attention weight)", "—" if b_over_a is None else f"{b_over_a:.3g} (built-in default {default_ratio:.3g})")
     console.print(q)
     for w in stats["warnings"]:
         console.print(f"[yellow]warning:[/] {w}")
@@ -423,7 +590,8 @@ def render(model: CostModel, stats: dict[str, Any], console: Console | None = No
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="mimo-accel calibrate",
-                                description="Fit the vision cost model (a, b, c) from a profiler run.")
+                                description="Fit each module's cost model from its own measured times in a profiler "
+                                            "run (the vision encoder's a, b, c from a run of the vision-only profiler).")
     p.add_argument("run_dir", metavar="RUN_DIR", help="profile directory (rank<N>.jsonl files)")
     p.add_argument("--out", metavar="PATH", help="write the cost-model file (use it with MIMO_ACCEL_COST=PATH)")
     p.add_argument("--json", metavar="PATH", help="write the fit statistics as JSON")
@@ -447,23 +615,39 @@ def main(argv: Sequence[str] | None = None, *, console: Console | None = None) -
             print("mimo-accel calibrate: error: --per-step fits one overhead per step; drop --no-intercept",
                   file=sys.stderr)
             return 2
-        model, stats = fit(run, warmup=args.warmup, intercept=not args.no_intercept, per_step=args.per_step)
+        modules = modules_in(run)
+        if modules:
+            model, per_module = fit_modules(run, warmup=args.warmup, intercept=not args.no_intercept,
+                                            per_step=args.per_step, modules=modules)
+        else:  # the vision-only profiler's names: the vision fit as it always was
+            model, stats = fit(run, warmup=args.warmup, intercept=not args.no_intercept, per_step=args.per_step)
     except (NoProfileData, CalibrationError) as e:
         print(f"mimo-accel calibrate: error: {e}", file=sys.stderr)
         return 2
     if console is None:
         # Piped output: rich would wrap the tables at 80 columns; give them room instead.
         console = Console() if sys.stdout.isatty() else Console(width=120)
-    render(model, stats, console)
+    if modules:
+        render_modules(model, per_module, console)
+    else:
+        render(model, stats, console)
     if args.out:
         model.to_file(args.out)
-        console.print(f"wrote {args.out}: a={model.a:.4g} b={model.b:.4g} c={model.c:.4g}"
-                      f" (use: MIMO_ACCEL_COST={args.out}, or mimo-accel simulate --cost {args.out})")
+        if modules:
+            fitted = "; ".join(f"{m}: " + " ".join(f"{k}={v:.4g}" for k, v in model.of(m).to_dict().items()
+                                                  if not (m == _LANGUAGE and k == "k"))
+                               for m in modules)
+            console.print(f"wrote {args.out}: {fitted} (use: MIMO_ACCEL_COST={args.out}, or mimo-accel simulate "
+                          f"--cost {args.out})")
+        else:
+            console.print(f"wrote {args.out}: a={model.a:.4g} b={model.b:.4g} c={model.c:.4g}"
+                          f" (use: MIMO_ACCEL_COST={args.out}, or mimo-accel simulate --cost {args.out})")
     else:
         console.print("pass --out cost.json to write the model")
     if args.json:
-        Path(args.json).write_text(json.dumps({"model": {"a": model.a, "b": model.b, "c": model.c}, **stats},
-                                              indent=2, default=_json_default) + "\n", encoding="utf-8")
+        doc = ({"model": model.to_doc(), "modules": per_module} if modules else
+               {"model": {"a": model.a, "b": model.b, "c": model.c}, **stats})
+        Path(args.json).write_text(json.dumps(doc, indent=2, default=_json_default) + "\n", encoding="utf-8")
     return 0
 
 

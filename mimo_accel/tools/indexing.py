@@ -21,7 +21,10 @@ Manifest format (JSON Lines, one object per sample, in dataset order; blank line
   ``tokens`` when you have them: the estimate only matters if the cost model weighs tokens.
 
 Vision patches come from the processor's resize rule (:class:`mimo_accel.costs.ResizeRule`,
-Qwen2-VL's ``smart_resize``), so pass the rule of the processor you train with.
+Qwen2-VL's ``smart_resize``), so pass the rule of the processor you train with. The index (format
+v2) holds the manifest's images as the column of one encoder module, ``vision`` unless ``--module
+NAME`` names it as the layout does (``images``, say). ``--dataset`` indexes every modality of the
+dataset, each under its own module name.
 """
 
 from __future__ import annotations
@@ -54,6 +57,7 @@ __all__ = [
 ]
 
 INDEX_SUFFIX = ".mimo-cost-index.npz"
+DEFAULT_MODULE = "vision"  # the encoder module a manifest's images price (--module NAME)
 CHARS_PER_TOKEN = 4
 # Below this many distinct image files, a thread pool costs more than it saves.
 _PARALLEL_FROM = 64
@@ -174,9 +178,10 @@ def _read_sizes(entries: Sequence[_Entry], where: str, workers: Optional[int]) -
     return dict(zip(first_use, sizes))
 
 
-def _shapes_to_index(shapes: Sequence[SampleShape], rule: ResizeRule, where: Callable[[int], str]) -> CostIndex:
+def _shapes_to_index(shapes: Sequence[SampleShape], rule: ResizeRule, where: Callable[[int], str],
+                     module: str = "vision") -> CostIndex:
     try:
-        return CostIndex.from_shapes(shapes, rule)
+        return CostIndex.from_shapes(shapes, rule, module=module)
     except ValueError:
         # Find the sample the rule refuses (e.g. aspect ratio above 200) and name it.
         for i, shape in enumerate(shapes):
@@ -189,8 +194,9 @@ def _shapes_to_index(shapes: Sequence[SampleShape], rule: ResizeRule, where: Cal
 
 
 def build_index_from_manifest(path: str | os.PathLike[str], rule: Optional[ResizeRule] = None, *,
-                              workers: Optional[int] = None) -> CostIndex:
-    """The cost index of the samples a JSONL manifest lists (format: see the module docstring).
+                              workers: Optional[int] = None, module: str = DEFAULT_MODULE) -> CostIndex:
+    """The cost index of the samples a JSONL manifest lists (format: see the module docstring), its
+    images the column of encoder ``module``.
 
     ``workers``: threads reading image headers (None: Python's default pool size; 1: serial).
     Raises :class:`ManifestError` (a ValueError) naming the manifest line for a bad line, a missing
@@ -200,12 +206,13 @@ def build_index_from_manifest(path: str | os.PathLike[str], rule: Optional[Resiz
     entries = read_manifest(path)
     sizes = _read_sizes(entries, str(path), workers)
     shapes = [SampleShape(tuple(sizes[i] for i in e.images) + e.sizes, e.tokens) for e in entries]
-    return _shapes_to_index(shapes, rule, lambda i: f"{path}:{entries[i].line}")
+    return _shapes_to_index(shapes, rule, lambda i: f"{path}:{entries[i].line}", module)
 
 
 def build_index_from_dataset(dataset: Any, shape_fn: Callable[[int], SampleShape],
-                             rule: Optional[ResizeRule] = None) -> CostIndex:
-    """The cost index of an in-memory dataset: ``shape_fn(i)`` gives sample i's :class:`SampleShape`."""
+                             rule: Optional[ResizeRule] = None, *, module: str = DEFAULT_MODULE) -> CostIndex:
+    """The cost index of an in-memory dataset: ``shape_fn(i)`` gives sample i's :class:`SampleShape`
+    (its images: encoder ``module``'s column)."""
     rule = ResizeRule() if rule is None else rule
     shapes = []
     for i in range(len(dataset)):
@@ -213,7 +220,7 @@ def build_index_from_dataset(dataset: Any, shape_fn: Callable[[int], SampleShape
         if not isinstance(shape, SampleShape):
             raise TypeError(f"shape_fn({i}) must return a SampleShape, got {type(shape).__name__}")
         shapes.append(shape)
-    return _shapes_to_index(shapes, rule, lambda i: f"sample {i}")
+    return _shapes_to_index(shapes, rule, lambda i: f"sample {i}", module)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -221,30 +228,43 @@ def build_index_from_dataset(dataset: Any, shape_fn: Callable[[int], SampleShape
 # ----------------------------------------------------------------------------------------------
 
 
+def _dist(values: np.ndarray) -> dict[str, float]:
+    if values.size == 0:
+        return {"p50": 0, "p90": 0, "max": 0}
+    return {"p50": float(np.percentile(values, 50)), "p90": float(np.percentile(values, 90)),
+            "max": float(values.max())}
+
+
 def summarize(index: CostIndex) -> dict[str, Any]:
-    """Counts and distributions of an index (what the CLI prints)."""
+    """Counts and distributions of an index (what the CLI prints): per encoder module under
+    ``encoders``; with one encoder also at the top level, under the image names of a v1 index."""
     n = len(index)
     everything = np.arange(n)
-    patches, images, tokens = index.patches(everything), index.images(everything), index.tokens(everything)
-    with_images = patches[images > 0]
-
-    def dist(values: np.ndarray) -> dict[str, float]:
-        if values.size == 0:
-            return {"p50": 0, "p90": 0, "max": 0}
-        return {"p50": float(np.percentile(values, 50)), "p90": float(np.percentile(values, 90)),
-                "max": float(values.max())}
-
-    return {
-        "samples": n,
-        "images": int(images.sum()),
-        "text_only_samples": int((images == 0).sum()),
-        "text_only_fraction": float((images == 0).mean()) if n else 0.0,
-        "max_images_per_sample": int(images.max()) if n else 0,
-        "patches_per_image_sample": dist(with_images),
-        "tokens_per_sample": dist(tokens),
-        "total_patches": int(patches.sum()),
-        "rule": index.rule.to_dict(),
-    }
+    encoders = {}
+    for name in index.encoders:
+        rows, items = index.rows(name, everything), index.items(name, everything)
+        encoders[name] = {
+            "items": int(items.sum()),
+            "samples_without": int((items == 0).sum()),
+            "fraction_without": float((items == 0).mean()) if n else 0.0,
+            "max_items_per_sample": int(items.max()) if n else 0,
+            "rows_per_sample_with": _dist(rows[items > 0]),
+            "total_rows": int(rows.sum()),
+            "rule": index.rule_of(name).to_dict(),
+        }
+    out: dict[str, Any] = {"samples": n, "tokens_per_sample": _dist(index.tokens(everything)), "encoders": encoders}
+    if len(encoders) == 1:
+        e = next(iter(encoders.values()))
+        out.update({
+            "images": e["items"],
+            "text_only_samples": e["samples_without"],
+            "text_only_fraction": e["fraction_without"],
+            "max_images_per_sample": e["max_items_per_sample"],
+            "patches_per_image_sample": e["rows_per_sample_with"],
+            "total_patches": e["total_rows"],
+            "rule": e["rule"],
+        })
+    return out
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -266,6 +286,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--cache-dir", help="with --dataset: the cache directory (default: $MIMO_ACCEL_CACHE_DIR, "
                                        "else ~/.cache/mimo_accel); give the training job the same one")
     p.add_argument("--refresh", action="store_true", help="with --dataset: rebuild even if the cache has it")
+    p.add_argument("--module", metavar="NAME", default=None,
+                   help=f"manifest only: the encoder module the images price, as the layout names it (default "
+                        f"{DEFAULT_MODULE!r}; e.g. 'images')")
     p.add_argument("--out", help=f"where to write the index (manifest default: <manifest>{INDEX_SUFFIX}; "
                                  "with --dataset: a copy besides the cache, for enable(cost_index=PATH))")
     p.add_argument("--patch-size", type=int, default=None,
@@ -287,7 +310,16 @@ _RULE_OPTIONS = ("patch_size", "merge_size", "temporal_patch_size", "min_pixels"
 def _rule_text(r: dict[str, Any]) -> str:
     if "fixed_patches" in r:
         return f"fixed resolution: {r['fixed_patches']:,} rows per image"
-    return f"patch {r['patch_size']}, merge {r['merge_size']}, pixels [{r['min_pixels']:,}, {r['max_pixels']:,}]"
+    if "audio" in r:
+        a = r["audio"]
+        length = (f"every clip padded to {a['max_samples'] / a['sampling_rate']:g} s" if a["pad"] else
+                  f"each clip's own length" + (f", cut at {a['max_samples'] / a['sampling_rate']:g} s"
+                                               if a["max_samples"] else ""))
+        return (f"audio at {a['sampling_rate']:,} Hz, hop {a['hop_length']}, {a['frames_per_row']} frames per row; "
+                f"{length}")
+    video = ", frames in the pixel budget" if r.get("frames_in_budget") else ""
+    return (f"patch {r['patch_size']}, merge {r['merge_size']}, pixels [{r['min_pixels']:,}, "
+            f"{r['max_pixels']:,}]{video}")
 
 
 def _print_summary(console, summary: dict[str, Any], out: Any, seconds: float, workers: Optional[int],
@@ -297,16 +329,29 @@ def _print_summary(console, summary: dict[str, Any], out: Any, seconds: float, w
     table = Table(title="mimo-accel cost index", show_header=False, title_justify="left")
     table.add_column("what", style="bold")
     table.add_column("value", overflow="fold")  # paths are folded, never cut short
-    pa, tk = summary["patches_per_image_sample"], summary["tokens_per_sample"]
+    tk = summary["tokens_per_sample"]
     if source:
         table.add_row("dataset", source)
     table.add_row("samples", f"{summary['samples']:,}")
-    table.add_row("images", f"{summary['images']:,} (up to {summary['max_images_per_sample']} per sample)")
-    table.add_row("text-only samples", f"{summary['text_only_samples']:,} ({summary['text_only_fraction']:.1%})")
-    table.add_row("patches per sample with images",
-                  f"p50 {pa['p50']:,.0f} · p90 {pa['p90']:,.0f} · max {pa['max']:,.0f}")
+    encoders = summary["encoders"]
+    if len(encoders) == 1 and "images" in summary:
+        pa = summary["patches_per_image_sample"]
+        name = next(iter(encoders))
+        if name != DEFAULT_MODULE:
+            table.add_row("encoder module", name)
+        table.add_row("images", f"{summary['images']:,} (up to {summary['max_images_per_sample']} per sample)")
+        table.add_row("text-only samples", f"{summary['text_only_samples']:,} ({summary['text_only_fraction']:.1%})")
+        table.add_row("patches per sample with images",
+                      f"p50 {pa['p50']:,.0f} · p90 {pa['p90']:,.0f} · max {pa['max']:,.0f}")
+    for name, e in encoders.items():
+        if len(encoders) > 1:
+            d = e["rows_per_sample_with"]
+            table.add_row(f"{name}: items", f"{e['items']:,} (up to {e['max_items_per_sample']} per sample); "
+                                            f"{e['samples_without']:,} samples without ({e['fraction_without']:.1%})")
+            table.add_row(f"{name}: rows per sample with items",
+                          f"p50 {d['p50']:,.0f} · p90 {d['p90']:,.0f} · max {d['max']:,.0f}")
+        table.add_row("resize rule" if len(encoders) == 1 else f"{name}: rule", _rule_text(e["rule"]))
     table.add_row("tokens per sample", f"p50 {tk['p50']:,.0f} · p90 {tk['p90']:,.0f} · max {tk['max']:,.0f}")
-    table.add_row("resize rule", _rule_text(summary["rule"]))
     table.add_row("header-read threads", "default" if workers is None else str(workers))
     table.add_row("time", f"{seconds:.2f} s")
     for where in (out if isinstance(out, (list, tuple)) else [out]):
@@ -356,6 +401,10 @@ def _main_dataset(args, err, escape) -> int:
     if given:
         err.print(f"[bold red]mimo-accel index:[/] {', '.join(given)} apply to manifests only; with --dataset "
                   "the resize rule is the dataset's own processor's", highlight=False)
+        return 2
+    if args.module is not None:
+        err.print("[bold red]mimo-accel index:[/] --module applies to manifests only; with --dataset every "
+                  "modality is indexed under its own module name", highlight=False)
         return 2
     start = time.perf_counter()
     try:
@@ -421,7 +470,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     out = Path(args.out) if args.out else default_index_path(args.manifest)
     start = time.perf_counter()
     try:
-        index = build_index_from_manifest(args.manifest, rule, workers=args.workers)
+        index = build_index_from_manifest(args.manifest, rule, workers=args.workers,
+                                          module=args.module or DEFAULT_MODULE)
         out.parent.mkdir(parents=True, exist_ok=True)
         index.save(out)
     except (ValueError, OSError) as exc:
