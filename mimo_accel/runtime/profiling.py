@@ -124,12 +124,6 @@ def encoder_counts(inputs: dict, output: Any = None) -> Optional[tuple]:
     return items, items * rows, items * rows * rows, False
 
 
-def _int64():
-    import torch
-
-    return torch.int64
-
-
 class Profiling:
     """The profiler's state in one training process: the rank's recorder, its module timers and
     the device-side counts of the current step."""
@@ -249,7 +243,7 @@ class Profiling:
         if mask is not None:
             self._pending_counts.append(("tokens", mask.sum()))
             if mask.dim() == 2:  # (samples, sequence): a sample's real tokens L = its row sum
-                lengths = mask.sum(dim=1, dtype=_int64())
+                lengths = (mask != 0).sum(dim=1)  # int64 whatever the mask's dtype
                 self._pending_counts.append(("sq_tokens", (lengths * lengths).sum()))
         if tag is not None:
             if tag.bytes_exchanged:
