@@ -1,7 +1,32 @@
-"""Plan time and balance quality of balanced_order against LPT (and the contiguous split).
+"""Plan time and balance quality: every module's replicas under four planners, and balanced_order
+against LPT (and the contiguous split).
 
 Run: python benchmarks/bench_balance.py [--repeats 30] [--batches 200] [--per-group 8] [--seed 0]
-                                        [--no-synthetic]
+                                        [--module-batches 12] [--no-synthetic] [--no-modules]
+                                        [--modules-only]
+
+Every module (first; skip with ``--no-modules``, or run only it with ``--modules-only``): workloads
+generated here that the project's profiles and tests do not use — ``receipts`` (one tall receipt
+photo, OCR text of 80–6000 tokens), ``documents`` (1–12 pages at mixed DPI and paper sizes, text
+100–8000 tokens), ``chat45`` (chat with 45 % text-only samples, 1–4 photos otherwise, text 16–12000
+tokens); each sample may also carry voice clips (50 % of samples, 1–3 clips of 1–60 s, 50 encoder
+rows per second, one placeholder token per 4 rows), used by the three-module layout. Each module's
+cost per sample: vision ``a·Σp + b·Σp²`` (the default :class:`CostModel`, patches from the
+Qwen3-VL resize rule: 16 px patches, 2×2 merge), audio ``Σrows + b·Σrows²``, language
+``L + L²/8192`` with L = text tokens + image tokens after the 2×2 merge (patches / 4) (+ audio tokens
+in the three-module layout). Layouts over the canonical grid G (8, 64, 512 groups with 8 samples
+each: 64 / 512 / 4096 samples): ``1:1`` (vision G, language G), ``fan-in`` (vision G, language
+G/2), ``fan-out`` (vision G/2, language G), ``three`` (vision G, audio G/2, language G/4). The four
+planners side by side in one run: ``contiguous`` (upstream), ``lpt`` (#4608's method:
+:func:`lpt_order` on the vision cost), ``vision-only`` (:func:`balanced_order` on the vision cost, as
+the planner shipped before per-module balancing) and ``joint``
+(:func:`mimo_accel.balance.balance_modules`). Printed per module: its median spread under each
+planner over its bound (:func:`mimo_accel.balance.module_bounds`; spread / bound, 1 is the best
+any equal-size split can do); per configuration the plan times (min / median ms) of the
+vision-only and the joint plan and the joint plan's time over the vision-only plan's, timed in the
+same run on the same micro-batches; then the issue's gates: the worst module's joint spread within
+0.02 of its bound (median), vision's joint spread never more than 0.01 above the vision-only plan's
+(median), and at 4096 samples / 512 groups the joint plan at most 3× the vision-only plan's time.
 
 First table: the shipped workload profiles (``*.toml`` of :mod:`mimo_accel.workloads`) at
 64 samples / 8 groups, 512 / 64 and 4096 / 512 (cluster scale), LPT and balanced_order side by
@@ -32,7 +57,16 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from mimo_accel.balance import balanced_order, contiguous_order, lower_bound, lpt_order, spread  # noqa: E402
+from mimo_accel.balance import (  # noqa: E402
+    balance_modules,
+    balanced_order,
+    contiguous_order,
+    lower_bound,
+    lpt_order,
+    module_bounds,
+    module_spreads,
+    spread,
+)
 from mimo_accel.costs import CostIndex, CostModel, ResizeRule, SampleShape  # noqa: E402
 from mimo_accel.workloads import list_profiles, load_profile  # noqa: E402
 
@@ -241,6 +275,224 @@ def print_synthetic_table(batches: int, per_group: int, seed: int) -> None:
     )
 
 
+# -------------------------------------------------------------------------------- every module
+
+#: The Qwen3-VL processor's resize rule (16 px patches, 2x2 merge), capped at 16384 patches.
+MODULE_RULE = ResizeRule(patch_size=16, merge_size=2, min_pixels=200704, max_pixels=4194304)
+LANGUAGE_SQ = 1.0 / 8192  # the language model's cost per sample: L + L²/8192
+AUDIO_ROWS_PER_SECOND = 50
+AUDIO_ROWS_PER_TOKEN = 4
+
+
+def _lognormal_int(rng: np.random.Generator, median: float, sigma: float, lo: int, hi: int, n: int) -> np.ndarray:
+    return np.clip(np.rint(rng.lognormal(np.log(median), sigma, n)), lo, hi).astype(np.int64)
+
+
+def _voice(rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per sample: audio clips, Σ rows, Σ rows² (half the samples carry 1-3 voice clips of 1-60 s)."""
+    clips = np.where(rng.random(n) < 0.5, rng.choice([1, 2, 3], size=n, p=[0.7, 0.2, 0.1]), 0)
+    seconds = _lognormal_int(rng, 9, 0.9, 1, 60, int(clips.sum()))
+    rows = seconds * AUDIO_ROWS_PER_SECOND
+    owner = np.repeat(np.arange(n), clips)
+    return (clips, np.bincount(owner, rows, minlength=n).astype(np.int64),
+            np.bincount(owner, rows * rows, minlength=n).astype(np.int64))
+
+
+def _images(rng: np.random.Generator, counts: np.ndarray, heights: np.ndarray, widths: np.ndarray):
+    n = counts.size
+    per = MODULE_RULE.patches_many(heights, widths)
+    owner = np.repeat(np.arange(n), counts)
+    return (np.bincount(owner, per, minlength=n).astype(np.int64),
+            np.bincount(owner, per * per, minlength=n).astype(np.int64))
+
+
+def gen_receipts(rng: np.random.Generator, n: int) -> dict[str, np.ndarray]:
+    """One receipt photo per sample (tall, long-tailed), OCR text 80-6000 tokens."""
+    counts = np.ones(n, dtype=np.int64)
+    heights = _lognormal_int(rng, 1800, 0.55, 400, 9000, n)
+    widths = np.maximum(200, (heights * rng.uniform(0.2, 0.7, n)).astype(np.int64))
+    patches, sq = _images(rng, counts, heights, widths)
+    return {"images": counts, "patches": patches, "sq_patches": sq,
+            "text": _lognormal_int(rng, 350, 0.9, 80, 6000, n)}
+
+
+_PAGES = ((8.27, 11.69), (8.5, 11.0), (8.5, 14.0), (11.69, 16.54), (13.33, 7.5))  # A4, letter, legal, A3, slide
+_DPIS = (72, 96, 150, 200, 300)
+
+
+def gen_documents(rng: np.random.Generator, n: int) -> dict[str, np.ndarray]:
+    """Multi-page documents: 1-12 pages at mixed DPI and paper sizes, text 100-8000 tokens."""
+    counts = rng.choice(np.arange(1, 13), size=n, p=np.r_[[0.2, 0.16, 0.13, 0.11, 0.09, 0.08], [0.0383] * 6]
+                        / np.r_[[0.2, 0.16, 0.13, 0.11, 0.09, 0.08], [0.0383] * 6].sum())
+    pages = int(counts.sum())
+    paper = np.asarray(_PAGES)[rng.integers(len(_PAGES), size=pages)]
+    dpi = np.asarray(_DPIS)[rng.integers(len(_DPIS), size=pages)]
+    patches, sq = _images(rng, counts, (paper[:, 1] * dpi).astype(np.int64), (paper[:, 0] * dpi).astype(np.int64))
+    return {"images": counts, "patches": patches, "sq_patches": sq,
+            "text": _lognormal_int(rng, 900, 0.8, 100, 8000, n)}
+
+
+def gen_chat45(rng: np.random.Generator, n: int) -> dict[str, np.ndarray]:
+    """Chat: 45% text-only samples, the rest 1-4 photos; text 16-12000 tokens (a long tail)."""
+    counts = np.where(rng.random(n) < 0.45, 0, rng.choice([1, 2, 3, 4], size=n, p=[0.6, 0.2, 0.1, 0.1]))
+    total = int(counts.sum())
+    long_side = _lognormal_int(rng, 1100, 0.6, 64, 6000, total)
+    short_side = np.maximum(48, (long_side * rng.uniform(0.4, 1.0, total)).astype(np.int64))
+    tall = rng.random(total) < 0.5
+    patches, sq = _images(rng, counts, np.where(tall, long_side, short_side), np.where(tall, short_side, long_side))
+    return {"images": counts, "patches": patches, "sq_patches": sq,
+            "text": _lognormal_int(rng, 600, 1.1, 16, 12000, n)}
+
+
+MODULE_WORKLOADS: dict[str, Callable[[np.random.Generator, int], dict[str, np.ndarray]]] = {
+    "receipts": gen_receipts,
+    "documents": gen_documents,
+    "chat45": gen_chat45,
+}
+
+#: Layout name -> module DPs for G canonical groups.
+MODULE_LAYOUTS: dict[str, Callable[[int], dict[str, int]]] = {
+    "1:1": lambda g: {"vision": g, "language": g},
+    "fan-in": lambda g: {"vision": g, "language": g // 2},
+    "fan-out": lambda g: {"vision": g // 2, "language": g},
+    "three": lambda g: {"vision": g, "audio": g // 2, "language": g // 4},
+}
+
+MODULE_PLANNERS = ("contiguous", "lpt", "vision-only", "joint")
+_SHORT = {"contiguous": "contiguous", "lpt": "LPT", "vision-only": "vision-only", "joint": "joint"}
+
+
+def module_pool(name: str, n: int, seed: int = 0, model: CostModel | None = None) -> dict[str, np.ndarray]:
+    """Per-module costs of ``n`` generated samples of workload ``name``: ``vision``, ``audio`` (the
+    voice clips), ``language`` (L + L²/8192, L = text + patches / 4) and ``language_with_audio``
+    (L also counting the clips' placeholder tokens)."""
+    model = model or CostModel()
+    rng = np.random.default_rng([seed, 0xB41])
+    s = MODULE_WORKLOADS[name](rng, n)
+    clips, rows, sq_rows = _voice(rng, n)
+    merge2 = MODULE_RULE.merge_size ** 2
+    text_and_images = (s["text"] + s["patches"] // merge2).astype(np.float64)
+    with_audio = text_and_images + np.ceil(rows / AUDIO_ROWS_PER_TOKEN)
+    return {
+        "vision": model.costs_from_sums(s["patches"], s["sq_patches"], np.zeros(n)),
+        "audio": model.a * rows.astype(np.float64) + model.b * sq_rows.astype(np.float64),
+        "language": text_and_images + text_and_images ** 2 * LANGUAGE_SQ,
+        "language_with_audio": with_audio + with_audio ** 2 * LANGUAGE_SQ,
+    }
+
+
+def _layout_costs(pool: dict[str, np.ndarray], idx: np.ndarray, dps: dict[str, int]) -> dict[str, np.ndarray]:
+    out = {}
+    for m in dps:
+        key = "language_with_audio" if m == "language" and "audio" in dps else m
+        out[m] = pool[key][idx]
+    return out
+
+
+def module_plans(costs: dict[str, np.ndarray], dps: dict[str, int]) -> dict[str, tuple[np.ndarray, float]]:
+    """The four plans of one micro-batch, each with its wall time (s)."""
+    import math
+
+    grid = math.lcm(*dps.values())
+    v = costs["vision"]
+    out = {}
+    for name, plan in (("contiguous", lambda: contiguous_order(v.size)), ("lpt", lambda: lpt_order(v, grid)),
+                       ("vision-only", lambda: balanced_order(v, grid)),
+                       ("joint", lambda: balance_modules(costs, dps))):
+        t0 = time.perf_counter()
+        order = plan()
+        out[name] = (np.asarray(order, dtype=np.int64), time.perf_counter() - t0)
+    return out
+
+
+def module_rows(batches: int, seed: int, sizes=SIZES, layouts=None, workloads=None) -> list[dict]:
+    """Per (workload, layout, size): every module's spread and bound per micro-batch under each
+    planner, and each planner's plan time."""
+    rows = []
+    for name in workloads or MODULE_WORKLOADS:
+        pool = module_pool(name, 20000, seed)
+        for layout in layouts or MODULE_LAYOUTS:
+            for n, g in sizes:
+                dps = MODULE_LAYOUTS[layout](g)
+                rng = np.random.default_rng([seed, n, g, len(rows)])
+                row: dict = {"workload": name, "layout": layout, "n": n, "g": g, "dps": dps,
+                             "spread": {m: {p: [] for p in MODULE_PLANNERS} for m in dps},
+                             "bound": {m: [] for m in dps}, "ms": {p: [] for p in MODULE_PLANNERS}}
+                count = batches if n < 4096 else max(3, batches // 2)
+                for _ in range(count):
+                    costs = _layout_costs(pool, rng.integers(pool["vision"].size, size=n), dps)
+                    for m, b in module_bounds(costs, dps).items():
+                        row["bound"][m].append(b)
+                    for planner, (order, seconds) in module_plans(costs, dps).items():
+                        row["ms"][planner].append(seconds * 1e3)
+                        for m, sp in module_spreads(costs, dps, order).items():
+                            row["spread"][m][planner].append(sp)
+                rows.append(row)
+    return rows
+
+
+def module_gates(row: dict) -> dict[str, float]:
+    """The issue's figures of one configuration: the worst module's joint spread over its bound
+    (median), vision's joint spread over the vision-only plan's (median), joint / vision-only time."""
+    med = {m: {p: float(np.median(v)) for p, v in tab.items()} for m, tab in row["spread"].items()}
+    bound = {m: float(np.median(v)) for m, v in row["bound"].items()}
+    worst = max(row["dps"], key=lambda m: med[m]["joint"] - bound[m])
+    return {
+        "worst_module": worst,
+        "worst_over_bound": med[worst]["joint"] - bound[worst],
+        "vision_vs_vision_only": med["vision"]["joint"] - med["vision"]["vision-only"],
+        "time_ratio": statistics.median(row["ms"]["joint"]) / max(statistics.median(row["ms"]["vision-only"]), 1e-9),
+        "time_ratio_min": min(row["ms"]["joint"]) / max(min(row["ms"]["vision-only"]), 1e-9),
+    }
+
+
+def print_module_table(rows: list[dict], batches: int) -> None:
+    header = ["workload", "layout", "samples/G", "module", "bound p50",
+              *(f"{_SHORT[p]}/bound" for p in MODULE_PLANNERS), "vision-only ms min/p50", "joint ms min/p50",
+              "joint/vision-only time"]
+    cells = []
+    for r in rows:
+        g = module_gates(r)
+        dps = " ".join(f"{m[0]}{d}" for m, d in r["dps"].items())
+        for i, m in enumerate(r["dps"]):
+            bound = float(np.median(r["bound"][m]))
+            ratios = [float(np.median(np.asarray(r["spread"][m][p]) / np.asarray(r["bound"][m])))
+                      for p in MODULE_PLANNERS]
+            last = i == len(r["dps"]) - 1
+            vo, jo = r["ms"]["vision-only"], r["ms"]["joint"]
+            cells.append([
+                r["workload"] if i == 0 else "", r["layout"] if i == 0 else dps if i == 1 else "",
+                f"{r['n']}/{r['g']}" if i == 0 else "", m, f"{bound:.4f}", *(f"{x:.4f}" for x in ratios),
+                f"{min(vo):.2f} / {statistics.median(vo):.2f}" if last else "",
+                f"{min(jo):.2f} / {statistics.median(jo):.2f}" if last else "",
+                f"{g['time_ratio']:.1f}x" if last else "",
+            ])
+    _print_table(
+        f"Every module: median spread over its bound (spread / bound; 1 = the best split) under four planners, "
+        f"{batches} micro-batches per row ({max(3, batches // 2)} at 4096 samples); plan times in the same run",
+        header, cells,
+    )
+    gates = [(r, module_gates(r)) for r in rows]
+    per_replica_ok = [(r, g) for r, g in gates if r["n"] // max(r["dps"].values()) >= 8]  # >= 8 samples per replica
+    near = [g["worst_over_bound"] <= 0.02 for _, g in per_replica_ok]
+    vis = [g["vision_vs_vision_only"] <= 0.01 for _, g in gates]
+    big = [(r, g) for r, g in gates if (r["n"], r["g"]) == (4096, 512)]
+    worst = max(gates, key=lambda x: x[1]["worst_over_bound"])
+    worst_vis = max(gates, key=lambda x: x[1]["vision_vs_vision_only"])
+    print(f"\ngate: the worst module's joint spread within 0.02 of its bound (median): {sum(near)} of {len(near)} "
+          f"configurations (worst: {worst[0]['workload']} {worst[0]['layout']} {worst[0]['n']}/{worst[0]['g']}, "
+          f"{worst[1]['worst_module']} +{worst[1]['worst_over_bound']:.4f})")
+    print(f"gate: vision's joint spread at most 0.01 above the vision-only plan's (median): {sum(vis)} of {len(vis)} "
+          f"(largest: {worst_vis[0]['workload']} {worst_vis[0]['layout']} {worst_vis[0]['n']}/{worst_vis[0]['g']}, "
+          f"{worst_vis[1]['vision_vs_vision_only']:+.4f})")
+    if big:
+        ratios = [g["time_ratio"] for _, g in big]
+        print(f"gate: at 4096 samples / 512 groups the joint plan takes {min(ratios):.1f}x-{max(ratios):.1f}x the "
+              f"vision-only plan's median time (goal <= 3x): {sum(x <= 3 for x in ratios)} of {len(ratios)}; "
+              "joint ms p50 " + ", ".join(f"{r['workload']} {r['layout']} {statistics.median(r['ms']['joint']):.1f}"
+                                         for r, _ in big))
+
+
 # ------------------------------------------------------------------------------------- output
 
 
@@ -269,14 +521,22 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batches", type=int, default=200, help="random micro-batches per synthetic row")
     parser.add_argument("--per-group", type=int, default=8, help="samples per group in the synthetic table")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--no-synthetic", action="store_true", help="only the shipped-profile table")
+    parser.add_argument("--no-synthetic", action="store_true", help="no synthetic-workload table")
+    parser.add_argument("--module-batches", type=int, default=12,
+                        help="micro-batches per every-module row (half, at least 3, at 4096 samples)")
+    parser.add_argument("--no-modules", action="store_true", help="no every-module table")
+    parser.add_argument("--modules-only", action="store_true", help="only the every-module table")
     args = parser.parse_args(argv)
 
     print(f"machine: {machine()}")
     balanced_order(np.arange(64.0), 8)  # first-call imports and caches out of the timings
-    print_profile_table(profile_rows(args.repeats, args.seed), args.repeats)
-    if not args.no_synthetic:
-        print_synthetic_table(args.batches, args.per_group, args.seed)
+    balance_modules({"vision": np.arange(64.0), "language": np.arange(64.0)[::-1]}, {"vision": 8, "language": 4})
+    if not args.no_modules:
+        print_module_table(module_rows(args.module_batches, args.seed), args.module_batches)
+    if not args.modules_only:
+        print_profile_table(profile_rows(args.repeats, args.seed), args.repeats)
+        if not args.no_synthetic:
+            print_synthetic_table(args.batches, args.per_group, args.seed)
     print(f"machine at the end: {machine()}")
 
 

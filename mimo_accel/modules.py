@@ -18,11 +18,9 @@ from typing import Any, Iterable, Mapping, Optional
 
 LANGUAGE = "language"  # megatron.core.models.mimo.config.role.MIMO_LANGUAGE_MODULE_KEY
 
-# What prices a module's per-sample work in the cost index, and the profiler's name for a
-# module's forward/backward regions. Every encoder is still priced and timed as "vision".
-VISION_COST = "vision"
-LANGUAGE_COST = "language"
-ENCODER_TIMER = "vision"
+# Every module is priced by its own cost-index quantity and timed under its own name: both are the
+# module's name (an encoder "audios" is priced by the index's "audios" columns and timed as the
+# profiler regions "audios_fwd" / "audios_bwd"; the language model as "language_fwd" / ...).
 
 
 @dataclass(frozen=True)
@@ -31,8 +29,8 @@ class Module:
 
     name: str
     dp: int
-    cost: str  # the cost-index quantity that prices this module's work per sample
-    timer: Optional[str]  # region prefix of this module's forward/backward in the profiler (None: not timed)
+    cost: str  # the cost-index quantity that prices this module's work per sample (the module's name)
+    timer: Optional[str]  # region prefix of its forward/backward in the profiler (the module's name)
 
     @property
     def is_language(self) -> bool:
@@ -43,9 +41,9 @@ def module(name: str, dp: int) -> Module:
     """The :class:`Module` a config entry ``name`` with ``dp`` replicas describes."""
     if isinstance(dp, bool) or not isinstance(dp, int) or dp < 1:
         raise ValueError(f"module {name!r}: data-parallel size must be a positive integer, got {dp!r}")
-    if name == LANGUAGE:
-        return Module(name, dp, cost=LANGUAGE_COST, timer=None)
-    return Module(name, dp, cost=VISION_COST, timer=ENCODER_TIMER)
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"a module needs a non-empty name, got {name!r}")
+    return Module(name, dp, cost=name, timer=name)
 
 
 @dataclass(frozen=True)

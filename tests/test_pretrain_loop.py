@@ -194,6 +194,9 @@ def test_profile_step_lines_hold_training_steps_only(workdir, accel_fan_in):
         assert [s["samples_read"] for s in log.steps] == [GBS // 2 if rank < 2 else GBS] * 4, rank
         if rank < 2:  # two micro-batches per step: two timed encoder forwards and backwards
             assert all(s["timed_calls"] == {"vision_fwd": 2, "vision_bwd": 2} for s in log.steps)
+        else:  # the language model, timed under its own name; its evaluation forwards are in no line
+            assert all(s["timed_calls"] == {"language_fwd": 2, "language_bwd": 2} for s in log.steps)
+            assert all(s["language_fwd_s"] > 0 and s["language_bwd_s"] > 0 and s["sq_tokens"] > 0 for s in log.steps)
 
 
 # Resume --------------------------------------------------------------------------------------

@@ -109,11 +109,52 @@ def test_backward_is_timed_when_the_gradient_arrives_from_outside(tmp_path):
 
 
 def test_untimed_step_writes_nulls_and_zero_counters(tmp_path):
+    with _recorder(tmp_path, regions=("vision_fwd", "vision_bwd"), counters=("vision_items",)) as rec:
+        s = rec.end_step()
+    assert rec.header["regions"] == ["vision_fwd", "vision_bwd"] and "vision_items" in rec.header["counters"]
+    assert s["vision_fwd_s"] is None and s["vision_bwd_s"] is None and s["predicted_spread"] is None
+    assert all(s[c] == 0 for c in COUNTERS) and s["vision_items"] == 0
+    assert s["step"] == 0
+    # a region nobody declared is in no line
     with _recorder(tmp_path) as rec:
         s = rec.end_step()
-    assert s["vision_fwd_s"] is None and s["vision_bwd_s"] is None and s["predicted_spread"] is None
-    assert all(s[c] == 0 for c in COUNTERS)
-    assert s["step"] == 0
+    assert "vision_fwd_s" not in s and rec.header["regions"] == []
+
+
+def test_regions_and_module_counters_are_dynamic(tmp_path):
+    """Any module's regions and an encoder's counters: a timer declares its regions when it is
+    attached, a module counter is written from the step it was first added in (0 after)."""
+    rec = _recorder(tmp_path, module="language", clock="wall")
+    rec.end_step()  # before anything was attached
+    lm = torch.nn.Linear(8, 8)
+    attach_module_timer(lm, rec, name="language")
+    lm(torch.randn(2, 8)).sum().backward()
+    rec.add(audios_items=3, audios_rows=4500, audios_sq_rows=3 * 1500**2, sq_tokens=25)
+    timed = rec.end_step()
+    idle = rec.end_step()
+    rec.close()
+    assert timed["language_fwd_s"] > 0 and timed["language_bwd_s"] > 0
+    assert (timed["audios_items"], timed["audios_rows"], timed["audios_sq_rows"], timed["sq_tokens"]) == \
+        (3, 4500, 3 * 1500**2, 25)
+    assert idle["language_fwd_s"] is None and idle["audios_items"] == 0 and idle["timed_calls"] == {}
+    with pytest.raises(ValueError, match="written by the recorder"):
+        rec.set(audios_rows=1)
+    with pytest.raises(ValueError, match="written by the recorder"):
+        rec.set(language_bwd_s=1.0)
+    first, *_ = read_run(tmp_path).ranks[0].steps
+    assert "language_fwd_s" not in first and "audios_items" not in first
+    assert read_run(tmp_path).ranks[0].regions == ("language_fwd", "language_bwd")
+
+
+def test_a_timer_skips_the_forwards_its_predicate_refuses(tmp_path):
+    rec = _recorder(tmp_path)
+    enc = _encoder(16, 1)
+    attach_module_timer(enc, rec, name="language", skip=lambda: not torch.is_grad_enabled())
+    with torch.no_grad():
+        enc(torch.randn(2, 16))
+    assert rec.end_step()["timed_calls"] == {}
+    enc(torch.randn(2, 16)).sum().backward()
+    assert rec.end_step()["timed_calls"] == {"language_fwd": 1, "language_bwd": 1}
 
 
 @pytest.mark.parametrize("mode", ["non_reentrant", "reentrant"])
@@ -195,6 +236,8 @@ def test_bad_arguments_are_refused(tmp_path):
     rec = _recorder(tmp_path)
     with pytest.raises(TypeError, match="unknown counter 'sample'"):
         rec.add(sample=1)
+    with pytest.raises(TypeError, match="unknown counter '_rows'"):
+        rec.add(_rows=1)
     with pytest.raises(ValueError, match="written by the recorder"):
         rec.set(step_time_s=1.0)
     with pytest.raises(ValueError, match="rank must be in"):
@@ -381,5 +424,162 @@ def test_multi_rank_processes_write_one_file_each(tmp_path):
     for rank, log in run.ranks.items():
         assert [s["step"] for s in log.steps] == [0, 1, 2, 3]
         assert log.module == ("vision" if rank < 2 else "language")
-        timed = log.steps[-1]["vision_fwd_s"]
+        timed = log.steps[-1].get("vision_fwd_s")
         assert (timed is not None and timed > 0) if rank < 2 else timed is None
+
+
+# ------------------------------------------------------------------------------------ formats
+
+
+def _v1_file(path, rank, module, steps, world_size=2, dp_rank=0, dp_size=1):
+    """A rank file as format 1 wrote it (before per-module timing): vision_fwd_s / vision_bwd_s in
+    every line, no regions in the header, every encoder timed as "vision"."""
+    header = {"kind": "header", "format": profiler.FORMAT_V1, "rank": rank, "world_size": world_size,
+              "module": module, "dp_rank": dp_rank, "dp_size": dp_size, "layout": {}, "versions": {},
+              "config": {}, "device": "cpu", "label": "old", "clock": {"step": "wall", "regions": "thread_cpu"}}
+    lines = [header]
+    for i, (fwd, bwd) in enumerate(steps):
+        lines.append({"kind": "step", "step": i, "step_time_s": 1.0, "step_cpu_s": None, "vision_fwd_s": fwd,
+                      "vision_bwd_s": bwd, "samples": 2, "images": 2, "patches": 64, "sq_patches": 2048,
+                      "tokens": 40, "samples_read": 2, "bytes_read": 0, "bytes_exchanged": 0,
+                      "predicted_spread": None,
+                      "timed_calls": {"vision_fwd": 1, "vision_bwd": 1} if fwd is not None else {}})
+    path.mkdir(parents=True, exist_ok=True)
+    (path / f"rank{rank}.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+
+
+def test_format_1_files_are_read_without_warnings(tmp_path):
+    _v1_file(tmp_path, 0, "images", [(0.1, 0.2)] * 3)  # upstream's naming: timed as "vision" then
+    _v1_file(tmp_path, 1, "language", [(None, None)] * 3)
+    run = read_run(tmp_path)
+    assert run.warnings == []
+    images, language = run.ranks[0], run.ranks[1]
+    assert images.format == profiler.FORMAT_V1 and images.regions == ("vision_fwd", "vision_bwd")
+    assert images.module_regions == ("vision_fwd", "vision_bwd")  # what that encoder's time is under
+    assert language.module_regions == ("language_fwd", "language_bwd")  # never timed in format 1
+    assert profiler.module_seconds(images.steps[0], images.module_regions) == pytest.approx(0.3)
+    assert profiler.module_seconds(language.steps[0], language.module_regions) is None
+
+
+def test_a_format_2_encoder_is_read_under_its_own_name(tmp_path):
+    rec = _recorder(tmp_path, module="audios", regions=profiler.module_regions("audios"), clock="wall")
+    with rec.time("audios_fwd"):
+        pass
+    rec.end_step()
+    rec.close()
+    log = read_run(tmp_path).ranks[0]
+    assert log.format == FORMAT and log.module_regions == ("audios_fwd", "audios_bwd")
+    assert profiler.module_seconds(log.steps[0], log.module_regions) >= 0
+
+
+# ---------------------------------------------- the profiler's hooks on real MIMO submodules
+
+
+class _Patches(torch.nn.Module):
+    """A patch-packed encoder (Qwen-VL's call shape): rows of patches and one (t, h, w) per image."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(6, 4)
+
+    def forward(self, hidden_states, grid_thw):
+        return self.lin(hidden_states)
+
+
+class _Clips(torch.nn.Module):
+    """An audio-like encoder: (clips, mel bins, frames) in, (clips, frames // 2, hidden) out."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 4)
+
+    def forward(self, input_features):
+        return self.lin(input_features.transpose(1, 2)[:, ::2])
+
+
+def _profiling(tmp_path, module: str, dp_sizes: dict, dp_rank: int = 0):
+    from mimo_accel.config import AccelConfig
+    from mimo_accel.runtime.profiling import Profiling
+    from mimo_accel.runtime.shard import ShardContext
+    from mimo_accel.runtime.state import Runtime
+
+    runtime = Runtime(AccelConfig(profile=str(tmp_path)))
+    runtime.context = ShardContext(module, dp_rank, dp_sizes[module], 1, dp_sizes=dp_sizes)
+    runtime.profiling = Profiling(runtime)
+    return runtime
+
+
+def test_each_module_is_timed_and_counted_under_its_own_name(tmp_path):
+    """Real megatron-core ModalitySubmodules (vision and audio) under the real encode hook, a
+    language model timed through saw_model, a no_grad evaluation pass between the steps: one
+    process plays the three roles (one Recorder file: the unit under test is the hooks)."""
+    import warnings
+    from types import SimpleNamespace
+
+    from megatron.core.models.mimo.submodules.audio import AudioModalitySubmodules
+    from megatron.core.models.mimo.submodules.base import ModalitySubmodules
+    from megatron.core.models.mimo.submodules.vision import VisionModalitySubmodules
+
+    from mimo_accel.runtime.profiling import wrap_encode
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "ModalitySubmodules is experimental"
+        images = VisionModalitySubmodules(encoders={"vit": _Patches()})
+        audios = AudioModalitySubmodules(encoders={"whisper": _Clips()})
+    runtime = _profiling(tmp_path, "images", {"images": 1, "audios": 1, "language": 1})
+    lm = torch.nn.Linear(4, 1)
+    model = SimpleNamespace(modality_submodules={"images": images, "audios": audios}, language_model=lm)
+    runtime.profiling.saw_model(model)
+    runtime.profiling.saw_model(model)  # once per model: the second look changes nothing
+    encode = wrap_encode(ModalitySubmodules.encode, runtime)
+    grid = torch.tensor([[1, 2, 4], [1, 4, 4]])  # 8 and 16 patches
+    mask = torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1], [1, 0, 0, 0]])
+    for _ in range(2):
+        for _ in range(2):  # two micro-batches per step
+            vis = encode(images, {"vit": {"hidden_states": torch.randn(24, 6), "grid_thw": grid}})
+            aud = encode(audios, {"whisper": {"input_features": torch.randn(3, 8, 10)}})
+            lm(torch.cat([vis[0], aud[0]])).sum().backward()
+            runtime.profiling.record_batch({"input_ids": torch.zeros(3, 4, dtype=torch.long),
+                                            "attention_mask": mask}, read_samples=3)
+        with torch.no_grad():  # evaluation: in no step line
+            encode(images, {"vit": {"hidden_states": torch.randn(24, 6), "grid_thw": grid}})
+            encode(audios, {"whisper": {"input_features": torch.randn(5, 8, 10)}})
+            lm(torch.randn(3, 4))
+            runtime.profiling.record_batch({"input_ids": torch.zeros(3, 4, dtype=torch.long),
+                                            "attention_mask": mask}, read_samples=3)
+        runtime.profiling.end_step()
+    runtime.close()
+
+    log = read_run(tmp_path).ranks[0]
+    assert log.header["regions"] == ["images_fwd", "images_bwd"]  # this rank's own module, declared
+    for s in log.steps:
+        assert s["timed_calls"] == {f"{m}_{p}": 2 for m in ("images", "audios", "language") for p in ("fwd", "bwd")}
+        assert all(s[f"{m}_{p}_s"] > 0 for m in ("images", "audios", "language") for p in ("fwd", "bwd"))
+        # images: 2 per micro-batch, 8 + 16 patches; also format 1's counters
+        assert (s["images_items"], s["images_rows"], s["images_sq_rows"]) == (4, 48, 2 * (64 + 256))
+        assert (s["images"], s["patches"], s["sq_patches"]) == (4, 48, 2 * (64 + 256))
+        # audios: 3 clips per micro-batch, 5 output rows each (10 frames, every second one)
+        assert (s["audios_items"], s["audios_rows"], s["audios_sq_rows"]) == (6, 30, 6 * 25)
+        # language: real tokens L = 3, 4, 1 per micro-batch
+        assert (s["tokens"], s["sq_tokens"], s["samples_read"]) == (16, 2 * (9 + 16 + 1), 6)
+
+
+def test_what_an_encoder_counts():
+    from mimo_accel.runtime.profiling import encoder_counts
+
+    def ints(c):
+        return tuple(int(v) for v in c[:3]) + (c[3],)
+
+    grid = torch.tensor([[2, 4, 6]])
+    assert ints(encoder_counts({"x": torch.zeros(48, 3), "grid_thw": grid})) == (1, 48, 48 * 48, True)
+    assert ints(encoder_counts({"x": torch.zeros(0, 3), "grid_thw": torch.zeros(0, 3, dtype=torch.long)})) == \
+        (0, 0, 0, True)
+    clips = {"input_features": torch.zeros(2, 80, 3000)}
+    assert ints(encoder_counts(clips, torch.zeros(2, 1500, 16))) == (2, 3000, 2 * 1500**2, False)  # output rows
+    assert ints(encoder_counts(clips, (torch.zeros(2, 1500, 16), None))) == (2, 3000, 2 * 1500**2, False)
+    assert ints(encoder_counts({"x": torch.zeros(1, 80, 3000)}, torch.zeros(700, 16))) == (1, 700, 700**2, False)
+    # a flat output of several clips: the input's time length, from a mask where there is one
+    masked = {"input_features": torch.zeros(2, 80, 6), "feature_attention_mask": torch.tensor([[1] * 6, [1] * 2 + [0] * 4])}
+    assert ints(encoder_counts(masked, torch.zeros(8, 16))) == (2, 8, 36 + 4, False)
+    assert ints(encoder_counts(clips, torch.zeros(3000, 16))) == (2, 6000, 2 * 3000**2, False)  # longest dim
+    assert encoder_counts({"n": 3}) is None

@@ -213,3 +213,74 @@ def test_fixed_sizes_and_text_only_profiles(tmp_path):
     t = prof.sample_table(50, seed=0)
     assert (t.images == 0).all() and (t.patches == 0).all()
     assert all(not s.images for s in prof.rehearsal_shapes(20))
+
+
+# ------------------------------------------------------------------------------ a second encoder
+
+
+AUDIO = """
+[audio]
+count = { 0 = 0.5, 1 = 0.3, 2 = 0.2 }
+seconds = { dist = "lognormal", median = 6, sigma = 0.7, min = 1, max = 30 }
+rows_per_second = 50
+rows_per_token = 4
+"""
+
+
+def _with_audio(text: str = VALID, audio: str = AUDIO, dp: int = 2) -> str:
+    return (text.replace("[layout]", audio + "\n[layout]", 1)
+            .replace("language = { tp = 2, pp = 1, dp = 2 }", f"language = {{ tp = 2, pp = 1, dp = 2 }}\naudio = {{ dp = {dp} }}", 1))
+
+
+def test_a_profile_may_declare_an_audio_encoder(tmp_path):
+    plain = load_profile(_write(tmp_path, VALID, "plain.toml"))
+    prof = load_profile(_write(tmp_path, _with_audio()))
+    assert prof.audio is not None and prof.audio.rows_per_second == 50 and prof.audio.pad_to_seconds is None
+    assert prof.layout.dp_sizes == {"vision": 4, "audio": 2, "language": 2} and prof.layout.grid == 4
+    assert prof.layout.world_size == 4 + 2 + 4
+    t, p = prof.sample_table(2000, seed=3), plain.sample_table(2000, seed=3)
+    # the images and the text drawn are those of the profile without audio; the clips come on top
+    assert np.array_equal(t.patches, p.patches) and np.array_equal(t.images, p.images)
+    clips = t.audio_clips
+    assert set(np.unique(clips)) == {0, 1, 2} and abs((clips == 0).mean() - 0.5) < 0.05
+    assert (t.audio_rows[clips == 0] == 0).all() and (t.audio_rows[clips > 0] >= 50).all()
+    assert t.audio_rows.sum() == t.clip_rows.sum() and t.audio_sq_rows.sum() == (t.clip_rows**2).sum()
+    owner = np.repeat(np.arange(len(t)), clips)
+    assert np.array_equal(t.audio_tokens, np.bincount(owner, -(-t.clip_rows // 4), minlength=len(t)).astype(int))
+    assert np.array_equal(t.tokens, t.patches // 4 + t.audio_tokens + t.text_tokens)
+    assert (t.tokens <= prof.layout.seq_length).all() and (t.bytes > p.bytes)[clips > 0].all()
+    costs = t.module_costs(CostModel(a=1.0, b=0.001, c=0.0))
+    assert set(costs) == {"vision", "audio", "language"}
+    assert np.allclose(costs["audio"], t.audio_rows + 0.001 * t.audio_sq_rows)
+    assert np.allclose(costs["language"], t.tokens + t.tokens.astype(float) ** 2 / 8192)
+    assert set(plain.sample_table(10).module_costs()) == {"vision", "language"}
+    s = prof.summary()
+    assert 0.45 < s["audio_free_fraction"] < 0.55 and s["audio_clips_per_sample_mean"] > 0
+
+
+def test_a_padding_extractor_makes_every_clip_cost_the_same(tmp_path):
+    whisper = AUDIO.replace("rows_per_token = 4", "pad_to_seconds = 30")
+    t = load_profile(_write(tmp_path, _with_audio(audio=whisper))).sample_table(500, seed=1)
+    assert (t.clip_rows == 1500).all() and np.array_equal(t.audio_rows, 1500 * t.audio_clips)
+
+
+AUDIO_BAD = [
+    (_with_audio(dp=3), ["layout.micro_batch_size", "audio dp 3", "lcm"]),
+    (_with_audio().replace("audio = { dp = 2 }", ""), ["layout.audio", "missing", "add audio ="]),
+    (VALID.replace("language = { tp = 2, pp = 1, dp = 2 }", "language = { tp = 2, pp = 1, dp = 2 }\naudio = { dp = 2 }"),
+     ["layout.audio", "without an [audio] table"]),
+    (_with_audio(audio=AUDIO.replace("rows_per_token = 4", "pad_to_seconds = 20")),
+     ["audio.seconds", "longer than pad_to_seconds"]),
+    (_with_audio(audio=AUDIO.replace("rows_per_second = 50", "rows_per_sec = 50")), ["audio.rows_per_sec", "unknown key"]),
+    (_with_audio(audio=AUDIO.replace("rows_per_token = 4", "rows_per_token = 1")).replace("seq_length = 8192", "seq_length = 4200"),
+     ["layout.seq_length", "audio tokens", "or the audio clips"]),
+]
+
+
+@pytest.mark.parametrize("text,expect", AUDIO_BAD, ids=[b[1][0] + "-" + str(i) for i, b in enumerate(AUDIO_BAD)])
+def test_bad_audio_sections_name_the_key_and_the_fix(tmp_path, text, expect):
+    path = _write(tmp_path, text)
+    with pytest.raises(ProfileError) as info:
+        load_profile(path)
+    for part in expect:
+        assert part in str(info.value), str(info.value)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from mimo_accel.profiler import FORMAT, read_run
+from mimo_accel.profiler import FORMAT, FORMAT_V1, read_run
 from mimo_accel.tools.report import STABLE_KEYS, build, main, render, summarize, write_json
 
 LAYOUT = {"vision": {"tp": 1, "pp": 1, "dp": 2}, "language": {"tp": 1, "pp": 1, "dp": 2}}
@@ -22,14 +22,16 @@ def write_run(
     world_size: int | None = None,
     layout: dict | None = None,
     label: str = "baseline",
+    fmt: str = FORMAT_V1,
 ) -> Path:
     """Write ``rank<N>.jsonl`` files. ``ranks[r]`` = {module, dp_rank, dp_size, steps: [dict(...)]};
-    each step dict holds step fields; missing ones get defaults."""
+    each step dict holds step fields; missing ones get defaults. By default the files are format 1's
+    (vision_fwd_s / vision_bwd_s in every line, nothing else timed): old files report as they did."""
     directory.mkdir(parents=True, exist_ok=True)
     world_size = world_size if world_size is not None else len(ranks)
     for rank, spec in ranks.items():
         header = {
-            "kind": "header", "format": FORMAT, "rank": rank, "world_size": world_size,
+            "kind": "header", "format": fmt, "rank": rank, "world_size": world_size,
             "module": spec["module"], "dp_rank": spec.get("dp_rank", 0), "dp_size": spec.get("dp_size", 1),
             "layout": LAYOUT if layout is None else layout, "versions": {}, "config": {}, "device": "cpu",
             "label": label, "clock": {"step": "wall", "regions": "thread_cpu"},
@@ -339,3 +341,119 @@ def test_the_report_shows_the_planned_spread_beside_the_measured_one(tmp_path):
     render(doc["before"], console=Console(file=out, width=140))
     row = next(ln for ln in out.getvalue().splitlines() if "the plan predicted" in ln)
     assert "1.100" in row, row
+
+
+# ---------------------------------------------------------------------------- every module
+
+
+MODULES3 = {"dp": {"images": 2, "audios": 2, "language": 2}}
+
+
+def three_modules(directory: Path, *, slow: dict, label: str = "baseline", tokens=(100, 100)) -> Path:
+    """Format-2 files of a run with two encoders and a language model, 2 replicas each (ranks
+    0-1 images, 2-3 audios, 4-5 language). ``slow[m]``: how much slower replica 1 of module m is."""
+    ranks = {}
+    for rank in range(6):
+        m = ("images", "audios", "language")[rank // 2]
+        dp = rank % 2
+        f = slow.get(m, 1.0) if dp == 1 else 1.0
+        steps = []
+        for step in range(5):
+            st = {f"{m}_fwd_s": 0.1 * f, f"{m}_bwd_s": 0.2 * f, "samples": 4,
+                  "predicted_spreads": {"images": 1.01, "audios": 1.02, "language": 1.03 + 0.01 * step},
+                  "predicted_spread": 1.03 + 0.01 * step,
+                  "timed_calls": {f"{m}_fwd": 1, f"{m}_bwd": 1}}
+            if m == "language":
+                st["tokens"] = tokens[dp]
+            steps.append(st)
+        ranks[rank] = {"module": m, "dp_rank": dp, "dp_size": 2, "steps": steps}
+    return write_run(directory, ranks, label=label, layout=MODULES3, fmt=FORMAT)
+
+
+def test_a_run_with_two_encoders_and_a_language_model_has_a_straggler_row_each(tmp_path):
+    before = three_modules(tmp_path / "b", slow={"images": 2.0, "audios": 1.5, "language": 3.0}, tokens=(100, 300))
+    after = three_modules(tmp_path / "a", slow={}, label="accelerated", tokens=(200, 200))
+    out = tmp_path / "r.json"
+    c = _console()
+    assert main([str(before), str(after), "--json", str(out)], console=c) == 0
+    doc = json.loads(out.read_text())
+    b, a = doc["before"], doc["after"]
+    assert doc["warnings"] == []
+    for m, ratio in (("images", 4 / 3), ("audios", 1.2), ("language", 1.5)):
+        assert b[f"{m}_max_over_mean_p50"] == pytest.approx(ratio) and a[f"{m}_max_over_mean_p50"] == pytest.approx(1.0)
+        assert doc["change"][f"{m}_max_over_mean_p50"] == pytest.approx(1 / ratio)
+        assert b["per_module"][m]["replicas"] == 2
+    assert b["module_order"] == ["images", "audios", "language"]
+    assert b["per_module"]["language"]["slowest"]["dp_rank"] == 1
+    # no module named vision: the stable vision keys are there, and say whose they are
+    assert set(STABLE_KEYS) <= set(b) and b["vision_max_over_mean_p50"] is None
+    assert b["predicted_spreads_mean"] == pytest.approx({"images": 1.01, "audios": 1.02, "language": 1.055})
+    assert b["predicted_spread_mean"] == pytest.approx(1.055)
+    assert b["language_tokens_per_replica"] == {"0": 100, "1": 300}
+    assert b["language_tokens_max_over_mean_p50"] == pytest.approx(1.5)
+    assert a["language_tokens_max_over_mean_p50"] == pytest.approx(1.0)
+    text = _text(c)
+    rows = [ln for ln in text.splitlines() if "straggler max/mean p50" in ln]
+    assert [ln.split("│")[1].split()[0] for ln in rows] == ["images", "audios", "language"]
+    assert "1.500" in rows[-1] and "×0.67" in rows[-1]
+    planned = next(ln for ln in text.splitlines() if "language straggler the plan predicted" in ln)
+    assert "1.055" in planned
+    assert "worst module's straggler the plan predicted" in text
+    assert "Language model time per rank" in text and "Encoder 'audios' time per rank" in text
+    assert "language DP replica 1 (rank 5) slowest in 100% of 4 steps" in text
+    assert "Language real tokens per replica per step" in " ".join(text.split())
+    assert "slowest vision" not in text and "no slowest vision" not in text
+
+
+def test_the_report_of_recorder_files_with_every_module_timed(tmp_path):
+    """Real Recorder files: each rank times its own module with a real module timer, on work of
+    different sizes per replica."""
+    import torch
+
+    from mimo_accel.profiler import Recorder, attach_module_timer, module_regions
+
+    for rank in range(6):
+        m = ("vision", "audios", "language")[rank // 2]
+        rec = Recorder(tmp_path, rank=rank, world_size=6, module=m, dp_rank=rank % 2, dp_size=2,
+                       layout={"dp": {"vision": 2, "audios": 2, "language": 2}}, label="rec", device="cpu",
+                       regions=module_regions(m))
+        torch.manual_seed(rank)
+        net = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Tanh(), torch.nn.Linear(64, 1))
+        attach_module_timer(net, rec, name=m)
+        for _ in range(3):
+            net(torch.randn(64 * (1 + 3 * (rank % 2)), 64)).sum().backward()
+            rec.add(samples=2, tokens=10 * (1 + rank % 2) if m == "language" else 0)
+            rec.end_step()
+        rec.close()
+    s = summarize(read_run(tmp_path), warmup=0)
+    assert s["warnings"] == [] and s["module_order"] == ["vision", "audios", "language"]
+    for m in ("vision", "audios", "language"):
+        assert s[f"{m}_max_over_mean_p50"] >= 1.0 and s["per_module"][m]["steps"] == 3
+    assert s["vision_max_over_mean_p50"] == s["per_module"]["vision"]["max_over_mean_p50"]
+    assert s["language_tokens_per_replica"] == {"0": 10, "1": 20}
+    c = _console()
+    render(s, console=c)
+    rows = [ln for ln in _text(c).splitlines() if "straggler max/mean p50" in ln]
+    assert len(rows) == 3
+
+
+def test_format_1_files_of_an_encoder_not_named_vision_still_report(tmp_path):
+    """Format 1 timed every encoder as "vision": upstream's naming (images) still reports its time."""
+    ranks = {r: {"module": "images" if r < 2 else "language", "dp_rank": r % 2, "dp_size": 2,
+                 "steps": [{"vision_fwd_s": 0.1 * (1 + (r == 1)), "vision_bwd_s": 0.0, "samples": 4}] * 3}
+             for r in range(4)}
+    for r in (2, 3):
+        ranks[r]["steps"] = [{"samples": 4}] * 3
+    s = summarize(read_run(write_run(tmp_path, ranks, layout={"images": {"dp": 2}, "language": {"dp": 2}})))
+    assert s["images_max_over_mean_p50"] == pytest.approx(2 / 1.5)
+    assert s["vision_max_over_mean_p50"] == pytest.approx(2 / 1.5)
+    assert s["language_max_over_mean_p50"] is None
+    assert any("no rank header says module='vision'" in w for w in s["warnings"])
+    assert not any("language ranks recorded no" in w for w in s["warnings"])  # format 1 never timed it
+
+
+def test_png_of_every_module(tmp_path):
+    b = three_modules(tmp_path / "b", slow={"language": 2.0})
+    png = tmp_path / "r.png"
+    assert main([str(b), str(b), "--png", str(png)], console=_console()) == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

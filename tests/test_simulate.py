@@ -113,7 +113,7 @@ def test_parse_dp_list():
 
 
 JSON_ROW_KEYS = {"dp", "language_dp", "grid", "micro_batch_size", "straggler", "vision_speedup", "reads",
-                 "exchange", "plan_ms", "window"}
+                 "exchange", "plan_ms", "window", "modules"}
 
 
 def test_main_prints_tables_and_writes_json_and_png(tmp_path):
@@ -125,7 +125,7 @@ def test_main_prints_tables_and_writes_json_and_png(tmp_path):
     assert "straggler" in text and "Reads per step" in text and "plan-before-read" in text
     doc = json.loads(out.read_text())
     assert set(doc) == {"format", "profile", "cost_model", "steps", "window", "samples_per_replica", "seed",
-                        "language_dp_rule", "layout", "rows", "notes", "elapsed_s"}
+                        "language_dp_rule", "layout", "rows", "notes", "elapsed_s", "modules"}
     assert doc["format"] == sim.SIMULATE_FORMAT and doc["samples_per_replica"] == 4
     assert doc["cost_model"]["source"] == "default"
     row = doc["rows"][0]
@@ -136,6 +136,9 @@ def test_main_prints_tables_and_writes_json_and_png(tmp_path):
     assert set(row["exchange"]) == {"plan_before_read_bytes", "lpt", "balanced", "balanced_matched"}
     assert set(row["plan_ms"]) >= {"balanced_p50", "balanced_max", "lpt_p50", "lpt_max"}
     assert doc["window"] == 1 and row["window"] is None and "Global-batch window" not in text
+    assert doc["modules"] == ["vision", "language"] and "Every module's replica spread" in text
+    assert set(row["modules"]) == {"dps", "spread", "worst", "worst_over_bound", "plan_ms"}
+    assert set(row["modules"]["spread"]["language"]) == {*sim.MODULE_PLANNERS, "bound"}
     # matplotlib is a declared dependency (requirements/dev.txt): the chart must be written
     assert rc == 0 and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 1000
 
@@ -243,3 +246,73 @@ def test_window_on_the_command_line(tmp_path, capsys):
     assert "--window must be >= 1" in capsys.readouterr().err
     with pytest.raises(ValueError, match="window must be a positive integer"):
         sim.simulate(load_profile("receipts"), [2], steps=1, window=0)
+
+
+# --------------------------------------------------------------------------------------------
+# Every module: contiguous, LPT, vision-only and the joint plan side by side, any layout
+# --------------------------------------------------------------------------------------------
+
+
+def test_every_module_under_the_four_plans(receipts):
+    for r in receipts["rows"]:
+        mod = r["modules"]
+        assert mod["dps"] == {"vision": r["dp"], "language": r["language_dp"]}
+        for m, st in mod["spread"].items():
+            for p in sim.MODULE_PLANNERS:
+                assert st["bound"]["p50"] <= st[p]["p50"] + 1e-9, (r["dp"], m, p)
+        v = mod["spread"]["vision"]
+        # the vision-only plan is the shipped planner's: the vision straggler of the balanced plan
+        assert v["vision_only"] == r["straggler"]["balanced"] and v["lpt"] == r["straggler"]["lpt"]
+        assert v["contiguous"] == r["straggler"]["contiguous"]
+        # the joint plan's quality is balance_modules' (tests/test_balance.py, bench_balance.py gate
+        # it); here: it is a plan for every module, far better than the contiguous split
+        assert mod["worst"]["joint"]["p50"] < mod["worst"]["contiguous"]["p50"] or r["dp"] == 1
+        assert mod["worst"]["vision_only"]["p50"] >= mod["spread"]["language"]["vision_only"]["p50"] - 1e-12
+        assert mod["plan_ms"]["joint_p50"] > 0 and mod["plan_ms"]["joint_over_vision_only"] > 0
+    # receipts has a language straggler the vision-only plan does not touch
+    row = receipts["rows"][2]
+    assert row["modules"]["spread"]["language"]["vision_only"]["p50"] > 1.05
+    assert row["modules"]["spread"]["language"]["joint"]["p50"] < row["modules"]["spread"]["language"]["vision_only"]["p50"]
+
+
+AUDIO_PROFILE = (load_profile("receipts").path.read_text()
+                 .replace("[layout]", """[audio]
+count = { 0 = 0.5, 1 = 0.4, 3 = 0.1 }
+seconds = { dist = "lognormal", median = 8, sigma = 0.8, min = 1, max = 60 }
+rows_per_second = 50
+rows_per_token = 8
+
+[layout]""", 1)
+                 .replace("seq_length = 8192", "seq_length = 16384", 1)
+                 .replace("language = { tp = 4, pp = 1, dp = 4 }", "language = { tp = 4, pp = 1, dp = 4 }\naudio = { dp = 2 }", 1))
+
+
+@pytest.mark.parametrize("rule", ["ratio", "1", "0.5", "2"])
+def test_three_modules_in_any_layout(tmp_path, rule):
+    path = tmp_path / "voice_receipts.toml"
+    path.write_text(AUDIO_PROFILE)
+    doc = sim.simulate(path, [4, 8], steps=3, seed=1, language_dp=rule, audio_dp=rule)
+    assert doc["modules"] == ["vision", "audio", "language"] and doc["layout"]["audio"]["dp"] == 2
+    for r in doc["rows"]:
+        mod = r["modules"]
+        want = {"ratio": (r["dp"] // 2, r["dp"] // 4), "1": (r["dp"],) * 2, "0.5": (r["dp"] // 2,) * 2,
+                "2": (2 * r["dp"],) * 2}[rule]
+        assert (r["language_dp"], r["audio_dp"]) == want
+        assert mod["dps"] == {"vision": r["dp"], "audio": r["audio_dp"], "language": r["language_dp"]}
+        assert r["grid"] == np.lcm.reduce(list(mod["dps"].values()))
+        assert set(mod["spread"]) == {"vision", "audio", "language"}
+        for st in mod["spread"].values():
+            assert st["bound"]["p50"] <= st["joint"]["p50"] + 1e-9
+        assert mod["worst"]["joint"]["p50"] <= mod["worst"]["contiguous"]["p50"] + 1e-9
+    out = io.StringIO()
+    sim.render(doc, Console(file=out, width=200))
+    text = out.getvalue()
+    assert "audio" in text and all(f"a{r['audio_dp']}" in text for r in doc["rows"])
+
+
+def test_bad_dp_rules_are_refused(capsys):
+    assert sim.main(["--dp", "2", "--steps", "1", "--language-dp", "-1"]) == 2
+    assert "language DP rule" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="language DP rule"):
+        sim.language_dp_for(load_profile("receipts"), 4, "twice")
+    assert sim.audio_dp_for(load_profile("receipts"), 4) is None

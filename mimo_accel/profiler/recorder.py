@@ -11,7 +11,8 @@ Clocks (recorded in the header under ``"clock"``):
   waits for, and on a GPU the step has synchronised by then (the loss is read on the host).
 * ``step_cpu_s`` is the host CPU time of the same interval: process CPU time when the region clock
   is ``process_cpu``, else the calling thread's CPU time (on CUDA: the host side's own work).
-* Regions (``vision_fwd_s``, ``vision_bwd_s``, any ``<name>_s``) use the **region clock**:
+* Regions (any ``<name>_s``: a module's forward and backward are ``<module>_fwd_s`` /
+  ``<module>_bwd_s``, e.g. ``vision_fwd_s``, ``audio_bwd_s``, ``language_fwd_s``) use the **region clock**:
 
   - ``"cuda_event"`` on CUDA: a pair of timing events per region, recorded on the current stream;
     elapsed times are resolved at ``end_step`` after one ``synchronize`` of the last pending event
@@ -27,6 +28,16 @@ Clocks (recorded in the header under ``"clock"``):
   On a host clock, a region stopped on a different thread from the one that started it (CPU
   autograd runs backward on the calling thread, so this should not happen) falls back to wall
   time for that interval and is counted in the step's ``clock_fallbacks`` field.
+
+The file format (``FORMAT``): a region declared to the recorder (at creation, ``regions=``, or by
+:meth:`Recorder.declare`, as a module timer does when it is attached) is present in every later
+step line, null when it was not timed that step; any other region only in the steps that timed it.
+The counters ``COUNTERS`` are always present (0 if unset); an encoder module's counters
+``<module>_items`` / ``<module>_rows`` / ``<module>_sq_rows`` (``MODULE_COUNTERS``) from the first
+step they were declared or added in (0 when unset). The header lists what was declared at creation
+(``regions``, ``counters``). Format 1 (``FORMAT_V1``, before per-module timing) wrote
+``vision_fwd_s`` / ``vision_bwd_s`` in every line and knew no other module region;
+:func:`mimo_accel.profiler.read_run` reads both.
 
 The recorder does no collective communication and imports torch only when a CUDA clock or the
 module timer needs it, so ``mimo_accel.tools.report`` can load runs without importing torch.
@@ -46,10 +57,22 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-FORMAT = "mimo-accel-profile/1"
+FORMAT = "mimo-accel-profile/2"
+#: The format before per-module timing: ``vision_fwd_s`` / ``vision_bwd_s`` in every step line.
+FORMAT_V1 = "mimo-accel-profile/1"
+#: The formats :func:`mimo_accel.profiler.read_run` reads.
+READABLE_FORMATS = (FORMAT_V1, FORMAT)
 #: Counters that :meth:`Recorder.add` accumulates per step; always present in a step line (0 if unset).
-COUNTERS = ("samples", "images", "patches", "sq_patches", "tokens", "samples_read", "bytes_read", "bytes_exchanged")
-#: Regions that are always present in a step line (null when not timed that step).
+#: ``images`` / ``patches`` / ``sq_patches``: the patch-packed image encoder's (as in format 1);
+#: ``tokens`` / ``sq_tokens``: the batch's real tokens, Σ L and Σ L² over its samples.
+COUNTERS = ("samples", "images", "patches", "sq_patches", "tokens", "sq_tokens", "samples_read", "bytes_read",
+            "bytes_exchanged")
+#: Per-encoder counters: ``<module>_items`` (images / clips), ``<module>_rows`` (encoder rows summed over
+#: the items), ``<module>_sq_rows`` (rows² summed over the items).
+MODULE_COUNTERS = ("items", "rows", "sq_rows")
+#: The regions of a module: ``<module>_fwd`` and ``<module>_bwd``.
+MODULE_REGIONS = ("fwd", "bwd")
+#: The regions format 1 wrote in every step line; a format-2 recorder writes the regions it was told of.
 REGIONS = ("vision_fwd", "vision_bwd")
 #: Fields :meth:`Recorder.set` may fill that are always present in a step line (null if unset).
 SETTABLE = ("predicted_spread",)
@@ -57,8 +80,28 @@ SETTABLE = ("predicted_spread",)
 _RESERVED = frozenset(
     {"kind", "step", "step_time_s", "step_cpu_s", "t", "timed_calls", "clock_fallbacks"}
     | set(COUNTERS)
-    | {f"{r}_s" for r in REGIONS}
 )
+
+
+def module_regions(module: str) -> tuple[str, str]:
+    """The forward and backward region names of module ``module``: ``(<module>_fwd, <module>_bwd)``."""
+    return tuple(f"{module}_{part}" for part in MODULE_REGIONS)  # type: ignore[return-value]
+
+
+def module_counters(module: str) -> tuple[str, str, str]:
+    """An encoder module's counters: ``(<module>_items, <module>_rows, <module>_sq_rows)``."""
+    return tuple(f"{module}_{part}" for part in MODULE_COUNTERS)  # type: ignore[return-value]
+
+
+def is_counter(name: str) -> bool:
+    """Whether :meth:`Recorder.add` accepts ``name``: one of ``COUNTERS`` or ``<module>_items`` /
+    ``<module>_rows`` / ``<module>_sq_rows`` for a non-empty module name."""
+    if name in COUNTERS:
+        return True
+    for part in ("sq_rows", "items", "rows"):  # sq_rows before rows: "x_sq_rows" is module x's
+        if name.endswith(f"_{part}") and len(name) > len(part) + 1:
+            return True
+    return False
 _CLOCKS = ("auto", "thread_cpu", "process_cpu", "wall", "cuda_event")
 
 
@@ -209,6 +252,8 @@ class Recorder:
         clock: str = "auto",
         append: bool = False,
         fsync: bool = False,
+        regions: tuple[str, ...] | list[str] = (),
+        counters: tuple[str, ...] | list[str] = (),
     ) -> None:
         if not (0 <= rank < world_size):
             raise ValueError(f"rank must be in [0, world_size={world_size}); got {rank}")
@@ -222,6 +267,11 @@ class Recorder:
         self._cpu_fn = time.process_time if cpu_name == "process_cpu" else time.thread_time
         self._fsync = fsync
         self._lock = threading.Lock()
+        self._declared_regions: list[str] = []
+        self._declared_counters: list[str] = []
+        self._check_declaration(regions, counters)
+        self._declared_regions.extend(dict.fromkeys(regions))
+        self._declared_counters.extend(c for c in dict.fromkeys(counters) if c not in COUNTERS)
 
         self.path = rank_file(out_dir, rank)
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -240,6 +290,8 @@ class Recorder:
             "device": self.device,
             "label": str(label),
             "clock": {"step": "wall", "step_cpu": cpu_name, "regions": self._clock.name},
+            "regions": list(self._declared_regions),
+            "counters": [*COUNTERS, *self._declared_counters],
             "pid": os.getpid(),
             "host": platform.node(),
             "t": time.time(),
@@ -255,7 +307,7 @@ class Recorder:
     # -- step lifecycle -------------------------------------------------------------------------
 
     def _reset_step(self) -> None:
-        self._counters = dict.fromkeys(COUNTERS, 0)
+        self._counters = dict.fromkeys((*COUNTERS, *self._declared_counters), 0)
         self._fields: dict[str, Any] = {}
         self._regions: dict[str, float] = {}
         self._calls: dict[str, int] = {}
@@ -293,10 +345,11 @@ class Recorder:
             "step_time_s": t1 - self._t0,
             "step_cpu_s": cpu1 - self._cpu0,
         }
-        for name in REGIONS:
+        declared = self._declared_regions
+        for name in declared:
             record[f"{name}_s"] = self._regions.get(name)
         for name, seconds in self._regions.items():
-            if name not in REGIONS:
+            if name not in declared:
                 record[f"{name}_s"] = seconds
         record.update(self._counters)
         for name in SETTABLE:
@@ -313,13 +366,44 @@ class Recorder:
     # -- counters and fields --------------------------------------------------------------------
 
     def add(self, **counters: int) -> None:
-        """Add to this step's counters (``samples``, ``images``, ``patches``, ``tokens``,
-        ``samples_read``, ``bytes_read``, ``bytes_exchanged``)."""
+        """Add to this step's counters (``COUNTERS``: ``samples``, ``images``, ``patches``,
+        ``tokens``, ``sq_tokens``, ``samples_read``, ``bytes_read``, ``bytes_exchanged``; an
+        encoder's ``<module>_items`` / ``<module>_rows`` / ``<module>_sq_rows``). A module counter
+        added once is written in every later step line (0 when unset)."""
         c = self._counters
         for name, value in counters.items():
             if name not in c:
-                raise TypeError(f"unknown counter {name!r}; counters are: {', '.join(COUNTERS)}")
+                if not is_counter(name):
+                    raise TypeError(f"unknown counter {name!r}; counters are: {', '.join(COUNTERS)}, and "
+                                    "<module>_items, <module>_rows, <module>_sq_rows for an encoder module")
+                with self._lock:
+                    if name not in self._declared_counters:
+                        self._declared_counters.append(name)
+                c[name] = 0
             c[name] += int(value)
+
+    def declare(self, *, regions: tuple[str, ...] | list[str] = (), counters: tuple[str, ...] | list[str] = ()) -> None:
+        """From this step on, every step line carries ``<region>_s`` for each of ``regions`` (null when
+        not timed in that step) and each of ``counters`` (0 when unset)."""
+        self._check_declaration(regions, counters)
+        with self._lock:
+            for r in regions:
+                if r not in self._declared_regions:
+                    self._declared_regions.append(r)
+            for name in counters:
+                if name not in self._counters:
+                    self._declared_counters.append(name)
+                    self._counters[name] = 0
+
+    @staticmethod
+    def _check_declaration(regions, counters) -> None:
+        for r in regions:
+            if not isinstance(r, str) or not r or f"{r}_s" in _RESERVED:
+                raise ValueError(f"{r!r} cannot be a region name")
+        for name in counters:
+            if not isinstance(name, str) or not is_counter(name):
+                raise TypeError(f"unknown counter {name!r}; counters are: {', '.join(COUNTERS)}, and "
+                                "<module>_items, <module>_rows, <module>_sq_rows for an encoder module")
 
     def set(self, **fields: Any) -> None:
         """Set fields of this step's line (e.g. ``predicted_spread=0.04``); last value wins.
@@ -327,7 +411,8 @@ class Recorder:
         Any JSON-serialisable name is allowed except the recorder's own fields.
         """
         for name in fields:
-            if name in _RESERVED or (name.endswith("_s") and name[:-2] in self._regions):
+            if (name in _RESERVED or name in self._counters
+                    or (name.endswith("_s") and (name[:-2] in self._regions or name[:-2] in self._declared_regions))):
                 raise ValueError(f"{name!r} is written by the recorder itself; use add()/start() instead")
         self._fields.update(fields)
 

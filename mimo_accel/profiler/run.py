@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mimo_accel.profiler.recorder import FORMAT
+from mimo_accel.profiler.recorder import FORMAT, FORMAT_V1, READABLE_FORMATS, REGIONS, module_regions
 
 _RANK_FILE = re.compile(r"^rank(\d+)\.jsonl$")
 
@@ -55,6 +55,51 @@ class RankLog:
     @property
     def dp_size(self) -> int:
         return int((self.header or {}).get("dp_size", 1))
+
+    @property
+    def format(self) -> str | None:
+        return (self.header or {}).get("format")
+
+    @property
+    def regions(self) -> tuple[str, ...]:
+        """The regions this rank's file names: declared in its header or timed in a step (its
+        ``timed_calls``). Format 1 files: the ``vision_fwd`` / ``vision_bwd`` they always carry,
+        and any other timed region."""
+        found: dict[str, None] = {}
+        if self.format == FORMAT_V1:
+            found.update(dict.fromkeys(REGIONS))
+        for r in (self.header or {}).get("regions") or ():
+            if isinstance(r, str):
+                found[r] = None
+        for rec in self.steps:
+            calls = rec.get("timed_calls")
+            if isinstance(calls, dict):
+                found.update(dict.fromkeys(k for k in calls if isinstance(k, str)))
+        return tuple(found)
+
+    @property
+    def module_regions(self) -> tuple[str, str]:
+        """The regions this rank's module's forward and backward are timed under:
+        ``(<module>_fwd, <module>_bwd)``. A file without them (format 1, where every encoder was
+        timed as "vision") whose rank timed ``vision_fwd`` / ``vision_bwd``: those."""
+        own = module_regions(self.module)
+        have = self.regions
+        if own[0] in have or own[1] in have or self.module == "language":
+            return own
+        if self.format == FORMAT_V1 or REGIONS[0] in have or REGIONS[1] in have:
+            legacy = tuple(r for r in REGIONS if r in have)
+            if legacy and any(module_seconds(rec, REGIONS) is not None for rec in self.steps):
+                return REGIONS  # type: ignore[return-value]
+        return own
+
+
+def module_seconds(rec: dict[str, Any], regions: tuple[str, ...]) -> float | None:
+    """A module's time in one step line: the sum of its regions' ``<region>_s`` (a missing or null
+    part counts 0); None when none of them was timed."""
+    parts = [record_number(rec, f"{r}_s") for r in regions]
+    if all(p is None for p in parts):
+        return None
+    return sum(p for p in parts if p is not None)
 
 
 @dataclass
@@ -183,7 +228,7 @@ def _read_rank_file(rank: int, path: Path, warnings: list[str]) -> RankLog | Non
         if kind == "header":
             headers += 1
             fmt = rec.get("format")
-            if fmt != FORMAT:
+            if fmt not in READABLE_FORMATS:
                 warnings.append(f"rank {rank}: {path.name} has format {fmt!r}, expected {FORMAT!r}; reading it anyway")
             if log.header is None:
                 log.header = rec

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
-from mimo_accel.profiler.recorder import Recorder
+from mimo_accel.profiler.recorder import Recorder, module_regions
 
 
 class ModuleTimer:
@@ -23,20 +23,27 @@ class ModuleTimer:
       the encoder shares a graph with other modules it is the tail of it (the encoder ran first, so
       its backward runs last).
 
+    ``skip``: a predicate asked at each forward's start; when it says yes that forward (and so
+    its backward) is not timed, e.g. an evaluation pass. The timer declares its two regions to the
+    recorder (:meth:`Recorder.declare`), so every later step line carries them, null when untimed.
+
     Why not ``register_full_backward_hook`` for the end: when no module input requires grad (a
     vision encoder's pixel values never do) torch fires it as soon as the *output* gradient
     arrives, so it would measure ~0.
     """
 
-    def __init__(self, module: Any, recorder: Recorder, name: str = "vision") -> None:
+    def __init__(self, module: Any, recorder: Recorder, name: str = "vision",
+                 skip: Callable[[], bool] | None = None) -> None:
         import torch
 
         self._torch = torch
         self.recorder = recorder
         self.name = name
-        self._fwd = f"{name}_fwd"
-        self._bwd = f"{name}_bwd"
+        self._fwd, self._bwd = module_regions(name)
+        recorder.declare(regions=(self._fwd, self._bwd))
         self._active = True
+        self._skip = skip
+        self._skipped = 0
         self._recompute_depth = 0
         self._bwd_tasks: set[int] = set()
         self._lock = threading.Lock()
@@ -48,6 +55,9 @@ class ModuleTimer:
     # forward ------------------------------------------------------------------------------------
     def _pre_forward(self, module: Any, args: Any) -> None:
         if not self._active:
+            return
+        if self._skipped or (self._skip is not None and self._skip()):
+            self._skipped += 1  # this forward and any nested in it: not timed
             return
         task = self._torch._C._current_graph_task_id()
         if task != -1:
@@ -61,6 +71,9 @@ class ModuleTimer:
 
     def _post_forward(self, module: Any, args: Any, output: Any) -> None:
         if not self._active:
+            return
+        if self._skipped:
+            self._skipped -= 1
             return
         if self._recompute_depth:
             self._recompute_depth -= 1
@@ -122,9 +135,12 @@ def _iter_tensors(obj: Any, tensor_type: type, _depth: int = 0) -> Iterator[Any]
             yield from _iter_tensors(o, tensor_type, _depth + 1)
 
 
-def attach_module_timer(module: Any, recorder: Recorder, name: str = "vision") -> ModuleTimer:
-    """Time ``module``'s forward and backward into ``recorder`` as ``<name>_fwd``/``<name>_bwd``.
+def attach_module_timer(module: Any, recorder: Recorder, name: str = "vision",
+                        skip: Callable[[], bool] | None = None) -> ModuleTimer:
+    """Time ``module``'s forward and backward into ``recorder`` as ``<name>_fwd``/``<name>_bwd``
+    (``name``: the module's name in the layout, e.g. ``"vision"``, ``"audios"``, ``"language"``).
 
-    Returns a handle; ``handle.remove()`` detaches it. See :class:`ModuleTimer`.
+    ``skip``: forwards for which it returns true are not timed. Returns a handle;
+    ``handle.remove()`` detaches it. See :class:`ModuleTimer`.
     """
-    return ModuleTimer(module, recorder, name)
+    return ModuleTimer(module, recorder, name, skip=skip)

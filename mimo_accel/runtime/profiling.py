@@ -1,13 +1,25 @@
 """The profiler's hooks into a real MegatronMIMO run (installed by the patch engine only when
 ``profile`` is on; when it is off, none of this is installed).
 
-- ``ModalitySubmodules.encode``: on first use, a forward/backward timer is attached to each real
-  encoder module (its regions named by the module's timer, :mod:`mimo_accel.modules`); images and
-  patches are counted from ``grid_thw``.
-- the step's batch hook (:meth:`Profiling.record_batch`): samples, real tokens, samples and bytes
-  read by this rank, and what the plan predicted for the batch (from its tag).
+Every module is timed under its own name (:mod:`mimo_accel.modules`): regions ``<module>_fwd`` /
+``<module>_bwd`` for each encoder on its ranks (``vision_fwd``, ``audios_bwd``, ...) and
+``language_fwd`` / ``language_bwd`` for the language model on the language ranks.
+
+- the step's first look at this rank's MimoModel (:meth:`Profiling.saw_model`, from
+  ``runtime.step.role_of_rank``): which ``ModalitySubmodules`` is which module (the model's
+  ``modality_submodules`` maps module name -> submodule), and a timer on the language model.
+- ``ModalitySubmodules.encode``: on first use, a forward/backward timer and a counting hook are
+  attached to each real encoder of the submodule, named by the submodule's module; the counts
+  (per step, summed over the rank's micro-batches; :func:`encoder_counts` says what is counted):
+  ``<module>_items``, ``<module>_rows``, ``<module>_sq_rows``, and for patch-packed inputs
+  (``grid_thw``) also format 1's ``images`` / ``patches`` / ``sq_patches``.
+- the step's batch hook (:meth:`Profiling.record_batch`): samples, real tokens (``tokens`` = Σ L,
+  ``sq_tokens`` = Σ L² over the batch's samples, L = a sample's attention-mask row sum), samples
+  and bytes read by this rank, and what the plan predicted for the batch (from its tag).
 - ``MimoOptimizer.step``: closes the step line (one line per training iteration).
 - ``train_megatron_mimo`` (via ``pretrain_megatron_mimo``): closes the file when training ends.
+
+Evaluation passes (forward-only under ``torch.no_grad``) are in no step line, for any module.
 """
 
 from __future__ import annotations
@@ -16,10 +28,11 @@ import contextlib
 import functools
 import os
 import threading
+import weakref
 from typing import Any, Callable, Optional
 
 from mimo_accel.config import AccelConfig
-from mimo_accel.modules import ENCODER_TIMER
+from mimo_accel.modules import LANGUAGE
 from mimo_accel.runtime.state import Runtime
 
 ENV_LABEL = "MIMO_ACCEL_PROFILE_LABEL"
@@ -38,8 +51,81 @@ def evaluating() -> bool:
     return not torch.is_grad_enabled() and torch._C._current_graph_task_id() == -1
 
 
+def _first_tensor(obj: Any, depth: int = 0):
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        return obj
+    if depth < 3 and isinstance(obj, (tuple, list)):
+        for o in obj:
+            t = _first_tensor(o, depth + 1)
+            if t is not None:
+                return t
+    if depth < 3 and isinstance(obj, dict):
+        for o in obj.values():
+            t = _first_tensor(o, depth + 1)
+            if t is not None:
+                return t
+    return None
+
+
+def encoder_counts(inputs: dict, output: Any = None) -> Optional[tuple]:
+    """What one encoder forward counts: ``(items, rows, sq_rows, patch_packed)``, or None when its
+    inputs hold no tensor. ``rows`` / ``sq_rows`` may be 0-d tensors (read back at the step's end,
+    so counting adds no host sync per micro-batch).
+
+    - Patch-packed inputs (a ``grid_thw`` of one ``(t, h, w)`` row per image, as Qwen-VL's vision
+      encoder takes them): items = images (rows of ``grid_thw``), rows of an item = its patches
+      ``t·h·w`` before merging (format 1's ``images`` / ``patches`` / ``sq_patches``).
+    - Any other inputs (audio features, video clips as a batch, ...): items = the clips in the
+      batch (the leading dimension of the first tensor input), and rows of an item =
+        1. the encoder's output rows of that item, where the output is ``(items, rows, hidden)``
+           (padding included: what the encoder computed; Whisper's 1500 rows per 30 s clip), or
+           ``(rows, hidden)`` of a single item;
+        2. else, its input's time length: the row sums of a 2-D ``(items, time)`` mask input (a
+           key with ``mask`` in its name), or else the longest non-batch dimension of the first
+           input of two or more dimensions (``(items, mel bins, frames)`` -> frames).
+    - ``sq_rows``: Σ over the items of rows² (the attention term).
+    """
+    import torch
+
+    grid = None
+    for key, value in inputs.items():
+        if isinstance(value, torch.Tensor) and (key == "grid_thw" or key.endswith("_grid_thw")):
+            grid = value
+            break
+    if grid is not None:
+        if not grid.numel():
+            return 0, 0, 0, True
+        per_item = grid.reshape(-1, grid.size(-1)).prod(dim=-1)
+        return int(per_item.size(0)), per_item.sum(), (per_item * per_item).sum(), True
+    first = next((v for v in inputs.values() if isinstance(v, torch.Tensor) and v.dim() >= 1), None)
+    if first is None:
+        return None
+    items = int(first.size(0))
+    if not items:
+        return 0, 0, 0, False
+    out = _first_tensor(output)
+    if out is not None and out.dim() == 3 and out.size(0) == items:
+        rows = int(out.size(1))
+        return items, items * rows, items * rows * rows, False
+    if out is not None and out.dim() == 2 and items == 1:
+        rows = int(out.size(0))
+        return 1, rows, rows * rows, False
+    for key, value in inputs.items():
+        if (isinstance(value, torch.Tensor) and "mask" in key and value.dim() == 2
+                and int(value.size(0)) == items):
+            per_item = (value != 0).sum(dim=1)
+            return items, per_item.sum(), (per_item * per_item).sum(), False
+    shaped = next((v for v in inputs.values() if isinstance(v, torch.Tensor) and v.dim() >= 2), None)
+    if shaped is None:
+        return items, items, items, False  # one row per item: (items,) inputs
+    rows = int(max(shaped.shape[1:]))
+    return items, items * rows, items * rows * rows, False
+
+
 class Profiling:
-    """The profiler's state in one training process: the rank's recorder, its encoder timers and
+    """The profiler's state in one training process: the rank's recorder, its module timers and
     the device-side counts of the current step."""
 
     def __init__(self, runtime: Runtime):
@@ -48,7 +134,10 @@ class Profiling:
         self._lock = threading.Lock()
         self._recorder = None
         self._noted: set = set()  # notice keys already written into a step line
-        self._timers: dict[int, Any] = {}
+        self._timers: dict[int, Any] = {}  # id(module) -> its ModuleTimer
+        self._hooks: list = []  # the encoders' counting hooks
+        # which module each ModalitySubmodules object of this rank's MimoModel is (saw_model)
+        self._module_of: "weakref.WeakKeyDictionary[Any, str]" = weakref.WeakKeyDictionary()
         # Device-side counts of the current step, read back once at the step's end (the optimizer
         # step has synchronised by then), so profiling adds no host sync per micro-batch.
         self._pending_counts: list = []
@@ -66,7 +155,12 @@ class Profiling:
                 ctx = self.runtime.shard_context()
                 rank = dist.get_rank() if dist.is_initialized() else 0
                 world = dist.get_world_size() if dist.is_initialized() else 1
+                from mimo_accel.profiler import module_counters, module_regions
+
                 cfg = self.config
+                # this rank's module: its regions (and an encoder's counters) in every step line
+                regions = module_regions(ctx.module) if ctx else ()
+                counters = module_counters(ctx.module) if ctx and ctx.module != LANGUAGE else ()
                 self._recorder = Recorder(
                     cfg.profile, rank=rank, world_size=world,
                     module=ctx.module if ctx else "unknown",
@@ -74,17 +168,54 @@ class Profiling:
                     layout={"dp": dict(ctx.dp_sizes)} if ctx else {},
                     config={"features": cfg.features(), "reorder_mode": cfg.reorder_mode,
                             "pad_multiple": cfg.pad_multiple},
-                    label=_label(cfg))
+                    label=_label(cfg), regions=regions, counters=counters)
         return self._recorder
 
     def saw_model(self, mimo_model) -> None:
-        """The MimoModel this rank runs, first seen by the step (its modules' names and parts)."""
+        """The MimoModel this rank runs, first seen by the step: which of its
+        ``ModalitySubmodules`` is which module (``modality_submodules`` maps module name ->
+        submodule), and a timer on its language model where this rank holds one (regions
+        ``language_fwd`` / ``language_bwd``; evaluation forwards are not timed)."""
+        submodules = getattr(mimo_model, "modality_submodules", None)
+        if submodules is not None:
+            for name, submodule in submodules.items():
+                with contextlib.suppress(TypeError):  # not weak-referenceable: named by fallback
+                    self._module_of[submodule] = str(name)
+        lm = getattr(mimo_model, "language_model", None)
+        if lm is not None and hasattr(lm, "register_forward_pre_hook") and id(lm) not in self._timers:
+            from mimo_accel.profiler import attach_module_timer
+
+            rec = self.recorder()
+            with self._lock:
+                if id(lm) not in self._timers:
+                    self._timers[id(lm)] = attach_module_timer(lm, rec, name=LANGUAGE, skip=evaluating)
+
+    def module_of(self, submodule) -> str:
+        """The module name of a ``ModalitySubmodules`` (what :meth:`saw_model` learnt). One the step
+        has not shown: this rank's own module when it is an encoder, else the layout's only
+        encoder, else "vision"."""
+        with contextlib.suppress(TypeError):
+            name = self._module_of.get(submodule)
+            if name is not None:
+                return name
+        ctx = self.runtime.shard_context()
+        if ctx is not None:
+            if ctx.module != LANGUAGE:
+                return ctx.module
+            encoders = [m for m in ctx.dp_sizes if m != LANGUAGE]
+            if len(encoders) == 1:
+                return encoders[0]
+        return "vision"
 
     def close(self) -> None:
         with self._lock:
             for timer in self._timers.values():
                 timer.remove()
             self._timers.clear()
+            for hook in self._hooks:
+                hook.remove()
+            self._hooks.clear()
+            self._module_of.clear()
             self._pending_counts.clear()
             self._noted.clear()
             if self._recorder is not None:
@@ -111,6 +242,9 @@ class Profiling:
         rec.add(samples=samples, samples_read=read_samples, bytes_read=read_bytes)
         if mask is not None:
             self._pending_counts.append(("tokens", mask.sum()))
+            if mask.dim() == 2:  # (samples, sequence): a sample's real tokens L = its row sum
+                lengths = (mask != 0).sum(dim=1)  # int64 whatever the mask's dtype
+                self._pending_counts.append(("sq_tokens", (lengths * lengths).sum()))
         if tag is not None:
             if tag.bytes_exchanged:
                 rec.add(bytes_exchanged=int(tag.bytes_exchanged))
@@ -139,19 +273,49 @@ class Profiling:
         rec.end_step()
 
     def time_encoders(self, submodule, encoders_data_batch) -> None:
-        """Attach a timer to each encoder of ``submodule`` on first use; count images and patches."""
+        """Attach a timer and a counting hook to each encoder of ``submodule`` on first use, both
+        named by the submodule's module (:meth:`module_of`)."""
         from mimo_accel.profiler import attach_module_timer
 
+        encoders = getattr(submodule, "encoders", None) or {}
+        new = [e for e in encoders.values() if id(e) not in self._timers]
+        if not new:
+            return
         rec = self.recorder()
-        for name, encoder in submodule.encoders.items():
-            if id(encoder) not in self._timers:
-                self._timers[id(encoder)] = attach_module_timer(encoder, rec, name=ENCODER_TIMER)
-            grid = (encoders_data_batch.get(name) or {}).get("grid_thw")
-            if grid is not None and grid.numel():
-                per_image = grid.prod(dim=-1)
-                rec.add(images=int(grid.size(0)))
-                self._pending_counts.extend((("patches", per_image.sum()),
-                                             ("sq_patches", (per_image * per_image).sum())))
+        module = self.module_of(submodule)
+        with self._lock:
+            for encoder in new:
+                if id(encoder) in self._timers:
+                    continue
+                self._timers[id(encoder)] = attach_module_timer(encoder, rec, name=module)
+                self._hooks.append(encoder.register_forward_hook(
+                    functools.partial(self._count_encoder, module), with_kwargs=True, always_call=False))
+
+    def _count_encoder(self, module: str, encoder, args, kwargs, output) -> None:
+        """Forward hook of an encoder: count what it encoded (:func:`encoder_counts`) into this
+        step; not an evaluation, not a recomputation inside a backward."""
+        import torch
+
+        if evaluating() or torch._C._current_graph_task_id() != -1:
+            return
+        inputs = dict(kwargs) if kwargs else {}
+        if not inputs and args:
+            inputs = {f"arg{i}": a for i, a in enumerate(args)}
+        counts = encoder_counts(inputs, output)
+        if counts is None:
+            return
+        items, rows, sq_rows, patch_packed = counts
+        rec = self.recorder()
+        rec.add(**{f"{module}_items": items})
+        if patch_packed:
+            rec.add(images=items)
+        for suffix, legacy, value in (("rows", "patches", rows), ("sq_rows", "sq_patches", sq_rows)):
+            names = (f"{module}_{suffix}", legacy) if patch_packed else (f"{module}_{suffix}",)
+            for name in names:
+                if isinstance(value, int):
+                    rec.add(**{name: value})
+                else:
+                    self._pending_counts.append((name, value))
 
     def paused_timers(self) -> contextlib.ExitStack:
         stack = contextlib.ExitStack()

@@ -2,13 +2,28 @@
 
 ``mimo-accel report BEFORE_DIR [AFTER_DIR] [--json PATH] [--html PATH] [--png PATH] [--warmup N]``
 
-Definitions (also in the JSON, per side):
+Definitions (also in the JSON, per side). Every module of the layout is reported alike — each
+encoder under its config name (``vision``, or upstream's ``images`` / ``audios``) and the language
+model (``language``):
 
-* **vision time** of a rank in a step: ``vision_fwd_s + vision_bwd_s`` (a missing part counts 0).
-* **vision replica**: the vision ranks with the same ``dp_rank`` (TP/PP peers); its time in a step is
+* **module time** of a rank in a step: ``<module>_fwd_s + <module>_bwd_s`` (a missing part counts
+  0). Format-1 files (before per-module timing) timed every encoder as ``vision_fwd_s`` /
+  ``vision_bwd_s`` and the language model not at all; they report as they always did.
+* **replica** of a module: its ranks with the same ``dp_rank`` (TP/PP peers); its time in a step is
   the max over its ranks.
-* **straggler ratio** (``vision_max_over_mean``) of a step: max / mean of the replica times, over
-  the steps every replica logged; reported as p50 / p99 / mean over steps. 1.0 is perfect balance.
+* **straggler ratio** (``<module>_max_over_mean``) of a step: max / mean of the module's replica
+  times, over the steps every replica logged; reported as p50 / p99 / mean over steps, for every
+  module (``vision_max_over_mean_p50``, ``language_max_over_mean_p50``, ...). 1.0 is perfect
+  balance. ``per_module`` holds each module's table (replicas, time per rank, slowest replica).
+* **vision**: the ``vision_*`` keys, ``vision_per_rank`` and ``slowest`` describe the module named
+  ``vision`` (the keys every version of this report has had, ``STABLE_KEYS``); where no module has
+  that name, the ranks that timed ``vision_*`` regions, or else the only encoder (said in a warning).
+* **predicted spread** (``predicted_spreads_mean``): the mean over step lines of what the plan
+  predicted for each module (the lines' ``predicted_spreads``; format 1's single
+  ``predicted_spread`` was vision's); ``predicted_spread_mean``: of the worst module's.
+* **real tokens per language replica** (``language_tokens_per_replica``): mean ``tokens`` per step
+  of each language DP replica (with packing on, what the replica computes);
+  ``language_tokens_max_over_mean_p50``: per-step max / mean of them over the replicas.
 * **slowest replica**: the replica with the max time in a step (ties are nobody's); the report
   names the replica slowest most often and in what share of the steps (like Megatron's
   StragglerDetector and HTA).
@@ -35,7 +50,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from mimo_accel.profiler import NoProfileData, Run, read_run
+from mimo_accel.modules import LANGUAGE
+from mimo_accel.profiler import FORMAT_V1, REGIONS, NoProfileData, Run, module_seconds, read_run
 from mimo_accel.profiler import json_safe
 from mimo_accel.profiler import record_number as _num
 
@@ -99,10 +115,130 @@ def _stats(values: Sequence[float]) -> dict[str, float | int | None]:
 
 
 def _vision_time(rec: dict[str, Any]) -> float | None:
-    fwd, bwd = _num(rec, "vision_fwd_s"), _num(rec, "vision_bwd_s")
-    if fwd is None and bwd is None:
-        return None
-    return (fwd or 0.0) + (bwd or 0.0)
+    return module_seconds(rec, REGIONS)
+
+
+def _module_order(run: Run, modules: dict[str, list[int]]) -> list[str]:
+    """The run's modules in the layout's order (its ``dp`` table, or its keys), encoders before the
+    language model; modules only the rank headers name come after, sorted."""
+    layout = run.layout
+    named = layout.get("dp") if isinstance(layout.get("dp"), dict) else layout
+    order = [m for m in named if m in modules] if isinstance(named, dict) else []
+    order += sorted(m for m in modules if m not in order)
+    order = [m for m in order if m != "unknown"]
+    return [m for m in order if m != LANGUAGE] + [m for m in order if m == LANGUAGE]
+
+
+def _module_time(run: Run, steps_of: dict[int, dict[int, dict[str, Any]]], name: str, ranks: list[int],
+                 regions_of, warnings: list[str], warn_untimed: bool) -> dict[str, Any]:
+    """One module's time statistics over ``ranks`` (see the module docstring): per rank, per DP
+    replica (max over its TP/PP ranks), the per-step straggler ratio and the slowest replica."""
+    per_rank: dict[str, Any] = {}
+    for rank in ranks:
+        regions = regions_of(rank)
+        recs = steps_of[rank].values()
+        times = [v for r in recs if (v := module_seconds(r, regions)) is not None]
+        fwd = [v for r in recs if (v := _num(r, f"{regions[0]}_s")) is not None]
+        bwd = [v for r in recs if (v := _num(r, f"{regions[1]}_s")) is not None]
+        per_rank[str(rank)] = {**_stats(times), "dp_rank": run.ranks[rank].dp_rank, "fwd_mean": _mean(fwd),
+                               "bwd_mean": _mean(bwd)}
+    timed_ranks = [r for r in ranks if per_rank[str(r)]["n"]]
+    if ranks and not timed_ranks and warn_untimed:
+        warnings.append(f"the {name} ranks recorded no {name}_fwd_s/{name}_bwd_s; {name} statistics unavailable")
+
+    replicas: dict[int, list[int]] = defaultdict(list)
+    for rank in timed_ranks:
+        replicas[run.ranks[rank].dp_rank].append(rank)
+    replica_time: dict[int, dict[int, float]] = {}
+    for dp, members in replicas.items():
+        per_step: dict[int, float] = {}
+        for rank in members:
+            regions = regions_of(rank)
+            for st, r in steps_of[rank].items():
+                v = module_seconds(r, regions)
+                if v is not None:
+                    per_step[st] = max(per_step.get(st, 0.0), v)
+        replica_time[dp] = per_step
+    common = sorted(set.intersection(*(set(t) for t in replica_time.values()))) if replica_time else []
+    if replica_time and len(common) < max(len(t) for t in replica_time.values()):
+        warnings.append(
+            f"{name} replicas logged different steps; straggler statistics use the {len(common)} step(s) all "
+            f"{len(replica_time)} replica(s) logged"
+        )
+    dp_size = max((run.ranks[r].dp_size for r in ranks), default=0)
+    if replica_time and len(replica_time) < dp_size:
+        warnings.append(
+            f"only {len(replica_time)} of {dp_size} {name} DP replicas have data; the straggler ratio "
+            "covers those present"
+        )
+    ratios: list[float] = []
+    maxes: list[float] = []
+    slow_counts: dict[int, int] = defaultdict(int)
+    ties = 0
+    order = sorted(replica_time)
+    for st in common:
+        times = [replica_time[dp][st] for dp in order]
+        m, mx = sum(times) / len(times), max(times)
+        maxes.append(mx)
+        if m > 0:
+            ratios.append(mx / m)
+        if len(times) > 1:
+            if mx - min(times) <= 1e-12 * max(mx, 1e-30):
+                ties += 1
+            else:
+                slow_counts[order[times.index(mx)]] += 1
+    slowest = None
+    if slow_counts and common:
+        dp = max(sorted(slow_counts), key=lambda d: slow_counts[d])
+        slowest = {
+            "rank": min(replicas[dp]),
+            "ranks": sorted(replicas[dp]),
+            "dp_rank": dp,
+            "fraction": slow_counts[dp] / len(common),
+            "steps": len(common),
+            "ties": ties,
+            "counts": {str(min(replicas[d])): slow_counts[d] for d in sorted(slow_counts)},
+        }
+    all_times = [v for rank in timed_ranks for r in steps_of[rank].values()
+                 if (v := module_seconds(r, regions_of(rank))) is not None]
+    return {
+        "ranks": list(ranks),
+        "replicas": len(replica_time),
+        "steps": len(common),
+        "max_over_mean_p50": _pct(ratios, 50),
+        "max_over_mean_p99": _pct(ratios, 99),
+        "max_over_mean_mean": _mean(ratios),
+        "time_mean": _mean(all_times),
+        "max_mean": _mean(maxes),
+        "per_rank": per_rank,
+        "slowest": slowest,
+        "series": {"step": common, "max_over_mean": ratios},
+    }
+
+
+def _replica_counter(run: Run, steps_of, ranks: list[int], key: str) -> dict[str, Any]:
+    """A counter per DP replica of ``ranks`` (max over its TP/PP ranks, which all see the same
+    batch): its mean per step (``{dp_rank: mean}``), the mean over replicas, and the per-step
+    max / mean over the replicas (p50)."""
+    by_dp: dict[int, dict[int, float]] = defaultdict(dict)
+    for rank in ranks:
+        dp = run.ranks[rank].dp_rank
+        for st, r in steps_of[rank].items():
+            v = _num(r, key)
+            if v is not None:
+                by_dp[dp][st] = max(by_dp[dp].get(st, 0.0), v)
+    means = {str(dp): _mean(list(v.values())) for dp, v in sorted(by_dp.items())}
+    common = sorted(set.intersection(*(set(v) for v in by_dp.values()))) if by_dp else []
+    ratios = []
+    for st in common:
+        vals = [by_dp[dp][st] for dp in sorted(by_dp)]
+        m = sum(vals) / len(vals)
+        if m > 0 and len(vals) > 1:
+            ratios.append(max(vals) / m)
+    if not any(means.values()):
+        return {"mean": {}, "replica_mean": None, "max_over_mean_p50": None}
+    return {"mean": means, "replica_mean": _mean([v for v in means.values() if v is not None]),
+            "max_over_mean_p50": _pct(ratios, 50)}
 
 
 # ---------------------------------------------------------------------------------- summarize
@@ -136,83 +272,57 @@ def summarize(run: Run, *, warmup: int = 1) -> dict[str, Any]:
     counted = sorted(step_time)
     st_values = [step_time[s] for s in counted]
 
-    # ---- vision
+    # ---- every module's time
+    order = _module_order(run, modules)
+
+    def own_regions(rank: int) -> tuple[str, ...]:
+        return run.ranks[rank].module_regions
+
+    per_module: dict[str, Any] = {}
+    for name in order:
+        ranks = modules[name]
+        v1 = all(run.ranks[r].format == FORMAT_V1 for r in ranks)
+        per_module[name] = _module_time(run, steps_of, name, ranks, own_regions, warnings,
+                                        warn_untimed=not v1 or name == "vision")
+
+    # ---- vision: the figures every version of this report has had (STABLE_KEYS)
     vision_ranks = list(modules.get("vision", []))
-    if not vision_ranks:
+    if vision_ranks:
+        vision = per_module["vision"]
+    else:
         vision_ranks = [r for r, recs in steps_of.items() if any(_vision_time(x) is not None for x in recs.values())]
+        encoders = [m for m in order if m != LANGUAGE]
         if vision_ranks:
             warnings.append(
                 f"no rank header says module='vision'; using the ranks that timed the vision encoder: {vision_ranks}"
             )
-    vision_per_rank: dict[str, Any] = {}
-    for rank in vision_ranks:
-        recs = steps_of[rank].values()
-        vt = [v for r in recs if (v := _vision_time(r)) is not None]
-        fwd = [v for r in recs if (v := _num(r, "vision_fwd_s")) is not None]
-        bwd = [v for r in recs if (v := _num(r, "vision_bwd_s")) is not None]
-        vision_per_rank[str(rank)] = {
-            **_stats(vt),
-            "dp_rank": run.ranks[rank].dp_rank,
-            "fwd_mean": _mean(fwd),
-            "bwd_mean": _mean(bwd),
-        }
-    timed_ranks = [r for r in vision_ranks if vision_per_rank[str(r)]["n"]]
-    if vision_ranks and not timed_ranks:
-        warnings.append("the vision ranks recorded no vision_fwd_s/vision_bwd_s; vision statistics unavailable")
+            vision = _module_time(run, steps_of, "vision", vision_ranks, lambda r: REGIONS, warnings, True)
+        elif len(encoders) == 1 and per_module[encoders[0]]["replicas"]:
+            vision_ranks = modules[encoders[0]]
+            vision = per_module[encoders[0]]
+            warnings.append(f"no module is named 'vision'; the vision_* figures are those of the only encoder, "
+                            f"{encoders[0]!r}")
+        else:
+            vision = _module_time(run, steps_of, "vision", [], lambda r: REGIONS, warnings, False)
 
-    replicas: dict[int, list[int]] = defaultdict(list)
-    for rank in timed_ranks:
-        replicas[run.ranks[rank].dp_rank].append(rank)
-    replica_time: dict[int, dict[int, float]] = {}
-    for dp, ranks in replicas.items():
-        per_step: dict[int, float] = {}
-        for rank in ranks:
-            for s, r in steps_of[rank].items():
-                v = _vision_time(r)
-                if v is not None:
-                    per_step[s] = max(per_step.get(s, 0.0), v)
-        replica_time[dp] = per_step
-    common = sorted(set.intersection(*(set(t) for t in replica_time.values()))) if replica_time else []
-    if replica_time and len(common) < max(len(t) for t in replica_time.values()):
-        warnings.append(
-            f"vision replicas logged different steps; straggler statistics use the {len(common)} step(s) all "
-            f"{len(replica_time)} replica(s) logged"
-        )
-    vision_dp_size = max((run.ranks[r].dp_size for r in vision_ranks), default=0)
-    if replica_time and len(replica_time) < vision_dp_size:
-        warnings.append(
-            f"only {len(replica_time)} of {vision_dp_size} vision DP replicas have data; the straggler ratio "
-            "covers those present"
-        )
-    ratios: list[float] = []
-    maxes: list[float] = []
-    slow_counts: dict[int, int] = defaultdict(int)
-    ties = 0
-    order = sorted(replica_time)
-    for s in common:
-        times = [replica_time[dp][s] for dp in order]
-        m, mx = sum(times) / len(times), max(times)
-        maxes.append(mx)
-        if m > 0:
-            ratios.append(mx / m)
-        if len(times) > 1:
-            if mx - min(times) <= 1e-12 * max(mx, 1e-30):
-                ties += 1
-            else:
-                slow_counts[order[times.index(mx)]] += 1
-    slowest = None
-    if slow_counts and common:
-        dp = max(sorted(slow_counts), key=lambda d: slow_counts[d])
-        slowest = {
-            "rank": min(replicas[dp]),
-            "ranks": sorted(replicas[dp]),
-            "dp_rank": dp,
-            "fraction": slow_counts[dp] / len(common),
-            "steps": len(common),
-            "ties": ties,
-            "counts": {str(min(replicas[d])): slow_counts[d] for d in sorted(slow_counts)},
-        }
-    all_vt = [v for rank in timed_ranks for r in steps_of[rank].values() if (v := _vision_time(r)) is not None]
+    # ---- the plan's predicted spreads, per module (format 1: the one figure was vision's)
+    lines = [r for recs in steps_of.values() for r in recs.values()]
+    spreads = [v for r in lines if (v := _num(r, "predicted_spread")) is not None]
+    by_module: dict[str, list[float]] = defaultdict(list)
+    for r in lines:
+        table = r.get("predicted_spreads")
+        if isinstance(table, dict):
+            for m, v in table.items():
+                if (f := _num(table, m)) is not None:
+                    by_module[str(m)].append(f)
+    predicted_spreads = {m: _mean(v) for m, v in by_module.items()}
+    if not by_module and spreads:
+        predicted_spreads = {"vision" if "vision" in modules or not order else
+                             next((m for m in order if m != LANGUAGE), "vision"): _mean(spreads)}
+
+    # ---- real tokens per language replica
+    language_tokens = _replica_counter(run, steps_of, modules.get(LANGUAGE, []), "tokens")
+    language_sq_tokens = _replica_counter(run, steps_of, modules.get(LANGUAGE, []), "sq_tokens")
 
     # ---- samples and throughput
     samples_module = next((m for m in ("language", "vision") if m in modules), None)
@@ -272,7 +382,6 @@ def summarize(run: Run, *, warmup: int = 1) -> dict[str, Any]:
         vals = [v for v in per.values() if v is not None]
         return sum(vals) if vals else None
 
-    spreads = [v for recs in steps_of.values() for r in recs.values() if (v := _num(r, "predicted_spread")) is not None]
     header = run.header
     return json_safe(
         {
@@ -293,15 +402,25 @@ def summarize(run: Run, *, warmup: int = 1) -> dict[str, Any]:
             "samples_module": samples_module,
             "samples_per_step": samples_per_step,
             "samples_per_s": samples_per_s,
-            "vision_replicas": len(replica_time),
-            "vision_steps": len(common),
-            "vision_max_over_mean_p50": _pct(ratios, 50),
-            "vision_max_over_mean_p99": _pct(ratios, 99),
-            "vision_max_over_mean_mean": _mean(ratios),
-            "vision_time_mean": _mean(all_vt),
-            "vision_max_mean": _mean(maxes),
-            "vision_per_rank": vision_per_rank,
-            "slowest": slowest,
+            "vision_replicas": vision["replicas"],
+            "vision_steps": vision["steps"],
+            "vision_max_over_mean_p50": vision["max_over_mean_p50"],
+            "vision_max_over_mean_p99": vision["max_over_mean_p99"],
+            "vision_max_over_mean_mean": vision["max_over_mean_mean"],
+            "vision_time_mean": vision["time_mean"],
+            "vision_max_mean": vision["max_mean"],
+            "vision_per_rank": vision["per_rank"],
+            "slowest": vision["slowest"],
+            # every module, the language model included: <module>_max_over_mean_p50 / _p99 / _mean
+            **{f"{m}_{k}": st[k] for m, st in per_module.items()
+               for k in ("max_over_mean_p50", "max_over_mean_p99", "max_over_mean_mean")},
+            "module_order": order,
+            "per_module": {m: {k: v for k, v in st.items() if k != "series"} for m, st in per_module.items()},
+            "predicted_spreads_mean": predicted_spreads,
+            "language_tokens_per_replica": language_tokens["mean"],
+            "language_tokens_max_over_mean_p50": language_tokens["max_over_mean_p50"],
+            "language_tokens_per_replica_step_mean": language_tokens["replica_mean"],
+            "language_sq_tokens_per_replica": language_sq_tokens["mean"],
             "samples_read_per_rank": samples_read,
             "samples_read_total_per_rank": samples_read_total,
             "bytes_read_per_rank": bytes_read,
@@ -318,12 +437,71 @@ def summarize(run: Run, *, warmup: int = 1) -> dict[str, Any]:
             "series": {
                 "step": counted,
                 "step_time_s": st_values,
-                "vision_step": common,
-                "vision_max_over_mean": ratios,
+                "vision_step": vision["series"]["step"],
+                "vision_max_over_mean": vision["series"]["max_over_mean"],
+                "modules": {m: st["series"] for m, st in per_module.items()},
             },
             "warnings": warnings,
         }
     )
+
+
+def _timed_modules(*sides: dict[str, Any] | None) -> list[str]:
+    """The modules with time on either side, in the first side's order."""
+    order: list[str] = []
+    for s in sides:
+        for m in (s or {}).get("module_order", []):
+            if m not in order:
+                order.append(m)
+    return [m for m in order if any(((s or {}).get("per_module", {}).get(m) or {}).get("replicas") for s in sides)]
+
+
+def _module_rows(before: dict[str, Any], after: dict[str, Any] | None) -> list[tuple[str, str, str, bool]]:
+    """The summary rows, one straggler row (p50, p99) per timed module and the plan's predicted
+    spread per module beside it, in the layout's order (vision's rows as they always were)."""
+    rows: list[tuple[str, str, str, bool]] = list(_SUMMARY_ROWS[:4])
+    modules = _timed_modules(before, after)
+    sides = [x for x in (before, after) if x]
+    if "vision" not in modules and (not modules or any(x.get("vision_replicas") for x in sides)
+                                    or any("vision" in x.get("module_order", ()) for x in sides)):
+        modules = ["vision", *modules]  # the vision rows as they always were (— where untimed)
+    for m in modules:
+        who = m if m != LANGUAGE else "language"
+        rows += [(f"{m}_max_over_mean_p50", f"{who} straggler max/mean p50", "ratio", True),
+                 (f"{m}_max_over_mean_p99", f"{who} straggler max/mean p99", "ratio", True)]
+        if m == "vision":
+            rows.append(("vision_max_over_mean_mean", "vision straggler max/mean, mean", "ratio", True))
+        rows += [(f"predicted_spreads_mean.{m}", f"{who} straggler the plan predicted, mean", "ratio", True),
+                 (f"per_module.{m}.time_mean", f"{who} time per rank, mean", "s", True),
+                 (f"per_module.{m}.max_mean", f"{who} time of slowest replica, mean", "s", True)]
+    if any(len((s or {}).get("predicted_spreads_mean") or {}) > 1 for s in (before, after)):
+        rows.append(("predicted_spread_mean", "worst module's straggler the plan predicted, mean", "ratio", True))
+    if any((s or {}).get("language_tokens_per_replica") for s in (before, after)):
+        rows += [("language_tokens_per_replica_step_mean", "language real tokens per replica per step, mean",
+                  "count", True),
+                 ("language_tokens_max_over_mean_p50", "language real tokens max/mean over replicas p50", "ratio",
+                  True)]
+    rows += list(_SUMMARY_ROWS[-3:])
+    return rows
+
+
+def _get(summary: dict[str, Any] | None, key: str) -> Any:
+    """``summary[key]``; a dotted key walks into nested tables (``per_module.language.time_mean``),
+    the first part being a key of the summary."""
+    if summary is None:
+        return None
+    if key in summary:
+        return summary[key]
+    head, _, rest = key.partition(".")
+    value: Any = summary.get(head)
+    for part in rest.split(".") if rest else ():
+        if not isinstance(value, dict):
+            return None
+        if part in value:
+            value = value[part]
+            continue
+        value = None
+    return value
 
 
 def _module_dp(summary: dict[str, Any]) -> dict[str, int]:
@@ -333,7 +511,10 @@ def _module_dp(summary: dict[str, Any]) -> dict[str, int]:
 def compare(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
     """Relative change (after / before) of the headline metrics, and what makes them not comparable."""
     change = {}
-    for key in _CHANGE_KEYS:
+    module_keys = [f"{m}_{k}" for m in _timed_modules(before, after)
+                   for k in ("max_over_mean_p50", "max_over_mean_p99", "max_over_mean_mean")]
+    for key in dict.fromkeys((*_CHANGE_KEYS, *module_keys, "language_tokens_per_replica_step_mean",
+                              "language_tokens_max_over_mean_p50")):
         b, a = before.get(key), after.get(key)
         change[key] = (a / b) if isinstance(a, (int, float)) and isinstance(b, (int, float)) and b else None
     warnings = []
@@ -389,15 +570,16 @@ def _change_text(ratio: float | None, lower_is_better: bool) -> Text:
     return Text(f"×{ratio:.2f} ({pct:+.0f}%)", style=style)
 
 
-def _slowest_line(s: dict[str, Any]) -> str:
+def _slowest_line(s: dict[str, Any], module: str = "vision") -> str:
+    """``s``: a summary (its vision figures) or one module's ``per_module`` entry."""
     slow = s.get("slowest")
     if not slow:
-        if s.get("vision_replicas", 0) == 1:
-            return "one vision replica: no straggler to name"
-        return "no slowest vision replica (no vision timing, or all replicas tied)"
+        if s.get("vision_replicas", s.get("replicas", 0)) == 1:
+            return f"one {module} replica: no straggler to name"
+        return f"no slowest {module} replica (no {module} timing, or all replicas tied)"
     ranks = slow["ranks"]
     who = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {','.join(map(str, ranks))}"
-    return f"vision DP replica {slow['dp_rank']} ({who}) slowest in {slow['fraction']:.0%} of {slow['steps']} steps"
+    return f"{module} DP replica {slow['dp_rank']} ({who}) slowest in {slow['fraction']:.0%} of {slow['steps']} steps"
 
 
 def render(
@@ -450,28 +632,74 @@ def render(
     if two:
         table.add_column("after", justify="right")
         table.add_column("after/before", justify="right")
-    for key, label, kind, lower in _SUMMARY_ROWS:
-        row = [label, _fmt(before.get(key), kind)]
+    for key, label, kind, lower in _module_rows(before, after):
+        b = _get(before, key)
+        row = [label, _fmt(b, kind)]
         if after is not None:
-            row += [_fmt(after.get(key), kind), _change_text(cmp["change"].get(key), lower)]
+            a = _get(after, key)
+            ratio = cmp["change"].get(key)
+            if ratio is None and isinstance(a, (int, float)) and isinstance(b, (int, float)) and b:
+                ratio = a / b
+            row += [_fmt(a, kind), _change_text(ratio, lower)]
         table.add_row(*row)
     console.print(table)
-    console.print(f"slowest: {_slowest_line(before)}" if not two else f"slowest before: {_slowest_line(before)}")
-    if after is not None:
-        console.print(f"slowest after:  {_slowest_line(after)}")
+    if any(key == "vision_max_over_mean_p50" for key, *_ in _module_rows(before, after)):
+        console.print(f"slowest: {_slowest_line(before)}" if not two else f"slowest before: {_slowest_line(before)}")
+        if after is not None:
+            console.print(f"slowest after:  {_slowest_line(after)}")
+    for m in _timed_modules(before, after):
+        if m == "vision":
+            continue
+        for side, s in (("before", before), ("after", after)) if two else (("", before),):
+            st = ((s or {}).get("per_module") or {}).get(m)
+            if st:
+                console.print(f"slowest {m}{' ' + side if side else ''}: {_slowest_line(st, m)}")
 
     _render_vision(console, before, after)
+    for m in _timed_modules(before, after):
+        if m != "vision":
+            _render_module(console, m, before, after)
+    _render_tokens(console, before, after)
     _render_io(console, before, after)
 
 
 def _render_vision(console: Console, before: dict[str, Any], after: dict[str, Any] | None) -> None:
-    ranks = sorted({int(r) for s in (before, after) if s for r in s.get("vision_per_rank", {})})
+    _render_per_rank(console, "Vision encoder time per rank (fwd + bwd per step)",
+                     [(s or {}).get("vision_per_rank", {}) for s in (before, after)], after is not None)
+
+
+def _render_module(console: Console, module: str, before: dict[str, Any], after: dict[str, Any] | None) -> None:
+    title = ("Language model time per rank (fwd + bwd per step)" if module == LANGUAGE
+             else f"Encoder {module!r} time per rank (fwd + bwd per step)")
+    per = [(((s or {}).get("per_module") or {}).get(module) or {}).get("per_rank", {}) for s in (before, after)]
+    _render_per_rank(console, title, per, after is not None)
+
+
+def _render_tokens(console: Console, before: dict[str, Any], after: dict[str, Any] | None) -> None:
+    sides = [("", before)] if after is None else [("before ", before), ("after ", after)]
+    dps = sorted({int(d) for _, s in sides for d in (s or {}).get("language_tokens_per_replica", {})})
+    if not dps:
+        return
+    t = Table(title="Language real tokens per replica per step, mean", header_style="bold")
+    t.add_column("dp", justify="right")
+    for prefix, _ in sides:
+        t.add_column(f"{prefix}tokens", justify="right")
+    for dp in dps:
+        t.add_row(str(dp), *(_fmt((s or {}).get("language_tokens_per_replica", {}).get(str(dp)), "count")
+                             for _, s in sides))
+    console.print(t)
+
+
+def _render_per_rank(console: Console, title: str, per_rank: list[dict[str, Any]], two: bool) -> None:
+    before_pr, after_pr = per_rank[0], per_rank[1] if two else None
+    ranks = sorted({int(r) for pr in (before_pr, after_pr) if pr for r in pr})
     if not ranks:
         return
-    t = Table(title="Vision encoder time per rank (fwd + bwd per step)", header_style="bold")
+    after = after_pr
+    t = Table(title=title, header_style="bold")
     t.add_column("rank", justify="right")
     t.add_column("dp", justify="right")
-    sides = [("", before)] if after is None else [("before ", before), ("after ", after)]
+    sides = [("", before_pr)] if after is None else [("before ", before_pr), ("after ", after)]
     for prefix, _ in sides:
         for stat in ("mean", "p50", "p99"):
             t.add_column(f"{prefix}{stat}", justify="right")
@@ -482,7 +710,7 @@ def _render_vision(console: Console, before: dict[str, Any], after: dict[str, An
         dp = None
         means = []
         for _, s in sides:
-            st = s.get("vision_per_rank", {}).get(str(rank))
+            st = (s or {}).get(str(rank))
             if st:
                 dp = st.get("dp_rank")
             means.append(st.get("mean") if st else None)
@@ -526,7 +754,8 @@ def _render_io(console: Console, before: dict[str, Any], after: dict[str, Any] |
 
 
 def write_png(before: dict[str, Any], after: dict[str, Any] | None, path: str | Path) -> None:
-    """Per-rank vision time bars (before/after) and a step-time CDF, as one PNG. Needs matplotlib."""
+    """Per-rank module time bars (every timed module's ranks, before/after) and a step-time CDF, as
+    one PNG. Needs matplotlib."""
     try:
         import matplotlib
 
@@ -536,25 +765,35 @@ def write_png(before: dict[str, Any], after: dict[str, Any] | None, path: str | 
         raise RuntimeError("--png needs matplotlib: pip install matplotlib") from e
 
     sides = [("before", before)] + ([("after", after)] if after is not None else [])
+
+    def per_rank(s: dict[str, Any]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for m in _timed_modules(s):
+            out.update(s["per_module"][m]["per_rank"])
+        return out or s.get("vision_per_rank", {})
+
+    module_of = {int(r): m for _, s in sides for m in _timed_modules(s) for r in s["per_module"][m]["per_rank"]}
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
-    ranks = sorted({int(r) for _, s in sides for r in s.get("vision_per_rank", {})})
+    ranks = sorted({int(r) for _, s in sides for r in per_rank(s)})
     width = 0.8 / len(sides)
     for i, (name, s) in enumerate(sides):
-        per = s.get("vision_per_rank", {})
+        per = per_rank(s)
         xs = [j + (i - (len(sides) - 1) / 2) * width for j in range(len(ranks))]
         means = [((per.get(str(r)) or {}).get("mean") or 0.0) * 1e3 for r in ranks]
         p99 = [((per.get(str(r)) or {}).get("p99") or 0.0) * 1e3 for r in ranks]
         ax1.bar(xs, means, width=width, label=f"{name} mean")
         ax1.scatter(xs, p99, marker="_", s=120, color="black", zorder=3, label="p99" if i == 0 else None)
     ax1.set_xticks(range(len(ranks)))
-    ax1.set_xticklabels([str(r) for r in ranks], fontsize=8 if len(ranks) > 16 else 10)
-    ax1.set_xlabel("vision rank")
-    ax1.set_ylabel("vision fwd+bwd per step (ms)")
-    ax1.set_title("Vision encoder time per rank")
+    small = len(ranks) > 16
+    ax1.set_xticklabels([f"{r}\n{module_of.get(r, '')}" if not small else str(r) for r in ranks],
+                        fontsize=8 if small else 9)
+    ax1.set_xlabel("rank (module)")
+    ax1.set_ylabel("module fwd+bwd per step (ms)")
+    ax1.set_title("Module time per rank")
     if ranks:
         ax1.legend()
     else:
-        ax1.text(0.5, 0.5, "no vision timing", ha="center", va="center", transform=ax1.transAxes)
+        ax1.text(0.5, 0.5, "no module timing", ha="center", va="center", transform=ax1.transAxes)
     for name, s in sides:
         times = sorted(v * 1e3 for v in s.get("series", {}).get("step_time_s", []))
         if times:

@@ -1,20 +1,33 @@
 """The planners at cluster scale, without processes: what sharding and reordering would buy.
 
 ``mimo-accel simulate --workload receipts --dp 2,4,8,...,512 [--steps N] [--window W]
-[--per-replica K] [--seed S] [--cost FILE] [--language-dp ratio|equal] [--json PATH] [--png PATH]``
+[--per-replica K] [--seed S] [--cost FILE] [--language-dp ratio|equal|R] [--audio-dp ratio|equal|R]
+[--json PATH] [--png PATH]``
 
 For each vision DP size ``d`` it draws ``N × W`` global micro-batches of ``d × K`` samples (``N``
 steps of ``W`` micro-batches; ``W = --window``, default 1) from the
 profile (one shared pool: every DP size sees the same first samples of each micro-batch), costs them
 with the cost model (default :class:`~mimo_accel.costs.CostModel`, or ``--cost`` from
 ``mimo-accel calibrate``), and plans each micro-batch three ways over the canonical grid
-``G = lcm(d, language dp)``:
+``G = lcm(d, language dp[, audio dp])``:
 
 * ``contiguous`` — upstream: replica r takes the r-th contiguous slice;
 * ``lpt`` — equal-size LPT (upstream's reorder PR);
 * ``balanced`` — :func:`mimo_accel.balance.balanced_order` (ours), as the planner ships it.
 
-and, as a fourth, diagnostic plan, ``balanced_vision``: ``balanced_order`` over the d vision
+and, for every module of the layout (vision, the workload's ``[audio]`` encoder where it has one,
+and the language model), each module's replica spread under four plans side by side
+(``rows[].modules``, the table "Every module's replica spread"): ``contiguous``; ``lpt`` (#4608's
+method: :func:`~mimo_accel.balance.lpt_order` on the vision cost); ``vision_only``
+(:func:`~mimo_accel.balance.balanced_order` on the vision cost, as the planner shipped before
+per-module balancing: the ``balanced`` plan above); ``joint``
+(:func:`mimo_accel.balance.balance_modules` over every module), with each module's bound
+(:func:`~mimo_accel.balance.module_bounds`), the worst module's spread and the plan times of the
+vision-only and the joint plan. A module's cost per sample: vision the cost model's
+``a·Σp + b·Σp² + c·tokens``; audio ``a·Σrows + b·Σrows²``; language ``L + L²/8192`` with L the
+sample's real tokens (text + image tokens after the 2×2 merge, patches / merge², + audio tokens).
+
+As a further, diagnostic plan, ``balanced_vision``: ``balanced_order`` over the d vision
 replicas themselves (each replica's block then cut into its G/d canonical groups as it comes —
 still a valid plan for both modules). It differs from ``balanced`` only with fan-out (language DP
 > vision DP, G > d): balancing G smaller groups is a harder problem than balancing d replicas, and
@@ -23,8 +36,9 @@ the slowest replica then holds the heaviest group *plus* an average one.
 Definitions:
 
 * **language DP** for vision DP d: with ``--language-dp ratio`` (default) the profile layout's
-  ratio, ``max(1, round(d × language.dp / vision.dp))``; with ``equal``, d. TP/PP of both modules
-  stay the profile's. If ``d × K`` is not a multiple of G it is rounded up to one (the row's
+  ratio, ``max(1, round(d × language.dp / vision.dp))``; with ``equal``, d; with a number R,
+  ``max(1, round(d × R))`` (any layout: 1 is 1:1, 0.5 fan-in, 2 fan-out). ``--audio-dp`` likewise
+  for a workload's audio encoder. TP/PP of every module stay the profile's. If ``d × K`` is not a multiple of G it is rounded up to one (the row's
   ``micro_batch_size`` says what was used).
 * **straggler ratio** of a micro-batch: max / mean of the vision replicas' summed sample costs
   (1.0 is perfect); p50 / p99 / mean over the micro-batches. ``bound`` is the same ratio for
@@ -66,9 +80,14 @@ Definitions:
 JSON (``--json``; format ``mimo-accel-simulate/1``), stable keys::
 
     format, profile{name, path, description, summary{...}}, cost_model{a, b, c, source},
-    steps, window, samples_per_replica, seed, language_dp_rule, elapsed_s, notes[],
-    layout{vision{tp, pp, dp}, language{tp, pp, dp}, micro_batch_size},
-    rows[]: {dp, language_dp, grid, micro_batch_size,
+    steps, window, samples_per_replica, seed, language_dp_rule, elapsed_s, notes[], modules[],
+    layout{vision{tp, pp, dp}, [audio{tp, pp, dp},] language{tp, pp, dp}, micro_batch_size},
+    rows[]: {dp, language_dp, [audio_dp,] grid, micro_batch_size,
+             modules{dps{module: dp},
+                     spread{module: {contiguous|lpt|vision_only|joint|bound: {p50, p99, mean}}},
+                     worst{contiguous|lpt|vision_only|joint|bound: {p50, p99, mean}},
+                     worst_over_bound{contiguous|lpt|vision_only|joint: {p50, p99, mean}},
+                     plan_ms{vision_only_p50, joint_p50, joint_max, lpt_p50, joint_over_vision_only}},
              straggler{contiguous|lpt|balanced|balanced_vision|bound: {p50, p99, mean}},
              vision_speedup{balanced_vs_contiguous, balanced_vs_lpt, lpt_vs_contiguous,
                             balanced_vision_vs_contiguous, vision_time_saved},
@@ -110,16 +129,22 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from mimo_accel.balance import balanced_order, lower_bound, lpt_order
+from mimo_accel.balance import balance_modules, balanced_order, lower_bound, lpt_order, module_bounds, module_spreads
 from mimo_accel.costs import CostModel
-from mimo_accel.workloads import Profile, ProfileError, load_profile
+from mimo_accel.workloads import AUDIO, LANGUAGE, VISION, Profile, ProfileError, load_profile
 
-__all__ = ["SIMULATE_FORMAT", "PLANNERS", "language_dp_for", "main", "parse_dp_list", "render", "simulate",
-           "write_png"]
+__all__ = ["SIMULATE_FORMAT", "PLANNERS", "MODULE_PLANNERS", "audio_dp_for", "language_dp_for", "main",
+           "parse_dp_list", "render", "simulate", "write_png"]
 
 SIMULATE_FORMAT = "mimo-accel-simulate/1"
 PLANNERS = ("contiguous", "lpt", "balanced")
 _LABELS = {"contiguous": "contiguous (upstream)", "lpt": "LPT (upstream PR)", "balanced": "balanced (ours)"}
+#: The plans every module's spread is given for (``rows[].modules``): upstream's contiguous split,
+#: #4608's LPT on the vision cost, the vision-only plan (``balanced_order`` on the vision cost, as the
+#: planner shipped before per-module balancing) and the joint plan (``balance_modules``).
+MODULE_PLANNERS = ("contiguous", "lpt", "vision_only", "joint")
+_MODULE_LABELS = {"contiguous": "contiguous", "lpt": "LPT (#4608)", "vision_only": "vision-only",
+                  "joint": "joint (ours)"}
 
 
 # ------------------------------------------------------------------------------------- inputs
@@ -173,14 +198,37 @@ def _dp_int(p: str, text: str) -> int:
     return v
 
 
-def language_dp_for(profile: Profile, dp: int, rule: str = "ratio") -> int:
-    """The language DP simulated next to vision DP ``dp`` (see the module docstring)."""
+def _dp_rule(rule: Any, what: str) -> str | float:
+    if rule in ("ratio", "equal"):
+        return rule
+    try:
+        factor = float(rule)
+    except (TypeError, ValueError):
+        factor = -1.0
+    if not (math.isfinite(factor) and factor > 0):
+        raise ValueError(f"{what} DP rule must be 'ratio' or 'equal', got {rule!r}"
+                         " (or a positive number: that many replicas per vision replica)")
+    return factor
+
+
+def _dp_for(profile_dp: int, vision_dp: int, dp: int, rule: Any, what: str) -> int:
+    rule = _dp_rule(rule, what)
     if rule == "equal":
         return dp
-    if rule != "ratio":
-        raise ValueError(f"language DP rule must be 'ratio' or 'equal', got {rule!r}")
-    v, lang = profile.layout.vision.dp, profile.layout.language.dp
-    return max(1, round(dp * lang / v))
+    factor = profile_dp / vision_dp if rule == "ratio" else rule
+    return max(1, round(dp * factor))
+
+
+def language_dp_for(profile: Profile, dp: int, rule: str | float = "ratio") -> int:
+    """The language DP simulated next to vision DP ``dp`` (see the module docstring)."""
+    return _dp_for(profile.layout.language.dp, profile.layout.vision.dp, dp, rule, "language")
+
+
+def audio_dp_for(profile: Profile, dp: int, rule: str | float = "ratio") -> int | None:
+    """The audio encoder's DP next to vision DP ``dp`` (None: the profile has no audio encoder)."""
+    if profile.layout.audio is None:
+        return None
+    return _dp_for(profile.layout.audio.dp, profile.layout.vision.dp, dp, rule, "audio")
 
 
 # ------------------------------------------------------------------------------------- engine
@@ -291,9 +339,10 @@ def simulate(
     seed: int = 0,
     cost_model: CostModel | None = None,
     *,
-    language_dp: str = "ratio",
+    language_dp: str | float = "ratio",
     cost_source: str = "default",
     window: int = 1,
+    audio_dp: str | float = "ratio",
 ) -> dict[str, Any]:
     """Run the simulation; returns the JSON document described in the module docstring.
 
@@ -323,24 +372,31 @@ def simulate(
     plans = []
     for d in dps:
         lang = language_dp_for(profile, d, language_dp)
-        grid = math.lcm(d, lang)
+        aud = audio_dp_for(profile, d, audio_dp)
+        grid = math.lcm(d, lang, aud or 1)
         mbs = -(-d * k // grid) * grid
         if mbs != d * k:
             notes.append(f"dp {d}: {d} x {k} samples is not a multiple of G={grid}; used micro-batch {mbs}")
-        plans.append((d, lang, grid, mbs))
-    pool_mbs = max(p[3] for p in plans)
+        plans.append((d, lang, aud, grid, mbs))
+    pool_mbs = max(p[4] for p in plans)
     n_mb = steps * window  # micro-batch s * window + j is micro-batch j of step s
     table = profile.sample_table(n_mb * pool_mbs, seed)
-    costs_all = table.costs(model).reshape(n_mb, pool_mbs)
+    module_costs_all = {m: c.reshape(n_mb, pool_mbs) for m, c in table.module_costs(model).items()}
+    costs_all = module_costs_all[VISION]
     bytes_all = table.bytes.reshape(n_mb, pool_mbs)
 
     tp_v = profile.layout.vision.tp
     lang_ranks_per_replica = profile.layout.language.tp * profile.layout.language.pp
     rows = []
-    for d, lang, grid, mbs in plans:
+    for d, lang, aud, grid, mbs in plans:
+        module_dps = {VISION: d, **({AUDIO: aud} if aud is not None else {}), LANGUAGE: lang}
+        per_module: dict[str, dict[str, list[float]]] = {
+            m: {p: [] for p in (*MODULE_PLANNERS, "bound")} for m in module_dps}
+        worst: dict[str, list[float]] = {p: [] for p in (*MODULE_PLANNERS, "bound")}
+        worst_excess: dict[str, list[float]] = {p: [] for p in MODULE_PLANNERS}
         ratios: dict[str, list[float]] = {p: [] for p in (*PLANNERS, "balanced_vision", "bound")}
         maxes: dict[str, float] = dict.fromkeys((*PLANNERS, "balanced_vision"), 0.0)
-        ms: dict[str, list[float]] = {"balanced": [], "lpt": [], "balanced_vision": []}
+        ms: dict[str, list[float]] = {"balanced": [], "lpt": [], "balanced_vision": [], "joint": []}
         moved: dict[str, dict[str, float]] = {
             p: {"samples": 0.0, "language_samples": 0.0, "bytes": 0.0} for p in ("lpt", "balanced", "balanced_matched")
         }
@@ -377,6 +433,21 @@ def simulate(
                     vision_sums[s] = sums
             mean = c.sum() / d
             ratios["bound"].append(lower_bound(c, d) / mean if mean > 0 else 1.0)
+            # every module: the four plans side by side, and each module's bound
+            mc = {m: module_costs_all[m][s, :mbs] for m in module_dps}
+            t4 = time.perf_counter()
+            joint = np.asarray(balance_modules(mc, module_dps), dtype=np.int64)
+            ms["joint"].append((time.perf_counter() - t4) * 1e3)
+            bounds = module_bounds(mc, module_dps)
+            for m in module_dps:
+                per_module[m]["bound"].append(bounds[m])
+            worst["bound"].append(max(bounds.values()))
+            for name, order in (("contiguous", identity), ("lpt", lpt), ("vision_only", bal), ("joint", joint)):
+                spreads = module_spreads(mc, module_dps, order)
+                for m, v in spreads.items():
+                    per_module[m][name].append(v)
+                worst[name].append(max(spreads.values()))
+                worst_excess[name].append(max(v - bounds[m] for m, v in spreads.items()))
             vision_bytes_max += float(_replica_sums(b, bal, d).max())
             matched = _matched(bal, grid, b) if matched_ok else None
             matched_ok = matched is not None
@@ -405,11 +476,22 @@ def simulate(
                 "language_samples_moved": m["language_samples"] / n_mb,
                 "bytes_moved": m["bytes"] / n_mb,
             }
+        vision_only_ms, joint_ms = float(np.median(ms["balanced"])), float(np.median(ms["joint"]))
         rows.append({
             "dp": d,
             "language_dp": lang,
+            **({"audio_dp": aud} if aud is not None else {}),
             "grid": grid,
             "micro_batch_size": mbs,
+            "modules": {
+                "dps": module_dps,
+                "spread": {m: {p: _stats(v) for p, v in tab.items()} for m, tab in per_module.items()},
+                "worst": {p: _stats(v) for p, v in worst.items()},
+                "worst_over_bound": {p: _stats(v) for p, v in worst_excess.items()},
+                "plan_ms": {"vision_only_p50": vision_only_ms, "joint_p50": joint_ms,
+                            "joint_max": float(max(ms["joint"])), "lpt_p50": float(np.median(ms["lpt"])),
+                            "joint_over_vision_only": joint_ms / vision_only_ms if vision_only_ms > 0 else None},
+            },
             "straggler": {name: _stats(v) for name, v in ratios.items()},
             "vision_speedup": {
                 "balanced_vs_contiguous": _div(maxes["contiguous"], maxes["balanced"]),
@@ -452,8 +534,9 @@ def simulate(
                                    ratios["bound"]) if window > 1 else None),
         })
 
-    rule = ("ratio: language dp = max(1, round(dp x {l}/{v})) (the profile layout's ratio)".format(
-        l=lay.language.dp, v=lay.vision.dp) if language_dp == "ratio" else "equal: language dp = vision dp")
+    rule = _rule_text("language", lay.language.dp, lay.vision.dp, language_dp)
+    if lay.audio is not None:
+        rule += "; " + _rule_text("audio", lay.audio.dp, lay.vision.dp, audio_dp)
     return {
         "format": SIMULATE_FORMAT,
         "profile": {
@@ -469,14 +552,23 @@ def simulate(
         "seed": seed,
         "language_dp_rule": rule,
         "layout": {
-            "vision": {"tp": lay.vision.tp, "pp": lay.vision.pp, "dp": lay.vision.dp},
-            "language": {"tp": lay.language.tp, "pp": lay.language.pp, "dp": lay.language.dp},
+            **{m: {"tp": ml.tp, "pp": ml.pp, "dp": ml.dp} for m, ml in lay.modules.items()},
             "micro_batch_size": lay.micro_batch_size,
         },
+        "modules": list(lay.modules),
         "rows": rows,
         "notes": notes,
         "elapsed_s": time.perf_counter() - t_start,
     }
+
+
+def _rule_text(what: str, module_dp: int, vision_dp: int, rule: Any) -> str:
+    rule = _dp_rule(rule, what)
+    if rule == "ratio":
+        return (f"ratio: {what} dp = max(1, round(dp x {module_dp}/{vision_dp})) (the profile layout's ratio)")
+    if rule == "equal":
+        return f"equal: {what} dp = vision dp"
+    return f"{what} dp = max(1, round(dp x {rule:g}))"
 
 
 def _div(a: float, b: float) -> float:
@@ -537,6 +629,8 @@ def render(doc: dict[str, Any], console: Console | None = None) -> None:
             " 'balanced over vision replicas' balances the d vision replicas directly (still a valid plan)."
         )
 
+    _render_modules(doc, console)
+
     per = "per step" if doc.get("window", 1) == 1 else "per micro-batch"
     t = Table(title=f"Reads {per}: baseline (every data rank reads the micro-batch) → sharded",
               title_justify="left")
@@ -580,6 +674,43 @@ def render(doc: dict[str, Any], console: Console | None = None) -> None:
     for note in doc["notes"]:
         console.print(f"[yellow]note:[/] {note}")
     console.print(f"simulated in {doc['elapsed_s']:.2f} s")
+
+
+def _render_modules(doc: dict[str, Any], console: Console) -> None:
+    """Every module's spread under the four plans, p50, beside its bound; the worst module; the
+    plan times of the vision-only and the joint plan, side by side."""
+    t = Table(title="Every module's replica spread (max/mean replica cost), p50 over micro-batches; "
+                    "worst = the worst module's", title_justify="left")
+    for col in ("vision dp", "layout (dp)", "module"):
+        t.add_column(col, justify="right")
+    for name in MODULE_PLANNERS:
+        t.add_column(_MODULE_LABELS[name], justify="right")
+    for col in ("bound", "joint\nover bound", "plan ms p50\nvision-only / joint"):
+        t.add_column(col, justify="right")
+    for r in doc["rows"]:
+        mod = r.get("modules")
+        if not mod:
+            continue
+        layout = " / ".join(f"{m[0]}{dp}" for m, dp in mod["dps"].items())
+        names = list(mod["spread"])
+        for i, m in enumerate([*names, "worst"]):
+            st = mod["worst"] if m == "worst" else mod["spread"][m]
+            pm = mod["plan_ms"]
+            over = (mod["worst_over_bound"]["joint"]["p50"] if m == "worst"
+                    else st["joint"]["p50"] - st["bound"]["p50"])
+            t.add_row(
+                str(r["dp"]) if i == 0 else "", layout if i == 0 else "", f"[bold]{m}[/]" if m == "worst" else m,
+                *(f"{st[p]['p50']:.3f}" for p in MODULE_PLANNERS), f"{st['bound']['p50']:.3f}", f"{over:+.3f}",
+                f"{pm['vision_only_p50']:.2f} / {pm['joint_p50']:.2f}" if m == "worst" else "",
+                end_section=m == "worst",
+            )
+    console.print(t)
+    console.print(
+        "LPT (#4608): lpt_order on the vision cost; vision-only: balanced_order on the vision cost (the shipped"
+        " planner); joint: balance_modules over every module. Module costs per sample: vision"
+        " a·Σp + b·Σp² + c·tokens, audio a·Σrows + b·Σrows², language L + L²/8192 (L = real tokens)."
+        " worst-row 'joint over bound': the largest excess of a module over its own bound."
+    )
 
 
 def _micro_batches(doc: dict[str, Any]) -> str:
@@ -682,8 +813,11 @@ def _parser() -> argparse.ArgumentParser:
                    help="samples per vision replica (default: the workload's micro_batch_size / vision dp)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--cost", metavar="FILE", help="cost-model file from `mimo-accel calibrate` (default: built-in)")
-    p.add_argument("--language-dp", choices=("ratio", "equal"), default="ratio",
-                   help="language DP per vision DP: the workload's ratio (default) or equal")
+    p.add_argument("--language-dp", default="ratio", metavar="ratio|equal|R",
+                   help="language DP per vision DP: the workload's ratio (default), equal, or R language "
+                        "replicas per vision replica (0.5: fan-in, 2: fan-out)")
+    p.add_argument("--audio-dp", default="ratio", metavar="ratio|equal|R",
+                   help="audio DP per vision DP, where the workload has an [audio] encoder (as --language-dp)")
     p.add_argument("--json", metavar="PATH", help="write the results as JSON")
     p.add_argument("--png", metavar="PATH", help="write charts (needs matplotlib)")
     return p
@@ -704,7 +838,8 @@ def main(argv: Sequence[str] | None = None, *, console: Console | None = None) -
             raise ValueError("--per-replica must be >= 1")
         doc = simulate(profile, dps, steps=args.steps, samples_per_replica=args.per_replica, seed=args.seed,
                        cost_model=model, language_dp=args.language_dp,
-                       cost_source=str(args.cost) if args.cost else "default", window=args.window)
+                       cost_source=str(args.cost) if args.cost else "default", window=args.window,
+                       audio_dp=args.audio_dp)
     except (ProfileError, ValueError, OSError) as e:
         print(f"mimo-accel simulate: error: {e}", file=sys.stderr)
         return 2

@@ -32,11 +32,21 @@ File layout (every key is checked; an unknown key is an error)::
     min_pixels = 200704
     max_pixels = 4194304
 
+    [audio]                            # optional: a second encoder (Whisper-like), on its own grid
+    count = { 0 = 0.5, 1 = 0.4, 2 = 0.1 }   # audio clips per sample -> probability
+    seconds = DIST                     # clip duration in whole seconds, drawn per clip
+    rows_per_second = 50               # encoder rows per second of audio (Whisper: 1500 rows per 30 s)
+    pad_to_seconds = 30                # optional: the feature extractor pads (and cuts) every clip to
+                                       # this length (Whisper's 30 s), so every clip costs the same
+    rows_per_token = 1                 # optional, default 1: encoder rows per placeholder token
+    bytes_per_second = 32000           # optional, default 32000 (16 kHz 16-bit PCM)
+
     [layout]
-    micro_batch_size = 64              # global micro-batch, a multiple of lcm(vision dp, language dp)
+    micro_batch_size = 64              # global micro-batch, a multiple of lcm(module dps)
     seq_length = 8192                  # must hold the largest possible sample
     vision = { tp = 1, pp = 1, dp = 8 }
     language = { tp = 4, pp = 1, dp = 4 }
+    audio = { tp = 1, pp = 1, dp = 2 } # required with [audio], refused without it
 
     [rehearsal]                        # the same shape, scaled down for a CPU rehearsal
     steps = 4
@@ -60,9 +70,18 @@ min = A, max = B }`` (clamped to [A, B], rounded), or ``{ dist = "choice", value
 What a sample costs:
 
 * image tokens of an image = patches / merge_size² (the encoder's merged rows, one placeholder each);
-* a sample's real language tokens (``SampleShape.tokens``) = its image tokens + its text tokens,
-  the text cut so the sample fits ``seq_length`` (validation guarantees the images always fit);
-* bytes of a sample = Σ original pixels × ``bytes_per_pixel`` + text tokens × ``bytes_per_token``.
+* audio rows of a clip = seconds × rows_per_second (pad_to_seconds × rows_per_second when the
+  extractor pads); its placeholder tokens = ⌈rows / rows_per_token⌉;
+* a sample's real language tokens (``SampleShape.tokens``) = its image tokens + its audio tokens +
+  its text tokens, the text cut so the sample fits ``seq_length`` (validation guarantees the images
+  and clips always fit);
+* bytes of a sample = Σ original pixels × ``bytes_per_pixel`` + Σ clip seconds × ``bytes_per_second``
+  + text tokens × ``bytes_per_token``.
+
+What each module costs per sample (:meth:`SampleTable.module_costs`, what ``mimo-accel simulate``
+and the benchmarks balance): vision, the cost model's ``a·Σp + b·Σp² + c·tokens``; an audio
+encoder, its ``a·Σrows + b·Σrows²`` (the default encoder coefficients); the language model
+``L + L²/8192`` with L its real tokens.
 """
 
 from __future__ import annotations
@@ -81,10 +100,14 @@ from mimo_accel.costs import CostIndex, CostModel, ResizeRule, SampleShape
 from mimo_accel.workloads.layout import MimoLayout, ModuleLayout
 
 __all__ = [
+    "AUDIO",
+    "LANGUAGE",
+    "LANGUAGE_SQ_DIVISOR",
     "PROFILES_DIR",
     "REHEARSAL_MAX_IMAGES",
     "REHEARSAL_MAX_PATCHES",
     "REHEARSAL_MAX_SEQ_LENGTH",
+    "AudioProfile",
     "Dist",
     "Layout",
     "ModuleLayout",
@@ -93,6 +116,7 @@ __all__ = [
     "Rehearsal",
     "RehearsalSample",
     "SampleTable",
+    "VISION",
     "list_profiles",
     "load_profile",
     "parse_profile",
@@ -171,23 +195,44 @@ class Dist:
 # ------------------------------------------------------------------------------------------------
 
 
+#: The module names of a profile's layout (the names the planners and the profiler use).
+VISION, AUDIO, LANGUAGE = "vision", "audio", "language"
+#: The language model's cost per sample: L + L²/LANGUAGE_SQ_DIVISOR, L = real tokens.
+LANGUAGE_SQ_DIVISOR = 8192
+
+
 @dataclass(frozen=True)
 class Layout:
-    """A non-colocated layout: vision and language modules on their own ranks."""
+    """A non-colocated layout: vision and language modules (and an optional audio encoder) on their
+    own ranks."""
 
     vision: ModuleLayout
     language: ModuleLayout
     micro_batch_size: int
     seq_length: int
+    audio: ModuleLayout | None = None
+
+    @property
+    def modules(self) -> dict[str, ModuleLayout]:
+        """Module name -> its layout: the encoders, then the language model."""
+        out = {VISION: self.vision}
+        if self.audio is not None:
+            out[AUDIO] = self.audio
+        out[LANGUAGE] = self.language
+        return out
+
+    @property
+    def dp_sizes(self) -> dict[str, int]:
+        return {name: m.dp for name, m in self.modules.items()}
 
     @property
     def grid(self) -> int:
-        """The canonical grid G = lcm(vision dp, language dp)."""
-        return math.lcm(self.vision.dp, self.language.dp)
+        """The canonical grid G = lcm of the module DPs."""
+        return math.lcm(*(m.dp for m in self.modules.values()))
 
     @property
     def world_size(self) -> int:
-        return self.vision.size + self.language.size
+        return sum(m.size for m in self.modules.values())
 
     def to_mimo_layout(self) -> MimoLayout:
         return MimoLayout(self.vision, self.language)
@@ -246,9 +291,31 @@ class SampleTable:
     widths: np.ndarray
     image_patches: np.ndarray
     rule: ResizeRule
+    # the audio encoder (zeros / empty where the profile has none): per sample clips, Σ rows,
+    # Σ rows², placeholder tokens; per clip (in sample order) its rows
+    audio_clips: np.ndarray | None = None
+    audio_rows: np.ndarray | None = None
+    audio_sq_rows: np.ndarray | None = None
+    audio_tokens: np.ndarray | None = None
+    clip_rows: np.ndarray | None = None
 
     def __len__(self) -> int:
         return int(self.images.size)
+
+    @property
+    def has_audio(self) -> bool:
+        return self.audio_clips is not None
+
+    def module_costs(self, model: CostModel | None = None) -> dict[str, np.ndarray]:
+        """Each module's cost per sample (see the module docstring): ``vision``, ``audio`` where
+        the profile has an audio encoder, and ``language`` (L + L²/8192, L = real tokens)."""
+        model = CostModel() if model is None else model
+        out = {VISION: self.costs(model)}
+        if self.has_audio:
+            out[AUDIO] = model.a * self.audio_rows.astype(np.float64) + model.b * self.audio_sq_rows.astype(np.float64)
+        t = self.tokens.astype(np.float64)
+        out[LANGUAGE] = t + t * t / LANGUAGE_SQ_DIVISOR
+        return out
 
     def shapes(self) -> list[SampleShape]:
         out = []
@@ -269,6 +336,33 @@ class SampleTable:
 
 
 @dataclass(frozen=True)
+class AudioProfile:
+    """The optional ``[audio]`` table: a second encoder's clips (see the module docstring)."""
+
+    count: Dist
+    seconds: Dist
+    rows_per_second: int
+    pad_to_seconds: int | None
+    rows_per_token: int
+    bytes_per_second: float
+
+    def clip_rows(self, seconds: np.ndarray) -> np.ndarray:
+        """Encoder rows of clips of ``seconds`` (the padded length where the extractor pads)."""
+        s = np.asarray(seconds, dtype=np.int64)
+        if self.pad_to_seconds is not None:
+            s = np.full_like(s, self.pad_to_seconds)
+        return s * self.rows_per_second
+
+    def clip_tokens(self, rows: np.ndarray) -> np.ndarray:
+        return -(-np.asarray(rows, dtype=np.int64) // self.rows_per_token)
+
+    @property
+    def max_tokens(self) -> int:
+        """The most placeholder tokens a sample's clips can take."""
+        return self.count.max * int(self.clip_tokens(self.clip_rows(np.array([self.seconds.max])))[0])
+
+
+@dataclass(frozen=True)
 class Profile:
     """A workload profile (see the module docstring for the file format)."""
 
@@ -286,6 +380,7 @@ class Profile:
     layout: Layout
     rehearsal: Rehearsal
     raw: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    audio: AudioProfile | None = None
 
     # -- sampling ------------------------------------------------------------------------------
 
@@ -312,13 +407,28 @@ class Profile:
         patches = _per_sample(owner, per_image, n)
         sq_patches = _per_sample(owner, per_image * per_image, n)
         image_tokens = patches // self.image_tokens_divisor
-        text = np.clip(self.layout.seq_length - image_tokens, 0, text)
+        audio: dict[str, Any] = {}
+        audio_tokens = np.zeros(n, dtype=np.int64)
+        audio_bytes = np.zeros(n, dtype=np.float64)
+        if self.audio is not None:
+            # drawn after everything a profile without audio draws: its samples stay the same
+            arng = np.random.default_rng([int(seed), 0xA0D1])
+            clips = self.audio.count.draw(arng, n)
+            seconds = self.audio.seconds.draw(arng, int(clips.sum()))
+            clip_owner = np.repeat(np.arange(n), clips)
+            rows = self.audio.clip_rows(seconds)
+            audio_tokens = _per_sample(clip_owner, self.audio.clip_tokens(rows), n)
+            audio_bytes = _per_sample(clip_owner, seconds, n) * self.audio.bytes_per_second
+            audio = dict(audio_clips=clips, audio_rows=_per_sample(clip_owner, rows, n),
+                         audio_sq_rows=_per_sample(clip_owner, rows * rows, n), audio_tokens=audio_tokens,
+                         clip_rows=rows)
+        text = np.clip(self.layout.seq_length - image_tokens - audio_tokens, 0, text)
         pixels = _per_sample(owner, heights * widths, n)
-        nbytes = pixels * self.bytes_per_pixel + text * self.bytes_per_token
+        nbytes = pixels * self.bytes_per_pixel + text * self.bytes_per_token + audio_bytes
         return SampleTable(
-            images=counts, text_tokens=text, tokens=image_tokens + text, patches=patches,
+            images=counts, text_tokens=text, tokens=image_tokens + audio_tokens + text, patches=patches,
             sq_patches=sq_patches, bytes=nbytes, heights=heights, widths=widths,
-            image_patches=per_image, rule=self.rule,
+            image_patches=per_image, rule=self.rule, **audio,
         )
 
     def sample_shapes(self, n: int, seed: int = 0) -> list[SampleShape]:
@@ -360,6 +470,9 @@ class Profile:
             "patches_per_image_max": int(t.image_patches.max()) if t.image_patches.size else 0,
             "tokens_per_sample_mean": float(t.tokens.mean()),
             "bytes_per_sample_mean": float(t.bytes.mean()),
+            **({"audio_clips_per_sample_mean": float(t.audio_clips.mean()),
+                "audio_rows_per_sample_mean": float(t.audio_rows.mean()),
+                "audio_free_fraction": float((t.audio_clips == 0).mean())} if t.has_audio else {}),
         }
 
 
@@ -500,7 +613,7 @@ class _Checker:
             raise self.fail(key, f"expected [height, width], got {_show(value)}", "write a pair like [896, 896]")
         return (self.integer(value[0], f"{key}[0]", minimum), self.integer(value[1], f"{key}[1]", minimum))
 
-    def counts(self, value: Any, key: str) -> Dist:
+    def counts(self, value: Any, key: str, what: str = "image counts") -> Dist:
         if not isinstance(value, dict) or not value:
             raise self.fail(key, f"expected a table of count = probability, got {_show(value)}",
                             "write e.g. { 0 = 0.6, 1 = 0.3, 4 = 0.1 }")
@@ -511,7 +624,7 @@ class _Checker:
             except ValueError:
                 c = -1
             if c < 0 or str(c) != k.strip():
-                raise self.fail(f"{key}.{k}", "image counts must be whole numbers >= 0", "use keys like 0, 1, 4")
+                raise self.fail(f"{key}.{k}", f"{what} must be whole numbers >= 0", "use keys like 0, 1, 4")
             counts.append(c)
         p = self.probabilities(list(value.values()), key)
         order = sorted(range(len(counts)), key=counts.__getitem__)
@@ -524,19 +637,22 @@ class _Checker:
     def layout(self, t: dict[str, Any], key: str) -> Layout:
         vision = self.module(t["vision"], f"{key}.vision")
         language = self.module(t["language"], f"{key}.language")
+        audio = self.module(t["audio"], f"{key}.audio") if "audio" in t else None
         mbs = self.integer(t["micro_batch_size"], f"{key}.micro_batch_size", 1)
         seq = self.integer(t["seq_length"], f"{key}.seq_length", 1)
-        grid = math.lcm(vision.dp, language.dp)
+        grid = math.lcm(vision.dp, language.dp, audio.dp if audio is not None else 1)
         if mbs % grid:
             lower, upper = (mbs // grid) * grid, (mbs // grid + 1) * grid
             nearest = " or ".join(str(x) for x in (lower, upper) if x >= grid)
+            dps = (f"vision dp {vision.dp}, language dp {language.dp}" if audio is None
+                   else f"vision dp {vision.dp}, audio dp {audio.dp}, language dp {language.dp}")
             raise self.fail(
                 f"{key}.micro_batch_size",
-                f"{mbs} is not divisible by lcm(vision dp {vision.dp}, language dp {language.dp}) = {grid}"
+                f"{mbs} is not divisible by lcm({dps}) = {grid}"
                 " (every module cuts the micro-batch into the same canonical groups)",
                 f"use a multiple of {grid}, e.g. {nearest}",
             )
-        return Layout(vision, language, mbs, seq)
+        return Layout(vision, language, mbs, seq, audio)
 
 
 def _max_patches(rule: ResizeRule, size: Dist | None, height: Dist | None, width: Dist | None) -> int:
@@ -561,7 +677,7 @@ def _show(value: Any) -> str:
 def parse_profile(doc: Mapping[str, Any], *, path: Path | None = None, name: str | None = None) -> Profile:
     """Validate a parsed TOML document and build the :class:`Profile`."""
     ck = _Checker(path)
-    doc = ck.table(dict(doc), "", {"profile", "images", "text", "resize", "layout", "rehearsal"},
+    doc = ck.table(dict(doc), "", {"profile", "images", "text", "resize", "layout", "rehearsal", "audio"},
                    {"images", "text", "resize", "layout", "rehearsal"})
     meta = ck.table(doc.get("profile", {}), "profile", {"name", "description"})
     name = str(meta.get("name") or name or (path.stem if path is not None else "profile"))
@@ -606,25 +722,54 @@ def parse_profile(doc: Mapping[str, Any], *, path: Path | None = None, name: str
     text_tokens = ck.dist(tx["tokens"], "text.tokens", minimum=0)
     bytes_per_token = ck.number(tx.get("bytes_per_token", 4), "text.bytes_per_token")
 
+    # [audio]
+    audio = _parse_audio(ck, doc["audio"]) if "audio" in doc else None
+
     # [layout]
-    lt = ck.table(doc["layout"], "layout", {"micro_batch_size", "seq_length", "vision", "language"},
+    lt = ck.table(doc["layout"], "layout", {"micro_batch_size", "seq_length", "vision", "language", "audio"},
                   {"micro_batch_size", "seq_length", "vision", "language"})
+    if audio is not None and "audio" not in lt:
+        raise ck.fail("layout.audio", "missing (the profile has an [audio] encoder)",
+                      "add audio = { tp = 1, pp = 1, dp = ... } to [layout]")
+    if audio is None and "audio" in lt:
+        raise ck.fail("layout.audio", "an audio module without an [audio] table",
+                      "add an [audio] table describing the clips, or remove layout.audio")
     layout = ck.layout(lt, "layout")
     worst_tokens = image_count.max * _max_patches(rule, size, height, width) // rule.merge_size**2
-    if worst_tokens + text_tokens.min > layout.seq_length:
+    worst_audio = audio.max_tokens if audio is not None else 0
+    if worst_tokens + worst_audio + text_tokens.min > layout.seq_length:
+        audio_part = f" + {worst_audio} audio tokens" if audio is not None else ""
         raise ck.fail(
             "layout.seq_length",
             f"{layout.seq_length} cannot hold the largest sample ({image_count.max} images of up to"
-            f" {worst_tokens // max(image_count.max, 1)} image tokens + {text_tokens.min} text tokens)",
-            f"raise it to at least {worst_tokens + text_tokens.min}, or lower resize.max_pixels or the image count",
+            f" {worst_tokens // max(image_count.max, 1)} image tokens{audio_part} + {text_tokens.min} text tokens)",
+            f"raise it to at least {worst_tokens + worst_audio + text_tokens.min}, or lower resize.max_pixels or "
+            "the image count" + (" or the audio clips" if audio is not None else ""),
         )
 
     rehearsal = _parse_rehearsal(ck, doc["rehearsal"], image_count)
     return Profile(
         name=name, description=description, path=path, image_count=image_count, height=height,
         width=width, size=size, bytes_per_pixel=bytes_per_pixel, text_tokens=text_tokens,
-        bytes_per_token=bytes_per_token, rule=rule, layout=layout, rehearsal=rehearsal, raw=doc,
+        bytes_per_token=bytes_per_token, rule=rule, layout=layout, rehearsal=rehearsal, raw=doc, audio=audio,
     )
+
+
+def _parse_audio(ck: _Checker, value: Any) -> AudioProfile:
+    key = "audio"
+    t = ck.table(value, key, {"count", "seconds", "rows_per_second", "pad_to_seconds", "rows_per_token",
+                              "bytes_per_second"}, {"count", "seconds", "rows_per_second"})
+    count = ck.counts(t["count"], f"{key}.count", what="clip counts")
+    seconds = ck.dist(t["seconds"], f"{key}.seconds", minimum=1)
+    rows_per_second = ck.integer(t["rows_per_second"], f"{key}.rows_per_second", 1)
+    pad = ck.integer(t["pad_to_seconds"], f"{key}.pad_to_seconds", 1) if "pad_to_seconds" in t else None
+    rows_per_token = ck.integer(t.get("rows_per_token", 1), f"{key}.rows_per_token", 1)
+    bytes_per_second = ck.number(t.get("bytes_per_second", 32000), f"{key}.bytes_per_second")
+    if pad is not None and seconds.max > pad:
+        raise ck.fail(f"{key}.seconds", f"clips of up to {seconds.max} s are longer than pad_to_seconds = {pad}"
+                      " (the feature extractor would cut them)", f"keep seconds.max <= {pad}")
+    return AudioProfile(count=count, seconds=seconds, rows_per_second=rows_per_second, pad_to_seconds=pad,
+                        rows_per_token=rows_per_token, bytes_per_second=bytes_per_second)
 
 
 def _parse_rehearsal(ck: _Checker, value: Any, main_count: Dist) -> Rehearsal:
