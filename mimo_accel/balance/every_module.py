@@ -41,11 +41,15 @@ __all__ = ["balance_modules", "module_spreads", "module_bounds"]
 
 _UNIT = 1 << 20  # a module's mean replica load, in integer cost units
 _QUANT = 1 << 30  # the largest sample cost of a module before normalisation
-_STOP = 100  # a replica within 1/_STOP of its module's lower bound needs no more work
+# A replica whose spread (load / mean) is within _CLOSE of its module's lower bound needs no more
+# work: an absolute margin, as the straggler is judged, so a module whose bound is far above its
+# mean (one sample larger than a replica's mean share) is held as close to it as any other.
+_CLOSE = 0.005
 _CAP = 128  # a swap may lift a module up to its own lower bound plus 1/_CAP
 _ROUNDS = 16  # swap rounds over disjoint pairs of groups
 _CANDIDATES = 8  # samples per group a swap is searched among (all of them up to this size)
-_FAR = 1 << 40  # farther than any load moves
+_MORE_STARTS_UP_TO = 1024  # samples x modules up to which every plan also tries two other starts
+_SCALE = 1 << 24  # a lower heaviest replica outweighs any change of the summed excess
 _OPTIONS = 4  # candidate partners a heavy group is tried against in a round
 _TAIL_PARTNERS = 16  # lightest groups the tail tries against the heaviest replica's groups
 _TAIL_STEPS = 32  # swaps the tail may make
@@ -101,7 +105,7 @@ def _prepared(costs, dps, micro_batches):
     """(module names, normalised costs (M, N), replicas per module, G) of the modules that constrain
     the plan: more than one replica and some cost."""
     arrays, grid = _validate(costs, dps, micro_batches)
-    names, rows, replicas = [], [], []
+    names, rows, replicas, stops = [], [], [], []
     for name, c in arrays.items():
         d = int(dps[name]) * int(micro_batches)
         if d == 1 or not c.size or not c[c.argmax()] > 0:
@@ -113,9 +117,11 @@ def _prepared(costs, dps, micro_batches):
         names.append(name)
         rows.append((q * _UNIT) // bound)
         replicas.append(d)
+        # the stop in bound units: the bound plus _CLOSE of the mean (bound / _UNIT = the bound's spread)
+        stops.append(_UNIT + int(_CLOSE * _UNIT * _UNIT / bound))
     n = next(iter(arrays.values())).size
     q = np.array(rows, dtype=np.int64).reshape(len(rows), n)
-    return names, q, np.array(replicas, dtype=np.int64), grid
+    return names, q, np.array(replicas, dtype=np.int64), grid, np.array(stops, dtype=np.int64)
 
 
 def _replica_loads(q: np.ndarray, replicas: np.ndarray, grid: int, groups: np.ndarray) -> list[np.ndarray]:
@@ -182,7 +188,7 @@ def _start(q: np.ndarray, replicas: np.ndarray, grid: int, encoders: np.ndarray)
     return blocks
 
 
-def _pairs(under: np.ndarray, stop: int, reps: np.ndarray, alternate: bool):
+def _pairs(under: np.ndarray, stop: np.ndarray, reps: np.ndarray, alternate: bool):
     """Disjoint (heavy, light) pairs of groups. Heavy: the groups whose replicas are over the stop,
     most over first (at most half of the groups); each is paired with a group light in the module
     it is most over in — the lightest one left, or in alternate rounds one half the ranking below.
@@ -191,7 +197,7 @@ def _pairs(under: np.ndarray, stop: int, reps: np.ndarray, alternate: bool):
     load)."""
     m_count, grid = under.shape
     half = grid // 2
-    over = np.maximum(under - stop, 0)
+    over = np.maximum(under - stop[:, None], 0)
     worst = over.max(axis=0)
     above = min(half, int(np.count_nonzero(worst > 0)))
     if not above:
@@ -259,10 +265,10 @@ def _candidates(key: np.ndarray, shift: int) -> np.ndarray:
 
 
 def _best_swaps(q, groups, under, reps, g, h, shift):
-    """For each pair (g[p], h[p]): the swap of a sample of g with a sample of h that lowers the
-    summed excess (over the bounds) of the replicas the pair touches the most, without raising the
-    heaviest of them, nor lifting a module past its cap that was under it. (slot in g, slot in h,
-    gain in excess; a gain <= 0 means no swap helps)."""
+    """For each pair (g[p], h[p]): the swap of a sample of g with a sample of h that brings the
+    heaviest replica the pair touches lowest (loads in units of each module's bound, so every module
+    counts alike), ties going to the swap that removes the most load over the bounds. (slot in g,
+    slot in h, gain; a gain <= 0 means no swap helps)."""
     lg, lh = under[:, g], under[:, h]  # (M, P): load of each group's replica
     apart = reps[:, g] != reps[:, h]  # (M, P): the modules the swap moves load between
     top = np.where(apart, np.maximum(lg, lh), 0)
@@ -272,35 +278,32 @@ def _best_swaps(q, groups, under, reps, g, h, shift):
     cb = _candidates(-q[dominant[:, None], mh], shift)  # light side: its lightest
     sa = np.take_along_axis(mg, ca, axis=1)  # candidate samples (P, A)
     sb = np.take_along_axis(mh, cb, axis=1)  # (P, B)
-    ceiling = top.max(axis=0)  # never above the heaviest replica the pair touched
-    cap = _UNIT + _UNIT // _CAP  # a module under its cap stays under it
-    gain = valid = None
+    worst = excess = None
     for m in np.flatnonzero(apart.any(axis=1)):
         delta = q[m][sa][:, :, None] - q[m][sb][:, None, :]  # (P, A, B): load moved from g to h
-        # the new loads lg - delta and lh + delta stay <= limit where the module's load moves
-        limit = np.minimum(ceiling, np.maximum(np.maximum(lg[m], lh[m]), cap))
-        lo = np.where(apart[m], lg[m] - limit, -_FAR)[:, None, None]
-        hi = np.where(apart[m], limit - lh[m], _FAR)[:, None, None]
-        ok = (delta >= lo) & (delta <= hi)
+        new_g = lg[m][:, None, None] - delta
+        new_h = lh[m][:, None, None] + delta
+        moved = apart[m][:, None, None]
+        new_top = np.maximum(new_g, new_h) * moved  # 0 where the module's load does not move
         eg = (lg[m] - _UNIT)[:, None, None]  # excess = max(load - _UNIT, 0)
         eh = (lh[m] - _UNIT)[:, None, None]
-        change = np.maximum(eg, 0) + np.maximum(eh, 0) - np.maximum(eg - delta, 0) - np.maximum(eh + delta, 0)
-        change *= apart[m][:, None, None]
-        gain = change if gain is None else gain + change
-        valid = ok if valid is None else valid & ok
-    flat = np.where(valid, gain, -1).reshape(len(g), -1)
-    best = flat.argmax(axis=1)
+        change = (np.maximum(eg, 0) + np.maximum(eh, 0) - np.maximum(eg - delta, 0) - np.maximum(eh + delta, 0)) * moved
+        worst = new_top if worst is None else np.maximum(worst, new_top)
+        excess = change if excess is None else excess + change
+    lowered = top.max(axis=0)[:, None, None] - worst  # how far the heaviest touched replica drops
+    score = np.where(lowered >= 0, lowered * _SCALE + excess, -1)
+    score = np.where(score > 0, score, -1).reshape(len(g), -1)
+    best = score.argmax(axis=1)
     a, b = np.divmod(best, sb.shape[1])
     rows = np.arange(len(g))
-    return ca[rows, a], cb[rows, b], flat[rows, best]
+    return ca[rows, a], cb[rows, b], score[rows, best]
 
 
-def _improve(q: np.ndarray, replicas: np.ndarray, grid: int, groups: np.ndarray) -> np.ndarray:
+def _improve(q: np.ndarray, replicas: np.ndarray, grid: int, groups: np.ndarray, stop: np.ndarray) -> np.ndarray:
     groups = groups.copy()
     m_count = q.shape[0]
     per = grid // replicas  # groups per replica, per module
     reps = np.arange(grid)[None, :] // per[:, None]  # (M, G): the replica of each group, per module
-    stop = _UNIT + _UNIT // _STOP
     group_loads = q[:, groups].sum(axis=2)  # (M, G)
 
     def under_each_group():
@@ -323,7 +326,7 @@ def _improve(q: np.ndarray, replicas: np.ndarray, grid: int, groups: np.ndarray)
     idle = 0
     for r in range(_ROUNDS):
         under = under_each_group()
-        if under.max() <= stop:
+        if (under <= stop[:, None]).all():
             return np.sort(groups, axis=1)
         heavy, light = _pairs(under, stop, reps, alternate=r % 2 == 1)
         ok = heavy[:0]
@@ -345,12 +348,12 @@ def _improve(q: np.ndarray, replicas: np.ndarray, grid: int, groups: np.ndarray)
     # lightest groups of that module outside it, one best swap at a time, while any such swap helps.
     for t in range(_TAIL_STEPS):
         under = under_each_group()
-        if under.max() <= stop:
+        if (under <= stop[:, None]).all():
             break
         swapped = False
-        for m in np.argsort(-under.max(axis=1), kind="stable"):
+        for m in np.argsort(-(under.max(axis=1) - stop), kind="stable"):
             top = int(under[m].max())
-            if top <= stop:
+            if top <= stop[m]:
                 break
             first = int(np.flatnonzero(under[m] == top)[0])
             heavy = np.flatnonzero(reps[m] == reps[m, first])  # the groups of that replica
@@ -387,15 +390,19 @@ def balance_modules(costs: Mapping[str, Sequence[float]], dps: Mapping[str, int]
     Raises ValueError for costs that are not finite numbers >= 0, modules that differ between
     ``costs`` and ``dps``, or N not a multiple of G.
     """
-    names, q, replicas, grid = _prepared(costs, dps, micro_batches)
+    names, q, replicas, grid, stop = _prepared(costs, dps, micro_batches)
     n = q.shape[1]
     contiguous = np.arange(n, dtype=np.int64).reshape(grid, -1) if n else np.zeros((grid, 0), np.int64)
     if not names or n <= grid:
         return contiguous.ravel().tolist()
     encoders = np.array([name != LANGUAGE for name in names], dtype=bool)
     start = _start(q, replicas, grid, encoders)
-    improved = _improve(q, replicas, grid, start)
-    candidates = (contiguous, improved, start)
+    candidates = [contiguous, _improve(q, replicas, grid, start, stop), start]
+    # A small micro-batch affords more starts (the local search can end in different places): the
+    # other modules first, and every module's summed cost.
+    if q.shape[1] * len(q) <= _MORE_STARTS_UP_TO and encoders.any() and (~encoders).any():
+        for drivers in (~encoders, np.ones(len(q), dtype=bool)):
+            candidates.append(_improve(q, replicas, grid, _start(q, replicas, grid, drivers), stop))
     # the lowest worst replica; the first of equals (contiguous on ties, so balanced input is left alone)
     best = min(range(len(candidates)), key=lambda i: (_quality(q, replicas, grid, candidates[i]), i))
     return np.sort(candidates[best], axis=1).ravel().tolist()
