@@ -304,6 +304,7 @@ def _improve(q: np.ndarray, replicas: np.ndarray, grid: int, groups: np.ndarray,
     m_count = q.shape[0]
     per = grid // replicas  # groups per replica, per module
     reps = np.arange(grid)[None, :] // per[:, None]  # (M, G): the replica of each group, per module
+    flat = bool((per == 1).all())
     group_loads = q[:, groups].sum(axis=2)  # (M, G)
 
     def under_each_group():
@@ -335,7 +336,10 @@ def _improve(q: np.ndarray, replicas: np.ndarray, grid: int, groups: np.ndarray,
             slot_a, slot_b, gain = _best_swaps(q, groups, under, reps, np.repeat(heavy, k), light.ravel(), r)
             pick = gain.reshape(-1, k).argmax(axis=1) + np.arange(heavy.size) * k  # each heavy: its best partner
             g, h, slot_a, slot_b, gain = heavy, light.ravel()[pick], slot_a[pick], slot_b[pick], gain[pick]
-            ok = np.flatnonzero(_disjoint(g, h, reps, gain > 0))
+            if flat:  # every replica is one group: the pairs are disjoint as drawn
+                ok = np.flatnonzero(gain > 0)
+            else:
+                ok = np.flatnonzero(_disjoint(g, h, reps, gain > 0))
         if ok.size:
             idle = 0
             swap(g[ok], h[ok], slot_a[ok], slot_b[ok])
