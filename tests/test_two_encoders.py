@@ -55,27 +55,41 @@ class Run:
     def validation_losses(self) -> list[float]:
         return [float(x) for x in re.findall(r"validation loss at .*?lm loss value: ([0-9.eE+-]+)", self.log)]
 
+    def replicas(self) -> list:
+        """One record per module replica and iteration: the tensor-parallel ranks of a replica
+        train the same samples (checked)."""
+        seen: dict = {}
+        for r in self.records:
+            key = (r["module"], r["dp_rank"], r["iteration"])
+            if key in seen:
+                assert (r["ids"], r["loss_sum"]) == (seen[key]["ids"], seen[key]["loss_sum"]), key
+            else:
+                seen[key] = r
+        return list(seen.values())
+
     def steps(self) -> dict:
         """iteration -> {"vision"/"audio"/"language": sorted ids the module trained, "loss"}, the
         encoders under the default names whatever this run called them."""
         rename = dict(zip(self.names, ("vision", "audio")))
         return {it: {rename.get(k, k): v for k, v in step.items() if not (k == "vision" and "vision" not in self.names)}
-                for it, step in steps_from_trace(self.records).items()}
+                for it, step in steps_from_trace(self.replicas()).items()}
 
     def saved_iteration(self) -> int:
         return int((self.checkpoint / "latest_checkpointed_iteration.txt").read_text())
 
 
 def _train_run(workdir: Path, name: str, vdp: int, adp: int, ldp: int, features: dict, *extra: str,
-               iters: int = ITERS, names: tuple = ("vision", "audio"), checkpoint: str | None = None) -> Run:
+               iters: int = ITERS, names: tuple = ("vision", "audio"), checkpoint: str | None = None,
+               atp: int = 1) -> Run:
     trace = workdir / f"{name}.jsonl"
     ckpt = workdir / (checkpoint or f"ckpt-{name}")
     argv = ["--cpu", "--modalities", ",".join(names), "--vision-dp", str(vdp), "--audio-dp", str(adp),
+            "--audio-tp", str(atp),
             "--language-dp", str(ldp), "--image-dir", str(workdir / "media"), "--mbs", str(MBS), "--gbs", str(GBS),
             "--train-iters", str(iters), "--eval-interval", "2", "--eval-iters", "1", "--lr", LR,
             "--save", str(ckpt), "--trace", str(trace), *extra]
     env = {"MIMO_ACCEL_CACHE_DIR": str(workdir / "cache")}
-    active = run_ranks(_train, vdp + adp + ldp, argv, features, env, deadline_s=DEADLINE_S,
+    active = run_ranks(_train, vdp + adp * atp + ldp, argv, features, env, deadline_s=DEADLINE_S,
                        log_file=workdir / f"{name}.log")
     assert all(a == active[0] for a in active)
     return Run([json.loads(line) for line in trace.read_text().splitlines()], active[0], ckpt, names,
@@ -121,6 +135,12 @@ def fan_out(workdir):
     return _train_run(workdir, "accel-v1-a1-l2", 1, 1, 2, FEATURES, names=("images", "audios"))
 
 
+@pytest.fixture(scope="module")
+def audio_tp2(workdir):
+    # the audio encoder's transformer layers tensor-parallel over two ranks (one replica)
+    return _train_run(workdir, "accel-v1-a1tp2-l1", 1, 1, 1, FEATURES, atp=2)
+
+
 def test_upstream_trains_both_encoders_with_eval_and_checkpoint(upstream):
     steps = upstream.steps()
     assert list(steps) == list(range(1, ITERS + 1))
@@ -132,24 +152,28 @@ def test_upstream_trains_both_encoders_with_eval_and_checkpoint(upstream):
     assert len(upstream.validation_losses()) == ITERS // 2
 
 
-@pytest.mark.parametrize("layout", ["one-to-one", "fan-in", "fan-out"])
+@pytest.mark.parametrize("layout", ["one-to-one", "fan-in", "fan-out", "audio-tp2"])
 def test_every_module_trains_what_upstream_trains(request, upstream, layout):
-    run = request.getfixturevalue({"one-to-one": "one_to_one", "fan-in": "fan_in", "fan-out": "fan_out"}[layout])
+    run = request.getfixturevalue({"one-to-one": "one_to_one", "fan-in": "fan_in", "fan-out": "fan_out",
+                                   "audio-tp2": "audio_tp2"}[layout])
     assert run.active[:1] == ["sharded_reads"] and "packing" in run.active
     assert run.saved_iteration() == ITERS
     _assert_same_training(run.steps(), upstream.steps(), range(1, ITERS + 1))
     assert run.validation_losses() == pytest.approx(upstream.validation_losses(), rel=RTOL)  # the log's 7 digits
 
 
-def test_the_trace_names_every_module_by_its_name(one_to_one, fan_in, fan_out):
-    for run, dps in ((one_to_one, (2, 2, 2)), (fan_in, (2, 2, 1)), (fan_out, (1, 1, 2))):
+def test_the_trace_names_every_module_by_its_name(one_to_one, fan_in, fan_out, audio_tp2):
+    # (dp, tp) of the image encoder, the audio encoder and the language model
+    for run, sizes in ((one_to_one, ((2, 1), (2, 1), (2, 1))), (fan_in, ((2, 1), (2, 1), (1, 1))),
+                       (fan_out, ((1, 1), (1, 1), (2, 1))), (audio_tp2, ((1, 1), (1, 2), (1, 1)))):
         image, audio = run.names
         seen = {(r["rank"], r["module"], r["dp_rank"], r["dp_size"]) for r in run.records}
         want, rank = set(), 0
-        for module, dp in zip((image, audio, "language"), dps):  # the encoders in order, language last
-            for d in range(dp):
-                want.add((rank, module, d, dp))
-                rank += 1
+        for module, (dp, tp) in zip((image, audio, "language"), sizes):  # the encoders in order, language last
+            for d in range(dp):  # megatron's rank order within a grid: tp fastest
+                for _ in range(tp):
+                    want.add((rank, module, d, dp))
+                    rank += 1
         assert seen == want
         for r in run.records:  # every replica trained its share of each micro-batch
             assert [len(ids) for ids in r["ids"]] == [MBS // r["dp_size"]] * (GBS // MBS)
