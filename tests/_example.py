@@ -36,6 +36,12 @@ def run_example(argv, features: dict, env: dict) -> dict:
         mimo_accel.disable()
 
 
+def train_rank(rank, world, argv, features: dict, env: dict) -> list:
+    """One rank of ``run_ranks``: the example's own main(argv), with mimo_accel enabled first when
+    ``features`` is not empty; returns the features that were active."""
+    return run_example(argv, features, env)["active"]
+
+
 def steps_from_trace(records: list) -> dict:
     """The example's --trace lines -> {iteration: {module name (every module that traced, "vision"
     and "language" always): sorted sample ids the module trained, "loss": the global per-token

@@ -23,7 +23,7 @@ import pytest
 
 from mimo_accel.rehearse.ranks import run_ranks
 
-from ._example import run_example, steps_from_trace
+from ._example import steps_from_trace, train_rank
 
 pytestmark = pytest.mark.distributed
 
@@ -37,11 +37,6 @@ RTOL = 1e-6
 LR = "1e-2"  # larger steps than the example's default: what an encoder got wrong shows in the next loss
 RESUME_RTOL = 1e-9  # a resume repeats the same float operations (see test_pretrain_loop.py)
 DEADLINE_S = 150.0
-
-
-def _train(rank, world, argv, features, env):
-    """One rank: the example's own main(), with mimo_accel enabled first when asked."""
-    return run_example(argv, features, env)["active"]
 
 
 @dataclass
@@ -89,7 +84,7 @@ def _train_run(workdir: Path, name: str, vdp: int, adp: int, ldp: int, features:
             "--train-iters", str(iters), "--eval-interval", "2", "--eval-iters", "1", "--lr", LR,
             "--save", str(ckpt), "--trace", str(trace), *extra]
     env = {"MIMO_ACCEL_CACHE_DIR": str(workdir / "cache")}
-    active = run_ranks(_train, vdp + adp * atp + ldp, argv, features, env, deadline_s=DEADLINE_S,
+    active = run_ranks(train_rank, vdp + adp * atp + ldp, argv, features, env, deadline_s=DEADLINE_S,
                        log_file=workdir / f"{name}.log")
     assert all(a == active[0] for a in active)
     return Run([json.loads(line) for line in trace.read_text().splitlines()], active[0], ckpt, names,
