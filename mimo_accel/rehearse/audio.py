@@ -19,10 +19,11 @@ The encoder takes clip-packed input, as the vision encoder takes patch-packed im
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
@@ -123,11 +124,12 @@ def whisper_feature_extractor(**kwargs: Any):
     return WhisperFeatureExtractor(**kwargs)
 
 
-@dataclass
-class AudioFileFeatures:
-    """The audio modality's processor for Bridge's ``MegatronMIMODataset``: a clip's file (a path in
-    the example's audio column; an array passes straight on) read with ``soundfile``, then a real
-    feature extractor's log-mel features ``[mel bins, frames]``.
+class AudioFileFeatures(functools.partial):
+    """The audio modality's processor for Bridge's ``MegatronMIMODataset``: transformers'
+    ``WhisperFeatureExtractor`` with ``padding`` bound (a ``functools.partial`` of it, so whoever
+    reads the processor sees the padding it runs with), that first reads a clip's file — a path in
+    the example's audio column; an array passes straight on — with ``soundfile``. It returns
+    log-mel features ``[1, mel bins, frames]``.
 
     ``padding="longest"`` (the default here): every clip keeps its own length — ``samples // hop``
     frames, :func:`clip_rows` encoder rows and as many placeholders — instead of Whisper's
@@ -135,19 +137,26 @@ class AudioFileFeatures:
     the audio load per sample, and so per replica, is uneven, which is what balancing every module
     has to face; a fixed 30 s pad would make every clip cost the same (and would not fit the tiny
     stack's sequence). ``padding="max_length"`` gives Whisper's own behaviour.
-    Bridge's dataset finds the sampling rate here (``sampling_rate``, or ``feature_extractor``'s).
+    Bridge's dataset finds the sampling rate here (``sampling_rate``).
     """
 
-    feature_extractor: Any = field(default_factory=whisper_feature_extractor)
-    padding: str = "longest"
+    def __new__(cls, feature_extractor: Any = None, padding: str = "longest"):
+        if padding not in ("longest", "max_length"):
+            raise ValueError(f"AudioFileFeatures: padding must be 'longest' or 'max_length', got {padding!r}")
+        fe = feature_extractor if feature_extractor is not None else whisper_feature_extractor()
+        return super().__new__(cls, fe, padding=padding)
 
-    def __post_init__(self):
-        if self.padding not in ("longest", "max_length"):
-            raise ValueError(f"AudioFileFeatures: padding must be 'longest' or 'max_length', got {self.padding!r}")
+    @property
+    def feature_extractor(self) -> Any:
+        return self.func
+
+    @property
+    def padding(self) -> str:
+        return self.keywords["padding"]
 
     @property
     def sampling_rate(self) -> int:
-        return int(self.feature_extractor.sampling_rate)
+        return int(self.func.sampling_rate)
 
     def __call__(self, audio, sampling_rate: Optional[int] = None, return_tensors: str = "pt", **kwargs: Any):
         rate = sampling_rate or self.sampling_rate
@@ -160,8 +169,7 @@ class AudioFileFeatures:
         if rate != self.sampling_rate:
             raise ValueError(f"AudioFileFeatures: the clip is sampled at {rate} Hz but the feature extractor "
                              f"takes {self.sampling_rate} Hz; resample the files first")
-        return self.feature_extractor(audio, sampling_rate=rate, return_tensors=return_tensors,
-                                      padding=self.padding, **kwargs)
+        return super().__call__(audio, sampling_rate=rate, return_tensors=return_tensors, **kwargs)
 
 
 @dataclass(frozen=True)
