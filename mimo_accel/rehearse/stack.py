@@ -26,6 +26,12 @@ Two things are the project's own, because nothing upstream fits on a CPU:
   variable-size ``pixel_values``, and ``IdentifiedMIMODataset`` adds each item's ``sample_id``;
   ``GridPlaceholderMIMODataset`` places as many placeholders per image as the image's grid gives
   encoder rows (Bridge 0.6.2 places a fixed count).
+- A second encoder: ``StackConfig(audio_module=NAME)`` adds :mod:`mimo_accel.rehearse.audio`'s
+  Whisper-shaped ``AudioEncoder`` on its own grid; :func:`media_dataset` gives Bridge's
+  ``MegatronMIMODataset`` over real image and WAV files (0/1 of each per sample), one placeholder
+  per encoder row of each item (``ItemPlaceholderMIMODataset``), :func:`collate_mimo_media` packs
+  both. The encoders are the layout's, named as the user names them; the image encoder is
+  ``vision`` by default, the audio one ``audio``.
 """
 
 from __future__ import annotations
