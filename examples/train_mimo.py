@@ -12,6 +12,10 @@ CPU rehearsal (gloo ranks through mimo_accel.rehearse.cpu; no GPU needed):
         --cpu --vision-dp 2 --language-dp 2
     MIMO_ACCEL=all mimo-accel run -- torchrun --nproc-per-node 3 examples/train_mimo.py \\
         --cpu --vision-dp 2 --language-dp 1 --dataset images
+Two encoders, each on its own grid (vision on ranks 0-1, audio on rank 2, language on rank 3),
+over real image and WAV files:
+    MIMO_ACCEL=all mimo-accel run -- torchrun --nproc-per-node 4 examples/train_mimo.py \\
+        --cpu --modalities vision,audio --vision-dp 2 --audio-dp 1 --language-dp 1
 """
 
 import sys

@@ -36,15 +36,22 @@ def run_example(argv, features: dict, env: dict) -> dict:
         mimo_accel.disable()
 
 
+def train_rank(rank, world, argv, features: dict, env: dict) -> list:
+    """One rank of ``run_ranks``: the example's own main(argv), with mimo_accel enabled first when
+    ``features`` is not empty; returns the features that were active."""
+    return run_example(argv, features, env)["active"]
+
+
 def steps_from_trace(records: list) -> dict:
-    """The example's --trace lines -> {iteration: {"vision"/"language": sorted sample ids the module
-    trained, "loss": the global per-token loss}}."""
+    """The example's --trace lines -> {iteration: {module name (every module that traced, "vision"
+    and "language" always): sorted sample ids the module trained, "loss": the global per-token
+    loss}}."""
     out: dict = {}
     for r in records:
-        s = out.setdefault(r["iteration"], {"vision": [], "language": [], "sum": 0.0, "tokens": 0.0})
-        s[r["module"]] += [i for micro in r["ids"] for i in micro]
+        s = out.setdefault(r["iteration"], {"modules": {"vision": [], "language": []}, "sum": 0.0, "tokens": 0.0})
+        s["modules"].setdefault(r["module"], []).extend(i for micro in r["ids"] for i in micro)
         if r["loss_sum"] is not None:
             s["sum"] += r["loss_sum"]
             s["tokens"] += r["tokens"]
-    return {it: {"vision": sorted(s["vision"]), "language": sorted(s["language"]), "loss": s["sum"] / s["tokens"]}
+    return {it: {**{m: sorted(ids) for m, ids in s["modules"].items()}, "loss": s["sum"] / s["tokens"]}
             for it, s in sorted(out.items())}

@@ -25,6 +25,17 @@ The vision encoder (--encoder):
                        --max-image-rows rows per image) and as many placeholders per image as its
                        grid gives rows.
 
+The modalities (--modalities, default ``vision``): each one an encoder module on its own grid, in
+the order given, the language module after them; the names are the user's (the config keys, the
+grid names, the ``--trace`` module field). ``--modalities vision,audio`` (upstream's names:
+``images,audios``) adds an audio encoder (mimo_accel.rehearse.audio: a Whisper-shaped
+megatron-core encoder over log-mel frames, a stride-2 convolution front) sized by --audio-dp /
+--audio-tp / --audio-hidden / --audio-layers, trained next to the vision encoder into the language
+model as upstream's examples/megatron_mimo/llava/megatron_mimo_training_llava_audio.py does; its
+data is --dataset images with 0/1 audio clip per sample beside the 0/1 image: real WAV files of
+varied lengths written at startup, Whisper's feature extractor without the 30 s padding, one
+placeholder per encoder row (so the audio load per sample varies).
+
 Run as ``examples/train_mimo.py`` (its docstring shows the torchrun commands) or as
 ``python -m mimo_accel.rehearse.bridge_script``, with the same arguments.
 
@@ -38,9 +49,10 @@ environment unless one is initialised already, and leaves an existing one alone.
 --upstream-packing: upstream's own in-batch packing in the forward step (Megatron-Bridge main:
     ``dataset.enable_in_batch_packing`` + ``defer_in_batch_packing_to_step``; not in 0.6.2).
 
---trace FILE: every rank appends one JSON line per finished training iteration: rank, module,
-    dp_rank/dp_size, iteration, ``ids`` (the sample ids it trained, one list per micro-batch)
-    and, on language ranks, ``loss_sum``/``tokens``/``loss`` of those micro-batches.
+--trace FILE: every rank appends one JSON line per finished training iteration: rank, module (the
+    module's name: a modality's, or ``language``), dp_rank/dp_size, iteration, ``ids`` (the sample
+    ids it trained, one list per micro-batch) and, on language ranks, ``loss_sum``/``tokens``/``loss``
+    of those micro-batches.
 Environment: TRAIN_MIMO_KILL=RANK:ITERATION makes global rank RANK kill itself with SIGKILL
     when training iteration ITERATION starts (to test failure handling and restart).
 """
@@ -81,7 +93,7 @@ from megatron.bridge.training.state import TrainState
 from megatron.bridge.training.tokenizers.config import TokenizerConfig
 
 from mimo_accel.rehearse import stack
-from mimo_accel.workloads.layout import MimoLayout, ModuleLayout
+from mimo_accel.workloads.layout import LANGUAGE, VISION, MimoLayout, ModuleLayout
 from mimo_accel.runtime.shard import SHARD_TAG_KEY
 
 KILL_ENV = "TRAIN_MIMO_KILL"
@@ -102,6 +114,7 @@ class SyntheticVLMProvider(MegatronMIMODatasetProvider):
     varied: bool = False  # 0-3 images of varied sizes per sample instead of one 4x4 image
     patch_dim: int = 24
     vocab_size: int = 2048
+    vision: str = VISION  # the image modality's (encoder module's) name
 
     def _dataset(self, num_samples: int, seed: int):
         spec = stack.VariedSpec() if self.varied else stack.uniform_spec(1, 4, 8)
@@ -113,6 +126,10 @@ class SyntheticVLMProvider(MegatronMIMODatasetProvider):
         return self._dataset(context.train_samples, seed=0), valid, None
 
     def get_collate_fn(self):
+        if self.vision != VISION:
+            from functools import partial
+
+            return partial(stack.collate, vision=self.vision)
         return stack.collate
 
 
@@ -129,6 +146,11 @@ class ImageMIMOProvider(MegatronMIMODatasetProvider):
     With ``encoder="qwen3vl"``: Qwen3-VL's image processing (16 px patches) with at most
     ``image_rows`` rows per image, and as many placeholders per image as its grid gives rows
     (``stack.GridPlaceholderMIMODataset``).
+    With ``audio`` (a modality name): the examples also carry 0 or 1 audio clip per sample, real
+    WAV files of varied lengths written beside the images the same way, read with ``soundfile``
+    into Whisper's log-mel features (no 30 s padding) and given as many placeholders per clip as
+    the audio encoder makes rows (``stack.media_dataset``). The modalities are named ``vision``
+    and ``audio`` (the encoder modules' names).
     """
 
     seq_length: int = 64
@@ -140,32 +162,50 @@ class ImageMIMOProvider(MegatronMIMODatasetProvider):
     # a key of stack.IMAGE_MIXES: "default" (0/1 image per sample, a few large) or "receipts"
     # (one image per sample, narrow, a long tail of tall ones)
     image_mix: str = "default"
+    vision: str = VISION  # the image modality's name
+    audio: Optional[str] = None  # the audio modality's name (None: images only)
 
     def _dataset(self, num_samples: int, seed: int):
         mix = stack.IMAGE_MIXES[self.image_mix]
+        if self.audio is not None:
+            grid = {}
+            if self.encoder == "qwen3vl":
+                from mimo_accel.rehearse import qwen3vl
+
+                grid = dict(placeholders="grid", processor=qwen3vl.image_processor(max_rows=self.image_rows),
+                            merge=qwen3vl.MERGE)
+            return stack.media_dataset(self.image_dir, num_samples, seq_length=self.seq_length,
+                                       image_rows=self.image_rows, seed=seed, mix=mix, vision=self.vision,
+                                       audio=self.audio, **grid)
         if self.encoder == "qwen3vl":
             from mimo_accel.rehearse import qwen3vl
 
             return stack.images_dataset(self.image_dir, num_samples, seq_length=self.seq_length,
                                         image_rows=self.image_rows, seed=seed, placeholders="grid",
                                         processor=qwen3vl.image_processor(max_rows=self.image_rows),
-                                        merge=qwen3vl.MERGE, mix=mix)
+                                        merge=qwen3vl.MERGE, mix=mix, vision=self.vision)
         return stack.images_dataset(self.image_dir, num_samples, seq_length=self.seq_length,
-                                    image_rows=self.image_rows, seed=seed, mix=mix)
+                                    image_rows=self.image_rows, seed=seed, mix=mix, vision=self.vision)
 
     def build_datasets(self, context):
         valid = self._dataset(context.valid_samples, seed=1) if context.valid_samples else None
         return self._dataset(context.train_samples, seed=0), valid, None
 
     def get_collate_fn(self):
-        # Bridge's megatron_mimo_collate_fn cannot stack pixel_values of different sizes.
-        if self.encoder == "qwen3vl":
-            from functools import partial
+        # Bridge's megatron_mimo_collate_fn cannot stack pixel_values of different sizes (nor clips
+        # of different lengths).
+        from functools import partial
 
+        patch_dim = {}
+        if self.encoder == "qwen3vl":
             from mimo_accel.rehearse import qwen3vl
 
-            return partial(stack.collate_mimo_images, patch_dim=qwen3vl.PATCH_DIM)
-        return stack.collate_mimo_images
+            patch_dim = dict(patch_dim=qwen3vl.PATCH_DIM)
+        if self.audio is not None:
+            return partial(stack.collate_mimo_media, vision=self.vision, audio=self.audio, **patch_dim)
+        if self.vision != VISION:
+            return partial(stack.collate_mimo_images, vision=self.vision, **patch_dim)
+        return partial(stack.collate_mimo_images, **patch_dim) if patch_dim else stack.collate_mimo_images
 
 
 def default_image_dir() -> str:
@@ -316,24 +356,71 @@ def _kill_switch() -> Optional[tuple[int, int]]:
 # ----------------------------------------------------------------------------------------------
 
 
+IMAGE, AUDIO = "image", "audio"  # the kinds of modality the example trains (an encoder for each)
+_KIND_OF_NAME = {"vision": IMAGE, "image": IMAGE, "images": IMAGE, "audio": AUDIO, "audios": AUDIO}
+
+
+def parse_modalities(text: str) -> dict[str, str]:
+    """``--modalities``: modality (= encoder module) name -> kind (``image`` / ``audio``), in rank order.
+
+    Entries ``NAME`` or ``NAME:KIND``, comma-separated. Without a kind: ``vision``/``image``/``images``
+    are the image encoder, ``audio``/``audios`` the audio encoder, any other name the image encoder
+    when first and the audio encoder when second. One image modality, at most one audio modality.
+    """
+    out: dict[str, str] = {}
+    entries = [e.strip() for e in text.split(",") if e.strip()]
+    for position, entry in enumerate(entries):
+        name, _, kind = (part.strip() for part in entry.partition(":"))
+        kind = kind or _KIND_OF_NAME.get(name) or (IMAGE, AUDIO)[min(position, 1)]
+        if not name or not name.replace("_", "").replace("-", "").isalnum():
+            raise ValueError(f"--modalities: {entry!r} is not a modality name")
+        if name == LANGUAGE:
+            raise ValueError(f"--modalities: {LANGUAGE!r} is the language module, not a modality")
+        if kind not in (IMAGE, AUDIO):
+            raise ValueError(f"--modalities: {entry!r}: the kind must be {IMAGE!r} or {AUDIO!r}")
+        if name in out:
+            raise ValueError(f"--modalities: {name!r} is named twice")
+        out[name] = kind
+    kinds = list(out.values())
+    if kinds.count(IMAGE) != 1 or kinds.count(AUDIO) > 1:
+        raise ValueError(f"--modalities {text!r}: the example trains one image modality and at most one audio "
+                         f"modality (got {', '.join(f'{n}:{k}' for n, k in out.items()) or 'none'})")
+    return out
+
+
+def modality_names(args) -> tuple[str, Optional[str]]:
+    """(the image modality's name, the audio modality's name or None)."""
+    kinds = parse_modalities(args.modalities)
+    by_kind = {k: n for n, k in kinds.items()}
+    return by_kind[IMAGE], by_kind.get(AUDIO)
+
+
 def build_layout(args) -> MimoLayout:
-    return MimoLayout(ModuleLayout(tp=args.vision_tp, dp=args.vision_dp),
-                      ModuleLayout(tp=args.language_tp, dp=args.language_dp))
+    """Each modality's encoder on its own ranks in ``--modalities`` order, the language model after them."""
+    sizes = {IMAGE: ModuleLayout(tp=args.vision_tp, dp=args.vision_dp),
+             AUDIO: ModuleLayout(tp=args.audio_tp or 1, dp=args.audio_dp or 1)}
+    return MimoLayout.of({name: sizes[kind] for name, kind in parse_modalities(args.modalities).items()},
+                         ModuleLayout(tp=args.language_tp, dp=args.language_dp))
 
 
 def build_config(args, layout: MimoLayout) -> ConfigContainer:
     images = args.dataset == "images"
     native_images = images and args.encoder == "native"
+    vision, audio = modality_names(args)
+    audio_sizes = (dict(audio_hidden=args.audio_hidden, audio_layers=args.audio_layers)
+                   if audio is not None else {})
     scfg = stack.StackConfig(layout=layout, seq_length=args.seq_length, seed=args.seed, lr=args.lr,
                              encoder=args.encoder, vision_hidden=args.vision_hidden, vision_layers=args.vision_layers,
-                             vision_heads=args.vision_heads,
+                             vision_heads=args.vision_heads, vision_module=vision, audio_module=audio,
+                             **audio_sizes,
                              **(dict(patch_dim=stack.QWEN2_PATCH_DIM, resample_rows=args.image_rows)
                                 if native_images else {}))
     provider = stack.build_provider(scfg)
     if args.per_token_loss:
         # Loss = sum over tokens / global token count (finalize_model_grads_multimodule divides):
         # the gradient does not depend on which DP replica holds which sample.
-        for config in (provider.language_model_spec.params["config"], stack.encoder_transformer_config(provider)):
+        for config in (provider.language_model_spec.params["config"],
+                       *stack.encoder_transformer_configs(provider).values()):
             config.calculate_per_token_loss = True
     # bridge/training/eval.py (evaluate) reads cfg.model.seq_length and
     # cfg.model.moe_expert_rank_capacity_factor, which MegatronMIMOProvider lacks.
@@ -345,10 +432,11 @@ def build_config(args, layout: MimoLayout) -> ConfigContainer:
     if images:
         data = ImageMIMOProvider(seq_length=args.seq_length, image_dir=args.image_dir or default_image_dir(),
                                  image_rows=args.image_rows if native_images else args.max_image_rows,
-                                 encoder=args.encoder, image_mix=args.image_mix, **loader)
+                                 encoder=args.encoder, image_mix=args.image_mix, vision=vision, audio=audio,
+                                 **loader)
     else:
         data = SyntheticVLMProvider(seq_length=args.seq_length, varied=args.varied, patch_dim=scfg.patch_dim,
-                                    vocab_size=scfg.vocab_size, **loader)
+                                    vocab_size=scfg.vocab_size, vision=vision, **loader)
     if args.upstream_packing:
         # Megatron-Bridge main, training/megatron_mimo_step.py (resolve_step_packing) reads these.
         data.enable_in_batch_packing = True
@@ -406,6 +494,17 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--language-dp", type=int, default=1)
     p.add_argument("--vision-tp", type=int, default=1)
     p.add_argument("--language-tp", type=int, default=1)
+    p.add_argument("--modalities", default=VISION,
+                   help="the modalities (= encoder modules, each on its own grid, in rank order before the "
+                        "language model), comma-separated NAME or NAME:KIND (kind image or audio): 'vision' "
+                        "(default), 'vision,audio' (an audio encoder too; needs --dataset images), upstream's "
+                        "'images,audios'. --vision-* size the image modality's encoder, --audio-* the audio one")
+    p.add_argument("--audio-dp", type=int, default=None, help="audio encoder data-parallel size (default 1)")
+    p.add_argument("--audio-tp", type=int, default=None, help="audio encoder tensor-parallel size (default 1)")
+    p.add_argument("--audio-hidden", type=int, default=None,
+                   help=f"audio encoder hidden size (default {stack.StackConfig.audio_hidden})")
+    p.add_argument("--audio-layers", type=int, default=None,
+                   help=f"audio encoder transformer layers (default {stack.StackConfig.audio_layers})")
     p.add_argument("--train-iters", type=int, default=4)
     p.add_argument("--mbs", type=int, default=4, help="global micro-batch size (split across each module's DP)")
     p.add_argument("--gbs", type=int, default=8, help="global batch size per iteration")
@@ -421,9 +520,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--save-interval", type=int, default=None, help="default: --train-iters")
     p.add_argument("--load", default=None, help="checkpoint directory to resume from")
     p.add_argument("--seed", type=int, default=1234)
-    p.add_argument("--dataset", choices=("synthetic", "images"), default="synthetic",
-                   help="synthetic: mimo_accel's synthetic VLM samples (they carry a cost index); images: "
-                        "Bridge's MegatronMIMODataset over real image files written at startup (no index)")
+    p.add_argument("--dataset", choices=("synthetic", "images"), default=None,
+                   help="synthetic (default without an audio modality): mimo_accel's synthetic VLM samples (they "
+                        "carry a cost index); images (the default with one): Bridge's MegatronMIMODataset over "
+                        "real image files written at startup (no index), with an audio modality also real WAV "
+                        "clips beside them")
     p.add_argument("--varied", action="store_true", help="synthetic: 0-3 images of varied sizes per sample")
     p.add_argument("--image-dir", default=None,
                    help="images: where the image files are written/reused (default: a fixed temp dir)")
@@ -455,6 +556,23 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.eval_interval == 0:
         args.eval_interval = None
+    try:
+        audio = modality_names(args)[1]
+    except ValueError as exc:
+        p.error(str(exc))
+    if audio is None:
+        given = [f for f in ("audio_dp", "audio_tp", "audio_hidden", "audio_layers") if getattr(args, f) is not None]
+        if given:
+            p.error(f"--{given[0].replace('_', '-')} sizes an audio encoder; name an audio modality in --modalities "
+                    "(e.g. --modalities vision,audio)")
+    else:
+        args.audio_hidden = stack.StackConfig.audio_hidden if args.audio_hidden is None else args.audio_hidden
+        args.audio_layers = stack.StackConfig.audio_layers if args.audio_layers is None else args.audio_layers
+        if args.dataset == "synthetic":
+            p.error(f"--modalities {args.modalities}: the audio modality {audio!r} needs real clips: --dataset "
+                    "images (the default with an audio modality) writes WAV files beside the images")
+    if args.dataset is None:
+        args.dataset = "synthetic" if audio is None else "images"
     if args.encoder == "qwen3vl":
         if args.image_rows is not None:
             p.error("--image-rows sets the fixed rows of --encoder native's resampler; with --encoder qwen3vl "

@@ -26,6 +26,12 @@ Two things are the project's own, because nothing upstream fits on a CPU:
   variable-size ``pixel_values``, and ``IdentifiedMIMODataset`` adds each item's ``sample_id``;
   ``GridPlaceholderMIMODataset`` places as many placeholders per image as the image's grid gives
   encoder rows (Bridge 0.6.2 places a fixed count).
+- A second encoder: ``StackConfig(audio_module=NAME)`` adds :mod:`mimo_accel.rehearse.audio`'s
+  Whisper-shaped ``AudioEncoder`` on its own grid; :func:`media_dataset` gives Bridge's
+  ``MegatronMIMODataset`` over real image and WAV files (0/1 of each per sample), one placeholder
+  per encoder row of each item (``ItemPlaceholderMIMODataset``), :func:`collate_mimo_media` packs
+  both. The encoders are the layout's, named as the user names them; the image encoder is
+  ``vision`` by default, the audio one ``audio``.
 """
 
 from __future__ import annotations
@@ -38,10 +44,13 @@ from megatron.core.transformer.module import MegatronModule
 from torch import nn
 from torch.nn import functional as F
 
+from mimo_accel.rehearse import audio as audio_mod
+from mimo_accel.rehearse.audio import AUDIO_ENCODER_NAME, AUDIO_TOKEN_ID, MEL_BINS, AudioMix  # noqa: F401
 from mimo_accel.rehearse.qwen_processor import qwen_image_processor
 from mimo_accel.rehearse.ranks import LANGUAGE, VISION, MimoLayout, step_state
 
 IMAGE_TOKEN_ID = 2047  # the vision placeholder token in input_ids (the last id of the vocabulary)
+AUDIO = "audio"  # the audio modality's default name (the user names modalities; see StackConfig)
 ENCODER_NAME = "vit"  # modality_inputs["vision"][ENCODER_NAME] = {hidden_states, grid_thw}
 SAMPLE_ID_KEY = "sample_ids"
 
@@ -241,11 +250,12 @@ class SyntheticVLMDataset(torch.utils.data.Dataset):
         }
 
 
-def collate(samples: Sequence[dict]) -> dict:
-    """Stack text tensors; patch-pack the images of all samples in sample order."""
+def collate(samples: Sequence[dict], *, vision: str = VISION) -> dict:
+    """Stack text tensors; patch-pack the images of all samples in sample order (as the input of
+    the encoder module named ``vision``)."""
     batch = {k: torch.stack([s[k] for s in samples])
              for k in ("input_ids", "labels", "loss_mask", "attention_mask", "position_ids")}
-    batch["modality_inputs"] = {VISION: {ENCODER_NAME: {
+    batch["modality_inputs"] = {vision: {ENCODER_NAME: {
         "hidden_states": torch.cat([s["hidden_states"] for s in samples]),
         "grid_thw": torch.cat([s["grid_thw"] for s in samples]),
     }}}
@@ -416,7 +426,7 @@ def image_examples(root, num_samples: int, *, seed: int = 0, mix: ImageMix = Ima
     return out
 
 
-def collate_mimo_images(samples: Sequence[dict], *, patch_dim: int = QWEN2_PATCH_DIM) -> dict:
+def collate_mimo_images(samples: Sequence[dict], *, patch_dim: int = QWEN2_PATCH_DIM, vision: str = VISION) -> dict:
     """Collate ``MegatronMIMODataset`` items whose images have native-resolution (varying) patch
     counts: stack the text tensors, and concatenate the images' ``pixel_values`` ``[patches,
     patch_dim]`` and ``image_grid_thw`` in sample order into the encoder's patch-packed inputs
@@ -424,12 +434,31 @@ def collate_mimo_images(samples: Sequence[dict], *, patch_dim: int = QWEN2_PATCH
     [images, 3]}``. (Bridge 0.6.2's ``megatron_mimo_collate_fn`` tries to stack them and, when
     sizes differ, keeps a list the encoder cannot take.) Samples without an image add nothing;
     a batch without any gives empty tensors. A ``sample_id`` on the items becomes
-    ``batch[SAMPLE_ID_KEY]``."""
+    ``batch[SAMPLE_ID_KEY]``. ``vision``: the image modality's (module's) name."""
     batch = {k: torch.stack([s[k] for s in samples])
              for k in ("input_ids", "labels", "loss_mask", "attention_mask", "position_ids")}
+    batch["modality_inputs"] = {vision: _patch_packed_images(samples, vision, patch_dim)}
+    if samples and "sample_id" in samples[0]:
+        batch[SAMPLE_ID_KEY] = torch.tensor([s["sample_id"] for s in samples], dtype=torch.long)
+    return batch
+
+
+def collate_mimo_media(samples: Sequence[dict], *, vision: str = VISION, audio: str = AUDIO,
+                       patch_dim: int = QWEN2_PATCH_DIM, mel_bins: int = MEL_BINS) -> dict:
+    """:func:`collate_mimo_images` for items carrying images (modality ``vision``) and audio clips
+    (modality ``audio``): the images patch-packed as there, the clips clip-packed
+    (:func:`mimo_accel.rehearse.audio.collate_clips`: ``input_features [Σ frames, mel bins]`` and
+    ``frames [clips]``), both in sample order."""
+    batch = collate_mimo_images(samples, patch_dim=patch_dim, vision=vision)
+    batch["modality_inputs"][audio] = audio_mod.collate_clips(samples, audio, mel_bins)
+    return batch
+
+
+def _patch_packed_images(samples: Sequence[dict], modality: str, patch_dim: int) -> dict:
+    """``{ENCODER_NAME: {hidden_states, grid_thw}}`` of the samples' images (see collate_mimo_images)."""
     pixels, grids = [], []
     for n, s in enumerate(samples):
-        vision = (s.get("modality_inputs") or {}).get(VISION)
+        vision = (s.get("modality_inputs") or {}).get(modality)
         if not vision:
             continue
         pv, grid = vision["pixel_values"], vision["image_grid_thw"].reshape(-1, 3).to(torch.long)
@@ -439,13 +468,10 @@ def collate_mimo_images(samples: Sequence[dict], *, patch_dim: int = QWEN2_PATCH
                              f"image_grid_thw {grid.tolist()}; expected [Σ t·h·w, {patch_dim}]")
         pixels.append(pv)
         grids.append(grid)
-    batch["modality_inputs"] = {VISION: {ENCODER_NAME: {
+    return {ENCODER_NAME: {
         "hidden_states": torch.cat(pixels) if pixels else torch.zeros(0, patch_dim),
         "grid_thw": torch.cat(grids) if grids else torch.zeros(0, 3, dtype=torch.long),
-    }}}
-    if samples and "sample_id" in samples[0]:
-        batch[SAMPLE_ID_KEY] = torch.tensor([s["sample_id"] for s in samples], dtype=torch.long)
-    return batch
+    }}
 
 
 def _identified_mimo_dataset_class():
@@ -467,43 +493,64 @@ def _identified_mimo_dataset_class():
     return IdentifiedMIMODataset
 
 
-def _grid_placeholder_dataset_class():
+@dataclass(frozen=True)
+class GridRows:
+    """Placeholders of one image item: ``t·h·w / merge²`` of its ``image_grid_thw`` (a
+    native-resolution encoder such as Qwen3-VL's), at most ``cap``."""
+
+    merge: int = 2
+    owner: str = "GridPlaceholderMIMODataset"  # who refuses a grid (the error's first word)
+
+    def __call__(self, modality: str, inputs: dict, cap: Optional[int]) -> Optional[int]:
+        grid = inputs.get("image_grid_thw") if isinstance(inputs, dict) else None
+        if grid is None:
+            return None
+        patches = int(torch.as_tensor(grid).reshape(-1, 3).prod(dim=-1).sum())
+        rows = patches // (self.merge * self.merge)
+        if patches % (self.merge * self.merge) or (cap is not None and rows > cap):
+            raise ValueError(
+                f"{self.owner}: modality {modality!r} image grid {grid.tolist()} gives "
+                f"{patches} patches = {patches / self.merge ** 2:g} rows at merge {self.merge}; expected a "
+                f"whole number of at most encoder_seq_lengths[{modality!r}] = {cap} (the processor's "
+                "max_pixels and merge_size must match the encoder)")
+        return rows
+
+
+def _item_placeholder_dataset_class():
     base = __getattr__("IdentifiedMIMODataset")
 
-    class GridPlaceholderMIMODataset(base):
-        """``IdentifiedMIMODataset`` whose placeholders per image follow the image's grid.
+    class ItemPlaceholderMIMODataset(base):
+        """``IdentifiedMIMODataset`` whose placeholders per item follow what the encoder makes of it.
 
         Bridge 0.6.2's ``MegatronMIMODataset._tokenize_with_placeholders``
         (megatron/bridge/data/megatron_mimo/dataset.py) inserts ``encoder_seq_lengths[modality]``
-        placeholders for every image: right for a fixed-resolution encoder (CLIP), wrong for a
-        native-resolution one (Qwen3-VL gives ``t·h·w / merge²`` rows per image, and the language
-        side raises when counts differ). This thin subclass inserts that many instead, and keeps
-        Bridge's placement, truncation and padding by calling the parent with the item's own
-        count. ``encoder_seq_lengths[modality]`` stays the most rows one image can become (the
-        processor's ``max_pixels`` bound): the parent checks it against ``seq_length``, and an
-        image above it is refused here. (A cost index derived from the examples counts that
-        maximum per image in its ``tokens`` column, which only the fan-out token balance reads.)
+        placeholders for every item: right for a fixed-resolution encoder (CLIP) or a fixed-length
+        one (Whisper padding every clip to 30 s), wrong for a native-resolution image encoder or an
+        audio encoder over clips of their own length (the language side raises when counts differ).
+        ``rows_rules[modality](modality, inputs, cap)`` gives an item's rows from its processed
+        inputs (:class:`GridRows`, :class:`mimo_accel.rehearse.audio.ClipRows`; None: Bridge's
+        fixed count); this thin subclass inserts that many, and keeps Bridge's placement,
+        truncation and padding by calling the parent with the item's own count.
+        ``encoder_seq_lengths[modality]`` stays the most rows one item can become: the parent
+        checks their sum against ``seq_length``, and an item above it is refused. (A cost index
+        derived from the examples counts that maximum per item in its ``tokens`` column.)
+        ``cost_index``: what the dataset carries as ``mimo_accel_cost_index`` (None: derived).
         """
 
-        def __init__(self, *args: Any, merge: int = 2, **kwargs: Any):
+        def __init__(self, *args: Any, rows_rules: Optional[dict] = None, cost_index: Any = None, **kwargs: Any):
             super().__init__(*args, **kwargs)
-            self.merge = merge
+            self.rows_rules = dict(rows_rules or {})
+            self.mimo_accel_cost_index = cost_index
 
         def _tokenize_with_placeholders(self, text, modality_inputs):
             counts = {}
             for modality, inputs in modality_inputs.items():
-                grid = inputs.get("image_grid_thw") if isinstance(inputs, dict) else None
-                if grid is None or modality not in self.special_token_ids:
+                rule = self.rows_rules.get(modality)
+                if rule is None or modality not in self.special_token_ids:
                     continue
-                patches = int(torch.as_tensor(grid).reshape(-1, 3).prod(dim=-1).sum())
-                rows, cap = patches // (self.merge * self.merge), self.encoder_seq_lengths.get(modality)
-                if patches % (self.merge * self.merge) or (cap is not None and rows > cap):
-                    raise ValueError(
-                        f"GridPlaceholderMIMODataset: modality {modality!r} image grid {grid.tolist()} gives "
-                        f"{patches} patches = {patches / self.merge ** 2:g} rows at merge {self.merge}; expected a "
-                        f"whole number of at most encoder_seq_lengths[{modality!r}] = {cap} (the processor's "
-                        "max_pixels and merge_size must match the encoder)")
-                counts[modality] = rows
+                rows = rule(modality, inputs, self.encoder_seq_lengths.get(modality))
+                if rows is not None:
+                    counts[modality] = rows
             caps = self.encoder_seq_lengths
             # One item at a time (a DataLoader worker owns its copy of the dataset).
             self.encoder_seq_lengths = {**caps, **counts}
@@ -512,6 +559,32 @@ def _grid_placeholder_dataset_class():
             finally:
                 self.encoder_seq_lengths = caps
 
+    ItemPlaceholderMIMODataset.__module__ = __name__
+    ItemPlaceholderMIMODataset.__qualname__ = "ItemPlaceholderMIMODataset"
+    return ItemPlaceholderMIMODataset
+
+
+def _grid_placeholder_dataset_class():
+    base = __getattr__("ItemPlaceholderMIMODataset")
+
+    class GridPlaceholderMIMODataset(base):
+        """``IdentifiedMIMODataset`` whose placeholders per image follow the image's grid.
+
+        Bridge 0.6.2 inserts a fixed ``encoder_seq_lengths[modality]`` placeholders for every
+        image: wrong for a native-resolution encoder (Qwen3-VL gives ``t·h·w / merge²`` rows per
+        image). This thin subclass inserts that many instead (:class:`GridRows` for every modality
+        with a placeholder token; see :class:`ItemPlaceholderMIMODataset`).
+        ``encoder_seq_lengths[modality]`` stays the most rows one image can become (the
+        processor's ``max_pixels`` bound): the parent checks it against ``seq_length``, and an
+        image above it is refused here. (A cost index derived from the examples counts that
+        maximum per image in its ``tokens`` column, which only the fan-out token balance reads.)
+        """
+
+        def __init__(self, *args: Any, merge: int = 2, **kwargs: Any):
+            super().__init__(*args, **kwargs)
+            self.merge = merge
+            self.rows_rules = {m: GridRows(merge) for m in self.special_token_ids}
+
     GridPlaceholderMIMODataset.__module__ = __name__
     GridPlaceholderMIMODataset.__qualname__ = "GridPlaceholderMIMODataset"
     return GridPlaceholderMIMODataset
@@ -519,6 +592,7 @@ def _grid_placeholder_dataset_class():
 
 _lazy: dict = {}
 _LAZY_CLASSES = {"IdentifiedMIMODataset": _identified_mimo_dataset_class,
+                 "ItemPlaceholderMIMODataset": _item_placeholder_dataset_class,
                  "GridPlaceholderMIMODataset": _grid_placeholder_dataset_class}
 
 
@@ -533,7 +607,7 @@ def __getattr__(name: str):
 
 def images_dataset(root, num_samples: int, *, seq_length: int, image_rows: int, seed: int = 0,
                    mix: ImageMix = ImageMix(), processor: Any = None, placeholders: str = "fixed",
-                   merge: int = 2):
+                   merge: int = 2, vision: str = VISION):
     """Bridge's ``MegatronMIMODataset`` over :func:`image_examples`: the offline tokenizer,
     ``processor`` (default Qwen2-VL's image processor) and placeholder tokens
     (:data:`IMAGE_TOKEN_ID`) per image:
@@ -543,17 +617,62 @@ def images_dataset(root, num_samples: int, *, seq_length: int, image_rows: int, 
     - ``placeholders="grid"``: a :class:`GridPlaceholderMIMODataset` with ``t·h·w / merge²``
       per image (a native-resolution encoder such as Qwen3-VL's); ``image_rows`` is the most one
       image may take, which ``processor``'s ``max_pixels`` must respect.
+
+    ``vision``: the image modality's name (the encoder module's).
     """
     if placeholders not in ("fixed", "grid"):
         raise ValueError(f"images_dataset: placeholders must be 'fixed' or 'grid', got {placeholders!r}")
     kwargs = dict(examples=image_examples(root, num_samples, seed=seed, mix=mix),
-                  processors={VISION: processor if processor is not None else qwen_image_processor()},
+                  processors={vision: processor if processor is not None else qwen_image_processor()},
                   tokenizer=offline_tokenizer(), seq_length=seq_length,
-                  special_token_ids={VISION: IMAGE_TOKEN_ID}, encoder_seq_lengths={VISION: image_rows},
-                  modality_columns={VISION: "image"})
+                  special_token_ids={vision: IMAGE_TOKEN_ID}, encoder_seq_lengths={vision: image_rows},
+                  modality_columns={vision: "image"})
     if placeholders == "grid":
         return __getattr__("GridPlaceholderMIMODataset")(merge=merge, **kwargs)
     return __getattr__("IdentifiedMIMODataset")(**kwargs)
+
+
+def media_examples(root, num_samples: int, *, seed: int = 0, mix: ImageMix = ImageMix(),
+                   audio_mix: AudioMix = AudioMix()) -> list[dict]:
+    """:func:`image_examples` (0/1 image per sample, the text) with an ``"audio"`` column: the path of
+    a real WAV file (0/1 clip per sample, variable length, :func:`mimo_accel.rehearse.audio.audio_clips`)
+    or None. All files under ``root``, written once, deterministic in (seed, sample, mixes)."""
+    examples = image_examples(root, num_samples, seed=seed, mix=mix)
+    clips = audio_mod.audio_clips(root, num_samples, seed=seed, mix=audio_mix)
+    return [dict(example, audio=clip) for example, clip in zip(examples, clips)]
+
+
+def media_dataset(root, num_samples: int, *, seq_length: int, image_rows: int, seed: int = 0,
+                  mix: ImageMix = ImageMix(), audio_mix: AudioMix = AudioMix(), processor: Any = None,
+                  placeholders: str = "fixed", merge: int = 2, vision: str = VISION, audio: str = AUDIO,
+                  audio_padding: str = "longest", cost_index: Any = None):
+    """Bridge's ``MegatronMIMODataset`` over :func:`media_examples`: two modalities, images
+    (``vision``: ``processor``, default Qwen2-VL's, and ``placeholders`` per image as in
+    :func:`images_dataset`) and audio clips (``audio``: read with ``soundfile``, log-mel features
+    from transformers' ``WhisperFeatureExtractor`` without its 30 s padding — see
+    :class:`~mimo_accel.rehearse.audio.AudioFileFeatures` — and as many placeholders
+    (:data:`AUDIO_TOKEN_ID`) per clip as the audio encoder gives rows). An
+    :class:`ItemPlaceholderMIMODataset`; ``cost_index``: the ``mimo_accel_cost_index`` it carries
+    (None: mimo_accel derives one when reorder needs it)."""
+    if placeholders not in ("fixed", "grid"):
+        raise ValueError(f"media_dataset: placeholders must be 'fixed' or 'grid', got {placeholders!r}")
+    if vision == audio or LANGUAGE in (vision, audio):
+        raise ValueError(f"media_dataset: the image and audio modalities need two names apart from "
+                         f"{LANGUAGE!r}, got {vision!r} and {audio!r}")
+    rules = {audio: audio_mod.ClipRows()}
+    if placeholders == "grid":
+        rules[vision] = GridRows(merge, owner="media_dataset")
+    features = audio_mod.AudioFileFeatures(padding=audio_padding)
+    # the most rows one clip can become: the mix's longest clip, or Whisper's 30 s when padded to it
+    audio_cap = (audio_mix.max_rows if audio_padding == "longest"
+                 else audio_mod.clip_rows(audio_mod.frames_of(features.feature_extractor.n_samples)))
+    return __getattr__("ItemPlaceholderMIMODataset")(
+        examples=media_examples(root, num_samples, seed=seed, mix=mix, audio_mix=audio_mix),
+        processors={vision: processor if processor is not None else qwen_image_processor(), audio: features},
+        tokenizer=offline_tokenizer(), seq_length=seq_length,
+        special_token_ids={vision: IMAGE_TOKEN_ID, audio: AUDIO_TOKEN_ID},
+        encoder_seq_lengths={vision: image_rows, audio: audio_cap},
+        modality_columns={vision: "image", audio: "audio"}, rows_rules=rules, cost_index=cost_index)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -587,8 +706,32 @@ class StackConfig:
     # "native": the project's NativeViT; "qwen3vl": Bridge's Qwen3VLVisionModel (mimo_accel.rehearse.qwen3vl),
     # vision_hidden / vision_layers / heads / merge sized, rows per image = t·h·w / merge².
     encoder: str = "native"
+    # The modules are the layout's encoders (named by the user) and the language model. The image
+    # encoder's name: None = the layout's encoder that is not ``audio_module`` (with one encoder:
+    # that one). ``audio_module``: the name of an audio encoder (mimo_accel.rehearse.audio's
+    # AudioEncoder, audio_hidden / audio_layers / audio_heads sized, over mel_bins log-mel bins);
+    # None: no audio encoder.
+    vision_module: Optional[str] = None
+    audio_module: Optional[str] = None
+    audio_hidden: int = 32
+    audio_layers: int = 1
+    audio_heads: Optional[int] = None  # None: ``heads``
+    mel_bins: int = MEL_BINS
 
     def __post_init__(self):
+        names = self.layout.encoder_names
+        others = [n for n in names if n != self.audio_module]
+        if self.audio_module is not None and self.audio_module not in names:
+            raise ValueError(f"StackConfig: audio_module {self.audio_module!r} is not an encoder of the layout "
+                             f"(encoders: {', '.join(names)})")
+        if self.vision_module is None:
+            if len(others) != 1:
+                raise ValueError(f"StackConfig: the layout's encoders are {', '.join(names)}; the stack builds one "
+                                 "image encoder (vision_module) and at most one audio encoder (audio_module)")
+            self.vision_module = others[0]
+        if sorted(names) != sorted({self.vision_module, *([self.audio_module] if self.audio_module else [])}):
+            raise ValueError(f"StackConfig: the layout's encoders are {', '.join(names)}, but the stack builds "
+                             f"vision_module={self.vision_module!r} and audio_module={self.audio_module!r}")
         if self.encoder not in ENCODERS:
             raise ValueError(f"StackConfig: unknown encoder {self.encoder!r}; choose one of {ENCODERS}")
         if self.encoder == "qwen3vl":
@@ -606,14 +749,25 @@ class StackConfig:
             self.patch_dim = 24
 
 
-def encoder_transformer_config(provider):
-    """The vision encoder's TransformerConfig inside a provider built by :func:`build_provider`."""
-    params = provider.modality_submodules_spec[VISION].submodules["encoders"][ENCODER_NAME].params
+def encoder_transformer_config(provider, module: str = VISION):
+    """An encoder module's TransformerConfig inside a provider built by :func:`build_provider`
+    (default: the vision encoder's)."""
+    (spec,) = provider.modality_submodules_spec[module].submodules["encoders"].values()
+    params = spec.params
     return params["transformer_config"] if "transformer_config" in params else params["config"]
+
+
+def encoder_transformer_configs(provider) -> dict:
+    """Module name -> TransformerConfig of every encoder in a provider built by :func:`build_provider`."""
+    return {name: encoder_transformer_config(provider, name) for name in provider.modality_submodules_spec}
 
 
 def _vision_config(cfg: StackConfig):
     return _transformer_config(cfg.vision_layers, cfg.vision_hidden, cfg.vision_heads or cfg.heads)
+
+
+def _audio_config(cfg: StackConfig):
+    return _transformer_config(cfg.audio_layers, cfg.audio_hidden, cfg.audio_heads or cfg.heads)
 
 
 def _language_config(cfg: StackConfig):
@@ -637,6 +791,7 @@ def build_provider(cfg: StackConfig):
     """The ``MegatronMIMOProvider`` for the tiny stack (not yet built)."""
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.models.gpt.gpt_model import GPTModel
+    from megatron.core.models.mimo.submodules.audio import AudioModalitySubmodules
     from megatron.core.models.mimo.submodules.vision import VisionModalitySubmodules
     from megatron.core.transformer.spec_utils import ModuleSpec
 
@@ -652,7 +807,16 @@ def build_provider(cfg: StackConfig):
         encoder = ModuleSpec(module=NativeViT, params=dict(
             config=_vision_config(cfg), patch_dim=cfg.patch_dim, out_hidden=cfg.hidden,
             merge=cfg.merge, resample_rows=cfg.resample_rows))
-    vision = ModuleSpec(module=VisionModalitySubmodules, params={}, submodules={"encoders": {ENCODER_NAME: encoder}})
+    submodules = {cfg.vision_module: ModuleSpec(module=VisionModalitySubmodules, params={},
+                                                submodules={"encoders": {ENCODER_NAME: encoder}})}
+    special = {cfg.vision_module: IMAGE_TOKEN_ID}
+    if cfg.audio_module is not None:
+        clips = ModuleSpec(module=audio_mod.AudioEncoder, params=dict(
+            transformer_config=_audio_config(cfg), num_mel_bins=cfg.mel_bins, out_hidden=cfg.hidden))
+        submodules[cfg.audio_module] = ModuleSpec(module=AudioModalitySubmodules, params={},
+                                                  submodules={"encoders": {AUDIO_ENCODER_NAME: clips}})
+        special[cfg.audio_module] = AUDIO_TOKEN_ID
+    names = cfg.layout.encoder_names  # rank order
     layer_spec = get_gpt_layer_local_spec()
     layer_spec.submodules.self_attention.submodules.core_attention = packed_local_attention()
     language = ModuleSpec(module=GPTModel, params=dict(
@@ -660,10 +824,10 @@ def build_provider(cfg: StackConfig):
         vocab_size=cfg.vocab_size, max_sequence_length=cfg.seq_length))
     return MegatronMIMOProvider(
         language_model_spec=language,
-        modality_submodules_spec={VISION: vision},
-        special_token_ids={VISION: IMAGE_TOKEN_ID},
+        modality_submodules_spec={name: submodules[name] for name in names},
+        special_token_ids={name: special[name] for name in names},
         megatron_mimo_parallelism_config=cfg.layout.parallelism_config(),
-        topology={VISION: [LANGUAGE], LANGUAGE: []},
+        topology={**{name: [LANGUAGE] for name in names}, LANGUAGE: []},
         bf16=False,
     )
 
