@@ -188,3 +188,23 @@ def test_the_example_refuses_audio_flags_that_cannot_apply(argv, message, capsys
     with pytest.raises(SystemExit):
         script.parse_args(argv)
     assert message in capsys.readouterr().err
+
+
+def test_the_derived_index_counts_the_real_tokens_of_every_sample(media):
+    """The language module is balanced on real tokens (text + every item's placeholders): the cost
+    index mimo_accel derives from the dataset must count what the packer will see — here the
+    placeholders of a clip follow its encoder rows, which the dataset declares per modality."""
+    import numpy as np
+    import torch
+
+    from mimo_accel.datasets import derive_cost_index
+    from mimo_accel.rehearse import stack
+    from mimo_accel.runtime.packing import lengths_from_loss_mask
+
+    assert media.mimo_accel_rows_per_placeholder == {"audio": 1}
+    items = [media[i] for i in range(len(media))]
+    batch = {k: torch.stack([it[k] for it in items]) for k in ("input_ids", "loss_mask")}
+    real = lengths_from_loss_mask(batch, [stack.IMAGE_TOKEN_ID, stack.AUDIO_TOKEN_ID])
+    index = derive_cost_index(media, cache_dir=False)
+    assert index.tokens(np.arange(len(media))).tolist() == real
+    assert len(set(real)) > 3

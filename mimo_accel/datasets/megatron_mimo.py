@@ -75,6 +75,15 @@ class MimoDatasetSource(SampleSource):
         self.preprocess_fn = getattr(dataset, "preprocess_fn", None)
         self.special = dict(getattr(dataset, "special_token_ids", None) or {})
         self.enc_lengths = dict(getattr(dataset, "encoder_seq_lengths", None) or {})
+        # A dataset whose placeholders per item follow the encoder's rows (a native-resolution
+        # encoder: Qwen-VL's merged patches, an audio encoder's frames) says so per modality: rows
+        # per placeholder. Bridge's own dataset inserts encoder_seq_lengths placeholders per item.
+        self.rows_per_placeholder: dict[str, int] = {}
+        for modality, per in dict(getattr(dataset, "mimo_accel_rows_per_placeholder", None) or {}).items():
+            if isinstance(per, bool) or not isinstance(per, int) or per < 1:
+                raise DeriveError(f"{type(dataset).__name__}.mimo_accel_rows_per_placeholder[{modality!r}] must be "
+                                  f"a positive integer (encoder rows per placeholder token), got {per!r}")
+            self.rows_per_placeholder[modality] = per
         self.length = self.base_length = len(dataset)
         processors = dict(getattr(dataset, "processors", None) or {})
         # Modalities the dataset processes (it skips those without a processor), in its order.
@@ -98,6 +107,7 @@ class MimoDatasetSource(SampleSource):
             "seq_length": self.seq_length,
             "special_token_ids": sorted(self.special.items()),
             "encoder_seq_lengths": sorted(self.enc_lengths.items()),
+            "rows_per_placeholder": sorted(self.rows_per_placeholder.items()),
             "tokenizer": tokenizer_fingerprint(self.tokenizer),
             "preprocess_fn": _callable_name(self.preprocess_fn),
         }
@@ -134,7 +144,7 @@ class MimoDatasetSource(SampleSource):
             for modality, column in self.modalities.items():
                 if column not in row or row[column] is None:
                     continue
-                if modality in self.special:
+                if modality in self.special and modality not in self.rows_per_placeholder:
                     prefix[j] += self.enc_lengths.get(modality, 1)
                 cell, kind = row[column], self.kinds[modality]
                 several = isinstance(cell, (list, tuple))
@@ -171,6 +181,8 @@ class MimoDatasetSource(SampleSource):
             else:
                 rows_, sq, count = _video_columns(n, videos[modality], self.rules[modality])
             columns[modality] = (count, rows_, sq)
+            if modality in self.special and modality in self.rows_per_placeholder:
+                prefix += rows_ // self.rows_per_placeholder[modality]
         lengths = np.asarray(_token_lengths(self.tokenizer, texts, truncation=True, max_length=self.seq_length),
                              dtype=np.int64).reshape(-1)
         return Probed(_mimo_real_tokens(lengths, prefix, self.seq_length), columns)

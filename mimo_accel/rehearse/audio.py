@@ -177,6 +177,8 @@ class ClipRows:
     """Placeholders of one audio clip: :func:`clip_rows` of its feature frames (``input_features``
     ``[mel bins, frames]`` as the dataset's processor leaves it)."""
 
+    rows_per_placeholder = 1  # one placeholder per encoder row, as mimo_accel's cost probe counts them
+
     def __call__(self, modality: str, inputs: dict, cap: Optional[int]) -> Optional[int]:
         features = inputs.get("input_features") if isinstance(inputs, dict) else None
         if features is None:

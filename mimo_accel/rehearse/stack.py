@@ -501,6 +501,11 @@ class GridRows:
     merge: int = 2
     owner: str = "GridPlaceholderMIMODataset"  # who refuses a grid (the error's first word)
 
+    @property
+    def rows_per_placeholder(self) -> int:
+        """Encoder rows (patches) per placeholder, as mimo_accel's cost probe counts them."""
+        return self.merge * self.merge
+
     def __call__(self, modality: str, inputs: dict, cap: Optional[int]) -> Optional[int]:
         grid = inputs.get("image_grid_thw") if isinstance(inputs, dict) else None
         if grid is None:
@@ -541,6 +546,13 @@ def _item_placeholder_dataset_class():
             super().__init__(*args, **kwargs)
             self.rows_rules = dict(rows_rules or {})
             self.mimo_accel_cost_index = cost_index
+
+        @property
+        def mimo_accel_rows_per_placeholder(self) -> dict:
+            """Per modality, encoder rows per placeholder token (what mimo_accel's cost probe needs to
+            count this dataset's real tokens: its placeholders follow the items' rows)."""
+            return {m: rule.rows_per_placeholder for m, rule in self.rows_rules.items()
+                    if getattr(rule, "rows_per_placeholder", None)}
 
         def _tokenize_with_placeholders(self, text, modality_inputs):
             counts = {}
