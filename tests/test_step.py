@@ -22,9 +22,10 @@ from mimo_accel.runtime.state import Runtime
 def test_nested_dicts_reach_upstream_and_the_step_work_runs_once(tmp_path, monkeypatch):
     from megatron.bridge.data.megatron_mimo import dp_utils
 
-    packed, recorded = [], []
-    monkeypatch.setattr(step, "pack_for_language_model", lambda b, role, pm, say: packed.append(b) or b)
+    packed, recorded, tokens = [], [], []
+    monkeypatch.setattr(step, "pack_for_language_model", lambda b, role, pm, say: packed.append(b) or dict(b, packing_kwargs={}))
     monkeypatch.setattr(Profiling, "record_batch", lambda self, b, **kw: recorded.append(kw))
+    monkeypatch.setattr(Profiling, "record_packed", lambda self, kwargs: tokens.append(kwargs))
     mimo_accel.enable(packing=True, profile=str(tmp_path))
     # Where upstream's step packs itself (the "main" shape), mimo_accel packs in upstream's
     # pack_language_shard, not in the slice: the slice must then not pack at all.
@@ -36,7 +37,8 @@ def test_nested_dicts_reach_upstream_and_the_step_work_runs_once(tmp_path, monke
         out = dp_utils.slice_batch_for_megatron_mimo(batch, language, 2)
     finally:
         mimo_accel.disable()
-    assert len(packed) == (0 if native_packing else 1) and len(recorded) == 1
+    assert len(packed) == len(tokens) == (0 if native_packing else 1) and len(recorded) == 1
+    assert recorded[0]["count_tokens"] is False  # the packed shard's real tokens are counted instead
     assert out["input_ids"].tolist() == torch.arange(16, 32).view(2, 8).tolist()
     assert out["modality_inputs"]["vision"]["clip"]["x"].shape == (2, 3)
     # bytes counted once, over the whole batch as it arrived

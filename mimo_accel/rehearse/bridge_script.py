@@ -410,7 +410,7 @@ def build_config(args, layout: MimoLayout) -> ConfigContainer:
     audio_sizes = (dict(audio_hidden=args.audio_hidden, audio_layers=args.audio_layers)
                    if audio is not None else {})
     scfg = stack.StackConfig(layout=layout, seq_length=args.seq_length, seed=args.seed, lr=args.lr,
-                             encoder=args.encoder, vision_hidden=args.vision_hidden, vision_layers=args.vision_layers,
+                             hidden=args.hidden, language_layers=args.language_layers, encoder=args.encoder, vision_hidden=args.vision_hidden, vision_layers=args.vision_layers,
                              vision_heads=args.vision_heads, vision_module=vision, audio_module=audio,
                              **audio_sizes,
                              **(dict(patch_dim=stack.QWEN2_PATCH_DIM, resample_rows=args.image_rows)
@@ -534,6 +534,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--encoder", choices=stack.ENCODERS, default="native",
                    help="native: mimo_accel's NativeViT; qwen3vl: Bridge's Qwen3-VL vision model "
                         "(rows per image follow the image's grid)")
+    p.add_argument("--hidden", type=int, default=stack.StackConfig.hidden,
+                   help="language model hidden size (the encoders' projections map into it)")
+    p.add_argument("--language-layers", type=int, default=stack.StackConfig.language_layers,
+                   help="language model layers")
     p.add_argument("--vision-hidden", type=int, default=stack.StackConfig.vision_hidden,
                    help="vision encoder hidden size")
     p.add_argument("--vision-layers", type=int, default=stack.StackConfig.vision_layers,

@@ -210,6 +210,7 @@ def _first_error_line(text: str) -> str:
 BRIDGE_DEFAULTS = dict(steps=10, vision_dp=4, language_dp=4, micro_batch=48)
 BRIDGE_SEQ = 288  # the most placeholders one image takes (240) + its text
 BRIDGE_MODEL = ("--encoder", "qwen3vl", "--vision-hidden", "64", "--vision-layers", "2", "--vision-heads", "4",
+                "--hidden", "192", "--language-layers", "2",
                 "--image-mix", "receipts", "--max-image-rows", "240")
 
 

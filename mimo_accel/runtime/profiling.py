@@ -228,11 +228,14 @@ class Profiling:
             if self._recorder is not None:
                 self._recorder.close()
 
-    def record_batch(self, batch: dict, *, read_samples: int, read_bytes: int = 0, tag=None) -> None:
+    def record_batch(self, batch: dict, *, read_samples: int, read_bytes: int = 0, tag=None,
+                     count_tokens: bool = True) -> None:
         """Called by the step with the local batch of this step. ``read_bytes``: tensor bytes of the
         batch as it reached the step (the whole micro-batch upstream, the share when sharded); on
         language ranks upstream has already dropped the raw images by then. ``tag``: the batch's
-        :class:`~mimo_accel.runtime.shard.ShardTag` when sharded reads delivered it."""
+        :class:`~mimo_accel.runtime.shard.ShardTag` when sharded reads delivered it. ``count_tokens``:
+        False where the batch is packed next (:meth:`record_packed` then counts what the language
+        model computes)."""
         rec = self.recorder()
         if rec is None or evaluating():  # an evaluation pass is not part of a training step
             return
@@ -240,7 +243,7 @@ class Profiling:
         mask = batch.get("attention_mask")
         samples = int(ids.size(0)) if ids is not None and ids.dim() == 2 else 0
         rec.add(samples=samples, samples_read=read_samples, bytes_read=read_bytes)
-        if mask is not None:
+        if mask is not None and count_tokens:
             self._pending_counts.append(("tokens", mask.sum()))
             if mask.dim() == 2:  # (samples, sequence): a sample's real tokens L = its row sum
                 lengths = (mask != 0).sum(dim=1)  # int64 whatever the mask's dtype
@@ -252,6 +255,16 @@ class Profiling:
                 rec.set(predicted_spread=tag.predicted_spread)
             if tag.predicted_spreads:
                 rec.set(predicted_spreads=dict(tag.predicted_spreads))
+
+    def record_packed(self, packing_kwargs: dict) -> None:
+        """A language shard was packed: its real tokens (``tokens`` = Σ L, ``sq_tokens`` = Σ L² over
+        its samples, L from ``cu_seqlens_q``, which keeps the real lengths) are what the language
+        model computes."""
+        rec = self.recorder()
+        if rec is None or evaluating():
+            return
+        lengths = packing_kwargs["cu_seqlens_q"].diff()
+        self._pending_counts.extend((("tokens", lengths.sum()), ("sq_tokens", (lengths * lengths).sum())))
 
     def _attach_new_notes(self, rec) -> None:
         """Notices said since the last step (which length source packing used, nothing to balance,

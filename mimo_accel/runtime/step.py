@@ -127,7 +127,8 @@ def wrap_get_batch(original: Callable, runtime: Runtime) -> Callable:
                 # the dict the step goes on with: language ranks drop the raw encoder inputs
                 seen = {k: v for k, v in batch.items() if not (tag.module == LANGUAGE and k == "modality_inputs")}
                 runtime.profiling.record_batch(batch, read_samples=tag.samples, read_bytes=tensor_bytes(seen),
-                                               tag=tag)
+                                               tag=tag, count_tokens=not (runtime.config.packing and
+                                                                          tag.module == LANGUAGE))
         return batch
 
     return get_batch
@@ -167,10 +168,13 @@ def wrap_slice(original: Callable, runtime: Runtime) -> Callable:
                 _warn_whole_batch_once(runtime)
             local, read = original(batch, dp_rank, dp_size), _batch_size(batch)
         role = getattr(dp_rank, "role", None)
+        packs = cfg.packing and role is not None and role.is_language  # here, or in main's step next
         if profiling is not None:
-            profiling.record_batch(local, read_samples=read, read_bytes=loaded_bytes, tag=tag)
-        if pack_here and role is not None and role.is_language:
+            profiling.record_batch(local, read_samples=read, read_bytes=loaded_bytes, tag=tag, count_tokens=not packs)
+        if pack_here and packs:
             local = pack_for_language_model(local, role, cfg.pad_multiple, runtime.say_once)
+            if profiling is not None:
+                profiling.record_packed(local["packing_kwargs"])
         if packed_by_step and isinstance(local, dict):
             local = LocalBatch(local)
             local.role = role

@@ -68,6 +68,9 @@ def wrap_pack_language_shard(original: Callable, runtime: Runtime) -> Callable:
                 "this step's _get_module_dp_info call, so it does not know the rank's pipeline stage. "
                 "Call pack_language_shard only from megatron_mimo_step.forward_step, or disable packing.")
         packed = pack_for_language_model(data_batch, role, pad_multiple, runtime.say_once)
-        return packed, packed.pop("packing_kwargs")
+        kwargs = packed.pop("packing_kwargs")
+        if runtime.profiling is not None:
+            runtime.profiling.record_packed(kwargs)
+        return packed, kwargs
 
     return pack_language_shard

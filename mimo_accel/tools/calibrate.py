@@ -306,7 +306,12 @@ def _fit_spec(run: Run, spec: _Spec, *, warmup: int, intercept: bool,
     if per_step:
         # the within transformation: each step's mean taken out of y and every feature is the
         # least-squares fit with one free intercept per step
-        across = _fit_spec(run, spec, warmup=warmup, intercept=True, per_step=False)[1]
+        across = None
+        try:  # the same fit with one overhead across steps, for comparison only
+            across = _fit_spec(run, spec, warmup=warmup, intercept=True, per_step=False)[1]
+        except CalibrationError as exc:  # e.g. a feature equal in every step, collinear with that overhead
+            warnings.append(f"the fit with one overhead across steps is not determined ({exc}); only the "
+                            "per-step fit is given")
         y_all = y
         means = {s: step_of == s for s in groups}
         y = y - _step_means(y, step_of, means)
@@ -412,7 +417,7 @@ def _fit_spec(run: Run, spec: _Spec, *, warmup: int, intercept: bool,
     }
     if per_step:
         stats["steps"] = len(groups)
-        stats["r2_across_steps"] = across["r2"]
+        stats["r2_across_steps"] = across["r2"] if across is not None else None
     meta = {
         "r2": r2, "n": n, "rmse": rmse, "rel_rmse": stats["rel_rmse"], "units": "seconds",
         "overhead_s": stats["overhead_s"], "sq": use_sq, "intercept": intercept,
@@ -570,7 +575,7 @@ def _render_one(spec: _Spec, title: str, labels: dict, stats: dict[str, Any], de
     q.add_column("value", justify="right")
     if stats.get("per_step"):
         q.add_row("R² within steps (per-step overheads)", f"{stats['r2']:.4f}")
-        q.add_row("R² across steps (one overhead)", f"{stats['r2_across_steps']:.4f}")
+        q.add_row("R² across steps (one overhead)", f"{stats['r2_across_steps']:.4f}" if stats['r2_across_steps'] is not None else "not determined")
     else:
         q.add_row("R²", f"{stats['r2']:.4f}")
     q.add_row("relative RMSE", "—" if stats["rel_rmse"] is None else f"{stats['rel_rmse']:.2%}")

@@ -150,22 +150,35 @@ def _model_doc(path: Optional[str], note: str) -> dict:
 
 
 def _calibrated(run_dir: Path, out_file: Path) -> tuple[Optional[str], str]:
-    """Fit the cost model on the before-run's profile (what `mimo-accel calibrate --per-step`
-    does), so the accelerated run plans with this machine's measured vision costs. One overhead
-    per step: all vision ranks share one CPU, whose speed drifts from step to step on a shared
-    machine alike for every replica; the plan only compares replicas within a step."""
+    """Fit every module's cost on the before-run's profile (what `mimo-accel calibrate --per-step`
+    does), so the accelerated run plans with this machine's measured costs. One overhead per step:
+    all ranks share one CPU, whose speed drifts from step to step on a shared machine alike for
+    every replica; the plan only compares replicas within a step. A module the before-run cannot
+    fit keeps the default cost of its kind (upstream's padded language batches compute as many
+    tokens on every replica, so they tell nothing of the cost of real tokens), said in the note."""
+    from mimo_accel.costs import CostModel, ModuleCost
     from mimo_accel.profiler import read_run
-    from mimo_accel.tools.calibrate import CalibrationError, fit
+    from mimo_accel.tools.calibrate import CalibrationError, fit_modules, modules_in
 
-    try:
-        model, stats = fit(read_run(run_dir), per_step=True)
-    except CalibrationError as exc:
-        return None, f"default cost model (calibration failed: {exc})"
-    model.to_file(out_file)
-    r2 = (f"R²={stats['r2']:.2f} within steps ({stats['r2_across_steps']:.2f} across steps)" if stats["per_step"]
-          else f"R²={stats['r2']:.2f}")
-    return str(out_file), (f"calibrated on the before-run: a={model.a:.3g} s/patch, b={model.b:.3g} s/patch², "
-                           f"c={model.c:.3g} s/token, {r2}")
+    run = read_run(run_dir)
+    table, notes = {}, []
+    for module in modules_in(run):
+        try:
+            fitted, stats = fit_modules(run, per_step=True, modules=[module])
+        except CalibrationError as exc:
+            notes.append(f"{module}: default ({exc})")
+            continue
+        cost = fitted.modules[module]
+        table[module] = cost
+        r2 = stats[module]
+        fit = (f"R²={r2['r2']:.2f} within steps" if r2.get("per_step") else f"R²={r2['r2']:.2f}")
+        notes.append(f"{module}: a={cost.a:.3g}, b={cost.b:.3g}" + (f", k={cost.k:.3g}" if cost.k else "") +
+                     f" ({fit})")
+    if not table:
+        return None, "default cost model (calibration failed: " + "; ".join(notes) + ")"
+    lead = table.get("vision") or next(iter(table.values()))
+    CostModel(a=lead.a, b=lead.b, c=0.0, modules=table).to_file(out_file)
+    return str(out_file), "calibrated on the before-run, s per row / row² / item / token: " + "; ".join(notes)
 
 
 def _compare_and_report(console, title: str, unit: str, rows, out: Path, before_label: str, before_note: str,
