@@ -114,13 +114,11 @@ def _run(args) -> int:
 
 
 def _env(args) -> int:
-    from mimo_accel.config import CONFIG_ENV
+    from mimo_accel.config import CONFIG_ENV, AccelConfig
 
     _check_overrides(args.overrides)
     environ = dict(os.environ)
     env = launcher_env(environ, args.features, args.config, args.overrides)
-    from mimo_accel.config import AccelConfig
-
     cfg = AccelConfig.from_env(env)
     cfg.check_files()
     lines = [f"unset {var}" for var in CONFIG_ENV if var in environ and var not in cfg.to_env()]
