@@ -31,7 +31,8 @@ $(STAMP): pyproject.toml requirements/constraints.txt requirements/megatron-runt
 	# The Megatron packages declare Requires-Python >= 3.12; their runtime deps come from
 	# requirements/megatron-runtime.txt, so install them without the resolver.
 	$(PIP) install -q --no-deps --ignore-requires-python $(MEGATRON_PKGS)
-	$(PIP) install -q --no-deps -e .
+	# mimo-accel declares Requires-Python >= 3.12 like Megatron; the CPU venv may be 3.11 (the rehearsal back-ports).
+	$(PIP) install -q --no-deps --ignore-requires-python -e .
 	$(PY) -c "import mimo_accel.rehearse.cpu as c; c.check_megatron_importable()"
 	@touch $(STAMP)
 

@@ -2,9 +2,13 @@
 
     import mimo_accel
     mimo_accel.enable(sharded_reads=True, reorder=True, packing=True)
+    # or from a YAML file's `mimo_accel:` section, with key=value overrides:
+    mimo_accel.enable(config=mimo_accel.load_config("run.yaml", overrides=["pad_multiple=2"]))
 
-or, with no code change, ``MIMO_ACCEL=all mimo-accel run -- torchrun ... train.py``.
-Importing this package patches nothing; every feature is off until enabled.
+or, with no code change, ``MIMO_ACCEL=all mimo-accel run -- torchrun ... train.py`` (or
+``mimo-accel run --config run.yaml -- ...``; ``mimo-accel env`` prints the variables for launchers
+that cannot wrap a command). Importing this package patches nothing; every feature is off until
+enabled.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from typing import Optional
 from mimo_accel.config import AccelConfig, ConfigError
 
 from mimo_accel._version import __version__
-__all__ = ["AccelConfig", "ConfigError", "enable", "disable", "status"]
+__all__ = ["AccelConfig", "ConfigError", "enable", "disable", "status", "load_config", "__version__"]
 
 
 def enable(config: Optional[AccelConfig] = None, **overrides) -> AccelConfig:
@@ -22,12 +26,27 @@ def enable(config: Optional[AccelConfig] = None, **overrides) -> AccelConfig:
 
     Keyword overrides win over the config/environment, e.g. ``enable(packing=True)``. Works
     whether megatron.bridge is imported before or after; calling it again with the same config
-    is a no-op, with another config it re-patches. Returns the active config.
+    is a no-op, with another config it re-patches. Raises :class:`ConfigError` (nothing patched)
+    for a bad option: a switch that is not a bool, a count that is not a positive int, a
+    ``cost_model`` / ``cost_index`` file that does not exist. Returns the active config.
     """
     from mimo_accel.config import resolve
     from mimo_accel.patching import engine
 
-    return engine.enable(resolve(config, overrides))
+    if config is not None and not isinstance(config, AccelConfig):
+        raise ConfigError(f"enable(config=...) takes an AccelConfig (e.g. mimo_accel.load_config('run.yaml')), "
+                          f"got {type(config).__name__}")
+    cfg = resolve(config, overrides)
+    cfg.check_files()
+    return engine.enable(cfg)
+
+
+def load_config(path=None, overrides=(), *, base: Optional[AccelConfig] = None) -> AccelConfig:
+    """The AccelConfig of a YAML file's ``mimo_accel:`` section with ``key=value`` overrides on top
+    (OmegaConf, as Bridge reads its config); see :mod:`mimo_accel.config_file`."""
+    from mimo_accel.config_file import load_config as _load
+
+    return _load(path, overrides, base=base)
 
 
 def disable() -> None:

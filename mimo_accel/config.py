@@ -1,6 +1,9 @@
 """AccelConfig: which features are on, and their options. Every feature is off by default.
 
-Precedence: explicit ``enable()`` arguments > environment (``MIMO_ACCEL*``) > defaults.
+Precedence: explicit ``enable()`` arguments > environment (``MIMO_ACCEL*``) > defaults. One name per
+setting: the field name is the ``enable()`` keyword, the ``key=value`` override and the YAML key
+(``mimo_accel.<field>``, :func:`mimo_accel.load_config`); its variable is ``MIMO_ACCEL_<FIELD>``,
+except the three switches, which are the words of ``MIMO_ACCEL`` (``mimo-accel run --features``).
 """
 
 from __future__ import annotations
@@ -8,15 +11,29 @@ from __future__ import annotations
 import dataclasses
 import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Mapping, Optional
 
 ENV_FEATURES = "MIMO_ACCEL"
 ENV_PROFILE = "MIMO_ACCEL_PROFILE"  # output directory; also turns the profiler on
-ENV_COST = "MIMO_ACCEL_COST"  # cost-model file (from `mimo-accel calibrate`)
+ENV_COST_MODEL = "MIMO_ACCEL_COST_MODEL"  # cost-model file (from `mimo-accel calibrate`)
+ENV_COST_OLD = "MIMO_ACCEL_COST"  # the earlier name of MIMO_ACCEL_COST_MODEL, still read
 ENV_COST_INDEX = "MIMO_ACCEL_COST_INDEX"  # per-sample cost index (from `mimo-accel index`)
 ENV_REORDER_MODE = "MIMO_ACCEL_REORDER_MODE"
 ENV_PAD_MULTIPLE = "MIMO_ACCEL_PAD_MULTIPLE"
 ENV_REORDER_WINDOW = "MIMO_ACCEL_REORDER_WINDOW"
+
+#: The option each MIMO_ACCEL_<FIELD> variable sets (the switches come from MIMO_ACCEL's words).
+ENV_OPTIONS = {
+    "profile": ENV_PROFILE,
+    "cost_model": ENV_COST_MODEL,
+    "cost_index": ENV_COST_INDEX,
+    "reorder_mode": ENV_REORDER_MODE,
+    "reorder_window": ENV_REORDER_WINDOW,
+    "pad_multiple": ENV_PAD_MULTIPLE,
+}
+#: Every variable an AccelConfig is read from (what `mimo-accel run --config` replaces).
+CONFIG_ENV = (ENV_FEATURES, ENV_COST_OLD) + tuple(ENV_OPTIONS.values())
 
 # MIMO_ACCEL=<comma list>: the words users write, and the fields they turn on.
 FEATURE_WORDS = {
@@ -30,6 +47,8 @@ FEATURE_WORDS = {
 ALL_WORDS = ("all",)
 OFF_WORDS = ("", "0", "off", "none", "false")
 REORDER_MODES = ("plan", "exchange")
+SWITCHES = ("sharded_reads", "reorder", "packing")
+DEFAULT_PROFILE_DIR = "mimo-accel-profile"  # MIMO_ACCEL=profile without MIMO_ACCEL_PROFILE
 
 
 class ConfigError(ValueError):
@@ -69,16 +88,29 @@ class AccelConfig:
     profile: Optional[str] = None
 
     def __post_init__(self) -> None:
+        for name in SWITCHES:
+            value = getattr(self, name)
+            if not isinstance(value, bool):
+                raise ConfigError(f"{name} must be True or False, got {value!r} ({type(value).__name__}); "
+                                  f"write {name}=True (Python) or {name}=true (YAML / key=value)")
         if self.reorder and not self.sharded_reads:
             object.__setattr__(self, "sharded_reads", True)  # reorder implies sharded reads
         if self.reorder_mode not in REORDER_MODES:
-            raise ConfigError(f"reorder_mode={self.reorder_mode!r} is not one of {REORDER_MODES}")
-        if not isinstance(self.reorder_window, int) or isinstance(self.reorder_window, bool) or self.reorder_window < 1:
-            raise ConfigError(f"reorder_window must be a positive integer, got {self.reorder_window!r}")
-        if not isinstance(self.pad_multiple, int) or isinstance(self.pad_multiple, bool) or self.pad_multiple < 1:
-            raise ConfigError(f"pad_multiple must be a positive integer, got {self.pad_multiple!r}")
-        if self.profile is not None and not str(self.profile):
-            raise ConfigError("profile must be None or a directory path")
+            raise ConfigError(f"reorder_mode={self.reorder_mode!r} is not one of {REORDER_MODES}; "
+                              "write reorder_mode=plan or reorder_mode=exchange")
+        for name, example in (("reorder_window", "reorder_window=4"), ("pad_multiple", "pad_multiple=2")):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ConfigError(f"{name} must be a positive integer, got {value!r}; e.g. {example}")
+        for name, what in (("cost_model", "file"), ("cost_index", "file"), ("profile", "directory")):
+            value = getattr(self, name)
+            if value is None:
+                continue
+            if isinstance(value, os.PathLike):
+                value = os.fspath(value)
+                object.__setattr__(self, name, value)
+            if not isinstance(value, str) or not value:
+                raise ConfigError(f"{name} must be None or a {what} path, got {value!r}")
 
     @property
     def any_feature(self) -> bool:
@@ -95,28 +127,35 @@ class AccelConfig:
                               f"{[f.name for f in dataclasses.fields(self)]}")
         return dataclasses.replace(self, **changes)
 
+    def check_files(self) -> None:
+        """The files the options name exist (``enable()`` calls it): ConfigError naming the fix."""
+        if self.cost_model is not None and not Path(self.cost_model).is_file():
+            raise ConfigError(f"cost_model={self.cost_model!r}: no such file. Pass the file `mimo-accel calibrate "
+                              "RUN_DIR --out FILE` wrote, or leave cost_model unset for the built-in coefficients")
+        if self.cost_index is not None:
+            from mimo_accel.datasets.split_index import SPLIT_FIELD
+
+            train = self.cost_index.replace(SPLIT_FIELD, "train")
+            if not Path(train).is_file():
+                which = f" (the train split of {self.cost_index!r})" if train != self.cost_index else ""
+                raise ConfigError(f"cost_index={train!r}{which}: no such file. Build it with `mimo-accel index "
+                                  "... --out FILE`, or leave cost_index unset to take the dataset's own index "
+                                  "or derive one from its examples")
+
     @classmethod
     def from_env(cls, environ: Optional[Mapping[str, str]] = None) -> "AccelConfig":
         """The configuration the ``MIMO_ACCEL*`` variables describe (defaults where unset)."""
         env = os.environ if environ is None else environ
-        changes: dict = {}
-        raw = env.get(ENV_FEATURES, "").strip().lower()
-        words = [w.strip() for w in raw.split(",") if w.strip()] if raw not in OFF_WORDS else []
-        for word in words:
-            if word in ALL_WORDS:
-                changes.update(sharded_reads=True, reorder=True, packing=True)
-            elif word in FEATURE_WORDS:
-                for name in FEATURE_WORDS[word]:
-                    changes[name] = True
-            else:
-                valid = sorted(set(FEATURE_WORDS) | set(ALL_WORDS)) + ["0 (off)"]
-                raise ConfigError(f"{ENV_FEATURES}={env.get(ENV_FEATURES)!r}: unknown value {word!r}. "
-                                  f"Valid values (comma-separated): {', '.join(valid)}")
+        changes = switches_from_words(env.get(ENV_FEATURES, ""), f"{ENV_FEATURES}={env.get(ENV_FEATURES)!r}")
         profile_dir = env.get(ENV_PROFILE)
         if changes.pop("profile", False) or profile_dir:
-            changes["profile"] = profile_dir or "mimo-accel-profile"
-        if env.get(ENV_COST):
-            changes["cost_model"] = env[ENV_COST]
+            changes["profile"] = profile_dir or DEFAULT_PROFILE_DIR
+        old, new = env.get(ENV_COST_OLD), env.get(ENV_COST_MODEL)
+        if old and new and old != new:
+            raise ConfigError(f"{ENV_COST_OLD}={old!r} and {ENV_COST_MODEL}={new!r} disagree: {ENV_COST_OLD} is the "
+                              f"earlier name of {ENV_COST_MODEL}; unset it")
+        if new or old:
+            changes["cost_model"] = new or old
         if env.get(ENV_COST_INDEX):
             changes["cost_index"] = env[ENV_COST_INDEX]
         if env.get(ENV_REORDER_MODE):
@@ -126,8 +165,40 @@ class AccelConfig:
                 try:
                     changes[name] = int(env[var])
                 except ValueError:
-                    raise ConfigError(f"{var}={env[var]!r} is not an integer") from None
-        return cls(**changes)
+                    raise ConfigError(f"{var}={env[var]!r} is not an integer; e.g. {var}=2") from None
+        try:
+            return cls(**changes)
+        except ConfigError as exc:  # name the variable the value came from
+            bad = next((var for name, var in ENV_OPTIONS.items() if str(exc).startswith(name)), None)
+            raise ConfigError(f"{bad}: {exc}" if bad else str(exc)) from None
+
+    def to_env(self) -> dict:
+        """The ``MIMO_ACCEL*`` variables that describe this config (``from_env`` gives it back)."""
+        words = (["reorder"] if self.reorder else ["sharded_reads"] if self.sharded_reads else []) + \
+            (["packing"] if self.packing else [])
+        env = {ENV_FEATURES: ",".join(words) or "0"}
+        for name, var in ENV_OPTIONS.items():
+            value = getattr(self, name)
+            if value is not None and value != getattr(AccelConfig, name):
+                env[var] = str(value)
+        return env
+
+
+def switches_from_words(raw: str, where: str) -> dict:
+    """The fields a ``MIMO_ACCEL`` value turns on (``profile``: True for the word ``profile``)."""
+    raw = (raw or "").strip().lower()
+    changes: dict = {}
+    words = [w.strip() for w in raw.split(",") if w.strip()] if raw not in OFF_WORDS else []
+    for word in words:
+        if word in ALL_WORDS:
+            changes.update(sharded_reads=True, reorder=True, packing=True)
+        elif word in FEATURE_WORDS:
+            for name in FEATURE_WORDS[word]:
+                changes[name] = True
+        else:
+            valid = sorted(set(FEATURE_WORDS) | set(ALL_WORDS)) + ["0 (off)"]
+            raise ConfigError(f"{where}: unknown value {word!r}. Valid values (comma-separated): {', '.join(valid)}")
+    return changes
 
 
 def resolve(config: Optional[AccelConfig], overrides: Mapping[str, object],

@@ -184,3 +184,35 @@ def test_profiler_off_installs_no_wrappers_and_on_installs_the_hooks(clean_engin
     assert ModalitySubmodules.__dict__["encode"] is not encode and MimoOptimizer.__dict__["step"] is not step
     mimo_accel.disable()
     assert ModalitySubmodules.__dict__["encode"] is encode and MimoOptimizer.__dict__["step"] is step
+
+
+# -- the log line at enable() ------------------------------------------------------------------
+
+_ENABLE_TWICE = """
+import logging, sys
+if sys.argv[1] == "info":  # what Bridge's MIMO example does in main()
+    logging.basicConfig(level=logging.INFO, format="[Rank 0] %(name)s: %(message)s")
+elif sys.argv[1] == "warning":
+    logging.basicConfig(level=logging.WARNING)
+import mimo_accel
+mimo_accel.enable(sharded_reads=True, reorder=True, packing=True)
+mimo_accel.enable(sharded_reads=True, reorder=True, packing=True)  # the same config again: a no-op
+mimo_accel.enable(packing=True, profile="/tmp/mimo-accel-unused")  # another config: re-patched
+"""
+
+
+@pytest.mark.parametrize("logging_setup", ["none", "info", "warning"])
+def test_enable_logs_one_line_naming_what_is_on(logging_setup):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MIMO_ACCEL")}
+    proc = subprocess.run([sys.executable, "-c", _ENABLE_TWICE, logging_setup], env=env, capture_output=True,
+                          text=True, timeout=120, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    lines = [l for l in proc.stderr.splitlines() if "mimo_accel" in l and "enabled" in l]
+    m = engine.T.match(*engine.installed_versions())
+    versions = f"on megatron-bridge {m.bridge} / megatron-core {m.core} (shape {m.shape.name}, {m.status})"
+    prefix = {"none": "mimo_accel: ", "info": "[Rank 0] mimo_accel: "}.get(logging_setup)
+    if prefix is None:  # logging configured at WARNING: the user's choice holds
+        assert lines == []
+        return
+    assert lines == [f"{prefix}enabled sharded_reads, reorder, packing {versions}",
+                     f"{prefix}enabled packing, profile (/tmp/mimo-accel-unused) {versions}"]

@@ -186,7 +186,7 @@ def build(venv: Path, python: str, bridge: Path, core: Path, modelopt: str, forc
         run([*pip, "install", "-q", *pins, "-r", ROOT / "requirements/megatron-runtime.txt",
              "-r", ROOT / "requirements/dev.txt", *BUILD_TOOLS])
         run([*pip, "install", "-q", "--no-deps", "--ignore-requires-python", modelopt])
-        run([*pip, "install", "-q", "--no-deps", "-e", ROOT])
+        run([*pip, "install", "-q", "--no-deps", "--ignore-requires-python", "-e", ROOT])  # mimo-accel: >= 3.12, like Megatron
     for kind, tree in (("core", core), ("bridge", bridge)):
         env = dict(os.environ)
         foreign = enclosing_foreign_repo(kind, tree)

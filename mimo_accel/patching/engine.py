@@ -264,7 +264,36 @@ def enable(cfg: AccelConfig) -> AccelConfig:
         for site in set(by_site) | set(_state.internals):
             if site not in now:
                 wrapt.register_post_import_hook(_on_import(site, _state.generation), site)
+        _announce(cfg, shape, m)
         return cfg
+
+
+def enabled_line(cfg: AccelConfig, shape: T.Shape, m: T.Match) -> str:
+    """What the log says at enable(): the features, the upstream pair, its shape and support."""
+    names = []
+    for name in cfg.features():
+        if name == "reorder" and cfg.reorder_mode != "plan":
+            name = f"reorder ({cfg.reorder_mode})"
+        elif name == "profile":
+            name = f"profile ({cfg.profile})"
+        names.append(name)
+    return (f"enabled {', '.join(names)} on megatron-bridge {m.bridge} / megatron-core {m.core} "
+            f"(shape {shape.name}, {m.status})")
+
+
+def _announce(cfg: AccelConfig, shape: T.Shape, m: T.Match) -> None:
+    """One INFO line, the level of Bridge's own milestones ("Starting MegatronMIMO pretraining"):
+    Bridge's setup_logging runs at INFO and drops WARNING records (filter_warnings), and its MIMO
+    example configures INFO. enable() often runs before anything configures logging (the launcher's
+    sitecustomize, a call at the top of the script), where Python would show WARNING and above only:
+    then the line goes to stderr directly, unless the "mimo_accel" logger was given a level."""
+    line = enabled_line(cfg, shape, m)
+    if logger.hasHandlers() or logger.level != logging.NOTSET:
+        logger.info(line)
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(name)s: %(message)s"))
+    handler.handle(logger.makeRecord(logger.name, logging.INFO, __file__, 0, line, (), None))
 
 
 def _disable_locked() -> None:

@@ -5,8 +5,12 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import inspect
+import os
 import platform
 import sys
+import time
+from pathlib import Path
+from typing import Optional
 
 
 def _target_state(t) -> tuple[str, str]:
@@ -39,8 +43,11 @@ def collect() -> dict:
     from mimo_accel.patching import engine, registry, targets
     from mimo_accel.rehearse import cpu
 
+    from mimo_accel._version import __version__
+
     bridge, core = engine.installed_versions()
     info = {
+        "mimo-accel": __version__,
         "python": platform.python_version(),
         "torch": torch.__version__,
         "megatron-core": core or "not installed",
@@ -105,14 +112,29 @@ def support_line(m) -> str:
 FEATURES = ("sharded_reads", "reorder", "packing", "profile")
 
 
-def main() -> int:
+def default_log_path() -> str:
+    import tempfile
+
+    return os.path.join(tempfile.gettempdir(), "mimo-accel-doctor.log")
+
+
+def main(log_path: Optional[str] = None) -> int:
+    """Print the tables; what importing megatron prints (TE/Apex fallbacks, modelopt plugins, ...)
+    goes to ``log_path`` (default :func:`default_log_path`), named on the last line."""
     from rich.console import Console
     from rich.table import Table
 
-    info = collect()
+    from mimo_accel.rehearse.quiet import output_to
+
+    log = Path(log_path or default_log_path())
+    log.parent.mkdir(parents=True, exist_ok=True)
+    log.write_text(f"mimo-accel doctor, {time.strftime('%Y-%m-%d %H:%M:%S')}: third-party import output\n",
+                   encoding="utf-8")
+    with output_to(log):
+        info = collect()
     console = Console(width=max(Console().width, 120))
     env = Table(title="mimo-accel doctor: environment", show_header=False)
-    for key in ("python", "torch", "megatron-core", "megatron-bridge", "shape", "support", "cuda_available",
+    for key in ("mimo-accel", "python", "torch", "megatron-core", "megatron-bridge", "shape", "support", "cuda_available",
                 "nccl_available", "transformer_engine"):
         env.add_row(key, str(info[key]))
     console.print(env)
@@ -141,6 +163,7 @@ def main() -> int:
         ft.add_row(feature, "[green]yes[/green]" if ok else "[red]no[/red]",
                    "yes" if feature in info["active"] else "no")
     console.print(ft)
+    console.print(f"third-party import output: {log}", highlight=False, soft_wrap=True)
     if info["refused"]:
         console.print(f"[red]mimo_accel.enable() refuses megatron-bridge {info['megatron-bridge']} with "
                       f"megatron-core {info['megatron-core']}: {info['support']}[/red]")

@@ -1,0 +1,138 @@
+"""``mimo_accel.load_config``: an :class:`~mimo_accel.config.AccelConfig` from the ``mimo_accel:``
+section of a YAML file and ``key=value`` overrides, the way Megatron Bridge reads its own config.
+
+.. code-block:: yaml
+
+    # run.yaml -- may be the same file Bridge's recipe loads (Bridge skips keys it does not know)
+    mimo_accel:
+      reorder: true
+      packing: true
+      cost_index: costs-{split}.npz
+      profile: runs/after
+
+.. code-block:: python
+
+    import mimo_accel
+    mimo_accel.enable(config=mimo_accel.load_config("run.yaml", overrides=["pad_multiple=2"]))
+
+The section is merged into an OmegaConf structured config of ``AccelConfig`` (interpolations such as
+``${oc.env:RUN_DIR}`` or ``${logger.tensorboard_dir}`` resolve against the whole file), then the
+overrides, OmegaConf's dotlist (``packing=true``, ``mimo_accel.pad_multiple=2``, ``profile=null``).
+Defaults < file < overrides; the ``MIMO_ACCEL*`` environment is not read (``mimo-accel run --config``
+exports the result for the job). Every error is a :class:`~mimo_accel.config.ConfigError` that names
+the option, where its value came from, and what to write instead.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from typing import Iterable, Optional, Union
+
+from mimo_accel.config import SWITCHES, AccelConfig, ConfigError
+
+__all__ = ["SECTION", "load_config", "parse_overrides"]
+
+SECTION = "mimo_accel"
+FIELDS = tuple(f.name for f in dataclasses.fields(AccelConfig))
+INTS = ("reorder_window", "pad_multiple")
+_OVERRIDE = re.compile(r"^(?P<key>[A-Za-z_][A-Za-z0-9_.]*)=(?P<value>.*)$", re.S)
+
+
+def is_override(token: str) -> bool:
+    """Whether a command-line word is a ``key=value`` override (``mimo-accel run`` / ``env``)."""
+    return _OVERRIDE.match(token) is not None
+
+
+def _key(raw: str, where: str) -> str:
+    key = raw[len(SECTION) + 1:] if raw.startswith(SECTION + ".") else raw
+    if key not in FIELDS:
+        raise ConfigError(f"{where}: {raw!r} is not a mimo_accel option; options: {', '.join(FIELDS)}")
+    return key
+
+
+def _check_value(key: str, value, where: str) -> None:
+    """Stricter than OmegaConf's conversions: a switch is a boolean, a count an integer."""
+    if key in SWITCHES and not isinstance(value, bool):
+        raise ConfigError(f"{where}: {SECTION}.{key} must be true or false, got {value!r}; "
+                          f"write {key}=true or {key}=false")
+    if key in INTS and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+        raise ConfigError(f"{where}: {SECTION}.{key} must be a positive integer, got {value!r}; e.g. {key}=2")
+    if key not in SWITCHES + INTS and value is not None and not isinstance(value, str):
+        what = "plan or exchange" if key == "reorder_mode" else "a path, or null"
+        raise ConfigError(f"{where}: {SECTION}.{key} must be {what}, got {value!r}")
+
+
+def parse_overrides(overrides: Iterable[str]) -> dict:
+    """``["packing=true", "mimo_accel.pad_multiple=2"]`` -> ``{"packing": True, "pad_multiple": 2}``
+    (values parsed as OmegaConf parses a dotlist: YAML scalars)."""
+    from omegaconf import OmegaConf
+
+    parsed: dict = {}
+    for token in overrides:
+        m = _OVERRIDE.match(str(token))
+        if m is None:
+            raise ConfigError(f"override {token!r}: write key=value, e.g. packing=true or pad_multiple=2")
+        where = f"override {token!r}"
+        key = _key(m["key"], where)
+        value = OmegaConf.to_container(OmegaConf.from_dotlist([f"v={m['value']}"]))["v"]
+        _check_value(key, value, where)
+        parsed[key] = value
+    return parsed
+
+
+def _read_section(path: Union[str, os.PathLike]) -> dict:
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    if not os.path.isfile(path):
+        raise ConfigError(f"config file {os.fspath(path)!r} does not exist; pass the YAML file that holds "
+                          f"the {SECTION}: section")
+    try:
+        root = OmegaConf.load(path)
+    except Exception as exc:  # yaml's own errors: name the file, keep the parser's first line
+        text = " ".join(str(exc).split())[:240] or type(exc).__name__
+        raise ConfigError(f"config file {os.fspath(path)!r} is not valid YAML: {text}") from None
+    example = f"{SECTION}: {{packing: true}}"
+    if not OmegaConf.is_dict(root) or SECTION not in root:
+        raise ConfigError(f"config file {os.fspath(path)!r} has no {SECTION}: section; add one, e.g. `{example}`")
+    if root[SECTION] is None:
+        return {}
+    if not OmegaConf.is_dict(root[SECTION]):
+        raise ConfigError(f"config file {os.fspath(path)!r}: {SECTION}: must be a mapping of options, "
+                          f"e.g. `{example}`")
+    try:
+        section = OmegaConf.to_container(root[SECTION], resolve=True)
+    except OmegaConfBaseException as exc:
+        first = str(exc).strip().splitlines()[0]
+        raise ConfigError(f"config file {os.fspath(path)!r}: {SECTION}: an interpolation does not resolve: "
+                          f"{first}") from None
+    for raw, value in section.items():
+        where = f"{os.fspath(path)}"
+        _check_value(_key(str(raw), where), value, where)
+    return section
+
+
+def load_config(path: Union[str, os.PathLike, None] = None, overrides: Iterable[str] = (),
+                *, base: Optional[AccelConfig] = None) -> AccelConfig:
+    """The AccelConfig of ``path``'s ``mimo_accel:`` section with ``key=value`` ``overrides`` on top.
+
+    ``path=None``: the overrides over ``base`` (default: :class:`AccelConfig`'s defaults). Raises
+    :class:`~mimo_accel.config.ConfigError` on a missing file, a missing section, an unknown option or
+    a value of the wrong type. The files the options name are checked by ``enable()``.
+    """
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    section = _read_section(path) if path is not None else {}
+    changes = parse_overrides(overrides)
+    schema = OmegaConf.structured(base if base is not None else AccelConfig)
+    OmegaConf.set_readonly(schema, False)  # AccelConfig is frozen; the merged result is rebuilt from it
+    try:
+        merged = OmegaConf.merge(schema, section, changes)
+        return OmegaConf.to_object(merged)
+    except OmegaConfBaseException as exc:  # a value OmegaConf cannot convert (_check_value catches most)
+        key = getattr(exc, "full_key", None) or "?"
+        first = str(exc).strip().splitlines()[0]
+        raise ConfigError(f"{SECTION}.{key}: {first}") from None
