@@ -207,10 +207,10 @@ def _first_error_line(text: str) -> str:
 # tallest images (800-960 patches) ran 20-30% over what a·Σp + b·Σp² predicts, even fitted on
 # both runs (likely their attention scores, 20-29 MiB at 8 heads, outgrowing the 32 MiB L3 the
 # two CPUs share): after-run straggler p50 1.05 instead of 1.03.
-BRIDGE_DEFAULTS = dict(steps=10, vision_dp=4, language_dp=4, micro_batch=48)
+BRIDGE_DEFAULTS = dict(steps=10, vision_dp=4, language_dp=4, micro_batch=64)
 BRIDGE_SEQ = 288  # the most placeholders one image takes (240) + its text
 BRIDGE_MODEL = ("--encoder", "qwen3vl", "--vision-hidden", "64", "--vision-layers", "2", "--vision-heads", "4",
-                "--hidden", "192", "--language-layers", "2",
+                "--hidden", "256", "--language-layers", "3",
                 "--image-mix", "receipts", "--max-image-rows", "240")
 
 
