@@ -72,7 +72,7 @@ def plan_for(dataset, sampler_settings: list, ctx, split: str, runtime: Runtime)
         fields["cost model"] = plan_inputs.digest(dataclasses.asdict(model))
         plan = Plan(cost_model=model)
         if cfg.reorder_mode == "plan":
-            index = cost_index_for(dataset, cfg.cost_index, split, group=_data_ranks(ctx))
+            index = cost_index_for(dataset, cfg.cost_index, split, group=_data_ranks(ctx), notify=runtime.say_once)
             fields["cost index"] = index_digest(index)
     plan_inputs.check_same_everywhere(fields, ctx.data_ranks, f"{split} loader")
     if index is not None:
