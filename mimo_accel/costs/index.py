@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from mimo_accel.costs._files import file_mode
 from mimo_accel.costs.model import CostModel
 from mimo_accel.costs.resize import FixedPatches, ResizeRule, rule_from_dict
 
@@ -170,6 +171,7 @@ class CostIndex:
                     tokens=self._tokens,
                     images=self._images,
                 )
+            os.chmod(tmp, file_mode())  # mkstemp's 0600 would hide the file from other accounts
             os.replace(tmp, path)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
