@@ -49,9 +49,61 @@ class SamplesRead(list):
         self.predicted_spread = predicted_spread
 
 
+class SampleLoadError(RuntimeError):
+    """A sample failed to load (decode, read, process); names its index and, where the dataset's
+    example row has one, its file. The original error is the ``__cause__``."""
+
+    def __init__(self, message: str, index: Optional[int] = None, files: tuple = ()):
+        super().__init__(message)
+        self.index = index
+        self.files = files
+
+
+def _files_of(dataset, index: int) -> tuple:
+    """The files of sample ``index`` where the dataset's example row names them (Bridge's
+    ``MegatronMIMODataset``: ``dataset.examples[i][column]`` for its modality columns); () if none."""
+    import os
+
+    examples = getattr(dataset, "examples", None)
+    if examples is None:
+        return ()
+    try:
+        row = examples[int(index)]
+    except Exception:  # noqa: BLE001 - only a hint for the error message
+        return ()
+    if not isinstance(row, dict):
+        return ()
+    columns = list((getattr(dataset, "modality_columns", None) or {}).values())
+    values = [row.get(c) for c in columns] if columns else list(row.values())
+
+    def paths(v):
+        if isinstance(v, (str, os.PathLike)):
+            if columns or os.path.isfile(v):
+                yield os.fspath(v)
+        elif isinstance(v, (list, tuple)):
+            for x in v:
+                yield from paths(x)
+        elif isinstance(v, dict):
+            for key in ("path", "file", "filename", "image", "audio"):
+                if key in v:
+                    yield from paths(v[key])
+
+    return tuple(p for v in values for p in paths(v))
+
+
+def load_error(dataset, index: int, exc: BaseException) -> SampleLoadError:
+    """The error naming sample ``index`` (and its file) of ``dataset`` that raised ``exc``."""
+    files = _files_of(dataset, index)
+    where = f" (file {', '.join(files)})" if files else ""
+    return SampleLoadError(
+        f"mimo_accel: sample {index} of {type(dataset).__name__}{where} failed to load: "
+        f"{type(exc).__name__}: {exc}", int(index), files)
+
+
 class ReadsOf:
     """The dataset as the sharded loader reads it: the same samples, read by a batch of indices at
-    a time (torch's ``__getitems__``), so that the plan's figures stay with them."""
+    a time (torch's ``__getitems__``), so that the plan's figures stay with them. A sample that
+    fails to load raises :class:`SampleLoadError`, naming its index and file."""
 
     def __init__(self, dataset):
         self.dataset = dataset
@@ -60,11 +112,27 @@ class ReadsOf:
         return len(self.dataset)
 
     def __getitem__(self, index):
-        return self.dataset[index]
+        try:
+            return self.dataset[index]
+        except IndexError:  # out of range: the iteration protocol's signal, left as it is
+            raise
+        except Exception as exc:
+            raise load_error(self.dataset, index, exc) from exc
 
     def __getitems__(self, indices) -> SamplesRead:
         own = getattr(self.dataset, "__getitems__", None)
-        samples = own(list(indices)) if own else [self.dataset[i] for i in indices]
+        if own is None:
+            samples = [self[i] for i in indices]
+        else:
+            try:
+                samples = own(list(indices))
+            except Exception as exc:
+                # the dataset read them together: find the one that fails on its own
+                for i in indices:
+                    self[i]
+                raise SampleLoadError(f"mimo_accel: samples {list(indices)} of {type(self.dataset).__name__} "
+                                      f"failed to load together: {type(exc).__name__}: {exc}",
+                                      int(indices[0]) if len(indices) else -1) from exc
         return SamplesRead(samples, getattr(indices, "predicted_spread", None))
 
     def __getattr__(self, name: str) -> Any:
