@@ -17,6 +17,7 @@ ENV_COST_INDEX = "MIMO_ACCEL_COST_INDEX"  # per-sample cost index (from `mimo-ac
 ENV_REORDER_MODE = "MIMO_ACCEL_REORDER_MODE"
 ENV_PAD_MULTIPLE = "MIMO_ACCEL_PAD_MULTIPLE"
 ENV_REORDER_WINDOW = "MIMO_ACCEL_REORDER_WINDOW"
+ENV_STRICT_GRADIENTS = "MIMO_ACCEL_STRICT_GRADIENTS"  # 1: refuse what would change the gradient
 
 # MIMO_ACCEL=<comma list>: the words users write, and the fields they turn on.
 FEATURE_WORDS = {
@@ -56,6 +57,9 @@ class AccelConfig:
     packing: THD-pack the language shard (no compute on padding).
     pad_multiple: pad every packed segment to a multiple of this (context parallelism needs 2·cp).
     profile: None (off) or the directory the per-rank profiler writes ``rank<N>.jsonl`` to.
+    strict_gradients: refuse (an error naming the fix) a reorder that would change the gradient,
+        not only who computes it: with the language model's ``calculate_per_token_loss=False``
+        each language replica's loss is a mean over its own tokens. Off: said once.
     """
 
     sharded_reads: bool = False
@@ -67,6 +71,7 @@ class AccelConfig:
     packing: bool = False
     pad_multiple: int = 1
     profile: Optional[str] = None
+    strict_gradients: bool = False
 
     def __post_init__(self) -> None:
         if self.reorder and not self.sharded_reads:
@@ -77,6 +82,8 @@ class AccelConfig:
             raise ConfigError(f"reorder_window must be a positive integer, got {self.reorder_window!r}")
         if not isinstance(self.pad_multiple, int) or isinstance(self.pad_multiple, bool) or self.pad_multiple < 1:
             raise ConfigError(f"pad_multiple must be a positive integer, got {self.pad_multiple!r}")
+        if not isinstance(self.strict_gradients, bool):
+            raise ConfigError(f"strict_gradients must be True or False, got {self.strict_gradients!r}")
         if self.profile is not None and not str(self.profile):
             raise ConfigError("profile must be None or a directory path")
 
@@ -121,6 +128,11 @@ class AccelConfig:
             changes["cost_index"] = env[ENV_COST_INDEX]
         if env.get(ENV_REORDER_MODE):
             changes["reorder_mode"] = env[ENV_REORDER_MODE].strip().lower()
+        if env.get(ENV_STRICT_GRADIENTS):
+            raw_strict = env[ENV_STRICT_GRADIENTS].strip().lower()
+            if raw_strict not in ("0", "1", "true", "false", "on", "off", "yes", "no"):
+                raise ConfigError(f"{ENV_STRICT_GRADIENTS}={env[ENV_STRICT_GRADIENTS]!r}: expected 1 or 0")
+            changes["strict_gradients"] = raw_strict in ("1", "true", "on", "yes")
         for var, name in ((ENV_PAD_MULTIPLE, "pad_multiple"), (ENV_REORDER_WINDOW, "reorder_window")):
             if env.get(var):
                 try:
