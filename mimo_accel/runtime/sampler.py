@@ -5,7 +5,8 @@ global micro-batch. Here the upstream sampler is kept exactly as it is — it st
 *global* order (so ``single``/``cyclic``, epoch seeds, ``consumed_samples`` resume and
 ``drop_last`` behave as upstream, identically on every module) — and a wrapper yields only the
 share of each global micro-batch that this rank's module replica owns on the canonical grid.
-With a planner (reordering), the share is taken from the planned order instead of the loaded one.
+With a planner (reordering), the share is taken from the planned order instead of the loaded one,
+and the plans of some windows are compared across the data-loading ranks (``check``).
 
 Data flows one way: the sampler decides what a rank reads → the loader reads it → the step packs it.
 What the plan predicted for a micro-batch travels with its indices into the read and then in the
@@ -168,8 +169,12 @@ class ShardedBatchSampler:
     """
 
     def __init__(self, global_sampler, ctx: ShardContext, planner: Optional[Planner] = None, window: int = 1,
-                 step_micro_batches: Optional[int] = None, start: Optional[tuple[int, int]] = None):
+                 step_micro_batches: Optional[int] = None, start: Optional[tuple[int, int]] = None,
+                 check: Optional[Callable[[int, list, list], None]] = None):
         window = window if planner is not None else 1
+        # check(ordinal, window, order): each planned window, for the same-plan check across ranks
+        # (runtime.plan_inputs.PlanCheck); None: not compared
+        self.check = check if planner is not None else None
         check_window(window, step_micro_batches)
         self.global_sampler = global_sampler
         # (consumed_samples, micro_batch_size) where the global sampler starts; default: its own
@@ -198,7 +203,7 @@ class ShardedBatchSampler:
             yield pending
 
     def __iter__(self) -> Iterator[list]:
-        for batches in self._windows():
+        for ordinal, batches in enumerate(self._windows()):
             sizes = {len(b) for b in batches}
             for b in batches:
                 check_micro_batch(len(b), self.ctx.grid, "global micro-batch size")
@@ -213,6 +218,8 @@ class ShardedBatchSampler:
             if sorted(order) != sorted(window):
                 raise RuntimeError("mimo_accel planner returned a different set of samples than the "
                                    "global micro-batch it was given; refusing to mis-pair samples")
+            if self.check is not None:
+                self.check(ordinal, window, order)
             g = self.ctx.groups
             start = 0
             for b in batches:
@@ -248,7 +255,7 @@ class TaggingCollate:
 
 def shard_loader(loader, ctx: ShardContext, micro_batch_size: int, planner: Optional[Planner] = None,
                  window: int = 1, step_micro_batches: Optional[int] = None,
-                 global_sampler=None, start: Optional[tuple[int, int]] = None):
+                 global_sampler=None, start: Optional[tuple[int, int]] = None, check=None):
     """A DataLoader over the same dataset/collate/workers that reads only this replica's share of
     ``global_sampler``'s micro-batches (default: the upstream loader's own, global, batch sampler)."""
     check_micro_batch(micro_batch_size, ctx.grid)
@@ -257,7 +264,7 @@ def shard_loader(loader, ctx: ShardContext, micro_batch_size: int, planner: Opti
                         "(dataloader_type 'external' passes the dataset through). Use 'single' or "
                         "'cyclic', or turn sharded_reads off.")
     sampler = ShardedBatchSampler(global_sampler or loader.batch_sampler, ctx, planner, window,
-                                  step_micro_batches, start)
+                                  step_micro_batches, start, check)
     return tagged_loader(loader, ctx, sampler)
 
 
