@@ -155,3 +155,39 @@ def test_nothing_is_said_where_reorder_keeps_the_gradient():
     assert _check(_reorder_provider(language_dp=1), reorder=True) == {}  # one replica, one micro-batch
     assert len(_check(_reorder_provider(language_dp=1), reorder=True, reorder_window=2)) == 1  # across micro-batches
     assert _check(_reorder_provider(per_token=True), reorder=True, strict_gradients=True) == {}
+
+
+# ---------------------------------------------------------------- on Bridge's loop
+
+
+def _train(rank, world, argv, features):
+    from ._example import run_example
+
+    return run_example(argv, features, {})["notes"]
+
+
+_LOOP = ["--cpu", "--vision-dp", "2", "--language-dp", "2", "--mbs", "4", "--gbs", "4", "--train-iters", "1",
+         "--eval-interval", "0", "--no-per-token-loss"]
+
+
+@pytest.mark.distributed
+def test_on_bridges_loop_the_note_reaches_status_and_the_profilers_step_line(tmp_path):
+    from mimo_accel.profiler import read_run
+    from mimo_accel.rehearse.ranks import run_ranks
+
+    notes = run_ranks(_train, 4, _LOOP, dict(sharded_reads=True, reorder=True, profile=str(tmp_path)),
+                      deadline_s=150)
+    assert all(sum("calculate_per_token_loss=False" in n for n in rank_notes) == 1 for rank_notes in notes)
+    run = read_run(tmp_path)
+    assert sorted(run.ranks) == [0, 1, 2, 3]
+    for rank, log in run.ranks.items():
+        said = [n for s in log.steps for n in s.get("notes", []) if "calculate_per_token_loss=False" in n]
+        assert len(said) == 1, (rank, [s.get("notes") for s in log.steps])
+
+
+@pytest.mark.distributed
+def test_on_bridges_loop_strict_gradients_stops_before_the_model_is_built():
+    from mimo_accel.rehearse.ranks import RankFailure, run_ranks
+
+    with pytest.raises(RankFailure, match=r"(?s)in setup_megatron_mimo.*mimo_accel reorder with strict_gradients"):
+        run_ranks(_train, 4, _LOOP, dict(sharded_reads=True, reorder=True, strict_gradients=True), deadline_s=150)
