@@ -32,6 +32,7 @@ from typing import Any, Optional
 
 import numpy as np
 
+from mimo_accel.costs._files import file_mode
 from mimo_accel.costs.audio import AudioRule
 from mimo_accel.costs.model import LANGUAGE, CostModel
 from mimo_accel.costs.resize import FixedPatches, ResizeRule
@@ -379,6 +380,7 @@ class CostIndex:
         try:
             with os.fdopen(fd, "wb") as f:
                 np.savez(f, header=np.array(json.dumps(header, sort_keys=True)), **arrays)
+            os.chmod(tmp, file_mode())  # mkstemp's 0600 would hide the file from other accounts
             os.replace(tmp, path)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
