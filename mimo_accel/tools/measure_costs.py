@@ -33,9 +33,9 @@ What it measures (``--size real``):
   block's scaled to ``--language-depth`` layers (default 36, Qwen3-8B's depth), so that absolute
   times read as the whole decoder's; the embedding and output layer (linear in tokens) are not in it.
 
-``--size tiny`` builds the same two modules at a few-kilobyte size (vision hidden 64, 2 layers;
-language hidden 64, 2 layers) so the whole command runs in seconds on a CPU: that is how its logic
-is tested.
+``--size tiny`` builds the same two modules small (vision hidden 64, 2 layers; language hidden
+64, 2 layers; a few hundred thousand parameters) so the whole command runs in seconds on a CPU:
+that is how its logic is tested.
 
 Points. Each point is one forward + backward (the gradient of the output with a fixed random
 tensor) after ``--warmup`` untimed iterations; its time is the median of ``--repeats``. Vision
@@ -54,22 +54,29 @@ Timing. CUDA: ``torch.cuda.Event(enable_timing=True)`` around the work on the cu
 then ``synchronize``; the events see the whole step, host-side gaps included. CPU:
 ``time.perf_counter`` before and after (the work is synchronous there).
 
-Attention. Transformer Engine is not needed: both modules' core attention is megatron-core's
-``DotProductAttention`` interface running ``torch.nn.functional.scaled_dot_product_attention``
-once per ``cu_seqlens`` segment (bidirectional within an image; causal within a language
-sequence; the KV groups expanded to the query heads). On CUDA, torch picks its flash or
-memory-efficient kernel for bf16; on CPU the same code runs, with
-:func:`mimo_accel.rehearse.cpu.activate` redirecting megatron's CUDA hard-codes (never on CUDA).
-TE's fused THD kernel does the same arithmetic in one call, so a TE job's per-item overhead is,
-if anything, smaller than measured here.
+Attention. Transformer Engine is not needed (the command runs wherever torch and the Megatron
+packages do): both modules' core attention is a megatron-core ``DotProductAttention`` subclass
+for packed (THD) q/k/v, bidirectional within an image, causal within a language sequence. On
+CUDA it is torch's variable-length flash attention (``torch.nn.attention.varlen.varlen_attn``:
+one call over every ``cu_seqlens`` segment, as TE's THD attention) where this torch has it and
+a self-check at the module's heads and dtype (forward, backward, agreement with the fallback)
+passes; otherwise, and always on CPU, ``torch.nn.functional.scaled_dot_product_attention`` once
+per segment (torch picks its flash or memory-efficient kernel for bf16 on CUDA). Which one ran
+is printed and stored (``fit.device.attention``). On CPU :func:`mimo_accel.rehearse.cpu.activate`
+redirects megatron's CUDA hard-codes and torch runs one thread (a second thread on a shared CPU
+makes timings swing several-fold); on CUDA the CPU layer is never activated.
 
 Fit. Per module a non-negative least-squares fit (:func:`mimo_accel.tools.calibrate.nnls`) of
 the median times on ``rows, Σrows², items`` (vision) or ``tokens, Σtokens²`` (language) plus a
 fixed overhead per call (not in the model, as in ``mimo-accel calibrate``), each point weighted
-by 1/time so that small points count as much as large ones. R², relative RMSE and the worst
-point's error are printed with every point and stored in the file's ``fit`` metadata; ``--points``
-writes the raw measurements (every repeat) for ``--from-points``. Coefficients are in seconds
-(``a`` s/row or s/token, ``b`` s/row² or s/token², ``k`` s/image).
+by 1/time so that small points count as much as large ones. The language fit has one more term
+that is not written: a cost per packed sequence (megatron's unfused THD RoPE splits per
+sequence, and the per-segment fallback calls attention once each; a TE job's fused THD kernels
+do neither, and the model's language cost has no per-sample term), fitted so that it does not
+leak into ``a`` and ``b``. R², relative RMSE and the worst point's error are printed with every
+point and stored in the file's ``fit`` metadata; ``--points`` writes the raw measurements (every
+repeat, after each module) for ``--from-points``. Coefficients are in seconds (``a`` s/row or
+s/token, ``b`` s/row² or s/token², ``k`` s/image).
 
 How to run it on an H200: in the training environment (torch with CUDA, megatron-core,
 megatron-bridge; Transformer Engine optional), on one idle GPU,
