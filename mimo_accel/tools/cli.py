@@ -1,4 +1,4 @@
-"""`mimo-accel`: doctor, run, env, report, rehearse, simulate, index, calibrate."""
+"""`mimo-accel`: doctor, run, env, report, rehearse, simulate, index, calibrate, calibrate-gpu."""
 
 from __future__ import annotations
 
@@ -144,6 +144,8 @@ DELEGATED = {
     "simulate": ("mimo_accel.tools.simulate", "the planners at cluster scale, no processes"),
     "index": ("mimo_accel.tools.indexing", "build a per-sample cost index from a manifest or the training dataset"),
     "calibrate": ("mimo_accel.tools.calibrate", "fit the cost model from profiler logs"),
+    "calibrate-gpu": ("mimo_accel.tools.measure_costs", "measure each module's cost curve on this machine's GPU "
+                      "(Qwen3-VL vision, Qwen3-8B layers) and write the cost-model file"),
 }
 
 _CONFIG_HELP = ("a YAML file whose mimo_accel: section is the job's config (instead of the MIMO_ACCEL* "
