@@ -10,12 +10,10 @@ import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
+from mimo_accel.tools.arguments import UsageError, one_line, output_file
+
 BOOTSTRAP_DIR = Path(__file__).resolve().parents[1] / "_bootstrap"
 TRACEBACK_ENV = "MIMO_ACCEL_TRACEBACK"  # 1: let an error out of a subcommand as a traceback (debugging)
-
-
-class UsageError(Exception):
-    """A bad command line: printed as one ``mimo-accel <cmd>: error: ...`` line, exit 2."""
 
 
 # -- the job's environment (run, env) ------------------------------------------------------------
@@ -134,6 +132,8 @@ def _env(args) -> int:
 def _doctor(args) -> int:
     from mimo_accel.tools.doctor import main as doctor_main
 
+    output_file("--log", args.log, make_parents=True)
+
     return doctor_main(log_path=args.log)
 
 
@@ -201,16 +201,6 @@ def _subparser(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentP
     return action.choices[name]
 
 
-def _one_line(exc: BaseException) -> str:
-    if isinstance(exc, OSError) and exc.filename is not None and exc.strerror:
-        text = f"{exc.filename}: {exc.strerror}"
-        parent = Path(str(exc.filename)).parent
-        if isinstance(exc, FileNotFoundError) and not parent.exists():
-            text += f" (the directory {parent} does not exist; create it or give another path)"
-        return text
-    return " ".join(str(exc).split()) or type(exc).__name__
-
-
 def main(argv: Optional[Sequence[str]] = None) -> int:
     from mimo_accel.config import ConfigError
 
@@ -232,7 +222,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except (UsageError, ConfigError, ValueError, OSError) as exc:
         if os.environ.get(TRACEBACK_ENV) == "1":
             raise
-        print(f"mimo-accel {cmd or ''}: error: {_one_line(exc)}".replace("mimo-accel : ", "mimo-accel: "),
+        print(f"mimo-accel {cmd or ''}: error: {one_line(exc)}".replace("mimo-accel : ", "mimo-accel: "),
               file=sys.stderr)
         return 2
     except KeyboardInterrupt:
