@@ -10,7 +10,8 @@ A bad value ends in one ``mimo-accel <cmd>: error: ...`` line that names the fix
   computed (and no temp directory made) before a bad ``--out`` / ``--json`` is found;
 - renamed flags: :class:`Renamed` keeps an old spelling working, hidden from ``--help``, and says
   once that it is renamed;
-- :func:`fail` prints the one line (:func:`one_line`: any message or exception on one line).
+- :func:`fail` prints the one line (:func:`one_line`: any message or exception on one line); with
+  ``MIMO_ACCEL_TRACEBACK=1`` the traceback before it.
 """
 
 from __future__ import annotations
@@ -21,8 +22,10 @@ import sys
 from pathlib import Path
 from typing import Optional, Union
 
-__all__ = ["UsageError", "Renamed", "fail", "nonnegative_int", "one_line", "output_dir", "output_file",
+__all__ = ["TRACEBACK_ENV", "UsageError", "Renamed", "fail", "nonnegative_int", "one_line", "output_dir", "output_file",
            "parse", "positive_int"]
+
+TRACEBACK_ENV = "MIMO_ACCEL_TRACEBACK"  # 1: an error's traceback too, not only its one line (debugging)
 
 
 class UsageError(ValueError):
@@ -148,6 +151,11 @@ def one_line(exc: Union[BaseException, str]) -> str:
 
 
 def fail(prog: str, exc: Union[BaseException, str]) -> int:
-    """Print ``<prog>: error: <one line>`` on stderr; returns 2 (a subcommand's ``main()`` returns it)."""
+    """Print ``<prog>: error: <one line>`` on stderr; returns 2 (a subcommand's ``main()`` returns it).
+    With ``MIMO_ACCEL_TRACEBACK=1`` the exception's traceback comes first (debugging)."""
+    if isinstance(exc, BaseException) and os.environ.get(TRACEBACK_ENV) == "1":
+        import traceback
+
+        traceback.print_exception(type(exc), exc, exc.__traceback__, file=sys.stderr)
     print(f"{prog}: error: {one_line(exc)}", file=sys.stderr)
     return 2

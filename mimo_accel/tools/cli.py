@@ -10,10 +10,9 @@ import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
-from mimo_accel.tools.arguments import UsageError, one_line, output_file
+from mimo_accel.tools.arguments import TRACEBACK_ENV, UsageError, one_line, output_file
 
 BOOTSTRAP_DIR = Path(__file__).resolve().parents[1] / "_bootstrap"
-TRACEBACK_ENV = "MIMO_ACCEL_TRACEBACK"  # 1: let an error out of a subcommand as a traceback (debugging)
 
 
 # -- the job's environment (run, env) ------------------------------------------------------------
@@ -78,13 +77,13 @@ def _split_command(words: list[str]) -> tuple[list[str], list[str]]:
     return words[:i], words[i:]
 
 
-def _check_overrides(words: Sequence[str]) -> None:
+def _check_overrides(words: Sequence[str], command_after: bool = True) -> None:
     from mimo_accel.config_file import is_override
 
     for w in words:
         if not is_override(w):
-            raise UsageError(f"{w!r} is not key=value; give mimo_accel options as e.g. packing=true, and the "
-                             "command after --")
+            raise UsageError(f"{w!r} is not key=value; give mimo_accel options as e.g. packing=true"
+                             + (", and the command after --" if command_after else ""))
 
 
 def _run(args) -> int:
@@ -114,7 +113,7 @@ def _run(args) -> int:
 def _env(args) -> int:
     from mimo_accel.config import CONFIG_ENV, AccelConfig
 
-    _check_overrides(args.overrides)
+    _check_overrides(args.overrides, command_after=False)
     environ = dict(os.environ)
     env = launcher_env(environ, args.features, args.config, args.overrides)
     cfg = AccelConfig.from_env(env)
