@@ -94,7 +94,8 @@ def bridge_plan(example: Optional[str] = None, steps: Optional[int] = None, visi
     script = rehearsal.example_script(example)
     d = rehearsal.BRIDGE_DEFAULTS
     steps = _positive("steps", steps, d["steps"])
-    vdp, ldp = _positive("vision_dp", vision_dp, d["vision_dp"]), _positive("language_dp", language_dp, d["language_dp"])
+    vdp = _positive("vision_dp", vision_dp, d["vision_dp"])
+    ldp = _positive("language_dp", language_dp, d["language_dp"])
     mbs = _positive("micro_batch", micro_batch, d["micro_batch"])
     _check_split(mbs, vdp, ldp, _given(vision_dp, language_dp), "--loop bridge: the")
     return script, steps, vdp, ldp, mbs
