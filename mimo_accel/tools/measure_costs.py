@@ -11,7 +11,7 @@ run and no data. It builds the modules themselves on one device, times forward +
 designed set of inputs, fits each module's curve and writes a ``mimo-accel-cost-model/2`` file
 (:class:`~mimo_accel.costs.CostModel`) with the module names ``calibrate`` writes: ``vision``
 (``--vision-module`` renames it to the name the layout's config gives the image encoder) and
-``language``. Use it as ``MIMO_ACCEL_COST=cost-model.json`` or ``mimo-accel simulate --cost``.
+``language``. Use it as ``MIMO_ACCEL_COST_MODEL=cost-model.json`` (``cost_model=`` in ``enable()``) or ``mimo-accel simulate --cost-model``.
 
 What it measures (``--size real``):
 
@@ -946,7 +946,7 @@ def _parser() -> argparse.ArgumentParser:
                     "without a GPU; --from-points fits saved measurements again.",
         epilog="e.g. mimo-accel calibrate-gpu --out cost-model.json --points cost-points.json")
     p.add_argument("--out", metavar="FILE", required=True, help="the cost-model file to write (use it with "
-                   "MIMO_ACCEL_COST=FILE)")
+                   "MIMO_ACCEL_COST_MODEL=FILE)")
     p.add_argument("--points", metavar="FILE", help="also write the raw measurements (every repeat) as JSON")
     p.add_argument("--from-points", metavar="FILE", help="fit the measurements of a --points file again: no device")
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="where to measure (default cuda; cpu "
@@ -1163,8 +1163,8 @@ def main(argv: Optional[Sequence[str]] = None, *, console=None) -> int:
     budget = "; ".join(stopped) if stopped else "every planned point measured"
     took = f" in {elapsed:.0f} s" if isinstance(elapsed, (int, float)) else ""
     console.print(f"wrote {args.out}: {args.vision_module} a={v.a:.4g} b={v.b:.4g} k={v.k:.4g}; language "
-                  f"a={lm.a:.4g} b={lm.b:.4g} (measured{took}; {budget}). Use: MIMO_ACCEL_COST={args.out}, or "
-                  f"mimo-accel simulate --cost {args.out}", highlight=False)
+                  f"a={lm.a:.4g} b={lm.b:.4g} (measured{took}; {budget}). Use: MIMO_ACCEL_COST_MODEL={args.out}, or "
+                  f"mimo-accel simulate --cost-model {args.out}", highlight=False)
     if args.points and not args.from_points:
         console.print(f"raw measurements: {args.points} (refit: {PROG} --from-points {args.points} --out FILE)")
     return 0
