@@ -11,7 +11,8 @@ run and no data. It builds the modules themselves on one device, times forward +
 designed set of inputs, fits each module's curve and writes a ``mimo-accel-cost-model/2`` file
 (:class:`~mimo_accel.costs.CostModel`) with the module names ``calibrate`` writes: ``vision``
 (``--vision-module`` renames it to the name the layout's config gives the image encoder) and
-``language``. Use it as ``MIMO_ACCEL_COST_MODEL=cost-model.json`` (``cost_model=`` in ``enable()``) or ``mimo-accel simulate --cost-model``.
+``language``. Use it as ``MIMO_ACCEL_COST_MODEL=cost-model.json`` (``cost_model=`` in ``enable()``)
+or ``mimo-accel simulate --cost-model``.
 
 What it measures (``--size real``):
 
