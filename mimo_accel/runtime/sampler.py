@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import Any, Callable, Iterator, Optional, Sequence
 
 from mimo_accel.grid import check_micro_batch
+from mimo_accel.nvtx import ranged
 from mimo_accel.runtime.shard import SHARD_TAG_KEY, ShardContext, tag_for
 
 # planner(global_indices, micro_batches) -> (the same indices in canonical-group order, the predicted
@@ -62,6 +63,7 @@ class ReadsOf:
     def __getitem__(self, index):
         return self.dataset[index]
 
+    @ranged("mimo_accel/read")  # NVTX on CUDA only (mimo_accel.nvtx)
     def __getitems__(self, indices) -> SamplesRead:
         own = getattr(self.dataset, "__getitems__", None)
         samples = own(list(indices)) if own else [self.dataset[i] for i in indices]
