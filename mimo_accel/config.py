@@ -22,6 +22,7 @@ ENV_COST_INDEX = "MIMO_ACCEL_COST_INDEX"  # per-sample cost index (from `mimo-ac
 ENV_REORDER_MODE = "MIMO_ACCEL_REORDER_MODE"
 ENV_PAD_MULTIPLE = "MIMO_ACCEL_PAD_MULTIPLE"
 ENV_REORDER_WINDOW = "MIMO_ACCEL_REORDER_WINDOW"
+ENV_STRICT_GRADIENTS = "MIMO_ACCEL_STRICT_GRADIENTS"  # 1: refuse what would change the gradient
 
 #: The option each MIMO_ACCEL_<FIELD> variable sets (the switches come from MIMO_ACCEL's words).
 ENV_OPTIONS = {
@@ -31,6 +32,7 @@ ENV_OPTIONS = {
     "reorder_mode": ENV_REORDER_MODE,
     "reorder_window": ENV_REORDER_WINDOW,
     "pad_multiple": ENV_PAD_MULTIPLE,
+    "strict_gradients": ENV_STRICT_GRADIENTS,
 }
 #: Every variable an AccelConfig is read from (what `mimo-accel run --config` replaces).
 CONFIG_ENV = (ENV_FEATURES, ENV_COST_OLD) + tuple(ENV_OPTIONS.values())
@@ -48,6 +50,7 @@ ALL_WORDS = ("all",)
 OFF_WORDS = ("", "0", "off", "none", "false")
 REORDER_MODES = ("plan", "exchange")
 SWITCHES = ("sharded_reads", "reorder", "packing")
+FLAGS = SWITCHES + ("strict_gradients",)  # every True/False option
 DEFAULT_PROFILE_DIR = "mimo-accel-profile"  # MIMO_ACCEL=profile without MIMO_ACCEL_PROFILE
 
 
@@ -75,6 +78,9 @@ class AccelConfig:
     packing: THD-pack the language shard (no compute on padding).
     pad_multiple: pad every packed segment to a multiple of this (context parallelism needs 2·cp).
     profile: None (off) or the directory the per-rank profiler writes ``rank<N>.jsonl`` to.
+    strict_gradients: refuse (an error naming the fix) a reorder that would change the gradient,
+        not only who computes it: with the language model's ``calculate_per_token_loss=False``
+        each language replica's loss is a mean over its own tokens. Off: said once.
     """
 
     sharded_reads: bool = False
@@ -86,9 +92,10 @@ class AccelConfig:
     packing: bool = False
     pad_multiple: int = 1
     profile: Optional[str] = None
+    strict_gradients: bool = False
 
     def __post_init__(self) -> None:
-        for name in SWITCHES:
+        for name in FLAGS:
             value = getattr(self, name)
             if not isinstance(value, bool):
                 raise ConfigError(f"{name} must be True or False, got {value!r} ({type(value).__name__}); "
@@ -160,6 +167,11 @@ class AccelConfig:
             changes["cost_index"] = env[ENV_COST_INDEX]
         if env.get(ENV_REORDER_MODE):
             changes["reorder_mode"] = env[ENV_REORDER_MODE].strip().lower()
+        if env.get(ENV_STRICT_GRADIENTS):
+            raw_strict = env[ENV_STRICT_GRADIENTS].strip().lower()
+            if raw_strict not in ("0", "1", "true", "false", "on", "off", "yes", "no"):
+                raise ConfigError(f"{ENV_STRICT_GRADIENTS}={env[ENV_STRICT_GRADIENTS]!r}: expected 1 or 0")
+            changes["strict_gradients"] = raw_strict in ("1", "true", "on", "yes")
         for var, name in ((ENV_PAD_MULTIPLE, "pad_multiple"), (ENV_REORDER_WINDOW, "reorder_window")):
             if env.get(var):
                 try:

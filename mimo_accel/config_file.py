@@ -30,7 +30,7 @@ import os
 import re
 from typing import Iterable, Optional, Union
 
-from mimo_accel.config import SWITCHES, AccelConfig, ConfigError
+from mimo_accel.config import FLAGS, AccelConfig, ConfigError
 
 __all__ = ["SECTION", "load_config", "parse_overrides"]
 
@@ -54,12 +54,12 @@ def _key(raw: str, where: str) -> str:
 
 def _check_value(key: str, value, where: str) -> None:
     """Stricter than OmegaConf's conversions: a switch is a boolean, a count an integer."""
-    if key in SWITCHES and not isinstance(value, bool):
+    if key in FLAGS and not isinstance(value, bool):
         raise ConfigError(f"{where}: {SECTION}.{key} must be true or false, got {value!r}; "
                           f"write {key}=true or {key}=false")
     if key in INTS and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
         raise ConfigError(f"{where}: {SECTION}.{key} must be a positive integer, got {value!r}; e.g. {key}=2")
-    if key not in SWITCHES + INTS and value is not None and not isinstance(value, str):
+    if key not in FLAGS + INTS and value is not None and not isinstance(value, str):
         what = "plan or exchange" if key == "reorder_mode" else "a path, or null"
         raise ConfigError(f"{where}: {SECTION}.{key} must be {what}, got {value!r}")
 

@@ -334,7 +334,7 @@ def test_second_call_reads_the_cache(tmp_path, monkeypatch):
     calls = []
     real = MimoDatasetSource._probe_chunk
     monkeypatch.setattr(MimoDatasetSource, "_probe_chunk", lambda self, *a: calls.append(a) or real(self, *a))
-    again = shared_index.derive_cost_index(mimo_dataset(all_kinds_of_examples(tmp_path), qwen_processor()), cache_dir=cache)
+    again = shared_index.derive_cost_index(mimo_dataset(ds.examples, qwen_processor()), cache_dir=cache)
     assert calls == [] and again.digest() == first.digest()
 
     shared_index.derive_cost_index(ds, cache_dir=cache, refresh=True)

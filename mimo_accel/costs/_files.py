@@ -4,7 +4,31 @@ from __future__ import annotations
 
 import os
 import tempfile
+import threading
 from pathlib import Path
+
+_umask_lock = threading.Lock()
+
+
+def umask() -> int:
+    """The process umask, read without changing it where Linux shows it (``/proc/self/status``)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    with _umask_lock:  # elsewhere: set and restore it (the only portable way to read it)
+        mask = os.umask(0o022)
+        os.umask(mask)
+    return mask
+
+
+def file_mode() -> int:
+    """The mode ``open(path, "w")`` would give a new file: 0666 less the umask. ``mkstemp``
+    creates 0600 files, which another account of the same job could not read."""
+    return 0o666 & ~umask()
 
 
 def atomic_write(path: Path, data: bytes) -> None:
@@ -13,6 +37,7 @@ def atomic_write(path: Path, data: bytes) -> None:
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
+        os.chmod(tmp, file_mode())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

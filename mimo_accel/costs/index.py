@@ -32,6 +32,7 @@ from typing import Any, Optional
 
 import numpy as np
 
+from mimo_accel.costs._files import file_mode
 from mimo_accel.costs.audio import AudioRule
 from mimo_accel.costs.model import LANGUAGE, CostModel
 from mimo_accel.costs.resize import FixedPatches, ResizeRule
@@ -131,7 +132,7 @@ class CostIndex:
     with any encoders. Costs are a :class:`CostModel` away, so a new calibration needs no rebuild.
     """
 
-    __slots__ = ("_tokens", "_encoders")
+    __slots__ = ("_tokens", "_encoders", "_identity")
 
     def __init__(
         self,
@@ -160,6 +161,7 @@ class CostIndex:
         _check_name(module)
         self._tokens = arrays["tokens"]
         self._encoders = {module: EncoderColumns(n, p, q, rule)}
+        self._identity = {}
 
     @classmethod
     def from_modules(cls, tokens: Any, encoders: Mapping[str, EncoderColumns | Sequence[Any]]) -> CostIndex:
@@ -179,7 +181,7 @@ class CostIndex:
                                  f"{tok.size}; {_REBUILD_HINT}")
             cols[name] = col
         index = cls.__new__(cls)
-        index._tokens, index._encoders = tok, cols
+        index._tokens, index._encoders, index._identity = tok, cols, {}
         return index
 
     @classmethod
@@ -328,6 +330,25 @@ class CostIndex:
         """Real language tokens of each sample."""
         return self._tokens[self._lookup(indices)]
 
+    # ------------------------------------------------------------------------------ identity
+
+    @property
+    def identity(self) -> dict[str, Any]:
+        """What the index describes, as recorded when it was built: ``dataset`` (the dataset's
+        fingerprint: its type, examples, processors and tokenizer), ``files`` (the sizes and
+        modification times of the files its costs were read from), ``split``, ``manifest`` (the
+        hash of the manifest an index was built from), ``describe`` (a human line). Empty for an
+        index of an older version or built by hand."""
+        return dict(self._identity)
+
+    def with_identity(self, **fields: Any) -> "CostIndex":
+        """The same index with ``fields`` recorded in its identity (None values drop a field)."""
+        other = CostIndex.__new__(CostIndex)
+        other._tokens, other._encoders = self._tokens, self._encoders
+        other._identity = {k: v for k, v in {**self._identity, **fields}.items() if v is not None}
+        json.dumps(other._identity)  # must go into the file's JSON header
+        return other
+
     # --------------------------------------------------------------------------------- files
 
     def digest(self) -> str:
@@ -348,6 +369,8 @@ class CostIndex:
         names = list(self._encoders)
         header = {"format": COST_INDEX_FORMAT, "length": len(self),
                   "encoders": [{"name": n, "rule": self._encoders[n].rule.to_dict()} for n in names]}
+        if self._identity:
+            header["identity"] = dict(self._identity)
         arrays: dict[str, np.ndarray] = {"tokens": self._tokens}
         for j, n in enumerate(names):
             col = self._encoders[n]
@@ -357,6 +380,7 @@ class CostIndex:
         try:
             with os.fdopen(fd, "wb") as f:
                 np.savez(f, header=np.array(json.dumps(header, sort_keys=True)), **arrays)
+            os.chmod(tmp, file_mode())  # mkstemp's 0600 would hide the file from other accounts
             os.replace(tmp, path)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
@@ -421,7 +445,10 @@ class CostIndex:
             raise ValueError(f"{path}: {exc}") from None
         if len(index) != length:
             raise ValueError(f"{path}: header says {length} samples, arrays hold {len(index)}; {_REBUILD_HINT}")
-        return index
+        identity = header.get("identity") or {}
+        if not isinstance(identity, dict):
+            raise ValueError(f"{path}: cost index header is malformed (identity); {_REBUILD_HINT}")
+        return index.with_identity(**identity) if identity else index
 
 
 class _Missing(Exception):

@@ -19,7 +19,15 @@ the three ways out.
 from mimo_accel.datasets.dispatch import source_for
 from mimo_accel.datasets.megatron_mimo import MimoDatasetSource
 from mimo_accel.datasets.processors import QwenFetchResize, qwen_resize_rule
-from mimo_accel.datasets.shared_index import ENV_CACHE_DIR, cache_path, default_cache_dir, derive_cost_index, share
+from mimo_accel.datasets.shared_index import (
+    ENV_CACHE_DIR,
+    cache_key,
+    cache_path,
+    dataset_identity,
+    default_cache_dir,
+    derive_cost_index,
+    share,
+)
 from mimo_accel.datasets.sources import DeriveError, Probed
 
 __all__ = [
@@ -28,7 +36,9 @@ __all__ = [
     "MimoDatasetSource",
     "Probed",
     "QwenFetchResize",
+    "cache_key",
     "cache_path",
+    "dataset_identity",
     "default_cache_dir",
     "derive_cost_index",
     "qwen_resize_rule",

@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import inspect
 import json
+import os
 from typing import Any, Mapping, Optional
 
 import numpy as np
@@ -122,6 +123,22 @@ class ConversationSource(SampleSource):
 
     def describe(self) -> str:
         return f"{self.kind} of {self.length:,} samples ({self.base_length:,} distinct)"
+
+    def local_files(self, lo: int, hi: int):
+        """Every local image file the conversations of base samples ``[lo, hi)`` name."""
+        for i in range(lo, hi):
+            example = self.examples[i]
+            conversation = example.get("conversation") if isinstance(example, Mapping) else None
+            if not isinstance(conversation, list):
+                continue
+            for part in _vision_parts(conversation, i):
+                obj = part["image"] if "image" in part else part.get("image_url")
+                if isinstance(obj, Mapping) and obj.get("bytes") is None and obj.get("path"):
+                    obj = obj["path"]
+                if isinstance(obj, os.PathLike):
+                    obj = os.fspath(obj)
+                if isinstance(obj, str) and not obj.startswith(("data:", "http://", "https://")):
+                    yield obj[len("file://"):] if obj.startswith("file://") else obj
 
     def _probe_chunk(self, start: int, stop: int, workers: Optional[int]) -> Probed:
         images: list[_Image] = []

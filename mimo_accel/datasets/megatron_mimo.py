@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import os
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Mapping, Optional
+from typing import Any, Iterator, Mapping, Optional
 
 import numpy as np
 
@@ -47,6 +47,7 @@ from mimo_accel.datasets.processors import (
     qwen_video_rule,
 )
 from mimo_accel.datasets.sources import (
+    CHUNK,
     _THREADS_FROM,
     WAYS_OUT,
     DeriveError,
@@ -111,6 +112,18 @@ class MimoDatasetSource(SampleSource):
             "tokenizer": tokenizer_fingerprint(self.tokenizer),
             "preprocess_fn": _callable_name(self.preprocess_fn),
         }
+
+    def local_files(self, lo: int, hi: int) -> Iterator[str]:
+        """Every image and audio file a modality column of base samples ``[lo, hi)`` names."""
+        for start in range(lo, hi, CHUNK):
+            for row in self._rows(start, min(hi, start + CHUNK)):
+                for modality, column in self.modalities.items():
+                    cell = row.get(column) if hasattr(row, "get") else None
+                    items = audio_clips_in(cell) if self.kinds[modality] == "audio" else _images_in(cell)
+                    for item in items:
+                        path = _local_path(item)
+                        if path is not None:
+                            yield path
 
     def _rows(self, start: int, stop: int) -> list[Mapping[str, Any]]:
         ex = self.examples
@@ -332,6 +345,18 @@ def _mimo_real_tokens(text: np.ndarray, prefix: np.ndarray, seq: int) -> np.ndar
     room = seq - prefix
     kept = np.where(room >= 0, np.minimum(text, room), np.maximum(text + room, 0))
     return np.minimum(np.where(prefix > 0, kept + prefix, text), seq)
+
+
+def _local_path(item: Any) -> Optional[str]:
+    """The local file an image or clip cell names (a path, ``file://`` path, or an undecoded HF
+    cell with a path and no bytes), else None."""
+    if isinstance(item, Mapping):
+        return _local_path(item.get("path")) if item.get("bytes") is None and item.get("path") else None
+    if isinstance(item, os.PathLike):
+        item = os.fspath(item)
+    if isinstance(item, str) and not item.startswith(("data:", "http://", "https://")):
+        return item[len("file://"):] if item.startswith("file://") else item
+    return None
 
 
 def _looks_like_mimo_dataset(dataset: Any) -> bool:

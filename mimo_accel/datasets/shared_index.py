@@ -32,6 +32,7 @@ from typing import Any, Callable, Optional, Union
 from mimo_accel.costs import CostIndex
 from mimo_accel.costs._files import atomic_write
 from mimo_accel.datasets.dispatch import source_for
+from mimo_accel.datasets.fingerprints import _sha
 from mimo_accel.datasets.sources import DeriveError, Probed, SampleSource
 
 __all__ = ["ENV_CACHE_DIR", "cache_path", "default_cache_dir", "derive_cost_index", "share"]
@@ -145,6 +146,46 @@ def _progress_bar(enabled: bool, total: int, description: str):
     return progress, (lambda n: progress.advance(task, n))
 
 
+def _identify(dataset: Any, comm: "_Group") -> tuple[SampleSource, dict]:
+    """(the dataset's source, its identity) — the same on every rank of ``comm``: the dataset's
+    fingerprint and a digest of the sizes and modification times of the files its costs are read
+    from (each rank stats its share's files; one gather). An unknown dataset fails every rank."""
+    rank, world = comm.rank, comm.world
+    failure: Optional[BaseException] = None
+    try:
+        source = source_for(dataset)
+        lo, hi = share(rank, world, source.base_length)
+        hello: tuple = ("ok", source.fingerprint(), source.length, source.base_length, source.files_stamp(lo, hi))
+    except Exception as exc:  # reported to every rank below, so none waits in a collective
+        source, hello, failure = None, ("error", _error_text(exc)), exc
+    hellos = comm.gather(hello)
+    _raise_first_error(hellos, lambda r: f"rank {r}", failure)
+    assert source is not None
+    lengths = {r: h[2:4] for r, h in enumerate(hellos)}
+    if len(set(lengths.values())) > 1:
+        raise DeriveError(f"mimo_accel: the ranks see datasets of different lengths (samples, distinct): "
+                          f"{lengths}; every rank must build the same dataset")
+    fingerprint = hellos[0][1]
+    differ = [r for r, h in enumerate(hellos) if h[1] != fingerprint]
+    if differ and rank == 0:
+        logger.warning("mimo_accel: ranks %s fingerprint the dataset differently from rank 0; using rank 0's. "
+                       "The index is assembled from every rank's share either way.", differ)
+    files = _sha(json.dumps([h[4] for h in hellos]))  # the shares in rank order cover every sample once
+    return source, {"dataset": fingerprint, "files": files, "describe": source.describe(), "samples": source.length}
+
+
+def cache_key(identity: dict) -> str:
+    """The derive cache's key of a dataset's identity: its fingerprint and its files' sizes and
+    modification times, so a file rewritten in place (an image re-exported) is probed again."""
+    return _sha(json.dumps([identity["dataset"], identity["files"]]))
+
+
+def dataset_identity(dataset: Any, *, group: Any = None) -> dict:
+    """What a cost index of ``dataset`` must record to describe it (collective over ``group``):
+    ``dataset`` (its fingerprint), ``files`` (its files' sizes and times), ``describe``, ``samples``."""
+    return _identify(dataset, _Group(group))[1]
+
+
 def derive_cost_index(dataset: Any, *, group: Any = None, cache_dir: CacheDir = None, refresh: bool = False,
                       progress: Optional[bool] = None, workers: Optional[int] = None) -> CostIndex:
     """The per-sample cost index of ``dataset``, identical on every rank of ``group``.
@@ -176,25 +217,8 @@ def derive_cost_index(dataset: Any, *, group: Any = None, cache_dir: CacheDir = 
     start = time.perf_counter()
 
     # 1. Every rank names what it sees; an unknown dataset fails everywhere, together.
-    failure: Optional[BaseException] = None
-    try:
-        source = source_for(dataset)
-        hello: tuple = ("ok", source.fingerprint(), source.length, source.base_length)
-    except Exception as exc:  # reported to every rank below, so none waits in a collective
-        source, hello, failure = None, ("error", _error_text(exc)), exc
-    hellos = comm.gather(hello)
-    _raise_first_error(hellos, lambda r: f"rank {r}", failure)
-    assert source is not None
-    lengths = {r: h[2:] for r, h in enumerate(hellos)}
-    if len(set(lengths.values())) > 1:
-        raise DeriveError(f"mimo_accel: the ranks see datasets of different lengths (samples, distinct): "
-                          f"{lengths}; every rank must build the same dataset")
-    key = hellos[0][1]
-    differ = [r for r, h in enumerate(hellos) if h[1] != key]
-    if differ and rank == 0:
-        logger.warning("mimo_accel: ranks %s fingerprint the dataset differently from rank 0 (e.g. files with "
-                       "other modification times); using rank 0's cache key. The index is assembled from "
-                       "every rank's share either way.", differ)
+    source, identity = _identify(dataset, comm)
+    key = cache_key(identity)
 
     # 2. The cache: used only when every rank holds the identical index.
     path = cache_path(key, cache_dir)
@@ -206,9 +230,10 @@ def derive_cost_index(dataset: Any, *, group: Any = None, cache_dir: CacheDir = 
     if cached is not None and len(digests) == 1:
         if rank == 0:
             logger.info("mimo_accel: cost index of %s read from the cache %s", source.describe(), path)
-        return cached
+        return cached.with_identity(**identity)
 
     # 3. Probe this rank's share; one gather assembles the whole index everywhere.
+    failure: Optional[BaseException] = None
     lo, hi = share(rank, world, source.base_length)
     show = rank == 0 and (progress if progress is not None else hi - lo >= _PROGRESS_FROM)
     bar = _progress_bar(show, hi - lo, f"mimo_accel: probing samples (rank 0's {hi - lo:,} of {source.base_length:,})")
@@ -225,7 +250,7 @@ def derive_cost_index(dataset: Any, *, group: Any = None, cache_dir: CacheDir = 
     parts = comm.gather(part)
     _raise_first_error(parts, lambda r: f"rank {r} (samples {share(r, world, source.base_length)[0]}.."
                                         f"{share(r, world, source.base_length)[1] - 1})", failure)
-    index = source.to_index(Probed.concat([p[1] for p in parts]))
+    index = source.to_index(Probed.concat([p[1] for p in parts])).with_identity(**identity)
 
     # One writer per (host, cache file) among the ranks whose cache is stale or missing.
     if path is not None:

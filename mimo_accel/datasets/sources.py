@@ -8,11 +8,12 @@ the dataset already holds.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Optional, Sequence
+from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -190,6 +191,23 @@ class SampleSource:
 
     def describe(self) -> str:
         return f"{self.kind} of {self.length:,} samples"
+
+    def local_files(self, lo: int, hi: int) -> Iterator[str]:
+        """The local files the costs of base samples ``[lo, hi)`` are read from (none by default:
+        costs read from bytes or metadata in the dataset itself)."""
+        return iter(())
+
+    def files_stamp(self, lo: int, hi: int) -> str:
+        """A hex digest of the size and modification time of every local file of base samples
+        ``[lo, hi)``: a file rewritten in place (an image re-exported) changes it."""
+        h = hashlib.sha256()
+        for path in self.local_files(lo, hi):
+            try:
+                st = os.stat(path)
+                h.update(f"{path}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+            except OSError:  # a missing file: the probe names it with its sample, if it comes to a probe
+                h.update(f"{path}\0missing\n".encode())
+        return h.hexdigest()
 
     def probe(self, lo: int, hi: int, *, on_progress: Optional[Callable[[int], None]] = None,
               workers: Optional[int] = None) -> Probed:

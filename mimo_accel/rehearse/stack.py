@@ -47,7 +47,7 @@ from torch.nn import functional as F
 from mimo_accel.rehearse import audio as audio_mod
 from mimo_accel.rehearse.audio import AUDIO_ENCODER_NAME, AUDIO_TOKEN_ID, MEL_BINS, AudioMix  # noqa: F401
 from mimo_accel.rehearse.qwen_processor import qwen_image_processor
-from mimo_accel.rehearse.ranks import LANGUAGE, VISION, MimoLayout, step_state
+from mimo_accel.rehearse.ranks import LANGUAGE, VISION, MimoLayout, ModuleLayout, step_state
 
 IMAGE_TOKEN_ID = 2047  # the vision placeholder token in input_ids (the last id of the vocabulary)
 AUDIO = "audio"  # the audio modality's default name (the user names modalities; see StackConfig)
@@ -775,7 +775,8 @@ def encoder_transformer_configs(provider) -> dict:
 
 
 def _vision_config(cfg: StackConfig):
-    return _transformer_config(cfg.vision_layers, cfg.vision_hidden, cfg.vision_heads or cfg.heads)
+    return _transformer_config(cfg.vision_layers, cfg.vision_hidden, cfg.vision_heads or cfg.heads,
+                               cfg.layout.vision)
 
 
 def _audio_config(cfg: StackConfig):
@@ -783,14 +784,16 @@ def _audio_config(cfg: StackConfig):
 
 
 def _language_config(cfg: StackConfig):
-    return _transformer_config(cfg.language_layers, cfg.hidden, cfg.heads)
+    return _transformer_config(cfg.language_layers, cfg.hidden, cfg.heads, cfg.layout.language)
 
 
-def _transformer_config(num_layers: int, hidden: int, heads: int):
+def _transformer_config(num_layers: int, hidden: int, heads: int, module: ModuleLayout = ModuleLayout()):
     from megatron.core.transformer.transformer_config import TransformerConfig
 
+    # TP/PP sizes as the module's grid has them (megatron-core builds layers from the config's)
     return TransformerConfig(
         num_layers=num_layers, hidden_size=hidden, ffn_hidden_size=2 * hidden,
+        tensor_model_parallel_size=module.tp, pipeline_model_parallel_size=module.pp,
         num_attention_heads=heads, use_cpu_initialization=True, variable_seq_lengths=True,
         pipeline_dtype=torch.float32, bf16=False, hidden_dropout=0.0, attention_dropout=0.0,
         bias_activation_fusion=False, bias_dropout_fusion=False, apply_rope_fusion=False,

@@ -49,6 +49,7 @@ class Plan:
     cost_model: object = None  # the CostModel reorder prices samples with
     window: int = 1  # micro-batches planned together
     step_micro_batches: Optional[int] = None
+    check: object = None  # a plan_inputs.PlanCheck: the plans compared across the data ranks
 
 
 def plan_for(dataset, sampler_settings: list, ctx, split: str, runtime: Runtime) -> Plan:
@@ -72,7 +73,7 @@ def plan_for(dataset, sampler_settings: list, ctx, split: str, runtime: Runtime)
         fields["cost model"] = plan_inputs.digest(dataclasses.asdict(model))
         plan = Plan(cost_model=model)
         if cfg.reorder_mode == "plan":
-            index = cost_index_for(dataset, cfg.cost_index, split, group=_data_ranks(ctx))
+            index = cost_index_for(dataset, cfg.cost_index, split, group=_data_ranks(ctx), notify=runtime.say_once)
             fields["cost index"] = index_digest(index)
     plan_inputs.check_same_everywhere(fields, ctx.data_ranks, f"{split} loader")
     if index is not None:
@@ -85,8 +86,17 @@ def plan_for(dataset, sampler_settings: list, ctx, split: str, runtime: Runtime)
         if split == "train" and cfg.reorder_window > 1:
             window, step_mbs = cfg.reorder_window, micro_batches_per_step()
             sampler.check_window(window, step_mbs)
-        plan = Plan(planner, plan.cost_model, window, step_mbs)
+        plan = Plan(planner, plan.cost_model, window, step_mbs, _plan_check(ctx, f"{split} loader"))
     return plan
+
+
+def _plan_check(ctx, what: str):
+    """The same-plan check over the data-loading ranks (None in a single process)."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized() or len(ctx.data_ranks) < 2:
+        return None
+    return plan_inputs.PlanCheck(ctx.data_ranks, what)
 
 
 _SETTINGS = ("consumed_samples", "dataloader_type", "micro_batch_size", "drop_last", "seed", "data_sharding")
@@ -125,7 +135,7 @@ def _share(loader, a: dict, ctx, split: str, dp_group, runtime: Runtime):
         return exchange_shard_loader(loader, ctx, a["micro_batch_size"], dp_group, cost_model=plan.cost_model,
                                      notify=runtime.say_once)
     return sampler.shard_loader(loader, ctx, a["micro_batch_size"], planner=plan.planner, window=plan.window,
-                                step_micro_batches=plan.step_micro_batches)
+                                step_micro_batches=plan.step_micro_batches, check=plan.check)
 
 
 def wrap_canonical_loader(original: Callable, runtime: Runtime) -> Callable:
@@ -181,4 +191,4 @@ def _canonical_share(loader, a: dict, ctx, split: str, dp_group, runtime: Runtim
         data_sharding=a["data_sharding"], drop_last=a["drop_last"])
     return sampler.shard_loader(loader, ctx, a["micro_batch_size"], planner=plan.planner, window=plan.window,
                                 step_micro_batches=plan.step_micro_batches, global_sampler=everything,
-                                start=(a["consumed_samples"], a["micro_batch_size"]))
+                                start=(a["consumed_samples"], a["micro_batch_size"]), check=plan.check)

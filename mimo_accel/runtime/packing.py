@@ -14,7 +14,8 @@ Layout of the packed sequence (``k = pad_multiple``)::
 * Every segment starts at ``cu_seqlens_q_padded[i]`` (a multiple of ``k``), holds its real tokens
   first, then ``round_up(len_i, k) - len_i`` alignment tokens. ``cu_seqlens_q`` keeps the real
   lengths (Transformer Engine's padded-THD convention), so real tokens never attend to padding.
-  Context parallelism needs ``k = 2 * cp``.
+  Context parallelism needs ``k`` a multiple of ``2 * cp`` (``cp_size`` refuses any other,
+  naming the value that would do).
 * ``tp_size``: the total ``T`` is rounded up to a multiple of ``lcm(k, tp_size)`` so that
   sequence parallelism can scatter it evenly. The extra tokens **extend the last segment**: there
   is no extra segment, ``cu_seqlens_q_padded[-1] == T`` (megatron-core's THD RoPE splits the
@@ -76,6 +77,8 @@ __all__ = [
     "LABEL_PAD",
     "PackingPlan",
     "PackingStats",
+    "check_alignment",
+    "cp_alignment",
     "pack_language_shard",
     "plan_packing",
 ]
@@ -167,17 +170,42 @@ def _round_up(n: int, k: int) -> int:
     return -(-n // k) * k
 
 
+def cp_alignment(cp_size: int) -> int:
+    """The segment alignment THD context parallelism needs: megatron-core splits every padded
+    segment into ``2 * cp`` chunks (``thd_get_partitioned_indices`` over ``cu_seqlens_q_padded``;
+    the THD RoPE divides each padded segment by ``cp``), so each must be a multiple of ``2 * cp``."""
+    cp = _check_positive_int("cp_size", cp_size)
+    return 2 * cp if cp > 1 else 1
+
+
+def check_alignment(pad_multiple: int, cp_size: int = 1) -> None:
+    """Refuse a ``pad_multiple`` that context parallelism of ``cp_size`` cannot split, naming the
+    value that would do (the smallest multiple of both)."""
+    need = cp_alignment(cp_size)
+    k = _check_positive_int("pad_multiple", pad_multiple)
+    if k % need:
+        fix = math.lcm(k, need)
+        raise ValueError(
+            f"mimo_accel packing: the language model runs with context parallelism {cp_size}, which splits "
+            f"every packed segment into 2*cp = {need} chunks, but pad_multiple={k} is not a multiple of "
+            f"{need}. Set pad_multiple={fix} (enable(pad_multiple={fix}) or MIMO_ACCEL_PAD_MULTIPLE={fix}).")
+
+
 def plan_packing(
     lengths: Sequence[int],
     seq_len: int,
     *,
     pad_multiple: int = 1,
     tp_size: int = 1,
+    cp_size: int = 1,
 ) -> PackingPlan:
     """Lay out a shard of samples with real ``lengths`` (right-padded to ``seq_len``) as one
-    packed sequence; see the module docstring for the layout. Pure Python, no tensors."""
+    packed sequence; see the module docstring for the layout. Pure Python, no tensors.
+    ``cp_size``: the language model's context parallelism; ``pad_multiple`` must then be a
+    multiple of ``2 * cp_size`` (:func:`check_alignment`)."""
     k = _check_positive_int("pad_multiple", pad_multiple)
     tp = _check_positive_int("tp_size", tp_size)
+    check_alignment(k, cp_size)
     lengths = [int(n) for n in lengths]
     bad = [(i, n) for i, n in enumerate(lengths) if not 0 <= n <= seq_len]
     if bad:
@@ -346,6 +374,7 @@ def pack_language_shard(
     *,
     pad_multiple: int = 1,
     tp_size: int = 1,
+    cp_size: int = 1,
     is_first_stage: bool = True,
     pad_token_id: int = 0,
     return_stats: bool = False,
@@ -363,6 +392,8 @@ def pack_language_shard(
         pad_multiple: every segment is padded to a multiple of this (``2 * cp`` under CP).
         tp_size: ``T`` is padded to a multiple of this (``tp`` under SP, ``tp * cp`` under
             CP + SP); the padding extends the last segment.
+        cp_size: the language model's context parallelism: ``pad_multiple`` must be a multiple
+            of ``2 * cp_size``, else ValueError naming the value that would do.
         is_first_stage: the first LM pipeline stage must have ``input_ids``.
         pad_token_id: ``input_ids`` value of alignment padding; must not be a placeholder id.
         return_stats: also return a :class:`PackingStats`.
@@ -391,7 +422,7 @@ def pack_language_shard(
         if seq_len is None:  # nothing to pack but the kwargs: S only feeds the stats
             has_mask = isinstance(mask, torch.Tensor) and mask.dim() == 2
             seq_len = mask.size(1) if has_mask else max(lengths_list, default=0)
-    plan = plan_packing(lengths_list, seq_len, pad_multiple=pad_multiple, tp_size=tp_size)
+    plan = plan_packing(lengths_list, seq_len, pad_multiple=pad_multiple, tp_size=tp_size, cp_size=cp_size)
 
     tensors = [batch.get(k) for k in _PACKED_KEYS] + [mask]
     ref = next((t for t in tensors if isinstance(t, torch.Tensor)), None)

@@ -5,7 +5,8 @@ global micro-batch. Here the upstream sampler is kept exactly as it is — it st
 *global* order (so ``single``/``cyclic``, epoch seeds, ``consumed_samples`` resume and
 ``drop_last`` behave as upstream, identically on every module) — and a wrapper yields only the
 share of each global micro-batch that this rank's module replica owns on the canonical grid.
-With a planner (reordering), the share is taken from the planned order instead of the loaded one.
+With a planner (reordering), the share is taken from the planned order instead of the loaded one,
+and the plans of some windows are compared across the data-loading ranks (``check``).
 
 Data flows one way: the sampler decides what a rank reads → the loader reads it → the step packs it.
 What the plan predicted for a micro-batch travels with its indices into the read and then in the
@@ -50,9 +51,61 @@ class SamplesRead(list):
         self.predicted_spread = predicted_spread
 
 
+class SampleLoadError(RuntimeError):
+    """A sample failed to load (decode, read, process); names its index and, where the dataset's
+    example row has one, its file. The original error is the ``__cause__``."""
+
+    def __init__(self, message: str, index: Optional[int] = None, files: tuple = ()):
+        super().__init__(message)
+        self.index = index
+        self.files = files
+
+
+def _files_of(dataset, index: int) -> tuple:
+    """The files of sample ``index`` where the dataset's example row names them (Bridge's
+    ``MegatronMIMODataset``: ``dataset.examples[i][column]`` for its modality columns); () if none."""
+    import os
+
+    examples = getattr(dataset, "examples", None)
+    if examples is None:
+        return ()
+    try:
+        row = examples[int(index)]
+    except Exception:  # noqa: BLE001 - only a hint for the error message
+        return ()
+    if not isinstance(row, dict):
+        return ()
+    columns = list((getattr(dataset, "modality_columns", None) or {}).values())
+    values = [row.get(c) for c in columns] if columns else list(row.values())
+
+    def paths(v):
+        if isinstance(v, (str, os.PathLike)):
+            if columns or os.path.isfile(v):
+                yield os.fspath(v)
+        elif isinstance(v, (list, tuple)):
+            for x in v:
+                yield from paths(x)
+        elif isinstance(v, dict):
+            for key in ("path", "file", "filename", "image", "audio"):
+                if key in v:
+                    yield from paths(v[key])
+
+    return tuple(p for v in values for p in paths(v))
+
+
+def load_error(dataset, index: int, exc: BaseException) -> SampleLoadError:
+    """The error naming sample ``index`` (and its file) of ``dataset`` that raised ``exc``."""
+    files = _files_of(dataset, index)
+    where = f" (file {', '.join(files)})" if files else ""
+    return SampleLoadError(
+        f"mimo_accel: sample {index} of {type(dataset).__name__}{where} failed to load: "
+        f"{type(exc).__name__}: {exc}", int(index), files)
+
+
 class ReadsOf:
     """The dataset as the sharded loader reads it: the same samples, read by a batch of indices at
-    a time (torch's ``__getitems__``), so that the plan's figures stay with them."""
+    a time (torch's ``__getitems__``), so that the plan's figures stay with them. A sample that
+    fails to load raises :class:`SampleLoadError`, naming its index and file."""
 
     def __init__(self, dataset):
         self.dataset = dataset
@@ -61,12 +114,28 @@ class ReadsOf:
         return len(self.dataset)
 
     def __getitem__(self, index):
-        return self.dataset[index]
+        try:
+            return self.dataset[index]
+        except IndexError:  # out of range: the iteration protocol's signal, left as it is
+            raise
+        except Exception as exc:
+            raise load_error(self.dataset, index, exc) from exc
 
     @ranged("mimo_accel/read")  # NVTX on CUDA only (mimo_accel.nvtx)
     def __getitems__(self, indices) -> SamplesRead:
         own = getattr(self.dataset, "__getitems__", None)
-        samples = own(list(indices)) if own else [self.dataset[i] for i in indices]
+        if own is None:
+            samples = [self[i] for i in indices]
+        else:
+            try:
+                samples = own(list(indices))
+            except Exception as exc:
+                # the dataset read them together: find the one that fails on its own
+                for i in indices:
+                    self[i]
+                raise SampleLoadError(f"mimo_accel: samples {list(indices)} of {type(self.dataset).__name__} "
+                                      f"failed to load together: {type(exc).__name__}: {exc}",
+                                      int(indices[0]) if len(indices) else -1) from exc
         return SamplesRead(samples, getattr(indices, "predicted_spread", None))
 
     def __getattr__(self, name: str) -> Any:
@@ -102,8 +171,12 @@ class ShardedBatchSampler:
     """
 
     def __init__(self, global_sampler, ctx: ShardContext, planner: Optional[Planner] = None, window: int = 1,
-                 step_micro_batches: Optional[int] = None, start: Optional[tuple[int, int]] = None):
+                 step_micro_batches: Optional[int] = None, start: Optional[tuple[int, int]] = None,
+                 check: Optional[Callable[[int, list, list], None]] = None):
         window = window if planner is not None else 1
+        # check(ordinal, window, order): each planned window, for the same-plan check across ranks
+        # (runtime.plan_inputs.PlanCheck); None: not compared
+        self.check = check if planner is not None else None
         check_window(window, step_micro_batches)
         self.global_sampler = global_sampler
         # (consumed_samples, micro_batch_size) where the global sampler starts; default: its own
@@ -132,7 +205,7 @@ class ShardedBatchSampler:
             yield pending
 
     def __iter__(self) -> Iterator[list]:
-        for batches in self._windows():
+        for ordinal, batches in enumerate(self._windows()):
             sizes = {len(b) for b in batches}
             for b in batches:
                 check_micro_batch(len(b), self.ctx.grid, "global micro-batch size")
@@ -147,6 +220,8 @@ class ShardedBatchSampler:
             if sorted(order) != sorted(window):
                 raise RuntimeError("mimo_accel planner returned a different set of samples than the "
                                    "global micro-batch it was given; refusing to mis-pair samples")
+            if self.check is not None:
+                self.check(ordinal, window, order)
             g = self.ctx.groups
             start = 0
             for b in batches:
@@ -182,7 +257,7 @@ class TaggingCollate:
 
 def shard_loader(loader, ctx: ShardContext, micro_batch_size: int, planner: Optional[Planner] = None,
                  window: int = 1, step_micro_batches: Optional[int] = None,
-                 global_sampler=None, start: Optional[tuple[int, int]] = None):
+                 global_sampler=None, start: Optional[tuple[int, int]] = None, check=None):
     """A DataLoader over the same dataset/collate/workers that reads only this replica's share of
     ``global_sampler``'s micro-batches (default: the upstream loader's own, global, batch sampler)."""
     check_micro_batch(micro_batch_size, ctx.grid)
@@ -191,7 +266,7 @@ def shard_loader(loader, ctx: ShardContext, micro_batch_size: int, planner: Opti
                         "(dataloader_type 'external' passes the dataset through). Use 'single' or "
                         "'cyclic', or turn sharded_reads off.")
     sampler = ShardedBatchSampler(global_sampler or loader.batch_sampler, ctx, planner, window,
-                                  step_micro_batches, start)
+                                  step_micro_batches, start, check)
     return tagged_loader(loader, ctx, sampler)
 
 

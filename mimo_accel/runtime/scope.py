@@ -27,6 +27,7 @@ import inspect
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Optional
 
+from mimo_accel.runtime import preflight
 from mimo_accel.runtime.shard import ShardContext, context_from_grids
 from mimo_accel.runtime.state import Runtime
 
@@ -125,12 +126,15 @@ def _datasets_seen_by(scope: LoaderScope, provider: Any) -> Iterator[None]:
 
 
 def wrap_loader_builder(original: Callable, runtime: Runtime) -> Callable:
-    """Bridge's ``build_megatron_mimo_data_loaders``: a loader scope that knows each dataset's split."""
+    """Bridge's ``build_megatron_mimo_data_loaders``: the provider's configs checked
+    (:mod:`mimo_accel.runtime.preflight`), then a loader scope that knows each dataset's split."""
     signature = inspect.signature(original)
 
     @functools.wraps(original)
     def build_megatron_mimo_data_loaders(*args, **kwargs):
-        provider = bound_arguments(signature, args, kwargs).get("megatron_mimo_provider")
+        bound = bound_arguments(signature, args, kwargs)
+        provider = bound.get("megatron_mimo_provider")
+        preflight.check_provider(getattr(bound.get("cfg"), "model", None), runtime)
         with loader_scope(runtime) as scope, _datasets_seen_by(scope, provider):
             return original(*args, **kwargs)
 
@@ -138,7 +142,8 @@ def wrap_loader_builder(original: Callable, runtime: Runtime) -> Callable:
 
 
 def wrap_setup(original: Callable, runtime: Runtime) -> Callable:
-    """``setup_megatron_mimo`` as ``pretrain_megatron_mimo`` calls it: the script's own
+    """``setup_megatron_mimo`` as ``pretrain_megatron_mimo`` calls it: the provider's configs are
+    checked before the model is built (:mod:`mimo_accel.runtime.preflight`), and the script's own
     ``build_data_iterators_fn`` runs inside a loader scope (its signature is kept: setup inspects
     it for ``train_state``)."""
     signature = inspect.signature(original)
@@ -146,6 +151,9 @@ def wrap_setup(original: Callable, runtime: Runtime) -> Callable:
     @functools.wraps(original)
     def setup_megatron_mimo(*args, **kwargs):
         call = signature.bind(*args, **kwargs)
+        # before the model is built: a module's config that disagrees with its grid, packing that
+        # context parallelism cannot split, reorder under a per-replica loss
+        preflight.check_provider(getattr(getattr(call.arguments.get("state"), "cfg", None), "model", None), runtime)
         build = call.arguments.get("build_data_iterators_fn")
         if build is not None:
             @functools.wraps(build)

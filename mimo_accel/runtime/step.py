@@ -41,6 +41,7 @@ class StepRole:
     is_last_stage: bool
     sequence_parallel_size: int  # T must divide by this for sequence parallelism (tp·cp), else 1
     placeholder_ids: tuple = ()  # the modality placeholder token ids in input_ids
+    context_parallel_size: int = 1  # the language grid's cp: packed segments align to 2·cp
 
 
 class ReplicaRank(int):
@@ -71,10 +72,11 @@ def role_of(mimo_model) -> Optional[StepRole]:
     tokens = tuple((getattr(mimo_model, "special_token_ids", None) or {}).values())
     lm = getattr(mimo_model, "language_model", None)
     lm_config = getattr(lm, "config", None)
+    dims = dict(zip(grid.dim_names, grid.shape)) if grid is not None else {}
+    cp = int(dims.get("cp", 1))
     if grid is not None and getattr(lm_config, "sequence_parallel", False):
-        dims = dict(zip(grid.dim_names, grid.shape))
-        sp = dims.get("tp", 1) * dims.get("cp", 1)
-    return StepRole(True, role.is_first_stage(LANGUAGE), role.is_last_stage(LANGUAGE), sp, tokens)
+        sp = dims.get("tp", 1) * cp
+    return StepRole(True, role.is_first_stage(LANGUAGE), role.is_last_stage(LANGUAGE), sp, tokens, cp)
 
 
 def role_of_rank(runtime: Runtime, mimo_model) -> Optional[StepRole]:
@@ -232,6 +234,7 @@ def pack_for_language_model(batch: dict, role: StepRole, pad_multiple: int,
                  "(all ones), so sample lengths come from loss_mask and the placeholder tokens")
     packed, kwargs = pack_language_shard(batch, lengths, pad_multiple=pad_multiple,
                                          tp_size=role.sequence_parallel_size,
+                                         cp_size=role.context_parallel_size,
                                          is_first_stage=role.is_first_stage)
     packed["packing_kwargs"] = kwargs
     return packed

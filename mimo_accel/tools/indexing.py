@@ -286,6 +286,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--cache-dir", help="with --dataset: the cache directory (default: $MIMO_ACCEL_CACHE_DIR, "
                                        "else ~/.cache/mimo_accel); give the training job the same one")
     p.add_argument("--refresh", action="store_true", help="with --dataset: rebuild even if the cache has it")
+    p.add_argument("--split", default="train", choices=("train", "validation", "test"),
+                   help="the split the index describes, recorded in the file: a training job refuses it for "
+                        "another split's loader (default: train)")
     p.add_argument("--module", metavar="NAME", default=None,
                    help=f"manifest only: the encoder module the images price, as the layout names it (default "
                         f"{DEFAULT_MODULE!r}; e.g. 'images')")
@@ -408,7 +411,7 @@ def _main_dataset(args, err, escape) -> int:
         return 2
     start = time.perf_counter()
     try:
-        from mimo_accel.datasets import cache_path, source_for
+        from mimo_accel.datasets import cache_key, cache_path, source_for
 
         dataset = load_dataset_spec(args.dataset)
         written: list[Any] = []
@@ -419,14 +422,14 @@ def _main_dataset(args, err, escape) -> int:
         else:
             source = source_for(dataset)
             described = source.describe()
-            path = cache_path(source.fingerprint(), args.cache_dir)
+            path = cache_path(cache_key(index.identity), args.cache_dir)
             if not path.exists():  # the cache write failed: say so rather than claim it
                 raise OSError(f"the cache file {path} was not written (see the warning above)")
             written.append(path)
         if args.out:
             out = Path(args.out)
             out.parent.mkdir(parents=True, exist_ok=True)
-            index.save(out)
+            index.with_identity(split=args.split).save(out)
             written.append(out)
     except (ValueError, OSError, ImportError) as exc:
         err.print(f"[bold red]mimo-accel index:[/] {escape(str(exc))}", highlight=False)
@@ -434,6 +437,16 @@ def _main_dataset(args, err, escape) -> int:
     _print_summary(Console(), summarize(index), written, time.perf_counter() - start, args.workers,
                    source=described)
     return 0
+
+
+def _file_sha(path) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -473,7 +486,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         index = build_index_from_manifest(args.manifest, rule, workers=args.workers,
                                           module=args.module or DEFAULT_MODULE)
         out.parent.mkdir(parents=True, exist_ok=True)
-        index.save(out)
+        # what it describes: this manifest (a training job can check only its length against this)
+        index.with_identity(manifest=_file_sha(args.manifest), split=args.split,
+                            describe=f"manifest {Path(args.manifest).name}").save(out)
     except (ValueError, OSError) as exc:
         err.print(f"[bold red]mimo-accel index:[/] {escape(str(exc))}", highlight=False)
         return 1

@@ -121,7 +121,7 @@ def exchange_shard_loader(loader, ctx: ShardContext, micro_batch_size: int, grou
     """
     from torch.utils.data import DataLoader
 
-    from mimo_accel.runtime.sampler import ShardedBatchSampler
+    from mimo_accel.runtime.sampler import ReadsOf, ShardedBatchSampler
 
     check_micro_batch(micro_batch_size, ctx.grid)
     if getattr(loader, "batch_sampler", None) is None:
@@ -129,7 +129,7 @@ def exchange_shard_loader(loader, ctx: ShardContext, micro_batch_size: int, grou
                         "(dataloader_type 'external' passes the dataset through). Use 'single' or "
                         "'cyclic', or turn reorder off.")
     share = local_batch_sampler or ShardedBatchSampler(loader.batch_sampler, ctx)
-    reader = DataLoader(loader.dataset, batch_sampler=share,
+    reader = DataLoader(ReadsOf(loader.dataset), batch_sampler=share,  # a failing sample names itself
                         num_workers=loader.num_workers, collate_fn=_as_list, pin_memory=False,
                         worker_init_fn=loader.worker_init_fn,
                         persistent_workers=loader.persistent_workers if loader.num_workers > 0 else False)

@@ -1,0 +1,156 @@
+"""What the model's and the layout's configs must agree on before mimo_accel trains with them.
+
+Run where Bridge hands over its ``MegatronMIMOProvider`` (``cfg.model``): before the model is built
+(``setup_megatron_mimo``, :func:`mimo_accel.runtime.scope.wrap_setup`) and when the MIMO loaders
+are built (``build_megatron_mimo_data_loaders``). Every check reads configs only; nothing is
+collective.
+
+- **TP/PP size of each module** (any feature on): a module's ``TransformerConfig`` whose
+  ``tensor_model_parallel_size`` or ``pipeline_model_parallel_size`` differs from its grid in
+  ``MegatronMIMOParallelismConfig`` is refused. Upstream builds the module from the config's sizes
+  in places (megatron-core's ``get_num_layers_to_build`` reads the config's PP size: every stage
+  builds every layer; the RoPE length under sequence parallelism reads its TP size), while the
+  process groups come from the grid; a torch_dist checkpoint then stores two stages' layers under
+  the same keys and a resume loads the wrong weights. Bridge does not check. An encoder spec whose
+  config is passed as ``transformer_config`` has its TP size set from the grid by Bridge itself
+  (``MegatronMIMOProvider._inject_pg_collection_into_modality_spec``): only its PP size is checked.
+- **Packing under context parallelism**: ``pad_multiple`` must be a multiple of the language
+  grid's ``2 * cp`` (:func:`mimo_accel.runtime.packing.check_alignment`).
+- **Reorder under per-replica loss normalisation**: with the language model's
+  ``calculate_per_token_loss=False`` (megatron-core's default), each language replica's loss is a
+  mean over its own tokens per micro-batch, so moving samples between language replicas (or
+  between the micro-batches of a step) changes the gradient. Said once; an error with
+  ``strict_gradients``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterator, Optional
+
+from mimo_accel.modules import LANGUAGE
+from mimo_accel.runtime.state import Runtime
+
+PER_REPLICA_LOSS = "reorder:per-replica-loss"
+
+
+def per_replica_loss_message(strict: bool = False) -> str:
+    head = ("the language model's TransformerConfig has calculate_per_token_loss=False, so each language "
+            "replica's loss is the mean over its own tokens (per micro-batch) and the replicas' gradients are "
+            "averaged: moving a sample to another language replica or micro-batch changes its weight in the "
+            "gradient, not only who computes it (reordering keeps the gradient only with the per-token loss).")
+    if strict:
+        return (f"mimo_accel reorder with strict_gradients: {head} Set calculate_per_token_loss=True on the "
+                "language model's TransformerConfig (the per-token loss), or turn reorder off.")
+    return (f"mimo_accel reorder: {head} Set calculate_per_token_loss=True on the language model's "
+            "TransformerConfig for upstream-identical gradients; strict_gradients=True "
+            "(MIMO_ACCEL_STRICT_GRADIENTS=1) makes this an error.")
+
+
+def _is_transformer_config(obj: Any) -> bool:
+    try:
+        from megatron.core.transformer.transformer_config import TransformerConfig
+    except ImportError:  # pragma: no cover - megatron is what is being patched
+        return False
+    return isinstance(obj, TransformerConfig)
+
+
+def _spec_configs(spec: Any) -> Iterator[tuple[str, Any]]:
+    """(param name, TransformerConfig) of a ModuleSpec's params."""
+    params = getattr(spec, "params", None) or {}
+    for key, value in params.items():
+        if _is_transformer_config(value):
+            yield key, value
+
+
+def module_configs(provider: Any) -> Iterator[tuple[str, str, str, Any]]:
+    """(module, what, param name, TransformerConfig) of every module a provider builds: the language
+    model's spec and each modality's encoders."""
+    language = getattr(provider, "language_model_spec", None)
+    if language is not None:
+        for key, config in _spec_configs(language):
+            yield LANGUAGE, "the language model", key, config
+    for name, spec in (getattr(provider, "modality_submodules_spec", None) or {}).items():
+        encoders = (getattr(spec, "submodules", None) or {}).get("encoders") or {}
+        for encoder, encoder_spec in encoders.items():
+            for key, config in _spec_configs(encoder_spec):
+                yield name, f"encoder {encoder!r}", key, config
+
+
+def language_config(provider: Any) -> Optional[Any]:
+    """The language model's TransformerConfig (the spec's, else a standard provider's own)."""
+    for module, _, _, config in module_configs(provider):
+        if module == LANGUAGE:
+            return config
+    standard = getattr(provider, "standard_provider", None)
+    return standard if standard is not None and hasattr(standard, "calculate_per_token_loss") else None
+
+
+def size_mismatches(provider: Any) -> list[str]:
+    """One line per module config whose TP/PP size differs from the module's grid."""
+    parallelism = getattr(provider, "megatron_mimo_parallelism_config", None)
+    grids = getattr(parallelism, "module_parallelisms", None) or {}
+    out = []
+    for module, what, key, config in module_configs(provider):
+        grid = grids.get(module)
+        if grid is None:
+            continue
+        sizes = ["pipeline_model_parallel_size"]
+        if not (module != LANGUAGE and key == "transformer_config"):  # Bridge sets this one's TP
+            sizes.insert(0, "tensor_model_parallel_size")
+        for size in sizes:
+            mine, theirs = getattr(config, size, None), getattr(grid, size, None)
+            if mine is not None and theirs is not None and int(mine) != int(theirs):
+                out.append(f"module {module!r} ({what}, spec param {key!r}): TransformerConfig.{size} = {mine}, "
+                           f"but MegatronMIMOParallelismConfig.module_parallelisms[{module!r}].{size} = {theirs}")
+    return out
+
+
+def check_sizes(provider: Any) -> None:
+    differ = size_mismatches(provider)
+    if differ:
+        raise ValueError(
+            "mimo_accel: a module's TransformerConfig disagrees with its grid. megatron-core builds the "
+            "module's layers from the config's sizes but its process groups from the grid (with another "
+            "PP size every stage builds every layer, and a torch_dist checkpoint stores two stages' layers "
+            "under the same keys, so a resume loads the wrong weights). Set the config's sizes to the "
+            "grid's:\n  " + "\n  ".join(differ))
+
+
+def language_cp(provider: Any) -> int:
+    parallelism = getattr(provider, "megatron_mimo_parallelism_config", None)
+    grid = (getattr(parallelism, "module_parallelisms", None) or {}).get(LANGUAGE)
+    return int(getattr(grid, "context_parallel_size", 1) or 1)
+
+
+def check_loss_normalisation(provider: Any, runtime: Runtime) -> None:
+    """Say once (or, with strict_gradients, refuse) that reorder changes the gradient when the
+    language loss is normalised per replica."""
+    cfg = runtime.config
+    if not cfg.reorder:
+        return
+    config = language_config(provider)
+    if config is None or getattr(config, "calculate_per_token_loss", True):
+        return
+    parallelism = getattr(provider, "megatron_mimo_parallelism_config", None)
+    grid = (getattr(parallelism, "module_parallelisms", None) or {}).get(LANGUAGE)
+    language_dp = getattr(grid, "data_parallel_size", None)
+    if language_dp == 1 and cfg.reorder_window == 1:
+        return  # one language replica, one micro-batch: its samples and their weights stay the same
+    if cfg.strict_gradients:
+        raise ValueError(per_replica_loss_message(strict=True))
+    runtime.say_once(PER_REPLICA_LOSS, per_replica_loss_message())
+
+
+def check_provider(provider: Any, runtime: Runtime) -> None:
+    """Every check above, for the config features that are on (a provider that is not a MIMO one
+    is left to upstream, which refuses it)."""
+    cfg = runtime.config
+    if provider is None or getattr(provider, "megatron_mimo_parallelism_config", None) is None:
+        return
+    if cfg.any_feature:
+        check_sizes(provider)
+    if cfg.packing:
+        from mimo_accel.runtime.packing import check_alignment
+
+        check_alignment(cfg.pad_multiple, language_cp(provider))
+    check_loss_normalisation(provider, runtime)
