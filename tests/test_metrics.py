@@ -66,6 +66,12 @@ def test_without_a_plan_there_is_no_planned_figure_and_one_number_is_the_encoder
     assert step_scalars([fig])["mimo_accel/images/straggler_planned"] == 1.07
 
 
+def test_a_rank_of_no_known_module_counts_in_the_reads_only(tmp_path):
+    header, record = _line(tmp_path, 0, "unknown", 0, 0.1, 0.1)
+    s = step_scalars([rank_figures(header, record)])
+    assert not [k for k in s if k.startswith("mimo_accel/unknown/")] and s["mimo_accel/reads/samples"] == 4
+
+
 def test_an_untimed_module_has_no_straggler_but_its_reads(tmp_path):
     header, record = _line(tmp_path, 0, "vision", 0, 0.0, 0.0)
     fig = rank_figures(header, dict(record, vision_fwd_s=None, vision_bwd_s=None))

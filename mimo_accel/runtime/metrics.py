@@ -8,7 +8,8 @@ the interval of Bridge's own MIMO ``iteration-time`` scalar) adds, under ``mimo_
 * per module ``m`` (each encoder under its config name, and ``language``):
   ``m/straggler`` (max / mean over the module's DP replicas of their forward + backward time this
   step; a replica's time is the max over its TP/PP ranks), ``m/straggler_planned`` (what the plan
-  predicted for it, with ``reorder``), ``m/slowest_replica_s`` and ``m/slowest_replica`` (its DP
+  predicted for it, with ``reorder``: the step line's ``predicted_spreads``, i.e. the plan of the
+  step's last micro-batch), ``m/slowest_replica_s`` and ``m/slowest_replica`` (its DP
   rank), ``m/samples_read_per_rank`` and ``m/bytes_read_per_rank`` (mean over the module's ranks);
 * ``language/tokens/dp<r>``: the real tokens language replica ``r`` computed this step (packed:
   its ``cu_seqlens``; else its attention-mask rows), and ``language/tokens_straggler`` (max / mean);
@@ -97,6 +98,8 @@ def step_scalars(figures: Iterable[dict]) -> dict[str, float]:
         by_module[f["module"]].append(f)
     out: dict[str, float] = {}
     for module, ranks in by_module.items():
+        if module == "unknown":  # a rank whose place in the layout the profiler never learnt: reads only
+            continue
         p = f"{PREFIX}/{module}"
         replicas: dict[int, float] = {}
         for f in ranks:
