@@ -102,7 +102,7 @@ def _state(*, step=0, interval=1, tensorboard=None, wandb=None, tb_dir="tb", pro
 
 def test_the_ranks_meet_in_the_store_and_only_the_last_rank_writes(tmp_path):
     """Four ranks' hooks on one real store (HashStore): ranks 0-2 set their figures and go on at
-    once; rank 3 (Bridge's writer rank) waits for them, writes, and leaves no key behind."""
+    once; rank 3 (Bridge's writer rank) waits for them and writes; no key is left behind."""
     store = dist.HashStore()
     lines = [_line(tmp_path, r, "vision" if r < 2 else "language", r % 2, 0.1 * (r + 1), 0.1, tokens=50 * r)
              for r in range(4)]
@@ -123,7 +123,12 @@ def test_the_ranks_meet_in_the_store_and_only_the_last_rank_writes(tmp_path):
     assert {"mimo_accel/vision/straggler", "mimo_accel/language/straggler", "mimo_accel/reads/samples",
             "mimo_accel/language/tokens/dp0", "mimo_accel/language/tokens/dp1"} <= names
     assert wb.logged and wb.logged[0][1] == 2 and set(wb.logged[0][0]) == names
-    assert store.num_keys() == 0
+    # each rank deletes its own key once the writer marked the iteration read: ranks 0-2 set theirs
+    # before that, so they delete them at their next logged iteration, or when training ends
+    assert store.num_keys() == 1 + 3  # the done mark and ranks 0-2's keys
+    for m in ranks:
+        m.close()
+    assert store.num_keys() == 1 and int(store.get("mimo_accel/metrics/7/done")) == 2
 
 
 def test_only_the_iterations_bridge_logs_are_gathered(tmp_path):
@@ -135,7 +140,8 @@ def test_only_the_iterations_bridge_logs_are_gathered(tmp_path):
     for step in range(7):  # iterations 1..7: 3 and 6 are logged
         state.train_state.step = step
         m.after_step(*line)
-    assert sorted({s for _, _, s in tb.scalars}) == [3, 6] and m.written == 2 and store.num_keys() == 0
+    assert sorted({s for _, _, s in tb.scalars}) == [3, 6] and m.written == 2
+    assert store.num_keys() == 1  # only the done mark: the writer deletes its own key at once
 
 
 def test_a_rank_that_never_comes_is_named(tmp_path):
@@ -187,10 +193,28 @@ def test_the_train_entry_hands_global_state_to_the_profiler(tmp_path, monkeypatc
     runtime = Runtime(AccelConfig(profile=str(tmp_path)))
     runtime.profiling = Profiling(runtime)
     wrapped = wrap_train_entry(train_megatron_mimo, runtime)
-    made = []
-    monkeypatch.setattr(Metrics, "for_run", classmethod(lambda cls, gs: made.append(gs) or "metrics"))
+    made, closed = [], []
+
+    class _Run:
+        def close(self):
+            closed.append(self)
+
+    monkeypatch.setattr(Metrics, "for_run", classmethod(lambda cls, gs: made.append(gs) or _Run()))
     wrapped(None, None, None, None, None, None, "state-positional")
     wrapped(forward_step_func=None, model=None, optimizer=None, schedulers=None, train_data_iterator=None,
             valid_data_iterator=None, global_state="state-keyword")
-    assert made == ["state-positional", "state-keyword"] and seen == ["metrics", "metrics"]
-    assert runtime.profiling.metrics is None  # training ended: the run's metrics are gone
+    assert made == ["state-positional", "state-keyword"] and seen == closed and len(closed) == 2
+    assert runtime.profiling.metrics is None  # training ended: the run's metrics closed and gone
+
+
+def test_the_gather_benchmark_runs():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run([sys.executable, "benchmarks/bench_metrics.py", "--ranks", "4", "--repeat", "1"], cwd=root,
+                          capture_output=True, text=True, timeout=120,
+                          env={**__import__("os").environ, "PYTHONPATH": str(root)})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.splitlines()[1].split()[0] == "4"

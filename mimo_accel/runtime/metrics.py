@@ -21,9 +21,11 @@ How the figures reach the logging rank: every rank reaches the optimizer-step ho
 iteration (:func:`mimo_accel.runtime.profiling.wrap_optimizer_step`). On a logged iteration each
 rank puts its step figures (a few numbers, JSON) under its own key in the job's rendezvous store —
 a ``set`` that does not wait for anyone — and only the writing rank waits for the others' keys,
-reads them with one ``multi_get`` and deletes them. No process group is created and no collective
-runs, so no rank can be left waiting in one; the others continue at once (they meet the writing
-rank again in Bridge's loss broadcast that follows the optimizer step).
+reads them with one ``multi_get`` and marks the iteration done (one key). Each rank deletes its
+own keys once it sees them done, at its next logged iteration or when training ends, so no rank
+deletes for the others. No process group is created and no collective runs, so no rank can be
+left waiting in one; the others continue at once (they meet the writing rank again in Bridge's
+loss broadcast that follows the optimizer step).
 
 Why only with the profiler: the figures are the profiler's (its encoder and language-model timers,
 its read counts); without ``profile`` none of them exist and nothing here is installed.
@@ -160,6 +162,7 @@ class Metrics:
         self.writer_rank = world - 1  # GlobalState makes its writers on rank N-1 only
         self.run = _next_run()
         self._store = store
+        self._pending: list[int] = []  # logged iterations whose key this rank set and has not deleted
         self.written = 0  # logged steps this rank wrote (the writing rank only)
 
     @classmethod
@@ -189,12 +192,38 @@ class Metrics:
         iteration = self.iteration_logged()
         if iteration is None:
             return
-        store = self._store if self._store is not None else _store()
-        prefix = f"{_STORE_PREFIX}/{self.run}/{iteration}"
-        store.set(f"{prefix}/{self.rank}", json.dumps(rank_figures(header, record)))
-        if self.rank != self.writer_rank:
+        store = self.store()
+        store.set(self._key(iteration, self.rank), json.dumps(rank_figures(header, record)))
+        self._pending.append(iteration)
+        if self.rank == self.writer_rank:
+            self._gather_and_write(store, iteration)
+        self._delete_consumed(store)
+
+    def close(self) -> None:
+        """Training ended: delete this rank's keys the writing rank has read."""
+        if self._pending:
+            self._delete_consumed(self.store())
+
+    def store(self):
+        return self._store if self._store is not None else _store()
+
+    def _key(self, iteration: int, rank: int) -> str:
+        return f"{_STORE_PREFIX}/{self.run}/{iteration}/{rank}"
+
+    def _done_key(self) -> str:
+        return f"{_STORE_PREFIX}/{self.run}/done"
+
+    def _delete_consumed(self, store) -> None:
+        """Delete this rank's keys of the iterations the writing rank has read (no waiting)."""
+        if not store.check([self._done_key()]):
             return
-        keys = [f"{prefix}/{r}" for r in range(self.world)]
+        done = int(store.get(self._done_key()))
+        for iteration in [i for i in self._pending if i <= done]:
+            store.delete_key(self._key(iteration, self.rank))
+            self._pending.remove(iteration)
+
+    def _gather_and_write(self, store, iteration: int) -> None:
+        keys = [self._key(iteration, r) for r in range(self.world)]
         try:
             store.wait(keys)
         except Exception as exc:  # the store's own timeout: say who never came
@@ -202,8 +231,7 @@ class Metrics:
             raise RuntimeError(f"mimo_accel metrics: ranks {missing} never reached the end of iteration "
                                f"{iteration} (rank {self.rank} waited for their figures): {exc}") from exc
         values = store.multi_get(keys)
-        for key in keys:
-            store.delete_key(key)
+        store.set(self._done_key(), str(iteration))
         self.write(step_scalars(json.loads(v) for v in values), iteration)
 
     def write(self, scalars: dict[str, float], iteration: int) -> None:

@@ -235,7 +235,9 @@ class Profiling:
 
     def finish(self) -> None:
         """Training ended: close this rank's file (a recorder not yet made stays unmade)."""
-        self.metrics = None
+        metrics, self.metrics = self.metrics, None
+        if metrics is not None:
+            metrics.close()
         with self._lock:
             if self._recorder is not None:
                 self._recorder.close()
