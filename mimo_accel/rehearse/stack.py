@@ -776,11 +776,12 @@ def encoder_transformer_configs(provider) -> dict:
 
 def _vision_config(cfg: StackConfig):
     return _transformer_config(cfg.vision_layers, cfg.vision_hidden, cfg.vision_heads or cfg.heads,
-                               cfg.layout.vision)
+                               cfg.layout.encoder(cfg.vision_module))
 
 
 def _audio_config(cfg: StackConfig):
-    return _transformer_config(cfg.audio_layers, cfg.audio_hidden, cfg.audio_heads or cfg.heads)
+    return _transformer_config(cfg.audio_layers, cfg.audio_hidden, cfg.audio_heads or cfg.heads,
+                               cfg.layout.encoder(cfg.audio_module))
 
 
 def _language_config(cfg: StackConfig):
