@@ -154,6 +154,9 @@ def test_main_writes_a_cost_model_file(tmp_path):
     assert cal.main([str(run_dir), "--out", str(out), "--json", str(js)], console=console) == 0
     text = console.export_text()
     assert "R²" in text and "relative RMSE" in text and "significant" in text and "wrote" in text
+    # the setting's one name: cost_model, MIMO_ACCEL_COST_MODEL, --cost-model
+    flat = " ".join(text.split())
+    assert f"MIMO_ACCEL_COST_MODEL={out}" in flat and f"--cost-model {out}" in flat and "MIMO_ACCEL_COST=" not in flat
     model = CostModel.from_file(out)
     assert _rel(model.b, TRUE["b"]) < 0.05
     assert {"r2", "n", "rmse", "rel_rmse", "overhead_s"} <= set(model.fit)
@@ -180,7 +183,7 @@ def test_error_cases(tmp_path, capsys):
     assert cal.main([str(tmp_path / "same")]) == 2
     assert "singular design" in capsys.readouterr().err
     assert cal.main([str(tmp_path / "missing")]) == 2
-    assert "not a directory" in capsys.readouterr().err
+    assert "missing: no such directory" in capsys.readouterr().err
     assert cal.main([str(tmp_path / "few"), "--warmup", "-1"]) == 2
     assert cal.main([str(tmp_path / "few"), "--per-step", "--no-intercept"]) == 2
     assert "--per-step" in capsys.readouterr().err

@@ -233,13 +233,15 @@ def test_cli_options_reach_the_rule_and_out_path(dataset_dir, tmp_path, capsys):
 
 def test_cli_errors_are_reported_with_an_exit_code(tmp_path, capsys):
     bad = _manifest(tmp_path / "bad.jsonl", [{"images": ["nowhere.png"], "tokens": 1}])
-    assert indexing.main([str(bad)]) == 1
+    assert indexing.main([str(bad)]) == 2
     err = capsys.readouterr().err
+    assert err.startswith("mimo-accel index: error: ") and err.count("\n") == 1
     assert "bad.jsonl:1" in err and "image not found" in err
     assert not indexing.default_index_path(bad).exists()
     assert indexing.main([str(bad), "--min-pixels", "10", "--max-pixels", "5"]) == 2
-    assert "exceeds max_pixels" in capsys.readouterr().err
+    assert "--min-pixels 10 exceeds --max-pixels 5" in capsys.readouterr().err
     assert indexing.main([str(bad), "--workers", "0"]) == 2
+    assert "argument --workers: must be a positive integer" in capsys.readouterr().err
     assert indexing.main(["--patch-size"]) == 2  # argparse usage error
     assert indexing.main(["--help"]) == 0
 
@@ -292,12 +294,14 @@ def test_cli_builds_the_cache_the_training_job_reads(factory, tmp_path, capsys, 
     from mimo_accel.datasets import MimoDatasetSource, derive_cost_index
 
     monkeypatch.setenv("COLUMNS", "400")
-    cache, out = tmp_path / "cache", tmp_path / "copy.npz"
-    argv = ["--dataset", f"{factory}:build", "--cache-dir", str(cache), "--out", str(out)]
+    cache, out, log = tmp_path / "cache", tmp_path / "copy.npz", tmp_path / "logs" / "index.log"
+    argv = ["--dataset", f"{factory}:build", "--cache-dir", str(cache), "--out", str(out), "--log", str(log)]
     assert indexing.main(argv) == 0
     text = capsys.readouterr().out
     assert "MegatronMIMODataset of 11 samples" in text and "pixels [3,136, 1,003,520]" in text
     assert str(out) in text and str(cache) in text
+    assert text.strip().splitlines()[-1] == f"third-party import output: {log}"  # the imports' noise went there
+    assert log.read_text().startswith(f"mimo-accel index --dataset {factory}:build")
 
     # The training job, no index configured: the cache answers, nothing is probed.
     monkeypatch.setattr(MimoDatasetSource, "_probe_chunk", lambda *a: pytest.fail("probed again"))
@@ -306,20 +310,25 @@ def test_cli_builds_the_cache_the_training_job_reads(factory, tmp_path, capsys, 
     assert index.digest() == CostIndex.load(out).digest()
 
 
-def test_cli_dataset_errors(factory, dataset_dir, tmp_path, capsys):
+def test_cli_dataset_errors(factory, dataset_dir, tmp_path, capsys, monkeypatch):
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the default --log
     assert indexing.main([]) == 2
     assert indexing.main([str(dataset_dir), "--dataset", f"{factory}:build"]) == 2
     assert "one of the two" in capsys.readouterr().err
     assert indexing.main(["--dataset", f"{factory}:build", "--patch-size", "16"]) == 2
     assert indexing.main(["--dataset", f"{factory}:build", "--module", "images"]) == 2
-    assert "--patch-size apply to manifests only" in capsys.readouterr().err
+    assert "--patch-size applies to manifests only" in capsys.readouterr().err
     assert indexing.main([str(dataset_dir), "--cache-dir", str(tmp_path)]) == 2
-    assert indexing.main(["--dataset", f"{factory}:unknown", "--cache-dir", str(tmp_path)]) == 1
+    assert "--cache-dir and --refresh apply to --dataset only" in capsys.readouterr().err
+    assert indexing.main(["--dataset", f"{factory}:unknown", "--cache-dir", str(tmp_path)]) == 2
     err = capsys.readouterr().err
+    assert err.startswith("mimo-accel index: error: ") and err.count("\n") == 1
     assert "Unknown" in err and "Three ways out" in err
-    assert indexing.main(["--dataset", f"{factory}:nothing"]) == 1
+    assert indexing.main(["--dataset", f"{factory}:nothing"]) == 2
     assert "has no attribute 'nothing'" in capsys.readouterr().err
-    assert indexing.main(["--dataset", "no_colon"]) == 1
+    assert indexing.main(["--dataset", "no_colon"]) == 2
     assert "expected MODULE:NAME" in capsys.readouterr().err
 
 
@@ -336,7 +345,7 @@ def test_module_names_the_encoder_and_the_file_is_v2(dataset_dir, tmp_path, caps
     # the default is "vision"; "language" is not an encoder
     assert indexing.main([str(dataset_dir)]) == 0
     assert CostIndex.load(dataset_dir.parent / "train.jsonl.mimo-cost-index.npz").encoders == ("vision",)
-    assert indexing.main([str(dataset_dir), "--module", "language", "--out", str(out)]) == 1
+    assert indexing.main([str(dataset_dir), "--module", "language", "--out", str(out)]) == 2
     assert "language module" in capsys.readouterr().err
 
 

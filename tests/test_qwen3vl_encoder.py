@@ -274,11 +274,9 @@ def test_rehearse_refuses_options_of_the_other_loop(capsys):
     from mimo_accel.rehearse import rehearsal
     from mimo_accel.tools import rehearsing
 
-    with pytest.raises(SystemExit):
-        rehearsing.main(["--loop", "bridge", "--workload", "receipts"])
-    assert "--workload applies to --loop stack" in capsys.readouterr().err
-    with pytest.raises(SystemExit):
-        rehearsing.main(["--example", "x.py"])
-    assert "--example applies to --loop bridge" in capsys.readouterr().err
+    assert rehearsing.main(["--loop", "bridge", "--workload", "receipts"]) == 2
+    assert "mimo-accel rehearse: error: --workload applies to --loop stack" in capsys.readouterr().err
+    assert rehearsing.main(["--example", "x.py"]) == 2
+    assert "mimo-accel rehearse: error: --example applies to --loop bridge" in capsys.readouterr().err
     with pytest.raises(FileNotFoundError, match="--example"):
         rehearsal.example_script("/nonexistent/train_mimo.py")

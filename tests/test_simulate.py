@@ -149,7 +149,7 @@ def test_main_with_a_cost_file_and_bad_input(tmp_path, capsys):
     cost = tmp_path / "cost.json"
     CostModel(a=2e-5, b=0.0, c=0.0).to_file(cost)
     out = tmp_path / "o.json"
-    assert sim.main(["--workload", "documents", "--dp", "2", "--steps", "1", "--cost", str(cost),
+    assert sim.main(["--workload", "documents", "--dp", "2", "--steps", "1", "--cost-model", str(cost),
                      "--json", str(out)], console=Console(file=io.StringIO())) == 0
     assert json.loads(out.read_text())["cost_model"] == {"a": 2e-5, "b": 0.0, "c": 0.0, "source": str(cost)}
     assert sim.main(["--workload", "nope"]) == 2
@@ -159,7 +159,7 @@ def test_main_with_a_cost_file_and_bad_input(tmp_path, capsys):
 
 
 # --------------------------------------------------------------------------------------------
-# Global-batch window (--window W: the W micro-batches of a step planned together)
+# Global-batch window (--reorder-window W: the W micro-batches of a step planned together)
 # --------------------------------------------------------------------------------------------
 
 WINDOW = 8
@@ -228,8 +228,8 @@ def test_window_on_the_command_line(tmp_path, capsys):
 
     out = tmp_path / "w.json"
     console = Console(record=True, width=220)
-    assert sim.main(["--workload", "receipts", "--dp", "4", "--steps", "2", "--window", "3", "--json", str(out)],
-                    console=console) == 0
+    assert sim.main(["--workload", "receipts", "--dp", "4", "--steps", "2", "--reorder-window", "3", "--json",
+                     str(out)], console=console) == 0
     text = console.export_text()
     assert "Global-batch window: 3 micro-batches per step" in text and "replica totals" in text
     assert "2 steps x 3 micro-batches" in text and "Reads per micro-batch" in text
@@ -237,13 +237,16 @@ def test_window_on_the_command_line(tmp_path, capsys):
     assert doc["window"] == 3 and doc["rows"][0]["window"]["micro_batches"] == 3
     assert set(doc["rows"][0]["window"]) == {"micro_batches", "straggler", "lockstep", "bound_per_micro_batch",
                                              "removed", "plan_ms"}
-    # the same through `mimo-accel simulate`
-    out2 = tmp_path / "w2.json"
-    assert cli.main(["simulate", "--dp", "4", "--steps", "2", "--window", "3", "--json", str(out2)]) == 0
-    assert json.loads(out2.read_text())["rows"][0]["window"]["straggler"] == doc["rows"][0]["window"]["straggler"]
     capsys.readouterr()
-    assert sim.main(["--window", "0"]) == 2
-    assert "--window must be >= 1" in capsys.readouterr().err
+    # the same through `mimo-accel simulate`, with the flag's old spelling: it still works, said once
+    out2 = tmp_path / "w2.json"
+    assert cli.main(["simulate", "--dp", "4", "--steps", "2", "--window", "3", "--window", "3",
+                     "--json", str(out2)]) == 0
+    assert json.loads(out2.read_text())["rows"][0]["window"]["straggler"] == doc["rows"][0]["window"]["straggler"]
+    assert capsys.readouterr().err == ("mimo-accel simulate: warning: --window is renamed --reorder-window; the old "
+                                       "spelling still works for now\n")
+    assert sim.main(["--reorder-window", "0"]) == 2
+    assert "argument --reorder-window: must be a positive integer" in capsys.readouterr().err
     with pytest.raises(ValueError, match="window must be a positive integer"):
         sim.simulate(load_profile("receipts"), [2], steps=1, window=0)
 
@@ -312,7 +315,7 @@ def test_three_modules_in_any_layout(tmp_path, rule):
 
 def test_bad_dp_rules_are_refused(capsys):
     assert sim.main(["--dp", "2", "--steps", "1", "--language-dp", "-1"]) == 2
-    assert "language DP rule" in capsys.readouterr().err
+    assert "--language-dp -1: give ratio (the workload's), equal, or a positive number" in capsys.readouterr().err
     with pytest.raises(ValueError, match="language DP rule"):
         sim.language_dp_for(load_profile("receipts"), 4, "twice")
     assert sim.audio_dp_for(load_profile("receipts"), 4) is None

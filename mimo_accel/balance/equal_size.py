@@ -13,7 +13,7 @@ are the groups. Balancing a whole global batch (several micro-batches) is ``bala
 the concatenated costs with ``n_groups = micro_batches * groups``: every (micro-batch, group)
 then stays under the bound. To even out each replica's total over the step instead, balance the
 step over the replicas and deal each replica's samples into its micro-batches; ``mimo-accel
-simulate --window`` compares the two.
+simulate --reorder-window`` compares the two.
 
 Cost at cluster scale (4096 samples, 512 groups: ``benchmarks/bench_balance.py``): LPT runs as
 numpy batches that reproduce the heap's choices exactly, and the swap pass improves up to

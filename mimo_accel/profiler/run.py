@@ -128,6 +128,13 @@ class Run:
         return dict(self.header.get("layout", {}))
 
 
+def _holds_rank_files(path: Path) -> bool:
+    try:
+        return path.is_dir() and any(_RANK_FILE.match(q.name) for q in path.iterdir())
+    except OSError:
+        return False
+
+
 def read_run(directory: str | os.PathLike[str]) -> Run:
     """Load every ``rank<N>.jsonl`` of ``directory``.
 
@@ -137,13 +144,21 @@ def read_run(directory: str | os.PathLike[str]) -> Run:
     file has a single step record.
     """
     d = Path(directory)
-    expected = "rank<N>.jsonl files written by mimo_accel.profiler.Recorder"
+    expected = ("rank<N>.jsonl files written by mimo_accel.profiler.Recorder; give the DIR of a job run with "
+                "profile=DIR, MIMO_ACCEL_PROFILE=DIR")
+    if not d.exists():
+        raise NoProfileData(f"{d}: no such directory (expected a profile directory with {expected})")
     if not d.is_dir():
         raise NoProfileData(f"{d}: not a directory (expected a profile directory with {expected})")
     files = sorted(
         ((int(m.group(1)), p) for p in d.iterdir() if (m := _RANK_FILE.match(p.name)) and p.is_file()),
     )
     if not files:
+        runs = sorted(p.name for p in d.iterdir() if _holds_rank_files(p))
+        if runs:  # a parent of runs (e.g. a rehearsal's --out): name them
+            shown = ", ".join(str(d / r) for r in runs[:3]) + (", ..." if len(runs) > 3 else "")
+            raise NoProfileData(f"{d}: no rank<N>.jsonl files here, but its subdirectories hold runs: give one of "
+                                f"them ({shown})")
         raise NoProfileData(f"{d}: no rank<N>.jsonl files (expected {expected})")
 
     warnings: list[str] = []

@@ -72,6 +72,7 @@ from rich.table import Table
 
 from mimo_accel.costs import CostModel, ModuleCost
 from mimo_accel.profiler import NoProfileData, Run, read_run
+from mimo_accel.tools.arguments import UsageError, fail, nonnegative_int, output_file, parse
 from mimo_accel.profiler import record_number as _num
 
 __all__ = ["FEATURES", "CalibrationError", "encoder_spec", "fit", "fit_modules", "language_spec", "main",
@@ -593,14 +594,19 @@ def _render_one(spec: _Spec, title: str, labels: dict, stats: dict[str, Any], de
 # --------------------------------------------------------------------------------------- main
 
 
+PROG = "mimo-accel calibrate"
+
+
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="mimo-accel calibrate",
+    p = argparse.ArgumentParser(prog=PROG,
                                 description="Fit each module's cost model from its own measured times in a profiler "
                                             "run (the vision encoder's a, b, c from a run of the vision-only profiler).")
     p.add_argument("run_dir", metavar="RUN_DIR", help="profile directory (rank<N>.jsonl files)")
-    p.add_argument("--out", metavar="PATH", help="write the cost-model file (use it with MIMO_ACCEL_COST=PATH)")
+    p.add_argument("--out", metavar="PATH", help="write the cost-model file (use it as cost_model=PATH, "
+                                                 "MIMO_ACCEL_COST_MODEL=PATH, or simulate --cost-model PATH)")
     p.add_argument("--json", metavar="PATH", help="write the fit statistics as JSON")
-    p.add_argument("--warmup", type=int, default=1, metavar="N", help="skip the first N step numbers (default 1)")
+    p.add_argument("--warmup", type=nonnegative_int, default=1, metavar="N",
+                   help="skip the first N step numbers (default 1)")
     p.add_argument("--no-intercept", action="store_true", help="fit without a per-step overhead term")
     p.add_argument("--per-step", action="store_true",
                    help="one overhead per step (what all replicas of a step share: its fixed work, the machine's "
@@ -608,27 +614,30 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _use(path: str) -> str:
+    return f"use: cost_model={path} or MIMO_ACCEL_COST_MODEL={path}, or mimo-accel simulate --cost-model {path}"
+
+
 def main(argv: Sequence[str] | None = None, *, console: Console | None = None) -> int:
-    """``mimo-accel calibrate``. Returns 0, or 2 when the run cannot be calibrated from."""
-    args = _parser().parse_args(argv)
-    if args.warmup < 0:
-        print("mimo-accel calibrate: error: --warmup must be >= 0", file=sys.stderr)
-        return 2
+    """``mimo-accel calibrate``. Returns 0, or 2 (one ``mimo-accel calibrate: error:`` line) on a bad
+    command line or a run that cannot be calibrated from."""
+    args = parse(_parser(), argv)
+    if isinstance(args, int):
+        return args
     try:
-        run = read_run(args.run_dir)
         if args.per_step and args.no_intercept:
-            print("mimo-accel calibrate: error: --per-step fits one overhead per step; drop --no-intercept",
-                  file=sys.stderr)
-            return 2
+            raise UsageError("--per-step fits one overhead per step; drop --no-intercept")
+        output_file("--out", args.out)
+        output_file("--json", args.json)
+        run = read_run(args.run_dir)
         modules = modules_in(run)
         if modules:
             model, per_module = fit_modules(run, warmup=args.warmup, intercept=not args.no_intercept,
                                             per_step=args.per_step, modules=modules)
         else:  # the vision-only profiler's names: the vision fit as it always was
             model, stats = fit(run, warmup=args.warmup, intercept=not args.no_intercept, per_step=args.per_step)
-    except (NoProfileData, CalibrationError) as e:
-        print(f"mimo-accel calibrate: error: {e}", file=sys.stderr)
-        return 2
+    except (UsageError, NoProfileData, CalibrationError) as e:
+        return fail(PROG, e)
     if console is None:
         # Piped output: rich would wrap the tables at 80 columns; give them room instead.
         console = Console() if sys.stdout.isatty() else Console(width=120)
@@ -642,11 +651,9 @@ def main(argv: Sequence[str] | None = None, *, console: Console | None = None) -
             fitted = "; ".join(f"{m}: " + " ".join(f"{k}={v:.4g}" for k, v in model.of(m).to_dict().items()
                                                   if not (m == _LANGUAGE and k == "k"))
                                for m in modules)
-            console.print(f"wrote {args.out}: {fitted} (use: MIMO_ACCEL_COST={args.out}, or mimo-accel simulate "
-                          f"--cost {args.out})")
+            console.print(f"wrote {args.out}: {fitted} ({_use(args.out)})")
         else:
-            console.print(f"wrote {args.out}: a={model.a:.4g} b={model.b:.4g} c={model.c:.4g}"
-                          f" (use: MIMO_ACCEL_COST={args.out}, or mimo-accel simulate --cost {args.out})")
+            console.print(f"wrote {args.out}: a={model.a:.4g} b={model.b:.4g} c={model.c:.4g} ({_use(args.out)})")
     else:
         console.print("pass --out cost.json to write the model")
     if args.json:

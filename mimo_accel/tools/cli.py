@@ -1,4 +1,4 @@
-"""`mimo-accel`: doctor, run, env, report, rehearse, simulate, index, calibrate."""
+"""`mimo-accel`: doctor, run, env, report, rehearse, simulate, index, calibrate, calibrate-gpu."""
 
 from __future__ import annotations
 
@@ -10,12 +10,9 @@ import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
+from mimo_accel.tools.arguments import TRACEBACK_ENV, UsageError, one_line, output_file
+
 BOOTSTRAP_DIR = Path(__file__).resolve().parents[1] / "_bootstrap"
-TRACEBACK_ENV = "MIMO_ACCEL_TRACEBACK"  # 1: let an error out of a subcommand as a traceback (debugging)
-
-
-class UsageError(Exception):
-    """A bad command line: printed as one ``mimo-accel <cmd>: error: ...`` line, exit 2."""
 
 
 # -- the job's environment (run, env) ------------------------------------------------------------
@@ -80,13 +77,13 @@ def _split_command(words: list[str]) -> tuple[list[str], list[str]]:
     return words[:i], words[i:]
 
 
-def _check_overrides(words: Sequence[str]) -> None:
+def _check_overrides(words: Sequence[str], command_after: bool = True) -> None:
     from mimo_accel.config_file import is_override
 
     for w in words:
         if not is_override(w):
-            raise UsageError(f"{w!r} is not key=value; give mimo_accel options as e.g. packing=true, and the "
-                             "command after --")
+            raise UsageError(f"{w!r} is not key=value; give mimo_accel options as e.g. packing=true"
+                             + (", and the command after --" if command_after else ""))
 
 
 def _run(args) -> int:
@@ -116,7 +113,7 @@ def _run(args) -> int:
 def _env(args) -> int:
     from mimo_accel.config import CONFIG_ENV, AccelConfig
 
-    _check_overrides(args.overrides)
+    _check_overrides(args.overrides, command_after=False)
     environ = dict(os.environ)
     env = launcher_env(environ, args.features, args.config, args.overrides)
     cfg = AccelConfig.from_env(env)
@@ -134,6 +131,8 @@ def _env(args) -> int:
 def _doctor(args) -> int:
     from mimo_accel.tools.doctor import main as doctor_main
 
+    output_file("--log", args.log, make_parents=True)
+
     return doctor_main(log_path=args.log)
 
 
@@ -144,6 +143,8 @@ DELEGATED = {
     "simulate": ("mimo_accel.tools.simulate", "the planners at cluster scale, no processes"),
     "index": ("mimo_accel.tools.indexing", "build a per-sample cost index from a manifest or the training dataset"),
     "calibrate": ("mimo_accel.tools.calibrate", "fit the cost model from profiler logs"),
+    "calibrate-gpu": ("mimo_accel.tools.measure_costs", "measure each module's cost curve on this machine's GPU "
+                      "(Qwen3-VL vision, Qwen3-8B layers) and write the cost-model file"),
 }
 
 _CONFIG_HELP = ("a YAML file whose mimo_accel: section is the job's config (instead of the MIMO_ACCEL* "
@@ -201,16 +202,6 @@ def _subparser(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentP
     return action.choices[name]
 
 
-def _one_line(exc: BaseException) -> str:
-    if isinstance(exc, OSError) and exc.filename is not None and exc.strerror:
-        text = f"{exc.filename}: {exc.strerror}"
-        parent = Path(str(exc.filename)).parent
-        if isinstance(exc, FileNotFoundError) and not parent.exists():
-            text += f" (the directory {parent} does not exist; create it or give another path)"
-        return text
-    return " ".join(str(exc).split()) or type(exc).__name__
-
-
 def main(argv: Optional[Sequence[str]] = None) -> int:
     from mimo_accel.config import ConfigError
 
@@ -232,7 +223,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except (UsageError, ConfigError, ValueError, OSError) as exc:
         if os.environ.get(TRACEBACK_ENV) == "1":
             raise
-        print(f"mimo-accel {cmd or ''}: error: {_one_line(exc)}".replace("mimo-accel : ", "mimo-accel: "),
+        print(f"mimo-accel {cmd or ''}: error: {one_line(exc)}".replace("mimo-accel : ", "mimo-accel: "),
               file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -43,6 +43,7 @@ from typing import Any, Callable, Optional, Sequence
 import numpy as np
 
 from mimo_accel.costs import CostIndex, ResizeRule, SampleShape, image_size_from_header
+from mimo_accel.tools.arguments import UsageError, fail, one_line, output_dir, output_file, parse, positive_int
 
 __all__ = [
     "INDEX_SUFFIX",
@@ -267,10 +268,13 @@ def summarize(index: CostIndex) -> dict[str, Any]:
     return out
 
 
+PROG = "mimo-accel index"
+
+
 def _parser() -> argparse.ArgumentParser:
     d = ResizeRule()
     p = argparse.ArgumentParser(
-        prog="mimo-accel index",
+        prog=PROG,
         description="Build the per-sample cost index (plan-before-read reordering). From a JSONL manifest: "
                     "one object per sample in dataset order, with \"images\" (paths relative to the "
                     "manifest) or \"image_sizes\" ([h, w] pairs), and \"tokens\" or \"text\" "
@@ -294,16 +298,19 @@ def _parser() -> argparse.ArgumentParser:
                         f"{DEFAULT_MODULE!r}; e.g. 'images')")
     p.add_argument("--out", help=f"where to write the index (manifest default: <manifest>{INDEX_SUFFIX}; "
                                  "with --dataset: a copy besides the cache, for enable(cost_index=PATH))")
-    p.add_argument("--patch-size", type=int, default=None,
+    p.add_argument("--patch-size", type=positive_int, default=None,
                    help=f"manifest only: vision patch size in pixels (default {d.patch_size}; Qwen3-VL uses 16)")
-    p.add_argument("--merge-size", type=int, default=None,
+    p.add_argument("--merge-size", type=positive_int, default=None,
                    help=f"manifest only: spatial merge size (default {d.merge_size})")
-    p.add_argument("--temporal-patch-size", type=int, default=None,
+    p.add_argument("--temporal-patch-size", type=positive_int, default=None,
                    help=f"manifest only: temporal patch size (default {d.temporal_patch_size})")
-    p.add_argument("--min-pixels", type=int, default=None, help=f"manifest only: default {d.min_pixels}")
-    p.add_argument("--max-pixels", type=int, default=None, help=f"manifest only: default {d.max_pixels}")
-    p.add_argument("--workers", type=int, default=None,
+    p.add_argument("--min-pixels", type=positive_int, default=None, help=f"manifest only: default {d.min_pixels}")
+    p.add_argument("--max-pixels", type=positive_int, default=None, help=f"manifest only: default {d.max_pixels}")
+    p.add_argument("--workers", type=positive_int, default=None,
                    help="threads reading image headers (default: Python's thread-pool default; 1 = serial)")
+    p.add_argument("--log", metavar="PATH",
+                   help="with --dataset: where the output of importing and building the dataset goes (megatron "
+                        "and transformers warnings; default: mimo-accel-index.log in the temp directory)")
     return p
 
 
@@ -362,15 +369,41 @@ def _print_summary(console, summary: dict[str, Any], out: Any, seconds: float, w
     console.print(table)
 
 
+def check_dataset_spec(spec: str) -> tuple[str, str]:
+    """``--dataset MODULE:NAME`` checked without importing anything heavy: the form, the file (a
+    ``.py`` path) or the module (found on the path, the current directory included). Returns
+    (MODULE, NAME); raises ValueError naming the fix."""
+    import importlib.util
+
+    module_name, sep, name = spec.rpartition(":")
+    if not sep or not module_name or not name:
+        raise ValueError(f"--dataset {spec!r}: expected MODULE:NAME, e.g. my_train:build_dataset")
+    if module_name.endswith(".py") or os.sep in module_name:
+        if not Path(module_name).is_file():
+            raise ValueError(f"--dataset {spec!r}: no such file {module_name}; give the .py file that defines "
+                             f"{name}, or a module name")
+        return module_name, name
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    top = module_name.partition(".")[0]  # its package only: finding a submodule imports the package
+    try:
+        found = importlib.util.find_spec(top)
+    except (ImportError, ValueError):
+        found = None
+    if found is None:
+        raise ValueError(f"--dataset {spec!r}: no module named {top!r} here; run from the directory "
+                         "that holds it, put it on PYTHONPATH, or give its .py path")
+    return module_name, name
+
+
 def load_dataset_spec(spec: str) -> Any:
     """The dataset ``MODULE:NAME`` names: NAME in MODULE (a module, or a ``.py`` file), called when
     it is a function or class. The current directory is importable, as with ``python -m``."""
     import importlib
     import importlib.util
 
-    module_name, sep, name = spec.rpartition(":")
-    if not sep or not module_name or not name:
-        raise ValueError(f"--dataset {spec!r}: expected MODULE:NAME, e.g. my_train:build_dataset")
+    module_name, _ = check_dataset_spec(spec)
+    name = spec.rpartition(":")[2]
     try:  # a Bridge dataset factory on a machine without Transformer Engine (a login node)
         from mimo_accel.rehearse import cpu
 
@@ -379,64 +412,142 @@ def load_dataset_spec(spec: str) -> Any:
         pass
     if module_name.endswith(".py") or os.sep in module_name:
         path = Path(module_name)
-        if not path.is_file():
-            raise ValueError(f"--dataset {spec!r}: no such file {path}")
         mod_spec = importlib.util.spec_from_file_location(path.stem, path)
         module = importlib.util.module_from_spec(mod_spec)
         sys.modules.setdefault(path.stem, module)
         mod_spec.loader.exec_module(module)
     else:
-        if os.getcwd() not in sys.path and "" not in sys.path:
-            sys.path.insert(0, os.getcwd())
         module = importlib.import_module(module_name)
     if not hasattr(module, name):
-        raise ValueError(f"--dataset {spec!r}: {module_name} has no attribute {name!r}")
+        raise ValueError(f"--dataset {spec!r}: {module_name} has no attribute {name!r}; give the name of the "
+                         "dataset, or of the function returning it, that it defines")
     obj = getattr(module, name)
     return obj() if callable(obj) and not hasattr(obj, "__getitem__") else obj
 
 
-def _main_dataset(args, err, escape) -> int:
+def default_log_path() -> str:
+    import tempfile
+
+    return os.path.join(tempfile.gettempdir(), "mimo-accel-index.log")
+
+
+def _load_dataset_quietly(spec: str, log: Path) -> Any:
+    """:func:`load_dataset_spec` with what its imports and the factory print (megatron's TE/Apex
+    fallbacks, transformers' warnings) in ``log``. The dataset's own exception ends as one line; its
+    traceback goes to ``log``, named in that line."""
+    import traceback
+
+    from mimo_accel.rehearse.quiet import output_to
+
+    log.write_text(f"mimo-accel index --dataset {spec}, {time.strftime('%Y-%m-%d %H:%M:%S')}: third-party "
+                   "output\n", encoding="utf-8")
+    with output_to(log) as f:
+        try:
+            return load_dataset_spec(spec)
+        except Exception as exc:
+            traceback.print_exc(file=f)
+            if isinstance(exc, ValueError) and str(exc).startswith("--dataset "):
+                raise
+            raise UsageError(f"--dataset {spec}: {type(exc).__name__}: {one_line(exc)} (the traceback is in "
+                             f"{log})") from None
+
+
+def _main_dataset(args) -> int:
     from rich.console import Console
 
     from mimo_accel.datasets import derive_cost_index
 
     given = [f"--{o.replace('_', '-')}" for o in _RULE_OPTIONS if getattr(args, o) is not None]
     if given:
-        err.print(f"[bold red]mimo-accel index:[/] {', '.join(given)} apply to manifests only; with --dataset "
-                  "the resize rule is the dataset's own processor's", highlight=False)
-        return 2
+        raise UsageError(f"{', '.join(given)} appl{'ies' if len(given) == 1 else 'y'} to manifests only; with "
+                         "--dataset the resize rule is the dataset's own processor's: drop "
+                         f"{'it' if len(given) == 1 else 'them'}")
     if args.module is not None:
-        err.print("[bold red]mimo-accel index:[/] --module applies to manifests only; with --dataset every "
-                  "modality is indexed under its own module name", highlight=False)
-        return 2
+        raise UsageError("--module applies to manifests only; with --dataset every modality is indexed under its "
+                         "own module name: drop --module")
+    check_dataset_spec(args.dataset)
+    output_dir("--cache-dir", args.cache_dir)
+    output_file("--out", args.out, make_parents=True)
+    log = output_file("--log", args.log or default_log_path(), make_parents=True)
+    log.parent.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
-    try:
-        from mimo_accel.datasets import cache_key, cache_path, source_for
+    from mimo_accel.datasets import cache_key, cache_path, source_for
 
-        dataset = load_dataset_spec(args.dataset)
-        written: list[Any] = []
-        index = derive_cost_index(dataset, cache_dir=args.cache_dir, refresh=args.refresh, progress=True,
-                                  workers=args.workers)
-        if getattr(dataset, "mimo_accel_cost_index", None) is not None:
-            described = f"{type(dataset).__name__} (carries its own index)"
-        else:
-            source = source_for(dataset)
-            described = source.describe()
-            path = cache_path(cache_key(index.identity), args.cache_dir)
-            if not path.exists():  # the cache write failed: say so rather than claim it
-                raise OSError(f"the cache file {path} was not written (see the warning above)")
-            written.append(path)
-        if args.out:
-            out = Path(args.out)
-            out.parent.mkdir(parents=True, exist_ok=True)
-            index.with_identity(split=args.split).save(out)
-            written.append(out)
-    except (ValueError, OSError, ImportError) as exc:
-        err.print(f"[bold red]mimo-accel index:[/] {escape(str(exc))}", highlight=False)
-        return 1
-    _print_summary(Console(), summarize(index), written, time.perf_counter() - start, args.workers,
+    dataset = _load_dataset_quietly(args.dataset, log)
+    written: list[Any] = []
+    index = derive_cost_index(dataset, cache_dir=args.cache_dir, refresh=args.refresh, progress=True,
+                              workers=args.workers)
+    if getattr(dataset, "mimo_accel_cost_index", None) is not None:
+        described = f"{type(dataset).__name__} (carries its own index)"
+    else:
+        source = source_for(dataset)
+        described = source.describe()
+        path = cache_path(cache_key(index.identity), args.cache_dir)
+        if not path.exists():  # the cache write failed: say so rather than claim it
+            raise OSError(f"the cache file {path} was not written (see the warning above); give a writable "
+                          "--cache-dir")
+        written.append(path)
+    if args.out:
+        out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        index.with_identity(split=args.split).save(out)
+        written.append(out)
+    console = Console()
+    _print_summary(console, summarize(index), written, time.perf_counter() - start, args.workers,
                    source=described)
+    console.print(f"third-party import output: {log}", highlight=False, soft_wrap=True)
     return 0
+
+
+def _main_manifest(args) -> int:
+    from rich.console import Console
+
+    if args.cache_dir is not None or args.refresh:
+        raise UsageError("--cache-dir and --refresh apply to --dataset only: drop them")
+    if args.log is not None:
+        raise UsageError("--log applies to --dataset only (a manifest imports nothing): drop --log")
+    manifest = Path(args.manifest)
+    if not manifest.is_file():
+        what = "is a directory" if manifest.is_dir() else "no such file"
+        raise UsageError(f"{manifest}: {what}; give the JSONL manifest (one object per sample), or --dataset "
+                         "MODULE:NAME")
+    d = ResizeRule()
+    given = {o: getattr(args, o) for o in _RULE_OPTIONS if getattr(args, o) is not None}
+    rule_options = {o: given.get(o, getattr(d, o)) for o in _RULE_OPTIONS}
+    if rule_options["min_pixels"] > rule_options["max_pixels"]:
+        lo, hi = (("--" if o in given else "the default ") + f"{o.replace('_', '-')} {rule_options[o]}"
+                  for o in ("min_pixels", "max_pixels"))
+        raise UsageError(f"{lo} exceeds {hi}; give a smaller --min-pixels or a larger --max-pixels")
+    rule = ResizeRule(**rule_options)
+    out = Path(args.out) if args.out else default_index_path(args.manifest)
+    if args.out:
+        output_file("--out", out, make_parents=True)
+    elif not os.access(manifest.parent, os.W_OK | os.X_OK):
+        raise UsageError(f"the index goes next to the manifest by default, but {manifest.parent} is not writable; "
+                         "give --out PATH")
+    start = time.perf_counter()
+    index = build_index_from_manifest(args.manifest, rule, workers=args.workers,
+                                      module=args.module or DEFAULT_MODULE)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    # what it describes: this manifest (a training job can check only its length against this)
+    index.with_identity(manifest=_file_sha(args.manifest), split=args.split,
+                        describe=f"manifest {Path(args.manifest).name}").save(out)
+    _print_summary(Console(), summarize(index), out, time.perf_counter() - start, args.workers)
+    return 0
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """``mimo-accel index MANIFEST [options]`` or ``mimo-accel index --dataset MODULE:NAME``: write the
+    index, print a summary. Returns 0, or 2 with one ``mimo-accel index: error:`` line."""
+    args = parse(_parser(), argv)
+    if isinstance(args, int):
+        return args
+    try:
+        if (args.manifest is None) == (args.dataset is None):
+            raise UsageError("give a manifest or --dataset MODULE:NAME (one of the two)")
+        return _main_dataset(args) if args.dataset is not None else _main_manifest(args)
+    except (ValueError, OSError, ImportError) as exc:
+        return fail(PROG, exc)
 
 
 def _file_sha(path) -> str:
@@ -447,53 +558,6 @@ def _file_sha(path) -> str:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()
-
-
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    """``mimo-accel index MANIFEST [options]`` or ``mimo-accel index --dataset MODULE:NAME``: write the
-    index, print a summary. Returns the exit code."""
-    from rich.console import Console
-    from rich.markup import escape
-
-    try:
-        args = _parser().parse_args(argv)
-    except SystemExit as exc:  # --help, or a usage error argparse already printed
-        return int(exc.code or 0)
-    err = Console(stderr=True, soft_wrap=True)  # never break a path in an error message
-    if (args.manifest is None) == (args.dataset is None):
-        err.print("[bold red]mimo-accel index:[/] give a manifest or --dataset MODULE:NAME (one of the two)",
-                  highlight=False)
-        return 2
-    if args.workers is not None and args.workers < 1:
-        err.print(f"[bold red]mimo-accel index:[/] --workers must be >= 1, got {args.workers}", highlight=False)
-        return 2
-    if args.dataset is not None:
-        return _main_dataset(args, err, escape)
-    if args.cache_dir is not None or args.refresh:
-        err.print("[bold red]mimo-accel index:[/] --cache-dir and --refresh apply to --dataset only",
-                  highlight=False)
-        return 2
-    try:
-        d = ResizeRule()
-        rule = ResizeRule(**{o: getattr(args, o) if getattr(args, o) is not None else getattr(d, o)
-                             for o in _RULE_OPTIONS})
-    except ValueError as exc:
-        err.print(f"[bold red]mimo-accel index:[/] {escape(str(exc))}", highlight=False)
-        return 2
-    out = Path(args.out) if args.out else default_index_path(args.manifest)
-    start = time.perf_counter()
-    try:
-        index = build_index_from_manifest(args.manifest, rule, workers=args.workers,
-                                          module=args.module or DEFAULT_MODULE)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        # what it describes: this manifest (a training job can check only its length against this)
-        index.with_identity(manifest=_file_sha(args.manifest), split=args.split,
-                            describe=f"manifest {Path(args.manifest).name}").save(out)
-    except (ValueError, OSError) as exc:
-        err.print(f"[bold red]mimo-accel index:[/] {escape(str(exc))}", highlight=False)
-        return 1
-    _print_summary(Console(), summarize(index), out, time.perf_counter() - start, args.workers)
-    return 0
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -25,6 +25,7 @@ same.
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import tempfile
 import time
@@ -34,6 +35,70 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from mimo_accel.rehearse import rehearsal
+from mimo_accel.tools.arguments import UsageError, fail, nonnegative_int, output_dir, output_file, parse, positive_int
+
+PROG = "mimo-accel rehearse"
+
+
+def _positive(name: str, value: Optional[int], default: int) -> int:
+    """``value`` (a positive integer), or ``default`` where it is None: never a silent fallback."""
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    return value
+
+
+def _check_split(micro_batch: int, vision_dp: int, language_dp: int, given: str, whose: str) -> None:
+    """One DP divides the other (upstream's BridgeCommunicator fans in or out by a whole ratio) and
+    the micro-batch splits evenly over both modules' replicas (every module cuts it into the same
+    lcm(vision dp, language dp) canonical groups), else a ValueError naming ``given`` and the fix."""
+    if max(vision_dp, language_dp) % min(vision_dp, language_dp):
+        raise ValueError(f"{given}: vision DP {vision_dp} and language DP {language_dp}: one must divide the other "
+                         "(the bridge between the modules fans in or out by a whole ratio); give e.g. "
+                         f"--vision-dp {vision_dp} --language-dp {vision_dp}")
+    grid = math.lcm(vision_dp, language_dp)
+    if micro_batch % grid:
+        fits = ", ".join(str(d) for d in range(1, micro_batch + 1) if micro_batch % d == 0)
+        raise ValueError(f"{given}: {whose} micro-batch of {micro_batch} samples does not split evenly over "
+                         f"vision DP {vision_dp} and language DP {language_dp} (lcm {grid}); give DP sizes that "
+                         f"divide {micro_batch} ({fits})")
+
+
+def _given(vision_dp: Optional[int], language_dp: Optional[int]) -> str:
+    flags = [f"{flag} {v}" for flag, v in (("--vision-dp", vision_dp), ("--language-dp", language_dp)) if v is not None]
+    return " ".join(flags) or "the default layout"
+
+
+def stack_plan(profile_name: str, steps: Optional[int] = None, vision_dp: Optional[int] = None,
+               language_dp: Optional[int] = None):
+    """``--loop stack``'s inputs, checked before anything runs: (profile, layout, steps). Raises
+    ProfileError / ValueError naming the flag and the fix."""
+    from mimo_accel.workloads.layout import MimoLayout
+    from mimo_accel.workloads import load_profile
+
+    profile = load_profile(profile_name)
+    r = profile.rehearsal
+    v, lang = r.layout.vision, r.layout.language
+    steps = _positive("steps", steps, r.steps)
+    vdp, ldp = _positive("vision_dp", vision_dp, v.dp), _positive("language_dp", language_dp, lang.dp)
+    _check_split(r.layout.micro_batch_size, vdp, ldp, _given(vision_dp, language_dp),
+                 f"workload {profile.name}: the rehearsal")
+    return profile, MimoLayout(replace(v, dp=vdp), replace(lang, dp=ldp)), steps
+
+
+def bridge_plan(example: Optional[str] = None, steps: Optional[int] = None, vision_dp: Optional[int] = None,
+                language_dp: Optional[int] = None, micro_batch: Optional[int] = None):
+    """``--loop bridge``'s inputs, checked before anything runs: (script, steps, vision dp, language
+    dp, micro-batch). Raises FileNotFoundError / ValueError naming the flag and the fix."""
+    script = rehearsal.example_script(example)
+    d = rehearsal.BRIDGE_DEFAULTS
+    steps = _positive("steps", steps, d["steps"])
+    vdp = _positive("vision_dp", vision_dp, d["vision_dp"])
+    ldp = _positive("language_dp", language_dp, d["language_dp"])
+    mbs = _positive("micro_batch", micro_batch, d["micro_batch"])
+    _check_split(mbs, vdp, ldp, _given(vision_dp, language_dp), "--loop bridge: the")
+    return script, steps, vdp, ldp, mbs
 
 
 def _cpus_for_ranks(pin_one_cpu: bool, console) -> Optional[tuple[int, ...]]:
@@ -75,17 +140,13 @@ def rehearse(profile_name: str, *, steps: Optional[int] = None, out_dir: Optiona
     """
     from rich.console import Console
 
-    from mimo_accel.rehearse.ranks import MimoLayout, RankFailure
+    from mimo_accel.rehearse.ranks import RankFailure
     from mimo_accel.tools import report
-    from mimo_accel.workloads import load_profile
 
+    profile, layout, steps = stack_plan(profile_name, steps, vision_dp, language_dp)
     console = console or Console()
-    profile = load_profile(profile_name)
     r = profile.rehearsal
-    steps = steps or r.steps
     micro_batch, seq_length = r.layout.micro_batch_size, r.layout.seq_length
-    v, lang = r.layout.vision, r.layout.language
-    layout = MimoLayout(replace(v, dp=vision_dp or v.dp), replace(lang, dp=language_dp or lang.dp))
     samples = profile.rehearsal_shapes(steps * micro_batch, seed)
     spec = rehearsal.TableSpec(tuple((s.images, s.text_tokens) for s in samples))
     model_kw = dict(vision_hidden=128, vision_layers=3, merge=r.merge_size)
@@ -226,16 +287,9 @@ def rehearse_bridge(*, steps: Optional[int] = None, vision_dp: Optional[int] = N
     from mimo_accel.rehearse.ranks import MimoLayout, RankFailure
     from mimo_accel.tools import report
 
+    script, steps, vdp, ldp, mbs = bridge_plan(example, steps, vision_dp, language_dp, micro_batch)
     console = console or Console()
-    script = rehearsal.example_script(example)
-    defaults = rehearsal.BRIDGE_DEFAULTS
-    steps = steps or defaults["steps"]
-    vdp, ldp = vision_dp or defaults["vision_dp"], language_dp or defaults["language_dp"]
-    mbs = micro_batch or defaults["micro_batch"]
     layout = MimoLayout.from_dp(vdp, ldp)
-    if mbs % vdp or mbs % ldp:
-        raise ValueError(f"--loop bridge: the micro-batch of {mbs} samples must split evenly over vision DP "
-                         f"{vdp} and language DP {ldp}")
     out, log = _start(out_dir, log_path, f"mimo-accel rehearse --loop bridge: {layout}", console,
                       lambda out: f"[bold]mimo-accel rehearse --loop bridge[/bold]: "
                                   f"{script.name if script else rehearsal.BRIDGE_SCRIPT} "
@@ -285,8 +339,8 @@ def rehearse_bridge(*, steps: Optional[int] = None, vision_dp: Optional[int] = N
     return {**doc, **own}
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog="mimo-accel rehearse", description=__doc__.split("\n\n")[0])
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
     p.add_argument("--loop", choices=("stack", "bridge"), default="stack",
                    help="stack (default): the tiny stack's train step over a workload's samples; bridge: "
                         "examples/train_mimo.py (Bridge's pretrain_megatron_mimo) with Bridge's Qwen3-VL "
@@ -295,25 +349,54 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                    f"{rehearsal.BRIDGE_SCRIPT} (the body of examples/train_mimo.py)")
     p.add_argument("--workload", default=None,
                    help="--loop stack: workload profile name or TOML path (default: receipts)")
-    p.add_argument("--steps", type=int, help="training steps per run (default: the workload's rehearsal steps; "
-                   f"--loop bridge: {rehearsal.BRIDGE_DEFAULTS['steps']})")
-    p.add_argument("--vision-dp", type=int, help="override the workload's rehearsal vision DP "
+    p.add_argument("--steps", type=positive_int, help="training steps per run (default: the workload's rehearsal "
+                   f"steps; --loop bridge: {rehearsal.BRIDGE_DEFAULTS['steps']})")
+    p.add_argument("--vision-dp", type=positive_int, help="override the workload's rehearsal vision DP "
                    f"(--loop bridge: default {rehearsal.BRIDGE_DEFAULTS['vision_dp']})")
-    p.add_argument("--language-dp", type=int, help="override the workload's rehearsal language DP "
+    p.add_argument("--language-dp", type=positive_int, help="override the workload's rehearsal language DP "
                    f"(--loop bridge: default {rehearsal.BRIDGE_DEFAULTS['language_dp']})")
-    p.add_argument("--out", help="directory for the profiler runs (default: a temp dir)")
+    p.add_argument("--out", help="directory for the profiler runs, made if missing (default: a temp dir)")
     p.add_argument("--json", help="write the report's JSON here (its keys at the top level, as `mimo-accel "
                    "report --json` writes them) with the rehearsal's own fields (losses, layout, log, ...)")
-    p.add_argument("--seed", type=int, default=0,
+    p.add_argument("--seed", type=nonnegative_int, default=0,
                    help="the workload's sample draw (--loop bridge: the model's initialisation, added to 1234)")
     p.add_argument("--all-cpus", action="store_true",
                    help="spread the ranks over every CPU (faster, but thread-CPU times then differ by which "
                         "CPU a rank ran on: noisier straggler figures); default: all ranks on one CPU")
-    args = p.parse_args(argv)
-    if args.loop == "bridge" and args.workload is not None:
-        p.error("--workload applies to --loop stack; --loop bridge trains on the example's image files")
-    if args.loop == "stack" and args.example is not None:
-        p.error("--example applies to --loop bridge")
+    return p
+
+
+def _check(args) -> None:
+    """Everything the command line names, checked before a temp directory is made or a rank started."""
+    from mimo_accel.workloads import ProfileError
+
+    output_dir("--out", args.out)
+    output_file("--json", args.json)
+    try:
+        if args.loop == "bridge":
+            bridge_plan(args.example, args.steps, args.vision_dp, args.language_dp)
+        else:
+            stack_plan(args.workload or "receipts", args.steps, args.vision_dp, args.language_dp)
+    except (ProfileError, ValueError, FileNotFoundError) as exc:
+        raise UsageError(str(exc)) from None
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    p = _parser()
+    args = parse(p, argv)
+    if isinstance(args, int):
+        return args
+    wrong = ("--workload applies to --loop stack; --loop bridge trains on the example's image files: drop --workload"
+             if args.loop == "bridge" and args.workload is not None else
+             "--example applies to --loop bridge: add --loop bridge, or drop --example"
+             if args.loop == "stack" and args.example is not None else None)
+    if wrong:
+        p.print_usage(sys.stderr)
+        return fail(PROG, wrong)
+    try:
+        _check(args)
+    except UsageError as exc:
+        return fail(PROG, exc)
     from mimo_accel.rehearse.ranks import RankFailure
 
     out = args.out or tempfile.mkdtemp(prefix="mimo-accel-rehearsal-")
@@ -328,11 +411,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                      seed=args.seed, vision_dp=args.vision_dp, language_dp=args.language_dp, log_path=str(log),
                      pin_one_cpu=not args.all_cpus)
     except rehearsal.InvariantViolation as exc:
-        print(f"mimo-accel rehearse: INVARIANT VIOLATED: {exc}", file=sys.stderr)
+        print(f"{PROG}: INVARIANT VIOLATED: {exc}", file=sys.stderr)
         _print_log_path(log)
         return 3
     except RankFailure as exc:
-        print(f"mimo-accel rehearse: a rank failed: {exc}", file=sys.stderr)
+        print(f"{PROG}: a rank failed: {exc}", file=sys.stderr)
         _print_log_path(log)
         return 1
     except Exception:

@@ -53,6 +53,7 @@ from rich.text import Text
 
 from mimo_accel.modules import LANGUAGE
 from mimo_accel.profiler import FORMAT_V1, REGIONS, NoProfileData, Run, module_seconds, read_run
+from mimo_accel.tools.arguments import UsageError, fail, nonnegative_int, output_file, parse
 from mimo_accel.profiler import json_safe
 from mimo_accel.profiler import record_number as _num
 
@@ -992,9 +993,12 @@ def write_html(doc: dict[str, Any], path: str | Path) -> list[str]:
 # --------------------------------------------------------------------------------------- main
 
 
+PROG = "mimo-accel report"
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="mimo-accel report",
+        prog=PROG,
         description="Report profiler runs (directories of rank<N>.jsonl): one run, or before vs after.",
     )
     p.add_argument("before", metavar="BEFORE_DIR", help="profile directory (the baseline in a comparison)")
@@ -1002,7 +1006,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--json", metavar="PATH", help="write the statistics as JSON")
     p.add_argument("--html", metavar="PATH", help="write the report as HTML")
     p.add_argument("--png", metavar="PATH", help="write charts (needs matplotlib)")
-    p.add_argument("--warmup", metavar="N", type=int, default=1, help="exclude the first N steps (default 1)")
+    p.add_argument("--warmup", metavar="N", type=nonnegative_int, default=1,
+                   help="exclude the first N steps (default 1)")
     return p
 
 
@@ -1029,17 +1034,18 @@ def write_json(path: str | Path, doc: dict[str, Any], **extra: Any) -> None:
 
 
 def main(argv: Sequence[str] | None = None, *, console: Console | None = None) -> int:
-    """``mimo-accel report``. Returns 0, 1 if an export failed, 2 if an input has no readable data."""
-    args = _parser().parse_args(argv)
-    if args.warmup < 0:
-        print("mimo-accel report: error: --warmup must be >= 0", file=sys.stderr)
-        return 2
+    """``mimo-accel report``. Returns 0, 1 if an export failed, 2 (one ``mimo-accel report: error:``
+    line) on a bad command line or an input without readable data."""
+    args = parse(_parser(), argv)
+    if isinstance(args, int):
+        return args
     try:
+        for flag in ("--json", "--html", "--png"):
+            output_file(flag, getattr(args, flag[2:]))
         before = read_run(args.before)
         after = read_run(args.after) if args.after else None
-    except NoProfileData as e:
-        print(f"mimo-accel report: error: {e}", file=sys.stderr)
-        return 2
+    except (UsageError, NoProfileData) as e:
+        return fail(PROG, e)
     doc = build(before, after, warmup=args.warmup)
     for w in doc["warnings"]:
         print(f"mimo-accel report: warning: {w}", file=sys.stderr)
@@ -1056,7 +1062,7 @@ def main(argv: Sequence[str] | None = None, *, console: Console | None = None) -
         try:
             write_png(doc["before"], doc["after"], args.png)
         except RuntimeError as e:
-            print(f"mimo-accel report: error: {e}", file=sys.stderr)
+            print(f"{PROG}: error: {e}", file=sys.stderr)
             rc = 1
     return rc
 

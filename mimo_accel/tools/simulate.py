@@ -1,13 +1,13 @@
 """The planners at cluster scale, without processes: what sharding and reordering would buy.
 
-``mimo-accel simulate --workload receipts --dp 2,4,8,...,512 [--steps N] [--window W]
-[--per-replica K] [--seed S] [--cost FILE] [--language-dp ratio|equal|R] [--audio-dp ratio|equal|R]
+``mimo-accel simulate --workload receipts --dp 2,4,8,...,512 [--steps N] [--reorder-window W]
+[--per-replica K] [--seed S] [--cost-model FILE] [--language-dp ratio|equal|R] [--audio-dp ratio|equal|R]
 [--json PATH] [--png PATH]``
 
 For each vision DP size ``d`` it draws ``N × W`` global micro-batches of ``d × K`` samples (``N``
-steps of ``W`` micro-batches; ``W = --window``, default 1) from the
-profile (one shared pool: every DP size sees the same first samples of each micro-batch), costs them
-with the cost model (default :class:`~mimo_accel.costs.CostModel`, or ``--cost`` from
+steps of ``W`` micro-batches; ``W = --reorder-window``, AccelConfig's ``reorder_window``, default
+1) from the profile (one shared pool: every DP size sees the same first samples of each micro-batch), costs them
+with the cost model (default :class:`~mimo_accel.costs.CostModel`, or ``--cost-model`` from
 ``mimo-accel calibrate``), and plans each micro-batch three ways over the canonical grid
 ``G = lcm(d, language dp[, audio dp])``:
 
@@ -61,7 +61,7 @@ Definitions:
   matching of groups to slots by bytes already in place; still balanced) to show how much of the
   exchange is avoidable; ``null`` without scipy.
 * **plan_ms**: wall time of one planner call on the whole micro-batch (p50 and max).
-* **window** (``--window W`` > 1; ``null`` otherwise): the W micro-batches of a step (the whole
+* **window** (``--reorder-window W`` > 1; ``null`` otherwise): the W micro-batches of a step (the whole
   global batch) planned together. Vision replicas meet once a step (the gradient all-reduce); in
   between, micro-batches stream through the encoder-to-LM pipeline, so the step's vision time
   follows the slowest replica's cost *summed over the step*. ``straggler`` is that step straggler,
@@ -131,6 +131,7 @@ from rich.table import Table
 
 from mimo_accel.balance import balance_modules, balanced_order, lower_bound, lpt_order, module_bounds, module_spreads
 from mimo_accel.costs import CostModel
+from mimo_accel.tools.arguments import Renamed, UsageError, fail, nonnegative_int, output_file, parse, positive_int
 from mimo_accel.workloads import AUDIO, LANGUAGE, VISION, Profile, ProfileError, load_profile
 
 __all__ = ["SIMULATE_FORMAT", "PLANNERS", "MODULE_PLANNERS", "audio_dp_for", "language_dp_for", "main",
@@ -796,53 +797,81 @@ def write_png(doc: dict[str, Any], path: str | Path) -> None:
 # --------------------------------------------------------------------------------------- main
 
 
+PROG = "mimo-accel simulate"
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="mimo-accel simulate",
+        prog=PROG,
         description="Simulate the planners (contiguous, LPT, balanced) and sharded reads at cluster scale.",
     )
     p.add_argument("--workload", default="receipts",
                    help="workload profile name (mimo_accel/workloads/<name>.toml) or path; default receipts")
     p.add_argument("--dp", default="2,4,...,512", help="vision DP sizes, e.g. 2,4,8 or 2,4,...,512 (default)")
-    p.add_argument("--steps", type=int, default=20,
-                   help="steps per DP size, each of --window global micro-batches (default 20)")
-    p.add_argument("--window", type=int, default=1, metavar="W",
-                   help="global micro-batches per step planned together (the whole global batch); default 1: "
-                        "each micro-batch alone. Above 1 adds the window table")
-    p.add_argument("--per-replica", type=int, default=None, metavar="K",
+    p.add_argument("--steps", type=positive_int, default=20,
+                   help="steps per DP size, each of --reorder-window global micro-batches (default 20)")
+    p.add_argument("--reorder-window", type=positive_int, default=1, metavar="W",
+                   help="global micro-batches per step planned together (AccelConfig's reorder_window, "
+                        "MIMO_ACCEL_REORDER_WINDOW); default 1: each micro-batch alone. Above 1 adds the "
+                        "window table")
+    p.add_argument("--window", action=Renamed, new="--reorder-window", dest="reorder_window", type=positive_int)
+    p.add_argument("--per-replica", type=positive_int, default=None, metavar="K",
                    help="samples per vision replica (default: the workload's micro_batch_size / vision dp)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--cost", metavar="FILE", help="cost-model file from `mimo-accel calibrate` (default: built-in)")
+    p.add_argument("--seed", type=nonnegative_int, default=0)
+    p.add_argument("--cost-model", metavar="FILE",
+                   help="cost-model file from `mimo-accel calibrate` (AccelConfig's cost_model, "
+                        "MIMO_ACCEL_COST_MODEL; default: built-in)")
+    p.add_argument("--cost", action=Renamed, new="--cost-model", dest="cost_model")
     p.add_argument("--language-dp", default="ratio", metavar="ratio|equal|R",
                    help="language DP per vision DP: the workload's ratio (default), equal, or R language "
                         "replicas per vision replica (0.5: fan-in, 2: fan-out)")
-    p.add_argument("--audio-dp", default="ratio", metavar="ratio|equal|R",
+    p.add_argument("--audio-dp", default=None, metavar="ratio|equal|R",
                    help="audio DP per vision DP, where the workload has an [audio] encoder (as --language-dp)")
     p.add_argument("--json", metavar="PATH", help="write the results as JSON")
     p.add_argument("--png", metavar="PATH", help="write charts (needs matplotlib)")
     return p
 
 
+def _cost_model(path: str | None) -> CostModel | None:
+    if path is None:
+        return None
+    if not Path(path).exists():
+        raise UsageError(f"--cost-model {path}: no such file; give the file `mimo-accel calibrate RUN_DIR --out "
+                         "FILE` wrote, or leave --cost-model out for the built-in coefficients")
+    return CostModel.from_file(path)
+
+
+def _check_dp_rule(flag: str, rule: str, module: str) -> None:
+    try:
+        _dp_rule(rule, module)
+    except ValueError:
+        raise UsageError(f"{flag} {rule}: give ratio (the workload's), equal, or a positive number of {module} "
+                         "replicas per vision replica (e.g. 0.5, 2)") from None
+
+
 def main(argv: Sequence[str] | None = None, *, console: Console | None = None) -> int:
     """``mimo-accel simulate``. Returns 0, 1 if an export failed, 2 on bad input."""
-    args = _parser().parse_args(argv)
+    args = parse(_parser(), argv)
+    if isinstance(args, int):
+        return args
     try:
+        output_file("--json", args.json)
+        output_file("--png", args.png)
         profile = load_profile(args.workload)
         dps = parse_dp_list(args.dp)
-        model = CostModel.from_file(args.cost) if args.cost else None
-        if args.steps < 1:
-            raise ValueError("--steps must be >= 1")
-        if args.window < 1:
-            raise ValueError("--window must be >= 1 (micro-batches per step)")
-        if args.per_replica is not None and args.per_replica < 1:
-            raise ValueError("--per-replica must be >= 1")
+        model = _cost_model(args.cost_model)
+        _check_dp_rule("--language-dp", args.language_dp, "language")
+        if args.audio_dp is not None:
+            if profile.layout.audio is None:
+                raise UsageError(f"--audio-dp {args.audio_dp}: the workload {profile.name} has no [audio] "
+                                 "encoder; drop --audio-dp, or pick a workload with one")
+            _check_dp_rule("--audio-dp", args.audio_dp, "audio")
         doc = simulate(profile, dps, steps=args.steps, samples_per_replica=args.per_replica, seed=args.seed,
                        cost_model=model, language_dp=args.language_dp,
-                       cost_source=str(args.cost) if args.cost else "default", window=args.window,
-                       audio_dp=args.audio_dp)
+                       cost_source=str(args.cost_model) if args.cost_model else "default",
+                       window=args.reorder_window, audio_dp=args.audio_dp or "ratio")
     except (ProfileError, ValueError, OSError) as e:
-        print(f"mimo-accel simulate: error: {e}", file=sys.stderr)
-        return 2
+        return fail(PROG, e)
     if console is None:
         # Piped output: rich would wrap the tables at 80 columns; give them room instead.
         console = Console() if sys.stdout.isatty() else Console(width=170)
@@ -854,7 +883,7 @@ def main(argv: Sequence[str] | None = None, *, console: Console | None = None) -
         try:
             write_png(doc, args.png)
         except RuntimeError as e:
-            print(f"mimo-accel simulate: error: {e}", file=sys.stderr)
+            print(f"{PROG}: error: {e}", file=sys.stderr)
             rc = 1
     return rc
 

@@ -1,0 +1,161 @@
+"""What every ``mimo-accel`` subcommand checks on its command line before it starts any work.
+
+A bad value ends in one ``mimo-accel <cmd>: error: ...`` line that names the fix, exit 2:
+
+- numbers: the argparse ``type=`` functions :func:`positive_int` / :func:`nonnegative_int`
+  (argparse prints its usage line, then ``mimo-accel <cmd>: error: argument --steps: must be a
+  positive integer (1, 2, ...), got 0``);
+- paths: :func:`output_file` / :func:`output_dir` raise :class:`UsageError` for a file whose
+  directory is missing or not writable, or a directory that cannot be made, so nothing is
+  computed (and no temp directory made) before a bad ``--out`` / ``--json`` is found;
+- renamed flags: :class:`Renamed` keeps an old spelling working, hidden from ``--help``, and says
+  once that it is renamed;
+- :func:`fail` prints the one line (:func:`one_line`: any message or exception on one line); with
+  ``MIMO_ACCEL_TRACEBACK=1`` the traceback before it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Optional, Union
+
+__all__ = ["TRACEBACK_ENV", "UsageError", "Renamed", "fail", "nonnegative_int", "one_line", "output_dir", "output_file",
+           "parse", "positive_int"]
+
+TRACEBACK_ENV = "MIMO_ACCEL_TRACEBACK"  # 1: an error's traceback too, not only its one line (debugging)
+
+
+class UsageError(ValueError):
+    """A bad command line: printed as one ``mimo-accel <cmd>: error: ...`` line, exit 2."""
+
+
+# -- numbers ---------------------------------------------------------------------------------------
+
+
+def _integer(text: str, minimum: int, what: str) -> int:
+    try:
+        value = int(text)
+    except (TypeError, ValueError):
+        raise argparse.ArgumentTypeError(f"must be {what}, got {text!r}") from None
+    if value < minimum:
+        raise argparse.ArgumentTypeError(f"must be {what}, got {value}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    """argparse ``type=``: an integer >= 1 (steps, DP sizes, micro-batches, workers, ...)."""
+    return _integer(text, 1, "a positive integer (1, 2, ...)")
+
+
+def nonnegative_int(text: str) -> int:
+    """argparse ``type=``: an integer >= 0 (seeds, warm-up steps)."""
+    return _integer(text, 0, "an integer >= 0")
+
+
+class Renamed(argparse.Action):
+    """An old flag spelling, hidden from ``--help``: still works, and says once it is renamed.
+
+    ``p.add_argument("--cost", action=Renamed, new="--cost-model", dest="cost_model", help=argparse.SUPPRESS)``
+    """
+
+    def __init__(self, option_strings, dest, new: str, **kwargs):
+        kwargs.setdefault("help", argparse.SUPPRESS)
+        super().__init__(option_strings, dest, **kwargs)
+        self.new, self.said = new, False
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        if not self.said:
+            print(f"{parser.prog}: warning: {option_string} is renamed {self.new}; the old spelling still "
+                  "works for now", file=sys.stderr)
+            self.said = True
+        setattr(namespace, self.dest, values)
+
+
+def parse(parser: argparse.ArgumentParser, argv) -> Union[argparse.Namespace, int]:
+    """``parser.parse_args(argv)``, or the exit code where argparse stopped (0 after ``--help``,
+    2 after the usage line and the error it printed): a subcommand's ``main()`` returns it."""
+    try:
+        return parser.parse_args(argv)
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
+
+
+# -- paths ------------------------------------------------------------------------------------------
+
+
+def _nearest_existing(path: Path) -> Path:
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def _writable(directory: Path) -> bool:
+    return os.access(directory, os.W_OK | os.X_OK)
+
+
+def output_file(flag: str, path: Union[str, os.PathLike, None], *, make_parents: bool = False) -> Optional[Path]:
+    """``flag PATH`` names a file to write: PATH is not a directory and its directory exists and is
+    writable (``make_parents``: or can be made). None passes (the flag was not given)."""
+    if path is None:
+        return None
+    p = Path(path)
+    if p.is_dir():
+        raise UsageError(f"{flag} {path}: is a directory; give the path of a file to write")
+    parent = p.parent
+    if make_parents and not parent.exists():
+        output_dir(flag, parent, what=f"{flag} {path}")
+        return p
+    if not parent.exists():
+        raise UsageError(f"{flag} {path}: the directory {parent} does not exist; create it or give another path")
+    if not parent.is_dir():
+        raise UsageError(f"{flag} {path}: {parent} is a file, not a directory; give another path")
+    if not _writable(parent):
+        raise UsageError(f"{flag} {path}: the directory {parent} is not writable; give another path")
+    if p.exists() and not os.access(p, os.W_OK):
+        raise UsageError(f"{flag} {path}: the file exists and is not writable; give another path")
+    return p
+
+
+def output_dir(flag: str, path: Union[str, os.PathLike, None], *, what: Optional[str] = None) -> Optional[Path]:
+    """``flag DIR`` names a directory to write into, made (with its parents) if missing: DIR is a
+    directory if it exists, and the nearest existing directory above it is writable."""
+    if path is None:
+        return None
+    p = Path(path)
+    what = what or f"{flag} {path}"
+    if p.exists() and not p.is_dir():
+        raise UsageError(f"{what}: {p} is a file, not a directory; give a directory (it is made if missing)")
+    existing = _nearest_existing(p)
+    if not existing.is_dir():
+        raise UsageError(f"{what}: {existing} is a file, not a directory; give another path")
+    if not _writable(existing):
+        raise UsageError(f"{what}: the directory {existing} is not writable; give another path")
+    return p
+
+
+# -- the one line ---------------------------------------------------------------------------------
+
+
+def one_line(exc: Union[BaseException, str]) -> str:
+    """An error message on one line; an OSError as ``FILE: reason``, naming a missing directory."""
+    if isinstance(exc, OSError) and exc.filename is not None and exc.strerror:
+        text = f"{exc.filename}: {exc.strerror}"
+        parent = Path(str(exc.filename)).parent
+        if isinstance(exc, FileNotFoundError) and not parent.exists():
+            text += f" (the directory {parent} does not exist; create it or give another path)"
+        return text
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
+def fail(prog: str, exc: Union[BaseException, str]) -> int:
+    """Print ``<prog>: error: <one line>`` on stderr; returns 2 (a subcommand's ``main()`` returns it).
+    With ``MIMO_ACCEL_TRACEBACK=1`` the exception's traceback comes first (debugging)."""
+    if isinstance(exc, BaseException) and os.environ.get(TRACEBACK_ENV) == "1":
+        import traceback
+
+        traceback.print_exception(type(exc), exc, exc.__traceback__, file=sys.stderr)
+    print(f"{prog}: error: {one_line(exc)}", file=sys.stderr)
+    return 2
