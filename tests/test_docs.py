@@ -67,13 +67,13 @@ def _help(*argv: str) -> str:
 def _commands():
     for page in PAGES:
         for line in _code(page):
-            for m in re.finditer(r"mimo-accel ([a-z]+)([^|;\"')]*)", line):
+            for m in re.finditer(r"mimo-accel ([a-z][a-z-]*)([^|;\"')]*)", line):
                 yield page.name, line, m.group(1), m.group(2)
 
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
 def test_every_mimo_accel_command_names_real_flags(page):
-    subcommands = set(re.search(r"\{([a-z,]+)\}", _help("-m", "mimo_accel")).group(1).split(","))
+    subcommands = set(re.search(r"\{([a-z,-]+)\}", _help("-m", "mimo_accel")).group(1).split(","))
     found = 0
     for name, line, sub, rest in _commands():
         if name != page.name:
