@@ -8,7 +8,7 @@ PIP    := $(PY) -m pip --disable-pip-version-check
 STAMP  := $(VENV)/.mimo-accel-installed
 PINS   := -c requirements/constraints.txt
 
-# Megatron releases this project targets (see README "Supported upstream versions"), and
+# Megatron releases this project targets (see docs/compatibility.md), and
 # nvidia-modelopt, which megatron.bridge.training imports (its own deps pull in CUDA packages).
 MODELOPT      := nvidia-modelopt==0.47.0
 MEGATRON_PKGS := megatron-core==0.19.2 megatron-bridge==0.6.2 $(MODELOPT)

@@ -15,6 +15,7 @@ import numpy as np
 from mimo_accel.balance import balance_modules, module_spreads
 from mimo_accel.costs import CostIndex, CostModel
 from mimo_accel.modules import Modules
+from mimo_accel.nvtx import ranged
 
 
 class CostIndexPlanner:
@@ -59,6 +60,7 @@ class CostIndexPlanner:
                                  "rebuild it with `mimo-accel index`")
         return costs
 
+    @ranged("mimo_accel/plan")
     def __call__(self, indices: Sequence[int], micro_batches: int = 1) -> tuple[list[int], dict[str, float]]:
         """Plan ``micro_batches`` consecutive global micro-batches together (a window): the
         result's j-th block of len/micro_batches samples is micro-batch j, cut into G groups."""

@@ -217,12 +217,123 @@ def test_mismatched_layouts_warn(tmp_path, capsys):
     assert "different layouts" in _text(c)
 
 
-def test_html_and_png_are_written(tmp_path):
+class _Page:
+    """What an HTML page holds: its tables (caption -> rows of cell texts, the header first), its
+    images' sources, and whether any <pre> is in it (stdlib html.parser)."""
+
+    def __init__(self, text: str):
+        from html.parser import HTMLParser
+
+        page = self
+        self.tables: dict = {}
+        self.images: list = []
+        self.pre = False
+
+        class Parser(HTMLParser):
+            def __init__(self):
+                super().__init__()
+                self.caption = self.row = self.cell = None
+
+            def handle_starttag(self, tag, attrs):
+                if tag == "pre":
+                    page.pre = True
+                elif tag == "img":
+                    page.images.append(dict(attrs))
+                elif tag == "caption":
+                    self.caption = ""
+                elif tag == "tr":
+                    self.row = []
+                elif tag in ("td", "th"):
+                    self.cell = ""
+
+            def handle_endtag(self, tag):
+                if tag == "caption":
+                    page.tables[self.caption] = self.rows = []
+                    self.caption = None
+                elif tag in ("td", "th"):
+                    self.row.append(self.cell)
+                    self.cell = None
+                elif tag == "tr":
+                    self.rows.append(self.row)
+
+            def handle_data(self, data):
+                if self.caption is not None:
+                    self.caption += data
+                elif self.cell is not None:
+                    self.cell += data
+
+        Parser().feed(text)
+
+    def rows(self, caption: str) -> dict:
+        """first cell -> the row's other cells."""
+        return {r[0]: r[1:] for r in self.tables[caption][1:]}
+
+
+def test_the_html_has_real_tables_and_its_charts_embedded(tmp_path):
+    import base64
+
+    from PIL import Image
+
     b = two_by_two(tmp_path / "b")
     a = two_by_two(tmp_path / "a", slow=1.0)
     html = tmp_path / "r.html"
-    assert main([str(b), str(a), "--html", str(html)], console=Console(file=io.StringIO(), width=140)) == 0
-    assert "<html" in html.read_text().lower() and "straggler" in html.read_text()
+    assert main([str(b), str(a), "--html", str(html)], console=_console()) == 0
+    page = _Page(html.read_text(encoding="utf-8"))
+    assert not page.pre  # not the terminal text
+    assert {"Runs", "Summary", "Vision encoder time per rank (fwd + bwd per step)",
+            "Data movement per rank (mean per step)"} <= set(page.tables)
+    summary = page.rows("Summary")
+    assert page.tables["Summary"][0] == ["metric", "before", "after", "after/before"]
+    assert summary["vision straggler max/mean p50"] == ["1.333", "1.000", "×0.75 (-25%)"]
+    assert summary["samples read per step, all ranks"][:2] == ["32", "32"]
+    assert page.rows("Vision encoder time per rank (fwd + bwd per step)")["1"][:2] == ["1", "600.00 ms"]
+    assert len(page.images) == 2  # module time + step-time CDF; the straggler per step per module
+    for img in page.images:
+        head, _, data = img["src"].partition(",")
+        assert head == "data:image/png;base64"
+        png = tmp_path / "chart.png"
+        png.write_bytes(base64.b64decode(data))
+        with Image.open(png) as im:
+            assert im.format == "PNG" and im.size[0] > 500
+    assert "straggler" in page.images[1]["alt"].lower()
+
+
+def test_the_straggler_chart_draws_every_module_per_step(tmp_path):
+    from mimo_accel.tools.report import _figures, _pyplot
+
+    before = build(read_run(three_modules(tmp_path / "b", slow={"images": 2.0, "audios": 1.5, "language": 3.0})),
+                   read_run(three_modules(tmp_path / "a", slow={}, label="accelerated")))
+    figures = _figures(before["before"], before["after"])
+    caption, fig = figures[1]
+    assert "per step" in caption
+    axes = fig.axes
+    assert [ax.get_title() for ax in axes] == [f"{m} straggler per step" for m in ("images", "audios", "language")]
+    for ax, ratio in zip(axes, (4 / 3, 1.2, 1.5)):
+        before_line, after_line = ax.get_lines()[:2]
+        assert list(before_line.get_xdata()) == [1, 2, 3, 4]  # step 0 is warm-up
+        assert list(before_line.get_ydata()) == pytest.approx([ratio] * 4)
+        assert list(after_line.get_ydata()) == pytest.approx([1.0] * 4)
+    for _, f in figures:
+        _pyplot().close(f)
+
+
+def test_the_html_without_matplotlib_keeps_its_tables_and_says_so(tmp_path, monkeypatch, capsys):
+    from mimo_accel.tools import report
+
+    def no_matplotlib():
+        raise RuntimeError("charts need matplotlib: pip install matplotlib (or mimo-accel[charts])")
+
+    monkeypatch.setattr(report, "_pyplot", no_matplotlib)
+    html = tmp_path / "r.html"
+    assert main([str(two_by_two(tmp_path / "b")), "--html", str(html)], console=_console()) == 0
+    page = _Page(html.read_text(encoding="utf-8"))
+    assert "Summary" in page.tables and not page.images
+    assert "the HTML has no charts: charts need matplotlib" in capsys.readouterr().err
+
+
+def test_html_and_png_are_written(tmp_path):
+    b = two_by_two(tmp_path / "b")
+    a = two_by_two(tmp_path / "a", slow=1.0)
     import matplotlib  # noqa: F401  -- a declared dependency (requirements/dev.txt): must be there
     png = tmp_path / "r.png"
     assert main([str(b), str(a), "--png", str(png)], console=_console()) == 0

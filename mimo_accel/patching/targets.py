@@ -63,7 +63,10 @@ MODULE_DP_INFO = (Target(STEP, "_get_module_dp_info", STEP, ("megatron_mimo_mode
 LOADER_BUILDER = _everywhere("build_megatron_mimo_data_loaders", LOADERS,
                              ("cfg", "train_state", "megatron_mimo_provider"), DATA_PKG)
 SETUP_ENTRY = (Target(PRETRAIN, "setup_megatron_mimo", SETUP, ("state", "build_data_iterators_fn")),)
-TRAIN_ENTRY = (Target(PRETRAIN, "train_megatron_mimo", TRAIN, ("forward_step_func", "model")),)
+# the profiler's metrics take Bridge's GlobalState (its logger config and writers) from global_state
+TRAIN_ENTRY = (Target(PRETRAIN, "train_megatron_mimo", TRAIN,
+                      ("forward_step_func", "model", "optimizer", "schedulers", "train_data_iterator",
+                       "valid_data_iterator", "global_state")),)
 ENCODE = (Target(MIMO_SUBMODULES, "ModalitySubmodules.encode", MIMO_SUBMODULES,
                  ("self", "encoders_data_batch")),)
 OPTIMIZER_STEP = (Target(MIMO_OPTIMIZER, "MimoOptimizer.step", MIMO_OPTIMIZER, ("self",)),)

@@ -57,6 +57,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from mimo_accel import nvtx
+
 FORMAT = "mimo-accel-profile/2"
 #: The format before per-module timing: ``vision_fwd_s`` / ``vision_bwd_s`` in every step line.
 FORMAT_V1 = "mimo-accel-profile/1"
@@ -301,6 +303,10 @@ class Recorder:
 
         self._next_step = 0
         self._open: dict[str, tuple[int, Any]] = {}  # name -> (depth, start mark)
+        # on CUDA, each region is also an NVTX range mimo_accel/<name> (mimo_accel.nvtx), opened
+        # and closed with the region (start/end ranges: a backward may close on another thread)
+        self._nvtx = self.device == "cuda"
+        self._ranges: dict[str, Any] = {}
         self._pending: list[tuple[str, Any, Any]] = []  # lazy clocks: (name, start, stop)
         self._reset_step()
 
@@ -425,6 +431,8 @@ class Recorder:
             depth, mark = self._open.get(name, (0, None))
             if depth == 0:
                 mark = self._clock.mark()
+                if self._nvtx:
+                    self._ranges[name] = nvtx.start(f"mimo_accel/{name}")
             self._open[name] = (depth + 1, mark)
 
     def stop(self, name: str) -> None:
@@ -438,6 +446,8 @@ class Recorder:
                 return
             del self._open[name]
             stop = self._clock.mark()
+            if self._nvtx:
+                nvtx.end(self._ranges.pop(name, None))
             self._calls[name] = self._calls.get(name, 0) + 1
             if self._clock.lazy:
                 self._pending.append((name, mark, stop))

@@ -464,7 +464,9 @@ def build_config(args, layout: MimoLayout) -> ConfigContainer:
             # derives it from the optimizer's weight decay.
             start_weight_decay=0.0, end_weight_decay=0.0, weight_decay_incr_style="constant"),
         dataset=data,
-        logger=LoggerConfig(log_interval=1),
+        # --tensorboard-dir: Bridge's own TensorBoard writer (on the last rank), every iteration;
+        # with the profiler on, mimo_accel's per-step figures go through it under mimo_accel/
+        logger=LoggerConfig(log_interval=1, tensorboard_dir=args.tensorboard_dir),
         tokenizer=TokenizerConfig(),
         checkpoint=checkpoint,
         ddp=DistributedDataParallelConfig(),
@@ -556,6 +558,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--upstream-packing", action="store_true",
                    help="upstream's own step packing (dataset.enable_in_batch_packing; Megatron-Bridge main)")
     p.add_argument("--trace", default=None, help="append one JSON line per rank and training iteration")
+    p.add_argument("--tensorboard-dir", default=None,
+                   help="Bridge's logger writes TensorBoard event files here (LoggerConfig(tensorboard_dir=..., "
+                        "log_interval=1)); with the profiler on, mimo_accel's per-step figures too, under mimo_accel/")
     p.add_argument("--dist-timeout", type=float, default=300.0, help="seconds (CPU/gloo process group)")
     args = p.parse_args(argv)
     if args.eval_interval == 0:

@@ -16,8 +16,10 @@ Every module is timed under its own name (:mod:`mimo_accel.modules`): regions ``
 - the step's batch hook (:meth:`Profiling.record_batch`): samples, real tokens (``tokens`` = Σ L,
   ``sq_tokens`` = Σ L² over the batch's samples, L = a sample's attention-mask row sum), samples
   and bytes read by this rank, and what the plan predicted for the batch (from its tag).
-- ``MimoOptimizer.step``: closes the step line (one line per training iteration).
-- ``train_megatron_mimo`` (via ``pretrain_megatron_mimo``): closes the file when training ends.
+- ``MimoOptimizer.step``: closes the step line (one line per training iteration) and, where
+  Bridge's logger writes to TensorBoard / W&B, hands it to :mod:`mimo_accel.runtime.metrics`.
+- ``train_megatron_mimo`` (via ``pretrain_megatron_mimo``): takes Bridge's ``global_state`` (its
+  logger config and writers) for the run's metrics, and closes the file when training ends.
 
 Evaluation passes (forward-only under ``torch.no_grad``) are in no step line, for any module.
 """
@@ -141,6 +143,7 @@ class Profiling:
         # Device-side counts of the current step, read back once at the step's end (the optimizer
         # step has synchronised by then), so profiling adds no host sync per micro-batch.
         self._pending_counts: list = []
+        self.metrics = None  # runtime.metrics.Metrics of the training run under way, if it logs
 
     def recorder(self):
         """This rank's Recorder, created on first use (needs torch.distributed to be initialised)."""
@@ -218,12 +221,23 @@ class Profiling:
             self._module_of.clear()
             self._pending_counts.clear()
             self._noted.clear()
+            self.metrics = None
             if self._recorder is not None:
                 self._recorder.close()
             self._recorder = None
 
+    def start_run(self, global_state) -> None:
+        """Bridge's training loop starts with ``global_state``: its figures go to Bridge's writers
+        when its logger has any (:meth:`mimo_accel.runtime.metrics.Metrics.for_run`)."""
+        from mimo_accel.runtime.metrics import Metrics
+
+        self.metrics = Metrics.for_run(global_state) if global_state is not None else None
+
     def finish(self) -> None:
         """Training ended: close this rank's file (a recorder not yet made stays unmade)."""
+        metrics, self.metrics = self.metrics, None
+        if metrics is not None:
+            metrics.close()
         with self._lock:
             if self._recorder is not None:
                 self._recorder.close()
@@ -283,7 +297,9 @@ class Profiling:
             rec.add(**{name: int(value)})
         self._pending_counts.clear()
         self._attach_new_notes(rec)
-        rec.end_step()
+        record = rec.end_step()
+        if self.metrics is not None:
+            self.metrics.after_step(rec.header, record)
 
     def time_encoders(self, submodule, encoders_data_batch) -> None:
         """Attach a timer and a counting hook to each encoder of ``submodule`` on first use, both
@@ -363,8 +379,15 @@ def wrap_optimizer_step(original: Callable, runtime: Runtime) -> Callable:
 
 
 def wrap_train_entry(original: Callable, runtime: Runtime) -> Callable:
+    import inspect
+
+    signature = inspect.signature(original)  # its global_state: checked by the patch's target
+
     @functools.wraps(original)
     def train_megatron_mimo(*args, **kwargs):
+        profiling: Optional[Profiling] = runtime.profiling
+        if profiling is not None:
+            profiling.start_run(signature.bind_partial(*args, **kwargs).arguments.get("global_state"))
         try:
             return original(*args, **kwargs)
         finally:

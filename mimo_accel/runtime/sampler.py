@@ -19,6 +19,7 @@ from __future__ import annotations
 from typing import Any, Callable, Iterator, Optional, Sequence
 
 from mimo_accel.grid import check_micro_batch
+from mimo_accel.nvtx import ranged
 from mimo_accel.runtime.shard import SHARD_TAG_KEY, ShardContext, tag_for
 
 # planner(global_indices, micro_batches) -> (the same indices in canonical-group order, the predicted
@@ -120,6 +121,7 @@ class ReadsOf:
         except Exception as exc:
             raise load_error(self.dataset, index, exc) from exc
 
+    @ranged("mimo_accel/read")  # NVTX on CUDA only (mimo_accel.nvtx)
     def __getitems__(self, indices) -> SamplesRead:
         own = getattr(self.dataset, "__getitems__", None)
         if own is None:

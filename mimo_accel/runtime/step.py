@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 from mimo_accel.modules import LANGUAGE
+from mimo_accel.nvtx import ranged
 from mimo_accel.runtime.shard import SHARD_TAG_KEY, ShardTag
 from mimo_accel.runtime.state import Runtime
 
@@ -212,6 +213,7 @@ def _batch_size(batch: dict) -> int:
     return int(ids.size(0)) if ids is not None and ids.dim() == 2 else 0
 
 
+@ranged("mimo_accel/pack")  # NVTX on CUDA only (mimo_accel.nvtx)
 def pack_for_language_model(batch: dict, role: StepRole, pad_multiple: int,
                             say_once: Callable[[str, str], object]) -> dict:
     """THD-pack the language shard. Lengths come from the padding ``attention_mask``; when it is all

@@ -43,6 +43,7 @@ import math
 import sys
 from collections import defaultdict
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -56,8 +57,8 @@ from mimo_accel.tools.arguments import UsageError, fail, nonnegative_int, output
 from mimo_accel.profiler import json_safe
 from mimo_accel.profiler import record_number as _num
 
-__all__ = ["REPORT_FORMAT", "STABLE_KEYS", "build", "compare", "main", "render", "summarize", "write_json",
-           "write_png"]
+__all__ = ["REPORT_FORMAT", "STABLE_KEYS", "build", "compare", "main", "render", "summarize", "write_html",
+           "write_json", "write_png"]
 
 REPORT_FORMAT = "mimo-accel-report/1"
 
@@ -173,6 +174,7 @@ def _module_time(run: Run, steps_of: dict[int, dict[int, dict[str, Any]]], name:
             "covers those present"
         )
     ratios: list[float] = []
+    ratio_steps: list[int] = []  # the steps of ``ratios`` (a step whose replicas all took 0 s has none)
     maxes: list[float] = []
     slow_counts: dict[int, int] = defaultdict(int)
     ties = 0
@@ -183,6 +185,7 @@ def _module_time(run: Run, steps_of: dict[int, dict[int, dict[str, Any]]], name:
         maxes.append(mx)
         if m > 0:
             ratios.append(mx / m)
+            ratio_steps.append(st)
         if len(times) > 1:
             if mx - min(times) <= 1e-12 * max(mx, 1e-30):
                 ties += 1
@@ -213,7 +216,7 @@ def _module_time(run: Run, steps_of: dict[int, dict[int, dict[str, Any]]], name:
         "max_mean": _mean(maxes),
         "per_rank": per_rank,
         "slowest": slowest,
-        "series": {"step": common, "max_over_mean": ratios},
+        "series": {"step": ratio_steps, "max_over_mean": ratios},
     }
 
 
@@ -540,6 +543,19 @@ def compare(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------------------------- render
+# The report is one list of blocks — tables (:class:`_Table`), messages, lines — that the terminal
+# (rich, :func:`render`) and the HTML page (:func:`write_html`) render alike.
+
+
+@dataclass
+class _Table:
+    title: str
+    columns: list[tuple[str, bool]]  # (header, right-justified)
+    rows: list[list[Any]] = field(default_factory=list)  # cells: str, or (str, style) — see _STYLES
+
+
+# a cell's style -> (rich style, HTML class)
+_STYLES = {"better": ("green", "better"), "worse": ("red", "worse"), "dim": ("dim", "dim"), "": ("", "")}
 
 
 def _fmt(value: Any, kind: str) -> str:
@@ -561,14 +577,13 @@ def _fmt(value: Any, kind: str) -> str:
     return str(value)
 
 
-def _change_text(ratio: float | None, lower_is_better: bool) -> Text:
+def _change_cell(ratio: float | None, lower_is_better: bool) -> tuple[str, str]:
     if ratio is None:
-        return Text("—", style="dim")
+        return "—", "dim"
     pct = (ratio - 1.0) * 100
     better = ratio < 0.98 if lower_is_better else ratio > 1.02
     worse = ratio > 1.02 if lower_is_better else ratio < 0.98
-    style = "green" if better else "red" if worse else ""
-    return Text(f"×{ratio:.2f} ({pct:+.0f}%)", style=style)
+    return f"×{ratio:.2f} ({pct:+.0f}%)", "better" if better else "worse" if worse else ""
 
 
 def _slowest_line(s: dict[str, Any], module: str = "vision") -> str:
@@ -583,29 +598,14 @@ def _slowest_line(s: dict[str, Any], module: str = "vision") -> str:
     return f"{module} DP replica {slow['dp_rank']} ({who}) slowest in {slow['fraction']:.0%} of {slow['steps']} steps"
 
 
-def render(
-    before: dict[str, Any],
-    after: dict[str, Any] | None = None,
-    console: Console | None = None,
-) -> None:
-    """Print the report of one summary, or of a before/after pair with a change column."""
-    console = console or Console()
-    two = after is not None
-    cmp = compare(before, after) if after is not None else {"change": {}, "warnings": []}
-    console.rule("[bold]mimo-accel profile report")
-
-    src = Table(title="Runs", show_header=True, header_style="bold")
-    src.add_column("")
-    src.add_column("label")
-    src.add_column("directory", overflow="fold")
-    src.add_column("ranks")
-    src.add_column("steps")
-    src.add_column("device / clock")
-    for name, s in (("before", before), ("after", after)) if two else (("run", before),):
+def _runs_table(before: dict[str, Any], after: dict[str, Any] | None) -> _Table:
+    t = _Table("Runs", [("", False), ("label", False), ("directory", False), ("ranks", False), ("steps", False),
+                        ("device / clock", False)])
+    for name, s in (("before", before), ("after", after)) if after is not None else (("run", before),):
         assert s is not None
         clock = s.get("clock") or {}
         present = len(s.get("ranks_present", []))
-        src.add_row(
+        t.rows.append([
             name,
             str(s.get("label", "")),
             str(s.get("directory", "")),
@@ -614,98 +614,73 @@ def render(
             f"{s.get('steps_counted', 0)}"
             + (f" (skipped {len(s['warmup_skipped'])} warm-up)" if s.get("warmup_skipped") else ""),
             f"{s.get('device') or '?'} / {clock.get('regions', '?') if isinstance(clock, dict) else clock}",
-        )
-    console.print(src)
+        ])
+    return t
 
+
+def _messages(before: dict[str, Any], after: dict[str, Any] | None) -> list[tuple[str, str]]:
+    """``(kind, text)``: the warnings (kind ``warning``) and the notes the features gave (``note``)."""
+    two = after is not None
     warnings = [*(f"before: {w}" if two else w for w in before.get("warnings", []))]
     if after is not None:
         warnings += [f"after: {w}" for w in after.get("warnings", [])]
-        warnings += cmp["warnings"]
-    for w in warnings:
-        console.print(Text(f"⚠ {w}", style="yellow"))
+        warnings += compare(before, after)["warnings"]
+    out = [("warning", w) for w in warnings]
     for side, s in (("before", before), ("after", after)):
         for note in (s or {}).get("notes", []):
-            console.print(Text(f"note ({side}): {note}" if two else f"note: {note}", style="cyan"))
+            out.append(("note", f"note ({side}): {note}" if two else f"note: {note}"))
+    return out
 
-    table = Table(title="Summary", header_style="bold")
-    table.add_column("metric")
-    table.add_column("before" if two else "value", justify="right")
+
+def _summary_table(before: dict[str, Any], after: dict[str, Any] | None) -> _Table:
+    two = after is not None
+    change = compare(before, after)["change"] if after is not None else {}
+    columns = [("metric", False), ("before" if two else "value", True)]
     if two:
-        table.add_column("after", justify="right")
-        table.add_column("after/before", justify="right")
+        columns += [("after", True), ("after/before", True)]
+    t = _Table("Summary", columns)
     for key, label, kind, lower in _module_rows(before, after):
         b = _get(before, key)
-        row = [label, _fmt(b, kind)]
+        row: list[Any] = [label, _fmt(b, kind)]
         if after is not None:
             a = _get(after, key)
-            ratio = cmp["change"].get(key)
+            ratio = change.get(key)
             if ratio is None and isinstance(a, (int, float)) and isinstance(b, (int, float)) and b:
                 ratio = a / b
-            row += [_fmt(a, kind), _change_text(ratio, lower)]
-        table.add_row(*row)
-    console.print(table)
+            row += [_fmt(a, kind), _change_cell(ratio, lower)]
+        t.rows.append(row)
+    return t
+
+
+def _slowest_lines(before: dict[str, Any], after: dict[str, Any] | None) -> list[str]:
+    two = after is not None
+    lines = []
     if any(key == "vision_max_over_mean_p50" for key, *_ in _module_rows(before, after)):
-        console.print(f"slowest: {_slowest_line(before)}" if not two else f"slowest before: {_slowest_line(before)}")
+        lines.append(f"slowest: {_slowest_line(before)}" if not two else f"slowest before: {_slowest_line(before)}")
         if after is not None:
-            console.print(f"slowest after:  {_slowest_line(after)}")
+            lines.append(f"slowest after:  {_slowest_line(after)}")
     for m in _timed_modules(before, after):
         if m == "vision":
             continue
         for side, s in (("before", before), ("after", after)) if two else (("", before),):
             st = ((s or {}).get("per_module") or {}).get(m)
             if st:
-                console.print(f"slowest {m}{' ' + side if side else ''}: {_slowest_line(st, m)}")
-
-    _render_vision(console, before, after)
-    for m in _timed_modules(before, after):
-        if m != "vision":
-            _render_module(console, m, before, after)
-    _render_tokens(console, before, after)
-    _render_io(console, before, after)
+                lines.append(f"slowest {m}{' ' + side if side else ''}: {_slowest_line(st, m)}")
+    return lines
 
 
-def _render_vision(console: Console, before: dict[str, Any], after: dict[str, Any] | None) -> None:
-    _render_per_rank(console, "Vision encoder time per rank (fwd + bwd per step)",
-                     [(s or {}).get("vision_per_rank", {}) for s in (before, after)], after is not None)
-
-
-def _render_module(console: Console, module: str, before: dict[str, Any], after: dict[str, Any] | None) -> None:
-    title = ("Language model time per rank (fwd + bwd per step)" if module == LANGUAGE
-             else f"Encoder {module!r} time per rank (fwd + bwd per step)")
-    per = [(((s or {}).get("per_module") or {}).get(module) or {}).get("per_rank", {}) for s in (before, after)]
-    _render_per_rank(console, title, per, after is not None)
-
-
-def _render_tokens(console: Console, before: dict[str, Any], after: dict[str, Any] | None) -> None:
-    sides = [("", before)] if after is None else [("before ", before), ("after ", after)]
-    dps = sorted({int(d) for _, s in sides for d in (s or {}).get("language_tokens_per_replica", {})})
-    if not dps:
-        return
-    t = Table(title="Language real tokens per replica per step, mean", header_style="bold")
-    t.add_column("dp", justify="right")
-    for prefix, _ in sides:
-        t.add_column(f"{prefix}tokens", justify="right")
-    for dp in dps:
-        t.add_row(str(dp), *(_fmt((s or {}).get("language_tokens_per_replica", {}).get(str(dp)), "count")
-                             for _, s in sides))
-    console.print(t)
-
-
-def _render_per_rank(console: Console, title: str, per_rank: list[dict[str, Any]], two: bool) -> None:
+def _per_rank_table(title: str, per_rank: list[dict[str, Any]], two: bool) -> _Table | None:
     before_pr, after_pr = per_rank[0], per_rank[1] if two else None
     ranks = sorted({int(r) for pr in (before_pr, after_pr) if pr for r in pr})
     if not ranks:
-        return
-    after = after_pr
-    t = Table(title=title, header_style="bold")
-    t.add_column("rank", justify="right")
-    t.add_column("dp", justify="right")
-    sides = [("", before_pr)] if after is None else [("before ", before_pr), ("after ", after)]
+        return None
+    sides = [("", before_pr)] if after_pr is None else [("before ", before_pr), ("after ", after_pr)]
+    columns = [("rank", True), ("dp", True)]
     for prefix, _ in sides:
-        for stat in ("mean", "p50", "p99"):
-            t.add_column(f"{prefix}{stat}", justify="right")
-    if after is not None:
-        t.add_column("mean after/before", justify="right")
+        columns += [(f"{prefix}{stat}", True) for stat in ("mean", "p50", "p99")]
+    if after_pr is not None:
+        columns.append(("mean after/before", True))
+    t = _Table(title, columns)
     for rank in ranks:
         row: list[Any] = [str(rank)]
         dp = None
@@ -717,55 +692,118 @@ def _render_per_rank(console: Console, title: str, per_rank: list[dict[str, Any]
             means.append(st.get("mean") if st else None)
             row += [_fmt(st.get(k) if st else None, "s") for k in ("mean", "p50", "p99")]
         row.insert(1, "—" if dp is None else str(dp))
-        if after is not None:
+        if after_pr is not None:
             b, a = means
-            row.append(_change_text(a / b if a is not None and b else None, True))
-        t.add_row(*row)
-    console.print(t)
+            row.append(_change_cell(a / b if a is not None and b else None, True))
+        t.rows.append(row)
+    return t
 
 
-def _render_io(console: Console, before: dict[str, Any], after: dict[str, Any] | None) -> None:
+def _module_time_tables(before: dict[str, Any], after: dict[str, Any] | None) -> list[_Table]:
+    two = after is not None
+    tables = [_per_rank_table("Vision encoder time per rank (fwd + bwd per step)",
+                              [(s or {}).get("vision_per_rank", {}) for s in (before, after)], two)]
+    for module in _timed_modules(before, after):
+        if module == "vision":
+            continue
+        title = ("Language model time per rank (fwd + bwd per step)" if module == LANGUAGE
+                 else f"Encoder {module!r} time per rank (fwd + bwd per step)")
+        per = [(((s or {}).get("per_module") or {}).get(module) or {}).get("per_rank", {}) for s in (before, after)]
+        tables.append(_per_rank_table(title, per, two))
+    return [t for t in tables if t is not None]
+
+
+def _tokens_table(before: dict[str, Any], after: dict[str, Any] | None) -> _Table | None:
+    sides = [("", before)] if after is None else [("before ", before), ("after ", after)]
+    dps = sorted({int(d) for _, s in sides for d in (s or {}).get("language_tokens_per_replica", {})})
+    if not dps:
+        return None
+    t = _Table("Language real tokens per replica per step, mean",
+               [("dp", True), *((f"{prefix}tokens", True) for prefix, _ in sides)])
+    for dp in dps:
+        t.rows.append([str(dp), *(_fmt((s or {}).get("language_tokens_per_replica", {}).get(str(dp)), "count")
+                                  for _, s in sides)])
+    return t
+
+
+def _io_table(before: dict[str, Any], after: dict[str, Any] | None) -> _Table | None:
     keys = (("samples_read_per_rank", "samples read", "count"), ("bytes_read_per_rank", "bytes read", "bytes"),
             ("bytes_exchanged_per_rank", "bytes exchanged", "bytes"))
     sides = [s for s in (before, after) if s]
     keys = tuple(k for k in keys if any(v for s in sides for v in s.get(k[0], {}).values()))
     if not keys:
-        return
+        return None
     ranks = sorted({int(r) for s in sides for r in s.get("samples_read_per_rank", {})})
     modules = {int(r): m for s in sides for m, rs in s.get("modules", {}).items() for r in rs}
-    t = Table(title="Data movement per rank (mean per step)", header_style="bold")
-    t.add_column("rank", justify="right")
-    t.add_column("module")
+    columns = [("rank", True), ("module", False)]
     for _, label, _ in keys:
-        if after is None:
-            t.add_column(label, justify="right")
-        else:
-            t.add_column(f"{label} before", justify="right")
-            t.add_column(f"{label} after", justify="right")
+        columns += ([(label, True)] if after is None else [(f"{label} before", True), (f"{label} after", True)])
+    t = _Table("Data movement per rank (mean per step)", columns)
     for rank in ranks:
         row = [str(rank), modules.get(rank, "?")]
         for key, _, kind in keys:
             for s in sides:
                 row.append(_fmt(s.get(key, {}).get(str(rank)), kind))
-        t.add_row(*row)
-    console.print(t)
+        t.rows.append(row)
+    return t
 
 
-# ---------------------------------------------------------------------------------------- PNG
+def _detail_tables(before: dict[str, Any], after: dict[str, Any] | None) -> list[_Table]:
+    """The tables after the summary: every module's time per rank, tokens, data movement."""
+    tables = _module_time_tables(before, after)
+    tables += [t for t in (_tokens_table(before, after), _io_table(before, after)) if t is not None]
+    return tables
 
 
-def write_png(before: dict[str, Any], after: dict[str, Any] | None, path: str | Path) -> None:
-    """Per-rank module time bars (every timed module's ranks, before/after) and a step-time CDF, as
-    one PNG. Needs matplotlib."""
+def _rich_table(t: _Table) -> Table:
+    table = Table(title=t.title, header_style="bold")
+    for header, right in t.columns:
+        table.add_column(header, justify="right" if right else "left",
+                         overflow="fold" if header == "directory" else "ellipsis")
+    for row in t.rows:
+        table.add_row(*(Text(c[0], style=_STYLES[c[1]][0]) if isinstance(c, tuple) else c for c in row))
+    return table
+
+
+def render(
+    before: dict[str, Any],
+    after: dict[str, Any] | None = None,
+    console: Console | None = None,
+) -> None:
+    """Print the report of one summary, or of a before/after pair with a change column."""
+    console = console or Console()
+    console.rule("[bold]mimo-accel profile report")
+    console.print(_rich_table(_runs_table(before, after)))
+    for kind, text in _messages(before, after):
+        console.print(Text(f"⚠ {text}", style="yellow") if kind == "warning" else Text(text, style="cyan"))
+    console.print(_rich_table(_summary_table(before, after)))
+    for line in _slowest_lines(before, after):
+        console.print(line)
+    for t in _detail_tables(before, after):
+        console.print(_rich_table(t))
+
+
+# ---------------------------------------------------------------------------------------- charts
+
+
+def _pyplot():
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError as e:
-        raise RuntimeError("--png needs matplotlib: pip install matplotlib") from e
+        raise RuntimeError("charts need matplotlib: pip install matplotlib (or mimo-accel[charts])") from e
+    return plt
 
-    sides = [("before", before)] + ([("after", after)] if after is not None else [])
+
+def _sides(before: dict[str, Any], after: dict[str, Any] | None) -> list[tuple[str, dict[str, Any]]]:
+    return [("before", before)] + ([("after", after)] if after is not None else [])
+
+
+def _plot_module_time(ax, before: dict[str, Any], after: dict[str, Any] | None) -> None:
+    """Per-rank module time bars (every timed module's ranks, before/after), p99 ticks."""
+    sides = _sides(before, after)
 
     def per_rank(s: dict[str, Any]) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -774,7 +812,6 @@ def write_png(before: dict[str, Any], after: dict[str, Any] | None, path: str | 
         return out or s.get("vision_per_rank", {})
 
     module_of = {int(r): m for _, s in sides for m in _timed_modules(s) for r in s["per_module"][m]["per_rank"]}
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
     ranks = sorted({int(r) for _, s in sides for r in per_rank(s)})
     width = 0.8 / len(sides)
     for i, (name, s) in enumerate(sides):
@@ -782,32 +819,175 @@ def write_png(before: dict[str, Any], after: dict[str, Any] | None, path: str | 
         xs = [j + (i - (len(sides) - 1) / 2) * width for j in range(len(ranks))]
         means = [((per.get(str(r)) or {}).get("mean") or 0.0) * 1e3 for r in ranks]
         p99 = [((per.get(str(r)) or {}).get("p99") or 0.0) * 1e3 for r in ranks]
-        ax1.bar(xs, means, width=width, label=f"{name} mean")
-        ax1.scatter(xs, p99, marker="_", s=120, color="black", zorder=3, label="p99" if i == 0 else None)
-    ax1.set_xticks(range(len(ranks)))
+        ax.bar(xs, means, width=width, label=f"{name} mean")
+        ax.scatter(xs, p99, marker="_", s=120, color="black", zorder=3, label="p99" if i == 0 else None)
+    ax.set_xticks(range(len(ranks)))
     small = len(ranks) > 16
-    ax1.set_xticklabels([f"{r}\n{module_of.get(r, '')}" if not small else str(r) for r in ranks],
-                        fontsize=8 if small else 9)
-    ax1.set_xlabel("rank (module)")
-    ax1.set_ylabel("module fwd+bwd per step (ms)")
-    ax1.set_title("Module time per rank")
+    ax.set_xticklabels([f"{r}\n{module_of.get(r, '')}" if not small else str(r) for r in ranks],
+                       fontsize=8 if small else 9)
+    ax.set_xlabel("rank (module)")
+    ax.set_ylabel("module fwd+bwd per step (ms)")
+    ax.set_title("Module time per rank")
     if ranks:
-        ax1.legend()
+        ax.legend()
     else:
-        ax1.text(0.5, 0.5, "no module timing", ha="center", va="center", transform=ax1.transAxes)
-    for name, s in sides:
+        ax.text(0.5, 0.5, "no module timing", ha="center", va="center", transform=ax.transAxes)
+
+
+def _plot_step_time_cdf(ax, before: dict[str, Any], after: dict[str, Any] | None) -> None:
+    for name, s in _sides(before, after):
         times = sorted(v * 1e3 for v in s.get("series", {}).get("step_time_s", []))
         if times:
             ys = [(i + 1) / len(times) for i in range(len(times))]
-            ax2.step([times[0], *times], [0.0, *ys], where="post", label=f"{name} ({s.get('label', '')})")
-    ax2.set_xlabel("step time (ms)")
-    ax2.set_ylabel("fraction of steps")
-    ax2.set_title("Step time CDF")
-    ax2.set_ylim(0, 1.02)
-    ax2.legend()
+            ax.step([times[0], *times], [0.0, *ys], where="post", label=f"{name} ({s.get('label', '')})")
+    ax.set_xlabel("step time (ms)")
+    ax.set_ylabel("fraction of steps")
+    ax.set_title("Step time CDF")
+    ax.set_ylim(0, 1.02)
+    ax.legend()
+
+
+def _straggler_modules(before: dict[str, Any], after: dict[str, Any] | None) -> list[str]:
+    """The modules with a per-step straggler series on either side, in the layout's order."""
+    return [m for m in _timed_modules(before, after)
+            if any(((s.get("series") or {}).get("modules") or {}).get(m, {}).get("max_over_mean")
+                   for _, s in _sides(before, after))]
+
+
+def _plot_straggler(ax, module: str, before: dict[str, Any], after: dict[str, Any] | None) -> None:
+    """One module's straggler ratio (max / mean over its replicas) per step, a line per side."""
+    for name, s in _sides(before, after):
+        series = ((s.get("series") or {}).get("modules") or {}).get(module) or {}
+        steps, ratios = series.get("step") or [], series.get("max_over_mean") or []
+        if ratios and len(steps) == len(ratios):
+            ax.plot(steps, ratios, marker="o", markersize=3, label=f"{name} ({s.get('label', '')})")
+    ax.axhline(1.0, color="grey", linewidth=0.8, linestyle=":")
+    ax.set_xlabel("step")
+    ax.set_ylabel("max / mean over replicas")
+    ax.set_title(f"{module} straggler per step")
+    ax.legend()
+
+
+def _figures(before: dict[str, Any], after: dict[str, Any] | None) -> list[tuple[str, Any]]:
+    """``(caption, figure)``: module time per rank and the step-time CDF; every module's straggler
+    per step."""
+    plt = _pyplot()
+    out = []
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
+    _plot_module_time(ax1, before, after)
+    _plot_step_time_cdf(ax2, before, after)
+    fig.tight_layout()
+    out.append(("Module time per rank (mean, p99) and step time CDF", fig))
+    modules = _straggler_modules(before, after)
+    if modules:
+        fig, axes = plt.subplots(1, len(modules), figsize=(max(6.0, 4.5 * len(modules)), 3.8), squeeze=False)
+        for ax, m in zip(axes[0], modules):
+            _plot_straggler(ax, m, before, after)
+        fig.tight_layout()
+        out.append(("Straggler (max / mean of the replicas' fwd + bwd time) per step, per module", fig))
+    return out
+
+
+def _png_bytes(fig) -> bytes:
+    import io
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
+    _pyplot().close(fig)
+    return buf.getvalue()
+
+
+def write_png(before: dict[str, Any], after: dict[str, Any] | None, path: str | Path) -> None:
+    """Per-rank module time bars (every timed module's ranks, before/after), a step-time CDF and,
+    below them, each module's straggler per step, as one PNG. Needs matplotlib."""
+    plt = _pyplot()
+    modules = _straggler_modules(before, after)
+    rows = 2 if modules else 1
+    cols = max(2, len(modules))
+    fig = plt.figure(figsize=(max(12.0, 4.5 * cols), 4.5 * rows))
+    grid = fig.add_gridspec(rows, cols)
+    half = cols // 2
+    _plot_module_time(fig.add_subplot(grid[0, :half]), before, after)
+    _plot_step_time_cdf(fig.add_subplot(grid[0, half:]), before, after)
+    for i, m in enumerate(modules):
+        _plot_straggler(fig.add_subplot(grid[1, i]), m, before, after)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+# ------------------------------------------------------------------------------------------ HTML
+
+_CSS = """
+body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 2em; color: #222; }
+h1 { font-size: 1.4em; } h2 { font-size: 1.1em; margin-top: 1.6em; }
+table { border-collapse: collapse; margin: 0.6em 0 1.2em; font-size: 0.9em; }
+caption { text-align: left; font-weight: bold; padding: 0.3em 0; }
+th, td { border: 1px solid #ccc; padding: 0.25em 0.6em; }
+th { background: #f3f3f3; } td.num, th.num { text-align: right; font-variant-numeric: tabular-nums; }
+td.better { color: #11772d; } td.worse { color: #b3261e; } td.dim { color: #888; }
+li.warning { color: #8a5a00; } li.note { color: #035e7b; }
+figure { margin: 1em 0; } figure img { max-width: 100%; border: 1px solid #eee; }
+figcaption { font-size: 0.85em; color: #555; }
+"""
+
+
+def _html_table(t: _Table) -> str:
+    from html import escape
+
+    def cls(right: bool, style: str = "") -> str:
+        names = " ".join(n for n in (("num" if right else ""), _STYLES[style][1]) if n)
+        return f' class="{names}"' if names else ""
+
+    head = "".join(f"<th{cls(right)}>{escape(h)}</th>" for h, right in t.columns)
+    body = []
+    for row in t.rows:
+        cells = []
+        for (_, right), c in zip(t.columns, row):
+            text, style = c if isinstance(c, tuple) else (c, "")
+            cells.append(f"<td{cls(right, style)}>{escape(str(text))}</td>")
+        body.append("<tr>" + "".join(cells) + "</tr>")
+    return (f"<table>\n<caption>{escape(t.title)}</caption>\n<thead><tr>{head}</tr></thead>\n<tbody>\n"
+            + "\n".join(body) + "\n</tbody>\n</table>")
+
+
+def write_html(doc: dict[str, Any], path: str | Path) -> list[str]:
+    """The report (:func:`build`'s document) as one self-contained HTML page: the same tables as
+    the terminal, as HTML tables, and the charts embedded as PNG data URIs (module time per rank,
+    step-time CDF, each module's straggler per step). Without matplotlib the page has the tables
+    and says the charts are missing; returns the warnings (that one)."""
+    import base64
+    from html import escape
+
+    before, after = doc["before"], doc["after"]
+    warnings: list[str] = []
+    parts = ["<!DOCTYPE html>", '<html lang="en">', "<head>", '<meta charset="utf-8">',
+             "<title>mimo-accel profile report</title>", f"<style>{_CSS}</style>", "</head>", "<body>",
+             "<h1>mimo-accel profile report</h1>", _html_table(_runs_table(before, after))]
+    messages = _messages(before, after)
+    if messages:
+        parts.append("<ul>" + "".join(f'<li class="{kind}">{escape(text)}</li>' for kind, text in messages)
+                     + "</ul>")
+    parts.append(_html_table(_summary_table(before, after)))
+    lines = _slowest_lines(before, after)
+    if lines:
+        parts.append("<ul>" + "".join(f"<li>{escape(line)}</li>" for line in lines) + "</ul>")
+    parts.append("<h2>Charts</h2>")
+    try:
+        figures = _figures(before, after)
+    except RuntimeError as e:
+        warnings.append(f"the HTML has no charts: {e}")
+        parts.append(f"<p>{escape(warnings[-1])}</p>")
+        figures = []
+    for caption, fig in figures:
+        data = base64.b64encode(_png_bytes(fig)).decode("ascii")
+        parts.append(f'<figure><img src="data:image/png;base64,{data}" alt="{escape(caption)}">'
+                     f"<figcaption>{escape(caption)}</figcaption></figure>")
+    parts.append("<h2>Details</h2>")
+    parts += [_html_table(t) for t in _detail_tables(before, after)]
+    parts += ["</body>", "</html>"]
+    Path(path).write_text("\n".join(parts) + "\n", encoding="utf-8")
+    return warnings
 
 
 # --------------------------------------------------------------------------------------- main
@@ -870,17 +1050,14 @@ def main(argv: Sequence[str] | None = None, *, console: Console | None = None) -
     for w in doc["warnings"]:
         print(f"mimo-accel report: warning: {w}", file=sys.stderr)
 
-    if console is None:
-        console = Console(record=bool(args.html))
-    elif args.html and not console.record:
-        console.record = True
     render(doc["before"], doc["after"], console=console)
 
     rc = 0
     if args.json:
         write_json(args.json, doc)
     if args.html:
-        console.save_html(args.html)
+        for w in write_html(doc, args.html):
+            print(f"mimo-accel report: warning: {w}", file=sys.stderr)
     if args.png:
         try:
             write_png(doc["before"], doc["after"], args.png)

@@ -1,0 +1,86 @@
+"""NVTX ranges around mimo_accel's work, for Nsight Systems; on CPU nothing at all.
+
+On a process where CUDA is available, these show on the timeline (``nsys profile -t cuda,nvtx``),
+each named ``mimo_accel/...``:
+
+* ``mimo_accel/plan`` — planning a reorder window from the cost index (plan mode);
+* ``mimo_accel/read`` — the sharded loader reading this replica's samples of a micro-batch;
+* ``mimo_accel/pack`` — THD-packing the language shard;
+* ``mimo_accel/<module>_fwd`` / ``mimo_accel/<module>_bwd`` — the profiler's module timers
+  (``vision_fwd``, ``language_bwd``, ...; only with ``profile`` on, on CUDA).
+
+Whether NVTX is on is decided once per process, the first time a range is asked for after torch
+is imported: ``torch.cuda.is_available()``. Where it is not (a CPU run, torch's CPU build, whose
+``torch.cuda.nvtx`` functions raise), no NVTX function is called; torch is never imported for it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import sys
+from typing import Any, Callable, Iterator, Optional
+
+_ops: Any = None  # None: not decided yet; False: off; else torch.cuda.nvtx
+
+
+def _nvtx() -> Any:
+    """torch.cuda.nvtx where CUDA is available, else None (decided once torch is imported)."""
+    global _ops
+    if _ops is None:
+        torch = sys.modules.get("torch")
+        if torch is None:
+            return None  # undecided: a process that imports torch later decides then
+        _ops = torch.cuda.nvtx if torch.cuda.is_available() else False
+    return _ops or None
+
+
+def enabled() -> bool:
+    """Whether this process emits NVTX ranges."""
+    return _nvtx() is not None
+
+
+@contextlib.contextmanager
+def nvtx_range(name: str) -> Iterator[None]:
+    """``with nvtx_range("mimo_accel/x"):`` — a push/pop range on this thread (nothing on CPU)."""
+    ops = _nvtx()
+    if ops is None:
+        yield
+        return
+    ops.range_push(name)
+    try:
+        yield
+    finally:
+        ops.range_pop()
+
+
+def ranged(name: str) -> Callable[[Callable], Callable]:
+    """Decorator: each call of the function runs inside ``nvtx_range(name)``."""
+
+    def decorate(fn: Callable) -> Callable:
+        @functools.wraps(fn)
+        def call(*args, **kwargs):
+            ops = _nvtx()
+            if ops is None:
+                return fn(*args, **kwargs)
+            ops.range_push(name)
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                ops.range_pop()
+
+        return call
+
+    return decorate
+
+
+def start(name: str) -> Optional[int]:
+    """Open a range that may end on another thread (a backward pass); its handle, or None on CPU."""
+    ops = _nvtx()
+    return ops.range_start(name) if ops is not None else None
+
+
+def end(handle: Optional[int]) -> None:
+    """Close a range :func:`start` opened (None: nothing was opened)."""
+    if handle is not None:
+        _nvtx().range_end(handle)

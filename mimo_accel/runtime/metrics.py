@@ -1,0 +1,247 @@
+"""mimo_accel's per-step figures in Megatron Bridge's own TensorBoard and W&B writers.
+
+Bridge's MIMO loop logs through ``GlobalState.tensorboard_logger`` / ``.wandb_logger``, which
+exist on the job's last rank only (``cfg.logger.tensorboard_dir`` / ``cfg.logger.wandb_project``
+set). With the profiler on, every logged iteration (``iteration % cfg.logger.log_interval == 0``,
+the interval of Bridge's own MIMO ``iteration-time`` scalar) adds, under ``mimo_accel/``:
+
+* per module ``m`` (each encoder under its config name, and ``language``):
+  ``m/straggler`` (max / mean over the module's DP replicas of their forward + backward time this
+  step; a replica's time is the max over its TP/PP ranks), ``m/straggler_planned`` (what the plan
+  predicted for it, with ``reorder``: the step line's ``predicted_spreads``, i.e. the plan of the
+  step's last micro-batch), ``m/slowest_replica_s`` and ``m/slowest_replica`` (its DP
+  rank), ``m/samples_read_per_rank`` and ``m/bytes_read_per_rank`` (mean over the module's ranks);
+* ``language/tokens/dp<r>``: the real tokens language replica ``r`` computed this step (packed:
+  its ``cu_seqlens``; else its attention-mask rows), and ``language/tokens_straggler`` (max / mean);
+* ``reads/samples``, ``reads/bytes``, ``reads/bytes_exchanged``: summed over every rank.
+
+These are the report's definitions (:mod:`mimo_accel.tools.report`), for one step.
+
+How the figures reach the logging rank: every rank reaches the optimizer-step hook once per
+iteration (:func:`mimo_accel.runtime.profiling.wrap_optimizer_step`). On a logged iteration each
+rank puts its step figures (a few numbers, JSON) under its own key in the job's rendezvous store —
+a ``set`` that does not wait for anyone — and only the writing rank waits for the others' keys,
+reads them with one ``multi_get`` and marks the iteration done (one key). Each rank deletes its
+own keys once it sees them done, at its next logged iteration or when training ends, so no rank
+deletes for the others. No process group is created and no collective runs, so no rank can be
+left waiting in one; the others continue at once (they meet the writing rank again in Bridge's
+loss broadcast that follows the optimizer step).
+
+Why only with the profiler: the figures are the profiler's (its encoder and language-model timers,
+its read counts); without ``profile`` none of them exist and nothing here is installed.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import threading
+from collections import defaultdict
+from typing import Any, Iterable, Optional
+
+from mimo_accel.modules import LANGUAGE
+from mimo_accel.profiler.recorder import module_regions
+from mimo_accel.profiler.run import module_seconds, record_number
+
+logger = logging.getLogger("mimo_accel")
+
+PREFIX = "mimo_accel"
+_STORE_PREFIX = "mimo_accel/metrics"
+
+_lock = threading.Lock()
+# Training runs (train entries) this process made, the same count on every rank of the job: the
+# store keys of two runs in one job never meet. Process-lifetime on purpose (the job's store
+# outlives enable/disable), as the rounds of runtime.rank_set.
+_runs = itertools.count()
+
+
+def _next_run() -> int:
+    with _lock:
+        return next(_runs)
+
+
+# ------------------------------------------------------------------------------ pure figures
+
+
+def rank_figures(header: dict, record: dict) -> dict:
+    """What one rank contributes to a logged step: its module and replica (from its profile
+    header), its module's forward + backward seconds, what it read, and the plan's prediction."""
+    module = str(header.get("module", "unknown"))
+    spreads: dict = {}
+    table = record.get("predicted_spreads")
+    if isinstance(table, dict):
+        spreads = {str(m): v for m in table if (v := record_number(table, m)) is not None}
+    elif (single := record_number(record, "predicted_spread")) is not None:
+        spreads = {"": single}  # one figure for the worst module (a plan that priced one encoder)
+    return {
+        "rank": int(header.get("rank", 0)),
+        "module": module,
+        "dp_rank": int(header.get("dp_rank", 0)),
+        "time_s": module_seconds(record, module_regions(module)),
+        "samples_read": record_number(record, "samples_read") or 0,
+        "bytes_read": record_number(record, "bytes_read") or 0,
+        "bytes_exchanged": record_number(record, "bytes_exchanged") or 0,
+        "tokens": record_number(record, "tokens") if module == LANGUAGE else None,
+        "spreads": spreads,
+    }
+
+
+def _ratio(values: list) -> Optional[float]:
+    mean = sum(values) / len(values) if values else 0.0
+    return max(values) / mean if mean > 0 else None
+
+
+def step_scalars(figures: Iterable[dict]) -> dict[str, float]:
+    """The scalars of one step from every rank's :func:`rank_figures` (see the module docstring)."""
+    figures = sorted(figures, key=lambda f: f["rank"])
+    by_module: dict[str, list[dict]] = defaultdict(list)
+    for f in figures:
+        by_module[f["module"]].append(f)
+    out: dict[str, float] = {}
+    for module, ranks in by_module.items():
+        if module == "unknown":  # a rank whose place in the layout the profiler never learnt: reads only
+            continue
+        p = f"{PREFIX}/{module}"
+        replicas: dict[int, float] = {}
+        for f in ranks:
+            if f["time_s"] is not None:
+                replicas[f["dp_rank"]] = max(replicas.get(f["dp_rank"], 0.0), f["time_s"])
+        if replicas:
+            order = sorted(replicas)
+            times = [replicas[d] for d in order]
+            out[f"{p}/slowest_replica_s"] = max(times)
+            out[f"{p}/slowest_replica"] = order[times.index(max(times))]
+            if (ratio := _ratio(times)) is not None:
+                out[f"{p}/straggler"] = ratio
+        out[f"{p}/samples_read_per_rank"] = sum(f["samples_read"] for f in ranks) / len(ranks)
+        out[f"{p}/bytes_read_per_rank"] = sum(f["bytes_read"] for f in ranks) / len(ranks)
+    # the plan's predictions: the same on every rank that got a planned batch
+    planned: dict[str, float] = {}
+    for f in figures:
+        for m, v in f["spreads"].items():
+            planned[m] = max(planned.get(m, v), v)
+    single = planned.pop("", None)
+    if single is not None and not planned:
+        encoders = [m for m in by_module if m != LANGUAGE]
+        planned = {"vision" if "vision" in by_module or not encoders else encoders[0]: single}
+    for m, v in planned.items():
+        out[f"{PREFIX}/{m}/straggler_planned"] = v
+    tokens: dict[int, float] = {}
+    for f in by_module.get(LANGUAGE, ()):
+        if f["tokens"] is not None:
+            tokens[f["dp_rank"]] = max(tokens.get(f["dp_rank"], 0.0), f["tokens"])
+    for dp in sorted(tokens):
+        out[f"{PREFIX}/{LANGUAGE}/tokens/dp{dp}"] = tokens[dp]
+    if len(tokens) > 1 and (ratio := _ratio(list(tokens.values()))) is not None:
+        out[f"{PREFIX}/{LANGUAGE}/tokens_straggler"] = ratio
+    for key in ("samples", "bytes", "bytes_exchanged"):
+        name = "samples_read" if key == "samples" else "bytes_read" if key == "bytes" else key
+        out[f"{PREFIX}/reads/{key}"] = sum(f[name] for f in figures)
+    return out
+
+
+# ---------------------------------------------------------------------------------- in training
+
+
+def _store():
+    from mimo_accel.runtime.rank_set import default_store
+
+    return default_store()
+
+
+class Metrics:
+    """One training run's figures into Bridge's writers (made at the train entry; see the module
+    docstring). ``store``: where the figures meet (default: the job's rendezvous store)."""
+
+    def __init__(self, global_state: Any, *, rank: int, world: int, store: Any = None):
+        logger_cfg = global_state.cfg.logger
+        self.state = global_state
+        self.interval = max(1, int(getattr(logger_cfg, "log_interval", 1) or 1))
+        self.rank, self.world = rank, world
+        self.writer_rank = world - 1  # GlobalState makes its writers on rank N-1 only
+        self.run = _next_run()
+        self._store = store
+        self._pending: list[int] = []  # logged iterations whose key this rank set and has not deleted
+        self.written = 0  # logged steps this rank wrote (the writing rank only)
+
+    @classmethod
+    def for_run(cls, global_state: Any) -> Optional["Metrics"]:
+        """Metrics for the run of ``global_state``, or None when Bridge's logger writes nowhere
+        (neither ``tensorboard_dir`` nor ``wandb_project``; or ``skip_train_metrics_log``). Every
+        rank decides alike: the logger config is the job's."""
+        import torch.distributed as dist
+
+        logger_cfg = getattr(getattr(global_state, "cfg", None), "logger", None)
+        if logger_cfg is None or getattr(logger_cfg, "skip_train_metrics_log", False):
+            return None
+        if not (getattr(logger_cfg, "tensorboard_dir", None) or getattr(logger_cfg, "wandb_project", None)):
+            return None
+        if not dist.is_initialized():
+            return None
+        return cls(global_state, rank=dist.get_rank(), world=dist.get_world_size())
+
+    def iteration_logged(self) -> Optional[int]:
+        """The iteration the optimizer step now ending belongs to (Bridge counts it after the
+        step), when it is one Bridge logs; else None."""
+        iteration = int(self.state.train_state.step) + 1
+        return iteration if iteration % self.interval == 0 else None
+
+    def after_step(self, header: dict, record: dict) -> None:
+        """Called on every rank at the end of each optimizer step with its step line."""
+        iteration = self.iteration_logged()
+        if iteration is None:
+            return
+        store = self.store()
+        store.set(self._key(iteration, self.rank), json.dumps(rank_figures(header, record)))
+        self._pending.append(iteration)
+        if self.rank == self.writer_rank:
+            self._gather_and_write(store, iteration)
+        self._delete_consumed(store)
+
+    def close(self) -> None:
+        """Training ended: delete this rank's keys the writing rank has read."""
+        if self._pending:
+            self._delete_consumed(self.store())
+
+    def store(self):
+        return self._store if self._store is not None else _store()
+
+    def _key(self, iteration: int, rank: int) -> str:
+        return f"{_STORE_PREFIX}/{self.run}/{iteration}/{rank}"
+
+    def _done_key(self) -> str:
+        return f"{_STORE_PREFIX}/{self.run}/done"
+
+    def _delete_consumed(self, store) -> None:
+        """Delete this rank's keys of the iterations the writing rank has read (no waiting)."""
+        if not store.check([self._done_key()]):
+            return
+        done = int(store.get(self._done_key()))
+        for iteration in [i for i in self._pending if i <= done]:
+            store.delete_key(self._key(iteration, self.rank))
+            self._pending.remove(iteration)
+
+    def _gather_and_write(self, store, iteration: int) -> None:
+        keys = [self._key(iteration, r) for r in range(self.world)]
+        try:
+            store.wait(keys)
+        except Exception as exc:  # the store's own timeout: say who never came
+            missing = [r for r, k in zip(range(self.world), keys) if not store.check([k])]
+            raise RuntimeError(f"mimo_accel metrics: ranks {missing} never reached the end of iteration "
+                               f"{iteration} (rank {self.rank} waited for their figures): {exc}") from exc
+        values = store.multi_get(keys)
+        store.set(self._done_key(), str(iteration))
+        self.write(step_scalars(json.loads(v) for v in values), iteration)
+
+    def write(self, scalars: dict[str, float], iteration: int) -> None:
+        """Into Bridge's writers on this rank (the last one), as its own scalars are written."""
+        tensorboard = self.state.tensorboard_logger
+        wandb = self.state.wandb_logger
+        if tensorboard is not None:
+            for name, value in scalars.items():
+                tensorboard.add_scalar(name, value, iteration)
+        if wandb is not None:
+            wandb.log(dict(scalars), iteration)
+        if tensorboard is not None or wandb is not None:
+            self.written += 1

@@ -1,0 +1,220 @@
+"""mimo_accel's per-step figures in Bridge's writers (mimo_accel.runtime.metrics), without ranks:
+the figures from real Recorder step lines, the gather through a real torch.distributed store, the
+scalars read back from a real TensorBoard event file with tensorboard's own reader."""
+
+from __future__ import annotations
+
+import threading
+from types import SimpleNamespace
+
+import pytest
+import torch.distributed as dist
+
+from mimo_accel.profiler import Recorder
+from mimo_accel.runtime.metrics import Metrics, rank_figures, step_scalars
+
+
+def _line(tmp_path, rank, module, dp_rank, fwd, bwd, *, read=4, nbytes=1000, tokens=0, spreads=None):
+    """One real step line of a rank (Recorder, wall clock), and its header."""
+    rec = Recorder(tmp_path / f"r{rank}", rank=rank, world_size=8, module=module, dp_rank=dp_rank, dp_size=4,
+                   clock="wall", device="cpu", regions=(f"{module}_fwd", f"{module}_bwd"))
+    rec._regions.update({f"{module}_fwd": fwd, f"{module}_bwd": bwd})  # the seconds a timer would have added
+    rec.add(samples_read=read, bytes_read=nbytes, tokens=tokens)
+    if spreads:
+        rec.set(predicted_spreads=spreads, predicted_spread=max(spreads.values()))
+    record = rec.end_step()
+    rec.close()
+    return rec.header, record
+
+
+def _figures(tmp_path, spreads=None):
+    """vision dp2 (rank 1 twice as slow; ranks 0, 1), language dp2 with TP2 (ranks 2-5: replica 0
+    on 2, 3; replica 1 on 4, 5)."""
+    out = [rank_figures(*_line(tmp_path, 0, "vision", 0, 0.1, 0.2, spreads=spreads)),
+           rank_figures(*_line(tmp_path, 1, "vision", 1, 0.2, 0.4, spreads=spreads))]
+    for rank, dp, t, tokens in ((2, 0, 0.5, 300), (3, 0, 0.6, 300), (4, 1, 0.3, 100), (5, 1, 0.3, 100)):
+        out.append(rank_figures(*_line(tmp_path, rank, "language", dp, t, t, read=8, nbytes=500, tokens=tokens,
+                                       spreads=spreads)))
+    return out
+
+
+def test_step_scalars_are_the_reports_definitions_for_one_step(tmp_path):
+    s = step_scalars(_figures(tmp_path, spreads={"vision": 1.02, "language": 1.3}))
+    p = "mimo_accel"
+    # vision: replica times 0.3 and 0.6 -> max/mean 0.6/0.45
+    assert s[f"{p}/vision/straggler"] == pytest.approx(0.6 / 0.45)
+    assert s[f"{p}/vision/slowest_replica_s"] == pytest.approx(0.6)
+    assert s[f"{p}/vision/slowest_replica"] == 1
+    # language: a replica's time is the max over its TP ranks: 1.2 and 0.6
+    assert s[f"{p}/language/straggler"] == pytest.approx(1.2 / 0.9)
+    assert s[f"{p}/language/slowest_replica"] == 0
+    assert s[f"{p}/vision/straggler_planned"] == 1.02 and s[f"{p}/language/straggler_planned"] == 1.3
+    assert s[f"{p}/language/tokens/dp0"] == 300 and s[f"{p}/language/tokens/dp1"] == 100
+    assert s[f"{p}/language/tokens_straggler"] == pytest.approx(300 / 200)
+    assert s[f"{p}/vision/samples_read_per_rank"] == 4 and s[f"{p}/language/samples_read_per_rank"] == 8
+    assert s[f"{p}/vision/bytes_read_per_rank"] == 1000
+    assert s[f"{p}/reads/samples"] == 2 * 4 + 4 * 8
+    assert s[f"{p}/reads/bytes"] == 2 * 1000 + 4 * 500
+    assert s[f"{p}/reads/bytes_exchanged"] == 0
+
+
+def test_without_a_plan_there_is_no_planned_figure_and_one_number_is_the_encoders(tmp_path):
+    plain = step_scalars(_figures(tmp_path))
+    assert not [k for k in plain if k.endswith("straggler_planned")]
+    header, record = _line(tmp_path, 0, "images", 0, 0.1, 0.1)
+    fig = rank_figures(header, dict(record, predicted_spread=1.07))
+    assert step_scalars([fig])["mimo_accel/images/straggler_planned"] == 1.07
+
+
+def test_a_rank_of_no_known_module_counts_in_the_reads_only(tmp_path):
+    header, record = _line(tmp_path, 0, "unknown", 0, 0.1, 0.1)
+    s = step_scalars([rank_figures(header, record)])
+    assert not [k for k in s if k.startswith("mimo_accel/unknown/")] and s["mimo_accel/reads/samples"] == 4
+
+
+def test_an_untimed_module_has_no_straggler_but_its_reads(tmp_path):
+    header, record = _line(tmp_path, 0, "vision", 0, 0.0, 0.0)
+    fig = rank_figures(header, dict(record, vision_fwd_s=None, vision_bwd_s=None))
+    s = step_scalars([fig])
+    assert "mimo_accel/vision/straggler" not in s and s["mimo_accel/vision/samples_read_per_rank"] == 4
+
+
+class _Writer:
+    """Bridge's writers stand-in where only the calls matter."""
+
+    def __init__(self):
+        self.scalars: list = []
+        self.logged: list = []
+
+    def add_scalar(self, name, value, step):
+        self.scalars.append((name, value, step))
+
+    def log(self, values, step):
+        self.logged.append((values, step))
+
+
+def _state(*, step=0, interval=1, tensorboard=None, wandb=None, tb_dir="tb", project=None):
+    logger_cfg = SimpleNamespace(log_interval=interval, tensorboard_dir=tb_dir, wandb_project=project,
+                                 skip_train_metrics_log=False)
+    return SimpleNamespace(cfg=SimpleNamespace(logger=logger_cfg), train_state=SimpleNamespace(step=step),
+                           tensorboard_logger=tensorboard, wandb_logger=wandb)
+
+
+def test_the_ranks_meet_in_the_store_and_only_the_last_rank_writes(tmp_path):
+    """Four ranks' hooks on one real store (HashStore): ranks 0-2 set their figures and go on at
+    once; rank 3 (Bridge's writer rank) waits for them and writes; no key is left behind."""
+    store = dist.HashStore()
+    lines = [_line(tmp_path, r, "vision" if r < 2 else "language", r % 2, 0.1 * (r + 1), 0.1, tokens=50 * r)
+             for r in range(4)]
+    tb, wb = _Writer(), _Writer()
+    states = [_state(step=1, tensorboard=tb if r == 3 else None, wandb=wb if r == 3 else None) for r in range(4)]
+    ranks = [Metrics(states[r], rank=r, world=4, store=store) for r in range(4)]
+    assert len({m.run for m in ranks}) == 4  # one process plays four ranks here: four runs' keys
+    for m in ranks:
+        m.run = 7  # the same run on every rank, as in a job
+    writer = threading.Thread(target=ranks[3].after_step, args=lines[3])
+    writer.start()  # waits in the store for ranks 0-2
+    for r in range(3):
+        ranks[r].after_step(*lines[r])  # returns at once: only a set
+    writer.join(timeout=30)
+    assert not writer.is_alive()
+    assert ranks[3].written == 1 and all(m.written == 0 for m in ranks[:3])
+    names = {name for name, _, step in tb.scalars if step == 2}  # iteration 2: train_state.step + 1
+    assert {"mimo_accel/vision/straggler", "mimo_accel/language/straggler", "mimo_accel/reads/samples",
+            "mimo_accel/language/tokens/dp0", "mimo_accel/language/tokens/dp1"} <= names
+    assert wb.logged and wb.logged[0][1] == 2 and set(wb.logged[0][0]) == names
+    # each rank deletes its own key once the writer marked the iteration read: ranks 0-2 set theirs
+    # before that, so they delete them at their next logged iteration, or when training ends
+    assert store.num_keys() == 1 + 3  # the done mark and ranks 0-2's keys
+    for m in ranks:
+        m.close()
+    assert store.num_keys() == 1 and int(store.get("mimo_accel/metrics/7/done")) == 2
+
+
+def test_only_the_iterations_bridge_logs_are_gathered(tmp_path):
+    store = dist.HashStore()
+    tb = _Writer()
+    state = _state(interval=3, tensorboard=tb)
+    m = Metrics(state, rank=0, world=1, store=store)
+    line = _line(tmp_path, 0, "vision", 0, 0.1, 0.1)
+    for step in range(7):  # iterations 1..7: 3 and 6 are logged
+        state.train_state.step = step
+        m.after_step(*line)
+    assert sorted({s for _, _, s in tb.scalars}) == [3, 6] and m.written == 2
+    assert store.num_keys() == 1  # only the done mark: the writer deletes its own key at once
+
+
+def test_a_rank_that_never_comes_is_named(tmp_path):
+    store = dist.HashStore()
+    store.set_timeout(__import__("datetime").timedelta(milliseconds=200))
+    m = Metrics(_state(tensorboard=_Writer()), rank=1, world=2, store=store)
+    with pytest.raises(RuntimeError, match=r"ranks \[0\] never reached the end of iteration 1"):
+        m.after_step(*_line(tmp_path, 1, "language", 0, 0.1, 0.1))
+
+
+@pytest.mark.parametrize("logger_cfg", [dict(tb_dir=None), dict(tb_dir="", project=""), "skip"])
+def test_a_logger_that_writes_nowhere_gathers_nothing(logger_cfg):
+    state = _state(**logger_cfg) if logger_cfg != "skip" else _state()
+    if logger_cfg == "skip":
+        state.cfg.logger.skip_train_metrics_log = True
+    assert Metrics.for_run(state) is None
+
+
+def test_scalars_in_a_real_event_file_read_back_by_tensorboard(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from torch.utils.tensorboard import SummaryWriter
+
+    writer = SummaryWriter(log_dir=str(tmp_path / "tb"))
+    state = _state(tensorboard=writer)
+    m = Metrics(state, rank=0, world=1, store=dist.HashStore())
+    for step in range(3):
+        state.train_state.step = step
+        m.after_step(*_line(tmp_path, 0, "vision", 0, 0.1 * (step + 1), 0.1))
+    writer.close()
+    acc = EventAccumulator(str(tmp_path / "tb"))
+    acc.Reload()
+    got = [(e.step, e.value) for e in acc.Scalars("mimo_accel/vision/slowest_replica_s")]
+    assert [s for s, _ in got] == [1, 2, 3]
+    assert [v for _, v in got] == pytest.approx([0.2, 0.3, 0.4])
+    assert [e.value for e in acc.Scalars("mimo_accel/reads/samples")] == [4, 4, 4]
+
+
+def test_the_train_entry_hands_global_state_to_the_profiler(tmp_path, monkeypatch):
+    from mimo_accel.config import AccelConfig
+    from mimo_accel.runtime.profiling import Profiling, wrap_train_entry
+    from mimo_accel.runtime.state import Runtime
+
+    seen = []
+
+    def train_megatron_mimo(forward_step_func, model, optimizer, schedulers, train_data_iterator,
+                            valid_data_iterator, global_state, megatron_mimo_infra=None):
+        seen.append(runtime.profiling.metrics)
+
+    runtime = Runtime(AccelConfig(profile=str(tmp_path)))
+    runtime.profiling = Profiling(runtime)
+    wrapped = wrap_train_entry(train_megatron_mimo, runtime)
+    made, closed = [], []
+
+    class _Run:
+        def close(self):
+            closed.append(self)
+
+    monkeypatch.setattr(Metrics, "for_run", classmethod(lambda cls, gs: made.append(gs) or _Run()))
+    wrapped(None, None, None, None, None, None, "state-positional")
+    wrapped(forward_step_func=None, model=None, optimizer=None, schedulers=None, train_data_iterator=None,
+            valid_data_iterator=None, global_state="state-keyword")
+    assert made == ["state-positional", "state-keyword"] and seen == closed and len(closed) == 2
+    assert runtime.profiling.metrics is None  # training ended: the run's metrics closed and gone
+
+
+def test_the_gather_benchmark_runs():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run([sys.executable, "benchmarks/bench_metrics.py", "--ranks", "4", "--repeat", "1"], cwd=root,
+                          capture_output=True, text=True, timeout=120,
+                          env={**__import__("os").environ, "PYTHONPATH": str(root)})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.splitlines()[1].split()[0] == "4"
