@@ -209,7 +209,7 @@ def _first_error_line(text: str) -> str:
 # two CPUs share): after-run straggler p50 1.05 instead of 1.03.
 BRIDGE_DEFAULTS = dict(steps=10, vision_dp=4, language_dp=4, micro_batch=64)
 BRIDGE_SEQ = 288  # the most placeholders one image takes (240) + its text
-BRIDGE_MODEL = ("--encoder", "qwen3vl", "--vision-hidden", "64", "--vision-layers", "2", "--vision-heads", "4",
+BRIDGE_MODEL = ("--encoder", "qwen3vl", "--vision-hidden", "64", "--vision-layers", "4", "--vision-heads", "4",
                 "--hidden", "256", "--language-layers", "3",
                 "--image-mix", "receipts", "--max-image-rows", "240")
 
