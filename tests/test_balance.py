@@ -72,6 +72,7 @@ def test_balanced_order_properties(batch):
     n = len(costs)
     order = balanced_order(costs, k)
     assert sorted(order) == list(range(n))  # every sample exactly once
+    assert order == balanced_order([x * 2.0**600 for x in costs], k)  # only the ratios matter, exactly
     assert all(type(i) is int for i in order)
     blocks = [order[g * (n // k) : (g + 1) * (n // k)] for g in range(k)]
     assert all(len(b) == n // k for b in blocks)  # equal cardinality
@@ -486,3 +487,70 @@ def test_balancing_beats_the_contiguous_split_by_a_wide_margin(pools):
         after.append(spread(costs, balanced_order(costs, 8), 8))
     assert np.median(before) > 1.15
     assert np.median(after) < 1.01
+
+
+# --------------------------------------------------------------------------------------------
+# balance_modules: every module at once
+
+
+@st.composite
+def module_batches(draw):
+    """(costs per module, DPs, micro_batches): chains and non-chains of DPs, an encoder that some
+    samples lack, ties, zeros and one huge sample, tiny and subnormal costs."""
+    from math import lcm
+
+    dps = {"vision": draw(st.sampled_from([1, 2, 3, 4])), "language": draw(st.sampled_from([1, 2, 4, 6]))}
+    if draw(st.booleans()):
+        dps["audio"] = draw(st.sampled_from([1, 2, 3]))
+    micro_batches = draw(st.sampled_from([1, 1, 2]))
+    grid = lcm(*dps.values()) * micro_batches
+    n = grid * draw(st.integers(1, 4))
+    kind = draw(st.sampled_from(["floats", "ties", "zeros", "one_huge", "tiny"]))
+    costs = {}
+    for name in dps:
+        if kind == "floats":
+            c = draw(st.lists(st.floats(0, 1e6, allow_nan=False), min_size=n, max_size=n))
+        elif kind == "ties":
+            c = [float(x) for x in draw(st.lists(st.integers(0, 3), min_size=n, max_size=n))]
+        elif kind == "zeros":
+            c = draw(st.lists(st.sampled_from([0.0, 0.0, 1.5, 7.25]), min_size=n, max_size=n))
+        elif kind == "tiny":
+            c = draw(st.lists(st.sampled_from([0.0, 5e-324, 1e-320, 1e-300]), min_size=n, max_size=n))
+        else:
+            c = draw(st.lists(st.floats(0, 10, allow_nan=False), min_size=n, max_size=n))
+            c[draw(st.integers(0, n - 1))] = 1e9
+        costs[name] = c
+    return costs, dps, micro_batches
+
+
+def _worst_over_bound(costs, dps, order, micro_batches):
+    from mimo_accel.balance import module_bounds, module_spreads
+
+    spreads = module_spreads(costs, dps, order, micro_batches)
+    bounds = module_bounds(costs, dps, micro_batches)
+    return max(spreads[m] / bounds[m] for m in dps)
+
+
+@settings(max_examples=200, deadline=None)
+@given(module_batches())
+def test_balance_modules_properties(batch):
+    from mimo_accel.balance import balance_modules
+
+    costs, dps, micro_batches = batch
+    n = len(costs["vision"])
+    order = balance_modules(costs, dps, micro_batches)
+    assert sorted(order) == list(range(n)) and all(type(i) is int for i in order)  # each sample once
+    from math import lcm
+
+    g = lcm(*dps.values()) * micro_batches
+    blocks = [order[i * (n // g):(i + 1) * (n // g)] for i in range(g)]
+    assert all(b == sorted(b) for b in blocks)  # ascending position inside a group
+    assert order == balance_modules(costs, dps, micro_batches)  # the same plan again
+    # only the ratios of costs matter, and exactly so: a power-of-two scale (exact in floats) gives
+    # the same plan, however tiny the costs (a subnormal largest cost included)
+    assert order == balance_modules({m: [x * 2.0**600 for x in c] for m, c in costs.items()}, dps, micro_batches)
+    # never worse than the contiguous split for the worst module, on its bound (within the
+    # integer units the planner compares in: 2**-20 of a replica's mean load per sample)
+    slack = 1e-6 + n * 2.0**-20
+    assert _worst_over_bound(costs, dps, order, micro_batches) <= \
+        _worst_over_bound(costs, dps, contiguous_order(n), micro_batches) * (1 + slack)

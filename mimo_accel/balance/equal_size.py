@@ -97,14 +97,14 @@ def _validate(costs: _CostsLike, n_groups: int) -> np.ndarray:
 def _exact(c: np.ndarray) -> np.ndarray:
     """The costs as whole numbers of a unit 2**-32 of the largest (still float64): every sum of
     them is then exact, so no float rounding — which can differ between CPUs and vector widths —
-    decides a plan, and every rank computes the same one. Scaling and rounding each cost alone are
-    exact IEEE operations; equal costs stay equal and the order of costs is kept."""
+    decides a plan, and every rank computes the same one. Dividing, scaling and rounding each cost
+    alone are correctly rounded IEEE operations; equal costs stay equal and the order of costs is kept."""
     if not c.size:
         return c
     top = c[c.argmax()]
     if not top > 0:
         return c
-    return np.rint(c * (_EXACT_UNITS / top))
+    return np.rint((c / top) * _EXACT_UNITS)  # divide first: 2**32 / a subnormal top overflows
 
 
 def contiguous_order(n: int) -> list[int]:

@@ -96,7 +96,7 @@ def _normalised(c: np.ndarray, replicas: int) -> np.ndarray:
     maximum, then by the exact integer total, so no float sum (whose rounding can differ between
     CPUs) decides anything."""
     top = c[c.argmax()]
-    q = np.rint(c * (_QUANT / top)).astype(np.int64)
+    q = np.rint((c / top) * _QUANT).astype(np.int64)  # divide first: _QUANT / a subnormal top overflows
     total = int(q.sum())
     return (q * (replicas * _UNIT)) // total
 
