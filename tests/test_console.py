@@ -78,6 +78,7 @@ def test_output_to_lets_errors_through(tmp_path, capfd):
     assert capfd.readouterr().err == "visible\n"
 
 
+@pytest.mark.distributed  # the rehearsal in the fresh process starts two gloo ranks
 def test_rehearse_console_is_quiet_and_names_the_log(tmp_path):
     """A small rehearsal in a fresh process (so its forkserver imports megatron here): the console
     has the progress, the losses and the report, none of megatron's import noise, and the log's

@@ -21,15 +21,41 @@ PROBE = Path(__file__).resolve().parent / "_patch_probe.py"
 ALL_SITES = {"slice", "sampling_info", "loader"}
 
 
-def _probe(mode: str, env_extra: dict | None = None, launcher: bool = False) -> dict:
+_PROBES = {  # mode -> (extra environment, through the launcher)
+    "before": ({}, False),
+    "after": ({}, False),
+    "script": ({}, False),
+    "env": ({"MIMO_ACCEL": "shard,pack", "MIMO_ACCEL_PROFILE": "/tmp/unused"}, True),
+}
+
+
+def _start_probe(mode: str) -> subprocess.Popen:
+    env_extra, launcher = _PROBES[mode]
     env = {k: v for k, v in os.environ.items() if not k.startswith("MIMO_ACCEL")}
-    env.update(env_extra or {})
-    cmd = [sys.executable, str(PROBE), mode]
+    env.update(env_extra)
     if launcher:
         env = cli.launcher_env(env)
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240, cwd=ROOT)
-    lines = [l for l in proc.stdout.splitlines() if l.startswith("PROBE ")]
-    assert proc.returncode == 0 and lines, f"probe failed (rc {proc.returncode}):\n{proc.stderr[-3000:]}"
+    return subprocess.Popen([sys.executable, str(PROBE), mode], env=env, cwd=ROOT, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+@pytest.fixture(scope="module")
+def probes():
+    """Every probe's fresh interpreter started at once (each spends seconds importing megatron;
+    side by side they share this machine's cores); each test reads its own."""
+    started = {mode: _start_probe(mode) for mode in _PROBES}
+    yield started
+    for proc in started.values():
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+
+
+def _probe(probes: dict, mode: str) -> dict:
+    proc = probes[mode]
+    stdout, stderr = proc.communicate(timeout=240)
+    lines = [l for l in stdout.splitlines() if l.startswith("PROBE ")]
+    assert proc.returncode == 0 and lines, f"probe {mode} failed (rc {proc.returncode}):\n{stderr[-3000:]}"
     return json.loads(lines[-1][len("PROBE "):])
 
 
@@ -44,24 +70,24 @@ def _check_patched_and_restored(out: dict) -> None:
 
 
 @pytest.mark.parametrize("mode", ["before", "after"])
-def test_enable_before_or_after_importing_megatron_bridge(mode):
-    _check_patched_and_restored(_probe(mode))
+def test_enable_before_or_after_importing_megatron_bridge(probes, mode):
+    _check_patched_and_restored(_probe(probes, mode))
 
 
-def test_qwen_example_script_shape_is_reached_through_call_time_lookups():
+def test_qwen_example_script_shape_is_reached_through_call_time_lookups(probes):
     # forward_step and pretrain_megatron_mimo imported by value at the top of the script, then
     # enable(): the by-value forward_step still resolves the slicing helper in its module globals,
     # and pretrain_megatron_mimo looks up train_megatron_mimo at call time.
-    out = _probe("script")
+    out = _probe(probes, "script")
     assert out["script_forward_step_sees_replacement"] is True
     assert out["pretrain_entry_wrapped"] is True
     _check_patched_and_restored(out)
 
 
-def test_launcher_enables_every_python_process_from_the_environment():
+def test_launcher_enables_every_python_process_from_the_environment(probes):
     # `mimo-accel run` puts the bootstrap sitecustomize first on PYTHONPATH; the probe (mode
     # "env") never calls enable() itself.
-    out = _probe("env", {"MIMO_ACCEL": "shard,pack", "MIMO_ACCEL_PROFILE": "/tmp/unused"}, launcher=True)
+    out = _probe(probes, "env")
     assert out["mimo_accel_imported_at_start"] is True
     _check_patched_and_restored(out)
 
