@@ -220,10 +220,12 @@ def _count(rec, **counters):
         rec.set(**counters)
 
 
-def write_module_run(out, *, steps=30, dps=None, noise=0.003, seed=0, drift=None, coef=TRUE_MODULES, sq=True):
+def write_module_run(out, *, steps=30, dps=None, noise=0.003, seed=0, drift=None, coef=TRUE_MODULES, sq=True,
+                     items=None):
     """One rank per replica of each module; each rank's module time is its true cost (+ noise),
     recorded under ``<m>_fwd`` / ``<m>_bwd`` with its ``<m>_items/_rows/_sq_rows`` (encoders) or
-    ``tokens``/``sq_tokens`` (language) counters."""
+    ``tokens``/``sq_tokens`` (language) counters; ``items``: that many per encoder replica and step
+    (as a sharded plan gives), else 1-5."""
     dps = dps or {"vision": 2, "audios": 2, "language": 2}
     rng = np.random.default_rng(seed)
     world = sum(dps.values())
@@ -241,10 +243,10 @@ def write_module_run(out, *, steps=30, dps=None, noise=0.003, seed=0, drift=None
                     rec.add(samples=len(lengths), tokens=t)
                     _count(rec, **({"sq_tokens": q} if sq else {}))
                 else:
-                    items = rng.integers(50, 3000, size=int(rng.integers(1, 6)))
-                    p, q = int(items.sum()), int((items ** 2).sum())
-                    seconds = c["a"] * p + c["b"] * q + c["k"] * len(items)
-                    _count(rec, **{f"{module}_items": len(items), f"{module}_rows": p,
+                    sizes = rng.integers(50, 3000, size=items or int(rng.integers(1, 6)))
+                    p, q = int(sizes.sum()), int((sizes ** 2).sum())
+                    seconds = c["a"] * p + c["b"] * q + c["k"] * len(sizes)
+                    _count(rec, **{f"{module}_items": len(sizes), f"{module}_rows": p,
                                    **({f"{module}_sq_rows": q} if sq else {})})
                 seconds *= 1 + noise * rng.standard_normal()
                 if drift is not None:
@@ -272,6 +274,18 @@ def test_every_module_is_fitted_from_its_own_times(tmp_path, seed):
         assert stats[m]["r2"] > 0.99 and stats[m]["n"] == 2 * 29
     assert model.of("language").k == 0
     assert (model.a, model.b) == (model.of("vision").a, model.of("vision").b)  # the default encoder's
+
+
+def test_an_item_count_equal_everywhere_is_the_overhead(tmp_path):
+    # every replica carried 4 images in every step (the demo's sharded split): k·items is a constant,
+    # which the plain fit cannot tell from the overhead; it is dropped with a warning, a and b stay
+    run = read_run(write_module_run(tmp_path, dps={"vision": 4, "language": 4}, items=4, seed=5))
+    model, stats = cal.fit_modules(run, modules=["vision"])
+    vision = model.of("vision")
+    assert vision.k == 0
+    assert any("vision_items is the same in every step" in w for w in stats["vision"]["warnings"])
+    assert _rel(vision.a, TRUE_MODULES["vision"]["a"]) < 0.08 and _rel(vision.b, TRUE_MODULES["vision"]["b"]) < 0.08
+    assert stats["vision"]["overhead_s"] == pytest.approx(4 * TRUE_MODULES["vision"]["k"], rel=0.5)
 
 
 def test_per_step_fits_each_module_within_steps(tmp_path):

@@ -198,15 +198,16 @@ def _first_error_line(text: str) -> str:
 
 # Receipts-like, sized so that vision dominates and a contiguous split leaves one replica far
 # behind on this machine's CPU (measured on the 2-core VM, 8 ranks on one CPU: baseline vision
-# straggler max/mean p50 ~1.37, ~0.35-0.45 s of encoder work per vision rank per step, ~2 min for
+# straggler max/mean p50 1.37-1.49, ~0.3 s of encoder work per vision rank per step, ~2 min for
 # both runs). One image per sample (so upstream as shipped can split every micro-batch by image
 # count and runs the baseline), heights lognormal with a tall tail up to 120x8 patches
-# (stack.IMAGE_MIXES["receipts"], workloads/receipts.toml's rehearsal sizes), 12 images per vision
-# replica per step (one micro-batch of 48 per iteration), 10 iterations (the first is warm-up).
-# Vision: Qwen3-VL hidden 64, 2 layers, 4 heads. With 8 heads (one run) the replicas holding the
-# tallest images (800-960 patches) ran 20-30% over what a·Σp + b·Σp² predicts, even fitted on
-# both runs (likely their attention scores, 20-29 MiB at 8 heads, outgrowing the 32 MiB L3 the
-# two CPUs share): after-run straggler p50 1.05 instead of 1.03.
+# (stack.IMAGE_MIXES["receipts"], workloads/receipts.toml's rehearsal sizes), 16 images per vision
+# replica per step (one micro-batch of 64 per iteration), 10 iterations (the first is warm-up).
+# Vision: Qwen3-VL hidden 64, 4 layers, 4 heads (three consecutive runs: after-run vision straggler
+# p50 1.019-1.022, language 1.007-1.014, planning with the cost model calibrated on the before-run).
+# With 8 heads (one run) the replicas holding the tallest images (800-960 patches) ran 20-30%
+# over what a·Σp + b·Σp² predicts (likely their attention scores, 20-29 MiB at 8 heads,
+# outgrowing the 32 MiB L3 the two CPUs share).
 BRIDGE_DEFAULTS = dict(steps=10, vision_dp=4, language_dp=4, micro_batch=64)
 BRIDGE_SEQ = 288  # the most placeholders one image takes (240) + its text
 BRIDGE_MODEL = ("--encoder", "qwen3vl", "--vision-hidden", "64", "--vision-layers", "4", "--vision-heads", "4",

@@ -323,6 +323,12 @@ def _fit_spec(run: Run, spec: _Spec, *, warmup: int, intercept: bool,
                             " observable with per-step overheads, set to 0")
             del columns[name]
     elif intercept:
+        # a feature equal in every observation (every replica carried as many images) is the
+        # overhead under another name: dropped, as the per-step fit drops one that never differs
+        for name in [k for k, col in columns.items() if k != first and np.ptp(col) == 0]:
+            warnings.append(f"{feature_of[name]} is the same in every step: {name} cannot be told from the"
+                            " overhead, set to 0")
+            del columns[name]
         columns["overhead"] = np.ones(n)
     names = list(columns)
     x = np.column_stack([columns[k] for k in names])

@@ -211,12 +211,14 @@ def _model_doc(path: Optional[str], note: str) -> dict:
 
 
 def _calibrated(run_dir: Path, out_file: Path) -> tuple[Optional[str], str]:
-    """Fit every module's cost on the before-run's profile (what `mimo-accel calibrate --per-step`
-    does), so the accelerated run plans with this machine's measured costs. One overhead per step:
-    all ranks share one CPU, whose speed drifts from step to step on a shared machine alike for
-    every replica; the plan only compares replicas within a step. A module the before-run cannot
-    fit keeps the default cost of its kind (upstream's padded language batches compute as many
-    tokens on every replica, so they tell nothing of the cost of real tokens), said in the note."""
+    """Fit every module's cost on the before-run's profile (what `mimo-accel calibrate` does), so
+    the accelerated run plans with this machine's measured costs. One overhead across steps, not
+    one per step: with four replicas per step the per-step fit leaves the attention term to a few
+    within-step differences (over six demo runs: b/a 1.8e-4 to 2.1e-3, the after-run's replica
+    times predicted within 2.2-5.4%), where the one-overhead fit gave b/a 6e-4 to 2.4e-3 and
+    2.1-2.7% (the noise floor of those times is about 2%). A module the before-run cannot fit
+    keeps the default cost of its kind (upstream's padded language batches compute as many tokens
+    on every replica, so they tell nothing of the cost of real tokens), said in the note."""
     from mimo_accel.costs import CostModel, ModuleCost
     from mimo_accel.profiler import read_run
     from mimo_accel.tools.calibrate import CalibrationError, fit_modules, modules_in
@@ -225,7 +227,7 @@ def _calibrated(run_dir: Path, out_file: Path) -> tuple[Optional[str], str]:
     table, notes = {}, []
     for module in modules_in(run):
         try:
-            fitted, stats = fit_modules(run, per_step=True, modules=[module])
+            fitted, stats = fit_modules(run, modules=[module])
         except CalibrationError as exc:
             notes.append(f"{module}: default ({exc})")
             continue
