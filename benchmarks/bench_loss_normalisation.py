@@ -13,9 +13,10 @@ varied sizes (``--varied``), the same samples every run:
   per-token            sharded reads + packing (upstream's contiguous split),
                        ``calculate_per_token_loss=True``: the reference gradient
   per-replica          the same with ``--no-per-token-loss``: per-replica means
-  + reorder (vision)   all features, ``--no-per-token-loss``, today's plan (vision cost only)
-  + reorder (joint)    the joint plan (``balance_modules``: vision cost and real language tokens
-                       per replica balanced together)
+  + reorder (vision)   all features, ``--no-per-token-loss``, a plan on the vision cost only (the
+                       planner shipped before the joint one)
+  + reorder (joint)    the same with the shipped plan (``balance_modules``: vision cost and real
+                       language tokens per replica balanced together)
   + reorder (tokens)   a plan that equalises the real language tokens (text + image
                        placeholders) per language replica and micro-batch, vision ignored
   + reorder (loss)     a plan that equalises the *loss* tokens per language replica and
@@ -80,23 +81,23 @@ def _loss_tokens(indices) -> "list[int]":
 
 
 def _install_plan(kind: str) -> None:
-    """Replace the vision-only plan of CostIndexPlanner by the joint or the loss-token plan."""
+    """Replace the shipped joint plan of CostIndexPlanner by the vision-only, real-token or
+    loss-token plan."""
     import numpy as np
 
     from mimo_accel import planner
-    from mimo_accel.balance import balance_modules, balanced_order, spread
+    from mimo_accel.balance import balanced_order, module_spreads
 
     def plan(self, indices, micro_batches=1):
         idx = np.asarray(indices, dtype=np.int64)
         costs = self.costs(indices)
-        if kind == "joint":
-            order = balance_modules({"vision": costs, "language": self.index.tokens(idx).astype(float)},
-                                    {"vision": VDP, "language": LDP}, micro_batches)
+        if kind == "vision":  # the vision cost alone, as the planner shipped before the joint one
+            order = balanced_order(costs["vision"], VDP * micro_batches)
         elif kind == "tokens":  # equal real tokens (text + image placeholders) per language cell
             order = balanced_order(self.index.tokens(idx).astype(float), LDP * micro_batches)
         else:  # loss: equal loss tokens per (language replica, micro-batch) cell
             order = balanced_order(np.asarray(_loss_tokens(indices), dtype=float), LDP * micro_batches)
-        return [indices[p] for p in order], float(spread(costs, order, self.vision_groups * micro_batches))
+        return [indices[p] for p in order], module_spreads(costs, self.dps, order, micro_batches)
 
     planner.CostIndexPlanner.__call__ = plan
 
@@ -118,8 +119,8 @@ def _train(rank, world, argv, features, plan, out):
 RUNS = {
     "per-token": (True, "shard+pack", None),
     "per-replica": (False, "shard+pack", None),
-    "+ reorder (vision)": (False, "all", None),
-    "+ reorder (joint)": (False, "all", "joint"),
+    "+ reorder (vision)": (False, "all", "vision"),
+    "+ reorder (joint)": (False, "all", None),
     "+ reorder (tokens)": (False, "all", "tokens"),
     "+ reorder (loss)": (False, "all", "loss"),
     "+ reorder, per-token": (True, "all", None),
