@@ -148,7 +148,7 @@ def main(argv=None) -> int:
             t = time.perf_counter()
             probed = source.probe(0, len(ds), workers=1)
             best = min(best, time.perf_counter() - t)
-        assert len(probed) == len(ds) and (probed.images == 1).all()
+        assert len(probed) == len(ds) and (probed.encoders["vision"][0] == 1).all()  # one image each
         per_core = len(ds) / best
         t = time.perf_counter()
         tokens = tokenizer(texts, truncation=True, max_length=4096, return_attention_mask=False)["input_ids"]

@@ -167,7 +167,7 @@ WINDOW = 8
 
 @pytest.fixture(scope="module")
 def receipts_window():
-    return sim.simulate(load_profile("receipts"), [8, 64], steps=3, seed=0, window=WINDOW)
+    return sim.simulate(load_profile("receipts"), [8, 64], steps=3, seed=0, reorder_window=WINDOW)
 
 
 def test_window_removes_the_per_micro_batch_straggler_bound(receipts_window):
@@ -248,7 +248,7 @@ def test_window_on_the_command_line(tmp_path, capsys):
     assert sim.main(["--reorder-window", "0"]) == 2
     assert "argument --reorder-window: must be a positive integer" in capsys.readouterr().err
     with pytest.raises(ValueError, match="window must be a positive integer"):
-        sim.simulate(load_profile("receipts"), [2], steps=1, window=0)
+        sim.simulate(load_profile("receipts"), [2], steps=1, reorder_window=0)
 
 
 # --------------------------------------------------------------------------------------------

@@ -342,7 +342,7 @@ def simulate(
     *,
     language_dp: str | float = "ratio",
     cost_source: str = "default",
-    window: int = 1,
+    reorder_window: int = 1,
     audio_dp: str | float = "ratio",
 ) -> dict[str, Any]:
     """Run the simulation; returns the JSON document described in the module docstring.
@@ -350,16 +350,18 @@ def simulate(
     ``profile`` is a :class:`~mimo_accel.workloads.Profile` or a name/path for
     :func:`~mimo_accel.workloads.load_profile`; ``samples_per_replica`` defaults to the profile's
     ``micro_batch_size / vision dp``; ``cost_model`` to the built-in :class:`CostModel`.
-    ``window``: micro-batches per step (``steps × window`` micro-batches are drawn); above 1, each
-    row also gets the global-batch window results (``rows[].window``).
+    ``reorder_window``: micro-batches per step planned together, as AccelConfig's (``steps ×
+    reorder_window`` micro-batches are drawn); above 1, each row also gets the global-batch window
+    results (``rows[].window``). The JSON keeps the name ``window`` for it (its stable keys).
     """
     t_start = time.perf_counter()
     if not isinstance(profile, Profile):
         profile = load_profile(profile)
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ValueError(f"steps must be a positive integer, got {steps!r}")
+    window = reorder_window
     if isinstance(window, bool) or not isinstance(window, int) or window < 1:
-        raise ValueError(f"window must be a positive integer (micro-batches per step), got {window!r}")
+        raise ValueError(f"reorder_window must be a positive integer (micro-batches per step), got {window!r}")
     dps = sorted(set(int(d) for d in dp_sizes))
     if not dps or dps[0] < 1:
         raise ValueError(f"dp sizes must be positive integers, got {list(dp_sizes)!r}")
@@ -869,7 +871,7 @@ def main(argv: Sequence[str] | None = None, *, console: Console | None = None) -
         doc = simulate(profile, dps, steps=args.steps, samples_per_replica=args.per_replica, seed=args.seed,
                        cost_model=model, language_dp=args.language_dp,
                        cost_source=str(args.cost_model) if args.cost_model else "default",
-                       window=args.reorder_window, audio_dp=args.audio_dp or "ratio")
+                       reorder_window=args.reorder_window, audio_dp=args.audio_dp or "ratio")
     except (ProfileError, ValueError, OSError) as e:
         return fail(PROG, e)
     if console is None:
