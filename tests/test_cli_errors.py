@@ -167,9 +167,41 @@ def test_bootstrap_leaves_an_interpreter_without_torch_alone(tmp_path):
     assert proc.stderr == ""
 
 
-def test_doctor_sends_import_noise_to_its_log(tmp_path):
-    log = tmp_path / "logs" / "doctor.log"
-    proc = _cli("doctor", "--log", str(log), COLUMNS="120")
+BAD_FACTORY = """
+import sys, warnings
+warnings.warn("noise from importing the factory")
+print("noise on stdout")
+print("noise on stderr", file=sys.stderr)
+
+def build():
+    return {"split": "train"}["spilt"]
+"""
+
+
+@pytest.fixture(scope="module")
+def quiet_commands(tmp_path_factory):
+    """`doctor` and `index --dataset`, each importing Megatron in an interpreter of its own, started
+    side by side (the test process only waits): name -> (completed process, its log, extra path)."""
+    d = tmp_path_factory.mktemp("quiet")
+    factory = d / "my_train.py"
+    factory.write_text(BAD_FACTORY)
+    commands = {
+        "doctor": (["doctor", "--log", str(d / "logs" / "doctor.log")], {"COLUMNS": "120"}, d / "logs" / "doctor.log"),
+        "index": (["index", "--dataset", f"{factory}:build", "--log", str(d / "logs" / "index.log")], {},
+                  d / "logs" / "index.log"),
+    }
+    started = {name: subprocess.Popen([sys.executable, "-m", "mimo_accel", *args], cwd=ROOT, env=_clean_env(**env),
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+               for name, (args, env, _) in commands.items()}
+    done = {}
+    for name, proc in started.items():
+        out, err = proc.communicate(timeout=120)
+        done[name] = (subprocess.CompletedProcess(proc.args, proc.returncode, out, err), commands[name][2], factory)
+    return done
+
+
+def test_doctor_sends_import_noise_to_its_log(quiet_commands):
+    proc, log, _ = quiet_commands["doctor"]
     assert proc.returncode == 0, proc.stderr
     console = proc.stdout + proc.stderr
     for noise in ("UserWarning", "Traceback", "Transformer Engine", "modelopt"):
@@ -364,22 +396,8 @@ def test_rehearse_refuses_before_making_its_temp_directory(tmp_path, args, words
     assert list(tmp_path.iterdir()) == []
 
 
-BAD_FACTORY = """
-import sys, warnings
-warnings.warn("noise from importing the factory")
-print("noise on stdout")
-print("noise on stderr", file=sys.stderr)
-
-def build():
-    return {"split": "train"}["spilt"]
-"""
-
-
-def test_index_dataset_noise_goes_to_the_log_and_a_factory_error_is_one_line(tmp_path):
-    factory = tmp_path / "my_train.py"
-    factory.write_text(BAD_FACTORY)
-    log = tmp_path / "logs" / "index.log"
-    proc = _cli("index", "--dataset", f"{factory}:build", "--log", str(log), timeout=120)
+def test_index_dataset_noise_goes_to_the_log_and_a_factory_error_is_one_line(quiet_commands):
+    proc, log, factory = quiet_commands["index"]
     assert proc.stdout == ""
     assert proc.stderr.count("\n") == 1, proc.stderr  # none of the noise: only the line
     _one_error_line(proc, "index", f"--dataset {factory}:build: KeyError: 'spilt'", f"the traceback is in {log}")
