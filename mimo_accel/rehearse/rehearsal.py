@@ -203,8 +203,8 @@ def _first_error_line(text: str) -> str:
 # count and runs the baseline), heights lognormal with a tall tail up to 120x8 patches
 # (stack.IMAGE_MIXES["receipts"], workloads/receipts.toml's rehearsal sizes), 16 images per vision
 # replica per step (one micro-batch of 64 per iteration), 10 iterations (the first is warm-up).
-# Vision: Qwen3-VL hidden 64, 4 layers, 4 heads (three consecutive runs: after-run vision straggler
-# p50 1.019-1.022, language 1.007-1.014, planning with the cost model calibrated on the before-run).
+# Vision: Qwen3-VL hidden 64, 4 layers, 4 heads (four runs: after-run vision straggler
+# p50 1.019-1.036, language 1.007-1.014, planning with the cost model calibrated on the before-run).
 # With 8 heads (one run) the replicas holding the tallest images (800-960 patches) ran 20-30%
 # over what a·Σp + b·Σp² predicts (likely their attention scores, 20-29 MiB at 8 heads,
 # outgrowing the 32 MiB L3 the two CPUs share).
