@@ -2,23 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import sys
-from pathlib import Path
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "train_mimo.py"
+from tests._scripts import load_script
 
 
 def load_example():
     """examples/train_mimo.py as a module (once per process)."""
-    name = "mimo_accel_examples_train_mimo"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, EXAMPLE)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module  # dataclasses resolve the module's annotations through it
-        spec.loader.exec_module(module)
-    return sys.modules[name]
+    return load_script("examples/train_mimo.py", "mimo_accel_examples_train_mimo")
 
 
 def run_example(argv, features: dict, env: dict) -> dict:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import itertools
 import json
 import subprocess
@@ -26,6 +25,7 @@ from mimo_accel.balance import (
     spread,
 )
 from mimo_accel.workloads import list_profiles, load_profile
+from tests._scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 _kk = balance._kk_groups
@@ -35,10 +35,7 @@ REL = 1e-9
 
 
 def _load_bench():
-    spec = importlib.util.spec_from_file_location("bench_balance", ROOT / "benchmarks" / "bench_balance.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("benchmarks/bench_balance.py", "bench_balance")
 
 
 @st.composite

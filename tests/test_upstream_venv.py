@@ -3,7 +3,6 @@ and the stamp that makes a rebuild of .venv-upstream a no-op. Nothing is install
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
 import subprocess
@@ -11,16 +10,14 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests._scripts import load_script
+
 pytestmark = pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
 
 
 @pytest.fixture(scope="module")
 def uv():
-    spec = importlib.util.spec_from_file_location("upstream_venv", ROOT / "upstream" / "upstream_venv.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("upstream/upstream_venv.py", "upstream_venv")
 
 
 def _git(cwd, *args):

@@ -100,6 +100,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -205,10 +206,7 @@ class VisionPoint:
 
     @property
     def label(self) -> str:
-        groups: dict[tuple[int, int], int] = {}
-        for hw in self.images:
-            groups[hw] = groups.get(hw, 0) + 1
-        return " + ".join(f"{n}×{h}×{w}" for (h, w), n in groups.items())
+        return " + ".join(f"{n}×{h}×{w}" for (h, w), n in Counter(self.images).items())
 
     def to_doc(self) -> dict[str, Any]:
         return {"images": [list(hw) for hw in self.images], "rows": self.rows, "sq_rows": self.sq_rows,
@@ -238,10 +236,7 @@ class LanguagePoint:
 
     @property
     def label(self) -> str:
-        groups: dict[int, int] = {}
-        for n in self.segments:
-            groups[n] = groups.get(n, 0) + 1
-        return " + ".join(f"{c}×{n}" for n, c in groups.items())
+        return " + ".join(f"{c}×{n}" for n, c in Counter(self.segments).items())
 
     def to_doc(self) -> dict[str, Any]:
         return {"segments": list(self.segments), "tokens": self.tokens, "sq_tokens": self.sq_tokens}
