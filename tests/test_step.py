@@ -58,6 +58,21 @@ def test_the_rank_upstream_passes_to_the_slice_carries_the_role():
     assert dp_info(other)[0].role is role and dp_info(model)[0].role is None
 
 
+def test_where_upstream_packs_only_a_language_shard_carries_the_role_and_others_come_back_as_they_were():
+    # main's step packs (native packing): the slice hands the language shard on with its role, and
+    # anything else exactly as upstream's slice returned it (upstream's own dp_size-1 test: the same
+    # object, no copy)
+    runtime = Runtime(AccelConfig(packing=True))
+    runtime.shape = type("Shape", (), {"native_packing": True})()
+    local_batch = step.wrap_slice(lambda batch, dp_rank, dp_size: batch, runtime)
+    batch = {"input_ids": torch.zeros(2, 4, dtype=torch.long)}
+    assert local_batch(batch, 0, 1) is batch
+    assert local_batch(batch, step.ReplicaRank(0, step.StepRole(False, True, True, 1)), 1) is batch  # an encoder rank
+    language = step.StepRole(True, True, True, 1)
+    out = local_batch(batch, step.ReplicaRank(0, language), 1)
+    assert isinstance(out, step.LocalBatch) and out.role is language and out == batch
+
+
 def _scalable_tag(dp_rank: int, samples: int = 2):
     return ShardTag("vision", dp_rank, 2, 2, samples, sliced_in_step=False)
 

@@ -178,7 +178,7 @@ def wrap_slice(original: Callable, runtime: Runtime) -> Callable:
             local = pack_for_language_model(local, role, cfg.pad_multiple, runtime.say_once)
             if profiling is not None:
                 profiling.record_packed(local["packing_kwargs"])
-        if packed_by_step and isinstance(local, dict):
+        if packed_by_step and packs and isinstance(local, dict):  # only the packer needs the role
             local = LocalBatch(local)
             local.role = role
         return local
