@@ -17,9 +17,9 @@ How (all in integers, so every rank computes the same plan on any hardware):
    coarser module's replicas, coarsest last, so that each coarser module starts balanced too.
 3. Improve: rounds of swaps between disjoint pairs of groups — the groups under the heaviest
    replicas against light ones, no two pairs touching the same replica of any module — each pair
-   taking the swap that lowers the heaviest replica it touches the most. A swap never lifts a
-   module above its own lower bound (plus 1/256) unless that module was already higher in the
-   pair, so balancing the language model does not spoil an encoder's balance.
+   taking the swap that lowers the heaviest replica it touches the most (loads in units of each
+   module's bound, so no module counts more than another), ties to the swap that leaves the pair's
+   modules the most even; then a tail of single swaps for the heaviest replica of any module.
 4. The result is compared with its start and the contiguous split on the exact integer loads and
    the best kept (contiguous on ties).
 
@@ -45,11 +45,13 @@ _QUANT = 1 << 30  # the largest sample cost of a module before normalisation
 # work: an absolute margin, as the straggler is judged, so a module whose bound is far above its
 # mean (one sample larger than a replica's mean share) is held as close to it as any other.
 _CLOSE = 0.005
-_CAP = 128  # a swap may lift a module up to its own lower bound plus 1/_CAP
 _ROUNDS = 16  # swap rounds over disjoint pairs of groups
 _CANDIDATES = 8  # samples per group a swap is searched among (all of them up to this size)
 _MORE_STARTS_UP_TO = 1024  # samples x modules up to which every plan also tries two other starts
-_SCALE = 1 << 24  # a lower heaviest replica outweighs any change of the summed excess
+# a swap's score: how far it lowers the heaviest replica, then how even it leaves the pair; both
+# clipped so the score stays an exact int64 (a drop of 2**30 bound units is 1024 bounds)
+_SCALE = 1 << 32
+_DROP_CLIP = 1 << 30
 _OPTIONS = 4  # candidate partners a heavy group is tried against in a round
 _TAIL_PARTNERS = 16  # lightest groups the tail tries against the heaviest replica's groups
 _TAIL_STEPS = 32  # swaps the tail may make
@@ -267,49 +269,53 @@ def _candidates(key: np.ndarray, shift: int) -> np.ndarray:
 def _best_swaps(q, groups, under, reps, g, h, shift):
     """For each pair (g[p], h[p]): the swap of a sample of g with a sample of h that brings the
     heaviest replica the pair touches lowest (loads in units of each module's bound, so every module
-    counts alike), ties going to the swap that removes the most load over the bounds. (slot in g,
-    slot in h, gain; a gain <= 0 means no swap helps)."""
+    counts alike), ties going to the swap that leaves the pair's loads the most even over the
+    modules it moves. (slot in g, slot in h, score; a score <= 0 means no swap lowers it)."""
     lg, lh = under[:, g], under[:, h]  # (M, P): load of each group's replica
     apart = reps[:, g] != reps[:, h]  # (M, P): the modules the swap moves load between
     top = np.where(apart, np.maximum(lg, lh), 0)
-    dominant = top.argmax(axis=0)  # (P,)
     mg, mh = groups[g], groups[h]  # (P, size)
-    ca = _candidates(q[dominant[:, None], mg], shift)  # heavy side: its samples heaviest in that module
-    cb = _candidates(-q[dominant[:, None], mh], shift)  # light side: its lightest
-    sa = np.take_along_axis(mg, ca, axis=1)  # candidate samples (P, A)
-    sb = np.take_along_axis(mh, cb, axis=1)  # (P, B)
-    worst = excess = None
+    if mg.shape[1] <= _CANDIDATES:  # every slot is a candidate
+        ca = cb = None
+        sa, sb = mg, mh
+    else:
+        dominant = top.argmax(axis=0)  # (P,)
+        ca = _candidates(q[dominant[:, None], mg], shift)  # heavy side: its samples heaviest in that module
+        cb = _candidates(-q[dominant[:, None], mh], shift)  # light side: its lightest
+        sa = np.take_along_axis(mg, ca, axis=1)  # candidate samples (P, A)
+        sb = np.take_along_axis(mh, cb, axis=1)  # (P, B)
+    # A swap moving d = qa - qb of a module from g to h leaves the heavier of the two at
+    # ((lg + lh) + |lg - lh - 2d|) / 2: per module one broadcast sum of (lg - lh - 2 qa) and 2 qb,
+    # everything below in twice the load units
+    worst = np.zeros((len(g), sa.shape[1], sb.shape[1]), dtype=np.int64)
+    uneven = np.zeros_like(worst)
     for m in np.flatnonzero(apart.any(axis=1)):
-        delta = q[m][sa][:, :, None] - q[m][sb][:, None, :]  # (P, A, B): load moved from g to h
-        new_g = lg[m][:, None, None] - delta
-        new_h = lh[m][:, None, None] + delta
-        moved = apart[m][:, None, None]
-        new_top = np.maximum(new_g, new_h) * moved  # 0 where the module's load does not move
-        eg = (lg[m] - _UNIT)[:, None, None]  # excess = max(load - _UNIT, 0)
-        eh = (lh[m] - _UNIT)[:, None, None]
-        change = (np.maximum(eg, 0) + np.maximum(eh, 0) - np.maximum(eg - delta, 0) - np.maximum(eh + delta, 0)) * moved
-        worst = new_top if worst is None else np.maximum(worst, new_top)
-        excess = change if excess is None else excess + change
-    lowered = top.max(axis=0)[:, None, None] - worst  # how far the heaviest touched replica drops
-    score = np.where(lowered >= 0, lowered * _SCALE + excess, -1)
-    score = np.where(score > 0, score, -1).reshape(len(g), -1)
+        gap = np.abs(((lg[m] - lh[m])[:, None] - 2 * q[m][sa])[:, :, None] + (2 * q[m][sb])[:, None, :])
+        uneven += gap
+        # a module the pair does not move load between keeps its loads (counted in `top` as 0)
+        np.maximum(worst, gap + np.where(apart[m], lg[m] + lh[m], -(1 << 40))[:, None, None], out=worst)
+    lowered = np.minimum(2 * top.max(axis=0)[:, None, None] - worst, _DROP_CLIP)
+    score = np.where(lowered > 0, lowered * _SCALE - np.minimum(uneven, _SCALE - 1), -1).reshape(len(g), -1)
     best = score.argmax(axis=1)
     a, b = np.divmod(best, sb.shape[1])
     rows = np.arange(len(g))
+    if ca is None:
+        return a, b, score[rows, best]
     return ca[rows, a], cb[rows, b], score[rows, best]
 
 
 def _improve(q: np.ndarray, replicas: np.ndarray, grid: int, groups: np.ndarray, stop: np.ndarray) -> np.ndarray:
     groups = groups.copy()
-    m_count = q.shape[0]
     per = grid // replicas  # groups per replica, per module
     reps = np.arange(grid)[None, :] // per[:, None]  # (M, G): the replica of each group, per module
     flat = bool((per == 1).all())
     group_loads = q[:, groups].sum(axis=2)  # (M, G)
 
-    def under_each_group():
-        loads = [group_loads[m].reshape(int(replicas[m]), -1).sum(axis=1) for m in range(m_count)]
-        return np.stack([loads[m][reps[m]] for m in range(m_count)])  # (M, G)
+    def under_each_group():  # (M, G): the load of each group's replica, per module
+        if flat:
+            return group_loads.copy()
+        return np.stack([np.repeat(group_loads[m].reshape(int(d), -1).sum(axis=1), per[m])
+                         for m, d in enumerate(replicas)])
 
     group_of = np.empty(q.shape[1], dtype=np.int64)
     group_of[groups] = np.arange(grid)[:, None]
@@ -367,7 +373,10 @@ def _improve(q: np.ndarray, replicas: np.ndarray, grid: int, groups: np.ndarray,
             lightest = np.flatnonzero(outside)[np.argsort(under[m, outside], kind="stable")[:_TAIL_PARTNERS]]
             near = group_of[cheap[m][: 4 * _TAIL_PARTNERS]]
             holding = near[outside[near]][:_TAIL_PARTNERS]
-            others = np.unique(np.concatenate((lightest, holding)))
+            mark = np.zeros(grid, dtype=bool)
+            mark[lightest] = True
+            mark[holding] = True
+            others = np.flatnonzero(mark)
             g = np.repeat(heavy, others.size)
             h = np.tile(others, heavy.size)
             slot_a, slot_b, gain = _best_swaps(q, groups, under, reps, g, h, t)
