@@ -143,6 +143,11 @@ def _quality(q, replicas, grid, groups) -> tuple[int, int]:
     return (max((int(r.max()) for r in loads), default=0), int(sum(int(_excess(r).sum()) for r in loads)))
 
 
+def _at_stop(q, replicas, grid, groups, stop) -> bool:
+    """Whether every replica of every module is at or under its stop."""
+    return all(int(r.max()) <= int(st) for r, st in zip(_replica_loads(q, replicas, grid, groups), stop))
+
+
 def _is_chain(sizes: list[int]) -> bool:
     return all(b % a == 0 for a, b in zip(sizes, sizes[1:]))
 
@@ -410,12 +415,17 @@ def balance_modules(costs: Mapping[str, Sequence[float]], dps: Mapping[str, int]
         return contiguous.ravel().tolist()
     encoders = np.array([name != LANGUAGE for name in names], dtype=bool)
     start = _start(q, replicas, grid, encoders)
-    candidates = [contiguous, _improve(q, replicas, grid, start, stop), start]
+    improved = _improve(q, replicas, grid, start, stop)
+    candidates = [contiguous, improved, start]
     # A small micro-batch affords more starts (the local search can end in different places): the
-    # other modules first, and every module's summed cost.
+    # other modules first, and every module's summed cost; no more once a search has brought every
+    # replica to its stop.
     if q.shape[1] * len(q) <= _MORE_STARTS_UP_TO and encoders.any() and (~encoders).any():
         for drivers in (~encoders, np.ones(len(q), dtype=bool)):
-            candidates.append(_improve(q, replicas, grid, _start(q, replicas, grid, drivers), stop))
+            if _at_stop(q, replicas, grid, improved, stop):
+                break
+            improved = _improve(q, replicas, grid, _start(q, replicas, grid, drivers), stop)
+            candidates.append(improved)
     # the lowest worst replica; the first of equals (contiguous on ties, so balanced input is left alone)
     best = min(range(len(candidates)), key=lambda i: (_quality(q, replicas, grid, candidates[i]), i))
     return np.sort(candidates[best], axis=1).ravel().tolist()
