@@ -49,7 +49,8 @@ _ROUNDS = 16  # swap rounds over disjoint pairs of groups
 _CANDIDATES = 8  # samples per group a swap is searched among (all of them up to this size)
 _MORE_STARTS_UP_TO = 1024  # samples x modules up to which every plan also tries two other starts
 # a swap's score: how far it lowers the heaviest replica, then how even it leaves the pair; both
-# clipped so the score stays an exact int64 (a drop of 2**30 bound units is 1024 bounds)
+# clipped so the score stays an exact int64 (in the doubled load units it is scored in, a drop of
+# 2**30 is 512 bounds)
 _SCALE = 1 << 32
 _DROP_CLIP = 1 << 30
 _OPTIONS = 4  # candidate partners a heavy group is tried against in a round
@@ -296,8 +297,10 @@ def _best_swaps(q, groups, under, reps, g, h, shift):
     uneven = np.zeros_like(worst)
     for m in np.flatnonzero(apart.any(axis=1)):
         gap = np.abs(((lg[m] - lh[m])[:, None] - 2 * q[m][sa])[:, :, None] + (2 * q[m][sb])[:, None, :])
+        if not apart[m].all():  # where the two groups share this module's replica, its loads stay
+            gap *= apart[m][:, None, None]
         uneven += gap
-        # a module the pair does not move load between keeps its loads (counted in `top` as 0)
+        # (such a module is counted in `top` as 0 and kept out of `worst` here)
         np.maximum(worst, gap + np.where(apart[m], lg[m] + lh[m], -(1 << 40))[:, None, None], out=worst)
     lowered = np.minimum(2 * top.max(axis=0)[:, None, None] - worst, _DROP_CLIP)
     score = np.where(lowered > 0, lowered * _SCALE - np.minimum(uneven, _SCALE - 1), -1).reshape(len(g), -1)
