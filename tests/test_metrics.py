@@ -123,9 +123,12 @@ def test_the_ranks_meet_in_the_store_and_only_the_last_rank_writes(tmp_path):
     assert {"mimo_accel/vision/straggler", "mimo_accel/language/straggler", "mimo_accel/reads/samples",
             "mimo_accel/language/tokens/dp0", "mimo_accel/language/tokens/dp1"} <= names
     assert wb.logged and wb.logged[0][1] == 2 and set(wb.logged[0][0]) == names
-    # each rank deletes its own key once the writer marked the iteration read: ranks 0-2 set theirs
-    # before that, so they delete them at their next logged iteration, or when training ends
-    assert store.num_keys() == 1 + 3  # the done mark and ranks 0-2's keys
+    # each rank deletes its own key once the writer marked the iteration read: ranks 0 and 1 looked
+    # before the writer could (it waits for rank 2's key), so theirs stay until their next logged
+    # iteration or the end of training; rank 2 looks right after its set, before or after the writer
+    # marked the iteration (the two threads race), so its key may already be gone
+    left = [r for r in range(3) if store.check([f"mimo_accel/metrics/7/2/{r}"])]
+    assert left in ([0, 1], [0, 1, 2]) and store.num_keys() == 1 + len(left)  # and the done mark
     for m in ranks:
         m.close()
     assert store.num_keys() == 1 and int(store.get("mimo_accel/metrics/7/done")) == 2
