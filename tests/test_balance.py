@@ -62,6 +62,19 @@ def batches(draw, max_groups: int = 20, max_size: int = 8):
 # --------------------------------------------------------------------------------------------
 
 
+def _assert_never_worse(costs, order, k, others) -> None:
+    """Never worse than each of ``others``, compared exactly on the whole units the planner ranks
+    candidates by (each cost rounded to 2**-32 of the largest, so every rank sums alike); on the
+    float costs, never worse by more than that rounding over one group."""
+    n = len(costs)
+    units = balance._exact(np.asarray(costs, dtype=np.float64))
+    slack = (n // k) * max(costs, default=0.0) * 2.0**-32
+    heaviest = group_costs(costs, order, k).max()
+    for other in others:
+        assert group_costs(units, order, k).max() <= group_costs(units, other, k).max()
+        assert heaviest <= group_costs(costs, other, k).max() + slack
+
+
 @settings(max_examples=250, deadline=None)
 @given(batches())
 def test_balanced_order_properties(batch):
@@ -76,17 +89,10 @@ def test_balanced_order_properties(batch):
     assert all(b == sorted(b) for b in blocks)  # ascending position inside a group
     assert [b[0] for b in blocks] == sorted(b[0] for b in blocks)  # groups by first sample
 
-    # Never worse, compared exactly on the whole units the planner ranks candidates by (each cost
-    # rounded to 2**-32 of the largest, so every rank sums alike); on the float costs, never worse
-    # by more than that rounding over one group.
     g = group_costs(costs, order, k)
     lpt = lpt_order(costs, k)
     assert sorted(lpt) == list(range(n))
-    units = balance._exact(np.asarray(costs, dtype=np.float64))
-    slack = (n // k) * max(costs, default=0.0) * 2.0**-32
-    for other in (contiguous_order(n), lpt):
-        assert group_costs(units, order, k).max() <= group_costs(units, other, k).max()
-        assert g.max() <= group_costs(costs, other, k).max() + slack
+    _assert_never_worse(costs, order, k, (contiguous_order(n), lpt))
 
     bound = lower_bound(costs, k)
     assert g.max() >= bound * (1 - REL)
@@ -222,8 +228,7 @@ def test_fast_path_properties(batch):
     assert all(b == sorted(b) for b in blocks)
     assert [b[0] for b in blocks] == sorted(b[0] for b in blocks)
     g = group_costs(costs, order, k)
-    assert g.max() <= group_costs(costs, lpt_order(costs, k), k).max()
-    assert g.max() <= group_costs(costs, contiguous_order(n), k).max()
+    _assert_never_worse(costs, order, k, (lpt_order(costs, k), contiguous_order(n)))
     assert g.max() >= lower_bound(costs, k) * (1 - REL)
     # The swap pass alone, made to spend its whole budget (stop 0), never raises the heaviest
     # group and keeps an equal-size partition.
