@@ -313,6 +313,29 @@ def test_three_modules_in_any_layout(tmp_path, rule):
     assert "audio" in text and all(f"a{r['audio_dp']}" in text for r in doc["rows"])
 
 
+def test_the_charts_show_every_module_of_the_layout(tmp_path):
+    """The chart of every module plots, for each module of the layout (here vision, audio and
+    language), its joint, vision-only and bound p50 per vision DP as the JSON gives them."""
+    import matplotlib.pyplot as plt
+
+    path = tmp_path / "voice_receipts.toml"
+    path.write_text(AUDIO_PROFILE)
+    doc = json.loads(json.dumps(sim.simulate(path, [4, 8], steps=2, seed=1)))  # as --json writes it
+    fig = sim.figure(doc)
+    try:
+        assert len(fig.axes) == 3
+        lines = {line.get_label(): list(line.get_ydata()) for line in fig.axes[1].get_lines()}
+        assert doc["modules"] == ["vision", "audio", "language"]
+        for name in doc["modules"]:
+            spread = [r["modules"]["spread"][name] for r in doc["rows"]]
+            assert lines[f"{name}: joint plan p50"] == [s["joint"]["p50"] for s in spread]
+            assert lines[f"{name}: vision-only plan p50"] == [s["vision_only"]["p50"] for s in spread]
+            assert lines[f"{name}: bound p50"] == [s["bound"]["p50"] for s in spread]
+        assert len(lines) == 3 * len(doc["modules"])
+    finally:
+        plt.close(fig)
+
+
 def test_bad_dp_rules_are_refused(capsys):
     assert sim.main(["--dp", "2", "--steps", "1", "--language-dp", "-1"]) == 2
     assert "--language-dp -1: give ratio (the workload's), equal, or a positive number" in capsys.readouterr().err

@@ -135,7 +135,7 @@ from mimo_accel.tools.arguments import Renamed, UsageError, fail, nonnegative_in
 from mimo_accel.workloads import AUDIO, LANGUAGE, VISION, Profile, ProfileError, load_profile
 
 __all__ = ["SIMULATE_FORMAT", "PLANNERS", "MODULE_PLANNERS", "audio_dp_for", "language_dp_for", "main",
-           "parse_dp_list", "render", "simulate", "write_png"]
+           "figure", "parse_dp_list", "render", "simulate", "write_png"]
 
 SIMULATE_FORMAT = "mimo-accel-simulate/1"
 PLANNERS = ("contiguous", "lpt", "balanced")
@@ -752,8 +752,22 @@ def _render_window(doc: dict[str, Any], console: Console) -> None:
     )
 
 
+_MODULE_COLORS = ("tab:green", "tab:blue", "tab:purple", "tab:brown", "tab:olive")
+
+
 def write_png(doc: dict[str, Any], path: str | Path) -> None:
-    """Straggler ratio vs DP (3 planners, p50 and p99) and read volume vs DP. Needs matplotlib."""
+    """Charts of :func:`figure`, written to ``path``. Needs matplotlib."""
+    fig = figure(doc)  # first: it names the fix where matplotlib is missing
+    import matplotlib.pyplot as plt
+
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def figure(doc: dict[str, Any]):
+    """Three charts against vision DP: the vision straggler (3 planners, p50 and p99), every
+    module's replica spread (p50: the joint plan, the vision-only plan, the module's bound), and
+    the read volume. Needs matplotlib (RuntimeError naming the fix without it)."""
     try:
         import matplotlib
 
@@ -763,7 +777,7 @@ def write_png(doc: dict[str, Any], path: str | Path) -> None:
         raise RuntimeError("--png needs matplotlib: pip install matplotlib") from e
     rows = doc["rows"]
     dps = [r["dp"] for r in rows]
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.8))
+    fig, (ax1, ax3, ax2) = plt.subplots(1, 3, figsize=(18, 4.8))
     for name, color in zip(PLANNERS, ("tab:red", "tab:orange", "tab:green")):
         ax1.plot(dps, [r["straggler"][name]["p50"] for r in rows], "o-", color=color, label=f"{_LABELS[name]} p50")
         ax1.plot(dps, [r["straggler"][name]["p99"] for r in rows], "--", color=color, alpha=0.6, label="p99")
@@ -791,9 +805,21 @@ def write_png(doc: dict[str, Any], path: str | Path) -> None:
     ax2.set_title("Read volume, whole cluster (micro-batch = DP × K samples)")
     ax2.legend(fontsize=8)
     ax2.grid(alpha=0.3, which="both")
+    modules = [r["modules"] for r in rows]
+    for name, color in zip(doc["modules"], _MODULE_COLORS):
+        spread = [m["spread"][name] for m in modules]
+        ax3.plot(dps, [s["joint"]["p50"] for s in spread], "o-", color=color, label=f"{name}: joint plan p50")
+        ax3.plot(dps, [s["vision_only"]["p50"] for s in spread], "x--", color=color, alpha=0.7,
+                 label=f"{name}: vision-only plan p50")
+        ax3.plot(dps, [s["bound"]["p50"] for s in spread], ":", color=color, alpha=0.5, label=f"{name}: bound p50")
+    ax3.set_xscale("log", base=2)
+    ax3.set_xlabel("vision DP")
+    ax3.set_ylabel("replica spread (max / mean replica cost)")
+    ax3.set_title("Every module's replicas")
+    ax3.legend(fontsize=7)
+    ax3.grid(alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    return fig
 
 
 # --------------------------------------------------------------------------------------- main
