@@ -806,7 +806,8 @@ def figure(doc: dict[str, Any]):
     ax2.legend(fontsize=8)
     ax2.grid(alpha=0.3, which="both")
     modules = [r["modules"] for r in rows]
-    for name, color in zip(doc["modules"], _MODULE_COLORS):
+    for i, name in enumerate(doc["modules"]):
+        color = _MODULE_COLORS[i % len(_MODULE_COLORS)]  # never drop a module: colours repeat past five
         spread = [m["spread"][name] for m in modules]
         ax3.plot(dps, [s["joint"]["p50"] for s in spread], "o-", color=color, label=f"{name}: joint plan p50")
         ax3.plot(dps, [s["vision_only"]["p50"] for s in spread], "x--", color=color, alpha=0.7,
