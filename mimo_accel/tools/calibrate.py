@@ -57,7 +57,6 @@ compilation).
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import math
 import sys
@@ -71,6 +70,7 @@ from rich.console import Console
 from rich.table import Table
 
 from mimo_accel.costs import CostModel, ModuleCost
+from mimo_accel.costs.nnls import nnls
 from mimo_accel.profiler import NoProfileData, Run, read_run
 from mimo_accel.tools.arguments import UsageError, fail, nonnegative_int, output_file, parse
 from mimo_accel.profiler import record_number as _num
@@ -89,34 +89,6 @@ _T_SIGNIFICANT = 2.0
 
 class CalibrationError(ValueError):
     """A run that cannot be calibrated from; the message says why and what to record instead."""
-
-
-# ------------------------------------------------------------------------------------- NNLS
-
-
-def nnls(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """Exact non-negative least squares for a few columns: ``argmin ||x·w - y||, w >= 0``.
-
-    The optimum is the unconstrained least-squares solution on its own support, so trying every
-    support (2^k for k columns, k <= 6 here) and keeping the best feasible one is exact.
-    """
-    n, k = x.shape
-    if k > 6:
-        raise ValueError("nnls: at most 6 columns")
-    best_w, best_rss = np.zeros(k), float(y @ y)
-    for size in range(1, k + 1):
-        for cols in itertools.combinations(range(k), size):
-            sub = x[:, cols]
-            w, *_ = np.linalg.lstsq(sub, y, rcond=None)
-            if (w < 0).any():
-                continue
-            r = y - sub @ w
-            rss = float(r @ r)
-            if rss < best_rss * (1 - 1e-12):
-                best_rss = rss
-                best_w = np.zeros(k)
-                best_w[list(cols)] = w
-    return best_w
 
 
 # ---------------------------------------------------------------------------------- fitting
