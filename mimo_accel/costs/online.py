@@ -1,0 +1,475 @@
+"""Each module's cost model learnt from the job's own step times (pure: numpy only).
+
+What it is fed, per training step and module: one observation per data-parallel replica, the
+replica's measured forward + backward seconds in the step and its features summed over the step's
+micro-batches — the quantities :class:`~mimo_accel.costs.ModuleCost` prices:
+
+- an encoder: ``rows``, ``Σ rows²``, ``items`` (``a·rows + b·sq_rows + k·items``);
+- the language model (``"language"``): real ``tokens``, ``Σ tokens²`` (``a·tokens + b·tokens²``).
+
+How a refit is made (:meth:`OnlineCalibration.refit`), per module, over the last ``window``
+observed steps, the newest ``held_out`` share of them held out:
+
+1. **Within steps.** A plan only compares one module's replicas within a step, and what every
+   replica of a step shares (a fixed per-step overhead, the machine running slower for a while)
+   cannot change a plan. So the coefficients are fitted on how the replicas of each step differ:
+   every step's mean is taken out of its times and features (one free level per step).
+2. **Units.** The current model may be in any unit (the defaults price a row at 1). It is
+   scaled to seconds, ``λ·(a, b, k)`` with ``λ`` such that its predicted work totals the
+   training steps' measured time: the same model for a plan, now comparable with the candidate
+   (the centre of the prior and of the plausibility bound below). It is judged at its best
+   level: a scale and a per-replica overhead fitted non-negatively to those times.
+3. **Non-negative, near the current model.** Non-negative least squares (:func:`~mimo_accel.costs.nnls.nnls`)
+   with a ridge prior towards the scaled current model: the prior counts as much as ``prior``
+   steps' observations that the current model explains exactly (per feature, its mean
+   within-step energy per step, and at least as much as if the feature varied by 5 % of its
+   mean: one the plan has all but equalised tells little, and its coefficient stays put rather
+   than follow the noise), so a few noisy steps cannot swing the coefficients and many steps
+   outweigh it.
+4. **Only what the steps can tell.** A feature that never differs between the replicas of a step
+   (equal image counts everywhere: ``k`` cannot be told from the per-step level) is left out and
+   its coefficient held at its current value. Features that vary together are resolved by the
+   prior.
+5. **Better on held-out steps, or not at all.** Both models (each with its fitted overhead)
+   predict every held-out step's replica times; the error of a step is the largest error in a
+   replica's share of the step's mean time, ``max_r |p_r/mean(p) − m_r/mean(m)|``
+   (:func:`replica_share_error`). It bounds the error of the predicted straggler,
+   ``|max(p)/mean(p) − max(m)/mean(m)|`` (:func:`spread_error`), and also sees a prediction that
+   has the right spread on the wrong replica. The refit is accepted only if its mean held-out
+   error is below the current model's by at least ``min_gain`` (relative).
+6. **Implausible fits are dropped.** A candidate with a non-finite or negative coefficient, with
+   every coefficient 0, with a coefficient outside ``[1/bound, bound]`` times its current
+   (scaled) value while its term carries at least 1 % of the predicted work in both models (a
+   term negligible in either may come or go: ``k`` from 0 once items turn out to cost, ``b``
+   towards 0 under flash attention), or whose predicted work (mean over the training
+   observations) is outside ``[1/bound, bound]`` times the current model's (``bound`` = 100),
+   is dropped; the model in use is kept and the reason said once per module
+   (``notify(key, message)``).
+
+Determinism: observations are kept per step and fitted in step order, the solver tries its
+supports in a fixed order, and nothing is random, so the same observations give bit-identical
+coefficients (and the same :class:`CostModel`, so the same digest) on every rank of a machine.
+The runtime fits on one rank and ships the coefficients; it does not rely on that.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, Optional
+
+import numpy as np
+
+from mimo_accel.costs.model import LANGUAGE, CostModel, ModuleCost
+from mimo_accel.costs.nnls import nnls
+
+__all__ = ["OnlineCalibration", "Refit", "features_of", "replica_share_error", "spread_error"]
+
+logger = logging.getLogger(__name__)
+
+ENCODER_FEATURES = ("rows", "sq_rows", "items")
+LANGUAGE_FEATURES = ("tokens", "sq_tokens")
+_COEFFICIENTS = ("a", "b", "k")
+BOUND = 100.0  # a refit may move a coefficient (or the predicted work) at most this factor either way
+NEGLIGIBLE = 0.01  # a term below this share of the predicted work may fall to 0 (or grow from it)
+_VARIES = 1e-9  # a feature varies within steps if its within-step rms exceeds this × its mean size
+# The prior weighs a feature as if it varied within steps by at least this share of its mean size:
+# a feature the plan has all but equalised (tokens under a tokens-only model) carries little
+# information, and without the floor its prior would carry as little, leaving its coefficient to
+# the noise (in simulation: fits dropped as implausible from starts only 3-10x off).
+_PRIOR_FLOOR = 0.05
+
+
+def features_of(module: str) -> tuple[str, ...]:
+    """The features an observation of ``module`` carries, in column order: an encoder's
+    ``(rows, sq_rows, items)``, the language model's ``(tokens, sq_tokens)``."""
+    return LANGUAGE_FEATURES if module == LANGUAGE else ENCODER_FEATURES
+
+
+def _shares(x: np.ndarray) -> Optional[np.ndarray]:
+    mean = float(x.mean()) if x.size else 0.0
+    return x / mean if mean > 0 and math.isfinite(mean) else None
+
+
+def replica_share_error(predicted: Any, measured: Any) -> float:
+    """``max_r |p_r/mean(p) − m_r/mean(m)|``: the largest error in a replica's share of the step's
+    mean time (predicted against measured seconds of one step's replicas). NaN when either side
+    has no work (mean 0): such a step says nothing about the split."""
+    p, m = _pair(predicted, measured)
+    sp, sm = _shares(p), _shares(m)
+    if sp is None or sm is None:
+        return math.nan
+    return float(np.abs(sp - sm).max())
+
+
+def spread_error(predicted: Any, measured: Any) -> float:
+    """``|max(p)/mean(p) − max(m)/mean(m)|``: how far the predicted straggler (replica spread)
+    is from the measured one; at most :func:`replica_share_error`. NaN when either side has no
+    work."""
+    p, m = _pair(predicted, measured)
+    sp, sm = _shares(p), _shares(m)
+    if sp is None or sm is None:
+        return math.nan
+    return float(abs(sp.max() - sm.max()))
+
+
+def _pair(predicted: Any, measured: Any) -> tuple[np.ndarray, np.ndarray]:
+    p = np.asarray(predicted, dtype=np.float64).reshape(-1)
+    m = np.asarray(measured, dtype=np.float64).reshape(-1)
+    if p.shape != m.shape or p.size == 0:
+        raise ValueError(f"predicted and measured need one time per replica each, got {p.size} and {m.size}")
+    if not (np.isfinite(p).all() and np.isfinite(m).all()) or (p < 0).any() or (m < 0).any():
+        raise ValueError("predicted and measured replica times must be finite and >= 0")
+    return p, m
+
+
+@dataclass(frozen=True)
+class Refit:
+    """One refit attempt of one module at a step boundary.
+
+    ``coefficients`` are the candidate's, in seconds (``a`` per row or token, ``b`` per row² or
+    token², ``k`` per item); ``overhead_s`` the per-replica time per step the coefficients leave
+    over (the same on every replica, so not in the model: a plan cannot change it, but a
+    predicted spread includes it). ``held_out_error_before`` / ``_after``: the mean over
+    ``held_out_steps`` of :func:`replica_share_error` of the current model and of the candidate.
+    ``accepted``: whether the model in use now has these coefficients; ``reason`` says why or why
+    not. A dropped candidate (``reason`` "dropped: ...") is not kept: ``coefficients`` are then the
+    model in use, and ``held_out_error_after`` is NaN.
+    """
+
+    step: int
+    module: str
+    coefficients: ModuleCost
+    overhead_s: float
+    held_out_error_before: float
+    held_out_error_after: float
+    held_out_steps: tuple[int, ...]
+    accepted: bool
+    reason: str
+
+    def to_dict(self) -> dict[str, Any]:
+        """The report's record: step, module, coefficients, the held-out errors (and the rest)."""
+        return {"step": self.step, "module": self.module, "coefficients": self.coefficients.to_dict(),
+                "held_out_error_before": self.held_out_error_before,
+                "held_out_error_after": self.held_out_error_after, "overhead_s": self.overhead_s,
+                "held_out_steps": list(self.held_out_steps), "accepted": self.accepted, "reason": self.reason}
+
+    def message(self) -> str:
+        """One log line: the module, its coefficients, the held-out error before → after."""
+        c = self.coefficients
+        terms = f"a={c.a:.4g} b={c.b:.4g}" + ("" if self.module == LANGUAGE else f" k={c.k:.4g}")
+        return (f"mimo_accel online calibration: {self.module} at step {self.step}: {terms} "
+                f"(held-out replica error {self.held_out_error_before:.4f} -> {self.held_out_error_after:.4f})")
+
+
+@dataclass(frozen=True)
+class _Observation:
+    features: np.ndarray  # [replicas, n_features] float64
+    seconds: np.ndarray  # [replicas] float64
+
+
+class OnlineCalibration:
+    """Learns every module's cost coefficients from per-step replica times (see the module doc).
+
+    ``start``: the model a job starts with (a file, or the defaults); :attr:`model` is it, updated
+    by every accepted refit. ``modules``: the layout's module names (the language model is
+    ``"language"``).
+
+    Options: ``min_steps`` observed steps before a module's first refit (at least 3), then one
+    attempt per ``every`` new steps; ``window`` the newest steps a fit uses; ``held_out`` the
+    share of them (the newest; at least one, and two are left to fit) a candidate is judged on; ``prior`` the weight
+    of the current model, in steps; ``warmup`` the first steps of each module left out (they pay
+    for allocation and compilation); ``min_gain`` how much lower (relative) the held-out error
+    must be; ``bound`` the plausibility factor (point 6 of the module doc). ``notify(key,
+    message)`` is told of what the calibration cannot act on, at every attempt that meets it,
+    under a key per module and kind, so that a say-once notifier (the runtime's) says each once
+    (default: a warning on this module's logger, once per key).
+    """
+
+    def __init__(self, start: CostModel, modules: Sequence[str], *, min_steps: int = 6, every: int = 2,
+                 window: int = 32, held_out: float = 0.25, prior: float = 2.0, warmup: int = 0,
+                 min_gain: float = 0.02, bound: float = BOUND,
+                 notify: Optional[Callable[[str, str], object]] = None) -> None:
+        if not isinstance(start, CostModel):
+            raise ValueError(f"OnlineCalibration: start must be a CostModel, got {type(start).__name__}")
+        names = list(modules)
+        if not names or any(not isinstance(n, str) or not n for n in names) or len(set(names)) != len(names):
+            raise ValueError(f"OnlineCalibration: modules must be distinct non-empty names, got {names!r}")
+        _check_int("min_steps", min_steps, 3)
+        _check_int("every", every, 1)
+        _check_int("window", window, min_steps)
+        _check_int("warmup", warmup, 0)
+        for name, value, low, high in (("held_out", held_out, 0.0, 1.0), ("prior", prior, 0.0, math.inf),
+                                       ("min_gain", min_gain, 0.0, 1.0), ("bound", bound, 1.0, math.inf)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value < high \
+                    or not math.isfinite(value):
+                raise ValueError(f"OnlineCalibration: {name} must be a number in [{low:g}, {high:g}), got {value!r}")
+        if held_out <= 0:
+            raise ValueError("OnlineCalibration: held_out must be > 0 (a refit is judged on held-out steps)")
+        self._model = start
+        self._modules = tuple(names)
+        self.min_steps, self.every, self.window, self.warmup = min_steps, every, window, warmup
+        self.held_out, self.prior, self.min_gain, self.bound = float(held_out), float(prior), float(min_gain), float(bound)
+        self._said: set[str] = set()
+        self._notify = notify
+        self._steps: dict[str, dict[int, _Observation]] = {m: {} for m in names}
+        self._last_step: dict[str, int] = {}
+        self._skipped = dict.fromkeys(names, 0)
+        self._new = dict.fromkeys(names, 0)
+        # the current model of each module in seconds per its own unit, and its per-replica overhead
+        self._level: dict[str, tuple[float, float]] = {}
+        self._attempts: list[Refit] = []
+
+    # ---------------------------------------------------------------------------- what it holds
+
+    @property
+    def model(self) -> CostModel:
+        """The model in use: ``start``, with every accepted refit's module coefficients."""
+        return self._model
+
+    @property
+    def modules(self) -> tuple[str, ...]:
+        return self._modules
+
+    @property
+    def refits(self) -> tuple[Refit, ...]:
+        """The accepted refits, in order."""
+        return tuple(r for r in self._attempts if r.accepted)
+
+    @property
+    def attempts(self) -> tuple[Refit, ...]:
+        """Every refit attempt (accepted or not, with its reason), in order."""
+        return tuple(self._attempts)
+
+    def predict(self, module: str, features: Any) -> np.ndarray:
+        """Per-replica seconds the model in use predicts for one step of ``module`` (rows of
+        ``features`` as :meth:`observe` takes them), its overhead included: in seconds once the
+        module has had a refit attempt (its scale and overhead are fitted then), in the model's
+        own unit before."""
+        x = self._features(module, features)
+        scale, overhead = self._level.get(module, (1.0, 0.0))
+        return scale * (x @ self._coefficients(module)) + overhead
+
+    # ------------------------------------------------------------------------------- observing
+
+    def observe(self, step: int, module: str, features: Any, seconds: Any) -> None:
+        """One step of ``module``: ``features`` ``[replicas, n_features]`` (:func:`features_of`:
+        summed over the step's micro-batches) and ``seconds`` ``[replicas]`` (forward + backward).
+        Steps of a module must come in increasing order; the first ``warmup`` are left out."""
+        if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0:
+            raise ValueError(f"OnlineCalibration.observe: step must be an integer >= 0, got {step!r}")
+        step = int(step)
+        x = self._features(module, features)
+        y = np.array(seconds, dtype=np.float64, copy=True).reshape(-1) if np.ndim(seconds) else None
+        if y is None or y.shape != (x.shape[0],):
+            raise ValueError(f"OnlineCalibration.observe: {module} step {step}: seconds must hold one time per "
+                             f"replica ({x.shape[0]}), got shape {np.shape(seconds)}")
+        if not np.isfinite(y).all() or (y < 0).any():
+            raise ValueError(f"OnlineCalibration.observe: {module} step {step}: replica times must be finite "
+                             f"seconds >= 0, got {y.tolist()}")
+        last = self._last_step.get(module)
+        if last is not None and step <= last:
+            raise ValueError(f"OnlineCalibration.observe: {module} step {step} after step {last}: observe each "
+                             "step once, in increasing order")
+        self._last_step[module] = step
+        if self._skipped[module] < self.warmup:
+            self._skipped[module] += 1
+            return
+        steps = self._steps[module]
+        steps[step] = _Observation(x, y)
+        while len(steps) > self.window:
+            del steps[min(steps)]
+        self._new[module] += 1
+
+    def _features(self, module: str, features: Any) -> np.ndarray:
+        if module not in self._steps:
+            raise ValueError(f"OnlineCalibration: unknown module {module!r}; the layout's modules are "
+                             f"{list(self._modules)}")
+        names = features_of(module)
+        x = np.array(features, dtype=np.float64, copy=True)
+        if x.ndim != 2 or x.shape[1] != len(names) or x.shape[0] < 1:
+            raise ValueError(f"OnlineCalibration: {module} features must be [replicas, {len(names)}] "
+                             f"({', '.join(names)} per replica), got shape {x.shape}")
+        if not np.isfinite(x).all() or (x < 0).any():
+            raise ValueError(f"OnlineCalibration: {module} features ({', '.join(names)}) must be finite and >= 0")
+        return x
+
+    def _coefficients(self, module: str) -> np.ndarray:
+        cost = self._model.of(module)
+        return np.array([getattr(cost, c) for c in _COEFFICIENTS[:len(features_of(module))]], dtype=np.float64)
+
+    # ------------------------------------------------------------------------------- refitting
+
+    def refit(self, step: int) -> tuple[Refit, ...]:
+        """At the boundary before ``step``: attempt a refit of every module that has ``min_steps``
+        observations and ``every`` new ones since its last attempt; the accepted ones (at most one
+        per module, in module order) are in :attr:`model` when this returns."""
+        if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0:
+            raise ValueError(f"OnlineCalibration.refit: step must be an integer >= 0, got {step!r}")
+        accepted = []
+        for module in self._modules:
+            steps = self._steps[module]
+            if len(steps) < self.min_steps or self._new[module] < self.every:
+                continue
+            self._new[module] = 0
+            attempt = self._attempt(int(step), module, [steps[s] for s in sorted(steps)], sorted(steps))
+            if attempt is None:
+                continue
+            self._attempts.append(attempt)
+            if attempt.accepted:
+                self._adopt(attempt)
+                accepted.append(attempt)
+        return tuple(accepted)
+
+    def _attempt(self, step: int, module: str, obs: list[_Observation], numbers: list[int]) -> Optional[Refit]:
+        n = len(obs)
+        h = min(n - 2, max(1, math.ceil(self.held_out * n)))
+        train, test, test_steps = obs[:n - h], obs[n - h:], tuple(numbers[n - h:])
+        x = np.concatenate([o.features for o in train])
+        y = np.concatenate([o.seconds for o in train])
+        with np.errstate(all="ignore"):
+            current = self._coefficients(module)
+            # judged with its best level (scale and overhead fitted to the training steps' times) ...
+            scale, overhead = _scale_and_overhead(x @ current, y)
+            self._level[module] = (scale, overhead)
+            before = _held_out_error(test, scale * current, overhead)
+            # ... and held to as priced so that its work is the measured time (the fitted split of
+            # scale and overhead is loose while the plan keeps the model's own costs even)
+            centre = _in_seconds(x @ current, y) * current
+            w, varying = _within_step_fit(train, centre, self.prior)
+        names = features_of(module)
+        if not varying.any():
+            self._say(f"online:{module}:nothing-varies",
+                      f"mimo_accel online calibration: {module}: no feature ({', '.join(names)}) differs between its "
+                      "replicas within a step (one replica, or equal work on every one), so its cost cannot be learnt "
+                      "from the step times; its model stays as it is")
+            return None
+        if not varying.all():
+            held = [f"{names[j]} ({_COEFFICIENTS[j]})" for j in np.flatnonzero(~varying)]
+            self._say(f"online:{module}:held:{','.join(held)}",
+                      f"mimo_accel online calibration: {module}: {', '.join(held)} never differs between its "
+                      "replicas within a step, so its coefficient is held at the current value")
+        with np.errstate(all="ignore"):
+            problem = self._implausible(module, w, centre, x)
+        if problem is not None:
+            self._say(f"online:{module}:dropped",
+                      f"mimo_accel online calibration: {module}: the refit at step {step} {problem}; it is dropped and "
+                      "the model in use is kept (said once: later refits are judged the same way). Check the module's "
+                      "timings, or start from a cost model measured on this hardware (mimo-accel calibrate-gpu)")
+            return Refit(step, module, self._model.of(module), overhead, before, math.nan, test_steps, False,
+                         f"dropped: {problem}")
+        candidate = ModuleCost(*(float(v) for v in w))
+        with np.errstate(all="ignore"):
+            new_overhead = _overhead(x @ w, y)
+            after = _held_out_error(test, w, new_overhead)
+        if not math.isfinite(before) or not math.isfinite(after):
+            return Refit(step, module, candidate, new_overhead, before, after, test_steps, False,
+                         "not judged: the held-out steps carry no work")
+        if after < before * (1.0 - self.min_gain):
+            return Refit(step, module, candidate, new_overhead, before, after, test_steps, True,
+                         "better on the held-out steps")
+        return Refit(step, module, candidate, new_overhead, before, after, test_steps, False,
+                     f"not better on the held-out steps by {self.min_gain:.0%}")
+
+    def _implausible(self, module: str, w: np.ndarray, centre: np.ndarray, x: np.ndarray) -> Optional[str]:
+        names = features_of(module)
+        if not np.isfinite(w).all():
+            return "gives a non-finite coefficient"
+        if (w < 0).any():
+            return "gives a negative coefficient"
+        mean_x = x.mean(axis=0)
+        work, current = float(mean_x @ w), float(mean_x @ centre)
+        if not work > 0:
+            return "gives every coefficient 0 (the times do not grow with any feature)"
+        for j, name in enumerate(names):
+            # a term that carries a real share of the work in both models may not jump; one that is
+            # negligible in either may come or go (k from 0 when items turn out to cost, b to ~0
+            # under flash attention)
+            if w[j] * mean_x[j] >= NEGLIGIBLE * work and centre[j] * mean_x[j] >= NEGLIGIBLE * current:
+                ratio = w[j] / centre[j]
+                if not 1.0 / self.bound <= ratio <= self.bound:
+                    return (f"would move {_COEFFICIENTS[j]} (per {name}) {ratio:.3g}x from the current "
+                            f"{centre[j]:.4g} s, outside [1/{self.bound:g}, {self.bound:g}]")
+        if current > 0 and not 1.0 / self.bound <= work / current <= self.bound:
+            return (f"would predict {work / current:.3g}x the current model's work, outside "
+                    f"[1/{self.bound:g}, {self.bound:g}]")
+        return None
+
+    def _adopt(self, refit: Refit) -> None:
+        module = refit.module
+        modules = dict(self._model.modules)
+        modules[module] = refit.coefficients
+        online = dict(self._model.fit.get("online", {}))
+        online[module] = refit.step
+        self._model = replace(self._model, modules=modules, fit={**self._model.fit, "online": online})
+        self._level[module] = (1.0, refit.overhead_s)
+
+    def _say(self, key: str, message: str) -> None:
+        if self._notify is not None:
+            self._notify(key, message)
+        elif key not in self._said:
+            self._said.add(key)
+            logger.warning(message)
+
+
+# ------------------------------------------------------------------------------------ the fit
+
+
+def _check_int(name: str, value: Any, low: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
+        raise ValueError(f"OnlineCalibration: {name} must be an integer >= {low}, got {value!r}")
+
+
+def _scale_and_overhead(predicted: np.ndarray, seconds: np.ndarray) -> tuple[float, float]:
+    """``(λ, o) >= 0`` with ``seconds ≈ λ·predicted + o`` (least squares): a model in any unit at
+    its best level in seconds, and the per-replica time it leaves over. Where the times do not
+    grow with the prediction at all (λ = 0), the ratio of the totals and no overhead."""
+    total = float(predicted.sum())
+    if not total > 0 or not math.isfinite(total):
+        return 1.0, max(0.0, float(seconds.mean()))
+    design = np.column_stack([predicted, np.ones_like(predicted)])
+    norms = np.linalg.norm(design, axis=0)
+    lam, o = nnls(design / norms, seconds) / norms
+    if not lam > 0:
+        return _in_seconds(predicted, seconds), 0.0
+    return float(lam), _overhead(lam * predicted, seconds)
+
+
+def _in_seconds(predicted: np.ndarray, seconds: np.ndarray) -> float:
+    """The factor that makes a model's predicted work total the measured time."""
+    total = float(predicted.sum())
+    return float(seconds.sum()) / total if total > 0 and math.isfinite(total) else 1.0
+
+
+def _overhead(predicted: np.ndarray, seconds: np.ndarray) -> float:
+    return max(0.0, float((seconds - predicted).mean()))
+
+
+def _within_step_fit(train: list[_Observation], centre: np.ndarray, prior: float) -> tuple[np.ndarray, np.ndarray]:
+    """The candidate coefficients and which features varied within steps (the others held)."""
+    xt = np.concatenate([o.features - o.features.mean(axis=0) for o in train])
+    yt = np.concatenate([o.seconds - o.seconds.mean() for o in train])
+    size = np.abs(np.concatenate([o.features for o in train])).mean(axis=0)
+    energy = (xt * xt).sum(axis=0) / len(train)  # within-step energy of each feature, per step
+    varying = (size > 0) & (np.sqrt(energy) > _VARIES * size)
+    w = centre.copy()
+    if not varying.any():
+        return w, varying
+    yt = yt - xt[:, ~varying] @ centre[~varying]
+    s = np.sqrt(energy[varying])
+    z = xt[:, varying] / s
+    k = int(varying.sum())
+    root = math.sqrt(prior) * np.maximum(1.0, _PRIOR_FLOOR * size[varying] / s)
+    design = np.vstack([z, np.diag(root)])
+    target = np.concatenate([yt, root * centre[varying] * s])
+    w[varying] = nnls(design, target) / s
+    return w, varying
+
+
+def _held_out_error(test: list[_Observation], w: np.ndarray, overhead: float) -> float:
+    errors = [replica_share_error(o.features @ w + overhead, o.seconds) for o in test]
+    errors = [e for e in errors if math.isfinite(e)]
+    return float(np.mean(errors)) if errors else math.nan
+
