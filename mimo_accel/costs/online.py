@@ -326,15 +326,14 @@ class OnlineCalibration:
     def _attempt(self, step: int, module: str, obs: list[_Observation], numbers: list[int]) -> Optional[Refit]:
         n = len(obs)
         h = min(n - 2, max(1, math.ceil(self.held_out * n)))
-        train, test, test_steps = obs[:n - h], obs[n - h:], tuple(numbers[n - h:])
-        x = np.concatenate([o.features for o in train])
-        y = np.concatenate([o.seconds for o in train])
+        train, test, test_steps = _Steps(obs[:n - h]), _Steps(obs[n - h:]), tuple(numbers[n - h:])
+        x, y = train.features, train.seconds
         with np.errstate(all="ignore"):
             current = self._coefficients(module)
             # judged with its best level (scale and overhead fitted to the training steps' times) ...
             scale, overhead = _scale_and_overhead(x @ current, y)
             self._level[module] = (scale, overhead)
-            before = _held_out_error(test, scale * current, overhead)
+            before = test.share_error(scale * current, overhead)
             # ... and held to as priced so that its work is the measured time (the fitted split of
             # scale and overhead is loose while the plan keeps the model's own costs even)
             centre = _in_seconds(x @ current, y) * current
@@ -363,7 +362,7 @@ class OnlineCalibration:
         candidate = ModuleCost(*(float(v) for v in w))
         with np.errstate(all="ignore"):
             new_overhead = _overhead(x @ w, y)
-            after = _held_out_error(test, w, new_overhead)
+            after = test.share_error(w, new_overhead)
         if not math.isfinite(before) or not math.isfinite(after):
             return Refit(step, module, candidate, new_overhead, before, after, test_steps, False,
                          "not judged: the held-out steps carry no work")
@@ -431,7 +430,7 @@ def _scale_and_overhead(predicted: np.ndarray, seconds: np.ndarray) -> tuple[flo
         return 1.0, max(0.0, float(seconds.mean()))
     design = np.column_stack([predicted, np.ones_like(predicted)])
     norms = np.linalg.norm(design, axis=0)
-    lam, o = nnls(design / norms, seconds) / norms
+    lam, o = _small_nnls(design / norms, seconds) / norms
     if not lam > 0:
         return _in_seconds(predicted, seconds), 0.0
     return float(lam), _overhead(lam * predicted, seconds)
@@ -447,12 +446,40 @@ def _overhead(predicted: np.ndarray, seconds: np.ndarray) -> float:
     return max(0.0, float((seconds - predicted).mean()))
 
 
-def _within_step_fit(train: list[_Observation], centre: np.ndarray, prior: float) -> tuple[np.ndarray, np.ndarray]:
+class _Steps:
+    """Consecutive steps' observations stacked: ``features`` [N, F], ``seconds`` [N], each step's
+    rows from ``starts[i]`` (for the per-step means and maxima, without a loop over steps)."""
+
+    def __init__(self, obs: list[_Observation]) -> None:
+        self.features = np.concatenate([o.features for o in obs])
+        self.seconds = np.concatenate([o.seconds for o in obs])
+        self.counts = np.array([o.seconds.size for o in obs])
+        self.starts = np.concatenate([[0], np.cumsum(self.counts)[:-1]])
+        self.steps = len(obs)
+
+    def step_means(self, values: np.ndarray) -> np.ndarray:
+        """Each row's step mean of ``values`` ([N] or [N, F])."""
+        means = np.add.reduceat(values, self.starts, axis=0) / (self.counts if values.ndim == 1 else self.counts[:, None])
+        return np.repeat(means, self.counts, axis=0)
+
+    def share_error(self, w: np.ndarray, overhead: float) -> float:
+        """The mean over the steps of :func:`replica_share_error` of the prediction ``x·w + o``
+        (steps where either side has no work left out; NaN if all are)."""
+        predicted = self.features @ w + overhead
+        p_mean, m_mean = self.step_means(predicted), self.step_means(self.seconds)
+        error = np.abs(predicted / p_mean - self.seconds / m_mean)
+        worst = np.maximum.reduceat(error, self.starts)
+        worst = worst[np.isfinite(worst) & (np.add.reduceat(predicted, self.starts) > 0)
+                      & (np.add.reduceat(self.seconds, self.starts) > 0)]
+        return float(worst.mean()) if worst.size else math.nan
+
+
+def _within_step_fit(train: _Steps, centre: np.ndarray, prior: float) -> tuple[np.ndarray, np.ndarray]:
     """The candidate coefficients and which features varied within steps (the others held)."""
-    xt = np.concatenate([o.features - o.features.mean(axis=0) for o in train])
-    yt = np.concatenate([o.seconds - o.seconds.mean() for o in train])
-    size = np.abs(np.concatenate([o.features for o in train])).mean(axis=0)
-    energy = (xt * xt).sum(axis=0) / len(train)  # within-step energy of each feature, per step
+    xt = train.features - train.step_means(train.features)
+    yt = train.seconds - train.step_means(train.seconds)
+    size = np.abs(train.features).mean(axis=0)
+    energy = (xt * xt).sum(axis=0) / train.steps  # within-step energy of each feature, per step
     varying = (size > 0) & (np.sqrt(energy) > _VARIES * size)
     w = centre.copy()
     if not varying.any():
@@ -460,16 +487,13 @@ def _within_step_fit(train: list[_Observation], centre: np.ndarray, prior: float
     yt = yt - xt[:, ~varying] @ centre[~varying]
     s = np.sqrt(energy[varying])
     z = xt[:, varying] / s
-    k = int(varying.sum())
     root = math.sqrt(prior) * np.maximum(1.0, _PRIOR_FLOOR * size[varying] / s)
-    design = np.vstack([z, np.diag(root)])
-    target = np.concatenate([yt, root * centre[varying] * s])
-    w[varying] = nnls(design, target) / s
+    w[varying] = _small_nnls(np.vstack([z, np.diag(root)]), np.concatenate([yt, root * centre[varying] * s])) / s
     return w, varying
 
 
-def _held_out_error(test: list[_Observation], w: np.ndarray, overhead: float) -> float:
-    errors = [replica_share_error(o.features @ w + overhead, o.seconds) for o in test]
-    errors = [e for e in errors if math.isfinite(e)]
-    return float(np.mean(errors)) if errors else math.nan
-
+def _small_nnls(design: np.ndarray, target: np.ndarray) -> np.ndarray:
+    """NNLS of a tall, few-column system through its QR factors: ``||A·v − b||² = ||R·v − Qᵀb||²
+    + const``, so the k × k problem has the same solution, whatever the number of rows."""
+    q, r = np.linalg.qr(design)
+    return nnls(r, q.T @ target)
