@@ -1,4 +1,4 @@
-"""`mimo-accel`: doctor, run, env, report, rehearse, simulate, index, calibrate, calibrate-gpu."""
+"""`mimo-accel`: doctor, run, env, report, rehearse, simulate, index, calibrate, calibrate-gpu, gpu-check."""
 
 from __future__ import annotations
 
@@ -145,6 +145,8 @@ DELEGATED = {
     "calibrate": ("mimo_accel.tools.calibrate", "fit the cost model from profiler logs"),
     "calibrate-gpu": ("mimo_accel.tools.measure_costs", "measure each module's cost curve on this machine's GPU "
                       "(Qwen3-VL vision, Qwen3-8B layers) and write the cost-model file"),
+    "gpu-check": ("mimo_accel.tools.gpu_check", "check on one GPU: packing under Transformer Engine, CUDA-event "
+                  "timers, calibrate-gpu, online calibration, NVTX ranges"),
 }
 
 _CONFIG_HELP = ("a YAML file whose mimo_accel: section is the job's config (instead of the MIMO_ACCEL* "
