@@ -179,10 +179,12 @@ class OnlineCalibration:
 
     Options: ``min_steps`` observed steps before a module's first refit (at least 3), then one
     attempt per ``every`` new steps; ``window`` the newest steps a fit uses; ``held_out`` the
-    share of them (the newest; at least one, and two are left to fit) a candidate is judged on; ``prior`` the weight
-    of the current model, in steps; ``warmup`` the first steps of each module left out (they pay
-    for allocation and compilation); ``min_gain`` how much lower (relative) the held-out error
-    must be; ``bound`` the plausibility factor (point 6 of the module doc). ``notify(key,
+    share of them (the newest; at least one, and two are left to fit) a candidate is judged on;
+    ``prior`` the weight of the current model, in steps; ``warmup`` the first steps of each
+    module left out (they pay for allocation and compilation); ``min_gain`` how much lower
+    (relative) the held-out error must be; ``bound`` the plausibility factor (point 6 of the
+    module doc). The plans need not have been made with :attr:`model`: the fit only reads what
+    each replica did and how long it took. ``notify(key,
     message)`` is told of what the calibration cannot act on, at every attempt that meets it,
     under a key per module and kind, so that a say-once notifier (the runtime's) says each once
     (default: a warning on this module's logger, once per key).
@@ -211,7 +213,8 @@ class OnlineCalibration:
         self._model = start
         self._modules = tuple(names)
         self.min_steps, self.every, self.window, self.warmup = min_steps, every, window, warmup
-        self.held_out, self.prior, self.min_gain, self.bound = float(held_out), float(prior), float(min_gain), float(bound)
+        self.held_out, self.prior = float(held_out), float(prior)
+        self.min_gain, self.bound = float(min_gain), float(bound)
         self._said: set[str] = set()
         self._notify = notify
         self._steps: dict[str, dict[int, _Observation]] = {m: {} for m in names}
@@ -221,6 +224,7 @@ class OnlineCalibration:
         # the current model of each module in seconds per its own unit, and its per-replica overhead
         self._level: dict[str, tuple[float, float]] = {}
         self._attempts: list[Refit] = []
+        self._accepted: list[Refit] = []
 
     # ---------------------------------------------------------------------------- what it holds
 
@@ -236,7 +240,7 @@ class OnlineCalibration:
     @property
     def refits(self) -> tuple[Refit, ...]:
         """The accepted refits, in order."""
-        return tuple(r for r in self._attempts if r.accepted)
+        return tuple(self._accepted)
 
     @property
     def attempts(self) -> tuple[Refit, ...]:
@@ -320,6 +324,7 @@ class OnlineCalibration:
             self._attempts.append(attempt)
             if attempt.accepted:
                 self._adopt(attempt)
+                self._accepted.append(attempt)
                 accepted.append(attempt)
         return tuple(accepted)
 
@@ -459,7 +464,8 @@ class _Steps:
 
     def step_means(self, values: np.ndarray) -> np.ndarray:
         """Each row's step mean of ``values`` ([N] or [N, F])."""
-        means = np.add.reduceat(values, self.starts, axis=0) / (self.counts if values.ndim == 1 else self.counts[:, None])
+        counts = self.counts if values.ndim == 1 else self.counts[:, None]
+        means = np.add.reduceat(values, self.starts, axis=0) / counts
         return np.repeat(means, self.counts, axis=0)
 
     def share_error(self, w: np.ndarray, overhead: float) -> float:
