@@ -25,6 +25,23 @@ def default_store():
     return c10d._get_default_store()
 
 
+# Each background thread's own client of the job's store (dropped, and its connection closed,
+# when the thread ends).
+_clients = threading.local()
+
+
+def background_store():
+    """This thread's own client of the job's store, for waits off the training thread. A client
+    runs one operation at a time: a wait on the training thread's client would hold up every store
+    call the training thread makes meanwhile (Bridge's, the metrics'), and two background threads
+    sharing one would wait behind each other's waits (two loaders' planners: a deadlock)."""
+    store = default_store()
+    entry = getattr(_clients, "entry", None)
+    if entry is None or entry[0] is not store:
+        entry = _clients.entry = (store, store.clone())
+    return entry[1]
+
+
 class RankSet:
     """A set of ranks that gathers Python objects through the job's rendezvous store.
 
