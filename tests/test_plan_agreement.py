@@ -124,3 +124,57 @@ def test_on_bridges_loop_a_differing_plan_stops_the_job_before_its_iteration_tra
         trained = {m: sorted(i for r in records if r["iteration"] == it and r["module"] == m for mb in r["ids"] for i in mb)
                    for m in ("vision", "language")}
         assert trained["vision"] == trained["language"] == list(range((it - 1) * 2 * MBS, it * 2 * MBS))
+
+
+def _read_exchanged(rank, world, differ_on):
+    """Exchange mode's loaders (Bridge's builders, vision dp2 -> language dp1); rank ``differ_on``
+    plans micro-batches DIFFER_FROM and later differently."""
+    import dataclasses
+
+    import mimo_accel
+    from mimo_accel.runtime.exchange import reorder
+    from mimo_accel.runtime.plan_check import PlanMismatch
+
+    layout = MimoLayout.from_dp(2, 1)
+    grids = build_grids(layout)
+    if rank == differ_on:
+        plan, calls = reorder.plan_exchange, []
+
+        def differing(*args, **kwargs):
+            calls.append(1)
+            p = plan(*args, **kwargs)
+            return dataclasses.replace(p, order=p.order[::-1]) if len(calls) > DIFFER_FROM else p
+
+        reorder.plan_exchange = differing
+    mimo_accel.enable(sharded_reads=True, reorder=True, reorder_mode="exchange")
+    try:
+        from megatron.bridge.data.megatron_mimo.loaders import build_megatron_mimo_data_loaders
+
+        provider = st.build_provider(st.StackConfig(layout=layout))
+        provider._grids = grids
+        data = st.make_data_provider(lambda n: st.SyntheticVLMDataset(n, st.VariedSpec(), seq_length=64,
+                                                                     patch_dim=24, vocab_size=256))
+        train, _, _ = build_megatron_mimo_data_loaders(loader_config(provider, MBS),
+                                                       SimpleNamespace(consumed_train_samples=0), data, 64, 0, 0)
+        ids, error = [], None
+        try:
+            for batch in train:
+                ids.append(batch[st.SAMPLE_ID_KEY].tolist())
+                if len(ids) == BATCHES:
+                    break
+        except PlanMismatch as exc:
+            error = str(exc)
+        return ids, error
+    finally:
+        mimo_accel.disable()
+
+
+@pytest.mark.distributed
+def test_exchange_mode_stops_the_rank_whose_plan_differs_before_it_trains_it():
+    agreed = run_ranks(_read_exchanged, 3, None, deadline_s=180)
+    assert all(error is None and len(ids) == BATCHES for ids, error in agreed)
+    out = run_ranks(_read_exchanged, 3, 2, deadline_s=180)
+    ids, error = out[2]
+    assert ids == agreed[2][0][:DIFFER_FROM]  # micro-batches 0-4 as agreed; micro-batch 5 never handed on
+    assert error is not None and re.search(rf"the train loader's exchange plans differ at micro-batch {DIFFER_FROM}: "
+                                           r"rank 2 has plan \w+, rank [01] \(the first to plan it\) has \w+", error)

@@ -184,13 +184,15 @@ class ExchangeReorder:
         for i, sample in enumerate(samples):
             try:
                 value = self.cost_fn(sample)
-                row = ([float(value[m]) for m in self.modules] if isinstance(value, dict)
-                       else [float(value)] * len(self.modules))
-            except KeyError as exc:
-                raise ExchangeError(f"cost_fn gave no cost for module {exc} on local sample {i} (the layout's "
-                                    f"modules: {list(self.modules)})") from exc
+                if not isinstance(value, dict):
+                    value = dict.fromkeys(self.modules, value)
+                missing = [m for m in self.modules if m not in value]
+                row = [float(value[m]) for m in self.modules if m in value]
             except Exception as exc:
                 raise ExchangeError(f"cost_fn raised {type(exc).__name__} on local sample {i}: {exc}") from exc
+            if missing:
+                raise ExchangeError(f"cost_fn gave no cost for modules {missing} on local sample {i} (the layout's "
+                                    f"modules: {list(self.modules)})")
             bad = [c for c in row if not math.isfinite(c) or c < 0]
             if bad:
                 raise ExchangeError(f"cost_fn returned {bad[0]} for local sample {i}; costs must be finite "
