@@ -132,3 +132,10 @@ def test_exchange_check_stops_the_rank_whose_plan_differs_from_the_first(server)
                 check(m, f"good{m}")
     assert [c.checked for c in checks] == [5, 5, 4]  # rank 2: every micro-batch but 3
     assert server.num_keys() <= 2 * 2 + 1  # the last micro-batches' keys only
+
+
+def test_store_keys_stay_short_at_any_number_of_ranks(server):
+    # a store key holds at most 8 KiB: 4,096 ranks spelt out in it would be refused by the store
+    check = WindowCheck(range(4096), "validation loader", me=4095, store=_client(server), serial=1)
+    assert len(check.prefix) < 100
+    assert check.prefix != WindowCheck(range(4095), "validation loader", me=0, store=_client(server), serial=1).prefix

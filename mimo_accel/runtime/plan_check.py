@@ -29,7 +29,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from mimo_accel.runtime.rank_set import background_store
+from mimo_accel.runtime.rank_set import background_store, ranks_key
 
 AGREED = "agreed"
 DIFFER = "differ"
@@ -98,7 +98,7 @@ class WindowCheck:
         self.me = me
         self._store = store
         serial = _serial(self.ranks, what) if serial is None else serial
-        self.prefix = f"mimo_accel/plan/{'-'.join(map(str, self.ranks))}/{what}/{serial}"
+        self.prefix = f"mimo_accel/plan/{ranks_key(self.ranks)}/{what}/{serial}"
         self.agreed = 0  # windows agreed so far (all passes)
 
     def store(self):

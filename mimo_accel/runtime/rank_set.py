@@ -17,6 +17,15 @@ _lock = threading.Lock()
 _rounds: dict = {}
 
 
+def ranks_key(ranks) -> str:
+    """A short name of a set of ranks for store keys (a store key holds at most 8 KiB: 4,096 ranks
+    spelt out would not fit)."""
+    import hashlib
+
+    ranks = tuple(sorted(ranks))
+    return f"{len(ranks)}r{hashlib.sha256(','.join(map(str, ranks)).encode()).hexdigest()[:16]}"
+
+
 def default_store():
     """The job's rendezvous store (torch.distributed's private ``_get_default_store``; declared in
     :data:`mimo_accel.patching.targets.INTERNALS`)."""
@@ -66,7 +75,7 @@ class RankSet:
         with _lock:
             n = _rounds[self.ranks] = _rounds.get(self.ranks, 0) + 1
         store = default_store()
-        prefix = f"mimo_accel/gather/{'-'.join(map(str, self.ranks))}/{n}"
+        prefix = f"mimo_accel/gather/{ranks_key(self.ranks)}/{n}"
         keys = [f"{prefix}/{r}" for r in self.ranks]
         store.set(keys[self.rank], pickle.dumps(obj))
         try:
