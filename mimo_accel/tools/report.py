@@ -86,6 +86,7 @@ _SUMMARY_ROWS: tuple[tuple[str, str, str, bool], ...] = (
     ("plan_wait_p50", "wait for the plan per step, slowest rank, p50", "s", True),
     ("plan_wait_max", "wait for the plan per step, slowest rank, max", "s", True),
 )
+_TAIL_ROWS = 5  # the data movement and plan-wait rows, after every module's
 _CHANGE_KEYS = (*(k for k, *_ in _SUMMARY_ROWS), "step_time_mean")
 
 
@@ -497,7 +498,7 @@ def _module_rows(before: dict[str, Any], after: dict[str, Any] | None) -> list[t
                   "count", True),
                  ("language_tokens_max_over_mean_p50", "language real tokens max/mean over replicas p50", "ratio",
                   True)]
-    rows += list(_SUMMARY_ROWS[-3:])
+    rows += list(_SUMMARY_ROWS[-_TAIL_ROWS:])
     return rows
 
 
