@@ -64,17 +64,26 @@ class CostIndexPlanner:
     def __call__(self, indices: Sequence[int], micro_batches: int = 1) -> tuple[list[int], dict[str, float]]:
         """Plan ``micro_batches`` consecutive global micro-batches together (a window): the
         result's j-th block of len/micro_batches samples is micro-batch j, cut into G groups."""
-        costs = self.costs(indices)
-        if len(indices) and all(np.all(c == c[0]) for c in costs.values()):
-            if self.notify is not None:
-                self.notify("reorder:equal-costs", "mimo_accel reorder: every sample of a global micro-batch "
-                            "has the same cost for every module (the cost index sees no size differences), so "
-                            "there is nothing to balance: keeping the contiguous split where that happens")
-            order = list(range(len(indices)))
-        else:
-            order = balance_modules(costs, self.dps, micro_batches)
-        spreads = module_spreads(costs, self.dps, order, micro_batches)
+        order, spreads = plan_costs(self.costs(indices), self.dps, micro_batches, self.notify, "the cost index")
         return [indices[p] for p in order], spreads
+
+
+def plan_costs(costs: dict[str, np.ndarray], dps: dict[str, int], micro_batches: int = 1,
+               notify: Optional[Callable[[str, str], object]] = None,
+               source: str = "the costs") -> tuple[list[int], dict[str, float]]:
+    """The joint plan of per-module costs (positions in canonical-group order) and each module's
+    predicted replica spread: :func:`~mimo_accel.balance.balance_modules`, or the contiguous split
+    where every sample costs the same for every module (nothing to balance; said once)."""
+    n = len(next(iter(costs.values()))) if costs else 0
+    if n and all(np.all(c == c[0]) for c in costs.values()):
+        if notify is not None:
+            notify("reorder:equal-costs", "mimo_accel reorder: every sample of a global micro-batch has the same "
+                   f"cost for every module ({source} sees no size differences), so there is nothing to balance: "
+                   "keeping the contiguous split where that happens")
+        order = list(range(n))
+    else:
+        order = balance_modules(costs, dps, micro_batches)
+    return order, module_spreads(costs, dps, order, micro_batches)
 
 
 def cost_model_for(path: Optional[str]) -> CostModel:

@@ -1,5 +1,6 @@
 """Exchange mode on real gloo ranks: after one ragged all_to_all every replica holds exactly the
-balanced plan's samples (as computed here from the same costs), nothing lost or duplicated, the
+joint plan's samples (every module balanced, as plan-before-read plans them; computed here from the
+same costs), nothing lost or duplicated, the
 bytes moved are the planned bytes, vision and language agree group by group, 0/1/N-image samples
 arrive intact, a failing cost function stops every rank, and overlap changes nothing but timing.
 """
@@ -18,8 +19,10 @@ from hypothesis import strategies as hs
 
 from mimo_accel.runtime import exchange as ex
 from mimo_accel.rehearse import stack as st
-from mimo_accel.balance import balanced_order
-from mimo_accel.costs import CostModel
+from mimo_accel.costs import CostIndex, CostModel
+from mimo_accel.costs.resize import FixedPatches
+from mimo_accel.modules import Modules
+from mimo_accel.planner import CostIndexPlanner, plan_costs
 from mimo_accel.grid import canonical_grid, owned_groups, replica_samples
 from mimo_accel.runtime.shard import SHARD_TAG_KEY, ShardContext
 from mimo_accel.rehearse.ranks import LANGUAGE, VISION, MimoLayout, ModuleLayout, run_ranks
@@ -146,7 +149,7 @@ def _exchange_scenarios(rank, world, layouts):
             refused = _expect_error(lambda: ex.ExchangeReorder(pg, ctx, overlap=True))
         finally:
             del os.environ[ex.OVERLAP_ENV]
-        out[name] = dict(module=ctx.module, dp_rank=ctx.dp_rank, dp_size=ctx.dp_size, grid=ctx.grid,
+        out[name] = dict(module=ctx.module, dp_rank=ctx.dp_rank, dp_size=ctx.dp_size, grid=ctx.grid, dps=ctx.dp_sizes,
                          group_ranks=list(exchange.ranks), steps=steps, batches=batches,
                          seen=len(seen), overlapped=overlapped, from_upstream=from_upstream, raised=raised, nan=nan,
                          overlap_err=overlap_err, again=again, refused=refused)
@@ -163,13 +166,13 @@ def results():
     return run_ranks(_exchange_scenarios, WORLD, LAYOUTS, deadline_s=400)
 
 
-def _expected(step, grid, dp_size):
+def _expected(step, dps, dp_size):
     ds = _dataset()
     ids = list(range(step * MICRO_BATCH, (step + 1) * MICRO_BATCH))
-    cost = ex.DecodedSampleCost()
+    cost = ex.DecodedModuleCosts(list(dps))
     costs = [cost(ds[i]) for i in ids]
     sizes = [ex.serialized_size(ds[i]) for i in ids]
-    order = balanced_order(costs, grid)
+    order, _ = plan_costs({m: np.array([c[m] for c in costs]) for m in dps}, dps)
     n = MICRO_BATCH // dp_size
     local = [[ids[p] for p in order[r * n:(r + 1) * n]] for r in range(dp_size)]
     owner_after = {ids[p]: k // n for k, p in enumerate(order)}
@@ -189,7 +192,7 @@ def test_every_rank_holds_exactly_the_planned_samples(results, name):
     assert len(ranks) == LAYOUTS[name].world_size
     for r in ranks:
         for step, got in enumerate(r["steps"]):
-            local, _, _ = _expected(step, r["grid"], r["dp_size"])
+            local, _, _ = _expected(step, r["dps"], r["dp_size"])
             assert got["after"] == local[r["dp_rank"]], (r["module"], r["dp_rank"], step)
 
 
@@ -213,7 +216,7 @@ def test_bytes_moved_equal_the_planned_bytes(results, name):
         for group in groups:
             group_members = [r for r in members if tuple(r["group_ranks"]) == group]
             for step in range(STEPS):
-                _, moved, sizes = _expected(step, group_members[0]["grid"], group_members[0]["dp_size"])
+                _, moved, sizes = _expected(step, group_members[0]["dps"], group_members[0]["dp_size"])
                 planned = sum(sizes[i] for i in moved)
                 assert planned > 0 or group_members[0]["dp_size"] == 1
                 stats = [r["steps"][step]["stats"] for r in group_members]
@@ -349,15 +352,49 @@ def test_decoded_cost_reads_grid_thw_where_bridge_puts_it():
         cost({"grid_thw": torch.tensor([1, 2, 3])})
 
 
+def test_decoded_costs_price_every_module_by_its_own_inputs():
+    model = CostModel(modules={"vision": {"a": 1.0, "b": 0.5, "k": 2.0}, "audio": {"a": 3.0, "b": 0.0},
+                               "language": {"a": 1.0, "b": 0.125}})
+    sample = {"modality_inputs": {"vision": {"image_grid_thw": torch.tensor([[1, 2, 4], [2, 2, 2]])},
+                                  "audio": {"grid_thw": torch.tensor([[1, 1, 5]])}},
+              "attention_mask": torch.tensor([1, 1, 1, 1, 0])}
+    costs = ex.DecodedModuleCosts(["vision", "audio", "language"], model)(sample)
+    assert costs == {"vision": 16 + 0.5 * 128 + 2 * 2, "audio": 15.0, "language": 4 + 0.125 * 16}
+    # one encoder: its grid_thw is found anywhere in the sample, as Bridge's batches carry it
+    one = ex.DecodedModuleCosts(["vision", "language"], model)
+    assert one({"grid_thw": torch.tensor([[1, 2, 4]]), "input_ids": torch.zeros(3, dtype=torch.long)}) == {
+        "vision": 8 + 0.5 * 64 + 2.0, "language": 3 + 0.125 * 9}
+
+
+@pytest.mark.parametrize("dps", [{"vision": 2, "language": 2}, {"vision": 4, "language": 2},
+                                 {"vision": 2, "language": 4}, {"vision": 2, "audio": 1, "language": 4}])
+def test_exchange_plans_every_module_as_plan_before_read_does(dps):
+    rng = np.random.default_rng(sum(dps.values()))
+    n = 64
+    encoders = {m: (rng.integers(0, 4, n), rng.integers(1, 3000, n)) for m in dps if m != "language"}
+    index = CostIndex.from_modules(rng.integers(16, 2048, n), {
+        m: (np.where(rows > 0, items, 0), rows * (items > 0), (rows * (items > 0)) ** 2, FixedPatches(1))
+        for m, (items, rows) in encoders.items()})
+    planner = CostIndexPlanner(index, CostModel(), Modules.from_dp_sizes(dps))
+    indices = list(range(n))
+    costs = planner.costs(indices)
+    plan = ex.plan_exchange(costs, [100] * n, dps["vision"], Modules.from_dp_sizes(dps).grid, dps)
+    order, spreads = planner(indices)
+    assert list(plan.order) == order
+    assert dict(plan.predicted_spreads) == spreads and set(spreads) == set(dps)
+    assert plan.predicted_spread <= plan.baseline_spread  # the worst module: never worse than contiguous
+
+
 @settings(max_examples=60, deadline=None)
 @given(hs.sampled_from([(1, 1), (1, 2), (2, 2), (2, 4), (4, 4), (4, 8)]), hs.integers(1, 3), hs.data())
 def test_plan_covers_every_sample_once_and_its_flows_add_up(shape, per_group, data):
     n_ranks, grid = shape
     n = grid * per_group
-    costs = data.draw(hs.lists(hs.floats(0, 1e4, allow_nan=False), min_size=n, max_size=n))
+    dps = {"vision": n_ranks, "language": grid}
+    costs = {m: data.draw(hs.lists(hs.floats(0, 1e4, allow_nan=False), min_size=n, max_size=n)) for m in dps}
     sizes = data.draw(hs.lists(hs.integers(8, 10_000), min_size=n, max_size=n))
-    plan = ex.plan_exchange(costs, sizes, n_ranks, grid)
-    assert list(plan.order) == balanced_order(costs, grid)
+    plan = ex.plan_exchange(costs, sizes, n_ranks, grid, dps)
+    assert list(plan.order) == plan_costs({m: np.asarray(c) for m, c in costs.items()}, dps)[0]
     held = [p for r in range(n_ranks) for p in plan.local_after(r)]
     assert sorted(held) == list(range(n))
     for r in range(n_ranks):
@@ -371,6 +408,6 @@ def test_plan_covers_every_sample_once_and_its_flows_add_up(shape, per_group, da
 
 def test_plan_refuses_indivisible_shapes():
     with pytest.raises(ValueError, match="multiple of the DP size"):
-        ex.plan_exchange([1.0] * 6, [8] * 6, 4, 6)
+        ex.plan_exchange({"vision": [1.0] * 6}, [8] * 6, 4, 6, {"vision": 6})
     with pytest.raises(ValueError, match="canonical grid G=4"):
-        ex.plan_exchange([1.0] * 6, [8] * 6, 2, 4)
+        ex.plan_exchange({"vision": [1.0] * 6}, [8] * 6, 2, 4, {"vision": 4})

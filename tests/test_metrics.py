@@ -66,6 +66,14 @@ def test_without_a_plan_there_is_no_planned_figure_and_one_number_is_the_encoder
     assert step_scalars([fig])["mimo_accel/images/straggler_planned"] == 1.07
 
 
+def test_the_longest_wait_for_a_plan_is_the_steps(tmp_path):
+    figures = _figures(tmp_path, spreads={"vision": 1.02, "language": 1.3})
+    assert "mimo_accel/plan_wait_s" not in step_scalars(figures)  # no rank waited for a plan made ahead
+    for f, wait in zip(figures, (0.0, 0.004, 0.0, 0.0, 0.125, 0.0)):
+        f["plan_wait_s"] = wait
+    assert step_scalars(figures)["mimo_accel/plan_wait_s"] == 0.125
+
+
 def test_a_rank_of_no_known_module_counts_in_the_reads_only(tmp_path):
     header, record = _line(tmp_path, 0, "unknown", 0, 0.1, 0.1)
     s = step_scalars([rank_figures(header, record)])

@@ -583,3 +583,23 @@ def test_what_an_encoder_counts():
     assert ints(encoder_counts(masked, torch.zeros(8, 16))) == (2, 8, 36 + 4, False)
     assert ints(encoder_counts(clips, torch.zeros(3000, 16))) == (2, 6000, 2 * 3000**2, False)  # longest dim
     assert encoder_counts({"n": 3}) is None
+
+
+def test_the_wait_for_plans_is_summed_per_step_from_the_batches_tags(tmp_path):
+    from mimo_accel.runtime.shard import ShardContext, tag_for
+
+    runtime = _profiling(tmp_path, "vision", {"vision": 2, "language": 2})
+    ctx = ShardContext("vision", 0, 2, 2, {"vision": 2, "language": 2})
+    batch = {"input_ids": torch.zeros(2, 4, dtype=torch.long)}
+    spreads = {"vision": 1.01, "language": 1.02}
+    for wait in (0.25, 0.0):  # a window's first micro-batch carries its wait, the others none
+        runtime.profiling.record_batch(batch, read_samples=2, tag=tag_for(ctx, 2, spreads, plan_wait_s=wait))
+    with torch.no_grad():  # an evaluation batch: in no step line
+        runtime.profiling.record_batch(batch, read_samples=2, tag=tag_for(ctx, 2, spreads, plan_wait_s=9.0))
+    runtime.profiling.end_step()
+    runtime.profiling.record_batch(batch, read_samples=2, tag=tag_for(ctx, 2))  # sharded, not planned
+    runtime.profiling.end_step()
+    runtime.close()
+    steps = read_run(tmp_path).ranks[0].steps
+    assert steps[0]["plan_wait_s"] == 0.25
+    assert "plan_wait_s" not in steps[1]

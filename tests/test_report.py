@@ -460,7 +460,7 @@ def test_the_report_shows_the_planned_spread_beside_the_measured_one(tmp_path):
 MODULES3 = {"dp": {"images": 2, "audios": 2, "language": 2}}
 
 
-def three_modules(directory: Path, *, slow: dict, label: str = "baseline", tokens=(100, 100)) -> Path:
+def three_modules(directory: Path, *, slow: dict, label: str = "baseline", tokens=(100, 100), plan_wait=None) -> Path:
     """Format-2 files of a run with two encoders and a language model, 2 replicas each (ranks
     0-1 images, 2-3 audios, 4-5 language). ``slow[m]``: how much slower replica 1 of module m is."""
     ranks = {}
@@ -476,9 +476,26 @@ def three_modules(directory: Path, *, slow: dict, label: str = "baseline", token
                   "timed_calls": {f"{m}_fwd": 1, f"{m}_bwd": 1}}
             if m == "language":
                 st["tokens"] = tokens[dp]
+            if plan_wait is not None:  # the training thread's wait for this step's plans
+                st["plan_wait_s"] = plan_wait(rank, step)
             steps.append(st)
         ranks[rank] = {"module": m, "dp_rank": dp, "dp_size": 2, "steps": steps}
     return write_run(directory, ranks, label=label, layout=MODULES3, fmt=FORMAT)
+
+
+def test_the_wait_for_plans_made_ahead_is_a_row_of_its_own(tmp_path):
+    before = three_modules(tmp_path / "b", slow={"images": 2.0})
+    after = three_modules(tmp_path / "a", slow={}, label="accelerated",
+                          plan_wait=lambda rank, step: 0.5 if (rank, step) == (3, 4) else 0.001 * rank)
+    out = tmp_path / "r.json"
+    c = _console()
+    assert main([str(before), str(after), "--json", str(out)], console=c) == 0
+    doc = json.loads(out.read_text())
+    assert doc["before"]["plan_wait_max"] is None  # no plan, no wait
+    # per step the slowest rank's wait (rank 5: 0.005 s), step 0 left out as warm-up; step 4: 0.5 s
+    assert doc["after"]["plan_wait_p50"] == pytest.approx(0.005) and doc["after"]["plan_wait_max"] == 0.5
+    row = next(ln for ln in _text(c).splitlines() if "wait for the plan per step, slowest rank, max" in ln)
+    assert "500.00 ms" in row
 
 
 def test_a_run_with_two_encoders_and_a_language_model_has_a_straggler_row_each(tmp_path):

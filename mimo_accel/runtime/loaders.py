@@ -49,7 +49,7 @@ class Plan:
     cost_model: object = None  # the CostModel reorder prices samples with
     window: int = 1  # micro-batches planned together
     step_micro_batches: Optional[int] = None
-    check: object = None  # a plan_inputs.PlanCheck: the plans compared across the data ranks
+    check: object = None  # a plan_check.WindowCheck: every window's plan agreed by the data ranks
 
 
 def plan_for(dataset, sampler_settings: list, ctx, split: str, runtime: Runtime) -> Plan:
@@ -90,13 +90,16 @@ def plan_for(dataset, sampler_settings: list, ctx, split: str, runtime: Runtime)
     return plan
 
 
-def _plan_check(ctx, what: str):
-    """The same-plan check over the data-loading ranks (None in a single process)."""
+def _plan_check(ctx, what: str, check=None):
+    """The same-plan check over the data-loading ranks (None in a single process): ``check`` is
+    :class:`~mimo_accel.runtime.plan_check.WindowCheck` (plan mode) or ``FirstPlanCheck`` (exchange)."""
     import torch.distributed as dist
+
+    from mimo_accel.runtime import plan_check
 
     if not dist.is_initialized() or len(ctx.data_ranks) < 2:
         return None
-    return plan_inputs.PlanCheck(ctx.data_ranks, what)
+    return (check or plan_check.WindowCheck)(ctx.data_ranks, what)
 
 
 _SETTINGS = ("consumed_samples", "dataloader_type", "micro_batch_size", "drop_last", "seed", "data_sharding")
@@ -131,9 +134,11 @@ def _share(loader, a: dict, ctx, split: str, dp_group, runtime: Runtime):
     plan = plan_for(a["dataset"], [a[k] for k in _SETTINGS], ctx, split, runtime)
     if cfg.reorder and cfg.reorder_mode == "exchange":
         from mimo_accel.runtime.exchange import exchange_shard_loader
+        from mimo_accel.runtime.plan_check import FirstPlanCheck
 
         return exchange_shard_loader(loader, ctx, a["micro_batch_size"], dp_group, cost_model=plan.cost_model,
-                                     notify=runtime.say_once)
+                                     notify=runtime.say_once,
+                                     check=_plan_check(ctx, f"{split} loader", FirstPlanCheck))
     return sampler.shard_loader(loader, ctx, a["micro_batch_size"], planner=plan.planner, window=plan.window,
                                 step_micro_batches=plan.step_micro_batches, check=plan.check)
 
@@ -181,9 +186,11 @@ def _canonical_share(loader, a: dict, ctx, split: str, dp_group, runtime: Runtim
     plan = plan_for(a["dataset"], [a[k] for k in _SETTINGS if k != "seed"], ctx, split, runtime)
     if cfg.reorder_mode == "exchange":
         from mimo_accel.runtime.exchange import exchange_shard_loader
+        from mimo_accel.runtime.plan_check import FirstPlanCheck
 
         return exchange_shard_loader(loader, ctx, a["micro_batch_size"], dp_group, cost_model=plan.cost_model,
-                                     local_batch_sampler=loader.batch_sampler, notify=runtime.say_once)
+                                     local_batch_sampler=loader.batch_sampler, notify=runtime.say_once,
+                                     check=_plan_check(ctx, f"{split} loader", FirstPlanCheck))
     # upstream's own per-group samplers for every group: the global micro-batch, in canonical order
     everything = canonical.build_canonical_group_batch_sampler(
         dataloader_type=a["dataloader_type"], dataset=a["dataset"], consumed_samples=a["consumed_samples"],

@@ -13,7 +13,9 @@ the interval of Bridge's own MIMO ``iteration-time`` scalar) adds, under ``mimo_
   rank), ``m/samples_read_per_rank`` and ``m/bytes_read_per_rank`` (mean over the module's ranks);
 * ``language/tokens/dp<r>``: the real tokens language replica ``r`` computed this step (packed:
   its ``cu_seqlens``; else its attention-mask rows), and ``language/tokens_straggler`` (max / mean);
-* ``reads/samples``, ``reads/bytes``, ``reads/bytes_exchanged``: summed over every rank.
+* ``reads/samples``, ``reads/bytes``, ``reads/bytes_exchanged``: summed over every rank;
+* ``plan_wait_s`` (with ``reorder``): the longest any rank's training thread waited this step for a
+  plan made ahead (0 while planning keeps up).
 
 These are the report's definitions (:mod:`mimo_accel.tools.report`), for one step.
 
@@ -84,6 +86,7 @@ def rank_figures(header: dict, record: dict) -> dict:
         "bytes_exchanged": record_number(record, "bytes_exchanged") or 0,
         "tokens": record_number(record, "tokens") if module == LANGUAGE else None,
         "spreads": spreads,
+        "plan_wait_s": record_number(record, "plan_wait_s"),
     }
 
 
@@ -138,6 +141,9 @@ def step_scalars(figures: Iterable[dict]) -> dict[str, float]:
     for key in ("samples", "bytes", "bytes_exchanged"):
         name = "samples_read" if key == "samples" else "bytes_read" if key == "bytes" else key
         out[f"{PREFIX}/reads/{key}"] = sum(f[name] for f in figures)
+    waits = [w for f in figures if (w := f.get("plan_wait_s")) is not None]
+    if waits:  # the training thread's wait for the plans it was to train, the slowest rank's
+        out[f"{PREFIX}/plan_wait_s"] = max(waits)
     return out
 
 

@@ -143,6 +143,7 @@ class Profiling:
         # Device-side counts of the current step, read back once at the step's end (the optimizer
         # step has synchronised by then), so profiling adds no host sync per micro-batch.
         self._pending_counts: list = []
+        self._plan_wait_s: Optional[float] = None  # this step's wait for its plans (planned batches only)
         self.metrics = None  # runtime.metrics.Metrics of the training run under way, if it logs
 
     def recorder(self):
@@ -269,6 +270,8 @@ class Profiling:
                 rec.set(predicted_spread=tag.predicted_spread)
             if tag.predicted_spreads:
                 rec.set(predicted_spreads=dict(tag.predicted_spreads))
+            if tag.predicted_spread is not None or tag.predicted_spreads:  # a planned batch
+                self._plan_wait_s = (self._plan_wait_s or 0.0) + tag.plan_wait_s
 
     def record_packed(self, packing_kwargs: dict) -> None:
         """A language shard was packed: its real tokens (``tokens`` = Σ L, ``sq_tokens`` = Σ L² over
@@ -296,6 +299,9 @@ class Profiling:
         for name, value in self._pending_counts:
             rec.add(**{name: int(value)})
         self._pending_counts.clear()
+        if self._plan_wait_s is not None:  # the training thread's wait for this step's plans
+            rec.set(plan_wait_s=round(self._plan_wait_s, 6))
+            self._plan_wait_s = None
         self._attach_new_notes(rec)
         record = rec.end_step()
         if self.metrics is not None:

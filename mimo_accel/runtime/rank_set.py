@@ -17,12 +17,38 @@ _lock = threading.Lock()
 _rounds: dict = {}
 
 
+def ranks_key(ranks) -> str:
+    """A short name of a set of ranks for store keys (a store key holds at most 8 KiB: 4,096 ranks
+    spelt out would not fit)."""
+    import hashlib
+
+    ranks = tuple(sorted(ranks))
+    return f"{len(ranks)}r{hashlib.sha256(','.join(map(str, ranks)).encode()).hexdigest()[:16]}"
+
+
 def default_store():
     """The job's rendezvous store (torch.distributed's private ``_get_default_store``; declared in
     :data:`mimo_accel.patching.targets.INTERNALS`)."""
     from torch.distributed import distributed_c10d as c10d
 
     return c10d._get_default_store()
+
+
+# Each background thread's own client of the job's store (dropped, and its connection closed,
+# when the thread ends).
+_clients = threading.local()
+
+
+def background_store():
+    """This thread's own client of the job's store, for waits off the training thread. A client
+    runs one operation at a time: a wait on the training thread's client would hold up every store
+    call the training thread makes meanwhile (Bridge's, the metrics'), and two background threads
+    sharing one would wait behind each other's waits (two loaders' planners: a deadlock)."""
+    store = default_store()
+    entry = getattr(_clients, "entry", None)
+    if entry is None or entry[0] is not store:
+        entry = _clients.entry = (store, store.clone())
+    return entry[1]
 
 
 class RankSet:
@@ -49,7 +75,7 @@ class RankSet:
         with _lock:
             n = _rounds[self.ranks] = _rounds.get(self.ranks, 0) + 1
         store = default_store()
-        prefix = f"mimo_accel/gather/{'-'.join(map(str, self.ranks))}/{n}"
+        prefix = f"mimo_accel/gather/{ranks_key(self.ranks)}/{n}"
         keys = [f"{prefix}/{r}" for r in self.ranks]
         store.set(keys[self.rank], pickle.dumps(obj))
         try:

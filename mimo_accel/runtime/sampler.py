@@ -6,7 +6,8 @@ global micro-batch. Here the upstream sampler is kept exactly as it is — it st
 ``drop_last`` behave as upstream, identically on every module) — and a wrapper yields only the
 share of each global micro-batch that this rank's module replica owns on the canonical grid.
 With a planner (reordering), the share is taken from the planned order instead of the loaded one,
-and the plans of some windows are compared across the data-loading ranks (``check``).
+planned ahead off the training thread (:mod:`mimo_accel.runtime.plan_ahead`), and every window's
+plan is agreed by every data-loading rank before it is yielded (``check``).
 
 Data flows one way: the sampler decides what a rank reads → the loader reads it → the step packs it.
 What the plan predicted for a micro-batch travels with its indices into the read and then in the
@@ -16,6 +17,8 @@ through the loader's workers too, so nothing has to pair figures with batches af
 
 from __future__ import annotations
 
+import weakref
+from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Optional, Sequence
 
 from mimo_accel.grid import check_micro_batch
@@ -36,19 +39,22 @@ def _worst_of(spreads: list):
 
 
 class LocalIndices(list):
-    """This replica's sample indices of one global micro-batch, with what the plan predicted for it."""
+    """This replica's sample indices of one global micro-batch, with what the plan predicted for it
+    and how long the training thread waited for the plan (the first micro-batch of a window)."""
 
-    def __init__(self, indices, predicted_spread=None):
+    def __init__(self, indices, predicted_spread=None, plan_wait_s: float = 0.0):
         super().__init__(indices)
         self.predicted_spread = predicted_spread  # one number, one per module, or None
+        self.plan_wait_s = plan_wait_s
 
 
 class SamplesRead(list):
     """The samples read for one :class:`LocalIndices`, as the collate function receives them."""
 
-    def __init__(self, samples, predicted_spread=None):
+    def __init__(self, samples, predicted_spread=None, plan_wait_s: float = 0.0):
         super().__init__(samples)
         self.predicted_spread = predicted_spread
+        self.plan_wait_s = plan_wait_s
 
 
 class SampleLoadError(RuntimeError):
@@ -136,7 +142,7 @@ class ReadsOf:
                 raise SampleLoadError(f"mimo_accel: samples {list(indices)} of {type(self.dataset).__name__} "
                                       f"failed to load together: {type(exc).__name__}: {exc}",
                                       int(indices[0]) if len(indices) else -1) from exc
-        return SamplesRead(samples, getattr(indices, "predicted_spread", None))
+        return SamplesRead(samples, getattr(indices, "predicted_spread", None), getattr(indices, "plan_wait_s", 0.0))
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.__dict__["dataset"], name)
@@ -162,74 +168,129 @@ def check_window(window: int, step_micro_batches: Optional[int]) -> None:
             f"{valid} ({step_micro_batches} balances the whole global batch).")
 
 
-class ShardedBatchSampler:
-    """Yields this replica's share of every global micro-batch the upstream sampler yields.
+@dataclass(frozen=True)
+class ShareRules:
+    """How a sampler cuts upstream's micro-batches into this replica's shares: the windows planned
+    together, where the sampler starts, this rank's place on the grid. Holds nothing else, so a
+    planner thread that reads with it keeps no loader alive."""
 
-    With a planner and ``window`` > 1, ``window`` consecutive micro-batches are planned together;
-    ``window`` must divide ``step_micro_batches`` and the sampler must start at a window boundary
-    (a resume starts at a step), so a window never spans two training steps.
-    """
+    ctx: ShardContext
+    window: int = 1
+    start: Optional[tuple[int, int]] = None
 
-    def __init__(self, global_sampler, ctx: ShardContext, planner: Optional[Planner] = None, window: int = 1,
-                 step_micro_batches: Optional[int] = None, start: Optional[tuple[int, int]] = None,
-                 check: Optional[Callable[[int, list, list], None]] = None):
-        window = window if planner is not None else 1
-        # check(ordinal, window, order): each planned window, for the same-plan check across ranks
-        # (runtime.plan_inputs.PlanCheck); None: not compared
-        self.check = check if planner is not None else None
-        check_window(window, step_micro_batches)
-        self.global_sampler = global_sampler
-        # (consumed_samples, micro_batch_size) where the global sampler starts; default: its own
-        # attributes (Megatron's flat samplers have them, #5525's canonical-group sampler does not)
-        self.start = start
-        self.ctx = ctx
-        self.planner = planner
-        self.window = window
-        self.step_micro_batches = step_micro_batches
-
-    def _windows(self) -> Iterator[list[list]]:
-        consumed, mbs = self.start or (getattr(self.global_sampler, "consumed_samples", None),
-                                       getattr(self.global_sampler, "micro_batch_size", None))
+    def windows(self, source, state=lambda: None) -> Iterator[tuple[int, list[list], object]]:
+        """``(ordinal, micro-batches, state())`` for each window of ``source``."""
+        consumed, mbs = self.start or (getattr(source, "consumed_samples", None),
+                                       getattr(source, "micro_batch_size", None))
         if self.window > 1 and consumed and mbs and (consumed // mbs) % self.window:
             raise ValueError(
                 f"mimo_accel reorder_window={self.window}: the loader starts at consumed_samples="
                 f"{consumed}, {consumed // mbs} micro-batches in, which is not the start of a window; "
                 "resume from a checkpoint taken at the end of a training step")
         pending: list[list] = []
-        for global_indices in self.global_sampler:
+        ordinal = 0
+        for global_indices in source:
             pending.append(list(global_indices))
             if len(pending) == self.window:
-                yield pending
+                yield ordinal, pending, state()
+                ordinal += 1
                 pending = []
         if pending:
-            yield pending
+            yield ordinal, pending, state()
+
+    def plan(self, planner, batches: list[list]) -> tuple[list[LocalIndices], str, int]:
+        """One window's shares for this replica, the digest of its plan, and its first global index."""
+        from mimo_accel.runtime.plan_check import plan_digest
+
+        for b in batches:
+            check_micro_batch(len(b), self.ctx.grid, "global micro-batch size")
+        window = [i for b in batches for i in b]
+        if len({len(b) for b in batches}) == 1:
+            order, spread = planner(window, len(batches))
+        else:  # a short last micro-batch (drop_last=False): plan it on its own
+            parts = [planner(b, 1) for b in batches]
+            order, spread = [i for p in parts for i in p[0]], _worst_of([p[1] for p in parts])
+        if sorted(order) != sorted(window):
+            raise RuntimeError("mimo_accel planner returned a different set of samples than the "
+                               "global micro-batch it was given; refusing to mis-pair samples")
+        return self.shares(batches, order, spread), plan_digest(window, order), window[0] if window else -1
+
+    def shares(self, batches: list[list], order: list, spread=None) -> list[LocalIndices]:
+        """This replica's share of each micro-batch of a window ordered as ``order``."""
+        g = self.ctx.groups
+        out, start = [], 0
+        for b in batches:
+            check_micro_batch(len(b), self.ctx.grid, "global micro-batch size")
+            micro = order[start:start + len(b)]
+            start += len(b)
+            per_group = len(b) // self.ctx.grid
+            out.append(LocalIndices(micro[g.start * per_group: g.stop * per_group], spread))
+        return out
+
+
+class ShardedBatchSampler:
+    """Yields this replica's share of every global micro-batch the upstream sampler yields.
+
+    With a planner and ``window`` > 1, ``window`` consecutive micro-batches are planned together;
+    ``window`` must divide ``step_micro_batches`` and the sampler must start at a window boundary
+    (a resume starts at a step), so a window never spans two training steps.
+
+    With a planner, each pass (each ``iter()``) is planned ahead on a thread of its own
+    (:class:`~mimo_accel.runtime.plan_ahead.PlannedPass`), and each window's plan is agreed by every
+    data-loading rank before it is yielded (``check``: a
+    :class:`~mimo_accel.runtime.plan_check.WindowCheck`). The first pass starts planning when the
+    sampler is built, so a rank whose iterator is made lazily (a generator over the loader, as
+    Bridge's examples write) has its first windows planned before its first batch is asked for: the
+    ranks upstream in the pipeline wait for its plans before they train.
+    """
+
+    def __init__(self, global_sampler, ctx: ShardContext, planner: Optional[Planner] = None, window: int = 1,
+                 step_micro_batches: Optional[int] = None, start: Optional[tuple[int, int]] = None,
+                 check=None, in_process: bool = True):
+        window = window if planner is not None else 1
+        self.check = check if planner is not None else None
+        check_window(window, step_micro_batches)
+        self.global_sampler = global_sampler
+        # start: (consumed_samples, micro_batch_size) where the global sampler starts; default: its
+        # own attributes (Megatron's flat samplers have them, #5525's canonical-group sampler does not)
+        self.rules = ShareRules(ctx, window, start)
+        self.ctx = ctx
+        self.planner = planner
+        self.window = window
+        self.step_micro_batches = step_micro_batches
+        self.in_process = in_process  # the plan's arithmetic in a forked child (plan_ahead.ForkedPlanner)
+        self.passes = 0  # passes planned so far (each iter() is one; the check keys them)
+        self._last = None  # weakref to the pass handed out last
+        self._ready = self._start_pass() if planner is not None else None
+
+    def _start_pass(self):
+        from mimo_accel.runtime.plan_ahead import PassSpec, PlannedPass, detached
+
+        source, carry, state, base = detached(self.global_sampler)
+        rules = self.rules
+        spec = PassSpec(windows=lambda: rules.windows(source, state), plan=rules.plan, planner=self.planner,
+                        check=self.check, pass_no=self.passes, in_process=self.in_process)
+        self.passes += 1
+        return PlannedPass(spec, carry, base)
 
     def __iter__(self) -> Iterator[list]:
-        for ordinal, batches in enumerate(self._windows()):
-            sizes = {len(b) for b in batches}
-            for b in batches:
-                check_micro_batch(len(b), self.ctx.grid, "global micro-batch size")
-            window = [i for b in batches for i in b]
-            if self.planner is None:
-                order, spread = window, None
-            elif len(sizes) == 1:
-                order, spread = self.planner(window, len(batches))
-            else:  # a short last micro-batch (drop_last=False): plan it on its own
-                parts = [self.planner(b, 1) for b in batches]
-                order, spread = [i for p in parts for i in p[0]], _worst_of([p[1] for p in parts])
-            if sorted(order) != sorted(window):
-                raise RuntimeError("mimo_accel planner returned a different set of samples than the "
-                                   "global micro-batch it was given; refusing to mis-pair samples")
-            if self.check is not None:
-                self.check(ordinal, window, order)
-            g = self.ctx.groups
-            start = 0
-            for b in batches:
-                micro = order[start:start + len(b)]
-                start += len(b)
-                per_group = len(b) // self.ctx.grid
-                local = micro[g.start * per_group: g.stop * per_group]
-                yield LocalIndices(local, spread)
+        if self.planner is None:
+            return self._unplanned()
+        # The pass started when the sampler was built, or the last one handed out while nothing has
+        # been taken from it (a DataLoader with workers asks twice for one iterator): that pass.
+        ready, self._ready = self._ready, None
+        if ready is None and self._last is not None:
+            ready = self._last()
+        if ready is not None and ready.untaken and ready.fresh_for(self.global_sampler):
+            self._last = weakref.ref(ready)
+            return ready
+        fresh = self._start_pass()
+        self._last = weakref.ref(fresh)
+        return fresh
+
+    def _unplanned(self) -> Iterator[list]:
+        for _, batches, _ in self.rules.windows(self.global_sampler):
+            yield from self.rules.shares(batches, [i for b in batches for i in b])
 
     def __len__(self) -> int:
         return len(self.global_sampler)
@@ -251,7 +312,8 @@ class TaggingCollate:
         if not isinstance(batch, dict):
             raise TypeError("mimo_accel sharded reads need the collate function to return a dict "
                             f"(MegatronMIMO batches are dicts), got {type(batch).__name__}")
-        batch[SHARD_TAG_KEY] = tag_for(self.ctx, len(samples), getattr(samples, "predicted_spread", None))
+        batch[SHARD_TAG_KEY] = tag_for(self.ctx, len(samples), getattr(samples, "predicted_spread", None),
+                                       plan_wait_s=getattr(samples, "plan_wait_s", 0.0))
         return batch
 
 

@@ -56,15 +56,18 @@ class ShardTag:
     predicted_spread: Optional[float] = None
     bytes_exchanged: int = 0
     predicted_spreads: Optional[Mapping[str, float]] = None
+    # how long the training thread waited for this batch's plan (planned ahead: ~0)
+    plan_wait_s: float = 0.0
 
 
-def tag_for(ctx: ShardContext, samples: int, predicted=None, bytes_exchanged: int = 0) -> ShardTag:
+def tag_for(ctx: ShardContext, samples: int, predicted=None, bytes_exchanged: int = 0,
+            plan_wait_s: float = 0.0) -> ShardTag:
     """The tag of a batch of ``samples`` read for ``ctx``; ``predicted``: the plan's spread, one
-    number or one per module."""
+    number or one per module; ``plan_wait_s``: the training thread's wait for the plan."""
     spreads = dict(predicted) if isinstance(predicted, Mapping) else None
     worst = max(spreads.values(), default=None) if spreads is not None else predicted
     return ShardTag(ctx.module, ctx.dp_rank, ctx.dp_size, ctx.grid, samples, ctx.sliced_in_step,
-                    None if worst is None else float(worst), bytes_exchanged, spreads)
+                    None if worst is None else float(worst), bytes_exchanged, spreads, float(plan_wait_s))
 
 
 def data_loading_ranks(grids: Mapping[str, object]) -> tuple[int, ...]:

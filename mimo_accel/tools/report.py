@@ -83,7 +83,10 @@ _SUMMARY_ROWS: tuple[tuple[str, str, str, bool], ...] = (
     ("samples_read_per_step", "samples read per step, all ranks", "count", True),
     ("bytes_read_per_step", "bytes read per step, all ranks", "bytes", True),
     ("bytes_exchanged_per_step", "bytes exchanged per step, all ranks", "bytes", True),
+    ("plan_wait_p50", "wait for the plan per step, slowest rank, p50", "s", True),
+    ("plan_wait_max", "wait for the plan per step, slowest rank, max", "s", True),
 )
+_TAIL_ROWS = 5  # the data movement and plan-wait rows, after every module's
 _CHANGE_KEYS = (*(k for k, *_ in _SUMMARY_ROWS), "step_time_mean")
 
 
@@ -386,6 +389,14 @@ def summarize(run: Run, *, warmup: int = 1) -> dict[str, Any]:
         vals = [v for v in per.values() if v is not None]
         return sum(vals) if vals else None
 
+    # ---- the training thread's wait for plans made ahead (the slowest rank's, per step)
+    plan_wait: dict[int, float] = {}
+    for recs in steps_of.values():
+        for s, r in recs.items():
+            if (w := _num(r, "plan_wait_s")) is not None:
+                plan_wait[s] = max(plan_wait.get(s, 0.0), w)
+    waits = [plan_wait[s] for s in sorted(plan_wait)]
+
     header = run.header
     return json_safe(
         {
@@ -435,6 +446,8 @@ def summarize(run: Run, *, warmup: int = 1) -> dict[str, Any]:
             "bytes_read_per_step": cluster(bytes_read),
             "bytes_exchanged_per_step": cluster(bytes_exchanged),
             "predicted_spread_mean": _mean(spreads),
+            "plan_wait_p50": _pct(waits, 50),
+            "plan_wait_max": max(waits) if waits else None,
             # what a feature said once about the data it got (notices.say_once), in step order
             "notes": list(dict.fromkeys(n for log in run.ranks.values() for r in log.steps
                                         for n in (r.get("notes") or ()) if isinstance(n, str))),
@@ -485,7 +498,7 @@ def _module_rows(before: dict[str, Any], after: dict[str, Any] | None) -> list[t
                   "count", True),
                  ("language_tokens_max_over_mean_p50", "language real tokens max/mean over replicas p50", "ratio",
                   True)]
-    rows += list(_SUMMARY_ROWS[-3:])
+    rows += list(_SUMMARY_ROWS[-_TAIL_ROWS:])
     return rows
 
 

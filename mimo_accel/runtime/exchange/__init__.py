@@ -10,8 +10,9 @@ micro-batch), costs its samples from what it decoded, and then, per global micro
    collective the others skipped.
 2. **costs and sizes** — one all-gather of each rank's per-sample costs (float64) and serialised
    sizes (int64). The global costs, concatenated in DP-rank order, are the global micro-batch in
-   canonical order; every rank computes the same :func:`~mimo_accel.balance.balanced_order` with
-   ``n_groups = G`` (no plan broadcast) and, from the sizes, every send and receive split.
+   canonical order; every rank computes the same joint plan of every module as plan-before-read
+   does (:func:`~mimo_accel.planner.plan_costs`, no plan broadcast) and, from the sizes, every send
+   and receive split.
 3. **samples** — ONE ragged ``all_to_all_single`` of uint8 bytes. Only samples whose owner changes
    are serialised; a sample that stays is handed on as the same object.
 
@@ -22,8 +23,11 @@ exactly a ragged exchange in one collective, and NCCL has it too. ``batch_isend_
 one message per peer pair and its own completion handling for the same result.
 
 Every module must end up with the same samples in the same order per canonical group, so the
-cost must be computed from what every module decodes: the default :class:`DecodedSampleCost`
-uses the images' ``grid_thw`` and the real-token count, which vision and language ranks both see.
+costs must be computed from what every module decodes: the default :class:`DecodedModuleCosts`
+prices each encoder from its images' ``grid_thw`` and the language model from the real-token
+count, which encoder and language ranks all see. With a ``check``, each micro-batch's plan is
+compared across every data-loading rank before this rank trains it
+(:class:`~mimo_accel.runtime.plan_check.FirstPlanCheck`).
 
 Layering: the planning (:mod:`~mimo_accel.runtime.exchange.plan`: :func:`plan_exchange`,
 :class:`ExchangePlan`), the sample codec (:mod:`~mimo_accel.runtime.exchange.wire`: :func:`encode_sample`,
@@ -43,13 +47,14 @@ there).
 
 from __future__ import annotations
 
-from mimo_accel.runtime.exchange.cost import DecodedSampleCost
+from mimo_accel.runtime.exchange.cost import DecodedModuleCosts, DecodedSampleCost
 from mimo_accel.runtime.exchange.loader import ExchangeLoader, exchange_loader, exchange_shard_loader
 from mimo_accel.runtime.exchange.plan import ExchangePlan, plan_exchange
 from mimo_accel.runtime.exchange.reorder import OVERLAP_ENV, ExchangeError, ExchangeReorder, ExchangeStats
 from mimo_accel.runtime.exchange.wire import EncodedSample, decode_sample, encode_sample, serialized_size
 
 __all__ = [
+    "DecodedModuleCosts",
     "DecodedSampleCost",
     "ExchangeError",
     "ExchangeLoader",

@@ -1,5 +1,5 @@
-"""Cost of a decoded sample: what every module decodes (``grid_thw``, real tokens), so vision and
-language ranks compute the same cost."""
+"""Cost of a decoded sample for every module: from what every module decodes (each encoder's
+``grid_thw``, the real tokens), so encoder and language ranks compute the same costs."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from typing import Any, Optional
 import torch
 
 from mimo_accel.costs import CostModel
+from mimo_accel.modules import LANGUAGE
 
 _GRID_KEYS = ("grid_thw", "image_grid_thw")
 
@@ -27,8 +28,61 @@ def _find_key(obj: Any, keys: Sequence[str], depth: int = 0) -> Any:
     return None
 
 
+def _rows(grid) -> tuple[int, int, int]:
+    """(rows, Σ rows², items) of a ``grid_thw`` ([items, 3]: t, h, w per image)."""
+    if grid is None:
+        return 0, 0, 0
+    g = torch.as_tensor(grid)
+    if not g.numel():
+        return 0, 0, 0
+    if g.dim() != 2 or g.size(-1) != 3 or g.is_floating_point() or bool((g < 0).any()):
+        raise ValueError(f"malformed grid_thw {tuple(g.shape)} (want [images, 3] non-negative "
+                         "integers t, h, w per image)")
+    rows = [t * h * w for t, h, w in g.tolist()]
+    return sum(rows), sum(r * r for r in rows), len(rows)
+
+
+def _real_tokens(sample: Any) -> int:
+    mask = sample.get("attention_mask") if isinstance(sample, Mapping) else None
+    if isinstance(mask, torch.Tensor):
+        return int(mask.sum())
+    ids = sample.get("input_ids") if isinstance(sample, Mapping) else None
+    return int(ids.numel()) if isinstance(ids, torch.Tensor) else 0
+
+
+class DecodedModuleCosts:
+    """Every module's cost of one decoded sample under a :class:`~mimo_accel.costs.CostModel`,
+    as plan-before-read prices it from a cost index: an encoder ``a·rows + b·Σ rows² + k·items``
+    from its own ``grid_thw`` (looked up under ``modality_inputs[<module>]``, or, with one encoder
+    in the layout, anywhere in the sample as ``grid_thw`` / ``image_grid_thw``), the language model
+    ``a·tokens + b·tokens²`` from the real tokens (the attention mask's sum, else the input ids).
+    ``self(sample)`` -> module name -> cost."""
+
+    def __init__(self, modules: Sequence[str], model: Optional[CostModel] = None):
+        self.modules = tuple(modules)
+        self.model = CostModel() if model is None else model
+        self._encoders = [m for m in self.modules if m != LANGUAGE]
+
+    def _grid(self, sample: Any, module: str):
+        inputs = sample.get("modality_inputs") if isinstance(sample, Mapping) else None
+        if isinstance(inputs, Mapping) and module in inputs:
+            return _find_key(inputs[module], _GRID_KEYS)
+        return _find_key(sample, _GRID_KEYS) if len(self._encoders) == 1 else None
+
+    def __call__(self, sample: Any) -> dict[str, float]:
+        out = {}
+        for m in self.modules:
+            if m == LANGUAGE:
+                out[m] = float(self.model.language_costs([_real_tokens(sample)])[0])
+            else:
+                rows, sq_rows, items = _rows(self._grid(sample, m))
+                out[m] = float(self.model.encoder_costs(m, [rows], [sq_rows], [items])[0])
+        return out
+
+
 class DecodedSampleCost:
-    """Vision cost of one decoded sample under a :class:`~mimo_accel.costs.CostModel`.
+    """One cost of a decoded sample (the v1 model's ``a·Σp + b·Σp² + c·tokens``), for a cost
+    function that prices every module alike.
 
     Image patch counts are the rows' ``t·h·w`` of the sample's ``grid_thw`` (looked up as
     ``grid_thw`` or ``image_grid_thw``, at the top level or inside nested dicts such as
@@ -41,24 +95,8 @@ class DecodedSampleCost:
         self.model = CostModel() if model is None else model
 
     def __call__(self, sample: Any) -> float:
-        grid = _find_key(sample, _GRID_KEYS)
-        p_sum = p_sq = 0
-        if grid is not None:
-            g = torch.as_tensor(grid)
-            if g.numel():
-                if g.dim() != 2 or g.size(-1) != 3 or g.is_floating_point() or bool((g < 0).any()):
-                    raise ValueError(f"malformed grid_thw {tuple(g.shape)} (want [images, 3] non-negative "
-                                     "integers t, h, w per image)")
-                for t, h, w in g.tolist():
-                    p = t * h * w
-                    p_sum += p
-                    p_sq += p * p
-        mask = sample.get("attention_mask") if isinstance(sample, Mapping) else None
-        if isinstance(mask, torch.Tensor):
-            tokens = int(mask.sum())
-        else:
-            ids = sample.get("input_ids") if isinstance(sample, Mapping) else None
-            tokens = int(ids.numel()) if isinstance(ids, torch.Tensor) else 0
+        p_sum, p_sq, _ = _rows(_find_key(sample, _GRID_KEYS))
+        tokens = _real_tokens(sample)
         # CostModel.costs_from_sums' arithmetic in Python floats (the same float64 result, without
         # numpy's per-call overhead on one sample).
         m = self.model

@@ -111,11 +111,12 @@ def exchange_shard_loader(loader, ctx: ShardContext, micro_batch_size: int, grou
                           cost_fn: Optional[Callable[[Any], float]] = None,
                           cost_model: Optional[CostModel] = None, overlap: bool = False,
                           prefetch: int = 1, on_exchange=None, local_batch_sampler=None,
-                          notify: Optional[Callable[[str, str], object]] = None) -> ExchangeLoader:
+                          notify: Optional[Callable[[str, str], object]] = None, check=None) -> ExchangeLoader:
     """Exchange mode on top of an upstream DataLoader: read this replica's canonical shard (sharded
     reads), decode it in the loader's workers, exchange, then collate with the loader's collate_fn.
     ``local_batch_sampler``: a sampler that already yields this replica's share (upstream's scalable
-    reads); by default the share is cut from the loader's global batch sampler.
+    reads); by default the share is cut from the loader's global batch sampler. ``check``: the
+    exchange plans compared across the data-loading ranks (:class:`~mimo_accel.runtime.plan_check.FirstPlanCheck`).
 
     Collective (builds an :class:`ExchangeReorder`): every rank of ``group`` calls it.
     """
@@ -134,5 +135,5 @@ def exchange_shard_loader(loader, ctx: ShardContext, micro_batch_size: int, grou
                         worker_init_fn=loader.worker_init_fn,
                         persistent_workers=loader.persistent_workers if loader.num_workers > 0 else False)
     exchange = ExchangeReorder(group, ctx, cost_fn, loader.collate_fn, cost_model=cost_model, overlap=overlap,
-                               notify=notify)
+                               notify=notify, check=check)
     return ExchangeLoader(reader, exchange, prefetch=prefetch, on_exchange=on_exchange)

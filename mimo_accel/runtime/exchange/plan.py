@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
+from typing import Optional
 
 import numpy as np
 
-from mimo_accel.balance import balanced_order, contiguous_order, spread
+from mimo_accel.balance import contiguous_order, module_spreads
 from mimo_accel.grid import check_micro_batch
+from mimo_accel.planner import plan_costs
 
 
 @dataclass(frozen=True)
@@ -17,8 +19,11 @@ class ExchangePlan:
     """Who holds which sample after the exchange, and what moves.
 
     Positions are indices into the global micro-batch in canonical order (rank 0's local samples,
-    then rank 1's, ...). ``order`` is the balanced canonical-group order; rank r holds
-    ``order[r·n_local:(r+1)·n_local]`` afterwards, in that order.
+    then rank 1's, ...). ``order`` is the joint plan's canonical-group order (every module of the
+    layout balanced at once, as plan-before-read does); rank r holds
+    ``order[r·n_local:(r+1)·n_local]`` afterwards, in that order. ``predicted_spreads`` /
+    ``baseline_spreads``: each module's replica spread (max/mean) under the plan and under the
+    contiguous split; ``predicted_spread`` / ``baseline_spread`` the worst module's.
     """
 
     n_ranks: int
@@ -26,14 +31,19 @@ class ExchangePlan:
     grid: int
     order: tuple[int, ...]
     sizes: tuple[int, ...]
-    predicted_spread: float
-    baseline_spread: float
+    predicted_spreads: Mapping[str, float]
+    baseline_spreads: Mapping[str, float]
+
+    @property
+    def predicted_spread(self) -> float:
+        return max(self.predicted_spreads.values())
+
+    @property
+    def baseline_spread(self) -> float:
+        return max(self.baseline_spreads.values())
 
     def local_after(self, rank: int) -> list[int]:
         return list(self.order[rank * self.n_local:(rank + 1) * self.n_local])
-
-    def owner_before(self, position: int) -> int:
-        return position // self.n_local
 
     @cached_property
     def _owner_after(self) -> tuple[int, ...]:
@@ -74,22 +84,24 @@ class ExchangePlan:
         return sum(self.sizes[p] for p in self.moved())
 
 
-def plan_exchange(costs: Sequence[float] | np.ndarray, sizes: Sequence[int] | np.ndarray,
-                  n_ranks: int, grid: int) -> ExchangePlan:
+def plan_exchange(costs: Mapping[str, Sequence[float]], sizes: Sequence[int] | np.ndarray, n_ranks: int,
+                  grid: int, dps: Mapping[str, int],
+                  notify: Optional[Callable[[str, str], object]] = None) -> ExchangePlan:
     """The exchange plan of a global micro-batch held by ``n_ranks`` replicas on a grid of G groups.
 
-    ``costs``/``sizes``: per sample, in canonical order. The order is
-    ``balanced_order(costs, grid)``: the same on every rank, ties broken by position.
+    ``costs``: module name -> per-sample costs, ``sizes``: per-sample bytes, both in canonical
+    order; ``dps``: every module's DP size. The order is the joint plan of plan-before-read
+    (:func:`mimo_accel.planner.plan_costs`): the same on every rank of every module, ties broken by
+    position.
     """
-    c = np.asarray(costs, dtype=np.float64)
+    c = {m: np.asarray(v, dtype=np.float64) for m, v in costs.items()}
     s = np.asarray(sizes, dtype=np.int64)
-    if c.shape != s.shape or c.ndim != 1:
-        raise ValueError("costs and sizes must be 1-D and of equal length (one per sample)")
+    if not c or any(v.shape != s.shape or v.ndim != 1 for v in c.values()):
+        raise ValueError("costs (per module) and sizes must be 1-D and of equal length (one per sample)")
     if n_ranks < 1 or grid % n_ranks:
         raise ValueError(f"the canonical grid G={grid} must be a multiple of the DP size {n_ranks}")
-    check_micro_batch(c.size, grid, "global micro-batch size")
-    order = balanced_order(c, grid)
-    return ExchangePlan(n_ranks=n_ranks, n_local=c.size // n_ranks, grid=grid, order=tuple(order),
-                        sizes=tuple(int(x) for x in s),
-                        predicted_spread=float(spread(c, order, grid)),
-                        baseline_spread=float(spread(c, contiguous_order(c.size), grid)))
+    check_micro_batch(s.size, grid, "global micro-batch size")
+    order, spreads = plan_costs(c, dict(dps), 1, notify, "the decoded samples")
+    return ExchangePlan(n_ranks=n_ranks, n_local=s.size // n_ranks, grid=grid, order=tuple(order),
+                        sizes=tuple(int(x) for x in s), predicted_spreads=spreads,
+                        baseline_spreads=module_spreads(c, dict(dps), contiguous_order(s.size), 1))

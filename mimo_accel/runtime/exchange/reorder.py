@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from mimo_accel.costs import CostModel
-from mimo_accel.runtime.exchange.cost import DecodedSampleCost
+from mimo_accel.runtime.exchange.cost import DecodedModuleCosts
 from mimo_accel.runtime.exchange.plan import ExchangePlan, plan_exchange
 from mimo_accel.runtime.exchange.wire import EncodedSample, decode_sample
 from mimo_accel.runtime.sampler import SamplesRead, TaggingCollate
@@ -58,6 +58,7 @@ class ExchangeStats:
     plan_s: float
     move_s: float
     total_s: float
+    predicted_spreads: Optional[dict] = None  # each module's, the plan's (predicted_spread: the worst)
 
 
 def _refuse_overlap_if_unsafe() -> None:
@@ -112,24 +113,33 @@ class ExchangeReorder:
     group: the module's DP process group (defines the ranks, in DP-rank order).
     ctx: this rank's :class:`~mimo_accel.runtime.shard.ShardContext` (its ``dp_rank``/``dp_size`` must
         match ``group``; ``grid`` is G).
-    cost_fn: ``sample -> float`` (finite, >= 0), computed from the decoded sample; default
-        :class:`DecodedSampleCost` with ``cost_model`` (or the default :class:`CostModel`).
+    cost_fn: ``sample -> {module: cost}`` for every module of the layout, or one number that prices
+        every module alike (finite, >= 0), computed from the decoded sample; default
+        :class:`DecodedModuleCosts` with ``cost_model`` (or the default :class:`CostModel`). The
+        plan is plan-before-read's joint plan of every module (:func:`plan_exchange`).
     collate_fn: collate for :meth:`collate`/:func:`exchange_loader`; ``None`` yields lists.
     overlap: exchange the next micro-batch on a side thread (uses a dedicated group).
     comm_group: a ready gloo group over the same ranks to use instead of creating one.
     notify: ``say_once(key, message)`` for what the exchange could not act on (default: log once).
+    check: a :class:`~mimo_accel.runtime.plan_check.FirstPlanCheck` over every data-loading rank: each
+        micro-batch's plan compared across the modules before this rank trains it (None: unchecked).
     """
 
     def __init__(self, group, ctx: ShardContext, cost_fn: Optional[Callable[[Any], float]] = None,
                  collate_fn: Optional[Callable] = None, *, cost_model: Optional[CostModel] = None,
-                 overlap: bool = False, comm_group=None, notify: Optional[Callable[[str, str], object]] = None):
+                 overlap: bool = False, comm_group=None, notify: Optional[Callable[[str, str], object]] = None,
+                 check=None):
         import torch.distributed as dist
 
         if overlap:
             _refuse_overlap_if_unsafe()  # before anything collective
         self.ctx = ctx
         self.overlap = bool(overlap)
-        self.cost_fn = cost_fn if cost_fn is not None else DecodedSampleCost(cost_model)
+        self.dps = dict(ctx.dp_sizes or {ctx.module: ctx.dp_size})
+        self.modules = tuple(self.dps)
+        self.cost_fn = cost_fn if cost_fn is not None else DecodedModuleCosts(self.modules, cost_model)
+        self.check = check
+        self.micro_batches = 0  # micro-batches reordered so far (the check's ordinal)
         self.collate_fn = collate_fn
         self.notify = notify_with(None) if notify is None else notify
         self._tagging = TaggingCollate(collate_fn, ctx) if collate_fn is not None else None
@@ -168,18 +178,26 @@ class ExchangeReorder:
     # -- steps ---------------------------------------------------------------------------------
 
     def _local_costs(self, samples: Sequence[Any]):
-        costs = np.empty(len(samples), dtype=np.float64)
+        """[samples, modules] costs of the local samples, and the samples encoded for the wire."""
+        costs = np.empty((len(samples), len(self.modules)), dtype=np.float64)
         encoded = []
         for i, sample in enumerate(samples):
             try:
                 value = self.cost_fn(sample)
-                cost = float(value)
+                if not isinstance(value, dict):
+                    value = dict.fromkeys(self.modules, value)
+                missing = [m for m in self.modules if m not in value]
+                row = [float(value[m]) for m in self.modules if m in value]
             except Exception as exc:
                 raise ExchangeError(f"cost_fn raised {type(exc).__name__} on local sample {i}: {exc}") from exc
-            if not math.isfinite(cost) or cost < 0:
-                raise ExchangeError(f"cost_fn returned {cost} for local sample {i}; costs must be finite "
+            if missing:
+                raise ExchangeError(f"cost_fn gave no cost for modules {missing} on local sample {i} (the layout's "
+                                    f"modules: {list(self.modules)})")
+            bad = [c for c in row if not math.isfinite(c) or c < 0]
+            if bad:
+                raise ExchangeError(f"cost_fn returned {bad[0]} for local sample {i}; costs must be finite "
                                     "and >= 0 (fix the cost function or the sample)")
-            costs[i] = cost
+            costs[i] = row
             encoded.append(EncodedSample(sample))
         return costs, encoded
 
@@ -242,17 +260,15 @@ class ExchangeReorder:
         meta = self._status(len(samples), error)  # raises on every rank if any failed
 
         n_local, n_ranks, me = len(samples), len(self.ranks), self.ctx.dp_rank
-        local = np.concatenate([costs.view(np.uint8), np.fromiter((e.nbytes for e in encoded), dtype=np.int64,
-                                                                  count=n_local).view(np.uint8)])
+        n_costs = 8 * n_local * len(self.modules)
+        local = np.concatenate([costs.reshape(-1).view(np.uint8),
+                                np.fromiter((e.nbytes for e in encoded), dtype=np.int64, count=n_local).view(np.uint8)])
         rows = self._all_gather(local)
         meta += local.size
-        all_costs = np.concatenate([r[:8 * n_local].view(np.float64) for r in rows])
-        all_sizes = np.concatenate([r[8 * n_local:].view(np.int64) for r in rows])
-        if all_costs.size and np.all(all_costs == all_costs[0]):
-            self.notify("exchange:equal-costs", "mimo_accel reorder (exchange): every decoded sample of a "
-                        "global micro-batch has the same cost (no grid_thw/image_grid_thw in the batch, or "
-                        "equal images), so there is nothing to balance: samples stay where they were read")
-        plan = plan_exchange(all_costs, all_sizes, n_ranks, self.ctx.grid)
+        all_costs = np.concatenate([r[:n_costs].view(np.float64).reshape(n_local, -1) for r in rows])
+        all_sizes = np.concatenate([r[n_costs:].view(np.int64) for r in rows])
+        plan = plan_exchange({m: all_costs[:, j] for j, m in enumerate(self.modules)}, all_sizes, n_ranks,
+                             self.ctx.grid, self.dps, self.notify)
         t2 = time.perf_counter()
 
         send_splits = plan.send_bytes(me)
@@ -275,6 +291,11 @@ class ExchangeReorder:
                 for p in plan.incoming(me, s):
                     received[p], offset = decode_sample(recv, offset)
         out = [samples[p - me * n_local] if p // n_local == me else received[p] for p in plan.local_after(me)]
+        if self.check is not None:  # after the collective (no replica is left inside it), before training
+            from mimo_accel.runtime.plan_check import plan_digest
+
+            self.check(self.micro_batches, plan_digest(range(len(plan.order)), plan.order))
+        self.micro_batches += 1
         t3 = time.perf_counter()
 
         stats = ExchangeStats(
@@ -283,7 +304,8 @@ class ExchangeReorder:
             samples_received=len(received), samples_moved=len(moved),
             bytes_moved=int(sum(plan.sizes[p] for p in moved)), meta_bytes=int(meta),
             predicted_spread=plan.predicted_spread, baseline_spread=plan.baseline_spread,
-            cost_s=t1 - t0, plan_s=t2 - t1, move_s=t3 - t2, total_s=t3 - t0)
+            cost_s=t1 - t0, plan_s=t2 - t1, move_s=t3 - t2, total_s=t3 - t0,
+            predicted_spreads=dict(plan.predicted_spreads))
         self.last_plan, self.last_stats = plan, stats
         return out, stats
 
@@ -292,7 +314,8 @@ class ExchangeReorder:
         moved), or the list without a collate_fn."""
         if self._tagging is None:
             return samples
-        batch = self._tagging(SamplesRead(samples, stats.predicted_spread if stats is not None else None))
+        predicted = None if stats is None else (stats.predicted_spreads or stats.predicted_spread)
+        batch = self._tagging(SamplesRead(samples, predicted))
         if stats is not None:
             batch[SHARD_TAG_KEY] = dataclasses.replace(batch[SHARD_TAG_KEY], bytes_exchanged=stats.bytes_sent)
         return batch

@@ -1,0 +1,167 @@
+#!/usr/bin/env python3
+"""What planning costs the training thread (mimo_accel.runtime.plan_ahead).
+
+One data rank's sharded sampler over Megatron Bridge's own ``MegatronPretrainingSampler``, at
+4096 samples per global micro-batch on a canonical grid of 512 groups, ``reorder_window`` 8 (a
+window is 8 micro-batches, 32,768 samples, planned together), for three layouts: 1:1 (vision 512,
+language 512), fan-in (vision 512, language 256) and three modules (vision 512, audio 256,
+language 128); the costs are bench_balance's ``receipts`` workload (one tall receipt photo, OCR
+text, voice clips on half the samples) in a cost index, priced by the default cost model.
+
+Between windows the training thread runs a fixed amount of busy Python work (about 0.6 s alone on
+this machine), standing for a step's kernel launches. Per window it records the time spent inside
+``next()`` for the window's 8 micro-batches, and the time the busy work took. Side by side in one
+run, on the same micro-batches:
+
+* ``no planner``: the sampler without reorder (what a step pays without planning);
+* ``ahead, process``: plans made ahead, the arithmetic in a forked child (the default);
+* ``ahead, thread``: plans made ahead, the arithmetic on the planner thread (the GIL shared);
+* ``serial``: the plan computed inside ``next()`` (what the sampler did before planning ahead).
+
+Printed per layout and mode: ``next()`` per window (median, max over the windows after the
+first, whose plan starts when the sampler is built), the busy work's median and its slowdown
+against ``no planner``, and whether every window's shares equal the serial plan's. The gates:
+``next()`` at most 2 ms above ``no planner`` (median), the busy work slowed by at most 5 %.
+
+    python benchmarks/bench_plan_ahead.py [--windows 8] [--layouts 1:1,fan-in,three] [--work-s 0.6]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_balance import AUDIO_ROWS_PER_TOKEN, MODULE_RULE, _voice, gen_receipts, machine  # noqa: E402
+
+from mimo_accel.costs import CostIndex, CostModel  # noqa: E402
+from mimo_accel.costs.resize import FixedPatches  # noqa: E402
+from mimo_accel.modules import Modules  # noqa: E402
+from mimo_accel.planner import CostIndexPlanner  # noqa: E402
+
+GROUPS, MBS, WINDOW = 512, 4096, 8
+LAYOUTS = {
+    "1:1": {"vision": 512, "language": 512},
+    "fan-in": {"vision": 512, "language": 256},
+    "three": {"vision": 512, "audio": 256, "language": 128},
+}
+MODES = ("no planner", "ahead, process", "ahead, thread", "serial")
+
+
+def receipts_index(n: int, seed: int = 0) -> CostIndex:
+    rng = np.random.default_rng([seed, 0xA11])
+    s = gen_receipts(rng, n)
+    clips, rows, sq_rows = _voice(rng, n)
+    tokens = s["text"] + s["patches"] // MODULE_RULE.merge_size ** 2 + np.ceil(rows / AUDIO_ROWS_PER_TOKEN).astype(np.int64)
+    return CostIndex.from_modules(tokens, {
+        "vision": (s["images"], s["patches"], s["sq_patches"], FixedPatches(1)),
+        "audio": (clips, rows, sq_rows, FixedPatches(1)),
+    })
+
+
+def busy(units: int) -> float:
+    """Pure-Python work of ``units`` units (the training thread launching kernels); its seconds."""
+    t = time.perf_counter()
+    x = 0
+    for i in range(units):
+        x += i * i % 7
+    return time.perf_counter() - t
+
+
+def calibrate(seconds: float) -> int:
+    units = 200_000
+    while busy(units) < 0.05:
+        units *= 2
+    return int(units * seconds / busy(units))
+
+
+class _Serial:
+    """The sampler as it planned before: each window inside ``next()``."""
+
+    def __init__(self, sampler_args, planner, ctx):
+        from mimo_accel.runtime.sampler import ShareRules
+
+        self.source, self.planner, self.rules = _global_sampler(*sampler_args), planner, ShareRules(ctx, WINDOW)
+
+    def __iter__(self):
+        for _, batches, _ in self.rules.windows(self.source):
+            yield from self.rules.plan(self.planner, batches)[0]
+
+
+def _global_sampler(n: int):
+    from megatron.bridge.data import samplers
+
+    return samplers.MegatronPretrainingSampler(total_samples=n, consumed_samples=0, micro_batch_size=MBS,
+                                               data_parallel_rank=0, data_parallel_size=1, drop_last=True)
+
+
+def run_mode(mode: str, dps: dict, index: CostIndex, windows: int, units: int) -> dict:
+    from mimo_accel.runtime.sampler import ShardedBatchSampler
+    from mimo_accel.runtime.shard import ShardContext
+
+    ctx = ShardContext("vision", 0, dps["vision"], GROUPS, dps)
+    n = windows * WINDOW * MBS
+    planner = CostIndexPlanner(index, CostModel(), Modules.from_dp_sizes(dps))
+    if mode == "no planner":
+        sampler = ShardedBatchSampler(_global_sampler(n), ctx)
+    elif mode == "serial":
+        sampler = _Serial((n,), planner, ctx)
+    else:
+        sampler = ShardedBatchSampler(_global_sampler(n), ctx, planner, window=WINDOW, step_micro_batches=WINDOW,
+                                      in_process=(mode == "ahead, process"))
+    it = iter(sampler)
+    next_s, work_s, shares = [], [], []
+    for _ in range(windows):
+        t = time.perf_counter()
+        window = [next(it) for _ in range(WINDOW)]
+        next_s.append(time.perf_counter() - t)
+        shares.append([list(w) for w in window])
+        work_s.append(busy(units))
+    return {"next_s": next_s, "work_s": work_s, "shares": shares}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--windows", type=int, default=8)
+    p.add_argument("--layouts", default=",".join(LAYOUTS))
+    p.add_argument("--work-s", type=float, default=0.6, help="the simulated step between windows, alone")
+    args = p.parse_args(argv)
+    from mimo_accel.rehearse import cpu
+
+    cpu.check_megatron_importable()  # Bridge's samplers (and the 3.11 back-port they need here)
+    print(machine())
+    units = calibrate(args.work_s)
+    index = receipts_index(args.windows * WINDOW * MBS)
+    print(f"{MBS} samples x window {WINDOW} / {GROUPS} groups; {args.windows} windows; busy work {units} units "
+          f"(~{args.work_s:.2f} s alone)")
+    print(f"{'layout':<8} {'mode':<16} {'next() per window p50 / max':>28} {'vs none':>9} {'busy work p50':>14} "
+          f"{'slowdown':>9}  same as serial")
+    ok = True
+    for name in args.layouts.split(","):
+        dps = LAYOUTS[name]
+        results = {mode: run_mode(mode, dps, index, args.windows, units) for mode in MODES}
+        base_next = statistics.median(results["no planner"]["next_s"][1:])
+        base_work = statistics.median(results["no planner"]["work_s"][1:])
+        for mode in MODES:
+            r = results[mode]
+            nxt, work = r["next_s"][1:], statistics.median(r["work_s"][1:])
+            same = r["shares"] == results["serial"]["shares"] if mode != "no planner" else None
+            over, slow = statistics.median(nxt) - base_next, work / base_work - 1
+            if mode == "ahead, process":
+                ok &= over <= 0.002 and slow <= 0.05 and bool(same)
+            print(f"{name:<8} {mode:<16} {statistics.median(nxt) * 1e3:>12.2f} / {max(nxt) * 1e3:>7.2f} ms "
+                  f"{over * 1e3:>+7.2f} ms {work:>12.3f} s {slow:>+8.1%}  {'' if same is None else same}")
+    print("gates (ahead, process): next() <= 2 ms above no planner, busy work slowed <= 5 %, shares = serial:",
+          "met" if ok else "NOT met")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

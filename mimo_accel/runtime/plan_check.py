@@ -1,0 +1,214 @@
+"""Same plan everywhere, at every window, before it trains.
+
+Every data-loading rank plans alone (no plan is broadcast), and equal inputs
+(:mod:`mimo_accel.runtime.plan_inputs`) do not make equal plans where the arithmetic differs
+between nodes: a rank whose plan differs would pair one sample's text with another's encoder rows,
+silently whenever the placeholder counts happen to match. So every window's plan is agreed by
+every data-loading rank before any of them trains it (:class:`WindowCheck`, used by the planner
+thread that plans ahead: :mod:`mimo_accel.runtime.plan_ahead`), and exchange mode, which plans
+each micro-batch where it is read, compares each rank's plan with the first one posted
+(:class:`FirstPlanCheck`).
+
+The agreement goes through the job's rendezvous store, in a constant number of store operations
+per rank and window whatever the number of ranks: each rank posts its plan's digest with one
+``compare_set`` (the first poster's digest stays; every later one learns it and compares), counts
+itself in with one ``add``, and the rank that completes the count writes the window's verdict,
+which every rank waits for. Only when the verdict is not "agreed" does every rank post its own
+digest, so that the error can name the ranks on each side.
+
+Waits run on a clone of the store's client (:func:`~mimo_accel.runtime.rank_set.background_store`):
+a client's operations are serialised, so a wait on the training thread's client would hold up
+every store call the training thread makes meanwhile.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from typing import Optional, Sequence
+
+import numpy as np
+
+from mimo_accel.runtime.rank_set import background_store, ranks_key
+
+AGREED = "agreed"
+DIFFER = "differ"
+_SEP = "|"
+
+
+class PlanMismatch(RuntimeError):
+    """The data-loading ranks planned a window differently (or a rank could not plan it)."""
+
+
+def plan_digest(window: Sequence[int], order: Sequence[int]) -> str:
+    """A short digest of one window's plan: the window's global indices as upstream's sampler gave
+    them, and the planned order."""
+    h = hashlib.sha256()
+    h.update(np.asarray(window, dtype="<i8").tobytes())
+    h.update(b"/")
+    h.update(np.asarray(order, dtype="<i8").tobytes())
+    return h.hexdigest()[:16]
+
+
+_lock = threading.Lock()
+# (ranks, what) -> checks built so far, the same count on every rank (they build their loaders in
+# the same order), so a loader built again in the same job agrees under keys of its own.
+# Process-lifetime on purpose: the job's store outlives mimo_accel's enable/disable.
+_serials: dict = {}
+
+
+def _serial(ranks: tuple, what: str) -> int:
+    with _lock:
+        n = _serials[(ranks, what)] = _serials.get((ranks, what), 0) + 1
+    return n
+
+
+def _sides(outcomes: dict[int, str]) -> str:
+    sides: dict[str, list[int]] = {}
+    for rank in sorted(outcomes):
+        sides.setdefault(outcomes[rank], []).append(rank)
+    return "; ".join(f"ranks {ranks} have plan {d}" for d, ranks in sides.items())
+
+
+class WindowCheck:
+    """Every window's plan, agreed by the data-loading ``ranks`` before any of them trains it.
+
+    :meth:`agree` blocks until every rank has posted its plan of the window, and raises
+    :class:`PlanMismatch` naming the ranks on each side when they differ. Every rank calls it for
+    the windows of a pass in order (the planner thread does, ahead of training), so no rank is
+    more than one window ahead of another in the check; a rank that stops planning early posts
+    :meth:`abandon` for its next window, so the others are not left waiting.
+
+    Per rank and window: ``compare_set``, ``add``, ``wait``, ``get``; the rank completing a window
+    also writes the verdict and deletes the keys of the window before (every rank has read its
+    verdict by then).
+    """
+
+    def __init__(self, ranks: Sequence[int], what: str, *, me: Optional[int] = None, store=None,
+                 serial: Optional[int] = None):
+        """``me``: this rank (default: torch.distributed's); ``store``: the job's store (default: a
+        background client of it); ``serial``: which check over these ranks this is (default:
+        counted in this process, the same on every rank as they build their loaders alike)."""
+        if me is None:
+            import torch.distributed as dist
+
+            me = dist.get_rank()
+        self.ranks = tuple(sorted(ranks))
+        self.what = what
+        self.me = me
+        self._store = store
+        serial = _serial(self.ranks, what) if serial is None else serial
+        self.prefix = f"mimo_accel/plan/{ranks_key(self.ranks)}/{what}/{serial}"
+        self.agreed = 0  # windows agreed so far (all passes)
+
+    def store(self):
+        return self._store if self._store is not None else background_store()
+
+    def _key(self, pass_no: int, ordinal: int) -> str:
+        return f"{self.prefix}/{pass_no}/{ordinal}"
+
+    def _post(self, key: str, outcome: str, before: Optional[str]) -> bool:
+        """Post this rank's outcome of a window; True when it agrees with the first one posted.
+        ``before``: the key of the window before, whose keys the rank completing this one deletes
+        (every rank posts a window only after reading the verdict of the one before)."""
+        store = self.store()
+        first = store.compare_set(f"{key}/plan", "", f"{outcome}{_SEP}{self.me}").decode()
+        agrees = first.rsplit(_SEP, 1)[0] == outcome
+        if not agrees:
+            store.add(f"{key}/differ", 1)
+        if store.add(f"{key}/n", 1) == len(self.ranks):  # the last to arrive gives the verdict
+            differ = store.add(f"{key}/differ", 0)
+            store.set(f"{key}/verdict", AGREED if differ == 0 else DIFFER)
+            if before is not None:
+                for suffix in ("plan", "n", "differ", "verdict"):
+                    store.delete_key(f"{before}/{suffix}")
+        return agrees
+
+    def _keys(self, pass_no: int, ordinal: int) -> tuple[str, Optional[str]]:
+        return self._key(pass_no, ordinal), self._key(pass_no, ordinal - 1) if ordinal > 0 else None
+
+    def agree(self, pass_no: int, ordinal: int, digest: str, *, first_index: int = -1) -> None:
+        """Block until every rank has posted its plan of window ``ordinal`` of pass ``pass_no``
+        (``digest``: :func:`plan_digest`); raise :class:`PlanMismatch` if they differ."""
+        key, before = self._keys(pass_no, ordinal)
+        self._post(key, digest, before)
+        if self._wait(key, ordinal) != AGREED:
+            self._raise(key, digest, ordinal, first_index)
+        self.agreed += 1
+
+    def abandon(self, pass_no: int, ordinal: int, reason: str) -> None:
+        """This rank plans no further in this pass: its next window is posted as ``reason`` (the
+        other ranks' check of it then fails with the reason, instead of waiting for this rank)."""
+        key, before = self._keys(pass_no, ordinal)
+        outcome = f"not planned ({reason.replace(_SEP, '/')})"
+        self.store().set(f"{key}/rank/{self.me}", outcome)
+        self._post(key, outcome, before)
+
+    def failed(self, pass_no: int, ordinal: int, error: BaseException) -> None:
+        """This rank's planner raised on the window: post that, so the others stop too (this rank
+        raises its own error)."""
+        self.abandon(pass_no, ordinal, f"its planner raised {type(error).__name__}: {error}"[:400])
+
+    def _wait(self, key: str, ordinal: int) -> str:
+        store = self.store()
+        try:
+            store.wait([f"{key}/verdict"])
+        except Exception as exc:  # the store's own timeout: say how many ranks never planned it
+            arrived = store.add(f"{key}/n", 0)
+            raise PlanMismatch(
+                f"mimo_accel: only {arrived} of the {len(self.ranks)} data-loading ranks planned window "
+                f"{ordinal} of the {self.what} in time ({exc}). Every data rank plans ahead from the moment "
+                "its loader is built and each time an iterator over it is made; a rank whose training stopped, "
+                "or that makes a new iterator over the loader later than the others, leaves the others "
+                "waiting.") from exc
+        return store.get(f"{key}/verdict").decode()
+
+    def _raise(self, key: str, digest: str, ordinal: int, first_index: int) -> None:
+        store = self.store()
+        store.set(f"{key}/rank/{self.me}", digest)
+        keys = [f"{key}/rank/{r}" for r in self.ranks]
+        store.wait(keys)
+        outcomes = {r: v.decode() for r, v in zip(self.ranks, store.multi_get(keys))}
+        where = f"window {ordinal} of this pass (the window from global sample {first_index})"
+        failed = {r: o for r, o in outcomes.items() if o.startswith("not planned")}
+        if failed:
+            raise PlanMismatch(
+                f"mimo_accel: the {self.what} could not agree on {where}: "
+                + "; ".join(f"rank {r} {o}" for r, o in sorted(failed.items()))
+                + ". Stopping before any rank trains it.")
+        raise PlanMismatch(
+            f"mimo_accel: the {self.what}'s plans differ between ranks at {where}: {_sides(outcomes)}. The ranks "
+            "planned from the same inputs, so their arithmetic differs; ranks on each side would pair different "
+            "samples (text with another sample's encoder rows). Stopping before any rank trains it.")
+
+
+class FirstPlanCheck:
+    """Exchange mode's check: each rank compares its plan of a micro-batch with the first one posted,
+    before it trains that micro-batch.
+
+    Exchange mode plans a micro-batch where it is read (on the language ranks only after the
+    encoder's first output arrived), so no rank can wait for all the others without stalling the
+    pipeline. The rank whose plan differs from the first posted stops before training it, and the
+    iteration cannot complete without it. Per rank and micro-batch: ``compare_set`` and ``add``.
+    """
+
+    def __init__(self, ranks: Sequence[int], what: str, *, me: Optional[int] = None, store=None,
+                 serial: Optional[int] = None):
+        self.window = WindowCheck(ranks, what, me=me, store=store, serial=serial)
+        self.checked = 0
+
+    def __call__(self, ordinal: int, digest: str) -> None:
+        w = self.window
+        key = w._key(0, ordinal)
+        store = w.store()
+        first = store.compare_set(f"{key}/plan", "", f"{digest}{_SEP}{w.me}").decode()
+        theirs, who = first.rsplit(_SEP, 1)
+        if store.add(f"{key}/n", 1) == len(w.ranks) and ordinal > 0:
+            # every rank has posted this micro-batch, so none reads the one before any more
+            for suffix in ("plan", "n"):
+                store.delete_key(f"{w._key(0, ordinal - 1)}/{suffix}")
+        if theirs != digest:
+            raise PlanMismatch(
+                f"mimo_accel: the {w.what}'s exchange plans differ at micro-batch {ordinal}: rank {w.me} has plan "
+                f"{digest}, rank {who} (the first to plan it) has {theirs}. Stopping before this rank trains it.")
+        self.checked += 1
