@@ -35,6 +35,12 @@ def _nvtx() -> Any:
     return _ops or None
 
 
+def disable() -> None:
+    """No NVTX in this process from now on (a forked child of a CUDA process must not touch CUDA)."""
+    global _ops
+    _ops = False
+
+
 def enabled() -> bool:
     """Whether this process emits NVTX ranges."""
     return _nvtx() is not None

@@ -36,6 +36,8 @@ from typing import Any, Callable, Iterator, Optional
 
 import numpy as np
 
+from mimo_accel.nvtx import ranged
+
 logger = logging.getLogger("mimo_accel")
 
 DEPTH = 3  # windows queued ahead of the one training
@@ -59,6 +61,9 @@ def _portable(exc: BaseException) -> BaseException:
 def _serve(planner, conn, parent: int) -> None:
     """The child's loop: plan each window sent, reply with the order, the spread and what the
     planner said (said again by the parent, whose logging this child must not touch)."""
+    from mimo_accel import nvtx
+
+    nvtx.disable()  # a forked child touches nothing of CUDA; its planning shows as the parent thread's range
     said: list = []
     if hasattr(planner, "notify"):
         planner.notify = lambda key, message: said.append((key, message))
@@ -102,6 +107,7 @@ class ForkedPlanner:
         self.process.start()
         child.close()
 
+    @ranged("mimo_accel/plan")  # on the planner thread, around the child's planning (NVTX on CUDA only)
     def __call__(self, indices, micro_batches: int):
         self._conn.send((np.asarray(indices, dtype=np.int64), micro_batches))
         try:
