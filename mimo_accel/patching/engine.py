@@ -118,31 +118,50 @@ def resolve(site_module, name: str):
     return owner, attr, obj
 
 
+def signature_problem(obj, target: T.Target) -> Optional[str]:
+    """Why ``obj`` lacks a parameter the target's replacement reads, by name (None: it has them all).
+
+    The replacements bind every call through upstream's own signature and pass it on whole, so
+    parameter order and parameters mimo_accel does not read are upstream's business."""
+    try:
+        params = inspect.signature(obj).parameters
+    except (TypeError, ValueError):
+        return "its signature cannot be read"
+    named = {name for name, p in params.items()
+             if p.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)}
+    missing = [name for name in target.params if name not in named]
+    if not missing:
+        return None
+    return (f"it has no parameter {', '.join(repr(n) for n in missing)} (mimo_accel reads {', '.join(target.params)}; "
+            f"found ({', '.join(params)}))")
+
+
+def target_problem(target: T.Target, module) -> Optional[str]:
+    """Why a target in an imported site module is not the shape mimo_accel patches (None: it is)."""
+    try:
+        _, _, obj = resolve(module, target.name)
+    except AttributeError:
+        obj = None
+    if obj is None:
+        return "it does not exist"
+    origin = sys.modules.get(target.origin)
+    if origin is not None and origin is not module:
+        try:
+            _, _, defined = resolve(origin, target.name)
+        except AttributeError:
+            defined = None
+        if obj is not defined:
+            return f"it is not the function {target.origin} defines (something else replaced it)"
+    return signature_problem(obj, target)
+
+
 def _validate(site: str, targets: list[T.Target], installed: str) -> None:
     module = sys.modules[site]
     for t in targets:
-        where = f"{site}.{t.name}"
-        try:
-            _, _, obj = resolve(module, t.name)
-        except AttributeError:
-            obj = None
-        if obj is None:
-            raise PatchError(f"mimo_accel cannot patch {where}: it does not exist in {installed}. "
-                             f"Supported: {T.SUPPORTED}. Install a supported release or "
-                             "turn the feature off; nothing was patched.")
-        origin = sys.modules.get(t.origin)
-        if origin is not None and origin is not module:
-            _, _, defined = resolve(origin, t.name)
-            if obj is not defined:
-                raise PatchError(f"mimo_accel cannot patch {where}: it is no longer the function "
-                                 f"{t.origin} defines (something else replaced it). Nothing was patched.")
-        try:
-            params = tuple(inspect.signature(obj).parameters)
-        except (TypeError, ValueError):
-            params = ()
-        if params[:len(t.params)] != t.params:
-            raise PatchError(f"mimo_accel cannot patch {where}: expected parameters {t.params}, found "
-                             f"{params} in {installed}. Supported: {T.SUPPORTED}. "
+        problem = target_problem(t, module)
+        if problem is not None:
+            raise PatchError(f"mimo_accel cannot patch {site}.{t.name}: {problem}, in {installed}. "
+                             f"Supported: {T.SUPPORTED}. Install a supported release or turn the feature off. "
                              "Nothing was patched.")
 
 

@@ -4,7 +4,9 @@ A *target* is one name bound in one module. Upstream binds several functions by 
 than one module (``from ... import name``), so each function is listed at every binding site: the
 defining module, the modules that imported it by name, and the package re-export. Before anything
 is patched, every target of a site is checked: present, the same object as the defining one, and
-with the expected leading parameters.
+with every parameter its replacement reads, by name (the replacements bind each call through
+upstream's own signature and pass it on whole, so a parameter upstream adds is carried through;
+one mimo_accel reads that upstream renamed or dropped is refused before anything is patched).
 
 References (NVIDIA-NeMo/Megatron-Bridge):
 - src/megatron/bridge/data/megatron_mimo/dp_utils.py: get_megatron_mimo_sampling_info,
@@ -45,7 +47,7 @@ class Target:
     site: str  # module where the name is bound (and patched)
     name: str  # "func" or "Class.method"
     origin: str  # module that defines it; the site's binding must be that very object
-    params: tuple[str, ...]  # expected leading parameter names
+    params: tuple[str, ...]  # every parameter its replacement reads, by name (order and extras free)
 
 
 def _everywhere(name: str, origin: str, params: tuple[str, ...], *sites: str) -> tuple[Target, ...]:
@@ -54,28 +56,26 @@ def _everywhere(name: str, origin: str, params: tuple[str, ...], *sites: str) ->
 
 SAMPLING_INFO = _everywhere("get_megatron_mimo_sampling_info", DP_UTILS,
                             ("megatron_mimo_cfg", "grids"), LOADERS, DATA_PKG)
+# the sharded loader's inputs, and the settings the data ranks compare before the first batch
 PRETRAINING_LOADER = _everywhere("build_pretraining_data_loader", SAMPLERS,
-                                 ("dataset", "consumed_samples", "dataloader_type", "micro_batch_size"),
+                                 ("dataset", "consumed_samples", "dataloader_type", "micro_batch_size",
+                                  "data_parallel_size", "drop_last", "seed", "data_sharding"),
                                  LOADERS)
 SLICE = _everywhere("slice_batch_for_megatron_mimo", DP_UTILS, ("batch", "dp_rank", "dp_size"),
                     STEP, DATA_PKG)
 MODULE_DP_INFO = (Target(STEP, "_get_module_dp_info", STEP, ("megatron_mimo_model",)),)
-LOADER_BUILDER = _everywhere("build_megatron_mimo_data_loaders", LOADERS,
-                             ("cfg", "train_state", "megatron_mimo_provider"), DATA_PKG)
+LOADER_BUILDER = _everywhere("build_megatron_mimo_data_loaders", LOADERS, ("cfg", "megatron_mimo_provider"),
+                             DATA_PKG)
 SETUP_ENTRY = (Target(PRETRAIN, "setup_megatron_mimo", SETUP, ("state", "build_data_iterators_fn")),)
 # the profiler's metrics take Bridge's GlobalState (its logger config and writers) from global_state
-TRAIN_ENTRY = (Target(PRETRAIN, "train_megatron_mimo", TRAIN,
-                      ("forward_step_func", "model", "optimizer", "schedulers", "train_data_iterator",
-                       "valid_data_iterator", "global_state")),)
+TRAIN_ENTRY = (Target(PRETRAIN, "train_megatron_mimo", TRAIN, ("global_state",)),)
 ENCODE = (Target(MIMO_SUBMODULES, "ModalitySubmodules.encode", MIMO_SUBMODULES,
                  ("self", "encoders_data_batch")),)
 OPTIMIZER_STEP = (Target(MIMO_OPTIMIZER, "MimoOptimizer.step", MIMO_OPTIMIZER, ("self",)),)
 MIMO_MODEL = "megatron.core.models.mimo.model.base"
 BRIDGE_COMM = "megatron.core.pipeline_parallel.bridge_communicator"
-FAN_IN = (Target(MIMO_MODEL, "MimoModel._attach_modality_split_sizes", MIMO_MODEL,
-                 ("self", "output", "input_ids", "encoder_name")),
-          Target(BRIDGE_COMM, "BridgeCommunicator._communicate_shapes", BRIDGE_COMM,
-                 ("self", "tensor_to_send_next", "recv_next", "recv_prev", "tensor_to_send_prev")),
+FAN_IN = (Target(MIMO_MODEL, "MimoModel._attach_modality_split_sizes", MIMO_MODEL, ("self", "encoder_name")),
+          Target(BRIDGE_COMM, "BridgeCommunicator._communicate_shapes", BRIDGE_COMM, ("self", "recv_prev")),
           Target(BRIDGE_COMM, "BridgeCommunicator._split_tensor_at_batch_dim", BRIDGE_COMM,
                  ("self", "aggregated_tensor", "num_splits")))
 SEQUENCE_PACK = "megatron.bridge.data.megatron_mimo.sequence_pack"
@@ -85,6 +85,7 @@ SEQUENCE_PACK = "megatron.bridge.data.megatron_mimo.sequence_pack"
 # Both names are looked up in the step's module globals at call time. mimo_accel replaces the
 # packer with its own (pad_multiple / tp alignment, validated lengths) and turns step packing on
 # when mimo_accel packing is on, so the feature acts without a dataset-config change.
+# mimo_accel's packer takes the batch and re-derives (and checks) the lengths upstream passes
 NATIVE_PACK = (Target(STEP, "pack_language_shard", SEQUENCE_PACK, ("data_batch", "lengths")),
                Target(STEP, "resolve_step_packing", STEP, ("dataset_cfg",)))
 CANONICAL = "megatron.bridge.data.megatron_mimo.canonical_sampler"
@@ -95,7 +96,7 @@ CANONICAL = "megatron.bridge.data.megatron_mimo.canonical_sampler"
 # step's globals at call time).
 CANONICAL_LOADER = _everywhere("build_canonical_mimo_data_loader", CANONICAL,
                                ("dataset", "consumed_samples", "dataloader_type", "micro_batch_size",
-                                "module_dp_sizes", "dp_rank", "dp_size"), LOADERS)
+                                "module_dp_sizes", "dp_rank", "dp_size", "drop_last", "data_sharding"), LOADERS)
 GET_BATCH = (Target(STEP, "get_batch", STEP, ("data_iterator",)),)
 
 

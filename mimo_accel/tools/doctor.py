@@ -14,21 +14,16 @@ from typing import Optional
 
 
 def _target_state(t) -> tuple[str, str]:
-    from mimo_accel.patching.engine import resolve
+    from mimo_accel.patching.engine import resolve, target_problem
 
     try:
         module = importlib.import_module(t.site)
     except Exception as exc:  # report, don't crash: this is a diagnosis
         return "missing", f"import failed: {type(exc).__name__}: {exc}"[:120]
-    try:
-        _, _, obj = resolve(module, t.name)
-    except AttributeError:
-        obj = None
-    if obj is None:
-        return "missing", "not found"
-    params = tuple(inspect.signature(obj).parameters)
-    if params[:len(t.params)] != t.params:
-        return "mismatch", f"params {params[:len(t.params)]} != {t.params}"
+    problem = target_problem(t, module)
+    if problem is not None:
+        return ("missing" if problem == "it does not exist" else "mismatch"), problem
+    _, _, obj = resolve(module, t.name)
     defined = getattr(inspect.unwrap(obj), "__module__", "?")
     return "ok", "defined here" if defined == t.site else f"bound from {_short(defined)}"
 
