@@ -1,8 +1,10 @@
 """The patch engine: enable/disable as a lifecycle, like OpenTelemetry's BaseInstrumentor.
 
 - The installed megatron-bridge *and* megatron-core versions are checked against the declared
-  shapes (targets.py) *before* anything is patched: a pair outside every shape is refused unless
-  ``MIMO_ACCEL_ALLOW_UNTESTED=1``, which picks the nearest shape and warns once. Every target of a
+  shapes (targets.py) *before* anything is patched: a newer patch release of a shape's releases is
+  accepted with one notice (its targets are checked as every shape's are); any other pair outside
+  every shape is refused unless ``MIMO_ACCEL_ALLOW_UNTESTED=1``, which picks the nearest shape and
+  warns once. Every target of a
   site is then validated before that site is patched, tested shape or not, and so is every
   private upstream name the enabled features read (``targets.INTERNALS``).
 - What to patch comes from one table, :mod:`mimo_accel.patching.registry`; each replacement is
@@ -58,7 +60,7 @@ class _State:
 _lock = threading.RLock()
 _swaps = SwapSet()
 _state = _State()
-_warned_untested: set = set()  # (bridge, core) pairs already warned about in this process
+_warned_untested: set = set()  # (bridge, core) pairs already warned about in this process (untested, patch)
 logger = logging.getLogger("mimo_accel")
 
 
@@ -105,6 +107,18 @@ def check_versions(m: T.Match) -> T.Shape:
                            "shape '%s'. Tested: %s", m.installed, "; ".join(m.problems),
                            T.ALLOW_UNTESTED_ENV, m.shape.name, T.SUPPORTED)
     return m.shape
+
+
+def _say_patch_release_once(m: T.Match) -> None:
+    """A newer patch release whose imported targets were all checked: one notice per process."""
+    key = (m.bridge, m.core)
+    if m.status != "patch" or key in _warned_untested:
+        return
+    _warned_untested.add(key)
+    logger.warning("mimo_accel: %s: %s; accepted as shape '%s' (%s, not this release) because every target "
+                   "mimo_accel patches has that shape, each checked before it is patched (a site imported "
+                   "later is checked at its import). mimo-accel doctor lists the targets.", m.installed,
+                   "; ".join(m.problems), m.shape.name, m.shape.support)
 
 
 def resolve(site_module, name: str):
@@ -258,6 +272,7 @@ def enable(cfg: AccelConfig) -> AccelConfig:
         _check_internals([i for mod, found in internals.items() if mod in sys.modules for i in found], m.installed)
         for site in now:
             _validate(site, _targets(by_site[site]), m.installed)
+        _say_patch_release_once(m)
         runtime = Runtime(cfg, shape)
         if cfg.profile is not None:
             from mimo_accel.runtime.profiling import Profiling

@@ -105,7 +105,11 @@ class Shape:
     """One supported upstream shape: the megatron-bridge and megatron-core versions it covers.
 
     The version lists are closed: a version that is not listed is *untested*, and ``enable()``
-    refuses it unless ``MIMO_ACCEL_ALLOW_UNTESTED=1``. A listed version without a local segment is
+    refuses it unless ``MIMO_ACCEL_ALLOW_UNTESTED=1`` — except a newer *patch release* of a listed
+    release's minor (megatron-bridge 0.6.3 beside 0.6.0-0.6.2, megatron-core 0.19.3 beside 0.19.x):
+    ``enable()`` accepts that with one notice, because every target it patches and every private
+    name it reads is still checked against this shape before anything is patched, and refused
+    there, naming the target, if it differs. A listed version without a local segment is
     a release (as on PyPI); one with a local segment (``0.7.0+067f987``) is a source build at that
     commit: Bridge and megatron-core append ``+<git rev-parse --short HEAD>`` to ``__version__``
     when built from a git checkout (7 or more hex digits: ``0.7.0+067f987df``, ``0.20.0+2a75ac12c5``
@@ -222,8 +226,10 @@ class Match:
     """How an installed (megatron-bridge, megatron-core) pair relates to the declared shapes.
 
     ``status``: "tested" / "declared" (inside a shape's lists; declared = not tested here),
-    "untested" (outside every shape; ``shape`` is then the nearest one), "missing" (a package is
-    not installed, or its version does not parse; ``shape`` is None).
+    "patch" (a newer patch release of a shape's listed releases, accepted when every target has the
+    shape: ``problems`` says which versions are new), "untested" (outside every shape; ``shape`` is
+    then the nearest one), "missing" (a package is not installed, or its version does not parse;
+    ``shape`` is None).
     """
 
     bridge: Optional[str]
@@ -252,6 +258,14 @@ def match(bridge: Optional[str], core: Optional[str]) -> Match:
     for shape in SHAPES:
         if any(_covers(b, Version(v)) for v in shape.bridge) and any(_covers(c, Version(v)) for v in shape.core):
             return Match(bridge, core, shape, "tested" if shape.tested_here else "declared")
+    for shape in SHAPES:
+        newer = [f"{name} {v} is a newer patch release than {', '.join(listed)}"
+                 for name, v, listed in (("megatron-bridge", b, shape.bridge), ("megatron-core", c, shape.core))
+                 if _newer_patch(v, listed)]
+        covered = [any(_covers(v, Version(x)) for x in listed) or _newer_patch(v, listed)
+                   for v, listed in ((b, shape.bridge), (c, shape.core))]
+        if newer and all(covered):
+            return Match(bridge, core, shape, "patch", tuple(newer))
     shape = nearest_shape(b)
     problems = []
     if not any(_covers(b, Version(v)) for v in shape.bridge):
@@ -259,6 +273,18 @@ def match(bridge: Optional[str], core: Optional[str]) -> Match:
     if not any(_covers(c, Version(v)) for v in shape.core):
         problems.append(f"megatron-core {core} is not one of {', '.join(shape.core)}")
     return Match(bridge, core, shape, "untested", tuple(problems))
+
+
+def _newer_patch(installed, listed) -> bool:
+    """Whether ``installed`` is a release (no pre-, dev- or local part) of a listed release's
+    major.minor, newer than every listed release of that minor."""
+    from packaging.version import Version
+
+    if installed.local is not None or installed.is_prerelease or installed.is_devrelease:
+        return False
+    same_minor = [Version(v) for v in listed if Version(v).local is None
+                  and Version(v).release[:2] == installed.release[:2]]
+    return bool(same_minor) and installed > max(same_minor)
 
 
 def nearest_shape(bridge) -> Shape:
