@@ -122,7 +122,7 @@ def _cases(runtime):
                           lambda out: out == (0, 1, True)),
         "pretraining loader": (
             lambda: dict(dataset=_samples(), consumed_samples=0, dataloader_type="single", micro_batch_size=4,
-                         data_parallel_size=1, drop_last=True, seed=None, data_sharding=True),
+                         data_parallel_size=1, drop_last=True, data_sharding=True),
             lambda got: DataLoader(got["dataset"], batch_size=got["micro_batch_size"]),
             # replica 1 of 2 reads the second half of each global micro-batch of 4
             lambda out: next(iter(out))["input_ids"][:, 0].tolist() == [2, 3]),

@@ -161,7 +161,7 @@ def test_doctor_lists_the_targets_that_differ(guard, monkeypatch, capsys):
                                             for d in info["differ"])
     assert doctor.main() == 1
     out = " ".join(capsys.readouterr().out.split())
-    assert "targets that differ from shape '0.6'" in out and "no parameter 'dp_rank'" in out
+    assert "what differs from shape '0.6'" in out and "no parameter 'dp_rank'" in out
 
 
 def test_allow_untested_rejects_an_unknown_value(guard, monkeypatch):

@@ -141,9 +141,10 @@ def signature_problem(obj, target: T.Target) -> Optional[str]:
         params = inspect.signature(obj).parameters
     except (TypeError, ValueError):
         return "its signature cannot be read"
-    named = {name for name, p in params.items()
-             if p.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)}
+    variadic = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+    named = {name for name, p in params.items() if p.kind not in variadic}
     missing = [name for name in target.params if name not in named]
+    missing += [name for name in target.optional if name in params and params[name].kind in variadic]
     if not missing:
         return None
     return (f"it has no parameter {', '.join(repr(n) for n in missing)} (mimo_accel reads {', '.join(target.params)}; "
@@ -357,8 +358,9 @@ def status() -> dict:
         patched = [s.where for s in _swaps]
         pending = sorted(s for s in _state.by_site if s not in _state.patched_sites)
         m = _state.match or T.match(*installed_versions())
+        acting = _state.runtime.config if _state.runtime is not None else _state.config
         return {
-            "active": _state.config.features(),
+            "active": acting.features(),  # a feature that stepped aside for upstream's own is off here
             "config": _state.config,
             "megatron_bridge": m.bridge,
             "megatron_core": m.core,

@@ -48,19 +48,23 @@ class Target:
     name: str  # "func" or "Class.method"
     origin: str  # module that defines it; the site's binding must be that very object
     params: tuple[str, ...]  # every parameter its replacement reads, by name (order and extras free)
+    # parameters it reads where upstream has them (None where it does not); checked when present
+    optional: tuple[str, ...] = ()
 
 
-def _everywhere(name: str, origin: str, params: tuple[str, ...], *sites: str) -> tuple[Target, ...]:
-    return tuple(Target(site, name, origin, params) for site in (origin, *sites))
+def _everywhere(name: str, origin: str, params: tuple[str, ...], *sites: str,
+                optional: tuple[str, ...] = ()) -> tuple[Target, ...]:
+    return tuple(Target(site, name, origin, params, optional) for site in (origin, *sites))
 
 
 SAMPLING_INFO = _everywhere("get_megatron_mimo_sampling_info", DP_UTILS,
                             ("megatron_mimo_cfg", "grids"), LOADERS, DATA_PKG)
-# the sharded loader's inputs, and the settings the data ranks compare before the first batch
+# the sharded loader's inputs, and the settings the data ranks compare before the first batch; the
+# sampler's seed is a parameter since 0.6 (PR #4608's older base has none: no seed to compare there)
 PRETRAINING_LOADER = _everywhere("build_pretraining_data_loader", SAMPLERS,
                                  ("dataset", "consumed_samples", "dataloader_type", "micro_batch_size",
-                                  "data_parallel_size", "drop_last", "seed", "data_sharding"),
-                                 LOADERS)
+                                  "data_parallel_size", "drop_last", "data_sharding"),
+                                 LOADERS, optional=("seed",))
 SLICE = _everywhere("slice_batch_for_megatron_mimo", DP_UTILS, ("batch", "dp_rank", "dp_size"),
                     STEP, DATA_PKG)
 MODULE_DP_INFO = (Target(STEP, "_get_module_dp_info", STEP, ("megatron_mimo_model",)),)

@@ -103,6 +103,11 @@ def _plan_check(ctx, what: str, check=None):
 
 # the sampler settings the data ranks compare (each a declared parameter of the target: targets.py)
 _SETTINGS = ("consumed_samples", "dataloader_type", "micro_batch_size", "drop_last", "seed", "data_sharding")
+_SOME_UPSTREAMS_LACK = ("seed",)  # declared optional in targets.py
+
+
+def _settings(a: UpstreamCall, names=_SETTINGS) -> list:
+    return [a.get(k) if k in _SOME_UPSTREAMS_LACK else a[k] for k in names]
 
 
 def wrap_pretraining_loader(original: Callable, runtime: Runtime) -> Callable:
@@ -129,7 +134,7 @@ def _share(loader, a: UpstreamCall, ctx, split: str, dp_group, runtime: Runtime)
     from mimo_accel.runtime import sampler
 
     cfg = runtime.config
-    plan = plan_for(a["dataset"], [a[k] for k in _SETTINGS], ctx, split, runtime)
+    plan = plan_for(a["dataset"], _settings(a), ctx, split, runtime)
     if cfg.reorder and cfg.reorder_mode == "exchange":
         from mimo_accel.runtime.exchange import exchange_shard_loader
         from mimo_accel.runtime.plan_check import FirstPlanCheck
@@ -179,7 +184,7 @@ def _canonical_share(loader, a: UpstreamCall, ctx, split: str, dp_group, runtime
     cfg = runtime.config
     if not cfg.reorder:
         return sampler.tagged_loader(loader, ctx, loader.batch_sampler)  # upstream's own shard
-    plan = plan_for(a["dataset"], [a[k] for k in _SETTINGS if k != "seed"], ctx, split, runtime)
+    plan = plan_for(a["dataset"], _settings(a, [k for k in _SETTINGS if k != "seed"]), ctx, split, runtime)
     if cfg.reorder_mode == "exchange":
         from mimo_accel.runtime.exchange import exchange_shard_loader
         from mimo_accel.runtime.plan_check import FirstPlanCheck

@@ -133,7 +133,6 @@ class Profiling:
 
     def __init__(self, runtime: Runtime):
         self.runtime = runtime
-        self.config = runtime.config
         self._lock = threading.Lock()
         self._recorder = None
         self._noted: set = set()  # notice keys already written into a step line
@@ -146,6 +145,11 @@ class Profiling:
         self._pending_counts: list = []
         self._plan_wait_s: Optional[float] = None  # this step's wait for its plans (planned batches only)
         self.metrics = None  # runtime.metrics.Metrics of the training run under way, if it logs
+
+    @property
+    def config(self) -> AccelConfig:
+        """What acts now: the runtime's config (a feature that stepped aside is off there)."""
+        return self.runtime.config
 
     def recorder(self):
         """This rank's Recorder, created on first use (needs torch.distributed to be initialised)."""

@@ -30,6 +30,7 @@ from mimo_accel.runtime import preflight
 from mimo_accel.runtime.shard import ShardContext, context_from_grids
 from mimo_accel.runtime.state import Runtime
 from mimo_accel.runtime.upstream_call import UpstreamCall, replacing
+from mimo_accel.runtime.upstream_reorder import step_aside_if_upstream_reorders
 
 # The order Bridge's builder makes the splits' datasets and loaders in.
 SPLITS = ("train", "validation", "test")
@@ -119,10 +120,12 @@ def _datasets_seen_by(scope: LoaderScope, provider: Any) -> Iterator[None]:
 
 
 def wrap_loader_builder(original: Callable, runtime: Runtime) -> Callable:
-    """Bridge's ``build_megatron_mimo_data_loaders``: the provider's configs checked
+    """Bridge's ``build_megatron_mimo_data_loaders``: upstream's own reorder asked for
+    (:mod:`mimo_accel.runtime.upstream_reorder`), the provider's configs checked
     (:mod:`mimo_accel.runtime.preflight`), then a loader scope that knows each dataset's split."""
     @replacing(original)
     def build_megatron_mimo_data_loaders(call: UpstreamCall):
+        step_aside_if_upstream_reorders(call["cfg"], runtime)
         preflight.check_provider(getattr(call["cfg"], "model", None), runtime)
         with loader_scope(runtime) as scope, _datasets_seen_by(scope, call["megatron_mimo_provider"]):
             return call.to(original)
@@ -137,9 +140,11 @@ def wrap_setup(original: Callable, runtime: Runtime) -> Callable:
     it for ``train_state``)."""
     @replacing(original)
     def setup_megatron_mimo(call: UpstreamCall):
-        # before the model is built: a module's config that disagrees with its grid, packing that
-        # context parallelism cannot split, reorder under a per-replica loss
-        preflight.check_provider(getattr(getattr(call["state"], "cfg", None), "model", None), runtime)
+        # before the model is built: a Bridge that reorders itself, a module's config that disagrees
+        # with its grid, packing that context parallelism cannot split, reorder under a per-replica loss
+        cfg = getattr(call["state"], "cfg", None)
+        step_aside_if_upstream_reorders(cfg, runtime)
+        preflight.check_provider(getattr(cfg, "model", None), runtime)
         build = call["build_data_iterators_fn"]
         if build is not None:
             @functools.wraps(build)

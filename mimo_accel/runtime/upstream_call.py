@@ -38,6 +38,13 @@ class UpstreamCall:
                                f"have {self._bound.signature}; declare it in mimo_accel/patching/targets.py")
         return param.default
 
+    def get(self, name: str) -> Any:
+        """A parameter some upstream versions lack (``optional`` in targets.py): its argument, its
+        default, or None where this function has no such parameter."""
+        if name not in self._bound.signature.parameters:
+            return None
+        return self[name]
+
     def passed(self) -> tuple[str, ...]:
         """The names of the arguments the caller passed (defaults left out)."""
         return tuple(self._bound.arguments)

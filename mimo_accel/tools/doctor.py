@@ -189,8 +189,8 @@ def main(log_path: Optional[str] = None) -> int:
     console.print(ft)
     console.print(f"third-party import output: {log}", highlight=False, soft_wrap=True)
     if info["differ"]:
-        console.print(f"[red]targets that differ from shape '{info['shape']}' (enable() refuses the features that "
-                      f"need them): {'; '.join(info['differ'])}[/red]", soft_wrap=True)
+        console.print(f"[red]what differs from shape '{info['shape']}' (enable() refuses the features that "
+                      f"need it): {'; '.join(info['differ'])}[/red]", soft_wrap=True)
     elif info["targets"]:
         console.print(f"every target has shape '{info['shape']}'", highlight=False)
     if info["missing"]:
