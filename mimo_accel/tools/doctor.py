@@ -187,12 +187,12 @@ def main(log_path: Optional[str] = None) -> int:
         ft.add_row(feature, "[green]yes[/green]" if ok else "[red]no[/red]",
                    "yes" if feature in info["active"] else "no")
     console.print(ft)
-    console.print(f"third-party import output: {log}", highlight=False, soft_wrap=True)
     if info["differ"]:
         console.print(f"[red]what differs from shape '{info['shape']}' (enable() refuses the features that "
                       f"need it): {'; '.join(info['differ'])}[/red]", soft_wrap=True)
     elif info["targets"]:
         console.print(f"every target has shape '{info['shape']}'", highlight=False)
+    console.print(f"third-party import output: {log}", highlight=False, soft_wrap=True)
     if info["missing"]:
         console.print(f"[red]missing: {'; '.join(info['missing'])}[/red]", soft_wrap=True)
         return 1
