@@ -69,9 +69,21 @@ def test_the_wheel_holds_the_package_its_data_and_the_license(installed):
     from mimo_accel import __version__
 
     for line in (f"Version: {__version__}", "License-Expression: Apache-2.0", "Requires-Python: >=3.12",
-                 'Requires-Dist: megatron-bridge<0.6.3,>=0.6.0; extra == "megatron"',
-                 'Requires-Dist: megatron-core<0.20,>=0.19.0; extra == "megatron"', "Requires-Dist: omegaconf>=2.3"):
+                 'Requires-Dist: megatron-bridge<0.7,>=0.6.0; extra == "megatron"',
+                 'Requires-Dist: megatron-core<0.20,>=0.19.0; extra == "megatron"', "Requires-Dist: omegaconf>=2.3",
+                 "Requires-Dist: packaging>=22", "Requires-Dist: torch>=2.6",
+                 "Classifier: Programming Language :: Python :: 3.12",
+                 "Project-URL: Megatron Bridge, https://github.com/NVIDIA-NeMo/Megatron-Bridge"):
         assert line in meta.splitlines(), line
+    from packaging.requirements import Requirement
+    from packaging.version import Version
+
+    import torch
+
+    # the torch requirement is a range the installed torch meets: pip never replaces it
+    (torch_req,) = [Requirement(l.split(": ", 1)[1]) for l in meta.splitlines()
+                    if l.startswith("Requires-Dist: torch")]
+    assert torch_req.specifier and torch_req.specifier.contains(Version(torch.__version__).public)
 
 
 def test_the_installed_cli_runs_from_the_target(installed):
@@ -97,3 +109,101 @@ def test_the_installed_cli_runs_from_the_target(installed):
     spec = _from_target(target, "-c", "import importlib.util as u; "
                                       "print(u.find_spec('mimo_accel.rehearse.bridge_script').origin)")
     assert spec.returncode == 0 and Path(spec.stdout.strip()).is_relative_to(target), spec.stderr
+
+
+# -- a fresh environment: the wheel and its declared dependencies beside torch, and nothing else --
+
+
+def _linked_torch(site: Path) -> list[str]:
+    """Link the torch this test runs with (and what torch itself requires) into ``site``: a fresh
+    environment that holds torch only, in seconds instead of unpacking a torch wheel."""
+    from importlib import metadata
+    from packaging.requirements import Requirement
+
+    linked, todo = [], ["torch"]
+    while todo:
+        dist = metadata.distribution(todo.pop())
+        name = dist.metadata["Name"]
+        if name in linked:
+            continue
+        linked.append(name)
+        root = Path(dist.locate_file(""))
+        for top in {Path(str(f)).parts[0] for f in dist.files or ()} - {"..", "__pycache__"}:
+            if not (site / top).exists():
+                (site / top).symlink_to(root / top)
+        for raw in dist.requires or ():
+            req = Requirement(raw)
+            if req.marker is None or req.marker.evaluate({"extra": ""}):
+                todo.append(req.name)
+    return linked
+
+
+@pytest.fixture(scope="module")
+def fresh(installed, tmp_path_factory):
+    """A venv with torch (linked) and the wheel installed by pip with its declared dependencies."""
+    wheel = installed[0]
+    venv = tmp_path_factory.mktemp("fresh") / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    python = venv / "bin" / "python"
+    site = Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                               capture_output=True, text=True, check=True, timeout=60).stdout.strip())
+    linked = _linked_torch(site)
+    # this test's pip installs into the fresh venv (--python): the venv needs no pip of its own
+    into = ("--python", str(python), "install")
+    if PY_FLAGS:  # Python 3.11: the wheel's own Requires-Python set aside, its dependencies resolved as declared
+        _pip(*into, *_declared_requirements(wheel), cwd=venv.parent)
+        _pip(*into, "--no-deps", *PY_FLAGS, str(wheel), cwd=venv.parent)
+    else:
+        _pip(*into, str(wheel), cwd=venv.parent)
+    return venv, linked
+
+
+def _declared_requirements(wheel: Path) -> list[str]:
+    """The wheel's Requires-Dist without an extra: what ``pip install <wheel>`` installs."""
+    from packaging.requirements import Requirement
+
+    with zipfile.ZipFile(wheel) as z:
+        meta = z.read(next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))).decode()
+    reqs = [Requirement(l.split(": ", 1)[1]) for l in meta.splitlines() if l.startswith("Requires-Dist: ")]
+    return [str(r) for r in reqs if r.marker is None or r.marker.evaluate({"extra": ""})]
+
+
+def _in_fresh(venv: Path, *args: str, env_extra=None) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MIMO_ACCEL") and k != "PYTHONPATH"}
+    env.update(env_extra or {})
+    return subprocess.run(list(args), cwd=venv.parent, env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_a_fresh_environment_runs_the_cli_and_names_the_missing_megatron(fresh):
+    venv, linked = fresh
+    python, cli = str(venv / "bin" / "python"), str(venv / "bin" / "mimo-accel")
+    assert "torch" in linked and not {"numpy", "packaging", "wrapt", "rich"} & set(linked)
+    listed = _in_fresh(venv, python, "-c", "import importlib.metadata as m; print(sorted(d.metadata['Name'].lower() "
+                                            "for d in m.distributions()))").stdout
+    assert "megatron-bridge" not in listed and "packaging" in listed and "mimo-accel" in listed
+    from mimo_accel import __version__
+
+    version = _in_fresh(venv, cli, "--version")
+    assert version.returncode == 0 and version.stdout.strip() == f"mimo-accel {__version__}", version.stderr
+    sim = _in_fresh(venv, cli, "simulate", "--workload", "receipts", "--dp", "2,4", "--steps", "3")
+    assert sim.returncode == 0 and "simulated in" in sim.stdout, sim.stderr[-3000:]
+    doctor = _in_fresh(venv, cli, "doctor")
+    assert doctor.returncode == 1 and "Traceback" not in doctor.stderr + doctor.stdout, doctor.stderr[-3000:]
+    missing = [l for l in doctor.stdout.splitlines() if l.startswith("missing:")]
+    assert len(missing) == 1 and "megatron-bridge and megatron-core" in missing[0], doctor.stdout[-2000:]
+    # enable() in a script: one PatchError line naming both packages, nothing else raised
+    enable = _in_fresh(venv, python, "-c", "import mimo_accel\nfrom mimo_accel.patching.engine import PatchError\n"
+                                           "try:\n    mimo_accel.enable(sharded_reads=True)\n"
+                                           "except PatchError as exc:\n    print(exc)")
+    assert enable.returncode == 0 and "Traceback" not in enable.stderr, enable.stderr[-3000:]
+    (line,) = enable.stdout.splitlines()
+    assert "megatron-bridge is not installed; megatron-core is not installed" in line
+    # enable() from the environment (mimo-accel run's bootstrap): one line, exit 2, before the script
+    env = _in_fresh(venv, cli, "env", "--features", "shard")
+    assert env.returncode == 0, env.stderr
+    exports = dict(l[len("export "):].split("=", 1) for l in env.stdout.splitlines() if l.startswith("export "))
+    run = _in_fresh(venv, python, "-c", "print('the script ran')",
+                    env_extra={k: v.strip("'\"") for k, v in exports.items()})
+    assert run.returncode == 2 and "the script ran" not in run.stdout and "Traceback" not in run.stderr, run.stderr
+    (error,) = run.stderr.splitlines()
+    assert error.startswith("mimo_accel: error:") and "megatron-bridge is not installed" in error

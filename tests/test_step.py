@@ -49,7 +49,7 @@ def test_the_rank_upstream_passes_to_the_slice_carries_the_role():
     role = step.StepRole(True, False, True, 2)
     runtime = Runtime(AccelConfig(packing=True))
     model = type("Model", (), {"role": None})()
-    dp_info = step.wrap_module_dp_info(lambda m: (3, 4), runtime)
+    dp_info = step.wrap_module_dp_info(lambda megatron_mimo_model: (3, 4), runtime)
     dp_rank, dp_size = dp_info(model)
     assert (dp_rank, dp_size) == (3, 4) and dp_rank * 2 == 6 and isinstance(dp_rank, int)
     assert dp_rank.role is None  # a model without a MIMO role
@@ -95,7 +95,7 @@ def test_under_scalable_reads_get_batch_takes_the_tag_checks_and_records_it():
     batches = iter([{"input_ids": torch.zeros(2, 4), SHARD_TAG_KEY: _scalable_tag(1)},
                     {"input_ids": torch.zeros(2, 4), SHARD_TAG_KEY: _scalable_tag(0)},
                     {"input_ids": torch.zeros(4, 4), SHARD_TAG_KEY: ShardTag("vision", 1, 2, 2, 2)}])
-    get_batch = step.wrap_get_batch(lambda it: next(it), runtime)
+    get_batch = step.wrap_get_batch(lambda data_iterator: next(data_iterator), runtime)
 
     batch = get_batch(batches)
     assert SHARD_TAG_KEY not in batch  # the model never sees it

@@ -4,6 +4,8 @@ MIMO_ACCEL_ALLOW_UNTESTED=1; and the main shape's own packer (simulated on the i
 from __future__ import annotations
 
 import logging
+import os
+import subprocess
 import sys
 import types
 
@@ -58,7 +60,12 @@ def _bindings():
     ("0.6.0", "0.19.0", "tested", "0.6"),
     ("0.7.0+067f987", "0.20.0+2a75ac1", "tested", "main"),
     ("0.7.0+067f987df", "0.20.0+2a75ac12c5", "tested", "main"),  # longer abbreviations
-    ("0.6.3", "0.19.2", "untested", "0.6"),  # a future patch release is not assumed to fit
+    ("0.6.3", "0.19.2", "patch", "0.6"),  # a newer patch release: accepted where its targets fit
+    ("0.6.2", "0.19.3", "patch", "0.6"),
+    ("0.6.4", "0.19.7", "patch", "0.6"),
+    ("0.6.3rc1", "0.19.2", "untested", "0.6"),  # a pre-release is not a release
+    ("0.6.3+abcdef1", "0.19.2", "untested", "0.6"),  # nor is a source build
+    ("0.6.3", "0.20.0", "untested", "0.6"),  # a newer minor is not a patch release
     ("0.6.2", "0.20.0", "untested", "0.6"),
     ("0.6.2", "0.19.2+abcdef1", "untested", "0.6"),  # a source build is not the release
     ("0.6.0+1234abc", "0.19.2", "untested", "0.6"),  # main between June and August reported 0.6.0
@@ -73,7 +80,7 @@ def _bindings():
 def test_match_is_closed_over_both_packages(bridge, core, status, shape):
     m = T.match(bridge, core)
     assert (m.status, m.shape.name) == (status, shape)
-    assert bool(m.problems) == (status == "untested")
+    assert bool(m.problems) == (status in ("untested", "patch"))
 
 
 def test_match_without_a_package():
@@ -84,7 +91,7 @@ def test_match_without_a_package():
 # -- enable() ------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("bridge, core, named", [("0.6.3", "0.19.2", "megatron-bridge 0.6.3 is not one of"),
+@pytest.mark.parametrize("bridge, core, named", [("0.6.3rc1", "0.19.2", "megatron-bridge 0.6.3rc1 is not one of"),
                                                  ("0.6.2", "0.20.0", "megatron-core 0.20.0 is not one of")])
 def test_untested_bridge_or_core_is_refused_before_anything_is_patched(guard, bridge, core, named):
     before = _bindings()
@@ -102,7 +109,7 @@ def test_untested_bridge_or_core_is_refused_before_anything_is_patched(guard, br
 
 
 def test_allow_untested_uses_the_nearest_shape_and_warns_once(guard, monkeypatch, caplog):
-    guard("0.6.3", "0.19.3")
+    guard("0.6.3rc1", "0.19.3")
     monkeypatch.setenv(ENV, "1")
     with caplog.at_level(logging.WARNING, logger="mimo_accel"):
         mimo_accel.enable(sharded_reads=True)
@@ -110,9 +117,51 @@ def test_allow_untested_uses_the_nearest_shape_and_warns_once(guard, monkeypatch
         mimo_accel.enable(sharded_reads=True, packing=True)
     st = mimo_accel.status()
     assert st["shape"] == "0.6" and st["support"] == "untested" and st["patched"]
-    assert (st["megatron_bridge"], st["megatron_core"]) == ("0.6.3", "0.19.3")
+    assert (st["megatron_bridge"], st["megatron_core"]) == ("0.6.3rc1", "0.19.3")
     warnings = [r.getMessage() for r in caplog.records if "untested" in r.getMessage()]
-    assert len(warnings) == 1 and "0.6.3" in warnings[0] and "0.19.3" in warnings[0] and "'0.6'" in warnings[0]
+    assert len(warnings) == 1 and "0.6.3rc1" in warnings[0] and "0.19.3" in warnings[0] and "'0.6'" in warnings[0]
+
+
+def test_a_newer_patch_release_is_accepted_with_one_notice(guard, caplog):
+    guard("0.6.3", "0.19.2")
+    with caplog.at_level(logging.WARNING, logger="mimo_accel"):
+        mimo_accel.enable(sharded_reads=True)
+        mimo_accel.enable(sharded_reads=True, packing=True)
+    st = mimo_accel.status()
+    assert st["support"] == "patch" and st["shape"] == "0.6" and st["patched"]
+    notices = [r.getMessage() for r in caplog.records if "newer patch release" in r.getMessage()]
+    assert len(notices) == 1 and "megatron-bridge 0.6.3" in notices[0] and "shape '0.6'" in notices[0]
+
+
+def _rename_first_parameter_of_the_slice(monkeypatch):
+    dp_utils, loaders, step = _sites()
+
+    def slice_batch_for_megatron_mimo(batch, rank, dp_size):  # what a patch release could change
+        return batch
+
+    for module in (dp_utils, step, sys.modules[T.DATA_PKG]):
+        monkeypatch.setattr(module, "slice_batch_for_megatron_mimo", slice_batch_for_megatron_mimo)
+
+
+def test_a_newer_patch_release_whose_target_differs_is_refused_naming_it(guard, monkeypatch):
+    guard("0.6.3", "0.19.2")
+    _rename_first_parameter_of_the_slice(monkeypatch)
+    with pytest.raises(PatchError, match=r"slice_batch_for_megatron_mimo: it has no parameter 'dp_rank'.*"
+                                         r"megatron-bridge 0\.6\.3"):
+        mimo_accel.enable(sharded_reads=True)
+    assert mimo_accel.status()["patched"] == []
+
+
+def test_doctor_lists_the_targets_that_differ(guard, monkeypatch, capsys):
+    guard("0.6.3", "0.19.2")
+    _rename_first_parameter_of_the_slice(monkeypatch)
+    info = doctor.collect()
+    assert info["support"].startswith("newer patch release") and not info["refused"]
+    assert len(info["differ"]) == 3 and all("slice_batch_for_megatron_mimo: it has no parameter 'dp_rank'" in d
+                                            for d in info["differ"])
+    assert doctor.main() == 1
+    out = " ".join(capsys.readouterr().out.split())
+    assert "what differs from shape '0.6'" in out and "no parameter 'dp_rank'" in out
 
 
 def test_allow_untested_rejects_an_unknown_value(guard, monkeypatch):
@@ -147,6 +196,15 @@ def test_doctor_shows_versions_and_the_match(guard, monkeypatch, capsys, bridge,
     assert doctor.main() == rc
     out = capsys.readouterr().out
     assert support.split(",")[0] in out and core in out
+
+
+def test_doctor_without_torch_says_what_is_missing():
+    code = ("import sys; sys.modules['torch'] = None  # as if torch were not installed\n"
+            "from mimo_accel.tools import cli; sys.exit(cli.main(['doctor']))")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MIMO_ACCEL")}
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert "missing: torch (install the build for this machine first" in " ".join(proc.stdout.split())
 
 
 # -- the main shape, simulated on the installed 0.6.2 --------------------------------------------
@@ -242,6 +300,6 @@ def test_main_shape_refuses_a_mismatched_packer_signature(main_shape, monkeypatc
 
     monkeypatch.setattr(step, "pack_language_shard", pack_language_shard)
     sys.modules[T.SEQUENCE_PACK].pack_language_shard = pack_language_shard
-    with pytest.raises(PatchError, match=r"pack_language_shard: expected parameters \('data_batch', 'lengths'\)"):
+    with pytest.raises(PatchError, match=r"pack_language_shard: it has no parameter 'data_batch'"):
         mimo_accel.enable(packing=True)
     assert mimo_accel.status()["patched"] == []

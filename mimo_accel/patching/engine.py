@@ -1,8 +1,10 @@
 """The patch engine: enable/disable as a lifecycle, like OpenTelemetry's BaseInstrumentor.
 
 - The installed megatron-bridge *and* megatron-core versions are checked against the declared
-  shapes (targets.py) *before* anything is patched: a pair outside every shape is refused unless
-  ``MIMO_ACCEL_ALLOW_UNTESTED=1``, which picks the nearest shape and warns once. Every target of a
+  shapes (targets.py) *before* anything is patched: a newer patch release of a shape's releases is
+  accepted with one notice (its targets are checked as every shape's are); any other pair outside
+  every shape is refused unless ``MIMO_ACCEL_ALLOW_UNTESTED=1``, which picks the nearest shape and
+  warns once. Every target of a
   site is then validated before that site is patched, tested shape or not, and so is every
   private upstream name the enabled features read (``targets.INTERNALS``).
 - What to patch comes from one table, :mod:`mimo_accel.patching.registry`; each replacement is
@@ -58,7 +60,7 @@ class _State:
 _lock = threading.RLock()
 _swaps = SwapSet()
 _state = _State()
-_warned_untested: set = set()  # (bridge, core) pairs already warned about in this process
+_warned_untested: set = set()  # (bridge, core) pairs already warned about in this process (untested, patch)
 logger = logging.getLogger("mimo_accel")
 
 
@@ -107,6 +109,18 @@ def check_versions(m: T.Match) -> T.Shape:
     return m.shape
 
 
+def _say_patch_release_once(m: T.Match) -> None:
+    """A newer patch release whose imported targets were all checked: one notice per process."""
+    key = (m.bridge, m.core)
+    if m.status != "patch" or key in _warned_untested:
+        return
+    _warned_untested.add(key)
+    logger.warning("mimo_accel: %s: %s; accepted as shape '%s' (%s, not this release) because every target "
+                   "mimo_accel patches has that shape, each checked before it is patched (a site imported "
+                   "later is checked at its import). mimo-accel doctor lists the targets.", m.installed,
+                   "; ".join(m.problems), m.shape.name, m.shape.support)
+
+
 def resolve(site_module, name: str):
     """(owner, attribute, current object) for ``name`` ('func' or 'Class.method') in a module."""
     owner = site_module
@@ -118,31 +132,51 @@ def resolve(site_module, name: str):
     return owner, attr, obj
 
 
+def signature_problem(obj, target: T.Target) -> Optional[str]:
+    """Why ``obj`` lacks a parameter the target's replacement reads, by name (None: it has them all).
+
+    The replacements bind every call through upstream's own signature and pass it on whole, so
+    parameter order and parameters mimo_accel does not read are upstream's business."""
+    try:
+        params = inspect.signature(obj).parameters
+    except (TypeError, ValueError):
+        return "its signature cannot be read"
+    variadic = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+    named = {name for name, p in params.items() if p.kind not in variadic}
+    missing = [name for name in target.params if name not in named]
+    missing += [name for name in target.optional if name in params and params[name].kind in variadic]
+    if not missing:
+        return None
+    return (f"it has no parameter {', '.join(repr(n) for n in missing)} (mimo_accel reads {', '.join(target.params)}; "
+            f"found ({', '.join(params)}))")
+
+
+def target_problem(target: T.Target, module) -> Optional[str]:
+    """Why a target in an imported site module is not the shape mimo_accel patches (None: it is)."""
+    try:
+        _, _, obj = resolve(module, target.name)
+    except AttributeError:
+        obj = None
+    if obj is None:
+        return "it does not exist"
+    origin = sys.modules.get(target.origin)
+    if origin is not None and origin is not module:
+        try:
+            _, _, defined = resolve(origin, target.name)
+        except AttributeError:
+            defined = None
+        if obj is not defined:
+            return f"it is not the function {target.origin} defines (something else replaced it)"
+    return signature_problem(obj, target)
+
+
 def _validate(site: str, targets: list[T.Target], installed: str) -> None:
     module = sys.modules[site]
     for t in targets:
-        where = f"{site}.{t.name}"
-        try:
-            _, _, obj = resolve(module, t.name)
-        except AttributeError:
-            obj = None
-        if obj is None:
-            raise PatchError(f"mimo_accel cannot patch {where}: it does not exist in {installed}. "
-                             f"Supported: {T.SUPPORTED}. Install a supported release or "
-                             "turn the feature off; nothing was patched.")
-        origin = sys.modules.get(t.origin)
-        if origin is not None and origin is not module:
-            _, _, defined = resolve(origin, t.name)
-            if obj is not defined:
-                raise PatchError(f"mimo_accel cannot patch {where}: it is no longer the function "
-                                 f"{t.origin} defines (something else replaced it). Nothing was patched.")
-        try:
-            params = tuple(inspect.signature(obj).parameters)
-        except (TypeError, ValueError):
-            params = ()
-        if params[:len(t.params)] != t.params:
-            raise PatchError(f"mimo_accel cannot patch {where}: expected parameters {t.params}, found "
-                             f"{params} in {installed}. Supported: {T.SUPPORTED}. "
+        problem = target_problem(t, module)
+        if problem is not None:
+            raise PatchError(f"mimo_accel cannot patch {site}.{t.name}: {problem}, in {installed}. "
+                             f"Supported: {T.SUPPORTED}. Install a supported release or turn the feature off. "
                              "Nothing was patched.")
 
 
@@ -239,6 +273,7 @@ def enable(cfg: AccelConfig) -> AccelConfig:
         _check_internals([i for mod, found in internals.items() if mod in sys.modules for i in found], m.installed)
         for site in now:
             _validate(site, _targets(by_site[site]), m.installed)
+        _say_patch_release_once(m)
         runtime = Runtime(cfg, shape)
         if cfg.profile is not None:
             from mimo_accel.runtime.profiling import Profiling
@@ -323,8 +358,9 @@ def status() -> dict:
         patched = [s.where for s in _swaps]
         pending = sorted(s for s in _state.by_site if s not in _state.patched_sites)
         m = _state.match or T.match(*installed_versions())
+        acting = _state.runtime.config if _state.runtime is not None else _state.config
         return {
-            "active": _state.config.features(),
+            "active": acting.features(),  # a feature that stepped aside for upstream's own is off here
             "config": _state.config,
             "megatron_bridge": m.bridge,
             "megatron_core": m.core,

@@ -4,7 +4,9 @@ A *target* is one name bound in one module. Upstream binds several functions by 
 than one module (``from ... import name``), so each function is listed at every binding site: the
 defining module, the modules that imported it by name, and the package re-export. Before anything
 is patched, every target of a site is checked: present, the same object as the defining one, and
-with the expected leading parameters.
+with every parameter its replacement reads, by name (the replacements bind each call through
+upstream's own signature and pass it on whole, so a parameter upstream adds is carried through;
+one mimo_accel reads that upstream renamed or dropped is refused before anything is patched).
 
 References (NVIDIA-NeMo/Megatron-Bridge):
 - src/megatron/bridge/data/megatron_mimo/dp_utils.py: get_megatron_mimo_sampling_info,
@@ -45,37 +47,39 @@ class Target:
     site: str  # module where the name is bound (and patched)
     name: str  # "func" or "Class.method"
     origin: str  # module that defines it; the site's binding must be that very object
-    params: tuple[str, ...]  # expected leading parameter names
+    params: tuple[str, ...]  # every parameter its replacement reads, by name (order and extras free)
+    # parameters it reads where upstream has them (None where it does not); checked when present
+    optional: tuple[str, ...] = ()
 
 
-def _everywhere(name: str, origin: str, params: tuple[str, ...], *sites: str) -> tuple[Target, ...]:
-    return tuple(Target(site, name, origin, params) for site in (origin, *sites))
+def _everywhere(name: str, origin: str, params: tuple[str, ...], *sites: str,
+                optional: tuple[str, ...] = ()) -> tuple[Target, ...]:
+    return tuple(Target(site, name, origin, params, optional) for site in (origin, *sites))
 
 
 SAMPLING_INFO = _everywhere("get_megatron_mimo_sampling_info", DP_UTILS,
                             ("megatron_mimo_cfg", "grids"), LOADERS, DATA_PKG)
+# the sharded loader's inputs, and the settings the data ranks compare before the first batch; the
+# sampler's seed is a parameter since 0.6 (PR #4608's older base has none: no seed to compare there)
 PRETRAINING_LOADER = _everywhere("build_pretraining_data_loader", SAMPLERS,
-                                 ("dataset", "consumed_samples", "dataloader_type", "micro_batch_size"),
-                                 LOADERS)
+                                 ("dataset", "consumed_samples", "dataloader_type", "micro_batch_size",
+                                  "data_parallel_size", "drop_last", "data_sharding"),
+                                 LOADERS, optional=("seed",))
 SLICE = _everywhere("slice_batch_for_megatron_mimo", DP_UTILS, ("batch", "dp_rank", "dp_size"),
                     STEP, DATA_PKG)
 MODULE_DP_INFO = (Target(STEP, "_get_module_dp_info", STEP, ("megatron_mimo_model",)),)
-LOADER_BUILDER = _everywhere("build_megatron_mimo_data_loaders", LOADERS,
-                             ("cfg", "train_state", "megatron_mimo_provider"), DATA_PKG)
+LOADER_BUILDER = _everywhere("build_megatron_mimo_data_loaders", LOADERS, ("cfg", "megatron_mimo_provider"),
+                             DATA_PKG)
 SETUP_ENTRY = (Target(PRETRAIN, "setup_megatron_mimo", SETUP, ("state", "build_data_iterators_fn")),)
 # the profiler's metrics take Bridge's GlobalState (its logger config and writers) from global_state
-TRAIN_ENTRY = (Target(PRETRAIN, "train_megatron_mimo", TRAIN,
-                      ("forward_step_func", "model", "optimizer", "schedulers", "train_data_iterator",
-                       "valid_data_iterator", "global_state")),)
+TRAIN_ENTRY = (Target(PRETRAIN, "train_megatron_mimo", TRAIN, ("global_state",)),)
 ENCODE = (Target(MIMO_SUBMODULES, "ModalitySubmodules.encode", MIMO_SUBMODULES,
                  ("self", "encoders_data_batch")),)
 OPTIMIZER_STEP = (Target(MIMO_OPTIMIZER, "MimoOptimizer.step", MIMO_OPTIMIZER, ("self",)),)
 MIMO_MODEL = "megatron.core.models.mimo.model.base"
 BRIDGE_COMM = "megatron.core.pipeline_parallel.bridge_communicator"
-FAN_IN = (Target(MIMO_MODEL, "MimoModel._attach_modality_split_sizes", MIMO_MODEL,
-                 ("self", "output", "input_ids", "encoder_name")),
-          Target(BRIDGE_COMM, "BridgeCommunicator._communicate_shapes", BRIDGE_COMM,
-                 ("self", "tensor_to_send_next", "recv_next", "recv_prev", "tensor_to_send_prev")),
+FAN_IN = (Target(MIMO_MODEL, "MimoModel._attach_modality_split_sizes", MIMO_MODEL, ("self", "encoder_name")),
+          Target(BRIDGE_COMM, "BridgeCommunicator._communicate_shapes", BRIDGE_COMM, ("self", "recv_prev")),
           Target(BRIDGE_COMM, "BridgeCommunicator._split_tensor_at_batch_dim", BRIDGE_COMM,
                  ("self", "aggregated_tensor", "num_splits")))
 SEQUENCE_PACK = "megatron.bridge.data.megatron_mimo.sequence_pack"
@@ -85,6 +89,7 @@ SEQUENCE_PACK = "megatron.bridge.data.megatron_mimo.sequence_pack"
 # Both names are looked up in the step's module globals at call time. mimo_accel replaces the
 # packer with its own (pad_multiple / tp alignment, validated lengths) and turns step packing on
 # when mimo_accel packing is on, so the feature acts without a dataset-config change.
+# mimo_accel's packer takes the batch and re-derives (and checks) the lengths upstream passes
 NATIVE_PACK = (Target(STEP, "pack_language_shard", SEQUENCE_PACK, ("data_batch", "lengths")),
                Target(STEP, "resolve_step_packing", STEP, ("dataset_cfg",)))
 CANONICAL = "megatron.bridge.data.megatron_mimo.canonical_sampler"
@@ -95,7 +100,7 @@ CANONICAL = "megatron.bridge.data.megatron_mimo.canonical_sampler"
 # step's globals at call time).
 CANONICAL_LOADER = _everywhere("build_canonical_mimo_data_loader", CANONICAL,
                                ("dataset", "consumed_samples", "dataloader_type", "micro_batch_size",
-                                "module_dp_sizes", "dp_rank", "dp_size"), LOADERS)
+                                "module_dp_sizes", "dp_rank", "dp_size", "drop_last", "data_sharding"), LOADERS)
 GET_BATCH = (Target(STEP, "get_batch", STEP, ("data_iterator",)),)
 
 
@@ -104,7 +109,11 @@ class Shape:
     """One supported upstream shape: the megatron-bridge and megatron-core versions it covers.
 
     The version lists are closed: a version that is not listed is *untested*, and ``enable()``
-    refuses it unless ``MIMO_ACCEL_ALLOW_UNTESTED=1``. A listed version without a local segment is
+    refuses it unless ``MIMO_ACCEL_ALLOW_UNTESTED=1`` — except a newer *patch release* of a listed
+    release's minor (megatron-bridge 0.6.3 beside 0.6.0-0.6.2, megatron-core 0.19.3 beside 0.19.x):
+    ``enable()`` accepts that with one notice, because every target it patches and every private
+    name it reads is still checked against this shape before anything is patched, and refused
+    there, naming the target, if it differs. A listed version without a local segment is
     a release (as on PyPI); one with a local segment (``0.7.0+067f987``) is a source build at that
     commit: Bridge and megatron-core append ``+<git rev-parse --short HEAD>`` to ``__version__``
     when built from a git checkout (7 or more hex digits: ``0.7.0+067f987df``, ``0.20.0+2a75ac12c5``
@@ -221,8 +230,10 @@ class Match:
     """How an installed (megatron-bridge, megatron-core) pair relates to the declared shapes.
 
     ``status``: "tested" / "declared" (inside a shape's lists; declared = not tested here),
-    "untested" (outside every shape; ``shape`` is then the nearest one), "missing" (a package is
-    not installed, or its version does not parse; ``shape`` is None).
+    "patch" (a newer patch release of a shape's listed releases, accepted when every target has the
+    shape: ``problems`` says which versions are new), "untested" (outside every shape; ``shape`` is
+    then the nearest one), "missing" (a package is not installed, or its version does not parse;
+    ``shape`` is None).
     """
 
     bridge: Optional[str]
@@ -251,6 +262,14 @@ def match(bridge: Optional[str], core: Optional[str]) -> Match:
     for shape in SHAPES:
         if any(_covers(b, Version(v)) for v in shape.bridge) and any(_covers(c, Version(v)) for v in shape.core):
             return Match(bridge, core, shape, "tested" if shape.tested_here else "declared")
+    for shape in SHAPES:
+        newer = [f"{name} {v} is a newer patch release than {', '.join(listed)}"
+                 for name, v, listed in (("megatron-bridge", b, shape.bridge), ("megatron-core", c, shape.core))
+                 if _newer_patch(v, listed)]
+        covered = [any(_covers(v, Version(x)) for x in listed) or _newer_patch(v, listed)
+                   for v, listed in ((b, shape.bridge), (c, shape.core))]
+        if newer and all(covered):
+            return Match(bridge, core, shape, "patch", tuple(newer))
     shape = nearest_shape(b)
     problems = []
     if not any(_covers(b, Version(v)) for v in shape.bridge):
@@ -258,6 +277,18 @@ def match(bridge: Optional[str], core: Optional[str]) -> Match:
     if not any(_covers(c, Version(v)) for v in shape.core):
         problems.append(f"megatron-core {core} is not one of {', '.join(shape.core)}")
     return Match(bridge, core, shape, "untested", tuple(problems))
+
+
+def _newer_patch(installed, listed) -> bool:
+    """Whether ``installed`` is a release (no pre-, dev- or local part) of a listed release's
+    major.minor, newer than every listed release of that minor."""
+    from packaging.version import Version
+
+    if installed.local is not None or installed.is_prerelease or installed.is_devrelease:
+        return False
+    same_minor = [Version(v) for v in listed if Version(v).local is None
+                  and Version(v).release[:2] == installed.release[:2]]
+    return bool(same_minor) and installed > max(same_minor)
 
 
 def nearest_shape(bridge) -> Shape:

@@ -24,13 +24,11 @@ order), and every pop is checked against the gradient's rows.
 from __future__ import annotations
 
 import collections
-import functools
 from typing import Callable
-
-import torch
 
 from mimo_accel.modules import LANGUAGE
 from mimo_accel.runtime.state import Runtime
+from mimo_accel.runtime.upstream_call import UpstreamCall, replacing
 
 
 def _queue(runtime: Runtime, bridge) -> collections.deque:
@@ -58,33 +56,35 @@ def _is_fan_in(mimo_model, encoder_name: str) -> bool:
 
 
 def wrap_attach_split_sizes(original: Callable, runtime: Runtime) -> Callable:
-    @functools.wraps(original)
-    def _attach_modality_split_sizes(self, output, input_ids, encoder_name):
-        if _is_fan_in(self, encoder_name):
+    @replacing(original)
+    def _attach_modality_split_sizes(call: UpstreamCall):
+        if _is_fan_in(call["self"], call["encoder_name"]):
             return None  # one peer receives the whole tensor: no split, nothing to assert
-        return original(self, output, input_ids, encoder_name)
+        return call.to(original)
 
     return _attach_modality_split_sizes
 
 
 def wrap_communicate_shapes(original: Callable, runtime: Runtime) -> Callable:
-    @functools.wraps(original)
-    def _communicate_shapes(self, tensor_to_send_next=None, recv_next=False, recv_prev=False,
-                            tensor_to_send_prev=None):
-        forward_shapes, grad_shapes = original(self, tensor_to_send_next, recv_next, recv_prev,
-                                               tensor_to_send_prev)
+    import torch
+
+    @replacing(original)
+    def _communicate_shapes(call: UpstreamCall):
+        forward_shapes, grad_shapes = call.to(original)
         # Only a receiving leader gets shapes back; a fan-in leader gets more than one.
-        if recv_prev and len(forward_shapes) > 1 and torch.is_grad_enabled():
-            dim = self._batch_dim
-            _queue(runtime, self).append([int(shape[dim]) for shape in forward_shapes])
+        if call["recv_prev"] and len(forward_shapes) > 1 and torch.is_grad_enabled():
+            bridge = call["self"]
+            dim = bridge._batch_dim
+            _queue(runtime, bridge).append([int(shape[dim]) for shape in forward_shapes])
         return forward_shapes, grad_shapes
 
     return _communicate_shapes
 
 
 def wrap_split_at_batch_dim(original: Callable, runtime: Runtime) -> Callable:
-    @functools.wraps(original)
-    def _split_tensor_at_batch_dim(self, aggregated_tensor, num_splits):
+    @replacing(original)
+    def _split_tensor_at_batch_dim(call: UpstreamCall):
+        self, aggregated_tensor, num_splits = call["self"], call["aggregated_tensor"], call["num_splits"]
         if (num_splits > 1 and getattr(aggregated_tensor, "_mimo_bridge_split_sizes", None) is None
                 and self.is_current_rank_in_grid(self.dest_grid)):
             q = _queue(runtime, self)
@@ -101,6 +101,6 @@ def wrap_split_at_batch_dim(original: Callable, runtime: Runtime) -> Callable:
                     f"{len(rows)} vision replicas, but the gradient has {total} rows for {num_splits} "
                     "replicas: backward and forward are out of step")
             aggregated_tensor._mimo_bridge_split_sizes = rows
-        return original(self, aggregated_tensor, num_splits)
+        return call.to(original)
 
     return _split_tensor_at_batch_dim

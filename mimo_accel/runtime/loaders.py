@@ -12,13 +12,12 @@ batch every data-loading rank checks that it plans from the same inputs
 from __future__ import annotations
 
 import dataclasses
-import functools
-import inspect
 import sys
 from typing import Callable, Optional
 
 from mimo_accel.runtime import plan_inputs, scope
 from mimo_accel.runtime.state import Runtime
+from mimo_accel.runtime.upstream_call import UpstreamCall, replacing
 
 
 def micro_batches_per_step() -> Optional[int]:
@@ -102,18 +101,22 @@ def _plan_check(ctx, what: str, check=None):
     return (check or plan_check.WindowCheck)(ctx.data_ranks, what)
 
 
+# the sampler settings the data ranks compare (each a declared parameter of the target: targets.py)
 _SETTINGS = ("consumed_samples", "dataloader_type", "micro_batch_size", "drop_last", "seed", "data_sharding")
+_SOME_UPSTREAMS_LACK = ("seed",)  # declared optional in targets.py
+
+
+def _settings(a: UpstreamCall, names=_SETTINGS) -> list:
+    return [a.get(k) if k in _SOME_UPSTREAMS_LACK else a[k] for k in names]
 
 
 def wrap_pretraining_loader(original: Callable, runtime: Runtime) -> Callable:
     """``build_pretraining_data_loader``: upstream's loader; inside a loader scope with a MIMO layout
     (the sampler's dp_size=1 after the scope's sampling-info lookup), this rank's share of it."""
-    signature = inspect.signature(original)
 
-    @functools.wraps(original)
-    def build_pretraining_data_loader(*args, **kwargs):
-        loader = original(*args, **kwargs)
-        a = scope.bound_arguments(signature, args, kwargs)
+    @replacing(original)
+    def build_pretraining_data_loader(a: UpstreamCall):
+        loader = a.to(original)
         open_scope = scope.current()
         ctx = open_scope.shard_context() if open_scope is not None else None
         if ctx is None or a["data_parallel_size"] != 1:
@@ -126,12 +129,12 @@ def wrap_pretraining_loader(original: Callable, runtime: Runtime) -> Callable:
     return build_pretraining_data_loader
 
 
-def _share(loader, a: dict, ctx, split: str, dp_group, runtime: Runtime):
+def _share(loader, a: UpstreamCall, ctx, split: str, dp_group, runtime: Runtime):
     """This rank's sharded (and, with reorder, planned) loader for one split."""
     from mimo_accel.runtime import sampler
 
     cfg = runtime.config
-    plan = plan_for(a["dataset"], [a[k] for k in _SETTINGS], ctx, split, runtime)
+    plan = plan_for(a["dataset"], _settings(a), ctx, split, runtime)
     if cfg.reorder and cfg.reorder_mode == "exchange":
         from mimo_accel.runtime.exchange import exchange_shard_loader
         from mimo_accel.runtime.plan_check import FirstPlanCheck
@@ -150,13 +153,11 @@ def wrap_canonical_loader(original: Callable, runtime: Runtime) -> Callable:
     count), and with reorder the planned order, taken from upstream's own canonical-group
     samplers over *all* groups — the global micro-batch upstream reads, under ``single`` and
     ``cyclic`` alike — so every module plans the same micro-batch and keeps its own share."""
-    signature = inspect.signature(original)
     canonical = sys.modules[original.__module__]
 
-    @functools.wraps(original)
-    def build_canonical_mimo_data_loader(*args, **kwargs):
-        loader = original(*args, **kwargs)
-        a = scope.bound_arguments(signature, args, kwargs)
+    @replacing(original)
+    def build_canonical_mimo_data_loader(a: UpstreamCall):
+        loader = a.to(original)
         open_scope = scope.current()
         ctx = open_scope.shard_context() if open_scope is not None else None
         if ctx is None:
@@ -176,14 +177,14 @@ def wrap_canonical_loader(original: Callable, runtime: Runtime) -> Callable:
     return build_canonical_mimo_data_loader
 
 
-def _canonical_share(loader, a: dict, ctx, split: str, dp_group, runtime: Runtime, canonical):
+def _canonical_share(loader, a: UpstreamCall, ctx, split: str, dp_group, runtime: Runtime, canonical):
     """On top of upstream's canonical loader (scalable reads): tagged, and with reorder planned."""
     from mimo_accel.runtime import sampler
 
     cfg = runtime.config
     if not cfg.reorder:
         return sampler.tagged_loader(loader, ctx, loader.batch_sampler)  # upstream's own shard
-    plan = plan_for(a["dataset"], [a[k] for k in _SETTINGS if k != "seed"], ctx, split, runtime)
+    plan = plan_for(a["dataset"], _settings(a, [k for k in _SETTINGS if k != "seed"]), ctx, split, runtime)
     if cfg.reorder_mode == "exchange":
         from mimo_accel.runtime.exchange import exchange_shard_loader
         from mimo_accel.runtime.plan_check import FirstPlanCheck

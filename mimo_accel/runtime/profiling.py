@@ -36,6 +36,7 @@ from typing import Any, Callable, Optional
 from mimo_accel.config import AccelConfig
 from mimo_accel.modules import LANGUAGE
 from mimo_accel.runtime.state import Runtime
+from mimo_accel.runtime.upstream_call import UpstreamCall, replacing
 
 ENV_LABEL = "MIMO_ACCEL_PROFILE_LABEL"
 
@@ -132,7 +133,6 @@ class Profiling:
 
     def __init__(self, runtime: Runtime):
         self.runtime = runtime
-        self.config = runtime.config
         self._lock = threading.Lock()
         self._recorder = None
         self._noted: set = set()  # notice keys already written into a step line
@@ -145,6 +145,11 @@ class Profiling:
         self._pending_counts: list = []
         self._plan_wait_s: Optional[float] = None  # this step's wait for its plans (planned batches only)
         self.metrics = None  # runtime.metrics.Metrics of the training run under way, if it logs
+
+    @property
+    def config(self) -> AccelConfig:
+        """What acts now: the runtime's config (a feature that stepped aside is off there)."""
+        return self.runtime.config
 
     def recorder(self):
         """This rank's Recorder, created on first use (needs torch.distributed to be initialised)."""
@@ -360,23 +365,24 @@ class Profiling:
 
 
 def wrap_encode(original: Callable, runtime: Runtime) -> Callable:
-    @functools.wraps(original)
-    def encode(self, encoders_data_batch, *args, **kwargs):
+    @replacing(original)
+    def encode(call: UpstreamCall):
         profiling = runtime.profiling
         if profiling is not None and evaluating():
             with profiling.paused_timers():  # an evaluation pass is not part of a training step
-                return original(self, encoders_data_batch, *args, **kwargs)
+                return call.to(original)
+        encoders_data_batch = call["encoders_data_batch"]
         if profiling is not None and encoders_data_batch:
-            profiling.time_encoders(self, encoders_data_batch)
-        return original(self, encoders_data_batch, *args, **kwargs)
+            profiling.time_encoders(call["self"], encoders_data_batch)
+        return call.to(original)
 
     return encode
 
 
 def wrap_optimizer_step(original: Callable, runtime: Runtime) -> Callable:
-    @functools.wraps(original)
-    def step(self, *args, **kwargs):
-        result = original(self, *args, **kwargs)
+    @replacing(original)
+    def step(call: UpstreamCall):
+        result = call.to(original)
         if runtime.profiling is not None:
             runtime.profiling.end_step()
         return result
@@ -385,17 +391,13 @@ def wrap_optimizer_step(original: Callable, runtime: Runtime) -> Callable:
 
 
 def wrap_train_entry(original: Callable, runtime: Runtime) -> Callable:
-    import inspect
-
-    signature = inspect.signature(original)  # its global_state: checked by the patch's target
-
-    @functools.wraps(original)
-    def train_megatron_mimo(*args, **kwargs):
+    @replacing(original)
+    def train_megatron_mimo(call: UpstreamCall):
         profiling: Optional[Profiling] = runtime.profiling
         if profiling is not None:
-            profiling.start_run(signature.bind_partial(*args, **kwargs).arguments.get("global_state"))
+            profiling.start_run(call["global_state"])
         try:
-            return original(*args, **kwargs)
+            return call.to(original)
         finally:
             profiling: Optional[Profiling] = runtime.profiling
             if profiling is not None:

@@ -23,13 +23,14 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import functools
-import inspect
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Optional
 
 from mimo_accel.runtime import preflight
 from mimo_accel.runtime.shard import ShardContext, context_from_grids
 from mimo_accel.runtime.state import Runtime
+from mimo_accel.runtime.upstream_call import UpstreamCall, replacing
+from mimo_accel.runtime.upstream_reorder import step_aside_if_upstream_reorders
 
 # The order Bridge's builder makes the splits' datasets and loaders in.
 SPLITS = ("train", "validation", "test")
@@ -87,13 +88,6 @@ def loader_scope(runtime: Runtime) -> Iterator[LoaderScope]:
         _current.reset(token)
 
 
-def bound_arguments(signature: inspect.Signature, args, kwargs) -> dict:
-    """Every argument of an upstream call by name, defaults included."""
-    call = signature.bind(*args, **kwargs)
-    call.apply_defaults()
-    return call.arguments
-
-
 @contextlib.contextmanager
 def _datasets_seen_by(scope: LoaderScope, provider: Any) -> Iterator[None]:
     """For the duration of the builder call, what ``provider.build_datasets`` returns is recorded in
@@ -126,17 +120,15 @@ def _datasets_seen_by(scope: LoaderScope, provider: Any) -> Iterator[None]:
 
 
 def wrap_loader_builder(original: Callable, runtime: Runtime) -> Callable:
-    """Bridge's ``build_megatron_mimo_data_loaders``: the provider's configs checked
+    """Bridge's ``build_megatron_mimo_data_loaders``: upstream's own reorder asked for
+    (:mod:`mimo_accel.runtime.upstream_reorder`), the provider's configs checked
     (:mod:`mimo_accel.runtime.preflight`), then a loader scope that knows each dataset's split."""
-    signature = inspect.signature(original)
-
-    @functools.wraps(original)
-    def build_megatron_mimo_data_loaders(*args, **kwargs):
-        bound = bound_arguments(signature, args, kwargs)
-        provider = bound.get("megatron_mimo_provider")
-        preflight.check_provider(getattr(bound.get("cfg"), "model", None), runtime)
-        with loader_scope(runtime) as scope, _datasets_seen_by(scope, provider):
-            return original(*args, **kwargs)
+    @replacing(original)
+    def build_megatron_mimo_data_loaders(call: UpstreamCall):
+        step_aside_if_upstream_reorders(call["cfg"], runtime)
+        preflight.check_provider(getattr(call["cfg"], "model", None), runtime)
+        with loader_scope(runtime) as scope, _datasets_seen_by(scope, call["megatron_mimo_provider"]):
+            return call.to(original)
 
     return build_megatron_mimo_data_loaders
 
@@ -146,23 +138,22 @@ def wrap_setup(original: Callable, runtime: Runtime) -> Callable:
     checked before the model is built (:mod:`mimo_accel.runtime.preflight`), and the script's own
     ``build_data_iterators_fn`` runs inside a loader scope (its signature is kept: setup inspects
     it for ``train_state``)."""
-    signature = inspect.signature(original)
-
-    @functools.wraps(original)
-    def setup_megatron_mimo(*args, **kwargs):
-        call = signature.bind(*args, **kwargs)
-        # before the model is built: a module's config that disagrees with its grid, packing that
-        # context parallelism cannot split, reorder under a per-replica loss
-        preflight.check_provider(getattr(getattr(call.arguments.get("state"), "cfg", None), "model", None), runtime)
-        build = call.arguments.get("build_data_iterators_fn")
+    @replacing(original)
+    def setup_megatron_mimo(call: UpstreamCall):
+        # before the model is built: a Bridge that reorders itself, a module's config that disagrees
+        # with its grid, packing that context parallelism cannot split, reorder under a per-replica loss
+        cfg = getattr(call["state"], "cfg", None)
+        step_aside_if_upstream_reorders(cfg, runtime)
+        preflight.check_provider(getattr(cfg, "model", None), runtime)
+        build = call["build_data_iterators_fn"]
         if build is not None:
             @functools.wraps(build)
             def build_data_iterators(*a, **k):
                 with loader_scope(runtime):
                     return build(*a, **k)
 
-            call.arguments["build_data_iterators_fn"] = build_data_iterators
-        return original(*call.args, **call.kwargs)
+            call = call.but(build_data_iterators_fn=build_data_iterators)
+        return call.to(original)
 
     return setup_megatron_mimo
 
@@ -179,9 +170,10 @@ def wrap_sampling_info(original: Callable, runtime: Runtime) -> Callable:
     """``get_megatron_mimo_sampling_info(megatron_mimo_cfg, grids)``: upstream's answer; inside a
     loader scope, the layout is recorded for the loaders built next in that scope."""
 
-    @functools.wraps(original)
-    def get_megatron_mimo_sampling_info(megatron_mimo_cfg, grids, *args, **kwargs):
-        result = original(megatron_mimo_cfg, grids, *args, **kwargs)
+    @replacing(original)
+    def get_megatron_mimo_sampling_info(call: UpstreamCall):
+        result = call.to(original)
+        megatron_mimo_cfg, grids = call["megatron_mimo_cfg"], call["grids"]
         scope = current()
         if scope is not None:
             scope.layout, scope.context, scope.dp_group, scope._resolved = (megatron_mimo_cfg, grids), None, None, False

@@ -21,7 +21,6 @@ records the batch.
 from __future__ import annotations
 
 import contextvars
-import functools
 import warnings
 from dataclasses import dataclass
 from typing import Callable, Optional
@@ -30,6 +29,7 @@ from mimo_accel.modules import LANGUAGE
 from mimo_accel.nvtx import ranged
 from mimo_accel.runtime.shard import SHARD_TAG_KEY, ShardTag
 from mimo_accel.runtime.state import Runtime
+from mimo_accel.runtime.upstream_call import UpstreamCall, replacing
 
 
 @dataclass(frozen=True)
@@ -93,10 +93,10 @@ def role_of_rank(runtime: Runtime, mimo_model) -> Optional[StepRole]:
 def wrap_module_dp_info(original: Callable, runtime: Runtime) -> Callable:
     """``_get_module_dp_info(model)``: upstream's (dp_rank, dp_size), the rank carrying the role."""
 
-    @functools.wraps(original)
-    def _get_module_dp_info(megatron_mimo_model, *args, **kwargs):
-        role = role_of_rank(runtime, megatron_mimo_model)
-        dp_rank, dp_size = original(megatron_mimo_model, *args, **kwargs)
+    @replacing(original)
+    def _get_module_dp_info(call: UpstreamCall):
+        role = role_of_rank(runtime, call["megatron_mimo_model"])
+        dp_rank, dp_size = call.to(original)
         return ReplicaRank(dp_rank, role), dp_size
 
     return _get_module_dp_info
@@ -117,9 +117,9 @@ def wrap_get_batch(original: Callable, runtime: Runtime) -> Callable:
     it), checked against this rank's replica and recorded. Other batches pass untouched: the
     slice takes their tag."""
 
-    @functools.wraps(original)
-    def get_batch(data_iterator, *args, **kwargs):
-        batch = original(data_iterator, *args, **kwargs)
+    @replacing(original)
+    def get_batch(call: UpstreamCall):
+        batch = call.to(original)
         tag = batch.get(SHARD_TAG_KEY) if isinstance(batch, dict) else None
         if isinstance(tag, ShardTag) and not tag.sliced_in_step:
             del batch[SHARD_TAG_KEY]
@@ -138,7 +138,7 @@ def wrap_get_batch(original: Callable, runtime: Runtime) -> Callable:
 
 
 def wrap_slice(original: Callable, runtime: Runtime) -> Callable:
-    """The replacement for ``slice_batch_for_megatron_mimo(batch, dp_rank, dp_size)``.
+    """The replacement for ``slice_batch_for_megatron_mimo(batch, dp_rank, dp_size, ...)``.
 
     It is also bound in ``dp_utils``, where upstream's slice calls itself by module-global name
     for nested dicts (``modality_inputs``): those nested calls must reach upstream's slice, not
@@ -149,17 +149,18 @@ def wrap_slice(original: Callable, runtime: Runtime) -> Callable:
     packed_by_step = cfg.packing and runtime.shape.native_packing  # main's step packs what we return
     inside: contextvars.ContextVar[bool] = contextvars.ContextVar("mimo_accel_slicing", default=False)
 
-    @functools.wraps(original)
-    def local_batch_for_megatron_mimo(batch: dict, dp_rank: int, dp_size: int) -> dict:
+    @replacing(original)
+    def local_batch_for_megatron_mimo(call: UpstreamCall) -> dict:
         if inside.get():
-            return original(batch, dp_rank, dp_size)
+            return call.to(original)
         token = inside.set(True)
         try:
-            return _local_batch(batch, dp_rank, dp_size)
+            return _local_batch(call)
         finally:
             inside.reset(token)
 
-    def _local_batch(batch: dict, dp_rank: int, dp_size: int) -> dict:
+    def _local_batch(call: UpstreamCall) -> dict:
+        batch, dp_rank, dp_size = call["batch"], call["dp_rank"], call["dp_size"]
         tag: Optional[ShardTag] = batch.pop(SHARD_TAG_KEY, None) if isinstance(batch, dict) else None
         profiling = runtime.profiling
         loaded_bytes = tensor_bytes(batch) if profiling is not None else 0
@@ -169,7 +170,7 @@ def wrap_slice(original: Callable, runtime: Runtime) -> Callable:
         else:
             if cfg.sharded_reads and dp_size > 1:
                 _warn_whole_batch_once(runtime)
-            local, read = original(batch, dp_rank, dp_size), _batch_size(batch)
+            local, read = call.to(original), _batch_size(batch)
         role = getattr(dp_rank, "role", None)
         packs = cfg.packing and role is not None and role.is_language  # here, or in main's step next
         if profiling is not None:

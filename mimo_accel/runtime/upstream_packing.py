@@ -30,25 +30,27 @@ and the role this rank's model declared to ``_get_module_dp_info`` earlier in th
 
 from __future__ import annotations
 
-import functools
 from typing import Callable
 
 from mimo_accel.runtime.state import Runtime
+from mimo_accel.runtime.upstream_call import UpstreamCall, replacing, unknown
 
 
 def wrap_resolve_step_packing(original: Callable, runtime: Runtime) -> Callable:
     """``resolve_step_packing(dataset_cfg) -> bool``: True (mimo_accel packing is on)."""
 
-    @functools.wraps(original)
-    def resolve_step_packing(dataset_cfg, *args, **kwargs):
-        original(dataset_cfg, *args, **kwargs)  # keeps upstream's refusal of collate-time packing
+    @replacing(original)
+    def resolve_step_packing(call: UpstreamCall):
+        call.to(original)  # keeps upstream's refusal of collate-time packing
         return True
 
     return resolve_step_packing
 
 
 def wrap_pack_language_shard(original: Callable, runtime: Runtime) -> Callable:
-    """The replacement for main's ``pack_language_shard(data_batch, *, lengths=None)``.
+    """The replacement for main's ``pack_language_shard(data_batch, *, lengths=None)``: it packs
+    in upstream's place (upstream's packer is not called), and says once which arguments upstream's
+    step passed that it does not use.
 
     Packs as mimo_accel does on 0.6 (:func:`mimo_accel.runtime.step.pack_for_language_model`): the
     caller's ``lengths`` are the row sums of the batch's ``attention_mask``, which that function
@@ -57,10 +59,18 @@ def wrap_pack_language_shard(original: Callable, runtime: Runtime) -> Callable:
     """
     pad_multiple = runtime.config.pad_multiple
 
-    @functools.wraps(original)
-    def pack_language_shard(data_batch, *, lengths=None):
+    @replacing(original)
+    def pack_language_shard(call: UpstreamCall):
         from mimo_accel.runtime.step import pack_for_language_model
 
+        ignored = unknown(call, ("data_batch", "lengths"))
+        if ignored:
+            runtime.say_once(f"packing:ignored:{','.join(ignored)}",
+                             f"mimo_accel packing: upstream's step passed {', '.join(ignored)} to pack_language_shard, "
+                             "which mimo_accel's packer (in its place) does not use; it packs with pad_multiple "
+                             "and TP/CP alignment, lengths from the attention_mask. Turn mimo_accel packing off "
+                             "to pack with upstream's own packer.")
+        data_batch = call["data_batch"]
         role = getattr(data_batch, "role", None) or runtime.rank_role
         if role is None or not role.is_language:
             raise RuntimeError(

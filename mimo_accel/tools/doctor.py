@@ -14,21 +14,16 @@ from typing import Optional
 
 
 def _target_state(t) -> tuple[str, str]:
-    from mimo_accel.patching.engine import resolve
+    from mimo_accel.patching.engine import resolve, target_problem
 
     try:
         module = importlib.import_module(t.site)
     except Exception as exc:  # report, don't crash: this is a diagnosis
         return "missing", f"import failed: {type(exc).__name__}: {exc}"[:120]
-    try:
-        _, _, obj = resolve(module, t.name)
-    except AttributeError:
-        obj = None
-    if obj is None:
-        return "missing", "not found"
-    params = tuple(inspect.signature(obj).parameters)
-    if params[:len(t.params)] != t.params:
-        return "mismatch", f"params {params[:len(t.params)]} != {t.params}"
+    problem = target_problem(t, module)
+    if problem is not None:
+        return ("missing" if problem == "it does not exist" else "mismatch"), problem
+    _, _, obj = resolve(module, t.name)
     defined = getattr(inspect.unwrap(obj), "__module__", "?")
     return "ok", "defined here" if defined == t.site else f"bound from {_short(defined)}"
 
@@ -37,23 +32,44 @@ def _short(module: str) -> str:
     return module.replace("megatron.bridge.", "bridge.").replace("megatron.core.", "core.")
 
 
-def collect() -> dict:
-    import torch
+def _torch():
+    """torch, or None where it is not installed (doctor then says so instead of crashing)."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    return torch
 
+
+def missing_packages(torch, bridge: Optional[str], core: Optional[str]) -> list[str]:
+    """What this environment lacks for mimo_accel to patch anything, each with how to get it."""
+    missing = []
+    if torch is None:
+        missing.append("torch (install the build for this machine first: https://pytorch.org/get-started/locally/)")
+    absent = [name for name, v in (("megatron-bridge", bridge), ("megatron-core", core)) if v is None]
+    if absent:
+        missing.append(f"{' and '.join(absent)} (after torch: pip install --no-build-isolation "
+                       "'megatron-bridge>=0.6,<0.7' 'megatron-core>=0.19,<0.20'; see the README's Install)")
+    return missing
+
+
+def collect() -> dict:
     from mimo_accel.patching import engine, registry, targets
     from mimo_accel.rehearse import cpu
 
     from mimo_accel._version import __version__
 
+    torch = _torch()
     bridge, core = engine.installed_versions()
     info = {
         "mimo-accel": __version__,
         "python": platform.python_version(),
-        "torch": torch.__version__,
+        "torch": torch.__version__ if torch is not None else "not installed",
         "megatron-core": core or "not installed",
         "megatron-bridge": bridge or "not installed",
-        "cuda_available": torch.cuda.is_available(),
-        "nccl_available": bool(torch.distributed.is_available() and torch.distributed.is_nccl_available()),
+        "cuda_available": bool(torch is not None and torch.cuda.is_available()),
+        "nccl_available": bool(torch is not None and torch.distributed.is_available()
+                               and torch.distributed.is_nccl_available()),
         "transformer_engine": importlib.util.find_spec("transformer_engine") is not None
         and not getattr(sys.modules.get("transformer_engine"), cpu.STAND_IN_MARKER, False),
     }
@@ -61,9 +77,10 @@ def collect() -> dict:
     shape = m.shape
     info["shape"] = shape.name if shape else None
     info["support"] = support_line(m)
-    info["refused"] = m.status == "missing" or (m.status == "untested" and not _allowed())
+    info["missing"] = missing_packages(torch, bridge, core)
+    info["refused"] = bool(info["missing"]) or m.status == "missing" or (m.status == "untested" and not _allowed())
     rows, internals = [], []
-    if shape is not None:
+    if shape is not None and torch is not None:
         cpu.prepare_imports()  # import-time compatibility only (3.11 back-port, stand-ins where absent)
         for name, patch in registry.PATCHES.items():
             if not patch.applies_to(shape):
@@ -79,6 +96,8 @@ def collect() -> dict:
                                   state="ok" if problem is None else "missing", detail=problem or internal.used_for))
     info["targets"] = rows
     info["internals"] = internals
+    # what enable() would refuse, naming it: the features that need it cannot be turned on here
+    info["differ"] = [f"{r.get('target') or r.get('name')}: {r['detail']}" for r in rows + internals if r["state"] != "ok"]
     st = engine.status()
     info["active"] = st["active"]
     info["patched"] = st["patched"]
@@ -101,6 +120,9 @@ def support_line(m) -> str:
 
     if m.status in ("tested", "declared"):
         return f"{m.shape.support}: {m.shape.evidence}"
+    if m.status == "patch":
+        return (f"newer patch release, accepted as shape '{m.shape.name}' where its targets match "
+                f"({'; '.join(m.problems)})")
     why = "; ".join(m.problems)
     if m.status == "untested" and _allowed():
         return (f"untested, allowed by {targets.ALLOW_UNTESTED_ENV}=1: patched as nearest shape "
@@ -145,14 +167,16 @@ def main(log_path: Optional[str] = None) -> int:
     for r in info["targets"]:
         color = colors[r["state"]]
         tt.add_row(r["patch"], r["target"], f"[{color}]{r['state']}[/{color}]", r["detail"])
-    console.print(tt)
+    if info["targets"]:  # none to show where megatron (or torch) is missing: the last line says so
+        console.print(tt)
     it = Table(title="private upstream names (what mimo_accel reads)")
     for col in ("name", "needed by", "state", "what for"):
         it.add_column(col)
     for r in info["internals"]:
         color = colors[r["state"]]
         it.add_row(r["name"], ", ".join(r["features"]), f"[{color}]{r['state']}[/{color}]", r["detail"])
-    console.print(it)
+    if info["internals"]:
+        console.print(it)
     ft = Table(title="features")
     ft.add_column("feature")
     ft.add_column("can be patched here")
@@ -163,9 +187,17 @@ def main(log_path: Optional[str] = None) -> int:
         ft.add_row(feature, "[green]yes[/green]" if ok else "[red]no[/red]",
                    "yes" if feature in info["active"] else "no")
     console.print(ft)
+    if info["differ"]:
+        console.print(f"[red]what differs from shape '{info['shape']}' (enable() refuses the features that "
+                      f"need it): {'; '.join(info['differ'])}[/red]", soft_wrap=True)
+    elif info["targets"]:
+        console.print(f"every target has shape '{info['shape']}'", highlight=False)
     console.print(f"third-party import output: {log}", highlight=False, soft_wrap=True)
+    if info["missing"]:
+        console.print(f"[red]missing: {'; '.join(info['missing'])}[/red]", soft_wrap=True)
+        return 1
     if info["refused"]:
         console.print(f"[red]mimo_accel.enable() refuses megatron-bridge {info['megatron-bridge']} with "
                       f"megatron-core {info['megatron-core']}: {info['support']}[/red]")
         return 1
-    return 0
+    return 1 if info["differ"] else 0

@@ -1,0 +1,125 @@
+"""A Bridge with its own intra-microbatch reorder (#4608's MegatronMIMOFeatureConfig on
+ConfigContainer.mimo; #6306 its merged split) never runs with mimo_accel's reorder on as well:
+mimo_accel's steps aside, once, with a notice.
+
+The feature config is fabricated (its fields and defaults copied from #4608's training/config.py at
+984a8a538): no installable Bridge has it. It reaches mimo_accel as Bridge hands it over, through
+the patched setup_megatron_mimo and build_megatron_mimo_data_loaders of the installed 0.6.2.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import types
+
+import pytest
+
+import mimo_accel
+from mimo_accel.patching import engine
+from mimo_accel.runtime import scope
+from mimo_accel.runtime.upstream_reorder import STEPPED_ASIDE, upstream_reorder
+
+
+@dataclasses.dataclass
+class MegatronMIMOFeatureConfig:  # #4608's fields that decide whether upstream reorders
+    pack_sequences_in_batch: bool = False
+    scalable_dp: bool = False
+    intra_microbatch_reorder: bool = True
+    overlap_intra_microbatch_reorder: bool = True
+    reorder_window_size: int = 1
+    cost_linear_vit: float = 1.0
+    cost_linear_lm: float = 0.0
+    pad_token_id: int = 0
+
+
+@dataclasses.dataclass
+class SplitFeatureConfig:  # a later split with the reorder knobs and no scalable_dp field
+    intra_microbatch_reorder: bool = True
+    reorder_window_size: int = 1
+    cost_linear_vit: float = 1.0
+    cost_linear_lm: float = 0.0
+
+
+def _container(mimo=None):
+    return types.SimpleNamespace(model=None, mimo=mimo)
+
+
+@pytest.fixture
+def enabled(monkeypatch):
+    mimo_accel.disable()
+    monkeypatch.setattr(engine, "installed_versions", lambda: ("0.6.2", "0.19.2"))
+
+    def enable(**features):
+        mimo_accel.enable(**features)
+        return engine._state.runtime
+
+    yield enable
+    mimo_accel.disable()
+
+
+def _setup_with(cfg):
+    """Bridge's setup_megatron_mimo as pretrain_megatron_mimo calls it, patched, with a stand-in for
+    what it does after mimo_accel's checks (it would build the model and the loaders)."""
+    def setup_megatron_mimo(state, build_data_iterators_fn=None):
+        return build_data_iterators_fn()
+
+    return scope.wrap_setup(setup_megatron_mimo, engine._state.runtime)(
+        types.SimpleNamespace(cfg=cfg), build_data_iterators_fn=lambda: engine._state.runtime.config.reorder)
+
+
+@pytest.mark.parametrize("mimo, reorders", [
+    (None, False),  # 0.6.2, main, #5525: no such config
+    (MegatronMIMOFeatureConfig(), False),  # #4608's default: the reorder acts only on scalable_dp reads
+    (MegatronMIMOFeatureConfig(scalable_dp=True), True),
+    (MegatronMIMOFeatureConfig(scalable_dp=True, intra_microbatch_reorder=False), False),
+    (SplitFeatureConfig(), True),
+    (SplitFeatureConfig(intra_microbatch_reorder=False), False),
+])
+def test_what_counts_as_upstream_reordering(mimo, reorders):
+    assert (upstream_reorder(_container(mimo)) is not None) == reorders
+
+
+def test_mimo_accel_reorder_steps_aside_with_one_notice(enabled, caplog):
+    runtime = enabled(reorder=True, packing=True)
+    cfg = _container(MegatronMIMOFeatureConfig(scalable_dp=True))
+    with caplog.at_level(logging.WARNING, logger="mimo_accel"):
+        assert _setup_with(cfg) is False  # the loaders are built with mimo_accel's reorder off
+        scope.wrap_loader_builder(lambda cfg, megatron_mimo_provider: runtime.config.reorder, runtime)(
+            cfg, types.SimpleNamespace())
+    assert runtime.config.reorder is False and runtime.config.sharded_reads and runtime.config.packing
+    notices = [r.getMessage() for r in caplog.records if "steps aside" in r.getMessage()]
+    assert len(notices) == 1 and "cfg.mimo.intra_microbatch_reorder=True with cfg.mimo.scalable_dp=True" in notices[0]
+    assert "intra_microbatch_reorder=False" in notices[0]  # how to get mimo_accel's reorder instead
+    st = mimo_accel.status()
+    assert st["active"] == ["sharded_reads", "packing"] and notices[0] in st["notes"]
+
+
+def test_mimo_accel_reorder_stays_where_upstream_does_not_reorder(enabled):
+    runtime = enabled(reorder=True)
+    assert _setup_with(_container(MegatronMIMOFeatureConfig(scalable_dp=False))) is True
+    assert runtime.config.reorder and STEPPED_ASIDE not in runtime.notices()
+
+
+def test_nothing_is_said_without_mimo_accel_reorder(enabled):
+    runtime = enabled(sharded_reads=True)
+    _setup_with(_container(MegatronMIMOFeatureConfig(scalable_dp=True)))
+    assert STEPPED_ASIDE not in runtime.notices() and runtime.config.sharded_reads
+
+
+def _bridges_own_feature_config():
+    from megatron.bridge.training import config
+
+    return getattr(config, "MegatronMIMOFeatureConfig", None)
+
+
+def test_against_this_bridges_own_feature_config(enabled):
+    """Where the installed Bridge has the feature config (#4608's tree, #6306), its own class and
+    defaults, through the installed Bridge's patched targets."""
+    own = _bridges_own_feature_config()
+    if own is None:
+        pytest.skip("this Bridge has no MegatronMIMOFeatureConfig (0.6.2, main and #5525 have none)")
+    runtime = enabled(reorder=True)
+    assert _setup_with(_container(own())) is True  # upstream's default: reorder only on scalable_dp reads
+    assert _setup_with(_container(own(scalable_dp=True))) is False
+    assert runtime.config.reorder is False and STEPPED_ASIDE in runtime.notices()
