@@ -21,6 +21,9 @@ ROOT = Path(__file__).resolve().parents[1]
 CASES = [
     pytest.param("bench_packing.py", ["--steps", "1"], "THD packing", id="packing"),
     pytest.param("bench_profiler.py", ["--steps", "2", "--rounds", "1"], "profiler on", id="profiler"),
+    pytest.param("bench_index.py", ["--parts", "manifest,mapped", "--manifest-files", "20", "--manifest-lines", "200",
+                                    "--mapped", "20000", "--before", "5000", "--procs", "2", "--batches", "1",
+                                    "--batch", "64"], "memory-mapped", id="index-mapped"),
     pytest.param("bench_reads.py", ["--dp", "1,2", "--steps", "1"], "cluster", id="reads",
                  marks=pytest.mark.distributed),
     pytest.param("bench_loss_normalisation.py", ["--iters", "1"], "+ reorder (joint)", id="loss-normalisation",

@@ -273,7 +273,7 @@ GOOD_HEADER = {"format": "mimo-accel-cost-index/1", "length": 2, "rule": ResizeR
 @pytest.mark.parametrize(
     ("header", "arrays", "message"),
     [
-        ({**GOOD_HEADER, "format": "other/1"}, {}, "expected format 'mimo-accel-cost-index/2'"),
+        ({**GOOD_HEADER, "format": "other/1"}, {}, "expected format 'mimo-accel-cost-index/3'"),
         ({**GOOD_HEADER, "length": 3}, {}, "header says 3 samples, arrays hold 2"),
         (GOOD_HEADER, {"tokens": np.array([3, -2])}, "tokens has negative entries"),
         (GOOD_HEADER, {"patches": np.array([4.0, 0.0])}, "patches must be a 1-D integer array"),
@@ -481,7 +481,7 @@ def test_digest_covers_every_array_and_the_rule():
     base = dict(patches=[4, 0], sq_patches=[16, 0], tokens=[9, 3], images=[1, 0])
     d = CostIndex(**base, rule=RULE).digest()
     assert CostIndex(**base, rule=RULE).digest() == d and len(d) == 64
-    for changed in ({"tokens": [9, 4]}, {"sq_patches": [17, 0]}, {"patches": [4, 1], "sq_patches": [16, 1], "images": [1, 1]},
+    for changed in ({"tokens": [9, 4]}, {"sq_patches": [10, 0]}, {"patches": [4, 1], "sq_patches": [16, 1], "images": [1, 1]},
                     {"patches": [4, 1], "sq_patches": [16, 1], "images": [1, 2]}):
         assert CostIndex(**{**base, **changed}, rule=RULE).digest() != d
     assert CostIndex(**base, rule=ResizeRule(patch_size=16)).digest() != d

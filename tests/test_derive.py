@@ -8,6 +8,7 @@ match it without decoding any.
 from __future__ import annotations
 
 import base64
+import json
 import io
 from pathlib import Path
 
@@ -336,6 +337,7 @@ def test_second_call_reads_the_cache(tmp_path, monkeypatch):
     monkeypatch.setattr(MimoDatasetSource, "_probe_chunk", lambda self, *a: calls.append(a) or real(self, *a))
     again = shared_index.derive_cost_index(mimo_dataset(ds.examples, qwen_processor()), cache_dir=cache)
     assert calls == [] and again.digest() == first.digest()
+    assert again.mapped and not first.mapped  # the cache file is memory-mapped, shared by a node's ranks
 
     shared_index.derive_cost_index(ds, cache_dir=cache, refresh=True)
     assert len(calls) == 1
@@ -344,6 +346,26 @@ def test_second_call_reads_the_cache(tmp_path, monkeypatch):
     other = shared_index.derive_cost_index(mimo_dataset(ds.examples, qwen_processor(max_pixels=200704)), cache_dir=cache)
     assert len(calls) == 2 and other.digest() != first.digest()
     assert len(list(cache.glob("*.npz"))) == 2
+
+
+def test_a_cache_of_the_older_format_is_used_and_rewritten_memory_mapped(tmp_path, monkeypatch, caplog):
+    ds = mimo_dataset(all_kinds_of_examples(tmp_path), qwen_processor())
+    cache = tmp_path / "cache"
+    first = shared_index.derive_cost_index(ds, cache_dir=cache)
+    (npz,) = cache.glob("*.npz")
+    every = np.arange(len(first))
+    header = {"format": "mimo-accel-cost-index/2", "length": len(first), "identity": first.identity,
+              "encoders": [{"name": m, "rule": first.rule_of(m).to_dict()} for m in first.encoders]}
+    arrays = {"tokens": first.tokens(every)}
+    for j, m in enumerate(first.encoders):
+        arrays.update({f"e{j}_{c}": getattr(first, c)(m, every) for c in ("items", "rows", "sq_rows")})
+    with open(npz, "wb") as f:  # as mimo_accel wrote its cache before format v3
+        np.savez(f, header=np.array(json.dumps(header)), **arrays)
+    monkeypatch.setattr(MimoDatasetSource, "_probe_chunk", lambda *a: pytest.fail("probed again"))
+    old = shared_index.derive_cost_index(ds, cache_dir=cache)
+    assert not old.mapped and old.digest() == first.digest() and "read whole into this process's memory" in caplog.text
+    assert json.loads(str(np.load(npz)["header"]))["format"] == "mimo-accel-cost-index/3"
+    assert shared_index.derive_cost_index(ds, cache_dir=cache).mapped
 
 
 def test_cache_dir_defaults_and_env(tmp_path, monkeypatch):

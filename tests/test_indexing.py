@@ -133,6 +133,32 @@ def test_parallel_header_reads_give_the_serial_result(tmp_path):
     assert parallel.images(every).sum() == sum(len(n) for n in expected)
 
 
+def test_the_manifest_is_indexed_chunk_by_chunk_with_the_same_result(tmp_path, monkeypatch):
+    rng = np.random.default_rng(1)
+    lines = []
+    for i in range(25):
+        if i % 3 == 0:
+            _png(tmp_path / f"{i}.png", int(rng.integers(20, 900)), int(rng.integers(20, 900)))
+            lines.append({"images": [f"{i}.png", "0.png"], "tokens": i})  # 0.png in every chunk
+        elif i % 3 == 1:
+            lines.append({"image_sizes": [[int(rng.integers(20, 3000)), int(rng.integers(20, 3000))]], "text": "x" * i})
+        else:
+            lines.append({"tokens": 3 * i})
+    manifest = _manifest(tmp_path / "m.jsonl", lines[:10] + [""] + lines[10:])
+    whole = indexing.build_index_from_manifest(manifest)
+    monkeypatch.setattr(indexing, "CHUNK_LINES", 4)
+    seen = []
+    chunked = indexing.build_index_from_manifest(manifest, on_progress=seen.append)
+    assert chunked.digest() == whole.digest() and len(chunked) == 25
+    every = np.arange(25)
+    assert chunked.images(every).tolist() == [(2, 1, 0)[i % 3] for i in range(25)]
+    assert len(seen) == 7 and seen == sorted(seen) and seen[-1] == manifest.stat().st_size
+    # a bad line in a later chunk is named by its own line number
+    _manifest(manifest, lines[:22] + [{"images": ["gone.png"], "tokens": 1}])
+    with pytest.raises(indexing.ManifestError, match="m.jsonl:23: image not found"):
+        indexing.build_index_from_manifest(manifest, workers=2)
+
+
 def test_dataset_index_from_shapes(tmp_path):
     rule = ResizeRule()
     shapes = [SampleShape(tuple(s), t) for s, t in EXPECTED]
@@ -332,14 +358,14 @@ def test_cli_dataset_errors(factory, dataset_dir, tmp_path, capsys, monkeypatch)
     assert "expected MODULE:NAME" in capsys.readouterr().err
 
 
-def test_module_names_the_encoder_and_the_file_is_v2(dataset_dir, tmp_path, capsys):
+def test_module_names_the_encoder_and_the_file_is_v3(dataset_dir, tmp_path, capsys):
     import json
 
     out = tmp_path / "images.npz"
     assert indexing.main([str(dataset_dir), "--module", "images", "--out", str(out)]) == 0
     index = CostIndex.load(out)
     assert index.encoders == ("images",)
-    assert json.loads(str(np.load(out)["header"]))["format"] == "mimo-accel-cost-index/2"
+    assert json.loads(str(np.load(out)["header"]))["format"] == "mimo-accel-cost-index/3" and index.mapped
     _check(index, ResizeRule())
     assert "encoder module" in capsys.readouterr().out
     # the default is "vision"; "language" is not an encoder

@@ -153,8 +153,9 @@ def test_the_plan_prices_every_module_of_the_layout(tmp_path):
     rng = np.random.default_rng(0)
     n = 16
     audio = rng.integers(0, 2, n)
+    patches = rng.integers(1, 2500, n)  # one image each: Σp² = p²
     index = CostIndex.from_modules(rng.integers(1, 90, n), {
-        "vision": (np.ones(n, int), rng.integers(1, 50, n) ** 2, rng.integers(1, 50, n) ** 4 + 2500, ResizeRule()),
+        "vision": (np.ones(n, int), patches, patches * patches, ResizeRule()),
         "audio": (audio, audio * 1500, audio * 1500 ** 2, ResizeRule())})
     plan, _ = _plan(tmp_path, index, {"vision": 2, "audio": 4, "language": 4})
     assert plan.planner.modules.names == ("vision", "audio", "language")

@@ -11,6 +11,7 @@ sample without talking to any other rank.
 - :mod:`~mimo_accel.costs.rules`: a rule back from its dict (``rule_from_dict``)
 - :mod:`~mimo_accel.costs.model`: what a sample costs each module (``CostModel``, ``ModuleCost``, its JSON file)
 - :mod:`~mimo_accel.costs.index`: a whole dataset's cost ingredients per module (``CostIndex`` and its ``.npz`` file)
+- :mod:`~mimo_accel.costs.index_file`: that file's arrays, memory-mapped where they lie
 - :mod:`~mimo_accel.costs.nnls`: the exact non-negative least squares every cost fit uses
 - :mod:`~mimo_accel.costs.online`: each module's model learnt from the job's own step times (``OnlineCalibration``)
 """

@@ -10,10 +10,18 @@ language module, ``tokens`` (the real tokens after packing: text + every modalit
 :meth:`CostIndex.module_costs` prices every module of a layout with a
 :class:`~mimo_accel.costs.CostModel`.
 
-File format v2 (``.npz``): a JSON header (format, length, the encoders in order with their rules)
-and int64 arrays ``tokens``, ``e<j>_items``, ``e<j>_rows``, ``e<j>_sq_rows`` for the j-th encoder.
-v1 files (one vision encoder: ``patches``, ``sq_patches``, ``images``, ``tokens``) still load, their
-encoder named ``"vision"``.
+Each column is held in the narrowest unsigned integer type that holds its values, and bounded: no
+sample has 2^31 tokens, items or rows, nor Σ rows² of 2^62 (nor more than rows², nor less than
+rows). Everything is checked when an index is built from arrays; lookups return int64.
+
+File format v3 (a stored ``.npz``, :mod:`~mimo_accel.costs.index_file`): a JSON ``header`` (format,
+length, the encoders in order with their rules, each column's dtype and maximum, the digest) and the
+columns ``tokens``, ``e<j>_items``, ``e<j>_rows``, ``e<j>_sq_rows`` for the j-th encoder, each
+64-byte aligned. :meth:`CostIndex.load` memory-maps them read-only — the ranks of a node share one
+copy in the page cache — and reads only the header, so loading costs the same at any length: the
+values were checked when the file was written and the header records the result. v2 files (int64
+columns) and v1 files (one vision encoder: ``patches``, ``sq_patches``, ``images``, ``tokens``, its
+encoder named ``"vision"``) still load, read whole into memory and checked, with a warning.
 """
 
 from __future__ import annotations
@@ -22,7 +30,7 @@ import hashlib
 import json
 import logging
 import os
-import tempfile
+import re
 import zipfile
 import zlib
 from collections.abc import Callable, Mapping, Sequence
@@ -32,22 +40,31 @@ from typing import Any, Optional
 
 import numpy as np
 
-from mimo_accel.costs._files import file_mode
 from mimo_accel.costs.audio import AudioRule
+from mimo_accel.costs.index_file import FileFormatError, MappedArrays, write_arrays
 from mimo_accel.costs.model import LANGUAGE, CostModel
 from mimo_accel.costs.resize import FixedPatches, ResizeRule
 from mimo_accel.costs.rules import rule_from_dict
 
 __all__ = ["CostIndex", "EncoderColumns", "IndexModulesError", "SampleShape"]
 
-COST_INDEX_FORMAT = "mimo-accel-cost-index/2"
+COST_INDEX_FORMAT = "mimo-accel-cost-index/3"
+COST_INDEX_FORMAT_V2 = "mimo-accel-cost-index/2"
 COST_INDEX_FORMAT_V1 = "mimo-accel-cost-index/1"
+_DIGEST_DOMAIN = b"mimo-accel-cost-index-digest/3"  # what digest() hashes first (any file format)
 DEFAULT_ENCODER = "vision"  # the name of a v1 index's (and the single-encoder constructor's) encoder
 _REBUILD_HINT = "rebuild it with `mimo-accel index`"
 _RULES = (ResizeRule, FixedPatches, AudioRule)
+# What no sample reaches (exclusive bounds, as powers of two): a cost index holding more is damaged
+# or was built from wrong numbers. rows < 2^31 keeps Σ rows² <= rows² below 2^62, and every cost
+# exact in float64 up to its rounding.
+BOUNDS = {"tokens": 31, "items": 31, "rows": 31, "sq_rows": 62}
+_KINDS = {"tokens": "tokens", "items": "items", "rows": "rows", "sq_rows": "Σ rows²"}  # in errors
+_WIDTHS = tuple(np.dtype(t) for t in (np.uint8, np.uint16, np.uint32, np.uint64))
+_CHUNK = 1 << 22  # samples checked at a time (bounds the temporaries of a check at any length)
 
 logger = logging.getLogger(__name__)
-_said: set = set()  # what module_costs said once per process (without a notify)
+_said: set = set()  # what module_costs and load said once per process (without a notify)
 
 
 class IndexModulesError(ValueError):
@@ -81,7 +98,8 @@ class SampleShape:
 
 @dataclass(frozen=True)
 class EncoderColumns:
-    """One encoder's per-sample columns (int64, read-only) and the rule that gave its rows."""
+    """One encoder's per-sample columns (read-only unsigned integers, each the narrowest that holds
+    its values; views of the file for a loaded index) and the rule that gave its rows."""
 
     items: np.ndarray
     rows: np.ndarray
@@ -91,36 +109,62 @@ class EncoderColumns:
     @classmethod
     def of(cls, name: str, items: Any, rows: Any, sq_rows: Any, rule: Any) -> "EncoderColumns":
         """Checked columns of encoder ``name`` (errors name it)."""
-        arrays = {}
-        for what, values in (("items", items), ("rows", rows), ("sq_rows", sq_rows)):
-            arrays[what] = _column(f"encoder {name!r} {what}", values)
+        arrays = {what: _column(f"encoder {name!r} {what}", values, what)
+                  for what, values in (("items", items), ("rows", rows), ("sq_rows", sq_rows))}
         lengths = {k: a.size for k, a in arrays.items()}
         if len(set(lengths.values())) > 1:
             raise ValueError(f"cost index: encoder {name!r} columns differ in length {lengths}; {_REBUILD_HINT}")
         if not isinstance(rule, _RULES):
             raise ValueError(f"cost index: encoder {name!r} rule must be a ResizeRule, FixedPatches or AudioRule, "
                              f"got {type(rule).__name__}")
-        r, q, n = arrays["rows"], arrays["sq_rows"], arrays["items"]
-        # Σr² >= Σr for whole row counts; rows only where there are items (an image has >= 1 row,
-        # so for images rows exist iff items do; a very short clip may have 0 rows)
-        bad = (q < r) | ((r > 0) & (n == 0))
-        if not isinstance(rule, AudioRule):
-            bad |= (r > 0) != (n > 0)
-        if bad.any():
+        n, r, q = arrays["items"], arrays["rows"], arrays["sq_rows"]
+        bad = _first_inconsistent(n, r, q, isinstance(rule, AudioRule))
+        if bad is not None:
             raise ValueError(f"cost index: inconsistent {'patch/image' if name == DEFAULT_ENCODER else 'row/item'} "
-                             f"counts (encoder {name!r}, sample {int(np.flatnonzero(bad)[0])}); {_REBUILD_HINT}")
+                             f"counts (encoder {name!r}, sample {bad}); {_REBUILD_HINT}")
         return cls(n, r, q, rule)
 
 
-def _column(what: str, values: Any) -> np.ndarray:
+def _narrowest(top: int) -> np.dtype:
+    return next(t for t in _WIDTHS if top <= np.iinfo(t).max)
+
+
+def _column(what: str, values: Any, kind: str) -> np.ndarray:
+    """``values`` checked (1-D, integers, >= 0, below ``kind``'s bound) and held read-only in the
+    narrowest unsigned type; a copy unless it is already such a read-only array."""
     a = np.asarray(values)
     if a.ndim != 1 or (a.size and a.dtype.kind not in "iu"):
         raise ValueError(f"cost index: {what} must be a 1-D integer array; {_REBUILD_HINT}")
-    a = a.astype(np.int64)
-    if (a < 0).any():
-        raise ValueError(f"cost index: {what} has negative entries; {_REBUILD_HINT}")
-    a.setflags(write=False)
-    return a
+    top = 0
+    if a.size:
+        if a.dtype.kind == "i" and a.min() < 0:
+            raise ValueError(f"cost index: {what} has negative entries; {_REBUILD_HINT}")
+        top = int(a.max())
+        if top >= 1 << BOUNDS[kind]:
+            raise ValueError(f"cost index: {what} holds {top:,} (sample {int(np.argmax(a))}), at or above 2^"
+                             f"{BOUNDS[kind]}, which no sample's {_KINDS[kind]} reach; the numbers it was built from "
+                             f"are wrong: {_REBUILD_HINT}")
+    narrow = _narrowest(top)
+    if a.dtype == narrow and not a.flags.writeable:
+        return a
+    out = a.astype(narrow)
+    out.setflags(write=False)
+    return out
+
+
+def _first_inconsistent(items: np.ndarray, rows: np.ndarray, sq_rows: np.ndarray, audio: bool) -> Optional[int]:
+    """The first sample whose counts no items can give, or None. Σr² lies in [Σr, (Σr)²] for whole
+    row counts; rows only where there are items (an image has >= 1 row, so for images rows exist
+    iff items do; a very short clip may have 0 rows)."""
+    for lo in range(0, rows.size, _CHUNK):
+        n, r, q = (c[lo:lo + _CHUNK] for c in (items, rows, sq_rows))
+        wide = r.astype(np.uint64)
+        bad = (q < r) | (q > wide * wide) | ((r > 0) & (n == 0))
+        if not audio:
+            bad |= (r > 0) != (n > 0)
+        if bad.any():
+            return lo + int(np.flatnonzero(bad)[0])
+    return None
 
 
 class CostIndex:
@@ -132,7 +176,7 @@ class CostIndex:
     with any encoders. Costs are a :class:`CostModel` away, so a new calibration needs no rebuild.
     """
 
-    __slots__ = ("_tokens", "_encoders", "_identity")
+    __slots__ = ("_tokens", "_encoders", "_identity", "_digest", "_file")
 
     def __init__(
         self,
@@ -145,23 +189,22 @@ class CostIndex:
         module: str = DEFAULT_ENCODER,
     ) -> None:
         # the v1 names in errors: callers of the single-encoder constructor know these columns
-        arrays = {name: _column(name, values) for name, values in
-                  (("patches", patches), ("sq_patches", sq_patches), ("tokens", tokens), ("images", images))}
+        arrays = {name: _column(name, values, kind) for name, values, kind in
+                  (("patches", patches, "rows"), ("sq_patches", sq_patches, "sq_rows"), ("tokens", tokens, "tokens"),
+                   ("images", images, "items"))}
         lengths = {name: a.size for name, a in arrays.items()}
         if len(set(lengths.values())) > 1:
             raise ValueError(f"cost index: arrays differ in length {lengths}; {_REBUILD_HINT}")
         if not isinstance(rule, _RULES):
             raise ValueError(f"cost index: rule must be a ResizeRule or FixedPatches, got {type(rule).__name__}")
         p, q, n = arrays["patches"], arrays["sq_patches"], arrays["images"]
-        bad = (q < p) | ((p > 0) & (n == 0))
-        if not isinstance(rule, AudioRule):
-            bad |= (p > 0) != (n > 0)
-        if bad.any():
-            raise ValueError(f"cost index: inconsistent patch/image counts; {_REBUILD_HINT}")
+        bad = _first_inconsistent(n, p, q, isinstance(rule, AudioRule))
+        if bad is not None:
+            raise ValueError(f"cost index: inconsistent patch/image counts (sample {bad}); {_REBUILD_HINT}")
         _check_name(module)
         self._tokens = arrays["tokens"]
         self._encoders = {module: EncoderColumns(n, p, q, rule)}
-        self._identity = {}
+        self._identity, self._digest, self._file = {}, None, None
 
     @classmethod
     def from_modules(cls, tokens: Any, encoders: Mapping[str, EncoderColumns | Sequence[Any]]) -> CostIndex:
@@ -169,7 +212,7 @@ class CostIndex:
         name to its :class:`EncoderColumns` or ``(items, rows, sq_rows, rule)``, in the layout's order."""
         if not isinstance(encoders, Mapping) or not encoders:
             raise ValueError("cost index: at least one encoder (module name -> its columns)")
-        tok = _column("tokens", tokens)
+        tok = _column("tokens", tokens, "tokens")
         cols = {}
         for name, given in encoders.items():
             _check_name(name)
@@ -180,8 +223,15 @@ class CostIndex:
                 raise ValueError(f"cost index: encoder {name!r} has {col.rows.size} samples, the tokens "
                                  f"{tok.size}; {_REBUILD_HINT}")
             cols[name] = col
+        return cls._of(tok, cols)
+
+    @classmethod
+    def _of(cls, tokens: np.ndarray, encoders: dict[str, EncoderColumns], identity: Optional[dict] = None,
+            digest: Optional[str] = None, file: Optional[tuple] = None) -> CostIndex:
+        """An index of columns already checked (no copy, no scan)."""
         index = cls.__new__(cls)
-        index._tokens, index._encoders, index._identity = tok, cols, {}
+        index._tokens, index._encoders = tokens, encoders
+        index._identity, index._digest, index._file = dict(identity or {}), digest, file
         return index
 
     @classmethod
@@ -205,6 +255,18 @@ class CostIndex:
 
     def __repr__(self) -> str:
         return f"CostIndex({len(self)} samples, encoders {list(self._encoders)})"
+
+    def __reduce__(self):
+        # a mapped index travels as its file (another process maps the same pages), checked unchanged
+        if self._file is not None:
+            return _reopen, (*self._file, self._identity)
+        return CostIndex._of, (self._tokens, self._encoders, self._identity, self._digest)
+
+    @property
+    def mapped(self) -> bool:
+        """Whether the columns are read-only views of the file it was loaded from (shared by every
+        process that maps it), rather than this process's own memory."""
+        return self._file is not None
 
     # ------------------------------------------------------------------------------- modules
 
@@ -237,16 +299,22 @@ class CostIndex:
         return self.encoder(module).rule
 
     def rows(self, module: str, indices: Any) -> np.ndarray:
-        """Encoder ``module``'s rows of each sample (Σ over its items)."""
-        return self.encoder(module).rows[self._lookup(indices)]
+        """Encoder ``module``'s rows of each sample (Σ over its items), int64."""
+        return _int64(self.encoder(module).rows, self._lookup(indices))
 
     def sq_rows(self, module: str, indices: Any) -> np.ndarray:
-        """Σ rows² over encoder ``module``'s items of each sample (the attention term)."""
-        return self.encoder(module).sq_rows[self._lookup(indices)]
+        """Σ rows² over encoder ``module``'s items of each sample (the attention term), int64."""
+        return _int64(self.encoder(module).sq_rows, self._lookup(indices))
 
     def items(self, module: str, indices: Any) -> np.ndarray:
-        """Encoder ``module``'s items (images, clips, videos) of each sample."""
-        return self.encoder(module).items[self._lookup(indices)]
+        """Encoder ``module``'s items (images, clips, videos) of each sample, int64."""
+        return _int64(self.encoder(module).items, self._lookup(indices))
+
+    @property
+    def token_column(self) -> np.ndarray:
+        """The language tokens of every sample as stored (read-only, the narrowest unsigned type;
+        :meth:`tokens` looks samples up as int64)."""
+        return self._tokens
 
     def column_for(self, module: str, layout_encoders: Sequence[str],
                    notify: Optional[Callable[[str, str], object]] = None) -> str:
@@ -277,7 +345,8 @@ class CostIndex:
         """Per-sample costs of the samples at ``indices`` for every module of ``modules`` (a
         :class:`mimo_accel.modules.Modules`, or anything iterating over objects with ``.name``):
         module name -> float64 costs. An encoder: ``model``'s ``a·rows + b·sq_rows + k·items`` over
-        its column (:meth:`column_for`); the language module: ``a·tokens + b·tokens²``."""
+        its column (:meth:`column_for`); the language module: ``a·tokens + b·tokens²``. The counts
+        become float64 before any product, so the costs do not depend on the columns' widths."""
         i = self._lookup(indices)
         names = [m.name for m in modules]
         encoders = [n for n in names if n != LANGUAGE]
@@ -315,20 +384,20 @@ class CostIndex:
         return model.costs_from_sums(col.rows[i], col.sq_rows[i], self._tokens[i])
 
     def patches(self, indices: Any) -> np.ndarray:
-        """Total vision patches of each sample (the single encoder's rows)."""
-        return self._single().rows[self._lookup(indices)]
+        """Total vision patches of each sample (the single encoder's rows), int64."""
+        return _int64(self._single().rows, self._lookup(indices))
 
     def sq_patches(self, indices: Any) -> np.ndarray:
-        """Sum of squared per-image patch counts of each sample (the attention term)."""
-        return self._single().sq_rows[self._lookup(indices)]
+        """Sum of squared per-image patch counts of each sample (the attention term), int64."""
+        return _int64(self._single().sq_rows, self._lookup(indices))
 
     def images(self, indices: Any) -> np.ndarray:
-        """Number of images of each sample (the single encoder's items)."""
-        return self._single().items[self._lookup(indices)]
+        """Number of images of each sample (the single encoder's items), int64."""
+        return _int64(self._single().items, self._lookup(indices))
 
     def tokens(self, indices: Any) -> np.ndarray:
-        """Real language tokens of each sample."""
-        return self._tokens[self._lookup(indices)]
+        """Real language tokens of each sample, int64."""
+        return _int64(self._tokens, self._lookup(indices))
 
     # ------------------------------------------------------------------------------ identity
 
@@ -343,112 +412,159 @@ class CostIndex:
 
     def with_identity(self, **fields: Any) -> "CostIndex":
         """The same index with ``fields`` recorded in its identity (None values drop a field)."""
-        other = CostIndex.__new__(CostIndex)
-        other._tokens, other._encoders = self._tokens, self._encoders
-        other._identity = {k: v for k, v in {**self._identity, **fields}.items() if v is not None}
-        json.dumps(other._identity)  # must go into the file's JSON header
-        return other
+        identity = {k: v for k, v in {**self._identity, **fields}.items() if v is not None}
+        json.dumps(identity)  # must go into the file's JSON header
+        return CostIndex._of(self._tokens, self._encoders, identity, self._digest, self._file)
 
     # --------------------------------------------------------------------------------- files
 
     def digest(self) -> str:
         """A hex SHA-256 of every encoder (name, rule, columns) and the tokens: equal digests,
-        equal indexes (and plans)."""
-        h = hashlib.sha256(COST_INDEX_FORMAT.encode())
-        for name in sorted(self._encoders):
-            col = self._encoders[name]
-            h.update(json.dumps([name, col.rule.to_dict()], sort_keys=True).encode())
-            for a in (col.items, col.rows, col.sq_rows):
-                h.update(np.ascontiguousarray(a, dtype="<i8").tobytes())
-        h.update(b"tokens")
-        h.update(np.ascontiguousarray(self._tokens, dtype="<i8").tobytes())
-        return h.hexdigest()
+        equal indexes (and plans). Computed once (about 0.5 s per GB of columns); a loaded v3 file's
+        is the one recorded when it was written, so comparing indexes across ranks costs nothing."""
+        if self._digest is None:
+            h = hashlib.sha256(_DIGEST_DOMAIN)
+            for name in sorted(self._encoders):
+                col = self._encoders[name]
+                h.update(json.dumps([name, col.rule.to_dict()], sort_keys=True).encode())
+                for a in (col.items, col.rows, col.sq_rows):
+                    _hash_column(h, a)
+            h.update(b"tokens")
+            _hash_column(h, self._tokens)
+            self._digest = h.hexdigest()
+        return self._digest
+
+    def _columns(self) -> dict[str, np.ndarray]:
+        """The file's columns by member name, in the file's order."""
+        out = {"tokens": self._tokens}
+        for j, col in enumerate(self._encoders.values()):
+            out.update({f"e{j}_items": col.items, f"e{j}_rows": col.rows, f"e{j}_sq_rows": col.sq_rows})
+        return out
 
     def save(self, path: str | os.PathLike[str]) -> None:
-        """Write the index as one ``.npz`` file (format v2) at exactly ``path`` (atomically replaced)."""
-        names = list(self._encoders)
-        header = {"format": COST_INDEX_FORMAT, "length": len(self),
-                  "encoders": [{"name": n, "rule": self._encoders[n].rule.to_dict()} for n in names]}
+        """Write the index as one ``.npz`` file (format v3: memory-mapped by :meth:`load`) at exactly
+        ``path`` (atomically replaced)."""
+        columns = self._columns()
+        header = {"format": COST_INDEX_FORMAT, "length": len(self), "digest": self.digest(),
+                  "encoders": [{"name": n, "rule": c.rule.to_dict()} for n, c in self._encoders.items()],
+                  "columns": {k: {"dtype": a.dtype.str, "max": int(a.max()) if a.size else 0}
+                              for k, a in columns.items()}}
         if self._identity:
             header["identity"] = dict(self._identity)
-        arrays: dict[str, np.ndarray] = {"tokens": self._tokens}
-        for j, n in enumerate(names):
-            col = self._encoders[n]
-            arrays.update({f"e{j}_items": col.items, f"e{j}_rows": col.rows, f"e{j}_sq_rows": col.sq_rows})
-        path = Path(path)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                np.savez(f, header=np.array(json.dumps(header, sort_keys=True)), **arrays)
-            os.chmod(tmp, file_mode())  # mkstemp's 0600 would hide the file from other accounts
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        write_arrays(path, {"header": np.array(json.dumps(header, sort_keys=True)), **columns})
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> CostIndex:
-        """Read an index written by :meth:`save` (v2, or v1: one encoder named "vision"); anything
-        malformed raises ValueError."""
+        """Read an index written by :meth:`save`: v3 memory-mapped (its header read, its length and
+        columns checked against the file, no column scanned); v2, or v1 (one encoder named
+        "vision"), read whole and checked, with a warning. Anything malformed raises ValueError
+        naming the file and the fix."""
         path = Path(path)
         try:
-            data = np.load(path, allow_pickle=False)
-            if not isinstance(data, np.lib.npyio.NpzFile):
-                raise ValueError("a bare .npy array")
-            with data:
-                if "header" not in data.files:
+            with MappedArrays(path) as f:
+                if "header" not in f.names:
                     raise _Missing(["header"])
-                header_text = str(data["header"])
                 try:
-                    header = json.loads(header_text)
+                    header = json.loads(str(f.read("header")))
                     fmt, length = header["format"], header["length"]
+                    if isinstance(length, bool) or not isinstance(length, int) or length < 0:
+                        raise TypeError
                 except (json.JSONDecodeError, KeyError, TypeError):
-                    raise _Malformed() from None
+                    raise _Malformed("") from None
+                if fmt == COST_INDEX_FORMAT:
+                    return cls._mapped(path, f, header)
+                if fmt not in (COST_INDEX_FORMAT_V1, COST_INDEX_FORMAT_V2):
+                    raise _WrongFormat(fmt)
                 if fmt == COST_INDEX_FORMAT_V1:
                     names = ("patches", "sq_patches", "tokens", "images")
-                elif fmt == COST_INDEX_FORMAT:
-                    encoders = header.get("encoders")
-                    if not isinstance(encoders, list) or not all(isinstance(e, dict) and {"name", "rule"} <= set(e)
-                                                                 for e in encoders):
-                        raise _Malformed()
-                    names = ("tokens", *(f"e{j}_{c}" for j in range(len(encoders))
-                                         for c in ("items", "rows", "sq_rows")))
                 else:
-                    raise _WrongFormat(fmt)
-                missing = [k for k in names if k not in data.files]
+                    names = ("tokens", *(f"e{j}_{c}" for j in range(len(_encoder_entries(header)))
+                                         for c in ("items", "rows", "sq_rows")))
+                missing = [k for k in names if k not in f.names]
                 if missing:
                     raise _Missing(missing)
-                arrays = {k: data[k] for k in names}
+                arrays = {k: f.read(k) for k in names}
         except _Missing as exc:
             raise ValueError(f"{path}: cost index lacks arrays {exc.args[0]}; {_REBUILD_HINT}") from None
-        except _Malformed:
-            raise ValueError(f"{path}: cost index header is malformed; {_REBUILD_HINT}") from None
+        except _Malformed as exc:
+            raise ValueError(f"{path}: cost index header is malformed{exc.args[0]}; {_REBUILD_HINT}") from None
         except _WrongFormat as exc:
             raise ValueError(f"{path}: expected format {COST_INDEX_FORMAT!r}, found {exc.args[0]!r}; "
                              f"{_REBUILD_HINT}") from None
+        except _OutOfRange as exc:
+            raise ValueError(f"{path}: {exc.args[0]}; {_REBUILD_HINT}") from None
         except (ValueError, EOFError, zipfile.BadZipFile, zlib.error) as exc:
-            # Not an .npz, a damaged one, or pickled objects that are never executed.
-            raise ValueError(f"{path}: not a cost index ({exc}); {_REBUILD_HINT}") from None
+            # Not an .npz, a truncated or damaged one, or pickled objects that are never executed.
+            raise ValueError(f"{path}: not a cost index, or a truncated one ({exc}); {_REBUILD_HINT}") from None
         try:
             if fmt == COST_INDEX_FORMAT_V1:
                 if "rule" not in header:
                     raise ValueError(f"cost index header is malformed; {_REBUILD_HINT}")
                 index = cls(**arrays, rule=rule_from_dict(header["rule"]))
             else:
+                encoders = _encoder_entries(header)
                 index = cls.from_modules(arrays["tokens"], {
                     e["name"]: (arrays[f"e{j}_items"], arrays[f"e{j}_rows"], arrays[f"e{j}_sq_rows"],
                                 rule_from_dict(e["rule"]))
-                    for j, e in enumerate(header["encoders"])})
-                if len(index.encoders) != len(header["encoders"]):
+                    for j, e in enumerate(encoders)})
+                if len(index.encoders) != len(encoders):
                     raise ValueError(f"the header names an encoder twice; {_REBUILD_HINT}")
         except (ValueError, TypeError) as exc:
             raise ValueError(f"{path}: {exc}") from None
         if len(index) != length:
             raise ValueError(f"{path}: header says {length} samples, arrays hold {len(index)}; {_REBUILD_HINT}")
-        identity = header.get("identity") or {}
-        if not isinstance(identity, dict):
-            raise ValueError(f"{path}: cost index header is malformed (identity); {_REBUILD_HINT}")
-        return index.with_identity(**identity) if identity else index
+        key = f"cost-index:legacy:{path.resolve()}"
+        if key not in _said:
+            _said.add(key)
+            logger.warning("mimo_accel: %s is a cost index of format %s: read whole into this process's memory "
+                           "(every rank holds a copy); %s to memory-map it (format %s)", path, fmt, _REBUILD_HINT,
+                           COST_INDEX_FORMAT)
+        return index.with_identity(**_identity_of(path, header))
+
+    @classmethod
+    def _mapped(cls, path: Path, f: MappedArrays, header: dict) -> CostIndex:
+        """A v3 file's index, its columns views of the file (raises the private errors above)."""
+        encoders = _encoder_entries(header)
+        specs, digest, length = header.get("columns"), header.get("digest"), header["length"]
+        if not isinstance(specs, dict) or not isinstance(digest, str) or not re.fullmatch(r"[0-9a-f]{64}", digest):
+            raise _Malformed(" (columns, digest)")
+        names = ["tokens", *(f"e{j}_{c}" for j in range(len(encoders)) for c in ("items", "rows", "sq_rows"))]
+        missing = [k for k in names if k not in f.names or k not in specs]
+        if missing:
+            raise _Missing(missing)
+        columns = {}
+        for name in names:
+            kind = name.partition("_")[2] if name != "tokens" else "tokens"
+            spec = specs[name]
+            try:
+                top, dtype = spec["max"], np.dtype(spec["dtype"])
+                if isinstance(top, bool) or not isinstance(top, int) or top < 0:
+                    raise TypeError
+            except (KeyError, TypeError):
+                raise _Malformed(f" (column {name})") from None
+            if top >= 1 << BOUNDS[kind]:
+                raise _OutOfRange(f"column {name} holds {top:,}, at or above 2^{BOUNDS[kind]}, which no sample's "
+                                  f"{_KINDS[kind]} reach")
+            if dtype != _narrowest(top):
+                raise _Malformed(f" (column {name} is {dtype}, not the narrowest type for its maximum {top})")
+            column = f.mapped(name)
+            if column.dtype != dtype or column.size != length:
+                raise FileFormatError(f"column {name} holds {column.size} entries of {column.dtype}, the header "
+                                      f"says {length} of {dtype}")
+            columns[name] = column
+        cols = {}
+        for j, e in enumerate(encoders):
+            try:
+                _check_name(e["name"])
+                rule = rule_from_dict(e["rule"])
+            except (ValueError, TypeError) as exc:
+                raise _Malformed(f" (encoder {e['name']!r}: {exc})") from None
+            cols[e["name"]] = EncoderColumns(columns[f"e{j}_items"], columns[f"e{j}_rows"], columns[f"e{j}_sq_rows"],
+                                             rule)
+        if len(cols) != len(encoders):
+            raise _Malformed(" (an encoder named twice)")
+        return cls._of(columns["tokens"], cols, _identity_of(path, header), digest,
+                       (str(path.resolve()), f.stamp()))
 
 
 class _Missing(Exception):
@@ -461,6 +577,45 @@ class _Malformed(Exception):
 
 class _WrongFormat(Exception):
     pass
+
+
+class _OutOfRange(Exception):
+    pass
+
+
+def _encoder_entries(header: dict) -> list[dict]:
+    encoders = header.get("encoders")
+    if not isinstance(encoders, list) or not encoders or not all(
+            isinstance(e, dict) and {"name", "rule"} <= set(e) for e in encoders):
+        raise _Malformed("")
+    return encoders
+
+
+def _identity_of(path: Path, header: dict) -> dict:
+    identity = header.get("identity") or {}
+    if not isinstance(identity, dict):
+        raise ValueError(f"{path}: cost index header is malformed (identity); {_REBUILD_HINT}")
+    return identity
+
+
+def _int64(column: np.ndarray, i: np.ndarray) -> np.ndarray:
+    return column[i].astype(np.int64)
+
+
+def _hash_column(h: Any, a: np.ndarray) -> None:
+    a = np.ascontiguousarray(a, dtype=a.dtype.newbyteorder("<"))
+    h.update(f"{a.dtype.str}:{a.size};".encode())
+    h.update(memoryview(a).cast("B"))
+
+
+def _reopen(path: str, stamp: tuple, identity: dict) -> CostIndex:
+    """A pickled mapped index in another process: the same file, mapped again, if it is unchanged."""
+    index = CostIndex.load(path)
+    if index._file[1] != stamp:
+        raise ValueError(f"{path}: the cost index file changed after it was loaded (size, modification time, "
+                         f"inode {stamp} then, {index._file[1]} now); every process must plan from the same index")
+    index._identity = dict(identity)
+    return index
 
 
 def _check_name(name: Any) -> None:

@@ -227,9 +227,15 @@ def derive_cost_index(dataset: Any, *, group: Any = None, cache_dir: CacheDir = 
             str(path.resolve()) if path is not None else None)
     states = comm.gather(mine)
     digests = {s[0] for s in states}
+    # one writer per (host, cache file) among the ranks
+    writer: dict[tuple, int] = {}
+    for r, (_, host, where) in enumerate(states):
+        writer.setdefault((host, where), r)
     if cached is not None and len(digests) == 1:
         if rank == 0:
             logger.info("mimo_accel: cost index of %s read from the cache %s", source.describe(), path)
+        if not cached.mapped and writer[(mine[1], mine[2])] == rank:
+            _save(cached, path, source, key)  # an older format's cache, rewritten to be memory-mapped next time
         return cached.with_identity(**identity)
 
     # 3. Probe this rank's share; one gather assembles the whole index everywhere.
@@ -252,11 +258,8 @@ def derive_cost_index(dataset: Any, *, group: Any = None, cache_dir: CacheDir = 
                                         f"{share(r, world, source.base_length)[1] - 1})", failure)
     index = source.to_index(Probed.concat([p[1] for p in parts])).with_identity(**identity)
 
-    # One writer per (host, cache file) among the ranks whose cache is stale or missing.
+    # The writer of each (host, cache file) whose cache is stale or missing writes it.
     if path is not None:
-        writer: dict[tuple, int] = {}
-        for r, (_, host, where) in enumerate(states):
-            writer.setdefault((host, where), r)
         if writer[(mine[1], mine[2])] == rank and mine[0] != index.digest():
             _save(index, path, source, key)
     if rank == 0:

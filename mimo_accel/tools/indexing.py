@@ -30,6 +30,7 @@ dataset, each under its own module name.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -38,7 +39,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 import numpy as np
 
@@ -53,14 +54,16 @@ __all__ = [
     "default_index_path",
     "load_dataset_spec",
     "main",
-    "read_manifest",
+    "manifest_chunks",
     "summarize",
 ]
 
 INDEX_SUFFIX = ".mimo-cost-index.npz"
 DEFAULT_MODULE = "vision"  # the encoder module a manifest's images price (--module NAME)
 CHARS_PER_TOKEN = 4
-# Below this many distinct image files, a thread pool costs more than it saves.
+CHUNK_LINES = 1 << 16  # manifest lines parsed, sized and indexed at a time
+DEFAULT_WORKERS = 1  # header-reading threads (benchmarks/bench_index.py --manifest: see docs/measurements.md)
+# Below this many distinct image files in a chunk, a thread pool costs more than it saves.
 _PARALLEL_FROM = 64
 
 
@@ -133,22 +136,31 @@ def _parse_line(text: str, line: int, where: str, base: Path) -> _Entry:
     return _Entry(line, tuple(images), tuple(sizes), tokens)
 
 
-def read_manifest(path: str | os.PathLike[str]) -> list[_Entry]:
-    """Parse and check every line of a manifest (no image is opened)."""
+def manifest_chunks(path: str | os.PathLike[str], lines: Optional[int] = None) -> Iterator[tuple[list[_Entry], int]]:
+    """The manifest's samples, parsed and checked (no image is opened), ``lines`` samples at a time
+    (None: :data:`CHUNK_LINES`): (the chunk's entries, bytes of the manifest read so far)."""
     path = Path(path)
+    lines = CHUNK_LINES if lines is None else lines
     try:
-        f = open(path, encoding="utf-8")
+        f = open(path, "rb")
     except FileNotFoundError:
         raise ManifestError(f"{path}: manifest not found") from None
-    entries = []
-    base = path.parent
+    base, where, done, chunk, seen = path.parent, str(path), 0, [], False
     with f:
         for line_no, text in enumerate(f, start=1):
+            done += len(text)
             if text.strip():
-                entries.append(_parse_line(text, line_no, str(path), base))
-    if not entries:
-        raise ManifestError(f"{path}: the manifest has no samples (one JSON object per line)")
-    return entries
+                try:
+                    chunk.append(_parse_line(text.decode("utf-8"), line_no, where, base))
+                except UnicodeDecodeError as exc:
+                    raise ManifestError(f"{where}:{line_no}: not UTF-8 text ({exc.reason})") from None
+            if len(chunk) >= lines:
+                yield chunk, done
+                chunk, seen = [], True
+    if chunk or not seen:
+        if not chunk:
+            raise ManifestError(f"{path}: the manifest has no samples (one JSON object per line)")
+        yield chunk, done
 
 
 def _header_size(item: tuple[str, int, Path]) -> tuple[int, int]:
@@ -161,15 +173,14 @@ def _header_size(item: tuple[str, int, Path]) -> tuple[int, int]:
         raise ManifestError(f"{where}:{line}: cannot read the image size: {exc}") from None
 
 
-def _read_sizes(entries: Sequence[_Entry], where: str, workers: Optional[int]) -> dict[Path, tuple[int, int]]:
-    """Header sizes of every distinct image file, keyed by path; errors name the first bad line."""
+def _read_sizes(entries: Sequence[_Entry], where: str, workers: int) -> dict[Path, tuple[int, int]]:
+    """Header sizes of every distinct image file of a chunk, keyed by path; errors name the first
+    bad line."""
     first_use: dict[Path, int] = {}
     for e in entries:
         for image in e.images:
             first_use.setdefault(image, e.line)
     items = [(where, line, image) for image, line in first_use.items()]
-    if workers is not None and workers < 1:
-        raise ValueError(f"workers must be >= 1, got {workers}")
     if len(items) < _PARALLEL_FROM or workers == 1:
         sizes = [_header_size(item) for item in items]
     else:
@@ -179,35 +190,69 @@ def _read_sizes(entries: Sequence[_Entry], where: str, workers: Optional[int]) -
     return dict(zip(first_use, sizes))
 
 
-def _shapes_to_index(shapes: Sequence[SampleShape], rule: ResizeRule, where: Callable[[int], str],
-                     module: str = "vision") -> CostIndex:
-    try:
-        return CostIndex.from_shapes(shapes, rule, module=module)
-    except ValueError:
-        # Find the sample the rule refuses (e.g. aspect ratio above 200) and name it.
-        for i, shape in enumerate(shapes):
-            for h, w in shape.image_sizes:
-                try:
-                    rule.resized(h, w)
-                except ValueError as exc:
-                    raise ManifestError(f"{where(i)}: {exc}") from None
-        raise
+class _Columns:
+    """The index columns of consecutive chunks of samples, each chunk held in the narrowest type
+    that holds it (no Python object per sample outlives its chunk)."""
+
+    def __init__(self) -> None:
+        self.parts: dict[str, list[np.ndarray]] = {k: [] for k in ("tokens", "items", "rows", "sq_rows")}
+
+    def add(self, shapes: Sequence[SampleShape], rule: Any, where: Callable[[int], str]) -> None:
+        n = len(shapes)
+        counts = np.fromiter((len(s.image_sizes) for s in shapes), dtype=np.int64, count=n)
+        hw = np.array([size for s in shapes for size in s.image_sizes], dtype=np.int64).reshape(-1, 2)
+        try:
+            per_image = rule.patches_many(hw[:, 0], hw[:, 1])
+        except ValueError:
+            # Find the sample the rule refuses (e.g. aspect ratio above 200) and name it.
+            for i, shape in enumerate(shapes):
+                for h, w in shape.image_sizes:
+                    try:
+                        rule.resized(h, w)
+                    except ValueError as exc:
+                        raise ManifestError(f"{where(i)}: {exc}") from None
+            raise
+        owner = np.repeat(np.arange(n), counts)
+        rows, sq = np.zeros(n, np.int64), np.zeros(n, np.int64)
+        np.add.at(rows, owner, per_image)
+        np.add.at(sq, owner, per_image * per_image)
+        tokens = np.fromiter((s.tokens for s in shapes), dtype=np.int64, count=n)
+        for key, a in (("tokens", tokens), ("items", counts), ("rows", rows), ("sq_rows", sq)):
+            self.parts[key].append(a.astype(np.min_scalar_type(int(a.max()) if a.size else 0)))
+
+    def index(self, rule: Any, module: str) -> CostIndex:
+        whole = {}
+        for key, parts in self.parts.items():
+            whole[key] = np.concatenate(parts) if parts else np.zeros(0, np.uint8)  # the widest part's type
+            whole[key].setflags(write=False)  # ours alone: the index keeps it without a copy
+            parts.clear()
+        return CostIndex.from_modules(whole["tokens"], {module: (whole["items"], whole["rows"], whole["sq_rows"],
+                                                                 rule)})
 
 
 def build_index_from_manifest(path: str | os.PathLike[str], rule: Optional[ResizeRule] = None, *,
-                              workers: Optional[int] = None, module: str = DEFAULT_MODULE) -> CostIndex:
+                              workers: Optional[int] = None, module: str = DEFAULT_MODULE,
+                              on_progress: Optional[Callable[[int], object]] = None) -> CostIndex:
     """The cost index of the samples a JSONL manifest lists (format: see the module docstring), its
-    images the column of encoder ``module``.
+    images the column of encoder ``module``, read :data:`CHUNK_LINES` lines at a time.
 
-    ``workers``: threads reading image headers (None: Python's default pool size; 1: serial).
+    ``workers``: threads reading a chunk's image headers (None: :data:`DEFAULT_WORKERS`; 1: serial).
+    ``on_progress(bytes)``: called after each chunk with the bytes of the manifest read so far.
     Raises :class:`ManifestError` (a ValueError) naming the manifest line for a bad line, a missing
     or unreadable image, or an image the resize rule refuses.
     """
     rule = ResizeRule() if rule is None else rule
-    entries = read_manifest(path)
-    sizes = _read_sizes(entries, str(path), workers)
-    shapes = [SampleShape(tuple(sizes[i] for i in e.images) + e.sizes, e.tokens) for e in entries]
-    return _shapes_to_index(shapes, rule, lambda i: f"{path}:{entries[i].line}", module)
+    workers = DEFAULT_WORKERS if workers is None else workers
+    if workers < 1:
+        raise ValueError(f"workers must be >= 1, got {workers}")
+    columns = _Columns()
+    for entries, done in manifest_chunks(path):
+        sizes = _read_sizes(entries, str(path), workers)
+        shapes = [SampleShape(tuple(sizes[i] for i in e.images) + e.sizes, e.tokens) for e in entries]
+        columns.add(shapes, rule, lambda i: f"{path}:{entries[i].line}")
+        if on_progress is not None:
+            on_progress(done)
+    return columns.index(rule, module)
 
 
 def build_index_from_dataset(dataset: Any, shape_fn: Callable[[int], SampleShape],
@@ -215,13 +260,16 @@ def build_index_from_dataset(dataset: Any, shape_fn: Callable[[int], SampleShape
     """The cost index of an in-memory dataset: ``shape_fn(i)`` gives sample i's :class:`SampleShape`
     (its images: encoder ``module``'s column)."""
     rule = ResizeRule() if rule is None else rule
-    shapes = []
-    for i in range(len(dataset)):
-        shape = shape_fn(i)
-        if not isinstance(shape, SampleShape):
-            raise TypeError(f"shape_fn({i}) must return a SampleShape, got {type(shape).__name__}")
-        shapes.append(shape)
-    return _shapes_to_index(shapes, rule, lambda i: f"sample {i}", module)
+    columns = _Columns()
+    for lo in range(0, len(dataset), CHUNK_LINES):
+        shapes = []
+        for i in range(lo, min(lo + CHUNK_LINES, len(dataset))):
+            shape = shape_fn(i)
+            if not isinstance(shape, SampleShape):
+                raise TypeError(f"shape_fn({i}) must return a SampleShape, got {type(shape).__name__}")
+            shapes.append(shape)
+        columns.add(shapes, rule, lambda i: f"sample {lo + i}")
+    return columns.index(rule, module)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -240,20 +288,20 @@ def summarize(index: CostIndex) -> dict[str, Any]:
     """Counts and distributions of an index (what the CLI prints): per encoder module under
     ``encoders``; with one encoder also at the top level, under the image names of a v1 index."""
     n = len(index)
-    everything = np.arange(n)
     encoders = {}
     for name in index.encoders:
-        rows, items = index.rows(name, everything), index.items(name, everything)
+        col = index.encoder(name)  # the stored columns themselves: no int64 copy of a whole dataset
+        without = int(n - np.count_nonzero(col.items))
         encoders[name] = {
-            "items": int(items.sum()),
-            "samples_without": int((items == 0).sum()),
-            "fraction_without": float((items == 0).mean()) if n else 0.0,
-            "max_items_per_sample": int(items.max()) if n else 0,
-            "rows_per_sample_with": _dist(rows[items > 0]),
-            "total_rows": int(rows.sum()),
+            "items": int(col.items.sum(dtype=np.uint64)),
+            "samples_without": without,
+            "fraction_without": without / n if n else 0.0,
+            "max_items_per_sample": int(col.items.max()) if n else 0,
+            "rows_per_sample_with": _dist(col.rows[col.items > 0]),
+            "total_rows": int(col.rows.sum(dtype=np.uint64)),
             "rule": index.rule_of(name).to_dict(),
         }
-    out: dict[str, Any] = {"samples": n, "tokens_per_sample": _dist(index.tokens(everything)), "encoders": encoders}
+    out: dict[str, Any] = {"samples": n, "tokens_per_sample": _dist(index.token_column), "encoders": encoders}
     if len(encoders) == 1:
         e = next(iter(encoders.values()))
         out.update({
@@ -307,7 +355,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--min-pixels", type=positive_int, default=None, help=f"manifest only: default {d.min_pixels}")
     p.add_argument("--max-pixels", type=positive_int, default=None, help=f"manifest only: default {d.max_pixels}")
     p.add_argument("--workers", type=positive_int, default=None,
-                   help="threads reading image headers (default: Python's thread-pool default; 1 = serial)")
+                   help=f"threads reading image headers (manifest default {DEFAULT_WORKERS}: serial, the fastest from a "
+                        "local disk's page cache; more overlap the open latency of a network file system. With "
+                        "--dataset the default is the probe's: a pool when a chunk has many files)")
     p.add_argument("--log", metavar="PATH",
                    help="with --dataset: where the output of importing and building the dataset goes (megatron "
                         "and transformers warnings; default: mimo-accel-index.log in the temp directory)")
@@ -362,7 +412,8 @@ def _print_summary(console, summary: dict[str, Any], out: Any, seconds: float, w
                           f"p50 {d['p50']:,.0f} · p90 {d['p90']:,.0f} · max {d['max']:,.0f}")
         table.add_row("resize rule" if len(encoders) == 1 else f"{name}: rule", _rule_text(e["rule"]))
     table.add_row("tokens per sample", f"p50 {tk['p50']:,.0f} · p90 {tk['p90']:,.0f} · max {tk['max']:,.0f}")
-    table.add_row("header-read threads", "default" if workers is None else str(workers))
+    threads = workers if workers is not None else "the probe's default" if source else DEFAULT_WORKERS
+    table.add_row("header-read threads", str(threads))
     table.add_row("time", f"{seconds:.2f} s")
     for where in (out if isinstance(out, (list, tuple)) else [out]):
         table.add_row("written to", str(where))
@@ -526,14 +577,29 @@ def _main_manifest(args) -> int:
         raise UsageError(f"the index goes next to the manifest by default, but {manifest.parent} is not writable; "
                          "give --out PATH")
     start = time.perf_counter()
-    index = build_index_from_manifest(args.manifest, rule, workers=args.workers,
-                                      module=args.module or DEFAULT_MODULE)
+    with _progress(manifest) as advance:
+        index = build_index_from_manifest(args.manifest, rule, workers=args.workers,
+                                          module=args.module or DEFAULT_MODULE, on_progress=advance)
     out.parent.mkdir(parents=True, exist_ok=True)
     # what it describes: this manifest (a training job can check only its length against this)
     index.with_identity(manifest=_file_sha(args.manifest), split=args.split,
                         describe=f"manifest {Path(args.manifest).name}").save(out)
     _print_summary(Console(), summarize(index), out, time.perf_counter() - start, args.workers)
     return 0
+
+
+@contextlib.contextmanager
+def _progress(manifest: Path) -> Iterator[Callable[[int], None]]:
+    """A rich progress bar on stderr over the manifest's bytes, when stderr is a terminal (a log
+    gets the summary alone): ``advance(bytes read so far)``."""
+    from rich.console import Console
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
+
+    console = Console(stderr=True)
+    with Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TimeRemainingColumn(),
+                  console=console, transient=True, disable=not console.is_terminal) as progress:
+        task = progress.add_task(f"indexing {manifest.name}", total=manifest.stat().st_size)
+        yield lambda done: progress.update(task, completed=done)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
