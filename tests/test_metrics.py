@@ -109,8 +109,9 @@ def _state(*, step=0, interval=1, tensorboard=None, wandb=None, tb_dir="tb", pro
 
 
 def test_the_ranks_meet_in_the_store_and_only_the_last_rank_writes(tmp_path):
-    """Four ranks' hooks on one real store (HashStore): ranks 0-2 set their figures and go on at
-    once; rank 3 (Bridge's writer rank) waits for them and writes; no key is left behind."""
+    """Four ranks' hooks on one real store (HashStore): every rank's hook only sets its figures and
+    goes on — the writing rank (3, Bridge's) too: its thread waits for ranks 0-2 and writes, and
+    its close collects that; no key is left behind."""
     store = dist.HashStore()
     lines = [_line(tmp_path, r, "vision" if r < 2 else "language", r % 2, 0.1 * (r + 1), 0.1, tokens=50 * r)
              for r in range(4)]
@@ -120,12 +121,11 @@ def test_the_ranks_meet_in_the_store_and_only_the_last_rank_writes(tmp_path):
     assert len({m.run for m in ranks}) == 4  # one process plays four ranks here: four runs' keys
     for m in ranks:
         m.run = 7  # the same run on every rank, as in a job
-    writer = threading.Thread(target=ranks[3].after_step, args=lines[3])
-    writer.start()  # waits in the store for ranks 0-2
+    ranks[3].after_step(*lines[3])  # returns before ranks 0-2 have come: the wait is on its own thread
+    assert ranks[3].written == 0 and not store.check(["mimo_accel/metrics/7/done"])
     for r in range(3):
         ranks[r].after_step(*lines[r])  # returns at once: only a set
-    writer.join(timeout=30)
-    assert not writer.is_alive()
+    ranks[3].close()  # collects the gather: written
     assert ranks[3].written == 1 and all(m.written == 0 for m in ranks[:3])
     names = {name for name, _, step in tb.scalars if step == 2}  # iteration 2: train_state.step + 1
     assert {"mimo_accel/vision/straggler", "mimo_accel/language/straggler", "mimo_accel/reads/samples",
@@ -134,8 +134,9 @@ def test_the_ranks_meet_in_the_store_and_only_the_last_rank_writes(tmp_path):
     # each rank deletes its own key once the writer marked the iteration read: ranks 0 and 1 looked
     # before the writer could (it waits for rank 2's key), so theirs stay until their next logged
     # iteration or the end of training; rank 2 looks right after its set, before or after the writer
-    # marked the iteration (the two threads race), so its key may already be gone
-    left = [r for r in range(3) if store.check([f"mimo_accel/metrics/7/2/{r}"])]
+    # marked the iteration (the two threads race), so its key may already be gone; the writer's own
+    # key went when it read them all
+    left = [r for r in range(4) if store.check([f"mimo_accel/metrics/7/2/{r}"])]
     assert left in ([0, 1], [0, 1, 2]) and store.num_keys() == 1 + len(left)  # and the done mark
     for m in ranks:
         m.close()
@@ -153,14 +154,66 @@ def test_only_the_iterations_bridge_logs_are_gathered(tmp_path):
         m.after_step(*line)
     assert sorted({s for _, _, s in tb.scalars}) == [3, 6] and m.written == 2
     assert store.num_keys() == 1  # only the done mark: the writer deletes its own key at once
+    m.close()
 
 
 def test_a_rank_that_never_comes_is_named(tmp_path):
+    """On the training thread: at the writing rank's next optimizer step, or at the end of training."""
     store = dist.HashStore()
     store.set_timeout(__import__("datetime").timedelta(milliseconds=200))
-    m = Metrics(_state(tensorboard=_Writer()), rank=1, world=2, store=store)
+    state = _state(tensorboard=_Writer())
+    m = Metrics(state, rank=1, world=2, store=store)
+    line = _line(tmp_path, 1, "language", 0, 0.1, 0.1)
+    m.after_step(*line)
+    state.train_state.step = 1
     with pytest.raises(RuntimeError, match=r"ranks \[0\] never reached the end of iteration 1"):
-        m.after_step(*_line(tmp_path, 1, "language", 0, 0.1, 0.1))
+        m.after_step(*line)
+    m.after_step(*line)  # iteration 2 again (the error stopped the step before its own figures): in flight
+    with pytest.raises(RuntimeError, match=r"ranks \[0\] never reached the end of iteration 2"):
+        m.close()
+    assert m.written == 0
+
+
+def test_the_writing_ranks_thread_writes_tensorboard_and_its_training_thread_wandb_in_order(tmp_path):
+    store = dist.HashStore()
+    threads: dict = {"tb": set(), "wandb": set()}
+
+    class Recording(_Writer):
+        def add_scalar(self, name, value, step):
+            threads["tb"].add(threading.current_thread().name)
+            super().add_scalar(name, value, step)
+
+        def log(self, values, step):
+            threads["wandb"].add(threading.current_thread().name)
+            super().log(values, step)
+
+    tb, wb = Recording(), Recording()
+    state = _state(tensorboard=tb, wandb=wb)
+    m = Metrics(state, rank=0, world=1, store=store)
+    for step in range(5):
+        state.train_state.step = step
+        m.after_step(*_line(tmp_path, 0, "vision", 0, 0.1 * (step + 1), 0.1))
+        assert [s for _, s in wb.logged] == list(range(1, step + 1))  # the iteration before, collected
+    m.close()
+    assert [s for _, s in wb.logged] == [1, 2, 3, 4, 5] and m.written == 5
+    assert sorted({s for _, _, s in tb.scalars}) == [1, 2, 3, 4, 5]
+    assert threads["wandb"] == {threading.main_thread().name}
+    assert threads["tb"] == {"mimo-accel-metrics"}  # one thread for the run
+    assert not [t for t in threading.enumerate() if t.name.startswith("mimo-accel-metrics")]  # none left
+    assert store.num_keys() == 1
+
+
+def test_a_failed_run_does_not_wait_for_its_gather(tmp_path):
+    store = dist.HashStore()
+    store.set_timeout(__import__("datetime").timedelta(seconds=300))
+    m = Metrics(_state(tensorboard=_Writer()), rank=1, world=2, store=store)
+    m.after_step(*_line(tmp_path, 1, "language", 0, 0.1, 0.1))  # rank 0 never comes
+    (thread,) = [t for t in threading.enumerate() if t.name == "mimo-accel-metrics"]
+    assert thread.daemon  # it cannot keep the process alive
+    m.abandon()  # returns within a short wait of the store, long before its 300 s timeout
+    assert not thread.is_alive()
+    m.close()  # nothing left to collect
+    assert m.written == 0
 
 
 @pytest.mark.parametrize("logger_cfg", [dict(tb_dir=None), dict(tb_dir="", project=""), "skip"])
@@ -181,6 +234,7 @@ def test_scalars_in_a_real_event_file_read_back_by_tensorboard(tmp_path):
     for step in range(3):
         state.train_state.step = step
         m.after_step(*_line(tmp_path, 0, "vision", 0, 0.1 * (step + 1), 0.1))
+    m.close()  # the end of training: the last logged iteration written
     writer.close()
     acc = EventAccumulator(str(tmp_path / "tb"))
     acc.Reload()
@@ -224,8 +278,8 @@ def test_the_gather_benchmark_runs():
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
-    proc = subprocess.run([sys.executable, "benchmarks/bench_metrics.py", "--ranks", "4", "--repeat", "1"], cwd=root,
-                          capture_output=True, text=True, timeout=120,
+    proc = subprocess.run([sys.executable, "benchmarks/bench_metrics.py", "--ranks", "4", "--repeat", "1", "--step",
+                           "0.05"], cwd=root, capture_output=True, text=True, timeout=120,
                           env={**__import__("os").environ, "PYTHONPATH": str(root)})
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert proc.stdout.splitlines()[1].split()[0] == "4"
+    assert proc.stdout.splitlines()[-1].split()[0] == "4"

@@ -239,10 +239,14 @@ class Profiling:
 
         self.metrics = Metrics.for_run(global_state) if global_state is not None else None
 
-    def finish(self) -> None:
-        """Training ended: close this rank's file (a recorder not yet made stays unmade)."""
+    def finish(self, failed: bool = False) -> None:
+        """Training ended (``failed``: with an exception): close this rank's file (a recorder not
+        yet made stays unmade); the run's metrics write their last figures, or, after a failure,
+        leave them unwaited."""
         metrics, self.metrics = self.metrics, None
-        if metrics is not None:
+        if metrics is not None and failed:
+            metrics.abandon()
+        elif metrics is not None:
             metrics.close()
         with self._lock:
             if self._recorder is not None:
@@ -396,11 +400,14 @@ def wrap_train_entry(original: Callable, runtime: Runtime) -> Callable:
         profiling: Optional[Profiling] = runtime.profiling
         if profiling is not None:
             profiling.start_run(call["global_state"])
+        failed = True
         try:
-            return call.to(original)
+            out = call.to(original)
+            failed = False
+            return out
         finally:
             profiling: Optional[Profiling] = runtime.profiling
             if profiling is not None:
-                profiling.finish()
+                profiling.finish(failed=failed)
 
     return train_megatron_mimo
