@@ -203,6 +203,34 @@ def test_the_writing_ranks_thread_writes_tensorboard_and_its_training_thread_wan
     assert store.num_keys() == 1
 
 
+def test_bridges_lazily_made_writer_is_made_on_the_training_thread_only(tmp_path):
+    """GlobalState makes its SummaryWriter on first access: two threads asking at once made two
+    event files; the metrics thread gets the writer from the training thread."""
+    made = []
+
+    class LazyState:
+        cfg = SimpleNamespace(logger=SimpleNamespace(log_interval=1))
+        train_state = SimpleNamespace(step=0)
+        wandb_logger = None
+        _writer = None
+
+        @property
+        def tensorboard_logger(self):
+            made.append(threading.current_thread().name)
+            if LazyState._writer is None:
+                LazyState._writer = _Writer()
+            return LazyState._writer
+
+    state = LazyState()
+    m = Metrics(state, rank=0, world=1, store=dist.HashStore())
+    for step in range(3):
+        state.train_state.step = step
+        m.after_step(*_line(tmp_path, 0, "vision", 0, 0.1, 0.1))
+    m.close()
+    assert set(made) == {threading.main_thread().name} and m.written == 3
+    assert sorted({s for _, _, s in LazyState._writer.scalars}) == [1, 2, 3]
+
+
 def test_a_failed_run_does_not_wait_for_its_gather(tmp_path):
     store = dist.HashStore()
     store.set_timeout(__import__("datetime").timedelta(seconds=300))

@@ -10,7 +10,8 @@ With a process group, each rank probes its contiguous 1/world share and one
 ``all_gather_object`` assembles the whole index on every rank, so every rank holds the identical
 index (same arrays, same order) without a broadcast. The result is cached on disk keyed by the
 dataset's fingerprint and the resize settings (:meth:`SampleSource.fingerprint`), so a restart
-reads it back: ``cache_dir`` argument, else ``$MIMO_ACCEL_CACHE_DIR``, else
+reads it back — memory-mapped, one copy in the page cache for the ranks of a node (a cache of the
+older file format is rewritten in the new one by the rank that writes the cache): ``cache_dir`` argument, else ``$MIMO_ACCEL_CACHE_DIR``, else
 ``$XDG_CACHE_HOME/mimo_accel`` (``~/.cache/mimo_accel``). ``mimo-accel index --dataset
 MODULE:FACTORY`` builds the same cache offline.
 

@@ -217,7 +217,8 @@ class Metrics:
         if self.rank == self.writer_rank:
             if self._worker is None:  # its own connection: a wait there holds up no other call
                 self._worker = _Worker(self, store.clone())
-            self._job = self._worker.submit(iteration)
+            # Bridge makes its writer on first use: here, on the training thread, never on two at once
+            self._job = self._worker.submit(iteration, self.state.tensorboard_logger)
         else:
             self._pending.append(iteration)
             self._delete_consumed(store)
@@ -275,13 +276,15 @@ class Metrics:
         wandb = self.state.wandb_logger
         if wandb is not None:
             wandb.log(dict(job.scalars), job.iteration)
-        if wandb is not None or self.state.tensorboard_logger is not None:
+        if wandb is not None or job.tensorboard is not None:
             self.written += 1
 
-    def gather(self, store, iteration: int, stop: Optional[threading.Event] = None) -> Optional[dict[str, float]]:
+    def gather(self, store, iteration: int, tensorboard: Any = None,
+               stop: Optional[threading.Event] = None) -> Optional[dict[str, float]]:
         """The writing rank's part of logged iteration ``iteration`` (on its metrics thread): wait
         for every rank's figures, read them, mark the iteration done, delete its own key, write the
-        scalars to TensorBoard; returns them (None: ``stop`` was set while it waited)."""
+        scalars to ``tensorboard`` (Bridge's SummaryWriter, or None); returns them (None: ``stop``
+        was set while it waited)."""
         keys = [self._key(iteration, r) for r in range(self.world)]
         if not self._wait(store, keys, iteration, stop):
             return None
@@ -289,7 +292,6 @@ class Metrics:
         store.set(self._done_key(), str(iteration))
         store.delete_key(keys[self.rank])
         scalars = step_scalars(json.loads(b"[" + b",".join(values) + b"]"))  # one parse: half the GIL time of 4096
-        tensorboard = self.state.tensorboard_logger
         if tensorboard is not None:
             for name, value in scalars.items():
                 tensorboard.add_scalar(name, value, iteration)
@@ -318,10 +320,11 @@ class Metrics:
 
 
 class _Job:
-    """One logged iteration handed to the metrics thread: its scalars or its error, once done."""
+    """One logged iteration handed to the metrics thread (and the TensorBoard writer it writes to):
+    its scalars or its error, once done."""
 
-    def __init__(self, iteration: int):
-        self.iteration = iteration
+    def __init__(self, iteration: int, tensorboard: Any):
+        self.iteration, self.tensorboard = iteration, tensorboard
         self.scalars: Optional[dict[str, float]] = None
         self.error: Optional[BaseException] = None
         self.done = threading.Event()
@@ -337,8 +340,8 @@ class _Worker:
         self.thread = threading.Thread(target=self._run, args=(metrics, store), daemon=True, name="mimo-accel-metrics")
         self.thread.start()
 
-    def submit(self, iteration: int) -> _Job:
-        job = _Job(iteration)
+    def submit(self, iteration: int, tensorboard: Any) -> _Job:
+        job = _Job(iteration, tensorboard)
         self._jobs.put(job)  # no wait: the thread takes it when it next holds the GIL
         return job
 
@@ -349,7 +352,7 @@ class _Worker:
     def _run(self, metrics: Metrics, store: Any) -> None:
         while (job := self._jobs.get()) is not None:
             try:
-                job.scalars = metrics.gather(store, job.iteration, self.stop)
+                job.scalars = metrics.gather(store, job.iteration, job.tensorboard, self.stop)
             except BaseException as exc:  # raised on the training thread when collected
                 job.error = exc
             finally:

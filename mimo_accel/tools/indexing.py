@@ -13,7 +13,8 @@ Manifest format (JSON Lines, one object per sample, in dataset order; blank line
 
 - ``images``: image files, relative to the manifest's directory (absolute paths work too). Their
   sizes are read from the file headers only (PNG, JPEG, GIF, BMP, WebP; Pillow for other formats
-  when installed), never decoded; many files are read in parallel by a thread pool.
+  when installed), never decoded; serially by default (``--workers N``: a thread pool, for a network
+  file system's latency).
 - ``image_sizes``: ``[height, width]`` pairs in pixels, when the sizes are already known.
 - At most one of ``images`` / ``image_sizes``; neither (or an empty list) means a text-only sample.
 - ``tokens``: the sample's real text tokens, or ``text``: tokens are then *estimated* as
@@ -21,10 +22,11 @@ Manifest format (JSON Lines, one object per sample, in dataset order; blank line
   ``tokens`` when you have them: the estimate only matters if the cost model weighs tokens.
 
 Vision patches come from the processor's resize rule (:class:`mimo_accel.costs.ResizeRule`,
-Qwen2-VL's ``smart_resize``), so pass the rule of the processor you train with. The index (format
-v2) holds the manifest's images as the column of one encoder module, ``vision`` unless ``--module
-NAME`` names it as the layout does (``images``, say). ``--dataset`` indexes every modality of the
-dataset, each under its own module name.
+Qwen2-VL's ``smart_resize``), so pass the rule of the processor you train with. The manifest is
+read :data:`CHUNK_LINES` lines at a time behind a progress bar, no Python object per sample kept.
+The index (format v3, memory-mapped by a training job) holds the manifest's images as the column of
+one encoder module, ``vision`` unless ``--module NAME`` names it as the layout does (``images``,
+say). ``--dataset`` indexes every modality of the dataset, each under its own module name.
 """
 
 from __future__ import annotations
