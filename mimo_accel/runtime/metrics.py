@@ -59,7 +59,10 @@ logger = logging.getLogger("mimo_accel")
 
 PREFIX = "mimo_accel"
 _STORE_PREFIX = "mimo_accel/metrics"
-_POLL_S = 0.5  # the metrics thread's waits in the store: how soon it sees a failed run's stop
+# The metrics thread waits in the store this long at a time, so a failed run's stop is seen that
+# soon (a thread still in a store call when the interpreter exits can abort the process); each
+# wait that times out (a rank over a second late) logs a c10d socket warning.
+_POLL_S = 1.0
 
 _lock = threading.Lock()
 # Training runs (train entries) this process made, the same count on every rank of the job: the
@@ -291,13 +294,12 @@ class Metrics:
         values = store.multi_get(keys)
         store.set(self._done_key(), str(iteration))
         store.delete_key(keys[self.rank])
-        scalars = step_scalars(json.loads(b"[" + b",".join(values) + b"]"))  # one parse: half the GIL time of 4096
+        # one parse of every rank's figures: half the GIL time of one parse per rank
+        scalars = step_scalars(json.loads(b"[" + b",".join(values) + b"]"))
         if tensorboard is not None:
             for name, value in scalars.items():
                 tensorboard.add_scalar(name, value, iteration)
         return scalars
-
-
 
     def _wait(self, store, keys: list[str], iteration: int, stop: Optional[threading.Event]) -> bool:
         """Wait for ``keys`` up to the store's own timeout, in short waits so that a ``stop`` is seen
