@@ -68,6 +68,7 @@ from mimo_accel.balance import (  # noqa: E402
     spread,
 )
 from mimo_accel.costs import CostIndex, CostModel, ResizeRule, SampleShape  # noqa: E402
+from mimo_accel.grid import canonical_grid  # noqa: E402
 from mimo_accel.workloads import list_profiles, load_profile  # noqa: E402
 
 SIZES = ((64, 8), (512, 64), (4096, 512))
@@ -391,9 +392,7 @@ def _layout_costs(pool: dict[str, np.ndarray], idx: np.ndarray, dps: dict[str, i
 
 def module_plans(costs: dict[str, np.ndarray], dps: dict[str, int]) -> dict[str, tuple[np.ndarray, float]]:
     """The four plans of one micro-batch, each with its wall time (s)."""
-    import math
-
-    grid = math.lcm(*dps.values())
+    grid = canonical_grid(dps.values())
     v = costs["vision"]
     out = {}
     for name, plan in (("contiguous", lambda: contiguous_order(v.size)), ("lpt", lambda: lpt_order(v, grid)),

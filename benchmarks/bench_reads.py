@@ -21,11 +21,11 @@ def _reads(rank, world, dp, steps, micro_batch, sharded):
     from megatron.bridge.data.megatron_mimo.loaders import build_megatron_mimo_data_loaders
 
     from mimo_accel.rehearse import stack as st
-    from mimo_accel.rehearse.ranks import MimoLayout, build_grids, loader_config
+    from mimo_accel.rehearse.ranks import build_grids, layout_of, loader_config
 
     if sharded:
         mimo_accel.enable(sharded_reads=True)
-    layout = MimoLayout.from_dp(dp, dp)
+    layout = layout_of(dp, dp)
     grids = build_grids(layout)
     provider = st.build_provider(st.StackConfig(layout=layout))
     provider._grids = grids

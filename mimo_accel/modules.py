@@ -1,49 +1,78 @@
-"""The modules of a MegatronMIMO layout, as the user's config names them.
+"""The modules of a MegatronMIMO layout: the one model of a layout that everything in mimo_accel reads.
 
 A non-colocated MIMO job has one language module (megatron-core's key ``"language"``) and one or
 more encoders, each named freely by the user (``"vision"``, or upstream's own ``"images"`` and
-``"audios"``), each on its own grid with its own data-parallel size. Everything in mimo_accel that
-depends on *which* modules exist — the canonical grid, what the planner balances, which cost a
-module's work is priced by, what the profiler names a module's time — reads it from here, so that
-adding an encoder adds data, not code paths.
+``"audios"``), each on its own grid with its own tensor-, pipeline- and data-parallel size. Each
+module has a ``kind``: what it encodes (``image``, ``video``, ``audio``; the language model's is
+``text``). Everything that depends on *which* modules exist — the canonical grid, what the planner
+balances, which cost-index column prices a module, what the profiler names a module's time, what
+the report and the simulation show — iterates over a :class:`Modules`, so that adding an encoder
+adds data, not code paths. Every module is priced by the cost-index column of its name and timed
+under its name (profiler regions ``<name>_fwd`` / ``<name>_bwd``).
 
 Pure: no torch, no megatron (the parallelism config is read by attribute only).
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping, Optional
+from typing import Any, Iterator, Mapping, Optional
+
+from mimo_accel.grid import canonical_grid
 
 LANGUAGE = "language"  # megatron.core.models.mimo.config.role.MIMO_LANGUAGE_MODULE_KEY
 
-# Every module is priced by its own cost-index quantity and timed under its own name: both are the
-# module's name (an encoder "audios" is priced by the index's "audios" columns and timed as the
-# profiler regions "audios_fwd" / "audios_bwd"; the language model as "language_fwd" / ...).
+#: What a module encodes; the language model's kind is "text".
+KINDS = ("image", "video", "audio", "text")
+
+# The kind a module's name implies where the caller gives none: the names mimo_accel's tools and
+# upstream's examples use. Any other encoder name is an image encoder unless its kind is given.
+_KIND_OF_NAME = {"vision": "image", "image": "image", "images": "image", "video": "video", "videos": "video",
+                 "audio": "audio", "audios": "audio", LANGUAGE: "text"}
+
+
+def kind_of(name: str) -> str:
+    """The kind the module name ``name`` implies (``"image"`` for a name mimo_accel does not know)."""
+    return _KIND_OF_NAME.get(name, "image")
 
 
 @dataclass(frozen=True)
 class Module:
-    """One module of the layout: its name in the config, its DP size, and what prices and times it."""
+    """One module of the layout: its name in the config, its kind and its parallel sizes."""
 
     name: str
     dp: int
-    cost: str  # the cost-index quantity that prices this module's work per sample (the module's name)
-    timer: Optional[str]  # region prefix of its forward/backward in the profiler (the module's name)
+    kind: str
+    tp: int = 1
+    pp: int = 1
 
     @property
     def is_language(self) -> bool:
         return self.name == LANGUAGE
 
+    @property
+    def size(self) -> int:
+        """Ranks this module occupies (tp × pp × dp)."""
+        return self.tp * self.pp * self.dp
 
-def module(name: str, dp: int) -> Module:
-    """The :class:`Module` a config entry ``name`` with ``dp`` replicas describes."""
-    if isinstance(dp, bool) or not isinstance(dp, int) or dp < 1:
-        raise ValueError(f"module {name!r}: data-parallel size must be a positive integer, got {dp!r}")
+    def __str__(self) -> str:
+        return f"{self.name}(tp{self.tp},pp{self.pp},dp{self.dp})"
+
+
+def module(name: str, dp: int, *, kind: Optional[str] = None, tp: int = 1, pp: int = 1) -> Module:
+    """The checked :class:`Module` ``name`` with ``dp`` replicas (kind: given, else :func:`kind_of`)."""
     if not isinstance(name, str) or not name:
         raise ValueError(f"a module needs a non-empty name, got {name!r}")
-    return Module(name, dp, cost=name, timer=name)
+    for what, size in (("data", dp), ("tensor", tp), ("pipeline", pp)):
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            raise ValueError(f"module {name!r}: {what}-parallel size must be a positive integer, got {size!r}")
+    kind = kind_of(name) if kind is None else kind
+    if kind not in KINDS:
+        raise ValueError(f"module {name!r}: kind must be one of {', '.join(KINDS)}, got {kind!r}")
+    if (name == LANGUAGE) != (kind == "text"):
+        raise ValueError(f"module {name!r}: the language module {LANGUAGE!r} is the one module of kind 'text', "
+                         f"got kind {kind!r}")
+    return Module(name, dp, kind, tp, pp)
 
 
 @dataclass(frozen=True)
@@ -52,20 +81,44 @@ class Modules:
 
     all: tuple[Module, ...]
 
+    def __post_init__(self) -> None:
+        if not self.all:
+            raise ValueError("a MIMO layout needs at least one module")
+        names = [m.name for m in self.all]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ValueError(f"a MIMO layout names each module once; {', '.join(twice)} appears twice")
+
     @classmethod
-    def from_dp_sizes(cls, dp_sizes: Mapping[str, int]) -> "Modules":
+    def of(cls, *modules: Module) -> "Modules":
+        return cls(tuple(modules))
+
+    @classmethod
+    def from_dp_sizes(cls, dp_sizes: Mapping[str, int], kinds: Optional[Mapping[str, str]] = None) -> "Modules":
+        """Module name -> DP size (tp = pp = 1); ``kinds`` names the kind of any module whose name
+        does not imply it."""
         if not dp_sizes:
             raise ValueError("a MIMO layout needs at least one module")
-        return cls(tuple(module(name, dp) for name, dp in dp_sizes.items()))
+        kinds = kinds or {}
+        return cls(tuple(module(name, dp, kind=kinds.get(name)) for name, dp in dp_sizes.items()))
 
     @classmethod
-    def from_parallelism(cls, parallelism_config: Any) -> "Modules":
+    def from_parallelism(cls, parallelism_config: Any, kinds: Optional[Mapping[str, str]] = None) -> "Modules":
         """From Bridge's ``MegatronMIMOParallelismConfig`` (its ``module_parallelisms``)."""
-        return cls.from_dp_sizes({name: p.data_parallel_size
-                                  for name, p in parallelism_config.module_parallelisms.items()})
+        kinds = kinds or {}
+        return cls(tuple(module(name, p.data_parallel_size, kind=kinds.get(name),
+                                tp=getattr(p, "tensor_model_parallel_size", 1) or 1,
+                                pp=getattr(p, "pipeline_model_parallel_size", 1) or 1)
+                         for name, p in parallelism_config.module_parallelisms.items()))
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[Module]:
         return iter(self.all)
+
+    def __len__(self) -> int:
+        return len(self.all)
+
+    def __contains__(self, name: object) -> bool:
+        return any(m.name == name for m in self.all)
 
     def __getitem__(self, name: str) -> Module:
         for m in self.all:
@@ -91,14 +144,39 @@ class Modules:
 
     @property
     def grid(self) -> int:
-        """G = lcm of the module DP sizes (see :mod:`mimo_accel.grid`)."""
-        return math.lcm(*(m.dp for m in self.all))
+        """G = lcm of the module DP sizes (:func:`mimo_accel.grid.canonical_grid`)."""
+        return canonical_grid(m.dp for m in self.all)
 
     def encoder_groups(self) -> Optional[int]:
-        """How many groups the vision-only plan balances: the largest encoder DP (None: no encoder)."""
+        """How many groups the encoder-only plan balances: the largest encoder DP (None: no encoder)."""
         return max((m.dp for m in self.encoders), default=None)
 
+    @property
+    def world_size(self) -> int:
+        return sum(m.size for m in self.all)
 
-def timers_of(modules: Iterable[Module]) -> tuple[str, ...]:
-    """The distinct region prefixes the profiler records for these modules."""
-    return tuple(dict.fromkeys(m.timer for m in modules if m.timer is not None))
+    def rank_offsets(self) -> dict[str, int]:
+        """Module name -> its first rank in a non-colocated job: the encoders on consecutive ranks in
+        their order, then the language module."""
+        out, offset = {}, 0
+        for m in (*self.encoders, *((self.language,) if self.language is not None else ())):
+            out[m.name] = offset
+            offset += m.size
+        return out
+
+    def module_of_rank(self, rank: int) -> Optional[str]:
+        """The module whose ranks (:meth:`rank_offsets`) hold ``rank``; None past the last."""
+        for name, offset in self.rank_offsets().items():
+            if offset <= rank < offset + self[name].size:
+                return name
+        return None
+
+    def replace(self, name: str, **sizes: int) -> "Modules":
+        """This layout with module ``name``'s ``dp`` / ``tp`` / ``pp`` changed."""
+        self[name]  # KeyError naming the modules
+        return Modules(tuple(module(m.name, sizes.get("dp", m.dp), kind=m.kind, tp=sizes.get("tp", m.tp),
+                                    pp=sizes.get("pp", m.pp)) if m.name == name else m for m in self.all))
+
+    def __str__(self) -> str:
+        encoders = "+".join(str(m) for m in self.encoders)
+        return f"{encoders}->{self.language}" if self.language is not None else encoders

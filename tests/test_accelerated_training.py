@@ -15,7 +15,7 @@ from types import SimpleNamespace
 import pytest
 
 from mimo_accel.rehearse import stack as st
-from mimo_accel.rehearse.ranks import LANGUAGE, VISION, MimoLayout, loader_config, module_of_rank, run_ranks, step_state
+from mimo_accel.rehearse.ranks import LANGUAGE, VISION, layout_of, loader_config, module_of_rank, run_ranks, step_state
 
 MICRO_BATCH = 8
 MICRO_BATCHES = 2
@@ -31,7 +31,7 @@ def _train(rank, world, vdp, ldp, features, spec):
         mimo_accel.enable(**features)
     # Bridge's loader builder opens mimo_accel's loader scope: bound by value after enable()
     from megatron.bridge.data.megatron_mimo.loaders import build_megatron_mimo_data_loaders
-    layout = MimoLayout.from_dp(vdp, ldp)
+    layout = layout_of(vdp, ldp)
     cfg = st.StackConfig(layout=layout, seq_length=96)
     stack = st.build_stack(cfg)
     data = st.make_data_provider(lambda n: st.SyntheticVLMDataset(

@@ -5,40 +5,12 @@ per clip = the audio encoder's rows, the two-modality collate, and the example's
 from __future__ import annotations
 
 import os
-import pickle
 
 import pytest
 import torch
 
-from mimo_accel.workloads.layout import LANGUAGE, VISION, MimoLayout, ModuleLayout
-
-
-# Layouts -----------------------------------------------------------------------------------------
-
-def test_the_one_encoder_layout_is_what_it_was():
-    layout = MimoLayout(ModuleLayout(tp=2, dp=2), ModuleLayout(dp=4))
-    assert layout.vision == ModuleLayout(tp=2, dp=2) and layout.language == ModuleLayout(dp=4)
-    assert layout.modules() == {VISION: (ModuleLayout(tp=2, dp=2), 0), LANGUAGE: (ModuleLayout(dp=4), 4)}
-    assert layout.world_size == 8
-    assert str(layout) == "vision(tp2,pp1,dp2)->language(tp1,pp1,dp4)"
-    assert MimoLayout.from_dp(2, 1) == MimoLayout(ModuleLayout(dp=2), ModuleLayout(dp=1))
-    assert MimoLayout(vision=ModuleLayout(dp=3)).language == ModuleLayout() and MimoLayout().world_size == 2
-
-
-def test_encoders_come_in_their_order_and_the_language_module_after_them():
-    layout = MimoLayout.from_dp(2, 4, audio=1)
-    assert list(layout.modules().items()) == [(VISION, (ModuleLayout(dp=2), 0)), ("audio", (ModuleLayout(dp=1), 2)),
-                                              (LANGUAGE, (ModuleLayout(dp=4), 3))]
-    assert layout.world_size == 7 and layout.dp_sizes() == {VISION: 2, "audio": 1, LANGUAGE: 4}
-    assert str(layout) == "vision(tp1,pp1,dp2)+audio(tp1,pp1,dp1)->language(tp1,pp1,dp4)"
-    upstream = MimoLayout.of({"audios": ModuleLayout(tp=2), "images": ModuleLayout(dp=2)}, ModuleLayout())
-    assert upstream.encoder_names == ("audios", "images") and upstream.modules()["images"][1] == 2
-    assert pickle.loads(pickle.dumps(layout)) == layout and hash(layout) == hash(MimoLayout.from_dp(2, 4, audio=1))
-    with pytest.raises(AttributeError, match="no encoder named 'vision'"):
-        upstream.vision
-    assert MimoLayout.of({"images": ModuleLayout(dp=2)}, ModuleLayout()).vision == ModuleLayout(dp=2)
-    with pytest.raises(ValueError, match="language module's name"):
-        MimoLayout.of({LANGUAGE: ModuleLayout()}, ModuleLayout())
+from mimo_accel.modules import LANGUAGE, Modules, module
+from mimo_accel.workloads import VISION
 
 
 # Files and features --------------------------------------------------------------------------------
@@ -171,10 +143,12 @@ def test_the_example_names_modalities_and_lays_them_out_in_order():
     args = script.parse_args(["--modalities", "vision,audio", "--vision-dp", "2", "--audio-dp", "1",
                               "--audio-tp", "2", "--language-dp", "4"])
     assert args.dataset == "images"  # the audio modality needs real clips
-    assert list(script.build_layout(args).modules().items()) == [
-        (VISION, (ModuleLayout(dp=2), 0)), ("audio", (ModuleLayout(tp=2, dp=1), 2)), (LANGUAGE, (ModuleLayout(dp=4), 4))]
+    layout = script.build_layout(args)
+    assert layout == Modules.of(module(VISION, 2), module("audio", 1, tp=2), module(LANGUAGE, 4))
+    assert layout.rank_offsets() == {VISION: 0, "audio": 2, LANGUAGE: 4}
+    assert [m.kind for m in layout] == ["image", "audio", "text"]
     plain = script.parse_args([])
-    assert plain.dataset == "synthetic" and script.build_layout(plain) == MimoLayout.from_dp(1, 1)
+    assert plain.dataset == "synthetic" and script.build_layout(plain) == Modules.from_dp_sizes({VISION: 1, LANGUAGE: 1})
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -160,9 +160,9 @@ def _provider(language_cp: int):
     )
 
     from mimo_accel.rehearse import stack as st
-    from mimo_accel.rehearse.ranks import MimoLayout
+    from mimo_accel.rehearse.ranks import layout_of
 
-    provider = st.build_provider(st.StackConfig(layout=MimoLayout.from_dp(1, 1)))
+    provider = st.build_provider(st.StackConfig(layout=layout_of(1, 1)))
     parallelism = MegatronMIMOParallelismConfig(module_parallelisms={
         "vision": ModuleParallelismConfig(data_parallel_size=1, rank_offset=0),
         "language": ModuleParallelismConfig(context_parallel_size=language_cp, data_parallel_size=1, rank_offset=1)})

@@ -25,7 +25,7 @@ from mimo_accel.modules import Modules
 from mimo_accel.planner import CostIndexPlanner, plan_costs
 from mimo_accel.grid import canonical_grid, owned_groups, replica_samples
 from mimo_accel.runtime.shard import SHARD_TAG_KEY, ShardContext
-from mimo_accel.rehearse.ranks import LANGUAGE, VISION, MimoLayout, ModuleLayout, run_ranks
+from mimo_accel.rehearse.ranks import LANGUAGE, VISION, Modules, layout_of, module, run_ranks
 
 MICRO_BATCH = 16
 STEPS = 3
@@ -33,11 +33,11 @@ WORLD = 8
 DATASET = dict(seq_length=64, patch_dim=24, vocab_size=2048)
 # dp 2 and 4 on both modules; the third has two vision DP groups (tp 2) exchanging side by side.
 LAYOUTS = {
-    "v2-l4": MimoLayout.from_dp(2, 4),
-    "v4-l2": MimoLayout.from_dp(4, 2),
-    "v2tp2-l4": MimoLayout(ModuleLayout(tp=2, dp=2), ModuleLayout(dp=4)),
-    "v4-l4": MimoLayout.from_dp(4, 4),
-    "v1-l2": MimoLayout.from_dp(1, 2),  # fan-out: the single vision replica reorders locally
+    "v2-l4": layout_of(2, 4),
+    "v4-l2": layout_of(4, 2),
+    "v2tp2-l4": Modules.of(module(VISION, 2, tp=2), module(LANGUAGE, 4)),
+    "v4-l4": layout_of(4, 4),
+    "v1-l2": layout_of(1, 2),  # fan-out: the single vision replica reorders locally
 }
 BAD_SAMPLE = 5  # global micro-batch 0 holds it; exactly one replica per module reads it
 
@@ -103,13 +103,13 @@ def _expect_error(fn):
 
 def _exchange_scenarios(rank, world, layouts):
     from mimo_accel.runtime.shard import context_from_grids
-    from mimo_accel.rehearse.ranks import build_grids
+    from mimo_accel.rehearse.ranks import build_grids, parallelism_config
 
     ds = _dataset()
     out = {}
     for name, layout in layouts.items():
         grids = build_grids(layout)
-        ctx, _ = context_from_grids(layout.parallelism_config(), grids)
+        ctx, _ = context_from_grids(parallelism_config(layout), grids)
         if ctx is None:
             continue
         pg = grids[ctx.module].get_pg(["dp"])

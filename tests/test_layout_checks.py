@@ -19,10 +19,10 @@ import pytest
 import mimo_accel
 from mimo_accel.config import AccelConfig, ConfigError
 from mimo_accel.rehearse import stack as st
-from mimo_accel.rehearse.ranks import MimoLayout, ModuleLayout, loader_config
+from mimo_accel.rehearse.ranks import LANGUAGE, VISION, Modules, loader_config, module
 
 
-def _provider(layout=MimoLayout(ModuleLayout(dp=1), ModuleLayout(pp=2, dp=1)), encoder="native"):
+def _provider(layout=Modules.of(module(VISION, 1), module(LANGUAGE, 1, pp=2)), encoder="native"):
     return st.build_provider(st.StackConfig(layout=layout, encoder=encoder, language_layers=2))
 
 
@@ -64,7 +64,7 @@ def test_a_pp_size_that_differs_from_the_grid_is_refused(enabled, entry):
 
 
 def test_tp_of_the_language_model_and_of_a_config_encoder_is_checked(enabled):
-    provider = _provider(MimoLayout(ModuleLayout(tp=2, dp=1), ModuleLayout(tp=2, dp=1)))
+    provider = _provider(Modules.of(module(VISION, 1, tp=2), module(LANGUAGE, 1, tp=2)))
     provider.language_model_spec.params["config"].tensor_model_parallel_size = 1
     st.encoder_transformer_config(provider).tensor_model_parallel_size = 1
     enabled(packing=True)
@@ -81,7 +81,7 @@ def test_tp_of_the_language_model_and_of_a_config_encoder_is_checked(enabled):
 def test_bridge_sets_a_transformer_config_encoders_tp_itself_so_only_its_pp_is_checked():
     from mimo_accel.runtime import preflight
 
-    provider = _provider(MimoLayout(ModuleLayout(tp=2, dp=1), ModuleLayout(dp=1)), encoder="qwen3vl")
+    provider = _provider(Modules.of(module(VISION, 1, tp=2), module(LANGUAGE, 1)), encoder="qwen3vl")
     config = st.encoder_transformer_config(provider)
     assert "transformer_config" in provider.modality_submodules_spec["vision"].submodules["encoders"]["vit"].params
     config.tensor_model_parallel_size = 1  # Bridge's _inject_pg_collection_into_modality_spec sets it to 2
@@ -97,7 +97,7 @@ def test_matching_sizes_and_no_features_pass():
     from mimo_accel.runtime import preflight
     from mimo_accel.runtime.state import Runtime
 
-    provider = _provider(MimoLayout(ModuleLayout(tp=2, dp=1), ModuleLayout(tp=2, pp=2, dp=1)))
+    provider = _provider(Modules.of(module(VISION, 1, tp=2), module(LANGUAGE, 1, tp=2, pp=2)))
     assert preflight.size_mismatches(provider) == []
     provider.language_model_spec.params["config"].pipeline_model_parallel_size = 1
     preflight.check_provider(provider, Runtime(AccelConfig()))  # nothing on: upstream's behaviour
@@ -107,7 +107,7 @@ def test_matching_sizes_and_no_features_pass():
 
 
 def _reorder_provider(language_dp=2, per_token=False):
-    provider = _provider(MimoLayout(ModuleLayout(dp=2), ModuleLayout(dp=language_dp)))
+    provider = _provider(Modules.of(module(VISION, 2), module(LANGUAGE, language_dp)))
     provider.language_model_spec.params["config"].calculate_per_token_loss = per_token
     return provider
 

@@ -1,28 +1,59 @@
-"""The modules of a layout: every module timed under its own name and priced by its own cost."""
+"""The modules of a layout: the one layout model (names, kinds, parallel sizes, rank placement)."""
 
 from __future__ import annotations
 
+import pickle
+
 import pytest
 
-from mimo_accel.modules import LANGUAGE, Modules, module, timers_of
+from mimo_accel.modules import KINDS, LANGUAGE, Modules, kind_of, module
 
 
-def test_every_module_is_timed_and_priced_by_its_own_name():
+def test_every_module_has_its_name_its_kind_and_its_sizes():
     mods = Modules.from_dp_sizes({"images": 2, "audios": 4, LANGUAGE: 1})
-    assert [(m.name, m.cost, m.timer) for m in mods] == [
-        ("images", "images", "images"), ("audios", "audios", "audios"), ("language", "language", "language")]
-    assert timers_of(mods) == ("images", "audios", "language")
+    assert [(m.name, m.kind, m.dp, m.tp, m.pp) for m in mods] == [
+        ("images", "image", 2, 1, 1), ("audios", "audio", 4, 1, 1), ("language", "text", 1, 1, 1)]
     assert [m.name for m in mods.encoders] == ["images", "audios"] and mods.language.is_language
     assert mods.grid == 4 and mods.encoder_groups() == 4 and mods.dp_sizes == {"images": 2, "audios": 4, "language": 1}
-    assert mods["audios"].dp == 4
+    assert mods["audios"].dp == 4 and "audios" in mods and "vision" not in mods and len(mods) == 3
     with pytest.raises(KeyError, match="modules: images, audios, language"):
         mods["vision"]
+
+
+def test_a_kind_is_given_or_implied_by_the_name():
+    assert [kind_of(n) for n in ("vision", "images", "video", "videos", "audio", "audios", LANGUAGE, "ocr")] == [
+        "image", "image", "video", "video", "audio", "audio", "text", "image"]
+    mods = Modules.from_dp_sizes({"clips": 2, LANGUAGE: 2}, kinds={"clips": "video"})
+    assert mods["clips"].kind == "video" and set(KINDS) == {"image", "video", "audio", "text"}
+
+
+def test_rank_placement_encoders_in_their_order_then_the_language_module():
+    layout = Modules.of(module("vision", 2, tp=2), module(LANGUAGE, 4))
+    assert layout.rank_offsets() == {"vision": 0, LANGUAGE: 4} and layout.world_size == 8
+    assert str(layout) == "vision(tp2,pp1,dp2)->language(tp1,pp1,dp4)"
+    three = Modules.from_dp_sizes({LANGUAGE: 4, "vision": 2, "audio": 1})  # the config's order kept
+    assert three.rank_offsets() == {"vision": 0, "audio": 2, LANGUAGE: 3} and three.world_size == 7
+    assert str(three) == "vision(tp1,pp1,dp2)+audio(tp1,pp1,dp1)->language(tp1,pp1,dp4)"
+    assert [three.module_of_rank(r) for r in range(8)] == ["vision"] * 2 + ["audio"] + [LANGUAGE] * 4 + [None]
+    assert pickle.loads(pickle.dumps(three)) == three and hash(three) == hash(Modules(three.all))
+    wider = three.replace("vision", dp=4, tp=2)
+    assert wider["vision"] == module("vision", 4, tp=2) and wider["audio"] is three["audio"]
 
 
 def test_bad_modules_are_refused():
     with pytest.raises(ValueError, match="positive integer"):
         module("vision", 0)
+    with pytest.raises(ValueError, match="tensor-parallel size must be a positive integer"):
+        module("vision", 1, tp=0)
     with pytest.raises(ValueError, match="non-empty name"):
         module("", 1)
+    with pytest.raises(ValueError, match="kind must be one of"):
+        module("vision", 1, kind="lidar")
+    with pytest.raises(ValueError, match="one module of kind 'text'"):
+        module("captions", 1, kind="text")
+    with pytest.raises(ValueError, match="one module of kind 'text'"):
+        module(LANGUAGE, 1, kind="image")
     with pytest.raises(ValueError, match="at least one module"):
         Modules.from_dp_sizes({})
+    with pytest.raises(ValueError, match="vision appears twice"):
+        Modules.of(module("vision", 1), module("vision", 2))

@@ -19,7 +19,7 @@ from types import SimpleNamespace
 import pytest
 
 from mimo_accel.rehearse import stack as st
-from mimo_accel.rehearse.ranks import MimoLayout, RankFailure, build_grids, loader_config, run_ranks
+from mimo_accel.rehearse.ranks import RankFailure, build_grids, layout_of, loader_config, run_ranks
 
 BATCHES = 8
 MBS = 4
@@ -31,7 +31,7 @@ def _read(rank, world, vision_dp, differ_on):
     from mimo_accel import planner
     from mimo_accel.runtime.plan_check import PlanMismatch
 
-    layout = MimoLayout.from_dp(vision_dp, 1)
+    layout = layout_of(vision_dp, 1)
     grids = build_grids(layout)
     if rank == differ_on:  # this node's arithmetic differs from window DIFFER_FROM on
         plan = planner.CostIndexPlanner.__call__
@@ -135,7 +135,7 @@ def _read_exchanged(rank, world, differ_on):
     from mimo_accel.runtime.exchange import reorder
     from mimo_accel.runtime.plan_check import PlanMismatch
 
-    layout = MimoLayout.from_dp(2, 1)
+    layout = layout_of(2, 1)
     grids = build_grids(layout)
     if rank == differ_on:
         plan, calls = reorder.plan_exchange, []

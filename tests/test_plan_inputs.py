@@ -20,7 +20,7 @@ from mimo_accel.costs import CostIndex, ResizeRule
 from mimo_accel.datasets.split_index import cost_index_for, index_digest
 from mimo_accel.runtime.sampler import ShardedBatchSampler, check_window
 from mimo_accel.runtime.shard import ShardContext
-from mimo_accel.rehearse.ranks import MimoLayout, RankFailure, build_grids, loader_config, run_ranks
+from mimo_accel.rehearse.ranks import RankFailure, build_grids, layout_of, loader_config, run_ranks
 
 
 def _index(n: int, seed: int) -> CostIndex:
@@ -107,7 +107,7 @@ def test_windowed_plans_stay_in_their_step_and_resume_exactly():
 def _build_with_index(rank, world, index_path_for_rank):
     import mimo_accel
 
-    layout = MimoLayout.from_dp(2, 1)
+    layout = layout_of(2, 1)
     grids = build_grids(layout)
     mimo_accel.enable(sharded_reads=True, reorder=True, cost_index=index_path_for_rank[rank])
     from megatron.bridge.data.megatron_mimo.loaders import build_megatron_mimo_data_loaders  # after enable

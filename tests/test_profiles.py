@@ -75,9 +75,10 @@ def test_shipped_profiles_are_listed_and_load():
         assert isinstance(p, Profile) and p.name == name
         assert p.path == PROFILES_DIR / f"{name}.toml"
         assert p.rule.patch_size == 16 and p.rule.merge_size == 2 and p.rule.min_pixels == 200704
-        assert p.layout.micro_batch_size % p.layout.grid == 0
+        assert p.micro_batch_size % p.modules.grid == 0
+        assert [(m.name, m.kind) for m in p.modules] == [("vision", "image"), ("language", "text")]
         r = p.rehearsal
-        assert r.layout.seq_length <= 256 and r.layout.micro_batch_size % r.layout.grid == 0 and r.steps >= 1
+        assert r.seq_length <= 256 and r.micro_batch_size % r.modules.grid == 0 and r.steps >= 1
 
 
 def test_load_by_path_and_unknown_name(tmp_path):
@@ -101,7 +102,7 @@ def test_shapes_fit_the_layout_and_the_story_of_each_profile():
     for name in SHIPPED:
         prof = load_profile(name)
         t = prof.sample_table(500, seed=3)
-        assert (t.tokens <= prof.layout.seq_length).all()
+        assert (t.tokens <= prof.seq_length).all()
         assert (t.tokens >= t.patches // 4).all() and (t.bytes > 0).all()
 
 
@@ -144,7 +145,7 @@ def test_rehearsal_shapes_are_small_and_fit(name):
         assert len(s.images) <= REHEARSAL_MAX_IMAGES
         for h, w in s.images:
             assert h % m == 0 and w % m == 0 and h * w <= REHEARSAL_MAX_PATCHES
-        assert s.patches // (m * m) + s.text_tokens <= r.layout.seq_length and s.text_tokens >= 0
+        assert s.patches // (m * m) + s.text_tokens <= r.seq_length and s.text_tokens >= 0
     if name == "mixed_chat":
         assert any(not s.images for s in shapes) and any(s.images for s in shapes)
 
@@ -236,24 +237,31 @@ def test_a_profile_may_declare_an_audio_encoder(tmp_path):
     plain = load_profile(_write(tmp_path, VALID, "plain.toml"))
     prof = load_profile(_write(tmp_path, _with_audio()))
     assert prof.audio is not None and prof.audio.rows_per_second == 50 and prof.audio.pad_to_seconds is None
-    assert prof.layout.dp_sizes == {"vision": 4, "audio": 2, "language": 2} and prof.layout.grid == 4
-    assert prof.layout.world_size == 4 + 2 + 4
+    assert prof.modules.dp_sizes == {"vision": 4, "audio": 2, "language": 2} and prof.modules.grid == 4
+    assert prof.modules.world_size == 4 + 2 + 4 and prof.modules["audio"].kind == "audio"
     t, p = prof.sample_table(2000, seed=3), plain.sample_table(2000, seed=3)
     # the images and the text drawn are those of the profile without audio; the clips come on top
     assert np.array_equal(t.patches, p.patches) and np.array_equal(t.images, p.images)
-    clips = t.audio_clips
+    audio = t.encoders["audio"]
+    clips = audio.items
     assert set(np.unique(clips)) == {0, 1, 2} and abs((clips == 0).mean() - 0.5) < 0.05
-    assert (t.audio_rows[clips == 0] == 0).all() and (t.audio_rows[clips > 0] >= 50).all()
-    assert t.audio_rows.sum() == t.clip_rows.sum() and t.audio_sq_rows.sum() == (t.clip_rows**2).sum()
-    owner = np.repeat(np.arange(len(t)), clips)
-    assert np.array_equal(t.audio_tokens, np.bincount(owner, -(-t.clip_rows // 4), minlength=len(t)).astype(int))
-    assert np.array_equal(t.tokens, t.patches // 4 + t.audio_tokens + t.text_tokens)
-    assert (t.tokens <= prof.layout.seq_length).all() and (t.bytes > p.bytes)[clips > 0].all()
-    costs = t.module_costs(CostModel(a=1.0, b=0.001, c=0.0))
+    assert (audio.rows[clips == 0] == 0).all() and (audio.rows[clips > 0] >= 50).all() and (audio.rows % 50 == 0).all()
+    assert (audio.sq_rows >= audio.rows**2 / np.maximum(clips, 1)).all()  # Σr² >= (Σr)² / n
+    one = clips == 1
+    assert np.array_equal(t.placeholders["audio"][one], -(-audio.rows[one] // 4))
+    assert np.array_equal(t.placeholders["audio"][clips == 0], np.zeros((clips == 0).sum()))
+    two = clips == 2  # each clip's placeholders rounded up on its own
+    assert (t.placeholders["audio"][two] - -(-audio.rows[two] // 4) <= 1).all()
+    assert (t.placeholders["audio"][two] >= -(-audio.rows[two] // 4)).all()
+    assert np.array_equal(t.tokens, t.patches // 4 + t.placeholders["audio"] + t.text_tokens)
+    assert (t.tokens <= prof.seq_length).all() and (t.bytes > p.bytes)[clips > 0].all()
+    # what a sample costs each module is what the planner prices from the table's cost index
+    model = CostModel(a=1.0, b=0.001, c=0.0)
+    costs = t.cost_index().module_costs(np.arange(len(t)), model, prof.modules)
     assert set(costs) == {"vision", "audio", "language"}
-    assert np.allclose(costs["audio"], t.audio_rows + 0.001 * t.audio_sq_rows)
+    assert np.allclose(costs["audio"], audio.rows + 0.001 * audio.sq_rows)
     assert np.allclose(costs["language"], t.tokens + t.tokens.astype(float) ** 2 / 8192)
-    assert set(plain.sample_table(10).module_costs()) == {"vision", "language"}
+    assert plain.sample_table(10).cost_index().encoders == ("vision",)
     s = prof.summary()
     assert 0.45 < s["audio_free_fraction"] < 0.55 and s["audio_clips_per_sample_mean"] > 0
 
@@ -261,7 +269,9 @@ def test_a_profile_may_declare_an_audio_encoder(tmp_path):
 def test_a_padding_extractor_makes_every_clip_cost_the_same(tmp_path):
     whisper = AUDIO.replace("rows_per_token = 4", "pad_to_seconds = 30")
     t = load_profile(_write(tmp_path, _with_audio(audio=whisper))).sample_table(500, seed=1)
-    assert (t.clip_rows == 1500).all() and np.array_equal(t.audio_rows, 1500 * t.audio_clips)
+    audio = t.encoders["audio"]
+    assert np.array_equal(audio.rows, 1500 * audio.items) and np.array_equal(audio.sq_rows, 1500**2 * audio.items)
+    assert audio.rule.rows_many([1, 20 * 50, 30 * 50]).tolist() == [1500] * 3
 
 
 AUDIO_BAD = [

@@ -88,9 +88,9 @@ def test_encoder_forward_backward_on_two_images_of_different_sizes():
 
 def test_stack_config_refuses_what_qwen3vl_cannot_take():
     from mimo_accel.rehearse.stack import StackConfig
-    from mimo_accel.rehearse.ranks import MimoLayout
+    from mimo_accel.rehearse.ranks import layout_of
 
-    layout = MimoLayout.from_dp(1, 1)
+    layout = layout_of(1, 1)
     assert StackConfig(layout=layout, encoder="qwen3vl").patch_dim == 3 * 2 * 16 * 16
     assert StackConfig(layout=layout).patch_dim == 24  # the default encoder is unchanged
     with pytest.raises(ValueError, match="patch_dim 1536"):

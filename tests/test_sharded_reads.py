@@ -12,7 +12,8 @@ import torch
 
 from mimo_accel.rehearse import stack as st
 from mimo_accel.grid import canonical_grid, owned_groups
-from mimo_accel.rehearse.ranks import LANGUAGE, VISION, MimoLayout, build_grids, loader_config, module_of_rank, run_ranks
+from mimo_accel.rehearse.ranks import (LANGUAGE, VISION, build_grids, layout_of, loader_config, module_of_rank,
+                                       parallelism_config, run_ranks)
 
 LAYOUTS = [(1, 2), (2, 1), (2, 2), (2, 4), (4, 2), (1, 4), (4, 4)]
 SAMPLERS = ["single", "cyclic"]
@@ -61,7 +62,7 @@ def _sharded_scenarios(rank, world, layouts, samplers, spec):
     for dataloader_type in samplers:
         expected_global = _global_batches(dataloader_type, spec, STEPS)
         for vdp, ldp in layouts:
-            layout = MimoLayout.from_dp(vdp, ldp)
+            layout = layout_of(vdp, ldp)
             grids = build_grids(layout)
             comm = BridgeCommunicator(grids[VISION], grids[LANGUAGE], dim_mapping={"s": 0, "b": 1, "h": 2},
                                       comm_dtype=torch.float32, tensor_ndim=2)
@@ -207,12 +208,12 @@ def _example_path_with_bad_micro_batch(rank, world):
     from megatron.bridge.data.megatron_mimo.dp_utils import get_megatron_mimo_sampling_info
     from megatron.bridge.data.samplers import build_pretraining_data_loader
 
-    layout = MimoLayout.from_dp(4, 2)
+    layout = layout_of(4, 2)
     grids = build_grids(layout)
     ds = st.SyntheticVLMDataset(64, st.uniform_spec(), seq_length=64, patch_dim=24, vocab_size=2048)
 
     def build_data_iterators():
-        dp_rank, dp_size, needs = get_megatron_mimo_sampling_info(layout.parallelism_config(), grids)
+        dp_rank, dp_size, needs = get_megatron_mimo_sampling_info(parallelism_config(layout), grids)
         return build_pretraining_data_loader(ds, 0, "single", 6, 0, True, collate_fn=st.collate, pin_memory=False,
                                              data_parallel_rank=dp_rank, data_parallel_size=dp_size)
 
@@ -244,7 +245,7 @@ def _only_loaders_built_in_a_scope_are_sharded(rank, world):
     from megatron.bridge.data.megatron_mimo.dp_utils import get_megatron_mimo_sampling_info
     from megatron.bridge.data.samplers import build_pretraining_data_loader
 
-    layout = MimoLayout.from_dp(2, 1)
+    layout = layout_of(2, 1)
     grids = build_grids(layout)
     ds = st.SyntheticVLMDataset(16, st.uniform_spec(), seq_length=32, patch_dim=24, vocab_size=2048)
 
@@ -253,7 +254,7 @@ def _only_loaders_built_in_a_scope_are_sharded(rank, world):
                                              pin_memory=False, data_parallel_rank=0, data_parallel_size=1)
 
     def lookup_then_build():
-        get_megatron_mimo_sampling_info(layout.parallelism_config(), grids)
+        get_megatron_mimo_sampling_info(parallelism_config(layout), grids)
         return build()
 
     try:

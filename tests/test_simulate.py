@@ -112,7 +112,7 @@ def test_parse_dp_list():
             sim.parse_dp_list(bad)
 
 
-JSON_ROW_KEYS = {"dp", "language_dp", "grid", "micro_batch_size", "straggler", "vision_speedup", "reads",
+JSON_ROW_KEYS = {"dp", "language_dp", "grid", "micro_batch_size", "straggler", "speedup", "vision_speedup", "reads",
                  "exchange", "plan_ms", "window", "modules"}
 
 
@@ -125,12 +125,13 @@ def test_main_prints_tables_and_writes_json_and_png(tmp_path):
     assert "straggler" in text and "Reads per step" in text and "plan-before-read" in text
     doc = json.loads(out.read_text())
     assert set(doc) == {"format", "profile", "cost_model", "steps", "window", "samples_per_replica", "seed",
-                        "language_dp_rule", "layout", "rows", "notes", "elapsed_s", "modules"}
+                        "language_dp_rule", "layout", "rows", "notes", "elapsed_s", "lead", "modules", "kinds"}
+    assert doc["lead"] == "vision" and doc["kinds"] == {"vision": "image", "language": "text"}
     assert doc["format"] == sim.SIMULATE_FORMAT and doc["samples_per_replica"] == 4
     assert doc["cost_model"]["source"] == "default"
     row = doc["rows"][0]
     assert set(row) == JSON_ROW_KEYS
-    assert set(row["straggler"]) == {"contiguous", "lpt", "balanced", "balanced_vision", "bound"}
+    assert set(row["straggler"]) == {"contiguous", "lpt", "balanced", "balanced_replicas", "bound", "balanced_vision"}
     assert set(row["straggler"]["lpt"]) == {"p50", "p99", "mean"}
     assert set(row["reads"]) == {"data_ranks", "micro_batch_bytes", "baseline", "sharded", "cluster_reduction"}
     assert set(row["exchange"]) == {"plan_before_read_bytes", "lpt", "balanced", "balanced_matched"}
@@ -138,7 +139,7 @@ def test_main_prints_tables_and_writes_json_and_png(tmp_path):
     assert doc["window"] == 1 and row["window"] is None and "Global-batch window" not in text
     assert doc["modules"] == ["vision", "language"] and "Every module's replica spread" in text
     assert set(row["modules"]) == {"dps", "spread", "worst", "worst_over_bound", "plan_ms"}
-    assert set(row["modules"]["spread"]["language"]) == {*sim.MODULE_PLANNERS, "bound"}
+    assert set(row["modules"]["spread"]["language"]) == {*sim.MODULE_PLANNERS, "bound", "vision_only"}
     # matplotlib is a declared dependency (requirements/dev.txt): the chart must be written
     assert rc == 0 and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 1000
 
@@ -151,7 +152,9 @@ def test_main_with_a_cost_file_and_bad_input(tmp_path, capsys):
     out = tmp_path / "o.json"
     assert sim.main(["--workload", "documents", "--dp", "2", "--steps", "1", "--cost-model", str(cost),
                      "--json", str(out)], console=Console(file=io.StringIO())) == 0
-    assert json.loads(out.read_text())["cost_model"] == {"a": 2e-5, "b": 0.0, "c": 0.0, "source": str(cost)}
+    assert json.loads(out.read_text())["cost_model"] == {
+        "a": 2e-5, "b": 0.0, "c": 0.0, "source": str(cost),
+        "modules": {"vision": {"a": 2e-5, "b": 0.0, "k": 0.0}, "language": {"a": 1.0, "b": 1 / 8192, "k": 0.0}}}
     assert sim.main(["--workload", "nope"]) == 2
     assert "no such profile" in capsys.readouterr().err
     assert sim.main(["--dp", "2,...,8"]) == 2
@@ -342,3 +345,48 @@ def test_bad_dp_rules_are_refused(capsys):
     with pytest.raises(ValueError, match="language DP rule"):
         sim.language_dp_for(load_profile("receipts"), 4, "twice")
     assert sim.audio_dp_for(load_profile("receipts"), 4) is None
+
+
+# --------------------------------------------------------------------------------------------
+# One cost path: the simulation prices a sample as the job's planner does
+# --------------------------------------------------------------------------------------------
+
+
+def test_simulated_costs_are_the_planners_costs(tmp_path):
+    """For an index and a cost model with per-module coefficients (a calibrated file's), the
+    simulation's per-sample costs are CostIndexPlanner.costs of the same inputs, and its figures are
+    those of the plans on those costs."""
+    from mimo_accel.balance import module_spreads
+    from mimo_accel.costs import CostModel, ModuleCost
+    from mimo_accel.planner import CostIndexPlanner
+
+    path = tmp_path / "voice_receipts.toml"
+    path.write_text(AUDIO_PROFILE)
+    prof = load_profile(path)
+    model = CostModel(a=1.0, b=0.003, c=0.5, modules={"vision": ModuleCost(2.0, 0.0005, 30.0),
+                                                       "audio": ModuleCost(0.25, 0.01),
+                                                       "language": ModuleCost(3.0, 0.001)})
+    index = prof.sample_table(96, seed=4).cost_index()
+    planner = CostIndexPlanner(index, model, prof.modules)
+    mine, theirs = sim.sample_costs(index, model, prof.modules), planner.costs(np.arange(len(index)))
+    assert list(mine) == ["vision", "audio", "language"]
+    for m in theirs:
+        assert np.array_equal(mine[m], theirs[m]), m
+    # the single-cost formula (a·Σp + b·Σp² + c·tokens) is not what the planner prices vision by
+    assert not np.allclose(mine["vision"], prof.sample_table(96, seed=4).costs(model))
+
+    # end to end: one micro-batch per row, its contiguous spreads are those of the planner's costs
+    model.to_file(tmp_path / "cost.json")
+    out = tmp_path / "sim.json"
+    assert sim.main(["--workload", str(path), "--dp", "4", "--steps", "1", "--per-replica", "24", "--seed", "4",
+                     "--cost-model", str(tmp_path / "cost.json"), "--json", str(out)],
+                    console=Console(file=io.StringIO())) == 0
+    doc = json.loads(out.read_text())
+    assert doc["cost_model"]["modules"]["audio"] == {"a": 0.25, "b": 0.01, "k": 0.0}
+    row = doc["rows"][0]
+    n = row["micro_batch_size"]
+    drawn = prof.sample_table(n, seed=4).cost_index()  # the pool of one micro-batch of n samples
+    costs = CostIndexPlanner(drawn, CostModel.from_file(tmp_path / "cost.json"), prof.modules).costs(np.arange(n))
+    want = module_spreads(costs, row["modules"]["dps"], np.arange(n))
+    for m, v in want.items():
+        assert row["modules"]["spread"][m]["contiguous"]["p50"] == pytest.approx(v, rel=1e-12), m

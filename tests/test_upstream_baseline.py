@@ -14,8 +14,7 @@ import pytest
 import torch
 
 from mimo_accel.rehearse import stack as st
-from mimo_accel.rehearse.ranks import (LANGUAGE, VISION, MimoLayout, build_grids, loader_config, module_of_rank,
-                                run_ranks)
+from mimo_accel.rehearse.ranks import LANGUAGE, VISION, build_grids, layout_of, loader_config, module_of_rank, run_ranks
 
 DP_SIZES = (1, 2, 4)
 LAYOUTS = [(v, l) for v, l in itertools.product(DP_SIZES, DP_SIZES)]
@@ -42,7 +41,7 @@ def _loaders_slice_and_bridge(rank, world, layouts, spec):
 
     out = {}
     for vdp, ldp in layouts:
-        layout = MimoLayout.from_dp(vdp, ldp)
+        layout = layout_of(vdp, ldp)
         grids = build_grids(layout)
         comm = BridgeCommunicator(grids[VISION], grids[LANGUAGE], dim_mapping={"s": 0, "b": 1, "h": 2},
                                   comm_dtype=torch.float32, src_module_name=VISION,
@@ -130,7 +129,7 @@ def test_bridge_fan_out_with_uneven_rows_uses_split_sizes():
 
 
 def _one_training_step(rank, world, vdp, ldp):
-    layout = MimoLayout.from_dp(vdp, ldp)
+    layout = layout_of(vdp, ldp)
     cfg = st.StackConfig(layout=layout)
     stack = st.build_stack(cfg)
     ds = st.SyntheticVLMDataset(64, st.uniform_spec(), seq_length=cfg.seq_length,

@@ -35,6 +35,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from mimo_accel.balance.equal_size import _lower_bound, balanced_order
+from mimo_accel.grid import canonical_grid
 from mimo_accel.modules import LANGUAGE
 
 __all__ = ["balance_modules", "module_spreads", "module_bounds"]
@@ -86,7 +87,7 @@ def _validate(costs: Mapping[str, Sequence[float]], dps: Mapping[str, int], micr
             i = int(np.flatnonzero(~(np.isfinite(c) & (c >= 0)))[0])
             raise ValueError(f"cost of sample {i} for module {name!r} is {c[i]}; costs must be finite and >= 0")
         arrays[name] = c
-    grid = math.lcm(*(int(d) for d in dps.values())) * int(micro_batches)
+    grid = canonical_grid(int(d) for d in dps.values()) * int(micro_batches)
     if n % grid:
         raise ValueError(f"{n} samples cannot be cut into {grid} equal groups (lcm of the DP sizes "
                          f"{dict(dps)} x {micro_batches} micro-batches); make the global micro-batch size "

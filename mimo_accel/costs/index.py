@@ -42,9 +42,10 @@ import numpy as np
 
 from mimo_accel.costs.audio import AudioRule
 from mimo_accel.costs.index_file import FileFormatError, MappedArrays, write_arrays
-from mimo_accel.costs.model import LANGUAGE, CostModel
+from mimo_accel.costs.model import CostModel
 from mimo_accel.costs.resize import FixedPatches, ResizeRule
 from mimo_accel.costs.rules import rule_from_dict
+from mimo_accel.modules import LANGUAGE
 
 __all__ = ["CostIndex", "EncoderColumns", "IndexModulesError", "SampleShape"]
 

@@ -26,12 +26,12 @@ from typing import Any
 import numpy as np
 
 from mimo_accel.costs._files import atomic_write
+from mimo_accel.modules import LANGUAGE
 
 __all__ = ["CostModel", "ModuleCost"]
 
 COST_MODEL_FORMAT = "mimo-accel-cost-model/2"
 COST_MODEL_FORMAT_V1 = "mimo-accel-cost-model/1"
-LANGUAGE = "language"  # mimo_accel.modules.LANGUAGE (costs stay importable without it)
 LANGUAGE_A, LANGUAGE_B = 1.0, 1.0 / 8192  # the language model's L + L²/8192
 
 

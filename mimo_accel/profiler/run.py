@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mimo_accel.modules import LANGUAGE
 from mimo_accel.profiler.recorder import FORMAT, FORMAT_V1, READABLE_FORMATS, REGIONS, module_regions
 
 _RANK_FILE = re.compile(r"^rank(\d+)\.jsonl$")
@@ -84,7 +85,7 @@ class RankLog:
         timed as "vision") whose rank timed ``vision_fwd`` / ``vision_bwd``: those."""
         own = module_regions(self.module)
         have = self.regions
-        if own[0] in have or own[1] in have or self.module == "language":
+        if own[0] in have or own[1] in have or self.module == LANGUAGE:
             return own
         if self.format == FORMAT_V1 or REGIONS[0] in have or REGIONS[1] in have:
             legacy = tuple(r for r in REGIONS if r in have)

@@ -93,7 +93,8 @@ from megatron.bridge.training.state import TrainState
 from megatron.bridge.training.tokenizers.config import TokenizerConfig
 
 from mimo_accel.rehearse import stack
-from mimo_accel.workloads.layout import LANGUAGE, VISION, MimoLayout, ModuleLayout
+from mimo_accel.modules import LANGUAGE, Modules, module
+from mimo_accel.workloads import VISION
 from mimo_accel.runtime.shard import SHARD_TAG_KEY
 
 KILL_ENV = "TRAIN_MIMO_KILL"
@@ -395,15 +396,16 @@ def modality_names(args) -> tuple[str, Optional[str]]:
     return by_kind[IMAGE], by_kind.get(AUDIO)
 
 
-def build_layout(args) -> MimoLayout:
-    """Each modality's encoder on its own ranks in ``--modalities`` order, the language model after them."""
-    sizes = {IMAGE: ModuleLayout(tp=args.vision_tp, dp=args.vision_dp),
-             AUDIO: ModuleLayout(tp=args.audio_tp or 1, dp=args.audio_dp or 1)}
-    return MimoLayout.of({name: sizes[kind] for name, kind in parse_modalities(args.modalities).items()},
-                         ModuleLayout(tp=args.language_tp, dp=args.language_dp))
+def build_layout(args) -> Modules:
+    """Each modality's encoder (of its kind) on its own ranks in ``--modalities`` order, the language
+    model after them."""
+    sizes = {IMAGE: dict(tp=args.vision_tp, dp=args.vision_dp), AUDIO: dict(tp=args.audio_tp or 1, dp=args.audio_dp or 1)}
+    return Modules((*(module(name, sizes[kind]["dp"], kind=kind, tp=sizes[kind]["tp"])
+                      for name, kind in parse_modalities(args.modalities).items()),
+                    module(LANGUAGE, args.language_dp, tp=args.language_tp)))
 
 
-def build_config(args, layout: MimoLayout) -> ConfigContainer:
+def build_config(args, layout: Modules) -> ConfigContainer:
     images = args.dataset == "images"
     native_images = images and args.encoder == "native"
     vision, audio = modality_names(args)

@@ -24,7 +24,8 @@ import traceback
 from datetime import timedelta
 from typing import Any, Callable
 
-from mimo_accel.workloads.layout import LANGUAGE, VISION, MimoLayout, ModuleLayout  # noqa: F401  (re-exported)
+from mimo_accel.modules import LANGUAGE, Modules, module  # noqa: F401  (re-exported for the tests)
+from mimo_accel.workloads import VISION
 
 _PRELOAD = "mimo_accel.rehearse._preload"
 _progress = None  # in a rank: the parent's queue, for report_progress()
@@ -43,21 +44,42 @@ class RankFailure(AssertionError):
     """A rank raised, died or missed the deadline. ``str()`` carries its traceback."""
 
 
-def build_grids(layout: MimoLayout):
+def layout_of(vision_dp: int, language_dp: int, **encoder_dps: int) -> Modules:
+    """DP sizes only (tp = pp = 1): ``"vision"``, then the ``encoder_dps`` encoders in their order,
+    then the language module."""
+    return Modules.from_dp_sizes({VISION: vision_dp, **encoder_dps, LANGUAGE: language_dp})
+
+
+def parallelism_config(layout: Modules):
+    """Bridge's ``MegatronMIMOParallelismConfig`` for this layout (finalized): each module's sizes at
+    its :meth:`~mimo_accel.modules.Modules.rank_offsets` offset."""
+    from megatron.bridge.models.megatron_mimo.megatron_mimo_config import (
+        MegatronMIMOParallelismConfig,
+        ModuleParallelismConfig,
+    )
+
+    offsets = layout.rank_offsets()
+    cfg = MegatronMIMOParallelismConfig(module_parallelisms={
+        name: ModuleParallelismConfig(tensor_model_parallel_size=layout[name].tp,
+                                      pipeline_model_parallel_size=layout[name].pp,
+                                      data_parallel_size=layout[name].dp, rank_offset=offset)
+        for name, offset in offsets.items()})
+    cfg.finalize(layout.world_size)
+    return cfg
+
+
+def build_grids(layout: Modules):
     """The HyperCommGrids Bridge builds for this layout (its own ``build_hypercomm_grids``).
 
     Collective: every rank of the world must call it, in the same order.
     """
     from megatron.bridge.models.megatron_mimo.megatron_mimo_builder import build_hypercomm_grids
 
-    return build_hypercomm_grids(layout.parallelism_config())
+    return build_hypercomm_grids(parallelism_config(layout))
 
 
-def module_of_rank(layout: MimoLayout, rank: int) -> str | None:
-    for name, (m, offset) in layout.modules().items():
-        if offset <= rank < offset + m.size:
-            return name
-    return None
+def module_of_rank(layout: Modules, rank: int) -> str | None:
+    return layout.module_of_rank(rank)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence
 
+from mimo_accel.modules import LANGUAGE
+
 ALL_FEATURES = dict(sharded_reads=True, reorder=True, packing=True)
 SHARDED_ONLY = dict(sharded_reads=True)
 
@@ -137,7 +139,7 @@ def _as_replica(dp_rank, dp_size, view):
 def check_invariants(results: list[dict], steps: int, micro_batch: int, what: str) -> dict:
     """Per step: each module processed every sample of the global micro-batch exactly once."""
     per_module: dict[str, list[list[int]]] = {}
-    for module in ("vision", "language"):
+    for module in _modules_of(results):
         ranks = [r for r in results if r["module"] == module]
         steps_seen = []
         for s in range(steps):
@@ -147,12 +149,17 @@ def check_invariants(results: list[dict], steps: int, micro_batch: int, what: st
                                          f"{s * micro_batch}..{(s + 1) * micro_batch - 1} exactly once")
             steps_seen.append(ids)
         per_module[module] = steps_seen
-    vision = [r for r in results if r["module"] == "vision"]
-    lang = [r for r in results if r["module"] == "language"]
+    encoders = [r for r in results if r["module"] != LANGUAGE]
+    lang = [r for r in results if r["module"] == LANGUAGE]
     return {
         "losses": [[sum(r["losses"][s][0][k] for r in lang) for k in (0, 1)] for s in range(steps)],
-        "vision_patches": [sum(r["patches"][s] for r in vision) for s in range(steps)],
+        "vision_patches": [sum(r["patches"][s] for r in encoders) for s in range(steps)],
     }
+
+
+def _modules_of(records: list[dict]) -> list[str]:
+    """The modules the ranks' records name, in the order first seen."""
+    return list(dict.fromkeys(r["module"] for r in records))
 
 
 def run_stack(label, features, layout, spec, steps, micro_batch, seq_length, profile_dir, model_kw, progress,
@@ -311,7 +318,7 @@ def bridge_steps(records: list[dict], steps: int, batch: int, what: str) -> list
     for it in range(1, steps + 1):
         rows = [r for r in records if r["iteration"] == it]
         want = list(range((it - 1) * batch, it * batch))
-        for module in ("vision", "language"):
+        for module in _modules_of(records):
             ids = sorted(i for r in rows if r["module"] == module for micro in r["ids"] for i in micro)
             if ids != want:
                 raise InvariantViolation(f"{what}: {module} iteration {it} trained samples {ids}, expected each of "

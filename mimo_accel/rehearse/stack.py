@@ -47,7 +47,8 @@ from torch.nn import functional as F
 from mimo_accel.rehearse import audio as audio_mod
 from mimo_accel.rehearse.audio import AUDIO_ENCODER_NAME, AUDIO_TOKEN_ID, MEL_BINS, AudioMix  # noqa: F401
 from mimo_accel.rehearse.qwen_processor import qwen_image_processor
-from mimo_accel.rehearse.ranks import LANGUAGE, VISION, MimoLayout, ModuleLayout, step_state
+from mimo_accel.modules import LANGUAGE, Module, Modules
+from mimo_accel.rehearse.ranks import VISION, parallelism_config, step_state
 
 IMAGE_TOKEN_ID = 2047  # the vision placeholder token in input_ids (the last id of the vocabulary)
 AUDIO = "audio"  # the audio modality's default name (the user names modalities; see StackConfig)
@@ -697,7 +698,7 @@ ENCODERS = ("native", "qwen3vl")
 
 @dataclass
 class StackConfig:
-    layout: MimoLayout
+    layout: Modules
     hidden: int = 32
     vision_hidden: int = 32
     vision_layers: int = 1
@@ -731,7 +732,7 @@ class StackConfig:
     mel_bins: int = MEL_BINS
 
     def __post_init__(self):
-        names = self.layout.encoder_names
+        names = tuple(m.name for m in self.layout.encoders)
         others = [n for n in names if n != self.audio_module]
         if self.audio_module is not None and self.audio_module not in names:
             raise ValueError(f"StackConfig: audio_module {self.audio_module!r} is not an encoder of the layout "
@@ -776,25 +777,26 @@ def encoder_transformer_configs(provider) -> dict:
 
 def _vision_config(cfg: StackConfig):
     return _transformer_config(cfg.vision_layers, cfg.vision_hidden, cfg.vision_heads or cfg.heads,
-                               cfg.layout.encoder(cfg.vision_module))
+                               cfg.layout[cfg.vision_module])
 
 
 def _audio_config(cfg: StackConfig):
     return _transformer_config(cfg.audio_layers, cfg.audio_hidden, cfg.audio_heads or cfg.heads,
-                               cfg.layout.encoder(cfg.audio_module))
+                               cfg.layout[cfg.audio_module])
 
 
 def _language_config(cfg: StackConfig):
     return _transformer_config(cfg.language_layers, cfg.hidden, cfg.heads, cfg.layout.language)
 
 
-def _transformer_config(num_layers: int, hidden: int, heads: int, module: ModuleLayout = ModuleLayout()):
+def _transformer_config(num_layers: int, hidden: int, heads: int, module: Optional[Module] = None):
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     # TP/PP sizes as the module's grid has them (megatron-core builds layers from the config's)
+    tp, pp = (module.tp, module.pp) if module is not None else (1, 1)
     return TransformerConfig(
         num_layers=num_layers, hidden_size=hidden, ffn_hidden_size=2 * hidden,
-        tensor_model_parallel_size=module.tp, pipeline_model_parallel_size=module.pp,
+        tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
         num_attention_heads=heads, use_cpu_initialization=True, variable_seq_lengths=True,
         pipeline_dtype=torch.float32, bf16=False, hidden_dropout=0.0, attention_dropout=0.0,
         bias_activation_fusion=False, bias_dropout_fusion=False, apply_rope_fusion=False,
@@ -832,7 +834,7 @@ def build_provider(cfg: StackConfig):
         submodules[cfg.audio_module] = ModuleSpec(module=AudioModalitySubmodules, params={},
                                                   submodules={"encoders": {AUDIO_ENCODER_NAME: clips}})
         special[cfg.audio_module] = AUDIO_TOKEN_ID
-    names = cfg.layout.encoder_names  # rank order
+    names = [m.name for m in cfg.layout.encoders]  # rank order
     layer_spec = get_gpt_layer_local_spec()
     layer_spec.submodules.self_attention.submodules.core_attention = packed_local_attention()
     language = ModuleSpec(module=GPTModel, params=dict(
@@ -842,7 +844,7 @@ def build_provider(cfg: StackConfig):
         language_model_spec=language,
         modality_submodules_spec={name: submodules[name] for name in names},
         special_token_ids={name: special[name] for name in names},
-        megatron_mimo_parallelism_config=cfg.layout.parallelism_config(),
+        megatron_mimo_parallelism_config=parallelism_config(cfg.layout),
         topology={**{name: [LANGUAGE] for name in names}, LANGUAGE: []},
         bf16=False,
     )

@@ -71,6 +71,7 @@ from rich.table import Table
 
 from mimo_accel.costs import CostModel, ModuleCost
 from mimo_accel.costs.nnls import nnls
+from mimo_accel.modules import LANGUAGE
 from mimo_accel.profiler import NoProfileData, Run, read_run
 from mimo_accel.tools.arguments import UsageError, fail, nonnegative_int, output_file, parse
 from mimo_accel.profiler import record_number as _num
@@ -81,7 +82,6 @@ __all__ = ["FEATURES", "CalibrationError", "encoder_spec", "fit", "fit_modules",
 #: Step fields the model is fitted on, with the coefficient each one gives.
 FEATURES = (("patches", "a"), ("sq_patches", "b"), ("tokens", "c"))
 _UNITS = {"a": "s / patch", "b": "s / patch²", "c": "s / token", "overhead": "s / step"}
-_LANGUAGE = "language"
 _MIN_STEPS = 3
 _MAX_CONDITION = 1e10  # of the column-normalised design; above it the fit is meaningless
 _T_SIGNIFICANT = 2.0
@@ -133,7 +133,7 @@ def encoder_spec(module: str) -> _Spec:
                  f"profile steps where the {module} encoder has work")
 
 
-def language_spec(module: str = _LANGUAGE) -> _Spec:
+def language_spec(module: str = LANGUAGE) -> _Spec:
     """The language model's fit: ``language_fwd_s + language_bwd_s`` against ``tokens`` (the
     replica's real tokens) and ``sq_tokens`` (Σ over its samples of L²)."""
     return _Spec(module, (f"{module}_fwd_s", f"{module}_bwd_s"), (("tokens", "a"), ("sq_tokens", "b")),
@@ -145,7 +145,7 @@ def language_spec(module: str = _LANGUAGE) -> _Spec:
 def _observe(run: Run, spec: _Spec, *, warmup: int = 1) -> dict[str, Any]:
     """The usable steps of ``spec``'s module in ``run`` (one entry per rank-step)."""
     fwd_key, bwd_key = spec.regions
-    logs = [log for log in run.ranks.values() if not (spec.skip_language_logs and log.module == _LANGUAGE)]
+    logs = [log for log in run.ranks.values() if not (spec.skip_language_logs and log.module == LANGUAGE)]
     timed = [(log.rank, rec) for log in logs for rec in log.steps
              if _num(rec, fwd_key) is not None or _num(rec, bwd_key) is not None]
     if not timed:
@@ -153,7 +153,7 @@ def _observe(run: Run, spec: _Spec, *, warmup: int = 1) -> dict[str, Any]:
         raise CalibrationError(
             f"{run.directory}: no {spec.what} steps in the run (no step line has {fwd_key}/{bwd_key};"
             f" modules seen: {', '.join(modules)}); profile a run with the {spec.what}"
-            f"{' encoder' if spec.what != _LANGUAGE else ' model'} timed"
+            f"{' encoder' if spec.what != LANGUAGE else ' model'} timed"
             f" (mimo_accel profiler on the {spec.what} ranks)"
         )
     numbers = sorted({int(rec["step"]) for _, rec in timed})
@@ -423,10 +423,10 @@ def modules_in(run: Run) -> list[str]:
                     m = key[:-len("_rows")]
                     if _num(rec, f"{m}_fwd_s") is not None or _num(rec, f"{m}_bwd_s") is not None:
                         found.setdefault(m, None)
-            if _num(rec, f"{_LANGUAGE}_fwd_s") is not None or _num(rec, f"{_LANGUAGE}_bwd_s") is not None:
-                found.setdefault(_LANGUAGE, None)
-    if found and _LANGUAGE in found and len(found) == 1:
-        return [_LANGUAGE]
+            if _num(rec, f"{LANGUAGE}_fwd_s") is not None or _num(rec, f"{LANGUAGE}_bwd_s") is not None:
+                found.setdefault(LANGUAGE, None)
+    if found and LANGUAGE in found and len(found) == 1:
+        return [LANGUAGE]
     return list(found)
 
 
@@ -445,10 +445,10 @@ def fit_modules(run: Run, *, warmup: int = 1, intercept: bool = True, per_step: 
         return model, {"vision": stats}
     table, stats, metas = {}, {}, {}
     for m in names:
-        spec = language_spec(m) if m == _LANGUAGE else encoder_spec(m)
+        spec = language_spec(m) if m == LANGUAGE else encoder_spec(m)
         coefs, stats[m], metas[m] = _fit_spec(run, spec, warmup=warmup, intercept=intercept, per_step=per_step)
         table[m] = ModuleCost(coefs["a"], coefs["b"], coefs.get("k", 0.0))
-    encoders = [m for m in names if m != _LANGUAGE]
+    encoders = [m for m in names if m != LANGUAGE]
     lead = "vision" if "vision" in encoders else (encoders[0] if encoders else None)
     a, b = (table[lead].a, table[lead].b) if lead is not None else (CostModel().a, CostModel().b)
     meta = {"units": "seconds", "run": str(run.directory), "warmup": warmup, "per_step": per_step,
@@ -514,7 +514,7 @@ def render_modules(model: CostModel, stats: dict[str, dict[str, Any]], console: 
         if "sq_patches" in st:  # the vision-only profiler's names
             render(model, st, console)
             continue
-        if m == _LANGUAGE:
+        if m == LANGUAGE:
             spec = language_spec(m)
             labels = {"a": "a · tokens", "b": "b · Σ tokens² (per sample)"}
             default = 1 / 8192  # the built-in language cost L + L²/8192
@@ -627,7 +627,7 @@ def main(argv: Sequence[str] | None = None, *, console: Console | None = None) -
         model.to_file(args.out)
         if modules:
             fitted = "; ".join(f"{m}: " + " ".join(f"{k}={v:.4g}" for k, v in model.of(m).to_dict().items()
-                                                  if not (m == _LANGUAGE and k == "k"))
+                                                  if not (m == LANGUAGE and k == "k"))
                                for m in modules)
             console.print(f"wrote {args.out}: {fitted} ({_use(args.out)})")
         else:

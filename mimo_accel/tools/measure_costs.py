@@ -110,13 +110,13 @@ import numpy as np
 
 from mimo_accel.costs import CostModel, ModuleCost
 from mimo_accel.costs._files import atomic_write
+from mimo_accel.modules import LANGUAGE
 
 __all__ = ["LanguagePoint", "MeasureError", "ModuleFit", "SIZES", "VisionPoint", "collect", "fit_language",
            "fit_vision", "language_points", "main", "model_from_fits", "vision_points"]
 
 PROG = "mimo-accel calibrate-gpu"
 POINTS_FORMAT = "mimo-accel-cost-points/1"
-LANGUAGE = "language"
 VISION = "vision"
 VISION_SHARE = 0.55  # of the budget: the vision phase ends by then, the language one by the end
 _MAX_CONDITION = 1e10  # of the column-normalised, weighted design (as mimo-accel calibrate)

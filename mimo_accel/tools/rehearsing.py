@@ -25,15 +25,15 @@ same.
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 import tempfile
 import time
 import traceback
-from dataclasses import replace
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
+from mimo_accel.grid import canonical_grid
+from mimo_accel.modules import LANGUAGE, Modules
 from mimo_accel.rehearse import rehearsal
 from mimo_accel.tools.arguments import UsageError, fail, nonnegative_int, output_dir, output_file, parse, positive_int
 
@@ -57,7 +57,7 @@ def _check_split(micro_batch: int, vision_dp: int, language_dp: int, given: str,
         raise ValueError(f"{given}: vision DP {vision_dp} and language DP {language_dp}: one must divide the other "
                          "(the bridge between the modules fans in or out by a whole ratio); give e.g. "
                          f"--vision-dp {vision_dp} --language-dp {vision_dp}")
-    grid = math.lcm(vision_dp, language_dp)
+    grid = canonical_grid((vision_dp, language_dp))
     if micro_batch % grid:
         fits = ", ".join(str(d) for d in range(1, micro_batch + 1) if micro_batch % d == 0)
         raise ValueError(f"{given}: {whose} micro-batch of {micro_batch} samples does not split evenly over "
@@ -74,17 +74,16 @@ def stack_plan(profile_name: str, steps: Optional[int] = None, vision_dp: Option
                language_dp: Optional[int] = None):
     """``--loop stack``'s inputs, checked before anything runs: (profile, layout, steps). Raises
     ProfileError / ValueError naming the flag and the fix."""
-    from mimo_accel.workloads.layout import MimoLayout
-    from mimo_accel.workloads import load_profile
+    from mimo_accel.workloads import VISION, load_profile
 
     profile = load_profile(profile_name)
     r = profile.rehearsal
-    v, lang = r.layout.vision, r.layout.language
     steps = _positive("steps", steps, r.steps)
-    vdp, ldp = _positive("vision_dp", vision_dp, v.dp), _positive("language_dp", language_dp, lang.dp)
-    _check_split(r.layout.micro_batch_size, vdp, ldp, _given(vision_dp, language_dp),
+    vdp = _positive("vision_dp", vision_dp, r.modules[VISION].dp)
+    ldp = _positive("language_dp", language_dp, r.modules[LANGUAGE].dp)
+    _check_split(r.micro_batch_size, vdp, ldp, _given(vision_dp, language_dp),
                  f"workload {profile.name}: the rehearsal")
-    return profile, MimoLayout(replace(v, dp=vdp), replace(lang, dp=ldp)), steps
+    return profile, r.modules.replace(VISION, dp=vdp).replace(LANGUAGE, dp=ldp), steps
 
 
 def bridge_plan(example: Optional[str] = None, steps: Optional[int] = None, vision_dp: Optional[int] = None,
@@ -146,7 +145,7 @@ def rehearse(profile_name: str, *, steps: Optional[int] = None, out_dir: Optiona
     profile, layout, steps = stack_plan(profile_name, steps, vision_dp, language_dp)
     console = console or Console()
     r = profile.rehearsal
-    micro_batch, seq_length = r.layout.micro_batch_size, r.layout.seq_length
+    micro_batch, seq_length = r.micro_batch_size, r.seq_length
     samples = profile.rehearsal_shapes(steps * micro_batch, seed)
     spec = rehearsal.TableSpec(tuple((s.images, s.text_tokens) for s in samples))
     model_kw = dict(vision_hidden=128, vision_layers=3, merge=r.merge_size)
@@ -286,12 +285,12 @@ def rehearse_bridge(*, steps: Optional[int] = None, vision_dp: Optional[int] = N
     the stack loop. One micro-batch of ``micro_batch`` samples per iteration."""
     from rich.console import Console
 
-    from mimo_accel.rehearse.ranks import MimoLayout, RankFailure
+    from mimo_accel.rehearse.ranks import RankFailure
     from mimo_accel.tools import report
 
     script, steps, vdp, ldp, mbs = bridge_plan(example, steps, vision_dp, language_dp, micro_batch)
     console = console or Console()
-    layout = MimoLayout.from_dp(vdp, ldp)
+    layout = Modules.from_dp_sizes({"vision": vdp, LANGUAGE: ldp})
     out, log = _start(out_dir, log_path, f"mimo-accel rehearse --loop bridge: {layout}", console,
                       lambda out: f"[bold]mimo-accel rehearse --loop bridge[/bold]: "
                                   f"{script.name if script else rehearsal.BRIDGE_SCRIPT} "

@@ -4,56 +4,60 @@
 [--per-replica K] [--seed S] [--cost-model FILE] [--language-dp ratio|equal|R] [--audio-dp ratio|equal|R]
 [--json PATH] [--png PATH]``
 
-For each vision DP size ``d`` it draws ``N × W`` global micro-batches of ``d × K`` samples (``N``
-steps of ``W`` micro-batches; ``W = --reorder-window``, AccelConfig's ``reorder_window``, default
-1) from the profile (one shared pool: every DP size sees the same first samples of each micro-batch), costs them
-with the cost model (default :class:`~mimo_accel.costs.CostModel`, or ``--cost-model`` from
-``mimo-accel calibrate``), and plans each micro-batch three ways over the canonical grid
-``G = lcm(d, language dp[, audio dp])``:
+The layout is the profile's :class:`~mimo_accel.modules.Modules`; the rows sweep the DP of its
+first encoder, the **lead** encoder (``vision`` in the shipped profiles; ``lead`` in the JSON), and
+every other module's DP follows it. For each lead DP size ``d`` it draws ``N × W`` global
+micro-batches of ``d × K`` samples (``N`` steps of ``W`` micro-batches; ``W = --reorder-window``,
+AccelConfig's ``reorder_window``, default 1) from the profile (one shared pool: every DP size sees
+the same first samples of each micro-batch), prices every module of every sample as the planner
+does at run time (:func:`sample_costs`: the samples' :class:`~mimo_accel.costs.CostIndex` through
+:class:`~mimo_accel.planner.CostIndexPlanner`, with the cost model — default
+:class:`~mimo_accel.costs.CostModel`, or ``--cost-model`` from ``mimo-accel calibrate``, its
+per-module coefficients included), and plans each micro-batch three ways on the lead encoder's
+cost over the canonical grid ``G = lcm`` of the module DPs:
 
 * ``contiguous`` — upstream: replica r takes the r-th contiguous slice;
 * ``lpt`` — equal-size LPT (upstream's reorder PR);
 * ``balanced`` — :func:`mimo_accel.balance.balanced_order` (ours), as the planner ships it.
 
-and, for every module of the layout (vision, the workload's ``[audio]`` encoder where it has one,
-and the language model), each module's replica spread under four plans side by side
-(``rows[].modules``, the table "Every module's replica spread"): ``contiguous``; ``lpt`` (#4608's
-method: :func:`~mimo_accel.balance.lpt_order` on the vision cost); ``vision_only``
-(:func:`~mimo_accel.balance.balanced_order` on the vision cost, as the planner shipped before
-per-module balancing: the ``balanced`` plan above); ``joint``
-(:func:`mimo_accel.balance.balance_modules` over every module), with each module's bound
+and, for every module of the layout (each encoder and the language model), each module's replica
+spread under four plans side by side (``rows[].modules``, the table "Every module's replica
+spread"): ``contiguous``; ``lpt`` (#4608's method: :func:`~mimo_accel.balance.lpt_order` on the
+lead encoder's cost); ``encoder_only`` (:func:`~mimo_accel.balance.balanced_order` on the lead
+encoder's cost, as the planner shipped before per-module balancing: the ``balanced`` plan above);
+``joint`` (:func:`mimo_accel.balance.balance_modules` over every module), with each module's bound
 (:func:`~mimo_accel.balance.module_bounds`), the worst module's spread and the plan times of the
-vision-only and the joint plan. A module's cost per sample: vision the cost model's
-``a·Σp + b·Σp² + c·tokens``; audio ``a·Σrows + b·Σrows²``; language ``L + L²/8192`` with L the
-sample's real tokens (text + image tokens after the 2×2 merge, patches / merge², + audio tokens).
+encoder-only and the joint plan. Replica loads and spreads are :func:`~mimo_accel.balance.group_costs`
+and :func:`~mimo_accel.balance.spread`.
 
-As a further, diagnostic plan, ``balanced_vision``: ``balanced_order`` over the d vision
+As a further, diagnostic plan, ``balanced_replicas``: ``balanced_order`` over the d lead
 replicas themselves (each replica's block then cut into its G/d canonical groups as it comes —
-still a valid plan for both modules). It differs from ``balanced`` only with fan-out (language DP
-> vision DP, G > d): balancing G smaller groups is a harder problem than balancing d replicas, and
-the slowest replica then holds the heaviest group *plus* an average one.
+still a valid plan for every module). It differs from ``balanced`` only with fan-out (another
+module's DP > d, G > d): balancing G smaller groups is a harder problem than balancing d replicas,
+and the slowest replica then holds the heaviest group *plus* an average one.
 
 Definitions:
 
-* **language DP** for vision DP d: with ``--language-dp ratio`` (default) the profile layout's
-  ratio, ``max(1, round(d × language.dp / vision.dp))``; with ``equal``, d; with a number R,
+* **language DP** for lead DP d: with ``--language-dp ratio`` (default) the profile layout's
+  ratio, ``max(1, round(d × language.dp / lead.dp))``; with ``equal``, d; with a number R,
   ``max(1, round(d × R))`` (any layout: 1 is 1:1, 0.5 fan-in, 2 fan-out). ``--audio-dp`` likewise
-  for a workload's audio encoder. TP/PP of every module stay the profile's. If ``d × K`` is not a multiple of G it is rounded up to one (the row's
-  ``micro_batch_size`` says what was used).
-* **straggler ratio** of a micro-batch: max / mean of the vision replicas' summed sample costs
-  (1.0 is perfect); p50 / p99 / mean over the micro-batches. ``bound`` is the same ratio for
+  for a workload's audio encoder; any other encoder keeps the layout's ratio. TP/PP of every
+  module stay the profile's. If ``d × K`` is not a multiple of G it is rounded up to one (the
+  row's ``micro_batch_size`` says what was used).
+* **straggler ratio** of a micro-batch: max / mean of the lead encoder's replicas' summed sample
+  costs (1.0 is perfect); p50 / p99 / mean over the micro-batches. ``bound`` is the same ratio for
   :func:`mimo_accel.balance.lower_bound` of a d-way equal-size split: no planner can go below it.
-* **vision speedup**: Σ over micro-batches of the max replica cost of one planner over
-  another's, i.e. the vision-phase speedup if vision time ∝ the slowest replica's cost;
-  ``vision_time_saved`` is ``1 - balanced/contiguous``.
+* **speedup**: Σ over micro-batches of the max replica cost of one planner over another's, i.e.
+  the lead encoder's phase speedup if its time ∝ the slowest replica's cost; ``time_saved`` is
+  ``1 - balanced/contiguous``.
 * **data ranks** (who reads the micro-batch, as upstream's ``get_megatron_mimo_sampling_info``
-  decides): vision: the first PP stage, ``d × tp``; language: every rank, ``l × tp × pp``.
+  decides): the lead encoder: the first PP stage, ``d × tp``; language: every rank, ``l × tp × pp``.
 * **reads** per micro-batch: baseline (upstream): every data rank reads the whole micro-batch, so
   per rank = mbs and cluster = mbs × data ranks (∝ DP). Sharded: a rank reads its replica's share,
-  mbs / dp; cluster = mbs × (vision tp + language tp × pp), flat in DP. Bytes from the profile's
+  mbs / dp; cluster = mbs × (lead tp + language tp × pp), flat in DP. Bytes from the profile's
   size model (original pixels × bytes_per_pixel + text tokens × bytes_per_token). The micro-batch
   grows with DP (d × K), so ``amplification`` = cluster reads / micro-batch is the DP-free view:
-  baseline = data ranks (∝ DP), sharded = vision tp + language tp × pp (flat).
+  baseline = data ranks (∝ DP), sharded = lead tp + language tp × pp (flat).
 * **exchange**: bytes a read-then-exchange reorder moves per micro-batch: every sample whose
   replica differs between the contiguous read and the plan is sent to its new owner by every data
   rank of that replica's TP/PP group (an all_to_all per group), in both modules. Plan-before-read mode
@@ -62,11 +66,11 @@ Definitions:
   exchange is avoidable; ``null`` without scipy.
 * **plan_ms**: wall time of one planner call on the whole micro-batch (p50 and max).
 * **window** (``--reorder-window W`` > 1; ``null`` otherwise): the W micro-batches of a step (the whole
-  global batch) planned together. Vision replicas meet once a step (the gradient all-reduce); in
-  between, micro-batches stream through the encoder-to-LM pipeline, so the step's vision time
+  global batch) planned together. The lead replicas meet once a step (the gradient all-reduce); in
+  between, micro-batches stream through the encoder-to-LM pipeline, so the step's encoder time
   follows the slowest replica's cost *summed over the step*. ``straggler`` is that step straggler,
   max / mean over the d replicas of their step sums, for: ``per_micro_batch`` (each micro-batch
-  balanced alone over the d replicas, ``balanced_vision``, as with window 1), ``window``
+  balanced alone over the d replicas, ``balanced_replicas``, as with window 1), ``window``
   (``balanced_order`` over the step's ``W × d`` groups: what the planner does with
   ``reorder_window = W``), ``window_replica`` (diagnostic:
   the step balanced over the d replicas, each holding ``W × K`` samples, then each replica's
@@ -77,32 +81,33 @@ Definitions:
   ``lockstep``: Σ over micro-batches of the slowest replica / Σ of the mean, the straggler if every
   micro-batch waited for all replicas instead.
 
-JSON (``--json``; format ``mimo-accel-simulate/1``), stable keys::
+JSON (``--json``; format ``mimo-accel-simulate/1``), stable keys (``<lead>``: the lead encoder's
+name; ``M``: every module's)::
 
-    format, profile{name, path, description, summary{...}}, cost_model{a, b, c, source},
-    steps, window, samples_per_replica, seed, language_dp_rule, elapsed_s, notes[], modules[],
-    layout{vision{tp, pp, dp}, [audio{tp, pp, dp},] language{tp, pp, dp}, micro_batch_size},
+    format, profile{name, path, description, summary{...}},
+    cost_model{a, b, c, source, modules{M: {a, b, k}}}, steps, window, samples_per_replica, seed,
+    language_dp_rule, elapsed_s, notes[], lead, modules[], kinds{M: kind},
+    layout{M: {tp, pp, dp}, micro_batch_size},
     rows[]: {dp, language_dp, [audio_dp,] grid, micro_batch_size,
-             modules{dps{module: dp},
-                     spread{module: {contiguous|lpt|vision_only|joint|bound: {p50, p99, mean}}},
-                     worst{contiguous|lpt|vision_only|joint|bound: {p50, p99, mean}},
-                     worst_over_bound{contiguous|lpt|vision_only|joint: {p50, p99, mean}},
-                     plan_ms{vision_only_p50, joint_p50, joint_max, lpt_p50, joint_over_vision_only}},
-             straggler{contiguous|lpt|balanced|balanced_vision|bound: {p50, p99, mean}},
-             vision_speedup{balanced_vs_contiguous, balanced_vs_lpt, lpt_vs_contiguous,
-                            balanced_vision_vs_contiguous, vision_time_saved},
-             reads{data_ranks{vision, language}, micro_batch_bytes,
+             modules{dps{M: dp},
+                     spread{M: {contiguous|lpt|encoder_only|joint|bound: {p50, p99, mean}}},
+                     worst{contiguous|lpt|encoder_only|joint|bound: {p50, p99, mean}},
+                     worst_over_bound{contiguous|lpt|encoder_only|joint: {p50, p99, mean}},
+                     plan_ms{encoder_only_p50, joint_p50, joint_max, lpt_p50, joint_over_encoder_only}},
+             straggler{contiguous|lpt|balanced|balanced_replicas|bound: {p50, p99, mean}},
+             speedup{balanced_vs_contiguous, balanced_vs_lpt, lpt_vs_contiguous,
+                     balanced_replicas_vs_contiguous, time_saved},
+             reads{data_ranks{<lead>, language}, micro_batch_bytes,
                    baseline{per_rank_samples, per_rank_bytes, cluster_samples, cluster_bytes,
                             amplification},
-                   sharded{vision_per_rank_samples, language_per_rank_samples,
-                           vision_per_rank_bytes, language_per_rank_bytes,
-                           vision_per_rank_bytes_max, cluster_samples, cluster_bytes,
+                   sharded{per_rank_samples{<lead>, language}, per_rank_bytes{<lead>, language},
+                           per_rank_bytes_max{<lead>}, cluster_samples, cluster_bytes,
                            amplification},
                    cluster_reduction},
              exchange{plan_before_read_bytes,
                       lpt|balanced|balanced_matched: {samples_moved, samples_moved_fraction,
                                                      language_samples_moved, bytes_moved} | null},
-             plan_ms{balanced_p50, balanced_max, lpt_p50, lpt_max, balanced_vision_p50},
+             plan_ms{balanced_p50, balanced_max, lpt_p50, lpt_max, balanced_replicas_p50},
              window{micro_batches,
                     straggler{per_micro_batch|window|window_replica|bound: {p50, p99, mean}},
                     lockstep{per_micro_batch|window|window_replica: {p50, p99, mean}},
@@ -110,8 +115,16 @@ JSON (``--json``; format ``mimo-accel-simulate/1``), stable keys::
                     removed{per_micro_batch|window|window_replica: fraction | null},
                     plan_ms{window_p50, window_max, window_replica_p50}} | null}
 
+The previous release's names stay beside them for one release (docs/compatibility.md):
+``vision_only`` (= ``encoder_only``, also in ``vision_only_p50`` / ``joint_over_vision_only``),
+``balanced_vision`` (= ``balanced_replicas``, also ``balanced_vision_p50``), ``vision_speedup``
+(= ``speedup``, with ``balanced_vision_vs_contiguous`` and ``vision_time_saved``) and
+``sharded.vision_per_rank_samples`` / ``language_per_rank_samples`` / ``vision_per_rank_bytes`` /
+``language_per_rank_bytes`` / ``vision_per_rank_bytes_max`` (the lead encoder's and the language
+model's entries of the per-module tables).
+
 Sample counts and bytes are means per micro-batch (the tables' "per step" without a window);
-``samples_moved`` counts vision-replica moves.
+``samples_moved`` counts lead-replica moves.
 """
 
 from __future__ import annotations
@@ -129,23 +142,30 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from mimo_accel.balance import balance_modules, balanced_order, lower_bound, lpt_order, module_bounds, module_spreads
-from mimo_accel.costs import CostModel
+from mimo_accel.balance import (balance_modules, balanced_order, group_costs, lower_bound, lpt_order, module_bounds,
+                                module_spreads, spread)
+from mimo_accel.costs import CostIndex, CostModel
+from mimo_accel.modules import LANGUAGE, Modules
+from mimo_accel.planner import CostIndexPlanner
 from mimo_accel.tools.arguments import Renamed, UsageError, fail, nonnegative_int, output_file, parse, positive_int
-from mimo_accel.workloads import AUDIO, LANGUAGE, VISION, Profile, ProfileError, load_profile
+from mimo_accel.workloads import AUDIO, Profile, ProfileError, load_profile
 
-__all__ = ["SIMULATE_FORMAT", "PLANNERS", "MODULE_PLANNERS", "audio_dp_for", "language_dp_for", "main",
-           "figure", "parse_dp_list", "render", "simulate", "write_png"]
+__all__ = ["SIMULATE_FORMAT", "PLANNERS", "MODULE_PLANNERS", "audio_dp_for", "dp_for", "language_dp_for", "main",
+           "figure", "parse_dp_list", "render", "sample_costs", "simulate", "write_png"]
 
 SIMULATE_FORMAT = "mimo-accel-simulate/1"
 PLANNERS = ("contiguous", "lpt", "balanced")
 _LABELS = {"contiguous": "contiguous (upstream)", "lpt": "LPT (upstream PR)", "balanced": "balanced (ours)"}
 #: The plans every module's spread is given for (``rows[].modules``): upstream's contiguous split,
-#: #4608's LPT on the vision cost, the vision-only plan (``balanced_order`` on the vision cost, as the
-#: planner shipped before per-module balancing) and the joint plan (``balance_modules``).
-MODULE_PLANNERS = ("contiguous", "lpt", "vision_only", "joint")
-_MODULE_LABELS = {"contiguous": "contiguous", "lpt": "LPT (#4608)", "vision_only": "vision-only",
+#: #4608's LPT on the lead encoder's cost, the encoder-only plan (``balanced_order`` on the lead
+#: encoder's cost, as the planner shipped before per-module balancing) and the joint plan
+#: (``balance_modules``).
+MODULE_PLANNERS = ("contiguous", "lpt", "encoder_only", "joint")
+_MODULE_LABELS = {"contiguous": "contiguous", "lpt": "LPT (#4608)", "encoder_only": "{lead}-only",
                   "joint": "joint (ours)"}
+#: The JSON keys of the previous release, kept as aliases of the per-module keys for one release
+#: (docs/compatibility.md): the lead encoder was always named "vision" there.
+VISION_ALIASES = {"encoder_only": "vision_only", "balanced_replicas": "balanced_vision"}
 
 
 # ------------------------------------------------------------------------------------- inputs
@@ -208,28 +228,39 @@ def _dp_rule(rule: Any, what: str) -> str | float:
         factor = -1.0
     if not (math.isfinite(factor) and factor > 0):
         raise ValueError(f"{what} DP rule must be 'ratio' or 'equal', got {rule!r}"
-                         " (or a positive number: that many replicas per vision replica)")
+                         " (or a positive number: that many replicas per replica of the lead encoder)")
     return factor
 
 
-def _dp_for(profile_dp: int, vision_dp: int, dp: int, rule: Any, what: str) -> int:
-    rule = _dp_rule(rule, what)
+def _lead_encoder(profile: Profile) -> str:
+    """The encoder whose DP the simulation sweeps: the profile's first encoder."""
+    return profile.modules.encoders[0].name
+
+
+def dp_for(profile: Profile, module: str, dp: int, rule: str | float = "ratio") -> int:
+    """Module ``module``'s DP simulated next to the lead encoder's DP ``dp`` (see the module
+    docstring): the profile layout's ratio, ``equal``, or ``rule`` replicas per lead replica."""
+    rule = _dp_rule(rule, module)
     if rule == "equal":
         return dp
-    factor = profile_dp / vision_dp if rule == "ratio" else rule
+    factor = profile.modules[module].dp / profile.modules[_lead_encoder(profile)].dp if rule == "ratio" else rule
     return max(1, round(dp * factor))
 
 
 def language_dp_for(profile: Profile, dp: int, rule: str | float = "ratio") -> int:
-    """The language DP simulated next to vision DP ``dp`` (see the module docstring)."""
-    return _dp_for(profile.layout.language.dp, profile.layout.vision.dp, dp, rule, "language")
+    """The language DP simulated next to the lead encoder's DP ``dp``."""
+    return dp_for(profile, LANGUAGE, dp, rule)
 
 
 def audio_dp_for(profile: Profile, dp: int, rule: str | float = "ratio") -> int | None:
-    """The audio encoder's DP next to vision DP ``dp`` (None: the profile has no audio encoder)."""
-    if profile.layout.audio is None:
-        return None
-    return _dp_for(profile.layout.audio.dp, profile.layout.vision.dp, dp, rule, "audio")
+    """The audio encoder's DP next to the lead encoder's DP ``dp`` (None: the profile has no audio encoder)."""
+    return dp_for(profile, AUDIO, dp, rule) if AUDIO in profile.modules else None
+
+
+def sample_costs(index: CostIndex, model: CostModel, modules: Modules) -> dict[str, np.ndarray]:
+    """Every module's cost of every sample of ``index``: the planner's own pricing
+    (:meth:`mimo_accel.planner.CostIndexPlanner.costs`), so the simulation plans what the job plans."""
+    return CostIndexPlanner(index, model, modules).costs(np.arange(len(index)))
 
 
 # ------------------------------------------------------------------------------------- engine
@@ -240,13 +271,14 @@ def _stats(values: Sequence[float]) -> dict[str, float]:
     return {"p50": float(np.percentile(a, 50)), "p99": float(np.percentile(a, 99)), "mean": float(a.mean())}
 
 
-def _replica_sums(values: np.ndarray, order: np.ndarray, n: int) -> np.ndarray:
-    return values[order].reshape(n, -1).sum(axis=1)
+def _aliased(table: dict[str, Any], aliases: dict[str, str]) -> dict[str, Any]:
+    """``table`` with each key of ``aliases`` also under its old name (the previous release's keys)."""
+    return {**table, **{old: table[new] for new, old in aliases.items() if new in table}}
 
 
-def _ratio(sums: np.ndarray) -> float:
-    mean = sums.mean()
-    return float(sums.max() / mean) if mean > 0 else 1.0
+def _totals_spread(totals: np.ndarray) -> float:
+    """The spread of replicas whose totals are ``totals`` (max / mean; 1.0 without cost)."""
+    return spread(totals, np.arange(totals.size), totals.size)
 
 
 def _owners(order: np.ndarray, n: int) -> np.ndarray:
@@ -291,10 +323,10 @@ def _replica_window_order(costs: np.ndarray, d: int, window: int) -> np.ndarray:
 WINDOW_PLANS = ("per_micro_batch", "window", "window_replica")
 
 
-def _window_row(costs: np.ndarray, d: int, vision_sums: np.ndarray, bound_mb: Sequence[float]) -> dict[str, Any]:
+def _window_row(costs: np.ndarray, d: int, replica_sums: np.ndarray, bound_mb: Sequence[float]) -> dict[str, Any]:
     """The ``window`` entry of a row: ``costs`` is (steps, window, micro-batch) and
-    ``vision_sums[s * window + j]`` the vision replica sums of micro-batch j balanced alone over
-    the d vision replicas (``balanced_vision``: what the planner does per micro-batch)."""
+    ``replica_sums[s * window + j]`` the lead encoder's replica sums of micro-batch j balanced alone
+    over its d replicas (``balanced_replicas``: what the planner does per micro-batch)."""
     steps, window, mbs = costs.shape
     step_ratio: dict[str, list[float]] = {p: [] for p in (*WINDOW_PLANS, "bound")}
     lockstep: dict[str, list[float]] = {p: [] for p in WINDOW_PLANS}
@@ -307,13 +339,13 @@ def _window_row(costs: np.ndarray, d: int, vision_sums: np.ndarray, bound_mb: Se
         replica_order = _replica_window_order(flat, d, window)
         ms["window"].append((t1 - t0) * 1e3)
         ms["window_replica"].append((time.perf_counter() - t1) * 1e3)
-        sums = {  # (micro-batch, vision replica) summed cost
-            "per_micro_batch": vision_sums[s * window:(s + 1) * window],
-            "window": flat[window_order].reshape(window, d, -1).sum(axis=2),
-            "window_replica": flat[replica_order].reshape(window, d, -1).sum(axis=2),
+        sums = {  # (micro-batch, replica) summed cost
+            "per_micro_batch": replica_sums[s * window:(s + 1) * window],
+            "window": group_costs(flat, window_order, window * d).reshape(window, d),
+            "window_replica": group_costs(flat, replica_order, window * d).reshape(window, d),
         }
         for name, m in sums.items():
-            step_ratio[name].append(_ratio(m.sum(axis=0)))
+            step_ratio[name].append(_totals_spread(m.sum(axis=0)))
             mean = float(m.mean(axis=1).sum())
             lockstep[name].append(float(m.max(axis=1).sum()) / mean if mean > 0 else 1.0)
         mean = flat.sum() / d
@@ -348,8 +380,9 @@ def simulate(
     """Run the simulation; returns the JSON document described in the module docstring.
 
     ``profile`` is a :class:`~mimo_accel.workloads.Profile` or a name/path for
-    :func:`~mimo_accel.workloads.load_profile`; ``samples_per_replica`` defaults to the profile's
-    ``micro_batch_size / vision dp``; ``cost_model`` to the built-in :class:`CostModel`.
+    :func:`~mimo_accel.workloads.load_profile`; ``dp_sizes`` are the lead encoder's (the profile's
+    first encoder); ``samples_per_replica`` defaults to the profile's ``micro_batch_size`` over
+    the lead encoder's DP; ``cost_model`` to the built-in :class:`CostModel`.
     ``reorder_window``: micro-batches per step planned together, as AccelConfig's (``steps ×
     reorder_window`` micro-batches are drawn); above 1, each row also gets the global-batch window
     results (``rows[].window``). The JSON keeps the name ``window`` for it (its stable keys).
@@ -365,8 +398,11 @@ def simulate(
     dps = sorted(set(int(d) for d in dp_sizes))
     if not dps or dps[0] < 1:
         raise ValueError(f"dp sizes must be positive integers, got {list(dp_sizes)!r}")
-    lay = profile.layout
-    k = samples_per_replica if samples_per_replica is not None else max(1, lay.micro_batch_size // lay.vision.dp)
+    modules = profile.modules
+    lead = _lead_encoder(profile)
+    rules = {m.name: (language_dp if m.is_language else audio_dp if m.name == AUDIO else "ratio")
+             for m in modules if m.name != lead}
+    k = samples_per_replica if samples_per_replica is not None else max(1, profile.micro_batch_size // modules[lead].dp)
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise ValueError(f"samples per replica must be a positive integer, got {k!r}")
     model = CostModel() if cost_model is None else cost_model
@@ -374,41 +410,44 @@ def simulate(
 
     plans = []
     for d in dps:
-        lang = language_dp_for(profile, d, language_dp)
-        aud = audio_dp_for(profile, d, audio_dp)
-        grid = math.lcm(d, lang, aud or 1)
+        layout = modules.replace(lead, dp=d)
+        for name, rule in rules.items():
+            layout = layout.replace(name, dp=dp_for(profile, name, d, rule))
+        grid = layout.grid
         mbs = -(-d * k // grid) * grid
         if mbs != d * k:
             notes.append(f"dp {d}: {d} x {k} samples is not a multiple of G={grid}; used micro-batch {mbs}")
-        plans.append((d, lang, aud, grid, mbs))
-    pool_mbs = max(p[4] for p in plans)
+        plans.append((d, layout, grid, mbs))
+    pool_mbs = max(p[3] for p in plans)
     n_mb = steps * window  # micro-batch s * window + j is micro-batch j of step s
     table = profile.sample_table(n_mb * pool_mbs, seed)
-    module_costs_all = {m: c.reshape(n_mb, pool_mbs) for m, c in table.module_costs(model).items()}
-    costs_all = module_costs_all[VISION]
+    module_costs_all = {m: c.reshape(n_mb, pool_mbs)
+                        for m, c in sample_costs(table.cost_index(), model, modules).items()}
+    costs_all = module_costs_all[lead]
     bytes_all = table.bytes.reshape(n_mb, pool_mbs)
 
-    tp_v = profile.layout.vision.tp
-    lang_ranks_per_replica = profile.layout.language.tp * profile.layout.language.pp
+    tp_v = modules[lead].tp
+    lang_ranks_per_replica = modules[LANGUAGE].tp * modules[LANGUAGE].pp
     rows = []
-    for d, lang, aud, grid, mbs in plans:
-        module_dps = {VISION: d, **({AUDIO: aud} if aud is not None else {}), LANGUAGE: lang}
+    for d, layout, grid, mbs in plans:
+        module_dps = layout.dp_sizes
+        lang = module_dps[LANGUAGE]
         per_module: dict[str, dict[str, list[float]]] = {
             m: {p: [] for p in (*MODULE_PLANNERS, "bound")} for m in module_dps}
         worst: dict[str, list[float]] = {p: [] for p in (*MODULE_PLANNERS, "bound")}
         worst_excess: dict[str, list[float]] = {p: [] for p in MODULE_PLANNERS}
-        ratios: dict[str, list[float]] = {p: [] for p in (*PLANNERS, "balanced_vision", "bound")}
-        maxes: dict[str, float] = dict.fromkeys((*PLANNERS, "balanced_vision"), 0.0)
-        ms: dict[str, list[float]] = {"balanced": [], "lpt": [], "balanced_vision": [], "joint": []}
+        ratios: dict[str, list[float]] = {p: [] for p in (*PLANNERS, "balanced_replicas", "bound")}
+        maxes: dict[str, float] = dict.fromkeys((*PLANNERS, "balanced_replicas"), 0.0)
+        ms: dict[str, list[float]] = {"balanced": [], "lpt": [], "balanced_replicas": [], "joint": []}
         moved: dict[str, dict[str, float]] = {
             p: {"samples": 0.0, "language_samples": 0.0, "bytes": 0.0} for p in ("lpt", "balanced", "balanced_matched")
         }
         matched_ok = True
         mb_bytes = 0.0
-        vision_bytes_max = 0.0
+        lead_bytes_max = 0.0
         identity = np.arange(mbs)
         owner_v0, owner_l0 = identity // (mbs // d), identity // (mbs // lang)
-        vision_sums = np.empty((n_mb, d))  # vision replica sums of each micro-batch balanced over the d replicas
+        replica_sums = np.empty((n_mb, d))  # lead replica sums of each micro-batch balanced over its d replicas
         for s in range(n_mb):
             c = costs_all[s, :mbs]
             b = bytes_all[s, :mbs]
@@ -420,20 +459,20 @@ def simulate(
             t2 = time.perf_counter()
             ms["lpt"].append((t1 - t0) * 1e3)
             ms["balanced"].append((t2 - t1) * 1e3)
-            if grid > d:  # fan-out: also balance the d vision replicas directly
+            if grid > d:  # fan-out: also balance the d lead replicas directly
                 t3 = time.perf_counter()
                 bal_v = np.asarray(balanced_order(c, d), dtype=np.int64)
-                ms["balanced_vision"].append((time.perf_counter() - t3) * 1e3)
+                ms["balanced_replicas"].append((time.perf_counter() - t3) * 1e3)
             else:  # the same call as the balanced plan
                 bal_v = bal
-                ms["balanced_vision"].append(ms["balanced"][-1])
+                ms["balanced_replicas"].append(ms["balanced"][-1])
             for name, order in (("contiguous", identity), ("lpt", lpt), ("balanced", bal),
-                                ("balanced_vision", bal_v)):
-                sums = _replica_sums(c, order, d)
-                ratios[name].append(_ratio(sums))
+                                ("balanced_replicas", bal_v)):
+                sums = group_costs(c, order, d)
+                ratios[name].append(_totals_spread(sums))
                 maxes[name] += float(sums.max())
-                if name == "balanced_vision":  # the per-micro-batch plan the window is compared with
-                    vision_sums[s] = sums
+                if name == "balanced_replicas":  # the per-micro-batch plan the window is compared with
+                    replica_sums[s] = sums
             mean = c.sum() / d
             ratios["bound"].append(lower_bound(c, d) / mean if mean > 0 else 1.0)
             # every module: the four plans side by side, and each module's bound
@@ -445,13 +484,13 @@ def simulate(
             for m in module_dps:
                 per_module[m]["bound"].append(bounds[m])
             worst["bound"].append(max(bounds.values()))
-            for name, order in (("contiguous", identity), ("lpt", lpt), ("vision_only", bal), ("joint", joint)):
+            for name, order in (("contiguous", identity), ("lpt", lpt), ("encoder_only", bal), ("joint", joint)):
                 spreads = module_spreads(mc, module_dps, order)
                 for m, v in spreads.items():
                     per_module[m][name].append(v)
                 worst[name].append(max(spreads.values()))
                 worst_excess[name].append(max(v - bounds[m] for m, v in spreads.items()))
-            vision_bytes_max += float(_replica_sums(b, bal, d).max())
+            lead_bytes_max += float(group_costs(b, bal, d).max())
             matched = _matched(bal, grid, b) if matched_ok else None
             matched_ok = matched is not None
             for name, order in (("lpt", lpt), ("balanced", bal), ("balanced_matched", matched)):
@@ -479,32 +518,45 @@ def simulate(
                 "language_samples_moved": m["language_samples"] / n_mb,
                 "bytes_moved": m["bytes"] / n_mb,
             }
-        vision_only_ms, joint_ms = float(np.median(ms["balanced"])), float(np.median(ms["joint"]))
+        encoder_only_ms, joint_ms = float(np.median(ms["balanced"])), float(np.median(ms["joint"]))
+        speedup = {
+            "balanced_vs_contiguous": _div(maxes["contiguous"], maxes["balanced"]),
+            "balanced_vs_lpt": _div(maxes["lpt"], maxes["balanced"]),
+            "lpt_vs_contiguous": _div(maxes["contiguous"], maxes["lpt"]),
+            "balanced_replicas_vs_contiguous": _div(maxes["contiguous"], maxes["balanced_replicas"]),
+            "time_saved": 1.0 - _div(maxes["balanced"], maxes["contiguous"]),
+        }
+        per_rank_samples = {lead: mbs / d, LANGUAGE: mbs / lang}
+        per_rank_bytes = {lead: mb_bytes / d, LANGUAGE: mb_bytes / lang}
         rows.append({
             "dp": d,
             "language_dp": lang,
-            **({"audio_dp": aud} if aud is not None else {}),
+            **({"audio_dp": module_dps[AUDIO]} if AUDIO in module_dps else {}),
             "grid": grid,
             "micro_batch_size": mbs,
             "modules": {
                 "dps": module_dps,
-                "spread": {m: {p: _stats(v) for p, v in tab.items()} for m, tab in per_module.items()},
-                "worst": {p: _stats(v) for p, v in worst.items()},
-                "worst_over_bound": {p: _stats(v) for p, v in worst_excess.items()},
-                "plan_ms": {"vision_only_p50": vision_only_ms, "joint_p50": joint_ms,
+                "spread": {m: _aliased({p: _stats(v) for p, v in tab.items()}, VISION_ALIASES)
+                           for m, tab in per_module.items()},
+                "worst": _aliased({p: _stats(v) for p, v in worst.items()}, VISION_ALIASES),
+                "worst_over_bound": _aliased({p: _stats(v) for p, v in worst_excess.items()}, VISION_ALIASES),
+                "plan_ms": {"encoder_only_p50": encoder_only_ms, "joint_p50": joint_ms,
                             "joint_max": float(max(ms["joint"])), "lpt_p50": float(np.median(ms["lpt"])),
-                            "joint_over_vision_only": joint_ms / vision_only_ms if vision_only_ms > 0 else None},
+                            "joint_over_encoder_only": joint_ms / encoder_only_ms if encoder_only_ms > 0 else None,
+                            "vision_only_p50": encoder_only_ms,
+                            "joint_over_vision_only": joint_ms / encoder_only_ms if encoder_only_ms > 0 else None},
             },
-            "straggler": {name: _stats(v) for name, v in ratios.items()},
+            "straggler": _aliased({name: _stats(v) for name, v in ratios.items()}, VISION_ALIASES),
+            "speedup": speedup,
             "vision_speedup": {
-                "balanced_vs_contiguous": _div(maxes["contiguous"], maxes["balanced"]),
-                "balanced_vs_lpt": _div(maxes["lpt"], maxes["balanced"]),
-                "lpt_vs_contiguous": _div(maxes["contiguous"], maxes["lpt"]),
-                "balanced_vision_vs_contiguous": _div(maxes["contiguous"], maxes["balanced_vision"]),
-                "vision_time_saved": 1.0 - _div(maxes["balanced"], maxes["contiguous"]),
+                "balanced_vs_contiguous": speedup["balanced_vs_contiguous"],
+                "balanced_vs_lpt": speedup["balanced_vs_lpt"],
+                "lpt_vs_contiguous": speedup["lpt_vs_contiguous"],
+                "balanced_vision_vs_contiguous": speedup["balanced_replicas_vs_contiguous"],
+                "vision_time_saved": speedup["time_saved"],
             },
             "reads": {
-                "data_ranks": {"vision": data_v, "language": data_l},
+                "data_ranks": {lead: data_v, LANGUAGE: data_l},
                 "micro_batch_bytes": mb_bytes,
                 "baseline": {
                     "per_rank_samples": float(mbs),
@@ -514,11 +566,14 @@ def simulate(
                     "amplification": float(data_v + data_l),
                 },
                 "sharded": {
-                    "vision_per_rank_samples": mbs / d,
-                    "language_per_rank_samples": mbs / lang,
-                    "vision_per_rank_bytes": mb_bytes / d,
-                    "language_per_rank_bytes": mb_bytes / lang,
-                    "vision_per_rank_bytes_max": vision_bytes_max / n_mb,
+                    "per_rank_samples": per_rank_samples,
+                    "per_rank_bytes": per_rank_bytes,
+                    "per_rank_bytes_max": {lead: lead_bytes_max / n_mb},
+                    "vision_per_rank_samples": per_rank_samples[lead],
+                    "language_per_rank_samples": per_rank_samples[LANGUAGE],
+                    "vision_per_rank_bytes": per_rank_bytes[lead],
+                    "language_per_rank_bytes": per_rank_bytes[LANGUAGE],
+                    "vision_per_rank_bytes_max": lead_bytes_max / n_mb,
                     "cluster_samples": float(shard_cluster),
                     "cluster_bytes": mb_bytes * (tp_v + lang_ranks_per_replica),
                     "amplification": float(tp_v + lang_ranks_per_replica),
@@ -526,20 +581,19 @@ def simulate(
                 "cluster_reduction": base_cluster / shard_cluster,
             },
             "exchange": exchange,
-            "plan_ms": {
+            "plan_ms": _aliased({
                 "balanced_p50": float(np.median(ms["balanced"])),
                 "balanced_max": float(max(ms["balanced"])),
                 "lpt_p50": float(np.median(ms["lpt"])),
                 "lpt_max": float(max(ms["lpt"])),
-                "balanced_vision_p50": float(np.median(ms["balanced_vision"])),
-            },
-            "window": (_window_row(costs_all[:, :mbs].reshape(steps, window, mbs), d, vision_sums,
+                "balanced_replicas_p50": float(np.median(ms["balanced_replicas"])),
+            }, {"balanced_replicas_p50": "balanced_vision_p50"}),
+            "window": (_window_row(costs_all[:, :mbs].reshape(steps, window, mbs), d, replica_sums,
                                    ratios["bound"]) if window > 1 else None),
         })
 
-    rule = _rule_text("language", lay.language.dp, lay.vision.dp, language_dp)
-    if lay.audio is not None:
-        rule += "; " + _rule_text("audio", lay.audio.dp, lay.vision.dp, audio_dp)
+    said = [LANGUAGE, *(m for m in rules if m != LANGUAGE)]  # the language rule first
+    rule = "; ".join(_rule_text(m, modules[m].dp, lead, modules[lead].dp, rules[m]) for m in said)
     return {
         "format": SIMULATE_FORMAT,
         "profile": {
@@ -548,29 +602,32 @@ def simulate(
             "description": profile.description,
             "summary": profile.summary(),
         },
-        "cost_model": {"a": model.a, "b": model.b, "c": model.c, "source": cost_source},
+        "cost_model": {"a": model.a, "b": model.b, "c": model.c, "source": cost_source,
+                       "modules": {m.name: model.of(m.name).to_dict() for m in modules}},
         "steps": steps,
         "window": window,
         "samples_per_replica": k,
         "seed": seed,
         "language_dp_rule": rule,
         "layout": {
-            **{m: {"tp": ml.tp, "pp": ml.pp, "dp": ml.dp} for m, ml in lay.modules.items()},
-            "micro_batch_size": lay.micro_batch_size,
+            **{m.name: {"tp": m.tp, "pp": m.pp, "dp": m.dp} for m in modules},
+            "micro_batch_size": profile.micro_batch_size,
         },
-        "modules": list(lay.modules),
+        "lead": lead,
+        "modules": list(modules.names),
+        "kinds": {m.name: m.kind for m in modules},
         "rows": rows,
         "notes": notes,
         "elapsed_s": time.perf_counter() - t_start,
     }
 
 
-def _rule_text(what: str, module_dp: int, vision_dp: int, rule: Any) -> str:
+def _rule_text(what: str, module_dp: int, lead: str, lead_dp: int, rule: Any) -> str:
     rule = _dp_rule(rule, what)
     if rule == "ratio":
-        return (f"ratio: {what} dp = max(1, round(dp x {module_dp}/{vision_dp})) (the profile layout's ratio)")
+        return (f"ratio: {what} dp = max(1, round(dp x {module_dp}/{lead_dp})) (the profile layout's ratio)")
     if rule == "equal":
-        return f"equal: {what} dp = vision dp"
+        return f"equal: {what} dp = {lead} dp"
     return f"{what} dp = max(1, round(dp x {rule:g}))"
 
 
@@ -594,33 +651,46 @@ def _count(n: float) -> str:
     return f"{n:,.0f}" if n >= 100 or float(n).is_integer() else f"{n:.1f}"
 
 
+def _lead(doc: dict[str, Any]) -> str:
+    return doc.get("lead", "vision")  # a document of the previous release swept "vision"
+
+
+def _cost_text(cm: dict[str, Any]) -> str:
+    """Each module's cost formula with its coefficients."""
+    def one(name: str, c: dict[str, float]) -> str:
+        if name == LANGUAGE:
+            return f"{name} {c['a']:.4g}·tokens + {c['b']:.4g}·tokens²"
+        return f"{name} {c['a']:.4g}·rows + {c['b']:.4g}·rows²" + (f" + {c['k']:.4g}·items" if c.get("k") else "")
+
+    return "; ".join(one(name, c) for name, c in cm["modules"].items())
+
+
 def render(doc: dict[str, Any], console: Console | None = None) -> None:
     """Print the simulation as rich tables."""
     console = console or Console()
-    prof, cm = doc["profile"], doc["cost_model"]
+    prof, cm, lead = doc["profile"], doc["cost_model"], _lead(doc)
     console.print(
         f"[bold]mimo-accel simulate[/]: profile [bold]{prof['name']}[/] — {prof['description']}\n"
-        f"{_micro_batches(doc)} per DP size, {doc['samples_per_replica']} samples per vision replica, "
-        f"seed {doc['seed']}; cost = {cm['a']:.4g}·Σp + {cm['b']:.4g}·Σp² + {cm['c']:.4g}·tokens ({cm['source']}); "
-        f"{doc['language_dp_rule']}"
+        f"{_micro_batches(doc)} per DP size, {doc['samples_per_replica']} samples per {lead} replica, "
+        f"seed {doc['seed']}; cost per sample: {_cost_text(cm)} ({cm['source']}); {doc['language_dp_rule']}"
     )
-    t = Table(title="Vision straggler ratio (max/mean replica cost), p50 / p99", title_justify="left")
-    for col in ("vision dp", "lang dp", "micro-batch"):
+    t = Table(title=f"{lead.capitalize()} straggler ratio (max/mean replica cost), p50 / p99", title_justify="left")
+    for col in (f"{lead} dp", "lang dp", "micro-batch"):
         t.add_column(col, justify="right")
     for name in PLANNERS:
         t.add_column(_LABELS[name], justify="right")
     fan_out = any(r["grid"] > r["dp"] for r in doc["rows"])
     if fan_out:
-        t.add_column("balanced over\nvision replicas", justify="right")
+        t.add_column(f"balanced over\n{lead} replicas", justify="right")
     t.add_column("bound", justify="right")
-    t.add_column("vision speedup\nvs contiguous", justify="right")
+    t.add_column(f"{lead} speedup\nvs contiguous", justify="right")
     t.add_column("vs LPT", justify="right")
     t.add_column("plan ms p50\nbalanced / LPT", justify="right")
     for r in doc["rows"]:
-        st, sp, pm = r["straggler"], r["vision_speedup"], r["plan_ms"]
+        st, sp, pm = r["straggler"], r["speedup"], r["plan_ms"]
         t.add_row(
             str(r["dp"]), str(r["language_dp"]), str(r["micro_batch_size"]),
-            *(f"{st[n]['p50']:.3f} / {st[n]['p99']:.3f}" for n in (*PLANNERS, "balanced_vision")[:3 + fan_out]),
+            *(f"{st[n]['p50']:.3f} / {st[n]['p99']:.3f}" for n in (*PLANNERS, "balanced_replicas")[:3 + fan_out]),
             f"{st['bound']['p50']:.3f}",
             f"{sp['balanced_vs_contiguous']:.2f}x", f"{sp['balanced_vs_lpt']:.3f}x",
             f"{pm['balanced_p50']:.2f} / {pm['lpt_p50']:.2f}",
@@ -628,8 +698,8 @@ def render(doc: dict[str, Any], console: Console | None = None) -> None:
     console.print(t)
     if fan_out:
         console.print(
-            "[yellow]fan-out[/] (language dp > vision dp): the planner balances G = lcm(dp) canonical groups;"
-            " 'balanced over vision replicas' balances the d vision replicas directly (still a valid plan)."
+            f"[yellow]fan-out[/] (language dp > {lead} dp): the planner balances G = lcm(dp) canonical groups;"
+            f" 'balanced over {lead} replicas' balances the d {lead} replicas directly (still a valid plan)."
         )
 
     _render_modules(doc, console)
@@ -637,17 +707,17 @@ def render(doc: dict[str, Any], console: Console | None = None) -> None:
     per = "per step" if doc.get("window", 1) == 1 else "per micro-batch"
     t = Table(title=f"Reads {per}: baseline (every data rank reads the micro-batch) → sharded",
               title_justify="left")
-    for col in ("vision dp", "data ranks\nvision + lang", "per-rank samples\nvision", "per-rank bytes\nvision",
+    for col in (f"{lead} dp", f"data ranks\n{lead} + lang", f"per-rank samples\n{lead}", f"per-rank bytes\n{lead}",
                 "per-rank samples\nlanguage", "cluster samples", "cluster bytes", "reduction"):
         t.add_column(col, justify="right")
     for r in doc["rows"]:
         rd = r["reads"]
         b, s = rd["baseline"], rd["sharded"]
         t.add_row(
-            str(r["dp"]), f"{rd['data_ranks']['vision']} + {rd['data_ranks']['language']}",
-            f"{_count(b['per_rank_samples'])} → {_count(s['vision_per_rank_samples'])}",
-            f"{_bytes(b['per_rank_bytes'])} → {_bytes(s['vision_per_rank_bytes'])}",
-            f"{_count(b['per_rank_samples'])} → {_count(s['language_per_rank_samples'])}",
+            str(r["dp"]), f"{rd['data_ranks'][lead]} + {rd['data_ranks'][LANGUAGE]}",
+            f"{_count(b['per_rank_samples'])} → {_count(s['per_rank_samples'][lead])}",
+            f"{_bytes(b['per_rank_bytes'])} → {_bytes(s['per_rank_bytes'][lead])}",
+            f"{_count(b['per_rank_samples'])} → {_count(s['per_rank_samples'][LANGUAGE])}",
             f"{_count(b['cluster_samples'])} → {_count(s['cluster_samples'])}",
             f"{_bytes(b['cluster_bytes'])} → {_bytes(s['cluster_bytes'])}",
             f"{rd['cluster_reduction']:.1f}x",
@@ -656,7 +726,7 @@ def render(doc: dict[str, Any], console: Console | None = None) -> None:
 
     t = Table(title=f"Reorder traffic {per}: exchange mode (read, then all_to_all) vs plan-before-read (0)",
               title_justify="left")
-    for col in ("vision dp", "micro-batch", "moved: LPT", "moved: balanced", "moved: balanced,\nmatched groups",
+    for col in (f"{lead} dp", "micro-batch", "moved: LPT", "moved: balanced", "moved: balanced,\nmatched groups",
                 "bytes moved:\nLPT", "bytes moved:\nbalanced", "bytes moved:\nmatched", "plan-before-read"):
         t.add_column(col, justify="right")
     for r in doc["rows"]:
@@ -681,14 +751,15 @@ def render(doc: dict[str, Any], console: Console | None = None) -> None:
 
 def _render_modules(doc: dict[str, Any], console: Console) -> None:
     """Every module's spread under the four plans, p50, beside its bound; the worst module; the
-    plan times of the vision-only and the joint plan, side by side."""
+    plan times of the encoder-only and the joint plan, side by side."""
+    lead = _lead(doc)
     t = Table(title="Every module's replica spread (max/mean replica cost), p50 over micro-batches; "
                     "worst = the worst module's", title_justify="left")
-    for col in ("vision dp", "layout (dp)", "module"):
+    for col in (f"{lead} dp", "layout (dp)", "module"):
         t.add_column(col, justify="right")
     for name in MODULE_PLANNERS:
-        t.add_column(_MODULE_LABELS[name], justify="right")
-    for col in ("bound", "joint\nover bound", "plan ms p50\nvision-only / joint"):
+        t.add_column(_MODULE_LABELS[name].format(lead=lead), justify="right")
+    for col in ("bound", "joint\nover bound", f"plan ms p50\n{lead}-only / joint"):
         t.add_column(col, justify="right")
     for r in doc["rows"]:
         mod = r.get("modules")
@@ -704,15 +775,16 @@ def _render_modules(doc: dict[str, Any], console: Console) -> None:
             t.add_row(
                 str(r["dp"]) if i == 0 else "", layout if i == 0 else "", f"[bold]{m}[/]" if m == "worst" else m,
                 *(f"{st[p]['p50']:.3f}" for p in MODULE_PLANNERS), f"{st['bound']['p50']:.3f}", f"{over:+.3f}",
-                f"{pm['vision_only_p50']:.2f} / {pm['joint_p50']:.2f}" if m == "worst" else "",
+                f"{pm['encoder_only_p50']:.2f} / {pm['joint_p50']:.2f}" if m == "worst" else "",
                 end_section=m == "worst",
             )
     console.print(t)
     console.print(
-        "LPT (#4608): lpt_order on the vision cost; vision-only: balanced_order on the vision cost (the shipped"
-        " planner); joint: balance_modules over every module. Module costs per sample: vision"
-        " a·Σp + b·Σp² + c·tokens, audio a·Σrows + b·Σrows², language L + L²/8192 (L = real tokens)."
-        " worst-row 'joint over bound': the largest excess of a module over its own bound."
+        f"LPT (#4608): lpt_order on the {lead} cost; {lead}-only: balanced_order on the {lead} cost (the shipped"
+        " planner); joint: balance_modules over every module. Module costs per sample as the planner prices them"
+        " (CostIndex.module_costs): an encoder a·rows + b·rows² (+ k·items), the language model"
+        " a·tokens + b·tokens² over its real tokens. worst-row 'joint over bound': the largest excess of a"
+        " module over its own bound."
     )
 
 
@@ -722,10 +794,10 @@ def _micro_batches(doc: dict[str, Any]) -> str:
 
 
 def _render_window(doc: dict[str, Any], console: Console) -> None:
-    w = doc["window"]
+    w, lead = doc["window"], _lead(doc)
     t = Table(title=f"Global-batch window: {w} micro-batches per step planned together. Step straggler = max/mean "
-                    "over vision replicas of their cost summed over the step, p50", title_justify="left")
-    for col in ("vision dp", "micro-batch\nbound", "per-micro-batch\nplans", "window\n(planner)",
+                    f"over {lead} replicas of their cost summed over the step, p50", title_justify="left")
+    for col in (f"{lead} dp", "micro-batch\nbound", "per-micro-batch\nplans", "window\n(planner)",
                 "window,\nreplica totals", "step\nbound", "bound excess removed\nper-mb / window / replica",
                 "lockstep p50\nper-mb / window / replica", "window plan\nms p50"):
         t.add_column(col, justify="right")
@@ -765,8 +837,8 @@ def write_png(doc: dict[str, Any], path: str | Path) -> None:
 
 
 def figure(doc: dict[str, Any]):
-    """Three charts against vision DP: the vision straggler (3 planners, p50 and p99), every
-    module's replica spread (p50: the joint plan, the vision-only plan, the module's bound), and
+    """Three charts against the lead encoder's DP: its straggler (3 planners, p50 and p99), every
+    module's replica spread (p50: the joint plan, the encoder-only plan, the module's bound), and
     the read volume. Needs matplotlib (RuntimeError naming the fix without it)."""
     try:
         import matplotlib
@@ -775,20 +847,20 @@ def figure(doc: dict[str, Any]):
         import matplotlib.pyplot as plt
     except ImportError as e:
         raise RuntimeError("--png needs matplotlib: pip install matplotlib") from e
-    rows = doc["rows"]
+    rows, lead = doc["rows"], _lead(doc)
     dps = [r["dp"] for r in rows]
     fig, (ax1, ax3, ax2) = plt.subplots(1, 3, figsize=(18, 4.8))
     for name, color in zip(PLANNERS, ("tab:red", "tab:orange", "tab:green")):
         ax1.plot(dps, [r["straggler"][name]["p50"] for r in rows], "o-", color=color, label=f"{_LABELS[name]} p50")
         ax1.plot(dps, [r["straggler"][name]["p99"] for r in rows], "--", color=color, alpha=0.6, label="p99")
     if any(r["grid"] > r["dp"] for r in rows):
-        ax1.plot(dps, [r["straggler"]["balanced_vision"]["p50"] for r in rows], "^-", color="tab:purple",
-                 label="balanced over vision replicas p50")
+        ax1.plot(dps, [r["straggler"]["balanced_replicas"]["p50"] for r in rows], "^-", color="tab:purple",
+                 label=f"balanced over {lead} replicas p50")
     ax1.plot(dps, [r["straggler"]["bound"]["p50"] for r in rows], ":", color="gray", label="lower bound p50")
     ax1.set_xscale("log", base=2)
-    ax1.set_xlabel("vision DP")
+    ax1.set_xlabel(f"{lead} DP")
     ax1.set_ylabel("straggler ratio (max / mean replica cost)")
-    ax1.set_title(f"Vision load balance — {doc['profile']['name']}")
+    ax1.set_title(f"{lead.capitalize()} load balance — {doc['profile']['name']}")
     ax1.legend(fontsize=8)
     ax1.grid(alpha=0.3)
     base = [r["reads"]["baseline"]["amplification"] for r in rows]
@@ -800,7 +872,7 @@ def figure(doc: dict[str, Any]):
     ax2.plot(dps, exch, "s--", color="tab:blue", label="exchange-mode traffic alone (balanced)")
     ax2.set_xscale("log", base=2)
     ax2.set_yscale("log")
-    ax2.set_xlabel("vision DP")
+    ax2.set_xlabel(f"{lead} DP")
     ax2.set_ylabel("bytes read per step / micro-batch bytes")
     ax2.set_title("Read volume, whole cluster (micro-batch = DP × K samples)")
     ax2.legend(fontsize=8)
@@ -808,13 +880,13 @@ def figure(doc: dict[str, Any]):
     modules = [r["modules"] for r in rows]
     for i, name in enumerate(doc["modules"]):
         color = _MODULE_COLORS[i % len(_MODULE_COLORS)]  # never drop a module: colours repeat past five
-        spread = [m["spread"][name] for m in modules]
-        ax3.plot(dps, [s["joint"]["p50"] for s in spread], "o-", color=color, label=f"{name}: joint plan p50")
-        ax3.plot(dps, [s["vision_only"]["p50"] for s in spread], "x--", color=color, alpha=0.7,
-                 label=f"{name}: vision-only plan p50")
-        ax3.plot(dps, [s["bound"]["p50"] for s in spread], ":", color=color, alpha=0.5, label=f"{name}: bound p50")
+        tables = [m["spread"][name] for m in modules]
+        ax3.plot(dps, [s["joint"]["p50"] for s in tables], "o-", color=color, label=f"{name}: joint plan p50")
+        ax3.plot(dps, [s["encoder_only"]["p50"] for s in tables], "x--", color=color, alpha=0.7,
+                 label=f"{name}: {lead}-only plan p50")
+        ax3.plot(dps, [s["bound"]["p50"] for s in tables], ":", color=color, alpha=0.5, label=f"{name}: bound p50")
     ax3.set_xscale("log", base=2)
-    ax3.set_xlabel("vision DP")
+    ax3.set_xlabel(f"{lead} DP")
     ax3.set_ylabel("replica spread (max / mean replica cost)")
     ax3.set_title("Every module's replicas")
     ax3.legend(fontsize=7)
@@ -836,7 +908,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--workload", default="receipts",
                    help="workload profile name (mimo_accel/workloads/<name>.toml) or path; default receipts")
-    p.add_argument("--dp", default="2,4,...,512", help="vision DP sizes, e.g. 2,4,8 or 2,4,...,512 (default)")
+    p.add_argument("--dp", default="2,4,...,512", help="DP sizes of the workload's first encoder (vision), e.g. 2,4,8 or 2,4,...,512 "
+                                                        "(default)")
     p.add_argument("--steps", type=positive_int, default=20,
                    help="steps per DP size, each of --reorder-window global micro-batches (default 20)")
     p.add_argument("--reorder-window", type=positive_int, default=1, metavar="W",
@@ -845,17 +918,18 @@ def _parser() -> argparse.ArgumentParser:
                         "window table")
     p.add_argument("--window", action=Renamed, new="--reorder-window", dest="reorder_window", type=positive_int)
     p.add_argument("--per-replica", type=positive_int, default=None, metavar="K",
-                   help="samples per vision replica (default: the workload's micro_batch_size / vision dp)")
+                   help="samples per replica of the first encoder (default: the workload's micro_batch_size / "
+                        "that encoder's dp)")
     p.add_argument("--seed", type=nonnegative_int, default=0)
     p.add_argument("--cost-model", metavar="FILE",
                    help="cost-model file from `mimo-accel calibrate` (AccelConfig's cost_model, "
                         "MIMO_ACCEL_COST_MODEL; default: built-in)")
     p.add_argument("--cost", action=Renamed, new="--cost-model", dest="cost_model")
     p.add_argument("--language-dp", default="ratio", metavar="ratio|equal|R",
-                   help="language DP per vision DP: the workload's ratio (default), equal, or R language "
-                        "replicas per vision replica (0.5: fan-in, 2: fan-out)")
+                   help="language DP per first-encoder DP: the workload's ratio (default), equal, or R language "
+                        "replicas per first-encoder replica (0.5: fan-in, 2: fan-out)")
     p.add_argument("--audio-dp", default=None, metavar="ratio|equal|R",
-                   help="audio DP per vision DP, where the workload has an [audio] encoder (as --language-dp)")
+                   help="audio DP per first-encoder DP, where the workload has an [audio] encoder (as --language-dp)")
     p.add_argument("--json", metavar="PATH", help="write the results as JSON")
     p.add_argument("--png", metavar="PATH", help="write charts (needs matplotlib)")
     return p
@@ -875,7 +949,7 @@ def _check_dp_rule(flag: str, rule: str, module: str) -> None:
         _dp_rule(rule, module)
     except ValueError:
         raise UsageError(f"{flag} {rule}: give ratio (the workload's), equal, or a positive number of {module} "
-                         "replicas per vision replica (e.g. 0.5, 2)") from None
+                         "replicas per replica of the workload's first encoder (e.g. 0.5, 2)") from None
 
 
 def main(argv: Sequence[str] | None = None, *, console: Console | None = None) -> int:
@@ -891,7 +965,7 @@ def main(argv: Sequence[str] | None = None, *, console: Console | None = None) -
         model = _cost_model(args.cost_model)
         _check_dp_rule("--language-dp", args.language_dp, "language")
         if args.audio_dp is not None:
-            if profile.layout.audio is None:
+            if AUDIO not in profile.modules:
                 raise UsageError(f"--audio-dp {args.audio_dp}: the workload {profile.name} has no [audio] "
                                  "encoder; drop --audio-dp, or pick a workload with one")
             _check_dp_rule("--audio-dp", args.audio_dp, "audio")

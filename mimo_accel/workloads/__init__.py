@@ -78,10 +78,11 @@ What a sample costs:
 * bytes of a sample = Σ original pixels × ``bytes_per_pixel`` + Σ clip seconds × ``bytes_per_second``
   + text tokens × ``bytes_per_token``.
 
-What each module costs per sample (:meth:`SampleTable.module_costs`, what ``mimo-accel simulate``
-and the benchmarks balance): vision, the cost model's ``a·Σp + b·Σp² + c·tokens``; an audio
-encoder, its ``a·Σrows + b·Σrows²`` (the default encoder coefficients); the language model
-``L + L²/8192`` with L its real tokens.
+The layout is a :class:`mimo_accel.modules.Modules`: ``vision`` (kind ``image``), ``audio`` (kind
+``audio``) where the profile has one, and ``language``. What each module costs per sample is what
+the planner prices at run time: :meth:`SampleTable.cost_index` holds every encoder's columns (the
+same :class:`~mimo_accel.costs.CostIndex` a dataset's index is) and
+:meth:`~mimo_accel.costs.CostIndex.module_costs` prices them with a cost model.
 """
 
 from __future__ import annotations
@@ -96,21 +97,17 @@ from typing import Any
 
 import numpy as np
 
-from mimo_accel.costs import CostIndex, CostModel, ResizeRule, SampleShape
-from mimo_accel.workloads.layout import MimoLayout, ModuleLayout
+from mimo_accel.costs import AudioRule, CostIndex, CostModel, EncoderColumns, ResizeRule, SampleShape
+from mimo_accel.modules import LANGUAGE, Module, Modules, module
 
 __all__ = [
     "AUDIO",
-    "LANGUAGE",
-    "LANGUAGE_SQ_DIVISOR",
     "PROFILES_DIR",
     "REHEARSAL_MAX_IMAGES",
     "REHEARSAL_MAX_PATCHES",
     "REHEARSAL_MAX_SEQ_LENGTH",
     "AudioProfile",
     "Dist",
-    "Layout",
-    "ModuleLayout",
     "Profile",
     "ProfileError",
     "Rehearsal",
@@ -195,47 +192,8 @@ class Dist:
 # ------------------------------------------------------------------------------------------------
 
 
-#: The module names of a profile's layout (the names the planners and the profiler use).
-VISION, AUDIO, LANGUAGE = "vision", "audio", "language"
-#: The language model's cost per sample: L + L²/LANGUAGE_SQ_DIVISOR, L = real tokens.
-LANGUAGE_SQ_DIVISOR = 8192
-
-
-@dataclass(frozen=True)
-class Layout:
-    """A non-colocated layout: vision and language modules (and an optional audio encoder) on their
-    own ranks."""
-
-    vision: ModuleLayout
-    language: ModuleLayout
-    micro_batch_size: int
-    seq_length: int
-    audio: ModuleLayout | None = None
-
-    @property
-    def modules(self) -> dict[str, ModuleLayout]:
-        """Module name -> its layout: the encoders, then the language model."""
-        out = {VISION: self.vision}
-        if self.audio is not None:
-            out[AUDIO] = self.audio
-        out[LANGUAGE] = self.language
-        return out
-
-    @property
-    def dp_sizes(self) -> dict[str, int]:
-        return {name: m.dp for name, m in self.modules.items()}
-
-    @property
-    def grid(self) -> int:
-        """The canonical grid G = lcm of the module DPs."""
-        return math.lcm(*(m.dp for m in self.modules.values()))
-
-    @property
-    def world_size(self) -> int:
-        return sum(m.size for m in self.modules.values())
-
-    def to_mimo_layout(self) -> MimoLayout:
-        return MimoLayout(self.vision, self.language)
+#: The encoder module names of a profile's layout: its ``[images]`` and its ``[audio]`` encoder.
+VISION, AUDIO = "vision", "audio"
 
 
 @dataclass(frozen=True)
@@ -263,7 +221,9 @@ class Rehearsal:
     """The ``[rehearsal]`` table: a CPU-sized version of the profile (image sides in patches)."""
 
     steps: int
-    layout: Layout
+    modules: Modules
+    micro_batch_size: int
+    seq_length: int
     merge_size: int
     image_count: Dist
     height: Dist
@@ -275,47 +235,40 @@ class Rehearsal:
 class SampleTable:
     """Many sampled samples as arrays (what :meth:`Profile.sample_table` returns).
 
-    Per sample (length n): ``images`` (count), ``text_tokens``, ``tokens`` (real language tokens:
-    image tokens + text), ``patches`` (Σp_i), ``sq_patches`` (Σp_i²), ``bytes`` (encoded size).
-    Per image (length Σ images, in sample order): ``heights``, ``widths`` (pixels),
-    ``image_patches``.
+    Per sample (length n): ``text_tokens``, ``tokens`` (real language tokens: every encoder's
+    placeholders + text), ``bytes`` (encoded size); ``encoders`` maps each encoder module of the
+    layout to its per-sample :class:`~mimo_accel.costs.EncoderColumns` (items, rows, Σ rows²,
+    rule) and ``placeholders`` to its placeholder tokens per sample. Per image (length Σ images,
+    in sample order): ``heights``, ``widths`` (pixels), ``image_patches``.
     """
 
-    images: np.ndarray
     text_tokens: np.ndarray
     tokens: np.ndarray
-    patches: np.ndarray
-    sq_patches: np.ndarray
     bytes: np.ndarray
     heights: np.ndarray
     widths: np.ndarray
     image_patches: np.ndarray
     rule: ResizeRule
-    # the audio encoder (zeros / empty where the profile has none): per sample clips, Σ rows,
-    # Σ rows², placeholder tokens; per clip (in sample order) its rows
-    audio_clips: np.ndarray | None = None
-    audio_rows: np.ndarray | None = None
-    audio_sq_rows: np.ndarray | None = None
-    audio_tokens: np.ndarray | None = None
-    clip_rows: np.ndarray | None = None
+    encoders: Mapping[str, EncoderColumns]
+    placeholders: Mapping[str, np.ndarray]
 
     def __len__(self) -> int:
-        return int(self.images.size)
+        return int(self.tokens.size)
 
     @property
-    def has_audio(self) -> bool:
-        return self.audio_clips is not None
+    def images(self) -> np.ndarray:
+        """Images per sample (the vision encoder's items)."""
+        return self.encoders[VISION].items
 
-    def module_costs(self, model: CostModel | None = None) -> dict[str, np.ndarray]:
-        """Each module's cost per sample (see the module docstring): ``vision``, ``audio`` where
-        the profile has an audio encoder, and ``language`` (L + L²/8192, L = real tokens)."""
-        model = CostModel() if model is None else model
-        out = {VISION: self.costs(model)}
-        if self.has_audio:
-            out[AUDIO] = model.a * self.audio_rows.astype(np.float64) + model.b * self.audio_sq_rows.astype(np.float64)
-        t = self.tokens.astype(np.float64)
-        out[LANGUAGE] = t + t * t / LANGUAGE_SQ_DIVISOR
-        return out
+    @property
+    def patches(self) -> np.ndarray:
+        """Σ patches of each sample's images (the vision encoder's rows)."""
+        return self.encoders[VISION].rows
+
+    @property
+    def sq_patches(self) -> np.ndarray:
+        """Σ patches² of each sample's images (the vision encoder's attention term)."""
+        return self.encoders[VISION].sq_rows
 
     def shapes(self) -> list[SampleShape]:
         out = []
@@ -328,9 +281,13 @@ class SampleTable:
         return out
 
     def cost_index(self) -> CostIndex:
-        return CostIndex(self.patches, self.sq_patches, self.tokens, self.images, self.rule)
+        """The samples as a cost index of every encoder: what the planner prices at run time
+        (:meth:`~mimo_accel.costs.CostIndex.module_costs`)."""
+        return CostIndex.from_modules(self.tokens, self.encoders)
 
     def costs(self, model: CostModel | None = None) -> np.ndarray:
+        """The vision cost of each sample under the single-cost model (``a·Σp + b·Σp² + c·tokens``,
+        :meth:`~mimo_accel.costs.CostModel.costs_from_sums`)."""
         model = CostModel() if model is None else model
         return model.costs_from_sums(self.patches, self.sq_patches, self.tokens)
 
@@ -361,6 +318,13 @@ class AudioProfile:
         """The most placeholder tokens a sample's clips can take."""
         return self.count.max * int(self.clip_tokens(self.clip_rows(np.array([self.seconds.max])))[0])
 
+    @property
+    def rule(self) -> AudioRule:
+        """:meth:`clip_rows` as a cost index's rule: a clip's "samples" are its rows' worth of seconds."""
+        pad = self.pad_to_seconds
+        return AudioRule(sampling_rate=self.rows_per_second, hop_length=1, frames_per_row=1,
+                         max_samples=None if pad is None else pad * self.rows_per_second, pad=pad is not None)
+
 
 @dataclass(frozen=True)
 class Profile:
@@ -377,7 +341,9 @@ class Profile:
     text_tokens: Dist
     bytes_per_token: float
     rule: ResizeRule
-    layout: Layout
+    modules: Modules
+    micro_batch_size: int
+    seq_length: int
     rehearsal: Rehearsal
     raw: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
     audio: AudioProfile | None = None
@@ -404,11 +370,8 @@ class Profile:
         text = self.text_tokens.draw(rng, n)
         per_image = self.rule.patches_many(heights, widths)
         owner = np.repeat(np.arange(n), counts)
-        patches = _per_sample(owner, per_image, n)
-        sq_patches = _per_sample(owner, per_image * per_image, n)
-        image_tokens = patches // self.image_tokens_divisor
-        audio: dict[str, Any] = {}
-        audio_tokens = np.zeros(n, dtype=np.int64)
+        encoders = {VISION: _encoder_columns(owner, counts, per_image, self.rule)}
+        placeholders = {VISION: encoders[VISION].rows // self.image_tokens_divisor}
         audio_bytes = np.zeros(n, dtype=np.float64)
         if self.audio is not None:
             # drawn after everything a profile without audio draws: its samples stay the same
@@ -417,18 +380,16 @@ class Profile:
             seconds = self.audio.seconds.draw(arng, int(clips.sum()))
             clip_owner = np.repeat(np.arange(n), clips)
             rows = self.audio.clip_rows(seconds)
-            audio_tokens = _per_sample(clip_owner, self.audio.clip_tokens(rows), n)
+            encoders[AUDIO] = _encoder_columns(clip_owner, clips, rows, self.audio.rule)
+            placeholders[AUDIO] = _per_sample(clip_owner, self.audio.clip_tokens(rows), n)
             audio_bytes = _per_sample(clip_owner, seconds, n) * self.audio.bytes_per_second
-            audio = dict(audio_clips=clips, audio_rows=_per_sample(clip_owner, rows, n),
-                         audio_sq_rows=_per_sample(clip_owner, rows * rows, n), audio_tokens=audio_tokens,
-                         clip_rows=rows)
-        text = np.clip(self.layout.seq_length - image_tokens - audio_tokens, 0, text)
+        placed = sum(placeholders.values())
+        text = np.clip(self.seq_length - placed, 0, text)
         pixels = _per_sample(owner, heights * widths, n)
         nbytes = pixels * self.bytes_per_pixel + text * self.bytes_per_token + audio_bytes
         return SampleTable(
-            images=counts, text_tokens=text, tokens=image_tokens + audio_tokens + text, patches=patches,
-            sq_patches=sq_patches, bytes=nbytes, heights=heights, widths=widths,
-            image_patches=per_image, rule=self.rule, **audio,
+            text_tokens=text, tokens=placed + text, bytes=nbytes, heights=heights, widths=widths,
+            image_patches=per_image, rule=self.rule, encoders=encoders, placeholders=placeholders,
         )
 
     def sample_shapes(self, n: int, seed: int = 0) -> list[SampleShape]:
@@ -455,7 +416,7 @@ class Profile:
             images = tuple(zip(hs[start:start + count], ws[start:start + count]))
             start += count
             rows = sum(h * w for h, w in images) // (m * m)
-            out.append(RehearsalSample(images, int(min(t, r.layout.seq_length - rows))))
+            out.append(RehearsalSample(images, int(min(t, r.seq_length - rows))))
         return out
 
     def summary(self) -> dict[str, Any]:
@@ -470,9 +431,9 @@ class Profile:
             "patches_per_image_max": int(t.image_patches.max()) if t.image_patches.size else 0,
             "tokens_per_sample_mean": float(t.tokens.mean()),
             "bytes_per_sample_mean": float(t.bytes.mean()),
-            **({"audio_clips_per_sample_mean": float(t.audio_clips.mean()),
-                "audio_rows_per_sample_mean": float(t.audio_rows.mean()),
-                "audio_free_fraction": float((t.audio_clips == 0).mean())} if t.has_audio else {}),
+            **({"audio_clips_per_sample_mean": float(t.encoders[AUDIO].items.mean()),
+                "audio_rows_per_sample_mean": float(t.encoders[AUDIO].rows.mean()),
+                "audio_free_fraction": float((t.encoders[AUDIO].items == 0).mean())} if AUDIO in t.encoders else {}),
         }
 
 
@@ -486,6 +447,16 @@ def _per_sample(owner: np.ndarray, values: np.ndarray, n: int) -> np.ndarray:
     out = np.zeros(n, dtype=np.int64)
     np.add.at(out, owner, values.astype(np.int64))
     return out
+
+
+def _encoder_columns(owner: np.ndarray, counts: np.ndarray, item_rows: np.ndarray, rule: Any) -> EncoderColumns:
+    """One encoder's per-sample columns from its items' rows (``owner``: each item's sample)."""
+    n = counts.size
+    rows = _per_sample(owner, item_rows, n)
+    sq_rows = _per_sample(owner, item_rows * item_rows, n)
+    for a in (counts, rows, sq_rows):
+        a.setflags(write=False)
+    return EncoderColumns(counts, rows, sq_rows, rule)
 
 
 def _round_up(x: np.ndarray, m: int) -> np.ndarray:
@@ -630,29 +601,29 @@ class _Checker:
         order = sorted(range(len(counts)), key=counts.__getitem__)
         return Dist("choice", tuple(counts[i] for i in order), tuple(p[i] for i in order))
 
-    def module(self, value: Any, key: str) -> ModuleLayout:
+    def module(self, name: str, value: Any, key: str) -> Module:
         t = self.table(value, key, {"tp", "pp", "dp"}, {"dp"})
-        return ModuleLayout(*(self.integer(t.get(k, 1), f"{key}.{k}", 1) for k in ("tp", "pp", "dp")))
+        tp, pp, dp = (self.integer(t.get(k, 1), f"{key}.{k}", 1) for k in ("tp", "pp", "dp"))
+        return module(name, dp, tp=tp, pp=pp)
 
-    def layout(self, t: dict[str, Any], key: str) -> Layout:
-        vision = self.module(t["vision"], f"{key}.vision")
-        language = self.module(t["language"], f"{key}.language")
-        audio = self.module(t["audio"], f"{key}.audio") if "audio" in t else None
+    def layout(self, t: dict[str, Any], key: str) -> tuple[Modules, int, int]:
+        """The layout's modules (vision, audio where given, language), micro-batch and sequence length."""
+        modules = Modules(tuple(self.module(name, t[name], f"{key}.{name}")
+                                for name in (VISION, AUDIO, LANGUAGE) if name in t))
         mbs = self.integer(t["micro_batch_size"], f"{key}.micro_batch_size", 1)
         seq = self.integer(t["seq_length"], f"{key}.seq_length", 1)
-        grid = math.lcm(vision.dp, language.dp, audio.dp if audio is not None else 1)
+        grid = modules.grid
         if mbs % grid:
             lower, upper = (mbs // grid) * grid, (mbs // grid + 1) * grid
             nearest = " or ".join(str(x) for x in (lower, upper) if x >= grid)
-            dps = (f"vision dp {vision.dp}, language dp {language.dp}" if audio is None
-                   else f"vision dp {vision.dp}, audio dp {audio.dp}, language dp {language.dp}")
+            dps = ", ".join(f"{m.name} dp {m.dp}" for m in modules)
             raise self.fail(
                 f"{key}.micro_batch_size",
                 f"{mbs} is not divisible by lcm({dps}) = {grid}"
                 " (every module cuts the micro-batch into the same canonical groups)",
                 f"use a multiple of {grid}, e.g. {nearest}",
             )
-        return Layout(vision, language, mbs, seq, audio)
+        return modules, mbs, seq
 
 
 def _max_patches(rule: ResizeRule, size: Dist | None, height: Dist | None, width: Dist | None) -> int:
@@ -734,14 +705,14 @@ def parse_profile(doc: Mapping[str, Any], *, path: Path | None = None, name: str
     if audio is None and "audio" in lt:
         raise ck.fail("layout.audio", "an audio module without an [audio] table",
                       "add an [audio] table describing the clips, or remove layout.audio")
-    layout = ck.layout(lt, "layout")
+    modules, micro_batch_size, seq_length = ck.layout(lt, "layout")
     worst_tokens = image_count.max * _max_patches(rule, size, height, width) // rule.merge_size**2
     worst_audio = audio.max_tokens if audio is not None else 0
-    if worst_tokens + worst_audio + text_tokens.min > layout.seq_length:
+    if worst_tokens + worst_audio + text_tokens.min > seq_length:
         audio_part = f" + {worst_audio} audio tokens" if audio is not None else ""
         raise ck.fail(
             "layout.seq_length",
-            f"{layout.seq_length} cannot hold the largest sample ({image_count.max} images of up to"
+            f"{seq_length} cannot hold the largest sample ({image_count.max} images of up to"
             f" {worst_tokens // max(image_count.max, 1)} image tokens{audio_part} + {text_tokens.min} text tokens)",
             f"raise it to at least {worst_tokens + worst_audio + text_tokens.min}, or lower resize.max_pixels or "
             "the image count" + (" or the audio clips" if audio is not None else ""),
@@ -751,7 +722,8 @@ def parse_profile(doc: Mapping[str, Any], *, path: Path | None = None, name: str
     return Profile(
         name=name, description=description, path=path, image_count=image_count, height=height,
         width=width, size=size, bytes_per_pixel=bytes_per_pixel, text_tokens=text_tokens,
-        bytes_per_token=bytes_per_token, rule=rule, layout=layout, rehearsal=rehearsal, raw=doc, audio=audio,
+        bytes_per_token=bytes_per_token, rule=rule, modules=modules, micro_batch_size=micro_batch_size,
+        seq_length=seq_length, rehearsal=rehearsal, raw=doc, audio=audio,
     )
 
 
@@ -778,9 +750,9 @@ def _parse_rehearsal(ck: _Checker, value: Any, main_count: Dist) -> Rehearsal:
                               "images", "text"},
                  {"steps", "micro_batch_size", "seq_length", "vision", "language", "text"})
     steps = ck.integer(t["steps"], f"{key}.steps", 1)
-    layout = ck.layout(t, key)
-    if layout.seq_length > REHEARSAL_MAX_SEQ_LENGTH:
-        raise ck.fail(f"{key}.seq_length", f"{layout.seq_length} is too long for a CPU rehearsal",
+    modules, micro_batch_size, seq_length = ck.layout(t, key)
+    if seq_length > REHEARSAL_MAX_SEQ_LENGTH:
+        raise ck.fail(f"{key}.seq_length", f"{seq_length} is too long for a CPU rehearsal",
                       f"use at most {REHEARSAL_MAX_SEQ_LENGTH}")
     merge = ck.integer(t.get("merge_size", 2), f"{key}.merge_size", 1)
     im = ck.table(t.get("images", {}), f"{key}.images", {"count", "height", "width"})
@@ -804,8 +776,9 @@ def _parse_rehearsal(ck: _Checker, value: Any, main_count: Dist) -> Rehearsal:
     tx = ck.table(t["text"], f"{key}.text", {"tokens"}, {"tokens"})
     text_tokens = ck.dist(tx["tokens"], f"{key}.text.tokens", minimum=0)
     worst = count.max * hmax * wmax // (merge * merge) + text_tokens.min
-    if worst > layout.seq_length:
-        raise ck.fail(f"{key}.seq_length", f"{layout.seq_length} cannot hold the largest rehearsal sample"
+    if worst > seq_length:
+        raise ck.fail(f"{key}.seq_length", f"{seq_length} cannot hold the largest rehearsal sample"
                       f" ({worst} tokens)", f"raise it to {worst} or shrink the images")
-    return Rehearsal(steps=steps, layout=layout, merge_size=merge, image_count=count, height=height,
+    return Rehearsal(steps=steps, modules=modules, micro_batch_size=micro_batch_size, seq_length=seq_length,
+                     merge_size=merge, image_count=count, height=height,
                      width=width, text_tokens=text_tokens)
