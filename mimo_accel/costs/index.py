@@ -121,7 +121,7 @@ class EncoderColumns:
         n, r, q = arrays["items"], arrays["rows"], arrays["sq_rows"]
         bad = _first_inconsistent(n, r, q, isinstance(rule, AudioRule))
         if bad is not None:
-            raise ValueError(f"cost index: inconsistent {'patch/image' if name == DEFAULT_ENCODER else 'row/item'} "
+            raise ValueError(f"cost index: inconsistent {'row/item' if isinstance(rule, AudioRule) else 'patch/image'} "
                              f"counts (encoder {name!r}, sample {bad}); {_REBUILD_HINT}")
         return cls(n, r, q, rule)
 

@@ -18,6 +18,7 @@ from typing import Any, Mapping, Optional
 import numpy as np
 
 from mimo_accel.costs import ResizeRule
+from mimo_accel.costs.index import DEFAULT_ENCODER
 from mimo_accel.datasets.fingerprints import _callable_name, _sha, examples_fingerprint, tokenizer_fingerprint
 from mimo_accel.datasets.processors import QwenFetchResize, qwen_resize_rule
 from mimo_accel.datasets.sources import (
@@ -101,7 +102,9 @@ class ConversationSource(SampleSource):
                 "merge_size) are understood. " + WAYS_OUT)
         # A Qwen collate resizes twice: qwen_vl_utils first, then the processor.
         self.pre = QwenFetchResize() if rule is not None and takes_pixels else None
-        self.rules = {"vision": rule if rule is not None else ResizeRule()}  # its one encoder
+        # its one image encoder, which the dataset does not name: the index's name for an unnamed
+        # encoder; the planner pairs it with the layout's one encoder (CostIndex.column_for)
+        self.rules = {DEFAULT_ENCODER: rule if rule is not None else ResizeRule()}
         self.merge = rule.merge_size if rule is not None else 1
         self.image_token = getattr(self.processor, "image_token", None) if rule is not None else None
         self.template = getattr(self.processor, "apply_chat_template", None)

@@ -19,6 +19,7 @@ import numpy as np
 
 from mimo_accel.costs import CostIndex, FixedPatches, ResizeRule
 from mimo_accel.costs.images import ImageSizeError, RemoteImageError, _is_local_file, image_size_of
+from mimo_accel.costs.index import DEFAULT_ENCODER
 from mimo_accel.datasets.fingerprints import _sha
 
 __all__ = ["PROBE_FORMAT", "DeriveError", "Probed", "SampleSource"]
@@ -54,7 +55,7 @@ class Probed:
 
     @classmethod
     def single(cls, patches: np.ndarray, sq_patches: np.ndarray, tokens: np.ndarray, images: np.ndarray,
-               module: str = "vision") -> Probed:
+               module: str = DEFAULT_ENCODER) -> Probed:
         """One encoder's columns (the v1 shape: Σp, Σp², tokens, images)."""
         return cls(np.asarray(tokens, np.int64), {module: (np.asarray(images, np.int64),
                                                            np.asarray(patches, np.int64),

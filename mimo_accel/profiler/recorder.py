@@ -74,8 +74,10 @@ COUNTERS = ("samples", "images", "patches", "sq_patches", "tokens", "sq_tokens",
 MODULE_COUNTERS = ("items", "rows", "sq_rows")
 #: The regions of a module: ``<module>_fwd`` and ``<module>_bwd``.
 MODULE_REGIONS = ("fwd", "bwd")
+#: The one name format 1 timed every encoder under.
+FORMAT_V1_ENCODER = "vision"
 #: The regions format 1 wrote in every step line; a format-2 recorder writes the regions it was told of.
-REGIONS = ("vision_fwd", "vision_bwd")
+REGIONS = tuple(f"{FORMAT_V1_ENCODER}_{part}" for part in MODULE_REGIONS)
 #: Fields :meth:`Recorder.set` may fill that are always present in a step line (null if unset).
 SETTABLE = ("predicted_spread",)
 

@@ -52,7 +52,7 @@ from collections import defaultdict
 from typing import Any, Iterable, Optional
 
 from mimo_accel.modules import LANGUAGE
-from mimo_accel.profiler.recorder import module_regions
+from mimo_accel.profiler.recorder import FORMAT_V1_ENCODER, module_regions
 from mimo_accel.profiler.run import module_seconds, record_number
 
 logger = logging.getLogger("mimo_accel")
@@ -138,9 +138,9 @@ def step_scalars(figures: Iterable[dict]) -> dict[str, float]:
         for m, v in f["spreads"].items():
             planned[m] = max(planned.get(m, v), v)
     single = planned.pop("", None)
-    if single is not None and not planned:
-        encoders = [m for m in by_module if m != LANGUAGE]
-        planned = {"vision" if "vision" in by_module or not encoders else encoders[0]: single}
+    if single is not None and not planned:  # the plan priced one encoder: the layout's first (in rank order)
+        encoders = [m for m in by_module if m not in (LANGUAGE, "unknown")]
+        planned = {encoders[0] if encoders else FORMAT_V1_ENCODER: single}
     for m, v in planned.items():
         out[f"{PREFIX}/{m}/straggler_planned"] = v
     tokens: dict[int, float] = {}

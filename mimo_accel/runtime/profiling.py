@@ -201,8 +201,9 @@ class Profiling:
 
     def module_of(self, submodule) -> str:
         """The module name of a ``ModalitySubmodules`` (what :meth:`saw_model` learnt). One the step
-        has not shown: this rank's own module when it is an encoder, else the layout's only
-        encoder, else "vision"."""
+        has not shown: this rank's own module when it is an encoder, else the layout's one encoder
+        of the submodule's kind (:func:`submodule_kind`); with neither, said once, the name format 1
+        timed every encoder under (the report reads its time as the rank's encoder's)."""
         with contextlib.suppress(TypeError):
             name = self._module_of.get(submodule)
             if name is not None:
@@ -211,10 +212,17 @@ class Profiling:
         if ctx is not None:
             if ctx.module != LANGUAGE:
                 return ctx.module
-            encoders = [m for m in ctx.dp_sizes if m != LANGUAGE]
-            if len(encoders) == 1:
-                return encoders[0]
-        return "vision"
+            encoders = ctx.modules.encoders
+            kind = submodule_kind(submodule)
+            named = [m.name for m in encoders if len(encoders) == 1 or m.kind == kind]
+            if len(named) == 1:
+                return named[0]
+        from mimo_accel.profiler.recorder import FORMAT_V1_ENCODER
+
+        self.runtime.say_once(f"profile:unnamed-encoder:{type(submodule).__name__}",
+                              f"mimo_accel profile: a {type(submodule).__name__} encoded before the step named its "
+                              f"module; its time is recorded as {FORMAT_V1_ENCODER!r}")
+        return FORMAT_V1_ENCODER
 
     def close(self) -> None:
         with self._lock:
@@ -366,6 +374,14 @@ class Profiling:
         for timer in list(self._timers.values()):
             stack.enter_context(timer.paused())
         return stack
+
+
+def submodule_kind(submodule) -> Optional[str]:
+    """The kind of module a megatron-core ``ModalitySubmodules`` encodes, from its class
+    (``VisionModalitySubmodules``: image, ``AudioModalitySubmodules``: audio, ...); None unknown."""
+    name = type(submodule).__name__.lower()
+    return next((kind for word, kind in (("video", "video"), ("audio", "audio"), ("vision", "image"),
+                                         ("image", "image")) if word in name), None)
 
 
 def wrap_encode(original: Callable, runtime: Runtime) -> Callable:
