@@ -86,7 +86,7 @@ def _profile_workloads() -> list[Workload]:
         def draw(rng: np.random.Generator, b: int, prof=prof) -> np.ndarray:
             return prof.sample_table(b, int(rng.integers(1 << 31))).tokens.astype(np.int64)
 
-        out.append(Workload(f"profile {name}", prof.layout.seq_length, True, draw))
+        out.append(Workload(f"profile {name}", prof.seq_length, True, draw))
     return out
 
 

@@ -527,7 +527,13 @@ def test_a_run_with_two_encoders_and_a_language_model_has_a_straggler_row_each(t
     planned = next(ln for ln in text.splitlines() if "language straggler the plan predicted" in ln)
     assert "1.055" in planned
     assert "worst module's straggler the plan predicted" in text
-    assert "Language model time per rank" in text and "Encoder 'audios' time per rank" in text
+    assert "Language model time per rank" in text and "Audios encoder time per rank" in text
+    # every module's headline alike: its straggler p50 / p99 / mean, its time per rank and of its slowest replica
+    for m in ("images", "audios", "language"):
+        assert b[f"{m}_time_mean"] == b["per_module"][m]["time_mean"] and b[f"{m}_max_mean"] == b["per_module"][m]["max_mean"]
+        for label in ("straggler max/mean, mean", "time per rank, mean", "time of slowest replica, mean"):
+            assert sum(ln.split("│")[1].strip() == f"{m} {label}" for ln in text.splitlines() if "│" in ln) == 1
+    assert b["vision_module"] is None
     assert "language DP replica 1 (rank 5) slowest in 100% of 4 steps" in text
     assert "Language real tokens per replica per step" in " ".join(text.split())
     assert "slowest vision" not in text and "no slowest vision" not in text
@@ -574,10 +580,25 @@ def test_format_1_files_of_an_encoder_not_named_vision_still_report(tmp_path):
         ranks[r]["steps"] = [{"samples": 4}] * 3
     s = summarize(read_run(write_run(tmp_path, ranks, layout={"images": {"dp": 2}, "language": {"dp": 2}})))
     assert s["images_max_over_mean_p50"] == pytest.approx(2 / 1.5)
-    assert s["vision_max_over_mean_p50"] == pytest.approx(2 / 1.5)
+    assert s["vision_max_over_mean_p50"] == pytest.approx(2 / 1.5) and s["vision_module"] == "images"
     assert s["language_max_over_mean_p50"] is None
     assert any("no rank header says module='vision'" in w for w in s["warnings"])
     assert not any("language ranks recorded no" in w for w in s["warnings"])  # format 1 never timed it
+
+
+def test_format_1_vision_time_of_ranks_in_no_module_still_reports(tmp_path):
+    """Format-1 ranks whose header names no module of the layout but that timed vision_*: the
+    vision_* figures are theirs, and the report shows them under "vision"."""
+    ranks = {r: {"module": "unknown", "dp_rank": r, "dp_size": 2,
+                 "steps": [{"vision_fwd_s": 0.1 * (1 + r), "vision_bwd_s": 0.0, "samples": 4}] * 3} for r in range(2)}
+    s = summarize(read_run(write_run(tmp_path, ranks, layout={"dp": {"vision": 2}})))
+    assert s["vision_module"] is None and s["per_module"] == {} and s["vision_replicas"] == 2
+    assert s["vision_max_over_mean_p50"] == pytest.approx(0.2 / 0.15)
+    c = _console()
+    render(s, console=c)
+    text = _text(c)
+    assert "vision straggler max/mean p50" in text and "Vision encoder time per rank" in text
+    assert "slowest vision: vision DP replica 1 (rank 1) slowest in 100% of 2 steps" in text
 
 
 def test_png_of_every_module(tmp_path):

@@ -238,7 +238,8 @@ def _calibrated(run_dir: Path, out_file: Path) -> tuple[Optional[str], str]:
                      f" ({fit})")
     if not table:
         return None, "default cost model (calibration failed: " + "; ".join(notes) + ")"
-    lead = table.get("vision") or next(iter(table.values()))
+    # the default encoder's coefficients: the layout's first encoder's
+    lead = next((c for m, c in table.items() if m != LANGUAGE), next(iter(table.values())))
     CostModel(a=lead.a, b=lead.b, c=0.0, modules=table).to_file(out_file)
     return str(out_file), "calibrated on the before-run, s per row / row² / item / token: " + "; ".join(notes)
 

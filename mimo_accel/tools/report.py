@@ -13,14 +13,20 @@ model (``language``):
   the max over its ranks.
 * **straggler ratio** (``<module>_max_over_mean``) of a step: max / mean of the module's replica
   times, over the steps every replica logged; reported as p50 / p99 / mean over steps, for every
-  module (``vision_max_over_mean_p50``, ``language_max_over_mean_p50``, ...). 1.0 is perfect
-  balance. ``per_module`` holds each module's table (replicas, time per rank, slowest replica).
-* **vision**: the ``vision_*`` keys, ``vision_per_rank`` and ``slowest`` describe the module named
-  ``vision`` (the keys every version of this report has had, ``STABLE_KEYS``); where no module has
-  that name, the ranks that timed ``vision_*`` regions, or else the only encoder (said in a warning).
+  module (``images_max_over_mean_p50``, ``language_max_over_mean_p50``, ...). 1.0 is perfect
+  balance. Every module's headline: ``<module>_max_over_mean_p50`` / ``_p99`` / ``_mean``,
+  ``<module>_time_mean`` (time per rank) and ``<module>_max_mean`` (time of its slowest replica);
+  ``per_module`` holds each module's table (replicas, time per rank, slowest replica).
+* **vision_* aliases**: ``vision_replicas``, ``vision_steps``, ``vision_max_over_mean_*``,
+  ``vision_time_mean``, ``vision_max_mean``, ``vision_per_rank``, ``slowest`` and the series'
+  ``vision_step`` / ``vision_max_over_mean`` are the previous release's keys (``STABLE_KEYS``),
+  kept for one release (docs/compatibility.md): the figures of the module ``vision_module`` names —
+  the module named ``vision``; else the module whose ranks timed format 1's ``vision_*`` regions, or
+  the only encoder (said in a warning). ``vision_module`` is null where those ranks are in no module.
 * **predicted spread** (``predicted_spreads_mean``): the mean over step lines of what the plan
   predicted for each module (the lines' ``predicted_spreads``; format 1's single
-  ``predicted_spread`` was vision's); ``predicted_spread_mean``: of the worst module's.
+  ``predicted_spread`` was the layout's first encoder's); ``predicted_spread_mean``: of the worst
+  module's.
 * **real tokens per language replica** (``language_tokens_per_replica``): mean ``tokens`` per step
   of each language DP replica (with packing on, what the replica computes);
   ``language_tokens_max_over_mean_p50``: per-step max / mean of them over the replicas.
@@ -29,8 +35,9 @@ model (``language``):
   StragglerDetector and HTA).
 * **step time** of a step: the max ``step_time_s`` (wall) over the ranks that logged it.
 * **throughput** (``samples_per_s``): global samples over all counted steps / their summed step
-  time. Global samples of a step = sum over the DP replicas of one module (the language module if
-  present, else vision) of the replica's ``samples``.
+  time. Global samples of a step = sum over the DP replicas of one module (``samples_module``: the
+  language module if present, else the layout's first module) of the replica's ``samples``; every
+  other module's count is checked against it.
 * per-rank I/O (``samples_read``, ``bytes_read``, ``bytes_exchanged``): mean per counted step.
 * The first ``--warmup`` step numbers (default 1) are excluded from every statistic.
 """
@@ -53,6 +60,7 @@ from rich.text import Text
 
 from mimo_accel.modules import LANGUAGE
 from mimo_accel.profiler import FORMAT_V1, REGIONS, NoProfileData, Run, module_seconds, read_run
+from mimo_accel.profiler.recorder import FORMAT_V1_ENCODER
 from mimo_accel.tools.arguments import UsageError, fail, nonnegative_int, output_file, parse
 from mimo_accel.profiler import json_safe
 from mimo_accel.profiler import record_number as _num
@@ -68,26 +76,27 @@ REPORT_FORMAT = "mimo-accel-report/1"
 STABLE_KEYS = ("vision_max_over_mean_p50", "vision_max_over_mean_p99", "step_time_p50", "step_time_p99",
                "samples_per_s", "samples_read_per_rank")
 
-# metric key -> (label, kind, lower_is_better); kind picks the formatter.
-_SUMMARY_ROWS: tuple[tuple[str, str, str, bool], ...] = (
+# metric key -> (label, kind, lower_is_better); kind picks the formatter. The summary: the run's
+# rows, every module's headline rows (_module_rows), then the data movement and plan-wait rows.
+_RUN_ROWS: tuple[tuple[str, str, str, bool], ...] = (
     ("step_time_p50", "step time p50", "s", True),
     ("step_time_p90", "step time p90", "s", True),
     ("step_time_p99", "step time p99", "s", True),
     ("samples_per_s", "throughput (samples/s)", "rate", False),
-    ("vision_max_over_mean_p50", "vision straggler max/mean p50", "ratio", True),
-    ("vision_max_over_mean_p99", "vision straggler max/mean p99", "ratio", True),
-    ("vision_max_over_mean_mean", "vision straggler max/mean, mean", "ratio", True),
-    ("predicted_spread_mean", "vision straggler the plan predicted, mean", "ratio", True),
-    ("vision_time_mean", "vision time per rank, mean", "s", True),
-    ("vision_max_mean", "vision time of slowest replica, mean", "s", True),
+)
+_TAIL_ROWS: tuple[tuple[str, str, str, bool], ...] = (
     ("samples_read_per_step", "samples read per step, all ranks", "count", True),
     ("bytes_read_per_step", "bytes read per step, all ranks", "bytes", True),
     ("bytes_exchanged_per_step", "bytes exchanged per step, all ranks", "bytes", True),
     ("plan_wait_p50", "wait for the plan per step, slowest rank, p50", "s", True),
     ("plan_wait_max", "wait for the plan per step, slowest rank, max", "s", True),
 )
-_TAIL_ROWS = 5  # the data movement and plan-wait rows, after every module's
-_CHANGE_KEYS = (*(k for k, *_ in _SUMMARY_ROWS), "step_time_mean")
+#: The previous release's headline keys: aliases of one module's (``vision_module``), for one release.
+VISION_KEYS = ("vision_max_over_mean_p50", "vision_max_over_mean_p99", "vision_max_over_mean_mean", "vision_time_mean",
+               "vision_max_mean")
+_CHANGE_KEYS = (*(k for k, *_ in (*_RUN_ROWS, *_TAIL_ROWS)), *VISION_KEYS, "predicted_spread_mean", "step_time_mean")
+#: Every module's headline figures, as ``<module>_<key>`` in a side.
+_MODULE_KEYS = ("max_over_mean_p50", "max_over_mean_p99", "max_over_mean_mean", "time_mean", "max_mean")
 
 
 # ------------------------------------------------------------------------------------ numbers
@@ -289,10 +298,11 @@ def summarize(run: Run, *, warmup: int = 1) -> dict[str, Any]:
     for name in order:
         ranks = modules[name]
         v1 = all(run.ranks[r].format == FORMAT_V1 for r in ranks)
+        # format 1 timed every encoder (as "vision") and the language model not at all
         per_module[name] = _module_time(run, steps_of, name, ranks, own_regions, warnings,
-                                        warn_untimed=not v1 or name == "vision")
+                                        warn_untimed=not v1 or name != LANGUAGE)
 
-    # ---- vision: the figures every version of this report has had (STABLE_KEYS)
+    # ---- the vision_* keys every version of this report has had (STABLE_KEYS): aliases of a module's
     vision_ranks = list(modules.get("vision", []))
     if vision_ranks:
         vision = per_module["vision"]
@@ -311,6 +321,7 @@ def summarize(run: Run, *, warmup: int = 1) -> dict[str, Any]:
                             f"{encoders[0]!r}")
         else:
             vision = _module_time(run, steps_of, "vision", [], lambda r: REGIONS, warnings, False)
+    vision_module = next((m for m in order if vision_ranks and modules[m] == vision_ranks), None)
 
     # ---- the plan's predicted spreads, per module (format 1: the one figure was vision's)
     lines = [r for recs in steps_of.values() for r in recs.values()]
@@ -323,16 +334,15 @@ def summarize(run: Run, *, warmup: int = 1) -> dict[str, Any]:
                 if (f := _num(table, m)) is not None:
                     by_module[str(m)].append(f)
     predicted_spreads = {m: _mean(v) for m, v in by_module.items()}
-    if not by_module and spreads:
-        predicted_spreads = {"vision" if "vision" in modules or not order else
-                             next((m for m in order if m != LANGUAGE), "vision"): _mean(spreads)}
+    if not by_module and spreads:  # the plan priced one encoder: the layout's first
+        predicted_spreads = {next((m for m in order if m != LANGUAGE), FORMAT_V1_ENCODER): _mean(spreads)}
 
     # ---- real tokens per language replica
     language_tokens = _replica_counter(run, steps_of, modules.get(LANGUAGE, []), "tokens")
     language_sq_tokens = _replica_counter(run, steps_of, modules.get(LANGUAGE, []), "sq_tokens")
 
-    # ---- samples and throughput
-    samples_module = next((m for m in ("language", "vision") if m in modules), None)
+    # ---- samples and throughput: counted on the language module, else on the layout's first module
+    samples_module = LANGUAGE if LANGUAGE in modules else next(iter(order), None)
     if samples_module is None and modules:
         samples_module = sorted(modules)[0]
     global_samples: dict[str, dict[int, float]] = {}
@@ -363,13 +373,13 @@ def summarize(run: Run, *, warmup: int = 1) -> dict[str, Any]:
             samples_per_step = total / len(counted)
         else:
             warnings.append("no rank recorded 'samples'; throughput unavailable")
-    if "vision" in global_samples and "language" in global_samples:
-        v, lang = global_samples["vision"], global_samples["language"]
-        differ = [s for s in counted if v.get(s) and lang.get(s) and abs(v[s] - lang[s]) > 1e-9]
+    for mod in (m for m in order if m != samples_module and samples_module in global_samples):
+        v, ref = global_samples[mod], global_samples[samples_module]
+        differ = [s for s in counted if v.get(s) and ref.get(s) and abs(v[s] - ref[s]) > 1e-9]
         if differ:
             warnings.append(
-                f"vision and language ranks count different global samples in {len(differ)} step(s) "
-                f"(first: step {differ[0]}: vision {v[differ[0]]:g}, language {lang[differ[0]]:g})"
+                f"{mod} and {samples_module} ranks count different global samples in {len(differ)} step(s) "
+                f"(first: step {differ[0]}: {mod} {v[differ[0]]:g}, {samples_module} {ref[differ[0]]:g})"
             )
 
     # ---- per-rank I/O
@@ -426,9 +436,10 @@ def summarize(run: Run, *, warmup: int = 1) -> dict[str, Any]:
             "vision_max_mean": vision["max_mean"],
             "vision_per_rank": vision["per_rank"],
             "slowest": vision["slowest"],
-            # every module, the language model included: <module>_max_over_mean_p50 / _p99 / _mean
-            **{f"{m}_{k}": st[k] for m, st in per_module.items()
-               for k in ("max_over_mean_p50", "max_over_mean_p99", "max_over_mean_mean")},
+            "vision_module": vision_module,
+            # every module, the language model included: <module>_max_over_mean_p50 / _p99 / _mean,
+            # <module>_time_mean, <module>_max_mean (for a module named vision: its vision_* keys)
+            **{f"{m}_{k}": st[k] for m, st in per_module.items() for k in _MODULE_KEYS},
             "module_order": order,
             "per_module": {m: {k: v for k, v in st.items() if k != "series"} for m, st in per_module.items()},
             "predicted_spreads_mean": predicted_spreads,
@@ -473,24 +484,28 @@ def _timed_modules(*sides: dict[str, Any] | None) -> list[str]:
     return [m for m in order if any(((s or {}).get("per_module", {}).get(m) or {}).get("replicas") for s in sides)]
 
 
-def _module_rows(before: dict[str, Any], after: dict[str, Any] | None) -> list[tuple[str, str, str, bool]]:
-    """The summary rows, one straggler row (p50, p99) per timed module and the plan's predicted
-    spread per module beside it, in the layout's order (vision's rows as they always were)."""
-    rows: list[tuple[str, str, str, bool]] = list(_SUMMARY_ROWS[:4])
+def _headline_modules(before: dict[str, Any], after: dict[str, Any] | None) -> list[str]:
+    """The modules the report shows figures for: every timed module in the layout's order, and
+    ahead of them "vision" where a side's vision_* figures are those of ranks in no module (format
+    1 files whose headers name no module ``vision``)."""
     modules = _timed_modules(before, after)
-    sides = [x for x in (before, after) if x]
-    if "vision" not in modules and (not modules or any(x.get("vision_replicas") for x in sides)
-                                    or any("vision" in x.get("module_order", ()) for x in sides)):
-        modules = ["vision", *modules]  # the vision rows as they always were (— where untimed)
-    for m in modules:
-        who = m if m != LANGUAGE else "language"
-        rows += [(f"{m}_max_over_mean_p50", f"{who} straggler max/mean p50", "ratio", True),
-                 (f"{m}_max_over_mean_p99", f"{who} straggler max/mean p99", "ratio", True)]
-        if m == "vision":
-            rows.append(("vision_max_over_mean_mean", "vision straggler max/mean, mean", "ratio", True))
-        rows += [(f"predicted_spreads_mean.{m}", f"{who} straggler the plan predicted, mean", "ratio", True),
-                 (f"per_module.{m}.time_mean", f"{who} time per rank, mean", "s", True),
-                 (f"per_module.{m}.max_mean", f"{who} time of slowest replica, mean", "s", True)]
+    if "vision" not in modules and any(x.get("vision_replicas") and x.get("vision_module") is None
+                                       for x in (before, after) if x):
+        modules = ["vision", *modules]
+    return modules
+
+
+def _module_rows(before: dict[str, Any], after: dict[str, Any] | None) -> list[tuple[str, str, str, bool]]:
+    """The summary rows: every module's headline (its straggler p50, p99 and mean, the plan's
+    predicted spread, its time per rank and of its slowest replica), in the layout's order."""
+    rows: list[tuple[str, str, str, bool]] = list(_RUN_ROWS)
+    for m in _headline_modules(before, after):
+        rows += [(f"{m}_max_over_mean_p50", f"{m} straggler max/mean p50", "ratio", True),
+                 (f"{m}_max_over_mean_p99", f"{m} straggler max/mean p99", "ratio", True),
+                 (f"{m}_max_over_mean_mean", f"{m} straggler max/mean, mean", "ratio", True),
+                 (f"predicted_spreads_mean.{m}", f"{m} straggler the plan predicted, mean", "ratio", True),
+                 (f"{m}_time_mean", f"{m} time per rank, mean", "s", True),
+                 (f"{m}_max_mean", f"{m} time of slowest replica, mean", "s", True)]
     if any(len((s or {}).get("predicted_spreads_mean") or {}) > 1 for s in (before, after)):
         rows.append(("predicted_spread_mean", "worst module's straggler the plan predicted, mean", "ratio", True))
     if any((s or {}).get("language_tokens_per_replica") for s in (before, after)):
@@ -498,7 +513,7 @@ def _module_rows(before: dict[str, Any], after: dict[str, Any] | None) -> list[t
                   "count", True),
                  ("language_tokens_max_over_mean_p50", "language real tokens max/mean over replicas p50", "ratio",
                   True)]
-    rows += list(_SUMMARY_ROWS[-_TAIL_ROWS:])
+    rows += list(_TAIL_ROWS)
     return rows
 
 
@@ -528,8 +543,7 @@ def _module_dp(summary: dict[str, Any]) -> dict[str, int]:
 def compare(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
     """Relative change (after / before) of the headline metrics, and what makes them not comparable."""
     change = {}
-    module_keys = [f"{m}_{k}" for m in _timed_modules(before, after)
-                   for k in ("max_over_mean_p50", "max_over_mean_p99", "max_over_mean_mean")]
+    module_keys = [f"{m}_{k}" for m in _timed_modules(before, after) for k in _MODULE_KEYS]
     for key in dict.fromkeys((*_CHANGE_KEYS, *module_keys, "language_tokens_per_replica_step_mean",
                               "language_tokens_max_over_mean_p50")):
         b, a = before.get(key), after.get(key)
@@ -599,8 +613,8 @@ def _change_cell(ratio: float | None, lower_is_better: bool) -> tuple[str, str]:
     return f"×{ratio:.2f} ({pct:+.0f}%)", "better" if better else "worse" if worse else ""
 
 
-def _slowest_line(s: dict[str, Any], module: str = "vision") -> str:
-    """``s``: a summary (its vision figures) or one module's ``per_module`` entry."""
+def _slowest_line(s: dict[str, Any], module: str) -> str:
+    """``s``: one module's ``per_module`` entry, or a summary (its vision_* figures)."""
     slow = s.get("slowest")
     if not slow:
         if s.get("vision_replicas", s.get("replicas", 0)) == 1:
@@ -665,18 +679,21 @@ def _summary_table(before: dict[str, Any], after: dict[str, Any] | None) -> _Tab
     return t
 
 
+def _module_figures(s: dict[str, Any] | None, module: str) -> dict[str, Any] | None:
+    """A side's table of ``module`` (its ``per_module`` entry; a summary itself for the vision_*
+    figures of ranks in no module)."""
+    st = ((s or {}).get("per_module") or {}).get(module)
+    if st is None and module == "vision" and s and s.get("vision_module") is None and s.get("vision_replicas"):
+        return {**s, "per_rank": s.get("vision_per_rank", {})}
+    return st
+
+
 def _slowest_lines(before: dict[str, Any], after: dict[str, Any] | None) -> list[str]:
     two = after is not None
     lines = []
-    if any(key == "vision_max_over_mean_p50" for key, *_ in _module_rows(before, after)):
-        lines.append(f"slowest: {_slowest_line(before)}" if not two else f"slowest before: {_slowest_line(before)}")
-        if after is not None:
-            lines.append(f"slowest after:  {_slowest_line(after)}")
-    for m in _timed_modules(before, after):
-        if m == "vision":
-            continue
+    for m in _headline_modules(before, after):
         for side, s in (("before", before), ("after", after)) if two else (("", before),):
-            st = ((s or {}).get("per_module") or {}).get(m)
+            st = _module_figures(s, m)
             if st:
                 lines.append(f"slowest {m}{' ' + side if side else ''}: {_slowest_line(st, m)}")
     return lines
@@ -714,14 +731,11 @@ def _per_rank_table(title: str, per_rank: list[dict[str, Any]], two: bool) -> _T
 
 def _module_time_tables(before: dict[str, Any], after: dict[str, Any] | None) -> list[_Table]:
     two = after is not None
-    tables = [_per_rank_table("Vision encoder time per rank (fwd + bwd per step)",
-                              [(s or {}).get("vision_per_rank", {}) for s in (before, after)], two)]
-    for module in _timed_modules(before, after):
-        if module == "vision":
-            continue
+    tables = []
+    for module in _headline_modules(before, after):
         title = ("Language model time per rank (fwd + bwd per step)" if module == LANGUAGE
-                 else f"Encoder {module!r} time per rank (fwd + bwd per step)")
-        per = [(((s or {}).get("per_module") or {}).get(module) or {}).get("per_rank", {}) for s in (before, after)]
+                 else f"{module.capitalize()} encoder time per rank (fwd + bwd per step)")
+        per = [(_module_figures(s, module) or {}).get("per_rank", {}) for s in (before, after)]
         tables.append(_per_rank_table(title, per, two))
     return [t for t in tables if t is not None]
 
