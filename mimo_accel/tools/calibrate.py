@@ -436,8 +436,8 @@ def fit_modules(run: Run, *, warmup: int = 1, intercept: bool = True, per_step: 
     <m>_bwd_s`` against ``<m>_rows``, ``<m>_sq_rows``, ``<m>_items`` (``a·rows + b·sq_rows +
     k·items``); the language model, ``language_fwd_s + language_bwd_s`` against ``tokens`` and
     ``sq_tokens`` (``a·tokens + b·tokens²``). Returns the v2 :class:`CostModel` (every fitted
-    module in its ``modules`` table; ``a``, ``b`` are the ``vision`` encoder's, else the first
-    encoder's) and each module's stats (as :func:`fit` gives them). A run with the vision-only
+    module in its ``modules`` table; ``a``, ``b`` are the first encoder's, in rank order) and each
+    module's stats (as :func:`fit` gives them). A run with the vision-only
     profiler's names fits the vision encoder as :func:`fit` does."""
     names = list(modules) if modules is not None else modules_in(run)
     if not names:
@@ -449,7 +449,7 @@ def fit_modules(run: Run, *, warmup: int = 1, intercept: bool = True, per_step: 
         coefs, stats[m], metas[m] = _fit_spec(run, spec, warmup=warmup, intercept=intercept, per_step=per_step)
         table[m] = ModuleCost(coefs["a"], coefs["b"], coefs.get("k", 0.0))
     encoders = [m for m in names if m != LANGUAGE]
-    lead = "vision" if "vision" in encoders else (encoders[0] if encoders else None)
+    lead = encoders[0] if encoders else None  # the default encoder: the layout's first (rank order)
     a, b = (table[lead].a, table[lead].b) if lead is not None else (CostModel().a, CostModel().b)
     meta = {"units": "seconds", "run": str(run.directory), "warmup": warmup, "per_step": per_step,
             "intercept": intercept, "modules": metas}

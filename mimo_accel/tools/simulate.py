@@ -765,7 +765,8 @@ def _render_modules(doc: dict[str, Any], console: Console) -> None:
         mod = r.get("modules")
         if not mod:
             continue
-        layout = " / ".join(f"{m[0]}{dp}" for m, dp in mod["dps"].items())
+        short = _short_names(list(mod["dps"]))
+        layout = " / ".join(f"{short[m]}{dp}" for m, dp in mod["dps"].items())
         names = list(mod["spread"])
         for i, m in enumerate([*names, "worst"]):
             st = mod["worst"] if m == "worst" else mod["spread"][m]
@@ -786,6 +787,15 @@ def _render_modules(doc: dict[str, Any], console: Console) -> None:
         " a·tokens + b·tokens² over its real tokens. worst-row 'joint over bound': the largest excess of a"
         " module over its own bound."
     )
+
+
+def _short_names(names: list[str]) -> dict[str, str]:
+    """Each name's shortest prefix that no other name starts with (vision, video -> vis, vid)."""
+    def unique(name: str) -> str:
+        return next((name[:k] for k in range(1, len(name))
+                     if not any(o != name and o.startswith(name[:k]) for o in names)), name)
+
+    return {name: unique(name) for name in names}
 
 
 def _micro_batches(doc: dict[str, Any]) -> str:

@@ -41,12 +41,20 @@ File layout (every key is checked; an unknown key is an error)::
     rows_per_token = 1                 # optional, default 1: encoder rows per placeholder token
     bytes_per_second = 32000           # optional, default 32000 (16 kHz 16-bit PCM)
 
+    [video]                            # optional: a video encoder (Qwen-VL-like), on its own grid
+    count = { 0 = 0.7, 1 = 0.3 }       # videos per sample -> probability
+    frames = DIST                      # frames per video
+    height = DIST                      # pixels of a frame, each frame resized by [resize] ...
+    width = DIST
+    bytes_per_pixel = 0.02             # optional, default 0.02: encoded bytes per frame pixel
+
     [layout]
     micro_batch_size = 64              # global micro-batch, a multiple of lcm(module dps)
     seq_length = 8192                  # must hold the largest possible sample
     vision = { tp = 1, pp = 1, dp = 8 }
     language = { tp = 4, pp = 1, dp = 4 }
     audio = { tp = 1, pp = 1, dp = 2 } # required with [audio], refused without it
+    video = { tp = 1, pp = 1, dp = 2 } # required with [video], refused without it
 
     [rehearsal]                        # the same shape, scaled down for a CPU rehearsal
     steps = 4
@@ -72,14 +80,17 @@ What a sample costs:
 * image tokens of an image = patches / merge_size² (the encoder's merged rows, one placeholder each);
 * audio rows of a clip = seconds × rows_per_second (pad_to_seconds × rows_per_second when the
   extractor pads); its placeholder tokens = ⌈rows / rows_per_token⌉;
-* a sample's real language tokens (``SampleShape.tokens``) = its image tokens + its audio tokens +
-  its text tokens, the text cut so the sample fits ``seq_length`` (validation guarantees the images
-  and clips always fit);
+* video rows of a video = t × patches of one frame (t = ⌈frames / temporal_patch_size⌉ temporal
+  patches, :meth:`~mimo_accel.costs.ResizeRule.video_rows`), its attention term t × patches²; its
+  placeholder tokens = rows / merge_size²;
+* a sample's real language tokens (``SampleShape.tokens``) = every encoder's placeholder tokens +
+  its text tokens, the text cut so the sample fits ``seq_length`` (validation guarantees the
+  images, clips and videos always fit);
 * bytes of a sample = Σ original pixels × ``bytes_per_pixel`` + Σ clip seconds × ``bytes_per_second``
-  + text tokens × ``bytes_per_token``.
+  + Σ frame pixels × the video's ``bytes_per_pixel`` + text tokens × ``bytes_per_token``.
 
 The layout is a :class:`mimo_accel.modules.Modules`: ``vision`` (kind ``image``), ``audio`` (kind
-``audio``) where the profile has one, and ``language``. What each module costs per sample is what
+``audio``) and ``video`` (kind ``video``) where the profile has them, and ``language``. What each module costs per sample is what
 the planner prices at run time: :meth:`SampleTable.cost_index` holds every encoder's columns (the
 same :class:`~mimo_accel.costs.CostIndex` a dataset's index is) and
 :meth:`~mimo_accel.costs.CostIndex.module_costs` prices them with a cost model.
@@ -192,8 +203,8 @@ class Dist:
 # ------------------------------------------------------------------------------------------------
 
 
-#: The encoder module names of a profile's layout: its ``[images]`` and its ``[audio]`` encoder.
-VISION, AUDIO = "vision", "audio"
+#: The encoder module names of a profile's layout: its ``[images]``, ``[audio]`` and ``[video]`` encoders.
+VISION, AUDIO, VIDEO = "vision", "audio", "video"
 
 
 @dataclass(frozen=True)
@@ -327,6 +338,29 @@ class AudioProfile:
 
 
 @dataclass(frozen=True)
+class VideoProfile:
+    """The optional ``[video]`` table: a video encoder's videos (see the module docstring)."""
+
+    count: Dist
+    frames: Dist
+    height: Dist
+    width: Dist
+    bytes_per_pixel: float
+
+    def rows(self, rule: ResizeRule, frames: np.ndarray, heights: np.ndarray,
+             widths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(encoder rows, attention term) of each video: ``t·p`` and ``t·p²``, p a frame's patches."""
+        t = -(-np.asarray(frames, dtype=np.int64) // rule.temporal_patch_size)
+        p = rule.patches_many(heights, widths)
+        return t * p, t * p * p
+
+    def max_tokens(self, rule: ResizeRule) -> int:
+        """The most placeholder tokens a sample's videos can take."""
+        t = -(-self.frames.max // rule.temporal_patch_size)
+        return self.count.max * t * _max_patches(rule, None, self.height, self.width) // rule.merge_size**2
+
+
+@dataclass(frozen=True)
 class Profile:
     """A workload profile (see the module docstring for the file format)."""
 
@@ -347,6 +381,7 @@ class Profile:
     rehearsal: Rehearsal
     raw: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
     audio: AudioProfile | None = None
+    video: VideoProfile | None = None
 
     # -- sampling ------------------------------------------------------------------------------
 
@@ -383,10 +418,23 @@ class Profile:
             encoders[AUDIO] = _encoder_columns(clip_owner, clips, rows, self.audio.rule)
             placeholders[AUDIO] = _per_sample(clip_owner, self.audio.clip_tokens(rows), n)
             audio_bytes = _per_sample(clip_owner, seconds, n) * self.audio.bytes_per_second
+        video_bytes = np.zeros(n, dtype=np.float64)
+        if self.video is not None:
+            # drawn after everything else: the samples of a profile without video stay the same
+            vrng = np.random.default_rng([int(seed), 0x71DE])
+            videos = self.video.count.draw(vrng, n)
+            total_videos = int(videos.sum())
+            frames = self.video.frames.draw(vrng, total_videos)
+            vh, vw = self.video.height.draw(vrng, total_videos), self.video.width.draw(vrng, total_videos)
+            video_owner = np.repeat(np.arange(n), videos)
+            rows, sq_rows = self.video.rows(self.rule, frames, vh, vw)
+            encoders[VIDEO] = _encoder_columns(video_owner, videos, rows, self.rule, sq_rows)
+            placeholders[VIDEO] = encoders[VIDEO].rows // self.image_tokens_divisor
+            video_bytes = _per_sample(video_owner, frames * vh * vw, n) * self.video.bytes_per_pixel
         placed = sum(placeholders.values())
         text = np.clip(self.seq_length - placed, 0, text)
         pixels = _per_sample(owner, heights * widths, n)
-        nbytes = pixels * self.bytes_per_pixel + text * self.bytes_per_token + audio_bytes
+        nbytes = pixels * self.bytes_per_pixel + text * self.bytes_per_token + audio_bytes + video_bytes
         return SampleTable(
             text_tokens=text, tokens=placed + text, bytes=nbytes, heights=heights, widths=widths,
             image_patches=per_image, rule=self.rule, encoders=encoders, placeholders=placeholders,
@@ -434,6 +482,9 @@ class Profile:
             **({"audio_clips_per_sample_mean": float(t.encoders[AUDIO].items.mean()),
                 "audio_rows_per_sample_mean": float(t.encoders[AUDIO].rows.mean()),
                 "audio_free_fraction": float((t.encoders[AUDIO].items == 0).mean())} if AUDIO in t.encoders else {}),
+            **({"videos_per_sample_mean": float(t.encoders[VIDEO].items.mean()),
+                "video_rows_per_sample_mean": float(t.encoders[VIDEO].rows.mean()),
+                "video_free_fraction": float((t.encoders[VIDEO].items == 0).mean())} if VIDEO in t.encoders else {}),
         }
 
 
@@ -449,11 +500,13 @@ def _per_sample(owner: np.ndarray, values: np.ndarray, n: int) -> np.ndarray:
     return out
 
 
-def _encoder_columns(owner: np.ndarray, counts: np.ndarray, item_rows: np.ndarray, rule: Any) -> EncoderColumns:
-    """One encoder's per-sample columns from its items' rows (``owner``: each item's sample)."""
+def _encoder_columns(owner: np.ndarray, counts: np.ndarray, item_rows: np.ndarray, rule: Any,
+                     item_sq_rows: np.ndarray | None = None) -> EncoderColumns:
+    """One encoder's per-sample columns from its items' rows and attention terms (default rows²;
+    ``owner``: each item's sample)."""
     n = counts.size
     rows = _per_sample(owner, item_rows, n)
-    sq_rows = _per_sample(owner, item_rows * item_rows, n)
+    sq_rows = _per_sample(owner, item_rows * item_rows if item_sq_rows is None else item_sq_rows, n)
     for a in (counts, rows, sq_rows):
         a.setflags(write=False)
     return EncoderColumns(counts, rows, sq_rows, rule)
@@ -607,9 +660,10 @@ class _Checker:
         return module(name, dp, tp=tp, pp=pp)
 
     def layout(self, t: dict[str, Any], key: str) -> tuple[Modules, int, int]:
-        """The layout's modules (vision, audio where given, language), micro-batch and sequence length."""
+        """The layout's modules (vision, audio and video where given, language), micro-batch and
+        sequence length."""
         modules = Modules(tuple(self.module(name, t[name], f"{key}.{name}")
-                                for name in (VISION, AUDIO, LANGUAGE) if name in t))
+                                for name in (VISION, AUDIO, VIDEO, LANGUAGE) if name in t))
         mbs = self.integer(t["micro_batch_size"], f"{key}.micro_batch_size", 1)
         seq = self.integer(t["seq_length"], f"{key}.seq_length", 1)
         grid = modules.grid
@@ -648,7 +702,7 @@ def _show(value: Any) -> str:
 def parse_profile(doc: Mapping[str, Any], *, path: Path | None = None, name: str | None = None) -> Profile:
     """Validate a parsed TOML document and build the :class:`Profile`."""
     ck = _Checker(path)
-    doc = ck.table(dict(doc), "", {"profile", "images", "text", "resize", "layout", "rehearsal", "audio"},
+    doc = ck.table(dict(doc), "", {"profile", "images", "text", "resize", "layout", "rehearsal", "audio", "video"},
                    {"images", "text", "resize", "layout", "rehearsal"})
     meta = ck.table(doc.get("profile", {}), "profile", {"name", "description"})
     name = str(meta.get("name") or name or (path.stem if path is not None else "profile"))
@@ -693,29 +747,30 @@ def parse_profile(doc: Mapping[str, Any], *, path: Path | None = None, name: str
     text_tokens = ck.dist(tx["tokens"], "text.tokens", minimum=0)
     bytes_per_token = ck.number(tx.get("bytes_per_token", 4), "text.bytes_per_token")
 
-    # [audio]
+    # [audio], [video]
     audio = _parse_audio(ck, doc["audio"]) if "audio" in doc else None
+    video = _parse_video(ck, doc["video"]) if "video" in doc else None
 
     # [layout]
-    lt = ck.table(doc["layout"], "layout", {"micro_batch_size", "seq_length", "vision", "language", "audio"},
+    lt = ck.table(doc["layout"], "layout",
+                  {"micro_batch_size", "seq_length", "vision", "language", "audio", "video"},
                   {"micro_batch_size", "seq_length", "vision", "language"})
-    if audio is not None and "audio" not in lt:
-        raise ck.fail("layout.audio", "missing (the profile has an [audio] encoder)",
-                      "add audio = { tp = 1, pp = 1, dp = ... } to [layout]")
-    if audio is None and "audio" in lt:
-        raise ck.fail("layout.audio", "an audio module without an [audio] table",
-                      "add an [audio] table describing the clips, or remove layout.audio")
+    _check_module(ck, lt, AUDIO, audio is not None, "the clips")
+    _check_module(ck, lt, VIDEO, video is not None, "the videos")
     modules, micro_batch_size, seq_length = ck.layout(lt, "layout")
     worst_tokens = image_count.max * _max_patches(rule, size, height, width) // rule.merge_size**2
-    worst_audio = audio.max_tokens if audio is not None else 0
-    if worst_tokens + worst_audio + text_tokens.min > seq_length:
-        audio_part = f" + {worst_audio} audio tokens" if audio is not None else ""
+    others = [(n, what, tokens) for n, what, tokens in
+              (("audio", "the audio clips", audio.max_tokens if audio is not None else None),
+               ("video", "the videos", video.max_tokens(rule) if video is not None else None)) if tokens is not None]
+    worst = worst_tokens + sum(tokens for *_, tokens in others) + text_tokens.min
+    if worst > seq_length:
         raise ck.fail(
             "layout.seq_length",
             f"{seq_length} cannot hold the largest sample ({image_count.max} images of up to"
-            f" {worst_tokens // max(image_count.max, 1)} image tokens{audio_part} + {text_tokens.min} text tokens)",
-            f"raise it to at least {worst_tokens + worst_audio + text_tokens.min}, or lower resize.max_pixels or "
-            "the image count" + (" or the audio clips" if audio is not None else ""),
+            f" {worst_tokens // max(image_count.max, 1)} image tokens"
+            + "".join(f" + {tokens} {n} tokens" for n, _, tokens in others) + f" + {text_tokens.min} text tokens)",
+            f"raise it to at least {worst}, or lower resize.max_pixels or the image count"
+            + "".join(f" or {what}" for _, what, _ in others),
         )
 
     rehearsal = _parse_rehearsal(ck, doc["rehearsal"], image_count)
@@ -723,8 +778,33 @@ def parse_profile(doc: Mapping[str, Any], *, path: Path | None = None, name: str
         name=name, description=description, path=path, image_count=image_count, height=height,
         width=width, size=size, bytes_per_pixel=bytes_per_pixel, text_tokens=text_tokens,
         bytes_per_token=bytes_per_token, rule=rule, modules=modules, micro_batch_size=micro_batch_size,
-        seq_length=seq_length, rehearsal=rehearsal, raw=doc, audio=audio,
+        seq_length=seq_length, rehearsal=rehearsal, raw=doc, audio=audio, video=video,
     )
+
+
+def _check_module(ck: _Checker, layout: dict[str, Any], name: str, described: bool, items: str) -> None:
+    """``layout.<name>`` is given exactly when the profile has its ``[<name>]`` table."""
+    article = "an" if name[0] in "aeiou" else "a"
+    if described and name not in layout:
+        raise ck.fail(f"layout.{name}", f"missing (the profile has {article} [{name}] encoder)",
+                      f"add {name} = {{ tp = 1, pp = 1, dp = ... }} to [layout]")
+    if not described and name in layout:
+        raise ck.fail(f"layout.{name}", f"{article} {name} module without an [{name}] table",
+                      f"add an [{name}] table describing {items}, or remove layout.{name}")
+
+
+def _parse_video(ck: _Checker, value: Any) -> VideoProfile:
+    key = "video"
+    t = ck.table(value, key, {"count", "frames", "height", "width", "bytes_per_pixel"},
+                 {"count", "frames", "height", "width"})
+    height = ck.dist(t["height"], f"{key}.height", minimum=1)
+    width = ck.dist(t["width"], f"{key}.width", minimum=1)
+    if max(height.max / width.min, width.max / height.min) > _MAX_ASPECT:
+        raise ck.fail(key, f"a frame could have an aspect ratio above {_MAX_ASPECT}, which the Qwen-VL processor "
+                      "rejects", "narrow the height/width ranges")
+    return VideoProfile(count=ck.counts(t["count"], f"{key}.count", what="video counts"),
+                        frames=ck.dist(t["frames"], f"{key}.frames", minimum=1), height=height, width=width,
+                        bytes_per_pixel=ck.number(t.get("bytes_per_pixel", 0.02), f"{key}.bytes_per_pixel"))
 
 
 def _parse_audio(ck: _Checker, value: Any) -> AudioProfile:

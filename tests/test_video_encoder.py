@@ -1,0 +1,236 @@
+"""A "video" encoder declared through the public API only, end to end: its costs (a cost index of
+videos, saved and loaded), the plan, the profiler (real recorders and module timers), calibration
+and the report, and the simulation of a workload with a ``[video]`` encoder.
+
+The CPU rehearsal does not apply: its stack trains an image and an audio encoder, and megatron-core
+has no video submodule class to build one on.
+"""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+import torch
+from rich.console import Console
+
+from mimo_accel.costs import CostIndex, CostModel, ModuleCost, ResizeRule
+from mimo_accel.modules import LANGUAGE, Modules
+from mimo_accel.planner import CostIndexPlanner
+
+VIDEO = "video"
+RULE = ResizeRule(patch_size=16, merge_size=2, min_pixels=200704, max_pixels=1003520)
+LAYOUT = Modules.from_dp_sizes({VIDEO: 4, LANGUAGE: 2})
+
+
+def _videos(n: int, seed: int) -> CostIndex:
+    """``n`` samples, each with 0 or 1 video of a drawn length and frame size, and its text."""
+    rng = np.random.default_rng(seed)
+    items = (rng.random(n) < 0.6).astype(np.int64)
+    rows, sq_rows = np.zeros(n, np.int64), np.zeros(n, np.int64)
+    for i in np.flatnonzero(items):
+        frames = int(rng.integers(2, 64))
+        height, width = int(rng.choice([360, 720, 1080])), int(rng.choice([640, 1280]))
+        rows[i], sq_rows[i] = RULE.video_rows(frames, height, width)
+    tokens = rows // RULE.merge_size**2 + rng.integers(20, 400, n)
+    return CostIndex.from_modules(tokens, {VIDEO: (items, rows, sq_rows, RULE)})
+
+
+def test_a_video_layout_costs_and_plans(tmp_path):
+    assert [(m.name, m.kind) for m in LAYOUT] == [(VIDEO, "video"), (LANGUAGE, "text")] and LAYOUT.grid == 4
+    index = _videos(256, seed=1)
+    index.save(tmp_path / "videos.npz")
+    loaded = CostIndex.load(tmp_path / "videos.npz")
+    assert loaded.encoders == (VIDEO,) and loaded.digest() == index.digest()
+
+    model = CostModel(modules={VIDEO: ModuleCost(a=2e-5, b=3e-9, k=1e-3), LANGUAGE: ModuleCost(a=1e-5, b=1e-9)})
+    planner = CostIndexPlanner(loaded, model, LAYOUT)
+    every = np.arange(len(index))
+    costs = planner.costs(every)
+    col = index.encoder(VIDEO)
+    np.testing.assert_allclose(costs[VIDEO], 2e-5 * col.rows + 3e-9 * col.sq_rows + 1e-3 * col.items)
+    np.testing.assert_allclose(costs[LANGUAGE], 1e-5 * index.tokens(every) + 1e-9 * index.tokens(every) ** 2.0)
+
+    from mimo_accel.balance import module_spreads
+
+    for batch in np.split(every, 4):  # global micro-batches of 64 samples
+        order, spreads = planner(batch.tolist())
+        assert sorted(order) == sorted(batch.tolist()) and set(spreads) == {VIDEO, LANGUAGE}
+        upstream = module_spreads(planner.costs(batch), LAYOUT.dp_sizes, np.arange(batch.size))
+        assert max(spreads.values()) < max(upstream.values())  # the plan beats the contiguous split
+
+
+def _profile_run(directory, work: dict[int, list[int]]):
+    """Real recorders of a video dp4 -> language dp2 job, each rank timing its module with a real
+    module timer over ``work[rank][step]`` rows (the language ranks: as many tokens)."""
+    from mimo_accel.profiler import Recorder, attach_module_timer, module_counters, module_regions
+
+    for rank, steps in work.items():
+        module, dp_rank = (VIDEO, rank) if rank < 4 else (LANGUAGE, rank - 4)
+        rec = Recorder(directory, rank=rank, world_size=6, module=module, dp_rank=dp_rank,
+                       dp_size=LAYOUT[module].dp, layout={"dp": LAYOUT.dp_sizes}, label="video", device="cpu",
+                       regions=module_regions(module), counters=module_counters(module) if module != LANGUAGE else ())
+        torch.manual_seed(rank)
+        net = torch.nn.Sequential(torch.nn.Linear(32, 256), torch.nn.Tanh(), torch.nn.Linear(256, 1))
+        net(torch.randn(max(steps), 32)).sum().backward()  # warm, untimed
+        timer = attach_module_timer(net, rec, name=module)
+        for rows in steps:
+            net(torch.randn(rows, 32)).sum().backward()
+            if module == VIDEO:
+                rec.add(samples=4, **{f"{VIDEO}_items": 1, f"{VIDEO}_rows": rows, f"{VIDEO}_sq_rows": rows * rows})
+            else:
+                rec.add(samples=8, tokens=rows, sq_tokens=rows * rows)
+            rec.end_step()
+        timer.remove()
+        rec.close()
+
+
+def test_a_video_encoder_is_profiled_calibrated_and_reported(tmp_path):
+    from mimo_accel.profiler import read_run
+    from mimo_accel.tools import report
+    from mimo_accel.tools.calibrate import modules_in
+
+    base = np.random.default_rng(3).integers(1000, 3000, 6).tolist()  # a step's rows per replica
+    # replica 3 of the video encoder draws four times the others' rows in every step
+    work = {r: [b * (4 if r == 3 else 1) for b in base] for r in range(6)}
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the regions' clock is the calling thread's CPU time: all the work on it
+    try:
+        _profile_run(tmp_path, work)
+    finally:
+        torch.set_num_threads(threads)
+    run = read_run(tmp_path)
+    assert [run.ranks[r].module for r in range(6)] == [VIDEO] * 4 + [LANGUAGE] * 2 and not run.warnings
+    assert run.ranks[0].module_regions == ("video_fwd", "video_bwd")
+    assert modules_in(run) == [VIDEO, LANGUAGE]  # calibration fits the video encoder by its own counters
+
+    s = report.summarize(run)
+    assert s["module_order"] == [VIDEO, LANGUAGE] and s["per_module"][VIDEO]["replicas"] == 4
+    assert s["video_max_over_mean_p50"] > 1.5 and s["per_module"][VIDEO]["slowest"]["dp_rank"] == 3
+    assert s["video_time_mean"] == s["per_module"][VIDEO]["time_mean"] > 0
+    # the previous release's vision_* keys: the only encoder's, said so
+    assert s["vision_module"] == VIDEO and s["vision_max_over_mean_p50"] == s["video_max_over_mean_p50"]
+    assert any("the vision_* figures are those of the only encoder, 'video'" in w for w in s["warnings"])
+    out = io.StringIO()
+    report.render(s, console=Console(file=out, width=160))
+    text = out.getvalue()
+    assert "video straggler max/mean p50" in text and "Video encoder time per rank" in text
+    assert "slowest video: video DP replica 3 (rank 3)" in text
+    assert "vision straggler" not in text  # nothing is shown twice under the old name
+
+
+VIDEO_PROFILE = """
+[profile]
+name = "clips"
+description = "images, and videos on an encoder of their own"
+
+[images]
+count = { 0 = 0.5, 1 = 0.5 }
+height = { dist = "lognormal", median = 800, sigma = 0.5, min = 100, max = 2000 }
+width = { dist = "uniform", min = 200, max = 1200 }
+bytes_per_pixel = 0.3
+
+[text]
+tokens = { dist = "uniform", min = 50, max = 400 }
+
+[resize]
+patch_size = 16
+merge_size = 2
+min_pixels = 200704
+max_pixels = 1003520
+
+[video]
+count = { 0 = 0.6, 1 = 0.4 }
+frames = { dist = "uniform", min = 2, max = 32 }
+height = { dist = "choice", values = [360, 720], p = [0.5, 0.5] }
+width = 640
+
+[layout]
+micro_batch_size = 32
+seq_length = 32768
+vision = { dp = 4 }
+video = { dp = 2 }
+language = { tp = 2, dp = 4 }
+
+[rehearsal]
+steps = 2
+micro_batch_size = 8
+seq_length = 256
+vision = { dp = 2 }
+language = { dp = 2 }
+[rehearsal.images]
+height = 8
+width = 8
+[rehearsal.text]
+tokens = 32
+"""
+
+
+def test_a_workload_with_a_video_encoder_simulates(tmp_path):
+    from mimo_accel.tools import simulate as sim
+    from mimo_accel.workloads import load_profile
+
+    path = tmp_path / "clips.toml"
+    path.write_text(VIDEO_PROFILE)
+    prof = load_profile(path)
+    assert [(m.name, m.kind) for m in prof.modules] == [("vision", "image"), (VIDEO, "video"), (LANGUAGE, "text")]
+    t = prof.sample_table(500, seed=2)
+    video = t.encoders[VIDEO]
+    assert set(np.unique(video.items)) == {0, 1} and (video.rows[video.items == 0] == 0).all()
+    assert np.array_equal(t.tokens, t.placeholders["vision"] + t.placeholders[VIDEO] + t.text_tokens)
+    assert np.array_equal(t.placeholders[VIDEO], video.rows // 4) and (t.tokens <= prof.seq_length).all()
+    # one cost path: the simulation prices the video encoder as the planner does
+    model = CostModel(modules={VIDEO: ModuleCost(3.0, 1e-4)})
+    index = t.cost_index()
+    planned = CostIndexPlanner(index, model, prof.modules).costs(np.arange(len(t)))
+    assert all(np.array_equal(c, planned[m]) for m, c in sim.sample_costs(index, model, prof.modules).items())
+
+    doc = sim.simulate(prof, [2, 4, 8], steps=3, seed=1)
+    assert doc["modules"] == ["vision", VIDEO, LANGUAGE] and doc["kinds"][VIDEO] == "video"
+    for r in doc["rows"]:
+        mod = r["modules"]
+        assert mod["dps"][VIDEO] == max(1, r["dp"] // 2) and r["grid"] == Modules.from_dp_sizes(mod["dps"]).grid
+        for m in doc["modules"]:
+            assert mod["spread"][m]["bound"]["p50"] <= mod["spread"][m]["joint"]["p50"] + 1e-9
+        assert mod["worst"]["joint"]["p50"] <= mod["worst"]["contiguous"]["p50"] + 1e-9
+    out = io.StringIO()
+    sim.render(doc, Console(file=out, width=220))
+    assert all(f"vid{r['modules']['dps'][VIDEO]}" in out.getvalue() for r in doc["rows"])
+
+
+def test_the_profiler_places_an_encoder_it_was_not_shown_by_its_kind():
+    """On a language rank of a vision + video layout, an encoder submodule the step did not name is
+    the layout's encoder of its kind. megatron-core has no video submodule class: a stand-in."""
+    from mimo_accel.config import AccelConfig
+    from mimo_accel.runtime.profiling import Profiling
+    from mimo_accel.runtime.shard import ShardContext
+    from mimo_accel.runtime.state import Runtime
+
+    class VideoModalitySubmodules(torch.nn.Module):
+        pass
+
+    runtime = Runtime(AccelConfig(profile="unused"))
+    runtime.context = ShardContext(module=LANGUAGE, dp_rank=0, dp_size=2, grid=4,
+                                   dp_sizes={"vision": 4, VIDEO: 2, LANGUAGE: 2})
+    profiling = Profiling(runtime)
+    try:
+        assert profiling.module_of(VideoModalitySubmodules()) == VIDEO
+        assert runtime.notices() == {}
+    finally:
+        profiling.close()
+
+
+@pytest.mark.parametrize("bad, where", [
+    (VIDEO_PROFILE.replace("video = { dp = 2 }\n", ""), "layout.video: missing (the profile has a [video] encoder)"),
+    (VIDEO_PROFILE.replace("width = 640\n", "width = 1\n"), "video: a frame could have an aspect ratio above 200"),
+    (VIDEO_PROFILE.replace("seq_length = 32768", "seq_length = 4096"), "video tokens"),
+])
+def test_a_bad_video_section_names_the_key(tmp_path, bad, where):
+    from mimo_accel.workloads import ProfileError, load_profile
+
+    path = tmp_path / "clips.toml"
+    path.write_text(bad)
+    with pytest.raises(ProfileError) as info:
+        load_profile(path)
+    assert where in str(info.value)
