@@ -21,9 +21,8 @@ from mimo_accel.runtime import exchange as ex
 from mimo_accel.rehearse import stack as st
 from mimo_accel.costs import CostIndex, CostModel
 from mimo_accel.costs.resize import FixedPatches
-from mimo_accel.modules import Modules
 from mimo_accel.planner import CostIndexPlanner, plan_costs
-from mimo_accel.grid import canonical_grid, owned_groups, replica_samples
+from mimo_accel.grid import owned_groups, replica_samples
 from mimo_accel.runtime.shard import SHARD_TAG_KEY, ShardContext
 from mimo_accel.rehearse.ranks import LANGUAGE, VISION, Modules, layout_of, module, run_ranks
 
@@ -247,8 +246,7 @@ def test_vision_and_language_agree_group_by_group(results, name):
         return out
 
     vision, language = groups_of(VISION), groups_of(LANGUAGE)
-    assert vision == language and len(vision) == STEPS * canonical_grid(
-        [LAYOUTS[name].vision.dp, LAYOUTS[name].language.dp])
+    assert vision == language and len(vision) == STEPS * LAYOUTS[name].grid
 
 
 @pytest.mark.distributed
