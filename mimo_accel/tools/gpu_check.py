@@ -68,6 +68,7 @@ from typing import Any, Optional
 import numpy as np
 
 from mimo_accel.costs._files import atomic_write
+from mimo_accel.modules import LANGUAGE
 from mimo_accel.profiler import json_safe  # NaN / inf as null: the file stays strict JSON
 from mimo_accel.tools.arguments import TRACEBACK_ENV, UsageError, fail, one_line, output_dir, parse
 
@@ -76,7 +77,7 @@ __all__ = ["CHECKS", "Check", "main"]
 PROG = "mimo-accel gpu-check"
 FORMAT = "mimo-accel-gpu-check/1"
 PASS, FAIL, RAN = "pass", "fail", "ran"  # ran: a CPU stand-in, its gate judged on CUDA only
-VISION, LANGUAGE = "vision", "language"
+VISION = "vision"
 
 
 @dataclass
