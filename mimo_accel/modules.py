@@ -106,9 +106,8 @@ class Modules:
     def from_parallelism(cls, parallelism_config: Any, kinds: Optional[Mapping[str, str]] = None) -> "Modules":
         """From Bridge's ``MegatronMIMOParallelismConfig`` (its ``module_parallelisms``)."""
         kinds = kinds or {}
-        return cls(tuple(module(name, p.data_parallel_size, kind=kinds.get(name),
-                                tp=getattr(p, "tensor_model_parallel_size", 1) or 1,
-                                pp=getattr(p, "pipeline_model_parallel_size", 1) or 1)
+        return cls(tuple(module(name, p.data_parallel_size, kind=kinds.get(name), tp=p.tensor_model_parallel_size,
+                                pp=p.pipeline_model_parallel_size)
                          for name, p in parallelism_config.module_parallelisms.items()))
 
     def __iter__(self) -> Iterator[Module]:

@@ -24,7 +24,7 @@ and, for every module of the layout (each encoder and the language model), each 
 spread under four plans side by side (``rows[].modules``, the table "Every module's replica
 spread"): ``contiguous``; ``lpt`` (#4608's method: :func:`~mimo_accel.balance.lpt_order` on the
 lead encoder's cost); ``encoder_only`` (:func:`~mimo_accel.balance.balanced_order` on the lead
-encoder's cost, as the planner shipped before per-module balancing: the ``balanced`` plan above);
+encoder's cost alone: the ``balanced`` plan above);
 ``joint`` (:func:`mimo_accel.balance.balance_modules` over every module), with each module's bound
 (:func:`~mimo_accel.balance.module_bounds`), the worst module's spread and the plan times of the
 encoder-only and the joint plan. Replica loads and spreads are :func:`~mimo_accel.balance.group_costs`
@@ -158,13 +158,12 @@ PLANNERS = ("contiguous", "lpt", "balanced")
 _LABELS = {"contiguous": "contiguous (upstream)", "lpt": "LPT (upstream PR)", "balanced": "balanced (ours)"}
 #: The plans every module's spread is given for (``rows[].modules``): upstream's contiguous split,
 #: #4608's LPT on the lead encoder's cost, the encoder-only plan (``balanced_order`` on the lead
-#: encoder's cost, as the planner shipped before per-module balancing) and the joint plan
-#: (``balance_modules``).
+#: encoder's cost alone) and the joint plan (``balance_modules``).
 MODULE_PLANNERS = ("contiguous", "lpt", "encoder_only", "joint")
 _MODULE_LABELS = {"contiguous": "contiguous", "lpt": "LPT (#4608)", "encoder_only": "{lead}-only",
                   "joint": "joint (ours)"}
-#: The JSON keys of the previous release, kept as aliases of the per-module keys for one release
-#: (docs/compatibility.md): the lead encoder was always named "vision" there.
+#: Per-module plan names -> the names that said "vision" for the lead encoder, kept beside them
+#: for one release (docs/compatibility.md).
 VISION_ALIASES = {"encoder_only": "vision_only", "balanced_replicas": "balanced_vision"}
 
 

@@ -753,8 +753,8 @@ def parse_profile(doc: Mapping[str, Any], *, path: Path | None = None, name: str
 
     # [layout]
     lt = ck.table(doc["layout"], "layout",
-                  {"micro_batch_size", "seq_length", "vision", "language", "audio", "video"},
-                  {"micro_batch_size", "seq_length", "vision", "language"})
+                  {"micro_batch_size", "seq_length", VISION, LANGUAGE, AUDIO, VIDEO},
+                  {"micro_batch_size", "seq_length", VISION, LANGUAGE})
     _check_module(ck, lt, AUDIO, audio is not None, "the clips")
     _check_module(ck, lt, VIDEO, video is not None, "the videos")
     modules, micro_batch_size, seq_length = ck.layout(lt, "layout")
@@ -826,9 +826,9 @@ def _parse_audio(ck: _Checker, value: Any) -> AudioProfile:
 
 def _parse_rehearsal(ck: _Checker, value: Any, main_count: Dist) -> Rehearsal:
     key = "rehearsal"
-    t = ck.table(value, key, {"steps", "micro_batch_size", "seq_length", "merge_size", "vision", "language",
+    t = ck.table(value, key, {"steps", "micro_batch_size", "seq_length", "merge_size", VISION, LANGUAGE,
                               "images", "text"},
-                 {"steps", "micro_batch_size", "seq_length", "vision", "language", "text"})
+                 {"steps", "micro_batch_size", "seq_length", VISION, LANGUAGE, "text"})
     steps = ck.integer(t["steps"], f"{key}.steps", 1)
     modules, micro_batch_size, seq_length = ck.layout(t, key)
     if seq_length > REHEARSAL_MAX_SEQ_LENGTH:
