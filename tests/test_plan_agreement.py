@@ -177,7 +177,7 @@ def test_exchange_mode_stops_the_rank_whose_plan_differs_before_it_trains_it():
     # whichever rank planned micro-batch 5 first, a rank on the other side of it stops there, before
     # handing it on: the language rank 2 (its plan differs), or the vision ranks if rank 2 was first
     stopped = [rank for rank, (_, error) in enumerate(out) if error is not None]
-    assert stopped in ([2], [0, 1], [0], [1]), out
+    assert stopped in ([2], [0, 1]), out
     for rank in stopped:
         ids, error = out[rank]
         assert ids == agreed[rank][0][:DIFFER_FROM]  # micro-batches 0-4 as agreed; micro-batch 5 never handed on
