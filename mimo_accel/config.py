@@ -23,6 +23,9 @@ ENV_REORDER_MODE = "MIMO_ACCEL_REORDER_MODE"
 ENV_PAD_MULTIPLE = "MIMO_ACCEL_PAD_MULTIPLE"
 ENV_REORDER_WINDOW = "MIMO_ACCEL_REORDER_WINDOW"
 ENV_STRICT_GRADIENTS = "MIMO_ACCEL_STRICT_GRADIENTS"  # 1: refuse what would change the gradient
+ENV_CALIBRATE_ONLINE = "MIMO_ACCEL_CALIBRATE_ONLINE"  # 0: the cost model stays as configured
+ENV_ALLOW_UNTESTED = "MIMO_ACCEL_ALLOW_UNTESTED"  # 1: patch an untested upstream as the nearest shape
+ENV_TRACEBACK = "MIMO_ACCEL_TRACEBACK"  # 1: a command's error with its traceback (tools/arguments.py)
 
 #: The option each MIMO_ACCEL_<FIELD> variable sets (the switches come from MIMO_ACCEL's words).
 ENV_OPTIONS = {
@@ -33,9 +36,19 @@ ENV_OPTIONS = {
     "reorder_window": ENV_REORDER_WINDOW,
     "pad_multiple": ENV_PAD_MULTIPLE,
     "strict_gradients": ENV_STRICT_GRADIENTS,
+    "calibrate_online": ENV_CALIBRATE_ONLINE,
 }
 #: Every variable an AccelConfig is read from (what `mimo-accel run --config` replaces).
 CONFIG_ENV = (ENV_FEATURES, ENV_COST_OLD) + tuple(ENV_OPTIONS.values())
+#: The other variables mimo_accel reads, and what each is for: with CONFIG_ENV, every name it knows.
+OTHER_ENV = {
+    ENV_ALLOW_UNTESTED: "1: patch an untested megatron-bridge/megatron-core pair as the nearest shape",
+    "MIMO_ACCEL_CACHE_DIR": "where derived cost indexes are cached",
+    ENV_TRACEBACK: "1: a mimo-accel command's error with its traceback",
+    "MIMO_ACCEL_PROFILE_LABEL": "the label a profiler run records (set by mimo-accel rehearse)",
+    "MIMO_ACCEL_IMPORT_LOG": "where a rehearsal's forkserver writes its import output (set by mimo-accel rehearse)",
+}
+KNOWN_ENV = CONFIG_ENV + tuple(OTHER_ENV)
 
 # MIMO_ACCEL=<comma list>: the words users write, and the fields they turn on.
 FEATURE_WORDS = {
@@ -50,7 +63,19 @@ ALL_WORDS = ("all",)
 OFF_WORDS = ("", "0", "off", "none", "false")
 REORDER_MODES = ("plan", "exchange")
 SWITCHES = ("sharded_reads", "reorder", "packing")
-FLAGS = SWITCHES + ("strict_gradients",)  # every True/False option
+FLAGS = SWITCHES + ("strict_gradients", "calibrate_online")  # every True/False option
+TRUE_WORDS, FALSE_WORDS = ("1", "true", "on", "yes"), ("0", "false", "off", "no")
+# An option -> the feature it acts in (an option set away from its default while its feature is
+# off is warned, never silently ignored).
+ACTS_IN = {
+    "reorder_mode": "reorder",
+    "reorder_window": "reorder",
+    "cost_model": "reorder",
+    "cost_index": "reorder",
+    "strict_gradients": "reorder",
+    "calibrate_online": "reorder",
+    "pad_multiple": "packing",
+}
 DEFAULT_PROFILE_DIR = "mimo-accel-profile"  # MIMO_ACCEL=profile without MIMO_ACCEL_PROFILE
 
 
@@ -81,6 +106,9 @@ class AccelConfig:
     strict_gradients: refuse (an error naming the fix) a reorder that would change the gradient,
         not only who computes it: with the language model's ``calculate_per_token_loss=False``
         each language replica's loss is a mean over its own tokens. Off: said once.
+    calibrate_online: with ``reorder``, the cost model refits itself from the profiler's module
+        times while training (starting from ``cost_model`` or the defaults); False pins it. No
+        effect without reorder.
     """
 
     sharded_reads: bool = False
@@ -93,6 +121,7 @@ class AccelConfig:
     pad_multiple: int = 1
     profile: Optional[str] = None
     strict_gradients: bool = False
+    calibrate_online: bool = True
 
     def __post_init__(self) -> None:
         for name in FLAGS:
@@ -134,6 +163,21 @@ class AccelConfig:
                               f"{[f.name for f in dataclasses.fields(self)]}")
         return dataclasses.replace(self, **changes)
 
+    def without_effect(self) -> list[str]:
+        """One line for each option set away from its default that its feature is off for
+        (``enable()`` warns them, ``mimo-accel run`` / ``env`` print them)."""
+        lines = []
+        for name, feature in ACTS_IN.items():
+            value = getattr(self, name)
+            if value == getattr(AccelConfig, name):
+                continue
+            if not getattr(self, feature):
+                lines.append(f"{name}={value!r} has no effect without {feature}: turn {feature} on, or drop {name}")
+            elif name == "cost_index" and self.reorder_mode != "plan":
+                lines.append(f"cost_index={value!r} has no effect with reorder_mode={self.reorder_mode!r} (it prices "
+                             "samples after decoding them): drop cost_index, or set reorder_mode=plan")
+        return lines
+
     def check_files(self) -> None:
         """The files the options name exist (``enable()`` calls it): ConfigError naming the fix."""
         if self.cost_model is not None and not Path(self.cost_model).is_file():
@@ -167,11 +211,13 @@ class AccelConfig:
             changes["cost_index"] = env[ENV_COST_INDEX]
         if env.get(ENV_REORDER_MODE):
             changes["reorder_mode"] = env[ENV_REORDER_MODE].strip().lower()
-        if env.get(ENV_STRICT_GRADIENTS):
-            raw_strict = env[ENV_STRICT_GRADIENTS].strip().lower()
-            if raw_strict not in ("0", "1", "true", "false", "on", "off", "yes", "no"):
-                raise ConfigError(f"{ENV_STRICT_GRADIENTS}={env[ENV_STRICT_GRADIENTS]!r}: expected 1 or 0")
-            changes["strict_gradients"] = raw_strict in ("1", "true", "on", "yes")
+        for name in ("strict_gradients", "calibrate_online"):
+            var = ENV_OPTIONS[name]
+            if env.get(var):
+                raw = env[var].strip().lower()
+                if raw not in TRUE_WORDS + FALSE_WORDS:
+                    raise ConfigError(f"{var}={env[var]!r}: expected 1 or 0")
+                changes[name] = raw in TRUE_WORDS
         for var, name in ((ENV_PAD_MULTIPLE, "pad_multiple"), (ENV_REORDER_WINDOW, "reorder_window")):
             if env.get(var):
                 try:
@@ -192,7 +238,7 @@ class AccelConfig:
         for name, var in ENV_OPTIONS.items():
             value = getattr(self, name)
             if value is not None and value != getattr(AccelConfig, name):
-                env[var] = str(value)
+                env[var] = ("1" if value else "0") if isinstance(value, bool) else str(value)
         return env
 
 
@@ -211,6 +257,56 @@ def switches_from_words(raw: str, where: str) -> dict:
             valid = sorted(set(FEATURE_WORDS) | set(ALL_WORDS)) + ["0 (off)"]
             raise ConfigError(f"{where}: unknown value {word!r}. Valid values (comma-separated): {', '.join(valid)}")
     return changes
+
+
+def allow_untested(environ: Optional[Mapping[str, str]] = None) -> bool:
+    """``MIMO_ACCEL_ALLOW_UNTESTED``: "1" allows an untested upstream; unset, "" or "0" do not."""
+    raw = (os.environ if environ is None else environ).get(ENV_ALLOW_UNTESTED, "").strip()
+    if raw not in ("", "0", "1"):
+        raise ConfigError(f"{ENV_ALLOW_UNTESTED}={raw!r}: use 1 (allow an untested megatron-bridge/"
+                          "megatron-core with the nearest shape) or 0 / unset (refuse it)")
+    return raw == "1"
+
+
+def unknown_variables(environ: Optional[Mapping[str, str]] = None) -> list[str]:
+    """One line for each ``MIMO_ACCEL*`` variable mimo_accel does not read (in any letter case),
+    naming the closest known one."""
+    import difflib
+
+    env = os.environ if environ is None else environ
+    lines = []
+    for name in sorted(env):
+        upper = name.upper()
+        if name in KNOWN_ENV or not (upper == ENV_FEATURES or upper.startswith(ENV_FEATURES + "_")):
+            continue
+        if upper in KNOWN_ENV:  # only the letter case differs
+            close = [upper]
+        else:  # the part after MIMO_ACCEL_ decides (every name shares the prefix)
+            prefix = ENV_FEATURES + "_"
+            suffixes = {var[len(prefix):]: var for var in KNOWN_ENV if var.startswith(prefix)}
+            typed = upper[len(prefix):]
+            close = [suffixes[m] for m in difflib.get_close_matches(typed, suffixes, n=1, cutoff=0.6)]
+            if not close and typed:  # a part of one name (MIMO_ACCEL_PAD), or the CLI's word for the switches
+                close = [var for suffix, var in suffixes.items() if suffix.startswith(typed)
+                         or typed in suffix.split("_")]
+                close = close if len(close) == 1 else [ENV_FEATURES] if typed in ("FEATURES", "FEATURE") else []
+        hint = f"did you mean {close[0]}?" if close else f"the variables are {', '.join(KNOWN_ENV)}"
+        lines.append(f"{name} is not a mimo_accel variable ({hint})")
+    return lines
+
+
+def check_environment(environ: Mapping[str, str]) -> "AccelConfig":
+    """Every ``MIMO_ACCEL*`` variable of a job's environment, before the job starts: the config
+    they describe, or ConfigError for an unknown name or a bad value (``mimo-accel run`` / ``env``)."""
+    unknown = unknown_variables(environ)
+    if unknown:
+        raise ConfigError("; ".join(unknown) + ": rename or unset it")
+    allow_untested(environ)
+    raw = environ.get(ENV_TRACEBACK, "").strip()
+    if raw not in ("", "0", "1"):
+        raise ConfigError(f"{ENV_TRACEBACK}={raw!r}: use 1 (a mimo-accel command's error with its traceback) or "
+                          "0 / unset")
+    return AccelConfig.from_env(environ)
 
 
 def resolve(config: Optional[AccelConfig], overrides: Mapping[str, object],

@@ -17,10 +17,18 @@ section of a YAML file and ``key=value`` overrides, the way Megatron Bridge read
 
 The section is merged into an OmegaConf structured config of ``AccelConfig`` (interpolations such as
 ``${oc.env:RUN_DIR}`` or ``${logger.tensorboard_dir}`` resolve against the whole file), then the
-overrides, OmegaConf's dotlist (``packing=true``, ``mimo_accel.pad_multiple=2``, ``profile=null``).
+overrides, in order, in the grammar of Bridge's ``process_config_with_overrides`` (Hydra's), values
+parsed as OmegaConf parses a dotlist (YAML scalars):
+
+- ``key=value`` sets an option (``packing=true``, ``mimo_accel.pad_multiple=2``, ``profile=null``);
+- ``+key=value`` and ``++key=value`` set it too: every option always exists (with its default), so
+  Bridge's "add" and "add or override" are both "set" here;
+- ``~key`` puts the option back to its default; ``~key=value`` does so only where it is ``value``
+  (else an error, as Hydra's).
+
 Defaults < file < overrides; the ``MIMO_ACCEL*`` environment is not read (``mimo-accel run --config``
 exports the result for the job). Every error is a :class:`~mimo_accel.config.ConfigError` that names
-the option, where its value came from, and what to write instead.
+the option, where its value came from, and what to write instead (an unknown key: the closest one).
 """
 
 from __future__ import annotations
@@ -28,27 +36,47 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+from dataclasses import dataclass
 from typing import Iterable, Optional, Union
 
 from mimo_accel.config import FLAGS, AccelConfig, ConfigError
 
-__all__ = ["SECTION", "load_config", "parse_overrides"]
+__all__ = ["SECTION", "Override", "is_override", "load_config", "parse_overrides"]
 
 SECTION = "mimo_accel"
 FIELDS = tuple(f.name for f in dataclasses.fields(AccelConfig))
 INTS = ("reorder_window", "pad_multiple")
-_OVERRIDE = re.compile(r"^(?P<key>[A-Za-z_][A-Za-z0-9_.]*)=(?P<value>.*)$", re.S)
+_OVERRIDE = re.compile(r"^(?P<op>\+\+|\+|~)?(?P<key>[A-Za-z_][A-Za-z0-9_.]*)(?:=(?P<value>.*))?$", re.S)
+
+
+@dataclass(frozen=True)
+class Override:
+    """One parsed override: ``set`` (``key=value``, ``+key=value``, ``++key=value``) or ``reset``
+    (``~key``; with ``value``: only where the option has that value)."""
+
+    token: str
+    op: str  # "set" | "reset"
+    key: str
+    value: object = None
+    has_value: bool = True
 
 
 def is_override(token: str) -> bool:
-    """Whether a command-line word is a ``key=value`` override (``mimo-accel run`` / ``env``)."""
-    return _OVERRIDE.match(token) is not None
+    """Whether a command-line word is an override (``mimo-accel run`` / ``env``): ``key=value``,
+    ``+key=value``, ``++key=value``, ``~key`` or ``~key=value``."""
+    m = _OVERRIDE.match(token)
+    return m is not None and (m["value"] is not None or m["op"] == "~")
 
 
 def _key(raw: str, where: str) -> str:
     key = raw[len(SECTION) + 1:] if raw.startswith(SECTION + ".") else raw
     if key not in FIELDS:
-        raise ConfigError(f"{where}: {raw!r} is not a mimo_accel option; options: {', '.join(FIELDS)}")
+        import difflib
+
+        known = list(FIELDS) + [f"{SECTION}.{f}" for f in FIELDS]
+        close = difflib.get_close_matches(raw, known, n=1, cutoff=0.6)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        raise ConfigError(f"{where}: {raw!r} is not a mimo_accel option; {hint}options: {', '.join(FIELDS)}")
     return key
 
 
@@ -64,22 +92,48 @@ def _check_value(key: str, value, where: str) -> None:
         raise ConfigError(f"{where}: {SECTION}.{key} must be {what}, got {value!r}")
 
 
-def parse_overrides(overrides: Iterable[str]) -> dict:
-    """``["packing=true", "mimo_accel.pad_multiple=2"]`` -> ``{"packing": True, "pad_multiple": 2}``
-    (values parsed as OmegaConf parses a dotlist: YAML scalars)."""
+def _value(text: str):
     from omegaconf import OmegaConf
 
-    parsed: dict = {}
+    return OmegaConf.to_container(OmegaConf.from_dotlist([f"v={text}"]))["v"]
+
+
+def parse_overrides(overrides: Iterable[str]) -> list[Override]:
+    """``["packing=true", "+mimo_accel.pad_multiple=2", "~reorder_window"]`` -> their :class:`Override`
+    (values parsed as OmegaConf parses a dotlist: YAML scalars), each checked."""
+    parsed = []
     for token in overrides:
-        m = _OVERRIDE.match(str(token))
-        if m is None:
-            raise ConfigError(f"override {token!r}: write key=value, e.g. packing=true or pad_multiple=2")
+        token = str(token)
+        m = _OVERRIDE.match(token)
+        if m is None or (m["value"] is None and m["op"] != "~"):
+            raise ConfigError(f"override {token!r}: write key=value (or Bridge's +key=value, ++key=value, ~key), "
+                              "e.g. packing=true or pad_multiple=2")
         where = f"override {token!r}"
         key = _key(m["key"], where)
-        value = OmegaConf.to_container(OmegaConf.from_dotlist([f"v={m['value']}"]))["v"]
+        if m["op"] == "~":
+            has_value = m["value"] is not None
+            value = _value(m["value"]) if has_value else None
+            parsed.append(Override(token, "reset", key, value, has_value))
+            continue
+        value = _value(m["value"])
         _check_value(key, value, where)
-        parsed[key] = value
+        parsed.append(Override(token, "set", key, value))
     return parsed
+
+
+def _apply(section: dict, overrides: list[Override], base: AccelConfig) -> dict:
+    """The section's values with the overrides applied in order (a reset writes the default)."""
+    out = dict(section)
+    for o in overrides:
+        if o.op == "set":
+            out[o.key] = o.value
+            continue
+        current = out.get(o.key, getattr(base, o.key))
+        if o.has_value and current != o.value:
+            raise ConfigError(f"override {o.token!r}: {SECTION}.{o.key} is {current!r}, not {o.value!r}; write "
+                              f"~{o.key} to reset it whatever it is")
+        out[o.key] = getattr(AccelConfig, o.key)
+    return out
 
 
 def _read_section(path: Union[str, os.PathLike]) -> dict:
@@ -125,12 +179,12 @@ def load_config(path: Union[str, os.PathLike, None] = None, overrides: Iterable[
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
-    section = _read_section(path) if path is not None else {}
-    changes = parse_overrides(overrides)
-    schema = OmegaConf.structured(base if base is not None else AccelConfig)
+    base = base if base is not None else AccelConfig()
+    section = _apply(_read_section(path) if path is not None else {}, parse_overrides(overrides), base)
+    schema = OmegaConf.structured(base)
     OmegaConf.set_readonly(schema, False)  # AccelConfig is frozen; the merged result is rebuilt from it
     try:
-        merged = OmegaConf.merge(schema, section, changes)
+        merged = OmegaConf.merge(schema, section)
         return OmegaConf.to_object(merged)
     except OmegaConfBaseException as exc:  # a value OmegaConf cannot convert (_check_value catches most)
         key = getattr(exc, "full_key", None) or "?"

@@ -5,6 +5,7 @@ structured config of AccelConfig, ``key=value`` overrides, the environment round
 from __future__ import annotations
 
 import dataclasses
+import logging
 
 import pytest
 
@@ -146,3 +147,172 @@ def test_one_name_per_setting_and_the_earlier_cost_variable():
         AccelConfig.from_env({"MIMO_ACCEL_COST_MODEL": "a.json", "MIMO_ACCEL_COST": "b.json"})
     with pytest.raises(ConfigError, match="MIMO_ACCEL_PAD_MULTIPLE: pad_multiple must be a positive integer"):
         AccelConfig.from_env({"MIMO_ACCEL_PAD_MULTIPLE": "0"})
+
+
+# -- calibrate_online: one setting, every way in -------------------------------------------------
+
+
+def test_calibrate_online_is_on_by_default_and_set_every_way(tmp_path):
+    assert AccelConfig().calibrate_online is True
+    assert AccelConfig.from_env({"MIMO_ACCEL": "reorder", "MIMO_ACCEL_CALIBRATE_ONLINE": "0"}).calibrate_online is False
+    assert AccelConfig.from_env({"MIMO_ACCEL_CALIBRATE_ONLINE": "1"}).calibrate_online is True
+    path = _yaml(tmp_path, "mimo_accel: {reorder: true, calibrate_online: false}\n")
+    assert mimo_accel.load_config(path).calibrate_online is False
+    assert mimo_accel.load_config(path, ["calibrate_online=true"]).calibrate_online is True
+    pinned = AccelConfig(reorder=True, calibrate_online=False)
+    assert pinned.to_env()["MIMO_ACCEL_CALIBRATE_ONLINE"] == "0"
+    assert AccelConfig.from_env(pinned.to_env()) == pinned
+    # in what the plan-input check digests (runtime/loaders.py: asdict minus profile)
+    assert dataclasses.asdict(pinned)["calibrate_online"] is False
+
+
+@pytest.mark.parametrize("make, words", [
+    (lambda: AccelConfig(calibrate_online="no"), "calibrate_online must be True or False, got 'no'"),
+    (lambda: AccelConfig.from_env({"MIMO_ACCEL_CALIBRATE_ONLINE": "sometimes"}),
+     "MIMO_ACCEL_CALIBRATE_ONLINE='sometimes': expected 1 or 0"),
+    (lambda: mimo_accel.load_config(overrides=["calibrate_online=2"]), "mimo_accel.calibrate_online must be true or false"),
+])
+def test_calibrate_online_is_validated_like_the_other_switches(make, words):
+    with pytest.raises(ConfigError, match=words.replace("(", r"\(").replace(")", r"\)")):
+        make()
+
+
+# -- Bridge's override grammar (process_config_with_overrides: Hydra's) --------------------------
+
+
+def test_bridge_override_grammar_sets_and_resets_in_order(tmp_path):
+    path = _yaml(tmp_path, "mimo_accel: {reorder: true, reorder_window: 4, pad_multiple: 2}\n")
+    cfg = mimo_accel.load_config(path, ["+packing=true", "++mimo_accel.pad_multiple=8", "~reorder_window",
+                                        "+mimo_accel.profile=runs/x", "~profile=runs/x", "~pad_multiple=8",
+                                        "strict_gradients=true"])
+    assert cfg == AccelConfig(reorder=True, packing=True, strict_gradients=True)
+    # ~key=value only where the option has that value, as Hydra's delete
+    with pytest.raises(ConfigError, match=r"override '~reorder_window=2': mimo_accel.reorder_window is 4, not 2"):
+        mimo_accel.load_config(path, ["~reorder_window=2"])
+    # a later override wins; a reset puts the default back over the base too
+    assert mimo_accel.load_config(overrides=["packing=true", "~packing"], base=AccelConfig(packing=True)) == AccelConfig()
+
+
+@pytest.mark.parametrize("yaml_text, overrides, words", [
+    ("mimo_accel: {}\n", ["reorder_windw=4"], "'reorder_windw' is not a mimo_accel option; did you mean 'reorder_window'?"),
+    ("mimo_accel: {}\n", ["+mimo_acel.packing=true"], "did you mean 'mimo_accel.packing'?"),
+    ("mimo_accel: {}\n", ["~calibrate_onlin"], "did you mean 'calibrate_online'?"),
+    ("mimo_accel: {reoder: true}\n", [], "'reoder' is not a mimo_accel option; did you mean 'reorder'?"),
+    ("mimo_accel: {}\n", ["+packing"], "override '+packing': write key=value (or Bridge's +key=value"),
+    ("mimo_accel: {}\n", ["++pad_multiple=0"], "pad_multiple must be a positive integer, got 0"),
+])
+def test_an_unknown_or_malformed_override_names_the_closest_key(tmp_path, yaml_text, overrides, words):
+    with pytest.raises(ConfigError) as err:
+        mimo_accel.load_config(_yaml(tmp_path, yaml_text), overrides)
+    assert words in str(err.value) and "\n" not in str(err.value)
+
+
+# -- the variables: every name known, a mistyped one said -----------------------------------------
+
+
+def test_every_mimo_accel_variable_the_package_reads_is_known():
+    """A variable named anywhere in the package (a string constant) is one config.KNOWN_ENV lists,
+    so enable() / run / env never call a real one unknown (the bootstrap's probe variable is set by
+    `mimo-accel run` for one question, never for a job: it is meant to be refused there)."""
+    import re
+    from pathlib import Path
+
+    from mimo_accel.config import KNOWN_ENV
+
+    root = Path(mimo_accel.__file__).parent
+    named = set()
+    for path in root.rglob("*.py"):
+        named |= set(re.findall(r"MIMO_ACCEL_[A-Z][A-Z0-9_]*[A-Z0-9]", path.read_text(encoding="utf-8")))
+    assert named - set(KNOWN_ENV) == {"MIMO_ACCEL_BOOTSTRAP_PROBE"}
+    usage = (root.parent / "docs" / "usage.md").read_text(encoding="utf-8")
+    assert [var for var in KNOWN_ENV if f"`{var}`" not in usage] == []  # every one documented
+
+
+@pytest.mark.parametrize("env, words", [
+    ({"MIMO_ACCEL_REODER_WINDOW": "2"}, "MIMO_ACCEL_REODER_WINDOW is not a mimo_accel variable (did you mean "
+                                        "MIMO_ACCEL_REORDER_WINDOW?)"),
+    ({"MIMO_ACCEL_COSTINDEX": "c.npz"}, "did you mean MIMO_ACCEL_COST_INDEX?"),
+    ({"MIMO_ACCEL_PROFIL": "runs/x"}, "did you mean MIMO_ACCEL_PROFILE?"),
+    ({"mimo_accel": "all"}, "mimo_accel is not a mimo_accel variable (did you mean MIMO_ACCEL?)"),
+    ({"MIMO_ACCEL_XYZZY": "1"}, "the variables are MIMO_ACCEL, "),
+])
+def test_an_unknown_variable_is_named_with_the_closest_known_one(env, words):
+    from mimo_accel.config import check_environment, unknown_variables
+
+    (line,) = unknown_variables(env)
+    assert words in line
+    with pytest.raises(ConfigError, match="rename or unset it"):
+        check_environment(env)
+    assert unknown_variables({"MIMO_ACCELERATOR": "x", "PATH": "/bin"}) == []  # not a MIMO_ACCEL* name
+
+
+@pytest.mark.parametrize("env, words", [
+    ({"MIMO_ACCEL_ALLOW_UNTESTED": "maybe"}, "MIMO_ACCEL_ALLOW_UNTESTED='maybe': use 1"),
+    ({"MIMO_ACCEL_TRACEBACK": "yes"}, "MIMO_ACCEL_TRACEBACK='yes': use 1"),
+    ({"MIMO_ACCEL_STRICT_GRADIENTS": "sure"}, "expected 1 or 0"),
+])
+def test_check_environment_checks_every_value(env, words):
+    from mimo_accel.config import check_environment
+
+    with pytest.raises(ConfigError, match=words):
+        check_environment(env)
+    assert check_environment({"MIMO_ACCEL_ALLOW_UNTESTED": "1", "MIMO_ACCEL_CACHE_DIR": "/c"}) == AccelConfig()
+
+
+def test_enable_warns_an_unknown_variable_once_with_the_closest_name(clean_engine, monkeypatch, caplog):
+    from mimo_accel.patching import engine
+
+    monkeypatch.setattr(engine, "_warned_variables", set())
+    monkeypatch.setenv("MIMO_ACCEL_REODER_WINDOW", "2")
+    with caplog.at_level(logging.WARNING, logger="mimo_accel"):
+        mimo_accel.enable(sharded_reads=True)
+        mimo_accel.enable(sharded_reads=True, packing=True)
+    said = [r.getMessage() for r in caplog.records if "REODER" in r.getMessage()]
+    assert said == ["mimo_accel: MIMO_ACCEL_REODER_WINDOW is not a mimo_accel variable (did you mean "
+                    "MIMO_ACCEL_REORDER_WINDOW?); it is ignored"]
+
+
+# -- enable(): what a new config turns off, and options that cannot act ---------------------------
+
+
+def test_a_second_enable_that_turns_features_off_says_which(clean_engine, caplog):
+    with caplog.at_level(logging.WARNING, logger="mimo_accel"):
+        mimo_accel.enable(reorder=True)
+        mimo_accel.enable(packing=True)
+    (line,) = [r.getMessage() for r in caplog.records if "turns off" in r.getMessage()]
+    assert line.startswith("mimo_accel: this enable() turns off sharded_reads, reorder, which an earlier enable() "
+                           "turned on")
+    assert "pass sharded_reads=True, reorder=True again" in line and "mimo_accel.disable() first" in line
+    assert mimo_accel.status()["active"] == ["packing"]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="mimo_accel"):
+        mimo_accel.enable(packing=True, reorder=True)  # adds only: nothing to say
+        mimo_accel.disable()
+        mimo_accel.enable(sharded_reads=True)  # after disable(): a fresh start
+    assert not [r for r in caplog.records if "turns off" in r.getMessage()]
+
+
+@pytest.mark.parametrize("kwargs, words", [
+    (dict(reorder_window=4), ["reorder_window=4 has no effect without reorder: turn reorder on, or drop reorder_window"]),
+    (dict(packing=True, reorder_mode="exchange", calibrate_online=False),
+     ["reorder_mode='exchange' has no effect without reorder", "calibrate_online=False has no effect without reorder"]),
+    (dict(sharded_reads=True, pad_multiple=2), ["pad_multiple=2 has no effect without packing"]),
+    (dict(reorder=True, reorder_mode="exchange", cost_index="{d}/c.npz"),
+     ["cost_index='{d}/c.npz' has no effect with reorder_mode='exchange'"]),
+])
+def test_an_option_without_its_feature_is_warned(clean_engine, tmp_path, caplog, kwargs, words):
+    (tmp_path / "c.npz").write_bytes(b"")
+    kwargs = {k: v.format(d=tmp_path) if isinstance(v, str) else v for k, v in kwargs.items()}
+    with caplog.at_level(logging.WARNING, logger="mimo_accel"):
+        mimo_accel.enable(**kwargs)
+    said = [r.getMessage() for r in caplog.records if "has no effect" in r.getMessage()]
+    assert len(said) == len(words), said
+    for line, w in zip(said, words):
+        assert line.startswith(f"mimo_accel: {w.format(d=tmp_path)}"), line
+
+
+def test_options_with_their_feature_on_are_not_warned(clean_engine, caplog):
+    with caplog.at_level(logging.WARNING, logger="mimo_accel"):
+        mimo_accel.enable(reorder=True, reorder_window=2, strict_gradients=True, calibrate_online=False,
+                          packing=True, pad_multiple=2)
+    assert not [r for r in caplog.records if "has no effect" in r.getMessage()]

@@ -123,3 +123,16 @@ def test_against_this_bridges_own_feature_config(enabled):
     assert _setup_with(_container(own())) is True  # upstream's default: reorder only on scalable_dp reads
     assert _setup_with(_container(own(scalable_dp=True))) is False
     assert runtime.config.reorder is False and STEPPED_ASIDE in runtime.notices()
+
+
+def test_stepping_aside_does_not_warn_about_reorder_options(enabled, caplog):
+    """Reorder's options lose their effect when mimo_accel's reorder steps aside, but the step-aside
+    notice already says why: no "has no effect" warning on top (enable() warns those, for the config
+    it is given)."""
+    with caplog.at_level(logging.WARNING, logger="mimo_accel"):
+        runtime = enabled(reorder=True, reorder_window=4, strict_gradients=True, calibrate_online=False)
+        assert _setup_with(_container(MegatronMIMOFeatureConfig(scalable_dp=True))) is False
+    said = [r.getMessage() for r in caplog.records]
+    assert STEPPED_ASIDE in runtime.notices() and any("steps aside" in m for m in said)
+    assert runtime.config.without_effect()  # the config it rebuilt would be warned, were it enabled
+    assert not [m for m in said if "has no effect" in m]

@@ -31,7 +31,8 @@ from typing import Any, Callable, Optional
 
 import wrapt
 
-from mimo_accel.config import AccelConfig, ConfigError
+from mimo_accel.config import AccelConfig
+from mimo_accel.config import allow_untested as config_allow_untested
 from mimo_accel.patching import registry
 from mimo_accel.patching import targets as T
 from mimo_accel.patching.swaps import SwapSet
@@ -61,6 +62,7 @@ _lock = threading.RLock()
 _swaps = SwapSet()
 _state = _State()
 _warned_untested: set = set()  # (bridge, core) pairs already warned about in this process (untested, patch)
+_warned_variables: set = set()  # unknown MIMO_ACCEL* names already warned about in this process
 logger = logging.getLogger("mimo_accel")
 
 
@@ -80,11 +82,7 @@ def installed_versions() -> tuple[Optional[str], Optional[str]]:
 
 def allow_untested(environ=None) -> bool:
     """``MIMO_ACCEL_ALLOW_UNTESTED``: "1" allows an untested upstream; unset, "" or "0" do not."""
-    raw = (os.environ if environ is None else environ).get(T.ALLOW_UNTESTED_ENV, "").strip()
-    if raw not in ("", "0", "1"):
-        raise ConfigError(f"{T.ALLOW_UNTESTED_ENV}={raw!r}: use 1 (allow an untested megatron-bridge/"
-                          "megatron-core with the nearest shape) or 0 / unset (refuse it)")
-    return raw == "1"
+    return config_allow_untested(environ)
 
 
 def check_versions(m: T.Match) -> T.Shape:
@@ -251,10 +249,38 @@ def _on_import(site: str, generation: int) -> Callable[[Any], None]:
     return hook
 
 
+def _warn_unknown_variables() -> None:
+    """A mistyped MIMO_ACCEL* name would be ignored: said once per name and process."""
+    from mimo_accel.config import unknown_variables
+
+    for line in unknown_variables(os.environ):
+        name = line.split(" ", 1)[0]
+        if name not in _warned_variables:
+            _warned_variables.add(name)
+            logger.warning("mimo_accel: %s; it is ignored", line)
+
+
+def _warn_changes(previous: AccelConfig, cfg: AccelConfig) -> None:
+    """What a new config silently drops or cannot use: the features an earlier enable() turned on
+    that this one turns off, and options whose feature is off."""
+    if _state.runtime is not None:
+        off = [name for name in previous.features() if name not in cfg.features()]
+        if off:
+            logger.warning("mimo_accel: this enable() turns off %s, which an earlier enable() turned on (each "
+                           "call replaces the whole config): pass %s again to keep %s, or call "
+                           "mimo_accel.disable() first", ", ".join(off),
+                           ", ".join(f"{name}=True" if name != "profile" else "profile=DIR" for name in off),
+                           "it" if len(off) == 1 else "them")
+    for line in cfg.without_effect():
+        logger.warning("mimo_accel: %s", line)
+
+
 def enable(cfg: AccelConfig) -> AccelConfig:
     with _lock:
+        _warn_unknown_variables()
         if cfg == _state.config and (_state.generation or not cfg.any_feature):
             return cfg
+        _warn_changes(_state.config, cfg)
         _disable_locked()
         if not cfg.any_feature:
             _state.config = cfg

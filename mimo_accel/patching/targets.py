@@ -30,6 +30,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+from mimo_accel.config import ENV_ALLOW_UNTESTED
+
 DP_UTILS = "megatron.bridge.data.megatron_mimo.dp_utils"
 LOADERS = "megatron.bridge.data.megatron_mimo.loaders"
 DATA_PKG = "megatron.bridge.data.megatron_mimo"
@@ -211,7 +213,7 @@ INTERNALS = (
              "collate's min/max pixels (datasets/direct_sft.py)", ("reorder",), instance=True),
 )
 
-ALLOW_UNTESTED_ENV = "MIMO_ACCEL_ALLOW_UNTESTED"
+ALLOW_UNTESTED_ENV = ENV_ALLOW_UNTESTED
 SUPPORTED = "; ".join(shape.describe() for shape in SHAPES)
 
 

@@ -21,9 +21,10 @@ BOOTSTRAP_DIR = Path(__file__).resolve().parents[1] / "_bootstrap"
 def job_config(environ: dict, features: Optional[str] = None, config_file: Optional[str] = None,
                overrides: Sequence[str] = ()):
     """The AccelConfig a job gets: ``config_file``'s ``mimo_accel:`` section (else the ``MIMO_ACCEL*``
-    environment), then ``--features`` (the switches, as ``MIMO_ACCEL`` words), then the overrides."""
+    environment), then ``--features`` (the switches, as ``MIMO_ACCEL`` words), then the overrides
+    (Bridge's grammar: ``key=value``, ``+key=value``, ``++key=value``, ``~key``)."""
     from mimo_accel.config import DEFAULT_PROFILE_DIR, ENV_FEATURES, SWITCHES, AccelConfig, switches_from_words
-    from mimo_accel.config_file import load_config, parse_overrides
+    from mimo_accel.config_file import load_config
 
     if config_file is not None:
         cfg = load_config(config_file)
@@ -33,16 +34,16 @@ def job_config(environ: dict, features: Optional[str] = None, config_file: Optio
         words = switches_from_words(features, f"--features {features!r}")
         cfg = cfg.replace(**{name: words.get(name, False) for name in SWITCHES},
                           profile=(cfg.profile or DEFAULT_PROFILE_DIR) if words.get("profile") else cfg.profile)
-    changes = parse_overrides(overrides)
-    return cfg.replace(**changes) if changes else cfg
+    return load_config(overrides=overrides, base=cfg) if overrides else cfg
 
 
 def launcher_env(environ: dict, features: Optional[str] = None, config_file: Optional[str] = None,
                  overrides: Sequence[str] = ()) -> dict:
     """The environment ``mimo-accel run`` gives the job: the bootstrap dir first on PYTHONPATH and,
     with ``features`` / ``config_file`` / ``overrides``, the ``MIMO_ACCEL*`` variables of that config
-    (replacing any already set). A bad value raises ConfigError here, before the job starts."""
-    from mimo_accel.config import CONFIG_ENV, AccelConfig
+    (replacing any already set). A bad value, or a ``MIMO_ACCEL*`` name mimo_accel does not read,
+    raises ConfigError here, before the job starts."""
+    from mimo_accel.config import CONFIG_ENV, check_environment
 
     env = dict(environ)
     if features is not None or config_file is not None or overrides:
@@ -50,7 +51,7 @@ def launcher_env(environ: dict, features: Optional[str] = None, config_file: Opt
         for var in CONFIG_ENV:
             env.pop(var, None)
         env.update(cfg.to_env())
-    AccelConfig.from_env(env)  # an unknown value fails here, before the job starts
+    check_environment(env)  # an unknown name or value fails here, before the job starts
     here = str(BOOTSTRAP_DIR)
     parts = [here] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != here]
     env["PYTHONPATH"] = os.pathsep.join(parts)
@@ -82,8 +83,13 @@ def _check_overrides(words: Sequence[str], command_after: bool = True) -> None:
 
     for w in words:
         if not is_override(w):
-            raise UsageError(f"{w!r} is not key=value; give mimo_accel options as e.g. packing=true"
-                             + (", and the command after --" if command_after else ""))
+            raise UsageError(f"{w!r} is not key=value; give mimo_accel options as e.g. packing=true (or Bridge's "
+                             "+key=value, ++key=value, ~key)" + (", and the command after --" if command_after else ""))
+
+
+def _warn_without_effect(cmd: str, cfg) -> None:
+    for line in cfg.without_effect():
+        print(f"mimo-accel {cmd}: warning: {line}", file=sys.stderr)
 
 
 def _run(args) -> int:
@@ -95,12 +101,20 @@ def _run(args) -> int:
     env = launcher_env(dict(os.environ), args.features, args.config, args.overrides)
     from mimo_accel.config import AccelConfig
 
-    AccelConfig.from_env(env).check_files()
+    cfg = AccelConfig.from_env(env)
+    cfg.check_files()
     program = shutil.which(command[0], path=env.get("PATH", os.defpath))
     if program is None:
         where = "is not an executable file" if os.sep in command[0] else "is not found on PATH"
         raise UsageError(f"command {command[0]!r} {where}; give the program to run (e.g. torchrun, python) "
                          "or its full path after --")
+    if cfg.any_feature:  # the job's Python must be one whose bootstrap enables mimo_accel
+        from mimo_accel.tools.job_python import check_job_python
+
+        note = check_job_python(command, program, env)
+        if note is not None:
+            print(f"mimo-accel run: note: {note}", file=sys.stderr)
+    _warn_without_effect("run", cfg)
     sys.stdout.flush()
     sys.stderr.flush()
     try:
@@ -118,6 +132,7 @@ def _env(args) -> int:
     env = launcher_env(environ, args.features, args.config, args.overrides)
     cfg = AccelConfig.from_env(env)
     cfg.check_files()
+    _warn_without_effect("env", cfg)
     lines = [f"unset {var}" for var in CONFIG_ENV if var in environ and var not in cfg.to_env()]
     lines += [f"export {var}={shlex.quote(value)}" for var, value in cfg.to_env().items()]
     lines.append(f"export PYTHONPATH={shlex.quote(env['PYTHONPATH'])}")
@@ -131,7 +146,7 @@ def _env(args) -> int:
 def _doctor(args) -> int:
     from mimo_accel.tools.doctor import main as doctor_main
 
-    output_file("--log", args.log, make_parents=True)
+    output_file("--log", args.log)
 
     return doctor_main(log_path=args.log)
 
@@ -152,7 +167,8 @@ DELEGATED = {
 _CONFIG_HELP = ("a YAML file whose mimo_accel: section is the job's config (instead of the MIMO_ACCEL* "
                 "environment)")
 _FEATURES_HELP = "the switches, as MIMO_ACCEL words: e.g. all, or shard,reorder,pack,profile; 0 = off"
-_OVERRIDES_HELP = "mimo_accel options on top, e.g. packing=true pad_multiple=2 (OmegaConf dotlist)"
+_OVERRIDES_HELP = ("mimo_accel options on top, e.g. packing=true pad_multiple=2 (OmegaConf values; Bridge's "
+                   "+key=value, ++key=value and ~key too)")
 
 
 def _version() -> str:
@@ -176,7 +192,10 @@ def build_parser() -> argparse.ArgumentParser:
                                      "process of the job (torchrun and each worker) calls mimo_accel.enable() "
                                      "from the MIMO_ACCEL* variables before the script imports megatron.bridge. "
                                      "--config / --features / key=value set those variables for the job (they "
-                                     "replace any already set); without them the job gets the current ones.",
+                                     "replace any already set); without them the job gets the current ones. "
+                                     "Every MIMO_ACCEL* variable is checked first, and with a feature on the "
+                                     "command's Python (the program, or the interpreter its #! line names) is "
+                                     "asked whether its bootstrap will enable mimo_accel: refused if not.",
                          epilog="e.g. mimo-accel run --config run.yaml pad_multiple=2 -- torchrun "
                                 "--nproc-per-node 8 train.py")
     env = sub.add_parser("env", help="print the export lines a launcher needs (sbatch, NeMo-Run, k8s) for what "
