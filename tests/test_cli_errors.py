@@ -8,6 +8,7 @@ interpreters without torch alone."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import types
@@ -47,6 +48,7 @@ def files(tmp_path_factory):
     d = tmp_path_factory.mktemp("cli")
     (d / "run.yaml").write_text("train: {micro_batch_size: 4}\nmimo_accel:\n  pad_multiple: 2\n")
     (d / "bridge-only.yaml").write_text("train: {micro_batch_size: 4}\n")
+    (d / "m.jsonl").write_text('{"image_sizes": [[64, 64]], "tokens": 8}\n')
     return d
 
 
@@ -80,6 +82,19 @@ BAD = [
     (["env", "--config", "{d}/bridge-only.yaml"], {}, "env", ["has no mimo_accel: section"]),
     (["env"], {"MIMO_ACCEL_COST_MODEL": "a.json", "MIMO_ACCEL_COST": "b.json"}, "env", ["disagree"]),
     (["doctor", "--bogus"], {}, "doctor", ["unrecognized arguments: --bogus"]),
+    # issue 29's own: mistyped names and values refused before the job starts, and the exits
+    (["env"], {"MIMO_ACCEL": "reorder", "MIMO_ACCEL_REODER_WINDOW": "2"}, "env",
+     ["MIMO_ACCEL_REODER_WINDOW is not a mimo_accel variable (did you mean MIMO_ACCEL_REORDER_WINDOW?)"]),
+    (["run", "--", "true"], {"MIMO_ACCEL": "reorder", "MIMO_ACCEL_COSTINDEX": "c.npz"}, "run",
+     ["did you mean MIMO_ACCEL_COST_INDEX?"]),
+    (["run", "--", "true"], {"MIMO_ACCEL_PROFIL": "runs/x"}, "run", ["did you mean MIMO_ACCEL_PROFILE?"]),
+    (["env"], {"MIMO_ACCEL_ALLOW_UNTESTED": "maybe"}, "env", ["MIMO_ACCEL_ALLOW_UNTESTED='maybe': use 1"]),
+    (["run", "--features", "all", "--", "true"], {"MIMO_ACCEL_ALLOW_UNTESTED": "maybe"}, "run",
+     ["MIMO_ACCEL_ALLOW_UNTESTED='maybe'"]),
+    (["simulate", "--dp", "512", "--per-replica", "1000000"], {}, "simulate",
+     ["the simulation needs about", "GiB of memory for its 10,240,000,000 samples", "is available"]),
+    (["index", "{d}/m.jsonl", "--out", "{d}/nonexistent/dir/x.npz"], {}, "index",
+     ["the directory {d}/nonexistent/dir does not exist; create it or give another path"]),
 ]
 
 
@@ -90,6 +105,7 @@ def test_bad_invocations_end_in_one_error_line(files, args, env, cmd, words):
     _one_error_line(proc, cmd, *[w.format(d=files) for w in words])
     if cmd == "run":
         assert proc.stdout == ""  # the command never started
+    assert not (files / "nonexistent").exists()  # a missing directory is refused, never made
 
 
 def test_run_gives_the_job_the_config_and_replaces_stale_variables(files):
@@ -183,6 +199,7 @@ def quiet_commands(tmp_path_factory):
     """`doctor` and `index --dataset`, each importing Megatron in an interpreter of its own, started
     side by side (the test process only waits): name -> (completed process, its log, extra path)."""
     d = tmp_path_factory.mktemp("quiet")
+    (d / "logs").mkdir()  # an output's directory must exist (docs/usage.md)
     factory = d / "my_train.py"
     factory.write_text(BAD_FACTORY)
     commands = {
@@ -405,3 +422,201 @@ def test_index_dataset_noise_goes_to_the_log_and_a_factory_error_is_one_line(qui
     for noise in ("noise from importing the factory", "noise on stdout", "noise on stderr", "Traceback",
                   "Transformer Engine"):
         assert noise in text
+
+
+# -- mistyped settings, the job's Python, sizes and paths: 20+ invocations as a person types them --
+
+@pytest.fixture(scope="module")
+def typed(tmp_path_factory):
+    """Files the invocations below name: a config with a typo, a script, another environment's
+    Python (a bare venv: no torch, no mimo_accel of its own) and a console script of it."""
+    d = tmp_path_factory.mktemp("typed")
+    (d / "run.yaml").write_text("mimo_accel:\n  reorder: true\n  reorder_windows: 4\n")
+    (d / "train.py").write_text("print('trained')\n")
+    (d / "m.jsonl").write_text('{"image_sizes": [[64, 64]], "tokens": 8}\n')
+    (d / "runs").mkdir()
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(d / "other-venv")], check=True, timeout=120)
+    launcher = d / "launch"  # a console script of that environment (torchrun's kind), as pip writes one
+    launcher.write_text(f"#!{d / 'other-venv' / 'bin' / 'python'}\nimport sys\nprint('started')\n")
+    launcher.chmod(0o755)
+    return d
+
+
+# Not among the ones issue 29 lists (MIMO_ACCEL_REODER_WINDOW / COSTINDEX / PROFIL,
+# ALLOW_UNTESTED=maybe, /usr/bin/python3, reorder_window without reorder, +key/++key/~key,
+# simulate --dp 512 --per-replica 1000000, report --png, index --out /nonexistent/dir/x.npz).
+# (argv, environment, command, words in the error line, a path that must not have been made)
+TYPED = [
+    (["env"], {"MIMO_ACCEL": "reorder", "MIMO_ACCEL_WINDOW": "4"}, "env",
+     ["MIMO_ACCEL_WINDOW is not a mimo_accel variable (did you mean MIMO_ACCEL_REORDER_WINDOW?)"], None),
+    (["run", "--", "python", "{d}/train.py"], {"mimo_accel": "all"}, "run",
+     ["mimo_accel is not a mimo_accel variable (did you mean MIMO_ACCEL?)", "rename or unset it"], None),
+    (["run", "--features", "all", "--", "python", "{d}/train.py"], {"MIMO_ACCEL_COST_MODLE": "cost.json"}, "run",
+     ["did you mean MIMO_ACCEL_COST_MODEL?"], None),
+    (["env"], {"MIMO_ACCEL": "reorder", "MIMO_ACCEL_STRICT_GRADIENT": "1"}, "env",
+     ["did you mean MIMO_ACCEL_STRICT_GRADIENTS?"], None),
+    (["env"], {"MIMO_ACCEL_FEATURES": "all"}, "env", ["did you mean MIMO_ACCEL?"], None),
+    (["env"], {"MIMO_ACCEL": "reorder", "MIMO_ACCEL_CALIBRATE_ONLINE": "disabled"}, "env",
+     ["MIMO_ACCEL_CALIBRATE_ONLINE='disabled': expected 1 or 0"], None),
+    (["env"], {"MIMO_ACCEL_TRACEBACK": "true"}, "env", ["MIMO_ACCEL_TRACEBACK='true': use 1"], None),
+    (["env", "reorder=ture"], {}, "env", ["mimo_accel.reorder must be true or false, got 'ture'"], None),
+    (["env", "reorder_windw=4"], {}, "env", ["'reorder_windw' is not a mimo_accel option; did you mean "
+                                            "'reorder_window'?"], None),
+    (["env", "mimo_acel.packing=true"], {}, "env", ["did you mean 'mimo_accel.packing'?"], None),
+    (["env", "--features", "pack", "~reorder=true"], {}, "env",
+     ["override '~reorder=true': mimo_accel.reorder is False, not True; write ~reorder"], None),
+    (["env", "+packing"], {}, "env", ["'+packing' is not key=value", "+key=value, ++key=value, ~key"], None),
+    (["env", "reorder_mode=Exchange"], {}, "env", ["reorder_mode='Exchange' is not one of"], None),
+    (["env", "--features", "pack", "pad_multiple=2.0"], {}, "env",
+     ["mimo_accel.pad_multiple must be a positive integer, got 2.0"], None),
+    (["env", "--features", "reorder", "cost_model=~/costs/model.json"], {}, "env",  # quoted: the shell left ~
+     ["cost_model='~/costs/model.json': no such file"], None),
+    (["run", "--config", "{d}/run.yaml", "--", "python", "{d}/train.py"], {}, "run",
+     ["'reorder_windows' is not a mimo_accel option; did you mean 'reorder_window'?"], None),
+    (["run", "--features", "pack", "--", sys.executable, "-E", "{d}/train.py"], {}, "run",
+     ["does not run the bootstrap mimo-accel run puts on PYTHONPATH (-E: it ignores the PYTHON* variables",
+      "drop -E"], None),
+    (["run", "--features", "all", "--", "{d}/launch", "--nproc-per-node", "2", "{d}/train.py"], {}, "run",
+     ["the Python '{d}/launch' runs, {d}/other-venv/bin/python", "has no torch", "nothing would be enabled"], None),
+    (["simulate", "--dp", "64,128", "--per-replica", "20000000"], {}, "simulate",
+     ["the simulation needs about", "GiB of memory for its", "is available; give a smaller --per-replica"], None),
+    (["rehearse", "--out", "{d}/runs/2026/demo"], {}, "rehearse",
+     ["--out {d}/runs/2026/demo: the directory {d}/runs/2026 does not exist"], "{d}/runs/2026"),
+    (["doctor", "--log", "{d}/logs/doctor.log"], {}, "doctor", ["the directory {d}/logs does not exist"], "{d}/logs"),
+    (["index", "--dataset", "{d}/train.py:build", "--cache-dir", "{d}/cache/mimo/v1"], {}, "index",
+     ["--cache-dir {d}/cache/mimo/v1: the directory {d}/cache/mimo does not exist"], "{d}/cache"),
+    (["index", "{d}/m.jsonl", "--out", "{d}/indexes/costs.npz"], {}, "index",
+     ["--out {d}/indexes/costs.npz: the directory {d}/indexes does not exist"], "{d}/indexes"),
+    (["gpu-check", "--device", "cpu", "--size", "tiny", "--out", "{d}/results/gpu"], {}, "gpu-check",
+     ["--out {d}/results/gpu: the directory {d}/results does not exist"], "{d}/results"),
+]
+
+
+@pytest.mark.parametrize("args, env, cmd, words, not_made", TYPED, ids=[" ".join(t[0])[:60] for t in TYPED])
+def test_invocations_as_a_person_types_them_end_in_one_line(typed, args, env, cmd, words, not_made):
+    proc = _cli(*[a.format(d=typed) for a in args], **env)
+    line = _one_error_line(proc, cmd, *[w.format(d=typed) for w in words])
+    assert proc.stderr.strip() == line and proc.stdout == ""  # one line, and nothing started
+    if not_made is not None:
+        assert not Path(not_made.format(d=typed)).exists()  # a missing directory is refused, never made
+
+
+def test_run_refuses_a_python_that_cannot_import_mimo_accel(typed, monkeypatch, capsys):
+    # the job's PYTHONPATH without this checkout: the other environment has no mimo_accel at all
+    monkeypatch.setenv("PYTHONPATH", "")
+    for var in [v for v in os.environ if v.startswith("MIMO_ACCEL")]:
+        monkeypatch.delenv(var)
+    monkeypatch.setattr(os, "execve", lambda *args: pytest.fail("the job started"))
+    python = typed / "other-venv" / "bin" / "python"
+    assert cli.main(["run", "--features", "all", "--", str(python), str(typed / "train.py")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"mimo-accel run: error: the command's Python, {python} (Python ")
+    assert "cannot import mimo_accel, so nothing would be enabled; install mimo-accel into that environment" in err
+
+
+@pytest.mark.parametrize("flags, words", [
+    (["-I"], "(-I: isolated mode ignores PYTHONPATH)"),
+    (["-u", "-S"], "(-S: it skips the site import that runs sitecustomize)"),
+    (["-IS"], "(-I: isolated mode ignores PYTHONPATH)"),
+])
+def test_run_refuses_startup_options_that_skip_the_bootstrap(typed, flags, words):
+    proc = _cli("run", "--features", "shard", "--", sys.executable, *flags, str(typed / "train.py"))
+    _one_error_line(proc, "run", words, f"drop {words[1:3]}")
+    assert proc.stdout == ""
+
+
+def test_run_starts_a_job_whose_python_enables_mimo_accel(typed, tmp_path):
+    probe = "import mimo_accel, sys; print(mimo_accel.status()['active'], sys.argv[1:])"
+    proc = _cli("run", "--features", "shard", "--", sys.executable, "-u", "-c", probe, "x")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "['sharded_reads'] ['x']"
+    # a console script of this environment: its #! line names this Python
+    script = tmp_path / "launch"
+    script.write_text(f"#!{sys.executable}\nimport mimo_accel\nprint(mimo_accel.status()['active'])\n")
+    script.chmod(0o755)
+    proc = _cli("run", "--features", "pack", "--", str(script))
+    assert proc.returncode == 0 and proc.stdout.strip() == "['packing']", proc.stderr
+
+
+def test_run_says_when_it_cannot_ask_the_jobs_python():
+    proc = _cli("run", "--features", "shard", "--", "bash", "-c", "echo started")
+    assert proc.returncode == 0 and proc.stdout == "started\n", proc.stderr
+    assert proc.stderr.strip() == ("mimo-accel run: note: 'bash' is neither a Python interpreter nor a Python script, "
+                                   "so run cannot ask the job's Python whether it imports mimo_accel; each process "
+                                   "that does logs 'mimo_accel: enabled ...' at its start")
+    proc = _cli("run", "--", "bash", "-c", "echo started")  # nothing enabled: nothing to ask, nothing said
+    assert proc.returncode == 0 and proc.stderr == ""
+
+
+def test_run_and_env_warn_an_option_without_its_feature():
+    proc = _cli("env", "--features", "pack", "reorder_window=4")
+    assert proc.returncode == 0
+    assert proc.stderr == ("mimo-accel env: warning: reorder_window=4 has no effect without reorder: turn reorder on, "
+                           "or drop reorder_window\n")
+    proc = _cli("run", "--features", "shard", "pad_multiple=2", "--", sys.executable, "-c", "print('ran')")
+    assert proc.returncode == 0 and proc.stdout == "ran\n"
+    assert "mimo-accel run: warning: pad_multiple=2 has no effect without packing" in proc.stderr
+
+
+def test_bridge_override_grammar_reaches_the_job():
+    proc = _cli("env", "+packing=true", "++mimo_accel.pad_multiple=2", "--features", "reorder", "~reorder",
+                "+reorder_window=3", "~reorder_window=3")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[:2] == ["export MIMO_ACCEL=sharded_reads,packing",
+                                            "export MIMO_ACCEL_PAD_MULTIPLE=2"]
+
+
+def test_the_interpreter_a_command_starts(tmp_path):
+    from mimo_accel.tools.job_python import interpreter_of, startup_flags
+
+    assert startup_flags(["-u", "-IS", "train.py", "-E"]) == ["-I", "-S"]
+    assert startup_flags(["-W", "ignore", "-E", "-m", "torch.distributed.run", "-I"]) == ["-E"]
+    assert startup_flags(["-Xdev", "-sc", "code", "-I"]) == ["-s"]
+    assert startup_flags(["--check-hash-based-pycs", "never", "-P", "x.py"]) == ["-P"]
+    path = os.environ.get("PATH", os.defpath)
+    assert interpreter_of("/usr/bin/python3.12", ["-I", "x.py"], path) == ["/usr/bin/python3.12", "-I"]
+    scripts = {
+        "direct": (f"#!{sys.executable} -E\nprint(1)\n", [sys.executable, "-E"]),
+        "env": (f"#!/usr/bin/env -S {Path(sys.executable).name} -s\n", [shutil.which(Path(sys.executable).name,
+                                                                                     path=path), "-s"]),
+        # pip's launcher where the interpreter's path is too long for a #! line
+        "trampoline": (f"#!/bin/sh\n'''exec' \"{sys.executable}\" \"$0\" \"$@\"\n' '''\nprint(1)\n", [sys.executable]),
+        "shell": ("#!/bin/bash\necho hi\n", None),
+        "text": ("print(1)\n", None),
+    }
+    for name, (text, expect) in scripts.items():
+        (tmp_path / name).write_text(text)
+        assert interpreter_of(str(tmp_path / name), [], path) == expect, name
+    assert interpreter_of(shutil.which("true"), [], path) is None  # a binary
+
+
+# -- exits of the tools: optional packages, sizes ------------------------------------------------
+
+
+@pytest.mark.parametrize("args", [
+    ["simulate", "--png", "{d}/s.png"],
+    ["report", "{d}/runs/baseline", "--png", "{d}/r.png"],
+])
+def test_png_without_matplotlib_names_the_extra_before_any_work(inputs, no_work, monkeypatch, capsys, args):
+    # matplotlib is installed here: a None entry in sys.modules makes its import fail as if it were not
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    assert cli.main([a.format(d=inputs) for a in args]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err == (f"mimo-accel {args[0]}: error: --png needs matplotlib, which is not installed: "
+                                 "pip install 'mimo-accel[charts]' (the extra charts), or pip install matplotlib\n")
+    assert not (inputs / "s.png").exists() and not (inputs / "r.png").exists()
+
+
+def test_a_simulation_that_cannot_fit_is_refused_before_allocating(monkeypatch):
+    from mimo_accel.tools import simulate as sim
+    from mimo_accel.workloads import load_profile
+
+    profile = load_profile("receipts")
+    monkeypatch.setattr(sim, "available_memory", lambda: 64 * 2**20)  # a machine with 64 MiB free
+    with pytest.raises(sim.TooLarge) as err:
+        sim.simulate(profile, [8], steps=4, samples_per_replica=100_000)  # 3.2 M samples: a few hundred MB
+    text = str(err.value)
+    assert "needs about 0." in text and "GiB of memory for its 3,200,000 samples (4 micro-batches of 800,000" in text
+    assert "and 0.1 GiB is available" in text
+    monkeypatch.setattr(sim, "available_memory", lambda: 64 * 2**30)
+    sim.check_memory(profile, sim.CostModel(), 4, 800_000)  # fits: nothing said

@@ -248,6 +248,7 @@ def test_cli_writes_the_index_beside_the_manifest_and_prints_a_summary(dataset_d
 
 def test_cli_options_reach_the_rule_and_out_path(dataset_dir, tmp_path, capsys):
     out = tmp_path / "sub" / "idx.npz"
+    out.parent.mkdir()  # an output's directory must exist (docs/usage.md)
     argv = [str(dataset_dir), "--out", str(out), "--patch-size", "16", "--merge-size", "2",
             "--min-pixels", "65536", "--max-pixels", "16777216", "--workers", "2"]
     assert indexing.main(argv) == 0
@@ -320,7 +321,7 @@ def test_cli_builds_the_cache_the_training_job_reads(factory, tmp_path, capsys, 
     from mimo_accel.datasets import MimoDatasetSource, derive_cost_index
 
     monkeypatch.setenv("COLUMNS", "400")
-    cache, out, log = tmp_path / "cache", tmp_path / "copy.npz", tmp_path / "logs" / "index.log"
+    cache, out, log = tmp_path / "cache", tmp_path / "copy.npz", tmp_path / "index.log"
     argv = ["--dataset", f"{factory}:build", "--cache-dir", str(cache), "--out", str(out), "--log", str(log)]
     assert indexing.main(argv) == 0
     text = capsys.readouterr().out

@@ -91,9 +91,9 @@ def _from_header(source: Any, rate: int, where: str) -> int:
     """Samples at ``rate`` of the clip a file (or file-like) holds, from its header."""
     try:
         import soundfile
-    except ImportError:  # pragma: no cover - a requirement of mimo_accel's runtime
-        raise AudioSizeError(f"{where}: reading an audio file's length needs soundfile "
-                             "(pip install soundfile)") from None
+    except ImportError:  # pragma: no cover - installed by the extra audio
+        raise AudioSizeError(f"{where}: reading an audio file's length needs soundfile: pip install "
+                             "'mimo-accel[audio]' (the extra audio), or pip install soundfile") from None
     if isinstance(source, str) and not os.path.isfile(source):  # libsndfile says only "System error"
         raise AudioSizeError(f"{where}: audio file not found: {source}")
     try:

@@ -7,7 +7,10 @@ A bad value ends in one ``mimo-accel <cmd>: error: ...`` line that names the fix
   positive integer (1, 2, ...), got 0``);
 - paths: :func:`output_file` / :func:`output_dir` raise :class:`UsageError` for a file whose
   directory is missing or not writable, or a directory that cannot be made, so nothing is
-  computed (and no temp directory made) before a bad ``--out`` / ``--json`` is found;
+  computed (and no temp directory made) before a bad ``--out`` / ``--json`` is found. One rule for
+  every command: a missing directory above an output is refused, never made; a directory option
+  names a directory that is made if missing;
+- optional packages: :func:`require_extra` names the package and the extra that installs it;
 - renamed flags: :class:`Renamed` keeps an old spelling working, hidden from ``--help``, and says
   once that it is renamed;
 - :func:`fail` prints the one line (:func:`one_line`: any message or exception on one line); with
@@ -22,10 +25,12 @@ import sys
 from pathlib import Path
 from typing import Optional, Union
 
-__all__ = ["TRACEBACK_ENV", "UsageError", "Renamed", "fail", "nonnegative_int", "one_line", "output_dir", "output_file",
-           "parse", "positive_int"]
+from mimo_accel.config import ENV_TRACEBACK
 
-TRACEBACK_ENV = "MIMO_ACCEL_TRACEBACK"  # 1: an error's traceback too, not only its one line (debugging)
+__all__ = ["TRACEBACK_ENV", "UsageError", "Renamed", "fail", "nonnegative_int", "one_line", "output_dir", "output_file",
+           "parse", "positive_int", "require_extra"]
+
+TRACEBACK_ENV = ENV_TRACEBACK  # 1: an error's traceback too, not only its one line (debugging)
 
 
 class UsageError(ValueError):
@@ -86,28 +91,20 @@ def parse(parser: argparse.ArgumentParser, argv) -> Union[argparse.Namespace, in
 # -- paths ------------------------------------------------------------------------------------------
 
 
-def _nearest_existing(path: Path) -> Path:
-    while not path.exists() and path != path.parent:
-        path = path.parent
-    return path
-
-
 def _writable(directory: Path) -> bool:
     return os.access(directory, os.W_OK | os.X_OK)
 
 
-def output_file(flag: str, path: Union[str, os.PathLike, None], *, make_parents: bool = False) -> Optional[Path]:
+def output_file(flag: str, path: Union[str, os.PathLike, None]) -> Optional[Path]:
     """``flag PATH`` names a file to write: PATH is not a directory and its directory exists and is
-    writable (``make_parents``: or can be made). None passes (the flag was not given)."""
+    writable (a missing directory is refused, never made: docs/usage.md). None passes (the flag
+    was not given)."""
     if path is None:
         return None
     p = Path(path)
     if p.is_dir():
         raise UsageError(f"{flag} {path}: is a directory; give the path of a file to write")
     parent = p.parent
-    if make_parents and not parent.exists():
-        output_dir(flag, parent, what=f"{flag} {path}")
-        return p
     if not parent.exists():
         raise UsageError(f"{flag} {path}: the directory {parent} does not exist; create it or give another path")
     if not parent.is_dir():
@@ -119,21 +116,41 @@ def output_file(flag: str, path: Union[str, os.PathLike, None], *, make_parents:
     return p
 
 
-def output_dir(flag: str, path: Union[str, os.PathLike, None], *, what: Optional[str] = None) -> Optional[Path]:
-    """``flag DIR`` names a directory to write into, made (with its parents) if missing: DIR is a
-    directory if it exists, and the nearest existing directory above it is writable."""
+def output_dir(flag: str, path: Union[str, os.PathLike, None]) -> Optional[Path]:
+    """``flag DIR`` names a directory to write into: DIR is a directory if it exists; if not, it is
+    made, in a directory that exists and is writable (the one rule of output_file: a missing
+    directory above it is refused, never made). None passes."""
     if path is None:
         return None
     p = Path(path)
-    what = what or f"{flag} {path}"
-    if p.exists() and not p.is_dir():
-        raise UsageError(f"{what}: {p} is a file, not a directory; give a directory (it is made if missing)")
-    existing = _nearest_existing(p)
-    if not existing.is_dir():
-        raise UsageError(f"{what}: {existing} is a file, not a directory; give another path")
-    if not _writable(existing):
-        raise UsageError(f"{what}: the directory {existing} is not writable; give another path")
+    what = f"{flag} {path}"
+    if p.exists():
+        if not p.is_dir():
+            raise UsageError(f"{what}: {p} is a file, not a directory; give a directory (it is made if missing)")
+        if not _writable(p):
+            raise UsageError(f"{what}: the directory {p} is not writable; give another path")
+        return p
+    parent = p.parent
+    if not parent.exists():
+        raise UsageError(f"{what}: the directory {parent} does not exist; create it or give another path "
+                         f"({p.name} itself is made if missing)")
+    if not parent.is_dir():
+        raise UsageError(f"{what}: {parent} is a file, not a directory; give another path")
+    if not _writable(parent):
+        raise UsageError(f"{what}: the directory {parent} is not writable; give another path")
     return p
+
+
+def require_extra(flag: str, module: str, extra: str) -> None:
+    """``flag`` needs the optional package ``module``, which the extra ``extra`` installs: a
+    UsageError naming both where it cannot be imported, before any work."""
+    import importlib
+
+    try:
+        importlib.import_module(module)
+    except ImportError:
+        raise UsageError(f"{flag} needs {module}, which is not installed: pip install 'mimo-accel[{extra}]' "
+                         f"(the extra {extra}), or pip install {module}") from None
 
 
 # -- the one line ---------------------------------------------------------------------------------

@@ -520,9 +520,8 @@ def _main_dataset(args) -> int:
                          "own module name: drop --module")
     check_dataset_spec(args.dataset)
     output_dir("--cache-dir", args.cache_dir)
-    output_file("--out", args.out, make_parents=True)
-    log = output_file("--log", args.log or default_log_path(), make_parents=True)
-    log.parent.mkdir(parents=True, exist_ok=True)
+    output_file("--out", args.out)
+    log = output_file("--log", args.log or default_log_path())
     start = time.perf_counter()
     from mimo_accel.datasets import cache_key, cache_path, source_for
 
@@ -542,7 +541,6 @@ def _main_dataset(args) -> int:
         written.append(path)
     if args.out:
         out = Path(args.out)
-        out.parent.mkdir(parents=True, exist_ok=True)
         index.with_identity(split=args.split).save(out)
         written.append(out)
     console = Console()
@@ -574,7 +572,7 @@ def _main_manifest(args) -> int:
     rule = ResizeRule(**rule_options)
     out = Path(args.out) if args.out else default_index_path(args.manifest)
     if args.out:
-        output_file("--out", out, make_parents=True)
+        output_file("--out", out)
     elif not os.access(manifest.parent, os.W_OK | os.X_OK):
         raise UsageError(f"the index goes next to the manifest by default, but {manifest.parent} is not writable; "
                          "give --out PATH")
@@ -582,7 +580,6 @@ def _main_manifest(args) -> int:
     with _progress(manifest) as advance:
         index = build_index_from_manifest(args.manifest, rule, workers=args.workers,
                                           module=args.module or DEFAULT_MODULE, on_progress=advance)
-    out.parent.mkdir(parents=True, exist_ok=True)
     # what it describes: this manifest (a training job can check only its length against this)
     index.with_identity(manifest=_file_sha(args.manifest), split=args.split,
                         describe=f"manifest {Path(args.manifest).name}").save(out)

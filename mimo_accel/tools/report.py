@@ -61,7 +61,7 @@ from rich.text import Text
 from mimo_accel.modules import LANGUAGE
 from mimo_accel.profiler import FORMAT_V1, REGIONS, NoProfileData, Run, module_seconds, read_run
 from mimo_accel.profiler.recorder import FORMAT_V1_ENCODER
-from mimo_accel.tools.arguments import UsageError, fail, nonnegative_int, output_file, parse
+from mimo_accel.tools.arguments import UsageError, fail, nonnegative_int, output_file, parse, require_extra
 from mimo_accel.profiler import json_safe
 from mimo_accel.profiler import record_number as _num
 
@@ -820,7 +820,8 @@ def _pyplot():
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError as e:
-        raise RuntimeError("charts need matplotlib: pip install matplotlib (or mimo-accel[charts])") from e
+        raise RuntimeError("charts need matplotlib: pip install 'mimo-accel[charts]' (or pip install "
+                           "matplotlib)") from e
     return plt
 
 
@@ -1061,14 +1062,16 @@ def write_json(path: str | Path, doc: dict[str, Any], **extra: Any) -> None:
 
 
 def main(argv: Sequence[str] | None = None, *, console: Console | None = None) -> int:
-    """``mimo-accel report``. Returns 0, 1 if an export failed, 2 (one ``mimo-accel report: error:``
-    line) on a bad command line or an input without readable data."""
+    """``mimo-accel report``. Returns 0, or 2 (one ``mimo-accel report: error:`` line) on a bad command
+    line, an input without readable data or a failed export."""
     args = parse(_parser(), argv)
     if isinstance(args, int):
         return args
     try:
         for flag in ("--json", "--html", "--png"):
             output_file(flag, getattr(args, flag[2:]))
+        if args.png:
+            require_extra("--png", "matplotlib", "charts")
         before = read_run(args.before)
         after = read_run(args.after) if args.after else None
     except (UsageError, NoProfileData) as e:
@@ -1079,7 +1082,6 @@ def main(argv: Sequence[str] | None = None, *, console: Console | None = None) -
 
     render(doc["before"], doc["after"], console=console)
 
-    rc = 0
     if args.json:
         write_json(args.json, doc)
     if args.html:
@@ -1089,9 +1091,8 @@ def main(argv: Sequence[str] | None = None, *, console: Console | None = None) -
         try:
             write_png(doc["before"], doc["after"], args.png)
         except RuntimeError as e:
-            print(f"{PROG}: error: {e}", file=sys.stderr)
-            rc = 1
-    return rc
+            return fail(PROG, e)
+    return 0
 
 
 if __name__ == "__main__":  # pragma: no cover

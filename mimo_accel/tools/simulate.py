@@ -132,6 +132,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -147,7 +148,8 @@ from mimo_accel.balance import (balance_modules, balanced_order, group_costs, lo
 from mimo_accel.costs import CostIndex, CostModel
 from mimo_accel.modules import LANGUAGE, Modules
 from mimo_accel.planner import CostIndexPlanner
-from mimo_accel.tools.arguments import Renamed, UsageError, fail, nonnegative_int, output_file, parse, positive_int
+from mimo_accel.tools.arguments import (Renamed, UsageError, fail, nonnegative_int, output_file, parse, positive_int,
+                                        require_extra)
 from mimo_accel.workloads import AUDIO, Profile, ProfileError, load_profile
 
 __all__ = ["SIMULATE_FORMAT", "PLANNERS", "MODULE_PLANNERS", "audio_dp_for", "dp_for", "language_dp_for", "main",
@@ -363,6 +365,63 @@ def _window_row(costs: np.ndarray, d: int, replica_sums: np.ndarray, bound_mb: S
     }
 
 
+class TooLarge(ValueError):
+    """The simulation would not fit in this machine's memory (raised before anything is allocated)."""
+
+
+_MEASURED_SAMPLES = 1 << 16  # drawn once to price a sample's memory (tens of milliseconds)
+_ALWAYS_FITS = 1 << 20  # below this many samples nothing is measured: a few hundred MB at most
+
+
+def available_memory() -> int | None:
+    """Bytes of memory available to a new allocation (MemAvailable; else the physical memory)."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:,.1f} GiB"
+
+
+def check_memory(profile: Profile, model: CostModel, micro_batches: int, per_micro_batch: int) -> None:
+    """TooLarge, saying how much, where drawing ``micro_batches x per_micro_batch`` samples would not
+    fit in the memory available. A sample's memory is measured on a small draw of the same profile
+    and model (tracemalloc's peak: the table, its cost index and every module's costs), so it follows what a profile
+    draws; planning one micro-batch takes about as much again per sample of it (measured: RSS at
+    1, 2 and 4 micro-batches of 1.6 M receipts samples)."""
+    n = micro_batches * per_micro_batch
+    if n + per_micro_batch <= _ALWAYS_FITS:
+        return
+    import tracemalloc
+
+    was_tracing = tracemalloc.is_tracing()
+    if not was_tracing:
+        tracemalloc.start()
+    try:
+        tracemalloc.reset_peak()
+        start = tracemalloc.get_traced_memory()[0]
+        sample_costs(profile.sample_table(_MEASURED_SAMPLES, 0).cost_index(), model, profile.modules)
+        per_sample = (tracemalloc.get_traced_memory()[1] - start) / _MEASURED_SAMPLES
+    finally:
+        if not was_tracing:
+            tracemalloc.stop()
+    need, available = per_sample * (n + per_micro_batch), available_memory()
+    if available is not None and need > available:
+        raise TooLarge(f"the simulation needs about {_gib(need)} of memory for its {n:,} samples ({micro_batches:,} "
+                       f"micro-batch{'es' if micro_batches != 1 else ''} of {per_micro_batch:,}, about {per_sample:,.0f} bytes each), and "
+                       f"{_gib(available)} is available; give a smaller --per-replica, fewer --steps (or a "
+                       "smaller --reorder-window), or smaller --dp sizes")
+
+
 def simulate(
     profile: Profile | str | Path,
     dp_sizes: Sequence[int],
@@ -419,6 +478,7 @@ def simulate(
         plans.append((d, layout, grid, mbs))
     pool_mbs = max(p[3] for p in plans)
     n_mb = steps * window  # micro-batch s * window + j is micro-batch j of step s
+    check_memory(profile, model, n_mb, pool_mbs)
     table = profile.sample_table(n_mb * pool_mbs, seed)
     module_costs_all = {m: c.reshape(n_mb, pool_mbs)
                         for m, c in sample_costs(table.cost_index(), model, modules).items()}
@@ -855,7 +915,8 @@ def figure(doc: dict[str, Any]):
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError as e:
-        raise RuntimeError("--png needs matplotlib: pip install matplotlib") from e
+        raise RuntimeError("--png needs matplotlib: pip install 'mimo-accel[charts]' (or pip install "
+                           "matplotlib)") from e
     rows, lead = doc["rows"], _lead(doc)
     dps = [r["dp"] for r in rows]
     fig, (ax1, ax3, ax2) = plt.subplots(1, 3, figsize=(18, 4.8))
@@ -962,13 +1023,15 @@ def _check_dp_rule(flag: str, rule: str, module: str) -> None:
 
 
 def main(argv: Sequence[str] | None = None, *, console: Console | None = None) -> int:
-    """``mimo-accel simulate``. Returns 0, 1 if an export failed, 2 on bad input."""
+    """``mimo-accel simulate``. Returns 0, or 2 (one ``error:`` line) on bad input or a failed export."""
     args = parse(_parser(), argv)
     if isinstance(args, int):
         return args
     try:
         output_file("--json", args.json)
         output_file("--png", args.png)
+        if args.png:
+            require_extra("--png", "matplotlib", "charts")
         profile = load_profile(args.workload)
         dps = parse_dp_list(args.dp)
         model = _cost_model(args.cost_model)
@@ -988,16 +1051,14 @@ def main(argv: Sequence[str] | None = None, *, console: Console | None = None) -
         # Piped output: rich would wrap the tables at 80 columns; give them room instead.
         console = Console() if sys.stdout.isatty() else Console(width=170)
     render(doc, console)
-    rc = 0
     if args.json:
         Path(args.json).write_text(json.dumps(doc, indent=2, allow_nan=False) + "\n", encoding="utf-8")
     if args.png:
         try:
             write_png(doc, args.png)
         except RuntimeError as e:
-            print(f"{PROG}: error: {e}", file=sys.stderr)
-            rc = 1
-    return rc
+            return fail(PROG, e)
+    return 0
 
 
 if __name__ == "__main__":  # pragma: no cover
