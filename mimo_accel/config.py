@@ -286,7 +286,7 @@ def unknown_variables(environ: Optional[Mapping[str, str]] = None) -> list[str]:
             suffixes = {var[len(prefix):]: var for var in KNOWN_ENV if var.startswith(prefix)}
             typed = upper[len(prefix):]
             close = [suffixes[m] for m in difflib.get_close_matches(typed, suffixes, n=1, cutoff=0.6)]
-            if not close and typed:  # a part of one name (MIMO_ACCEL_PAD), or the CLI's word for the switches
+            if not close and typed:  # a part of one name (PAD of PAD_MULTIPLE), or the CLI's word for the switches
                 close = [var for suffix, var in suffixes.items() if suffix.startswith(typed)
                          or typed in suffix.split("_")]
                 close = close if len(close) == 1 else [ENV_FEATURES] if typed in ("FEATURES", "FEATURE") else []

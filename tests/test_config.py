@@ -170,7 +170,8 @@ def test_calibrate_online_is_on_by_default_and_set_every_way(tmp_path):
     (lambda: AccelConfig(calibrate_online="no"), "calibrate_online must be True or False, got 'no'"),
     (lambda: AccelConfig.from_env({"MIMO_ACCEL_CALIBRATE_ONLINE": "sometimes"}),
      "MIMO_ACCEL_CALIBRATE_ONLINE='sometimes': expected 1 or 0"),
-    (lambda: mimo_accel.load_config(overrides=["calibrate_online=2"]), "mimo_accel.calibrate_online must be true or false"),
+    (lambda: mimo_accel.load_config(overrides=["calibrate_online=2"]),
+     "mimo_accel.calibrate_online must be true or false"),
 ])
 def test_calibrate_online_is_validated_like_the_other_switches(make, words):
     with pytest.raises(ConfigError, match=words.replace("(", r"\(").replace(")", r"\)")):
@@ -190,11 +191,13 @@ def test_bridge_override_grammar_sets_and_resets_in_order(tmp_path):
     with pytest.raises(ConfigError, match=r"override '~reorder_window=2': mimo_accel.reorder_window is 4, not 2"):
         mimo_accel.load_config(path, ["~reorder_window=2"])
     # a later override wins; a reset puts the default back over the base too
-    assert mimo_accel.load_config(overrides=["packing=true", "~packing"], base=AccelConfig(packing=True)) == AccelConfig()
+    base = AccelConfig(packing=True)
+    assert mimo_accel.load_config(overrides=["packing=true", "~packing"], base=base) == AccelConfig()
 
 
 @pytest.mark.parametrize("yaml_text, overrides, words", [
-    ("mimo_accel: {}\n", ["reorder_windw=4"], "'reorder_windw' is not a mimo_accel option; did you mean 'reorder_window'?"),
+    ("mimo_accel: {}\n", ["reorder_windw=4"],
+     "'reorder_windw' is not a mimo_accel option; did you mean 'reorder_window'?"),
     ("mimo_accel: {}\n", ["+mimo_acel.packing=true"], "did you mean 'mimo_accel.packing'?"),
     ("mimo_accel: {}\n", ["~calibrate_onlin"], "did you mean 'calibrate_online'?"),
     ("mimo_accel: {reoder: true}\n", [], "'reoder' is not a mimo_accel option; did you mean 'reorder'?"),
@@ -293,7 +296,8 @@ def test_a_second_enable_that_turns_features_off_says_which(clean_engine, caplog
 
 
 @pytest.mark.parametrize("kwargs, words", [
-    (dict(reorder_window=4), ["reorder_window=4 has no effect without reorder: turn reorder on, or drop reorder_window"]),
+    (dict(reorder_window=4),
+     ["reorder_window=4 has no effect without reorder: turn reorder on, or drop reorder_window"]),
     (dict(packing=True, reorder_mode="exchange", calibrate_online=False),
      ["reorder_mode='exchange' has no effect without reorder", "calibrate_online=False has no effect without reorder"]),
     (dict(sharded_reads=True, pad_multiple=2), ["pad_multiple=2 has no effect without packing"]),
