@@ -91,7 +91,7 @@ class _Serial:
         self.source, self.planner, self.rules = _global_sampler(*sampler_args), planner, ShareRules(ctx, WINDOW)
 
     def __iter__(self):
-        for _, batches, _ in self.rules.windows(self.source):
+        for _, batches, _, _ in self.rules.windows(self.source):
             yield from self.rules.plan(self.planner, batches)[0]
 
 

@@ -106,9 +106,9 @@ class AccelConfig:
     strict_gradients: refuse (an error naming the fix) a reorder that would change the gradient,
         not only who computes it: with the language model's ``calculate_per_token_loss=False``
         each language replica's loss is a mean over its own tokens. Off: said once.
-    calibrate_online: with ``reorder``, the cost model refits itself from the profiler's module
-        times while training (starting from ``cost_model`` or the defaults); False pins it. No
-        effect without reorder.
+    calibrate_online: with ``reorder`` (plan mode), the cost model refits itself from the job's own
+        step times while it trains, starting from ``cost_model`` or the defaults
+        (:mod:`mimo_accel.runtime.calibration`); False pins it. No effect without reorder.
     """
 
     sharded_reads: bool = False
@@ -147,6 +147,11 @@ class AccelConfig:
                 object.__setattr__(self, name, value)
             if not isinstance(value, str) or not value:
                 raise ConfigError(f"{name} must be None or a {what} path, got {value!r}")
+
+    @property
+    def calibrates_online(self) -> bool:
+        """Whether the cost model is learnt while training: reorder in plan mode, not pinned."""
+        return self.reorder and self.reorder_mode == "plan" and self.calibrate_online
 
     @property
     def any_feature(self) -> bool:

@@ -12,7 +12,7 @@ from typing import Callable, Optional, Sequence
 
 import numpy as np
 
-from mimo_accel.balance import balance_modules, module_spreads
+from mimo_accel.balance import balance_modules, module_loads, module_spreads
 from mimo_accel.costs import CostIndex, CostModel
 from mimo_accel.modules import Modules
 from mimo_accel.nvtx import ranged
@@ -50,9 +50,9 @@ class CostIndexPlanner:
     def grid(self) -> int:
         return self.modules.grid
 
-    def costs(self, indices: Sequence[int]) -> dict[str, np.ndarray]:
-        """Module name -> per-sample costs of ``indices``."""
-        costs = self.index.module_costs(np.asarray(indices, dtype=np.int64), self.model, self.modules,
+    def costs(self, indices: Sequence[int], model: Optional[CostModel] = None) -> dict[str, np.ndarray]:
+        """Module name -> per-sample costs of ``indices`` (priced by ``model``, default the planner's)."""
+        costs = self.index.module_costs(np.asarray(indices, dtype=np.int64), model or self.model, self.modules,
                                         notify=self.notify)
         for c in costs.values():
             if not np.all(np.isfinite(c)) or np.any(c < 0):
@@ -61,11 +61,25 @@ class CostIndexPlanner:
         return costs
 
     @ranged("mimo_accel/plan")
-    def __call__(self, indices: Sequence[int], micro_batches: int = 1) -> tuple[list[int], dict[str, float]]:
+    def __call__(self, indices: Sequence[int], micro_batches: int = 1,
+                 model: Optional[CostModel] = None) -> tuple[list[int], "Spreads"]:
         """Plan ``micro_batches`` consecutive global micro-batches together (a window): the
-        result's j-th block of len/micro_batches samples is micro-batch j, cut into G groups."""
-        order, spreads = plan_costs(self.costs(indices), self.dps, micro_batches, self.notify, "the cost index")
-        return [indices[p] for p in order], spreads
+        result's j-th block of len/micro_batches samples is micro-batch j, cut into G groups.
+        Returns the indices in that order and each module's predicted spread (with each module's
+        load per micro-batch and replica: :class:`Spreads`). ``model``: the cost model of this
+        window (online calibration), default the planner's."""
+        costs = self.costs(indices, model)
+        order, spreads = plan_costs(costs, self.dps, micro_batches, self.notify, "the cost index")
+        return [indices[p] for p in order], Spreads(spreads, module_loads(costs, self.dps, order, micro_batches))
+
+
+class Spreads(dict):
+    """Module name -> the plan's predicted replica spread; ``loads``: module name -> its load per
+    micro-batch and replica (``[micro_batches, dp]``, in the cost model's units)."""
+
+    def __init__(self, spreads: dict, loads: dict):
+        super().__init__(spreads)
+        self.loads = loads
 
 
 def plan_costs(costs: dict[str, np.ndarray], dps: dict[str, int], micro_batches: int = 1,

@@ -49,7 +49,7 @@ def test_step_scalars_are_the_reports_definitions_for_one_step(tmp_path):
     assert s[f"{p}/language/straggler"] == pytest.approx(1.2 / 0.9)
     assert s[f"{p}/language/slowest_replica"] == 0
     assert s[f"{p}/vision/straggler_planned"] == 1.02 and s[f"{p}/language/straggler_planned"] == 1.3
-    assert s[f"{p}/language/tokens/dp0"] == 300 and s[f"{p}/language/tokens/dp1"] == 100
+    assert s[f"{p}/language/tokens_max"] == 300 and s[f"{p}/language/tokens_mean"] == 200
     assert s[f"{p}/language/tokens_straggler"] == pytest.approx(300 / 200)
     assert s[f"{p}/vision/samples_read_per_rank"] == 4 and s[f"{p}/language/samples_read_per_rank"] == 8
     assert s[f"{p}/vision/bytes_read_per_rank"] == 1000
@@ -74,6 +74,23 @@ def test_the_longest_wait_for_a_plan_is_the_steps(tmp_path):
     assert step_scalars(figures)["mimo_accel/plan_wait_s"] == 0.125
 
 
+def test_no_tag_grows_with_the_data_parallel_size(tmp_path):
+    """DP 512: as many tags as at DP 2 (the tokens per replica are one histogram), written through a
+    stand-in of Bridge's writers."""
+    from mimo_accel.runtime.metrics import step_histograms
+
+    def tags(dp):
+        figures = [rank_figures({"rank": r, "module": "language", "dp_rank": r},
+                                {"language_fwd_s": 0.1 + r * 1e-3, "language_bwd_s": 0.1, "tokens": 100 + r,
+                                 "samples_read": 4}) for r in range(dp)]
+        return set(step_scalars(figures)) | set(step_histograms(figures)), step_histograms(figures)
+
+    small, _ = tags(2)
+    large, histograms = tags(512)
+    assert large == small
+    assert histograms["mimo_accel/language/tokens"] == [100 + r for r in range(512)]
+
+
 def test_a_rank_of_no_known_module_counts_in_the_reads_only(tmp_path):
     header, record = _line(tmp_path, 0, "unknown", 0, 0.1, 0.1)
     s = step_scalars([rank_figures(header, record)])
@@ -96,6 +113,9 @@ class _Writer:
 
     def add_scalar(self, name, value, step):
         self.scalars.append((name, value, step))
+
+    def add_histogram(self, name, values, step):
+        self.scalars.append((name, list(values), step))
 
     def log(self, values, step):
         self.logged.append((values, step))
@@ -129,8 +149,9 @@ def test_the_ranks_meet_in_the_store_and_only_the_last_rank_writes(tmp_path):
     assert ranks[3].written == 1 and all(m.written == 0 for m in ranks[:3])
     names = {name for name, _, step in tb.scalars if step == 2}  # iteration 2: train_state.step + 1
     assert {"mimo_accel/vision/straggler", "mimo_accel/language/straggler", "mimo_accel/reads/samples",
-            "mimo_accel/language/tokens/dp0", "mimo_accel/language/tokens/dp1"} <= names
-    assert wb.logged and wb.logged[0][1] == 2 and set(wb.logged[0][0]) == names
+            "mimo_accel/language/tokens_max", "mimo_accel/language/tokens"} <= names
+    assert ("mimo_accel/language/tokens", [100, 150], 2) in tb.scalars  # one histogram: replicas 0 (rank 2), 1
+    assert wb.logged and wb.logged[0][1] == 2 and set(wb.logged[0][0]) == names - {"mimo_accel/language/tokens"}
     # each rank deletes its own key once the writer marked the iteration read: ranks 0 and 1 looked
     # before the writer could (it waits for rank 2's key), so theirs stay until their next logged
     # iteration or the end of training; rank 2 looks right after its set, before or after the writer
@@ -292,7 +313,7 @@ def test_the_train_entry_hands_global_state_to_the_profiler(tmp_path, monkeypatc
         def close(self):
             closed.append(self)
 
-    monkeypatch.setattr(Metrics, "for_run", classmethod(lambda cls, gs: made.append(gs) or _Run()))
+    monkeypatch.setattr(Metrics, "for_run", classmethod(lambda cls, gs, calibration: made.append(gs) or _Run()))
     wrapped(None, None, None, None, None, None, "state-positional")
     wrapped(forward_step_func=None, model=None, optimizer=None, schedulers=None, train_data_iterator=None,
             valid_data_iterator=None, global_state="state-keyword")

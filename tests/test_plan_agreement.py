@@ -100,8 +100,8 @@ def _train_differing(rank, world, argv, differ_on):
     if rank == differ_on:
         plan = planner.CostIndexPlanner.__call__
 
-        def differing(self, idx, mb=1):
-            order, spreads = plan(self, idx, mb)
+        def differing(self, idx, mb=1, *model):
+            order, spreads = plan(self, idx, mb, *model)
             return (order[::-1] if min(idx) >= DIFFER_FROM * MBS else order), spreads
 
         planner.CostIndexPlanner.__call__ = differing

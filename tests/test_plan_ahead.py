@@ -56,7 +56,7 @@ def _serial(sampler, planner, window):
     """What the sampler yields when every window is planned in the loop that asks for it."""
     rules = ShareRules(CTX, window)
     out = []
-    for _, batches, _ in rules.windows(sampler):
+    for _, batches, _, _ in rules.windows(sampler):
         out.extend(rules.plan(planner, batches)[0])
     return out
 

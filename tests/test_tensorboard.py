@@ -18,14 +18,18 @@ VDP, LDP, MBS, GBS, ITERS = 2, 2, 4, 8, 3
 
 
 def _scalars(directory: Path) -> dict:
-    """tag -> [(step, value)] of every scalar in the event files under ``directory``."""
+    """tag -> [(step, value)] of every scalar in the event files under ``directory``, and
+    ``histogram:<tag>`` -> [(step, number of values)] of every histogram."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     files = list(directory.glob("events.out.tfevents.*"))
     assert len(files) == 1, files  # one writer: Bridge's, on the last rank
-    acc = EventAccumulator(str(directory))
+    acc = EventAccumulator(str(directory), size_guidance={"histograms": 0})  # 0: every step (default: the last)
     acc.Reload()
-    return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+    out = {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+    out.update({f"histogram:{tag}": [(e.step, e.histogram_value.num) for e in acc.Histograms(tag)]
+                for tag in acc.Tags()["histograms"]})
+    return out
 
 
 def _train(tmp_path: Path, name: str, features: dict, *extra: str) -> dict:
@@ -54,8 +58,10 @@ def test_the_example_logs_mimo_accel_figures_through_bridges_tensorboard_writer(
     assert [v for _, v in got["mimo_accel/language/samples_read_per_rank"]] == [GBS / LDP] * ITERS
     assert [v for _, v in got["mimo_accel/reads/samples"]] == [2 * GBS] * ITERS
     assert all(v > 0 for _, v in got["mimo_accel/reads/bytes"])
-    for dp in range(LDP):  # packed: the real tokens each language replica computed
-        assert all(0 < v <= GBS / LDP * 64 for _, v in got[f"mimo_accel/language/tokens/dp{dp}"])
+    # packed: the real tokens each language replica computed, one histogram of the replicas a step
+    assert all(0 < v <= GBS / LDP * 64 for _, v in got["mimo_accel/language/tokens_max"])
+    assert [s for s, _ in got["histogram:mimo_accel/language/tokens"]] == steps
+    assert all(count == LDP for _, count in got["histogram:mimo_accel/language/tokens"])
     assert all(v >= 1.0 for _, v in got["mimo_accel/language/tokens_straggler"])
 
 

@@ -7,7 +7,7 @@
 """
 
 from mimo_accel.balance.equal_size import balanced_order, contiguous_order, group_costs, lower_bound, lpt_order, spread
-from mimo_accel.balance.every_module import balance_modules, module_bounds, module_spreads
+from mimo_accel.balance.every_module import balance_modules, module_bounds, module_loads, module_spreads
 
 __all__ = [
     "balance_modules",
@@ -17,6 +17,7 @@ __all__ = [
     "lower_bound",
     "lpt_order",
     "module_bounds",
+    "module_loads",
     "module_spreads",
     "spread",
 ]

@@ -435,10 +435,9 @@ def balance_modules(costs: Mapping[str, Sequence[float]], dps: Mapping[str, int]
     return np.sort(candidates[best], axis=1).ravel().tolist()
 
 
-def module_spreads(costs: Mapping[str, Sequence[float]], dps: Mapping[str, int], order: Sequence[int],
-                   micro_batches: int = 1) -> dict[str, float]:
-    """Each module's replica spread (max/mean of its replicas' loads) under ``order``; 1.0 for a
-    module with one replica or no cost."""
+def module_loads(costs: Mapping[str, Sequence[float]], dps: Mapping[str, int], order: Sequence[int],
+                 micro_batches: int = 1) -> dict[str, np.ndarray]:
+    """Each module's load per micro-batch and replica under ``order``: ``[micro_batches, dp]``."""
     arrays, grid = _validate(costs, dps, micro_batches)
     o = np.asarray(order, dtype=np.int64)
     n = next(iter(arrays.values())).size
@@ -448,6 +447,16 @@ def module_spreads(costs: Mapping[str, Sequence[float]], dps: Mapping[str, int],
     for name, c in arrays.items():
         d = int(dps[name]) * int(micro_batches)
         loads = c[o].reshape(d, -1).sum(axis=1) if n else np.zeros(d)
+        out[name] = loads.reshape(int(micro_batches), int(dps[name]))
+    return out
+
+
+def module_spreads(costs: Mapping[str, Sequence[float]], dps: Mapping[str, int], order: Sequence[int],
+                   micro_batches: int = 1) -> dict[str, float]:
+    """Each module's replica spread (max/mean of its replicas' loads, over every micro-batch and
+    replica) under ``order``; 1.0 for a module with one replica or no cost."""
+    out = {}
+    for name, loads in module_loads(costs, dps, order, micro_batches).items():
         mean = loads.mean() if loads.size else 0.0
         out[name] = float(loads.max() / mean) if mean > 0 else 1.0
     return out

@@ -301,7 +301,7 @@ def enable(cfg: AccelConfig) -> AccelConfig:
             _validate(site, _targets(by_site[site]), m.installed)
         _say_patch_release_once(m)
         runtime = Runtime(cfg, shape)
-        if cfg.profile is not None:
+        if cfg.profile is not None or cfg.calibrates_online:  # online calibration learns from its timers
             from mimo_accel.runtime.profiling import Profiling
 
             runtime.profiling = Profiling(runtime)

@@ -81,12 +81,14 @@ FEATURES = {
     "reorder": (),
     "packing": (*_SCOPE, *_STEP, *_FAN_IN, "pack language shard", "resolve step packing"),
     "profile": (*_SCOPE, *_STEP, "encode", "optimizer step", "train entry"),
+    # the cost model learnt while training: the profiler's module timers, without its file
+    "calibrate_online": (*_SCOPE, *_STEP, "encode", "optimizer step", "train entry"),
 }
 
 
 def features_of(cfg: AccelConfig) -> tuple[str, ...]:
     """The rows of :data:`FEATURES` a config turns on."""
-    return tuple(cfg.features())
+    return tuple(cfg.features()) + (("calibrate_online",) if cfg.calibrates_online else ())
 
 
 def patches_for(cfg: AccelConfig, shape: T.Shape) -> list[Patch]:

@@ -226,7 +226,8 @@ def _default_versions() -> dict[str, str]:
 
 
 class Recorder:
-    """Records one rank's steps to ``<out_dir>/rank<rank>.jsonl``.
+    """Records one rank's steps to ``<out_dir>/rank<rank>.jsonl`` (``out_dir`` None: to no file; the
+    step lines :meth:`end_step` returns are all there is).
 
     A step runs from :meth:`begin_step` (or, if that is not called, from the previous
     :meth:`end_step` / the recorder's creation) to :meth:`end_step`, which writes and flushes the
@@ -277,9 +278,14 @@ class Recorder:
         self._declared_regions.extend(dict.fromkeys(regions))
         self._declared_counters.extend(c for c in dict.fromkeys(counters) if c not in COUNTERS)
 
-        self.path = rank_file(out_dir, rank)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._file = open(self.path, "a" if append else "w", encoding="utf-8")  # noqa: SIM115
+        # out_dir None: the step lines are made (for what reads them in training: the metrics, the
+        # online calibration) but written nowhere
+        self.path = rank_file(out_dir, rank) if out_dir is not None else None
+        self._file = None
+        self._closed = False
+        if self.path is not None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._file = open(self.path, "a" if append else "w", encoding="utf-8")  # noqa: SIM115
         self.header: dict[str, Any] = {
             "kind": "header",
             "format": FORMAT,
@@ -470,6 +476,8 @@ class Recorder:
     # -- file -----------------------------------------------------------------------------------
 
     def _write(self, record: dict[str, Any]) -> None:
+        if self._file is None:
+            return
         line = json.dumps(record, default=_json_default, allow_nan=False, separators=(",", ":"))
         self._file.write(line + "\n")
         self._file.flush()
@@ -478,12 +486,13 @@ class Recorder:
 
     def close(self) -> None:
         """Close the file. Steps not ended are not written."""
-        if not self._file.closed:
+        self._closed = True
+        if self._file is not None and not self._file.closed:
             self._file.close()
 
     @property
     def closed(self) -> bool:
-        return self._file.closed
+        return self._closed
 
     def __enter__(self) -> Recorder:
         return self

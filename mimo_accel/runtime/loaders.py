@@ -49,6 +49,7 @@ class Plan:
     window: int = 1  # micro-batches planned together
     step_micro_batches: Optional[int] = None
     check: object = None  # a plan_check.WindowCheck: every window's plan agreed by the data ranks
+    models: object = None  # online calibration: first micro-batch -> (model, digest, overheads)
 
 
 def plan_for(dataset, sampler_settings: list, ctx, split: str, runtime: Runtime) -> Plan:
@@ -70,6 +71,10 @@ def plan_for(dataset, sampler_settings: list, ctx, split: str, runtime: Runtime)
 
         model = cost_model_for(cfg.cost_model)
         fields["cost model"] = plan_inputs.digest(dataclasses.asdict(model))
+        calibration = runtime.calibration if split == "train" and cfg.reorder_mode == "plan" else None
+        if calibration is not None:  # the models it learnt before the checkpoint it resumes from, too
+            calibration.restore()
+            fields["cost model"] = calibration.digest()
         plan = Plan(cost_model=model)
         if cfg.reorder_mode == "plan":
             index = cost_index_for(dataset, cfg.cost_index, split, group=_data_ranks(ctx), notify=runtime.say_once)
@@ -85,7 +90,16 @@ def plan_for(dataset, sampler_settings: list, ctx, split: str, runtime: Runtime)
         if split == "train" and cfg.reorder_window > 1:
             window, step_mbs = cfg.reorder_window, micro_batches_per_step()
             sampler.check_window(window, step_mbs)
-        plan = Plan(planner, plan.cost_model, window, step_mbs, _plan_check(ctx, f"{split} loader"))
+        models = None
+        if calibration is not None:  # each step planned with the model announced for it
+            steps = step_mbs or micro_batches_per_step()
+            if steps is None:
+                runtime.say_once("calibration:no-steps", "mimo_accel online calibration: megatron-core's "
+                                 "num-microbatches calculator was not set up when the train loader was built, so "
+                                 "its windows cannot be told apart by step: the cost model stays as configured")
+            else:
+                models = calibration.models(steps)
+        plan = Plan(planner, plan.cost_model, window, step_mbs, _plan_check(ctx, f"{split} loader"), models)
     return plan
 
 
@@ -143,7 +157,7 @@ def _share(loader, a: UpstreamCall, ctx, split: str, dp_group, runtime: Runtime)
                                      notify=runtime.say_once,
                                      check=_plan_check(ctx, f"{split} loader", FirstPlanCheck))
     return sampler.shard_loader(loader, ctx, a["micro_batch_size"], planner=plan.planner, window=plan.window,
-                                step_micro_batches=plan.step_micro_batches, check=plan.check)
+                                step_micro_batches=plan.step_micro_batches, check=plan.check, models=plan.models)
 
 
 def wrap_canonical_loader(original: Callable, runtime: Runtime) -> Callable:
@@ -199,4 +213,5 @@ def _canonical_share(loader, a: UpstreamCall, ctx, split: str, dp_group, runtime
         data_sharding=a["data_sharding"], drop_last=a["drop_last"])
     return sampler.shard_loader(loader, ctx, a["micro_batch_size"], planner=plan.planner, window=plan.window,
                                 step_micro_batches=plan.step_micro_batches, global_sampler=everything,
-                                start=(a["consumed_samples"], a["micro_batch_size"]), check=plan.check)
+                                start=(a["consumed_samples"], a["micro_batch_size"]), check=plan.check,
+                                models=plan.models)

@@ -11,8 +11,10 @@ the interval of Bridge's own MIMO ``iteration-time`` scalar) adds, under ``mimo_
   predicted for it, with ``reorder``: the step line's ``predicted_spreads``, i.e. the plan of the
   step's last micro-batch), ``m/slowest_replica_s`` and ``m/slowest_replica`` (its DP
   rank), ``m/samples_read_per_rank`` and ``m/bytes_read_per_rank`` (mean over the module's ranks);
-* ``language/tokens/dp<r>``: the real tokens language replica ``r`` computed this step (packed:
-  its ``cu_seqlens``; else its attention-mask rows), and ``language/tokens_straggler`` (max / mean);
+* ``language/tokens``: a histogram of the real tokens each language replica computed this step
+  (packed: its ``cu_seqlens``; else its attention-mask rows), beside the scalars
+  ``language/tokens_max``, ``language/tokens_mean`` and ``language/tokens_straggler`` (max / mean):
+  no tag's count grows with the data-parallel size;
 * ``reads/samples``, ``reads/bytes``, ``reads/bytes_exchanged``: summed over every rank;
 * ``plan_wait_s`` (with ``reorder``): the longest any rank's training thread waited this step for a
   plan made ahead (0 while planning keeps up).
@@ -50,6 +52,8 @@ import threading
 import time
 from collections import defaultdict
 from typing import Any, Iterable, Optional
+
+import numpy as np
 
 from mimo_accel.modules import LANGUAGE
 from mimo_accel.profiler.recorder import FORMAT_V1_ENCODER, module_regions
@@ -100,7 +104,18 @@ def rank_figures(header: dict, record: dict) -> dict:
         "tokens": record_number(record, "tokens") if module == LANGUAGE else None,
         "spreads": spreads,
         "plan_wait_s": record_number(record, "plan_wait_s"),
+        "features": _features(module, record),
     }
+
+
+def _features(module: str, record: dict) -> Optional[list]:
+    """What the module computed this step, as the online calibration learns from it (an encoder's
+    rows, Σ rows², items; the language model's tokens, Σ tokens²); None where the line lacks them."""
+    from mimo_accel.costs.online import features_of
+
+    keys = [name if module == LANGUAGE else f"{module}_{name}" for name in features_of(module)]
+    values = [record_number(record, k) for k in keys]
+    return None if any(v is None for v in values) else values
 
 
 def _ratio(values: list) -> Optional[float]:
@@ -143,12 +158,15 @@ def step_scalars(figures: Iterable[dict]) -> dict[str, float]:
         planned = {encoders[0] if encoders else FORMAT_V1_ENCODER: single}
     for m, v in planned.items():
         out[f"{PREFIX}/{m}/straggler_planned"] = v
+        if (measured := out.get(f"{PREFIX}/{m}/straggler")) is not None:
+            out[f"{PREFIX}/{m}/predicted_error"] = abs(v - measured)
     tokens: dict[int, float] = {}
     for f in by_module.get(LANGUAGE, ()):
         if f["tokens"] is not None:
             tokens[f["dp_rank"]] = max(tokens.get(f["dp_rank"], 0.0), f["tokens"])
-    for dp in sorted(tokens):
-        out[f"{PREFIX}/{LANGUAGE}/tokens/dp{dp}"] = tokens[dp]
+    if tokens:
+        out[f"{PREFIX}/{LANGUAGE}/tokens_max"] = max(tokens.values())
+        out[f"{PREFIX}/{LANGUAGE}/tokens_mean"] = sum(tokens.values()) / len(tokens)
     if len(tokens) > 1 and (ratio := _ratio(list(tokens.values()))) is not None:
         out[f"{PREFIX}/{LANGUAGE}/tokens_straggler"] = ratio
     for key in ("samples", "bytes", "bytes_exchanged"):
@@ -157,6 +175,26 @@ def step_scalars(figures: Iterable[dict]) -> dict[str, float]:
     waits = [w for f in figures if (w := f.get("plan_wait_s")) is not None]
     if waits:  # the training thread's wait for the plans it was to train, the slowest rank's
         out[f"{PREFIX}/plan_wait_s"] = max(waits)
+    return out
+
+
+def step_histograms(figures: Iterable[dict]) -> dict[str, list[float]]:
+    """The distributions of one step, one value per replica: ``language/tokens``."""
+    tokens: dict[int, float] = {}
+    for f in figures:
+        if f["module"] == LANGUAGE and f["tokens"] is not None:
+            tokens[f["dp_rank"]] = max(tokens.get(f["dp_rank"], 0.0), f["tokens"])
+    return {f"{PREFIX}/{LANGUAGE}/tokens": [tokens[d] for d in sorted(tokens)]} if tokens else {}
+
+
+def model_scalars(model, figures: Iterable[dict]) -> dict[str, float]:
+    """The cost model in use for each module of the step (online calibration): its coefficients
+    ``cost_model/a``, ``/b`` and an encoder's ``/k``."""
+    out: dict[str, float] = {}
+    for module in sorted({f["module"] for f in figures if f.get("module") not in (None, "unknown")}):
+        cost = model.of(module)
+        for name in ("a", "b") if module == LANGUAGE else ("a", "b", "k"):
+            out[f"{PREFIX}/{module}/cost_model/{name}"] = getattr(cost, name)
     return out
 
 
@@ -173,11 +211,16 @@ class Metrics:
     """One training run's figures into Bridge's writers (made at the train entry; see the module
     docstring). ``store``: where the figures meet (default: the job's rendezvous store)."""
 
-    def __init__(self, global_state: Any, *, rank: int, world: int, store: Any = None):
+    def __init__(self, global_state: Any, *, rank: int, world: int, store: Any = None, calibration: Any = None,
+                 writes: bool = True, lead: int = 1):
         logger_cfg = global_state.cfg.logger
         self.state = global_state
         self.interval = max(1, int(getattr(logger_cfg, "log_interval", 1) or 1))
         self.rank, self.world = rank, world
+        # online calibration (runtime.calibration): every step's figures reach the writing rank,
+        # which learns from them and announces refits ``lead`` iterations ahead of its own
+        self.calibration = calibration
+        self.writes = writes  # whether the logged iterations go to Bridge's writers
         self.writer_rank = world - 1  # GlobalState makes its writers on rank N-1 only
         self.run = _next_run()
         self._store = store
@@ -185,34 +228,44 @@ class Metrics:
         self._worker: Optional[_Worker] = None  # the writing rank's metrics thread
         self._job: Optional[_Job] = None  # the writing rank's logged iteration in flight
         self.written = 0  # logged steps this rank wrote (the writing rank only)
+        self.lead = lead
+        self._histograms: dict = {}  # the last logged iteration's distributions (the writing rank)
 
     @classmethod
-    def for_run(cls, global_state: Any) -> Optional["Metrics"]:
-        """Metrics for the run of ``global_state``, or None when Bridge's logger writes nowhere
-        (neither ``tensorboard_dir`` nor ``wandb_project``; or ``skip_train_metrics_log``). Every
-        rank decides alike: the logger config is the job's."""
+    def for_run(cls, global_state: Any, calibration: Any = None) -> Optional["Metrics"]:
+        """Metrics for the run of ``global_state``, or None when nothing reads them: Bridge's logger
+        writes nowhere (neither ``tensorboard_dir`` nor ``wandb_project``; or
+        ``skip_train_metrics_log``) and no online ``calibration`` learns from them. Every rank
+        decides alike: the logger config and the options are the job's."""
         import torch.distributed as dist
 
         logger_cfg = getattr(getattr(global_state, "cfg", None), "logger", None)
-        if logger_cfg is None or getattr(logger_cfg, "skip_train_metrics_log", False):
+        writes = logger_cfg is not None and not getattr(logger_cfg, "skip_train_metrics_log", False) and bool(
+            getattr(logger_cfg, "tensorboard_dir", None) or getattr(logger_cfg, "wandb_project", None))
+        if logger_cfg is None or not dist.is_initialized() or not (writes or calibration is not None):
             return None
-        if not (getattr(logger_cfg, "tensorboard_dir", None) or getattr(logger_cfg, "wandb_project", None)):
-            return None
-        if not dist.is_initialized():
-            return None
-        return cls(global_state, rank=dist.get_rank(), world=dist.get_world_size())
+        lead = calibration.lead if calibration is not None else 1
+        return cls(global_state, rank=dist.get_rank(), world=dist.get_world_size(), calibration=calibration,
+                   writes=writes, lead=lead)
 
     def iteration_logged(self) -> Optional[int]:
         """The iteration the optimizer step now ending belongs to (Bridge counts it after the
         step), when it is one Bridge logs; else None."""
         iteration = int(self.state.train_state.step) + 1
-        return iteration if iteration % self.interval == 0 else None
+        return iteration if self.writes and iteration % self.interval == 0 else None
+
+    def iteration_gathered(self) -> tuple[Optional[int], bool]:
+        """The iteration now ending when its figures are gathered (every one while calibrating, else
+        the logged ones), and whether it is logged."""
+        iteration = int(self.state.train_state.step) + 1
+        logged = self.iteration_logged() is not None
+        return (iteration if logged or self.calibration is not None else None), logged
 
     def after_step(self, header: dict, record: dict) -> None:
         """Called on every rank at the end of each optimizer step with its step line."""
-        if self._job is not None:  # the writing rank: the previous logged iteration is collected first
+        if self._job is not None:  # the writing rank: the previous gathered iteration is collected first
             self._collect()
-        iteration = self.iteration_logged()
+        iteration, logged = self.iteration_gathered()
         if iteration is None:
             return
         store = self.store()
@@ -221,7 +274,7 @@ class Metrics:
             if self._worker is None:  # its own connection: a wait there holds up no other call
                 self._worker = _Worker(self, store.clone())
             # Bridge makes its writer on first use: here, on the training thread, never on two at once
-            self._job = self._worker.submit(iteration, self.state.tensorboard_logger)
+            self._job = self._worker.submit(iteration, self.state.tensorboard_logger if logged else None, logged)
         else:
             self._pending.append(iteration)
             self._delete_consumed(store)
@@ -276,18 +329,25 @@ class Metrics:
         job.done.wait()
         if job.error is not None:
             raise job.error
+        if not job.logged:
+            return
         wandb = self.state.wandb_logger
         if wandb is not None:
-            wandb.log(dict(job.scalars), job.iteration)
+            row = dict(job.scalars)
+            histogram = getattr(wandb, "Histogram", None)  # Bridge's W&B writer is the wandb module
+            if histogram is not None:
+                row.update({name: histogram(values) for name, values in self._histograms.items()})
+            wandb.log(row, job.iteration)
         if wandb is not None or job.tensorboard is not None:
             self.written += 1
 
     def gather(self, store, iteration: int, tensorboard: Any = None,
-               stop: Optional[threading.Event] = None) -> Optional[dict[str, float]]:
-        """The writing rank's part of logged iteration ``iteration`` (on its metrics thread): wait
-        for every rank's figures, read them, mark the iteration done, delete its own key, write the
-        scalars to ``tensorboard`` (Bridge's SummaryWriter, or None); returns them (None: ``stop``
-        was set while it waited)."""
+               stop: Optional[threading.Event] = None, logged: bool = True) -> Optional[dict[str, float]]:
+        """The writing rank's part of gathered iteration ``iteration`` (on its metrics thread): wait
+        for every rank's figures, read them, mark the iteration done, delete its own key; the online
+        calibration learns from them; a logged iteration's scalars go to ``tensorboard`` (Bridge's
+        SummaryWriter, or None) and are returned (None: not logged, or ``stop`` was set while it
+        waited)."""
         keys = [self._key(iteration, r) for r in range(self.world)]
         if not self._wait(store, keys, iteration, stop):
             return None
@@ -295,10 +355,21 @@ class Metrics:
         store.set(self._done_key(), str(iteration))
         store.delete_key(keys[self.rank])
         # one parse of every rank's figures: half the GIL time of one parse per rank
-        scalars = step_scalars(json.loads(b"[" + b",".join(values) + b"]"))
+        figures = json.loads(b"[" + b",".join(values) + b"]")
+        if self.calibration is not None:
+            self.calibration.observe(iteration, figures, store, int(self.state.train_state.step), self.lead)
+        if not logged:
+            return None
+        scalars = step_scalars(figures)
+        if self.calibration is not None:
+            scalars.update(model_scalars(self.calibration.schedule.model_for(iteration), figures))
+        histograms = step_histograms(figures)
         if tensorboard is not None:
             for name, value in scalars.items():
                 tensorboard.add_scalar(name, value, iteration)
+            for name, values in histograms.items():
+                tensorboard.add_histogram(name, np.asarray(values, dtype=np.float64), iteration)
+        self._histograms = histograms  # for the W&B row, on the training thread
         return scalars
 
     def _wait(self, store, keys: list[str], iteration: int, stop: Optional[threading.Event]) -> bool:
@@ -325,8 +396,8 @@ class _Job:
     """One logged iteration handed to the metrics thread (and the TensorBoard writer it writes to):
     its scalars or its error, once done."""
 
-    def __init__(self, iteration: int, tensorboard: Any):
-        self.iteration, self.tensorboard = iteration, tensorboard
+    def __init__(self, iteration: int, tensorboard: Any, logged: bool = True):
+        self.iteration, self.tensorboard, self.logged = iteration, tensorboard, logged
         self.scalars: Optional[dict[str, float]] = None
         self.error: Optional[BaseException] = None
         self.done = threading.Event()
@@ -342,8 +413,8 @@ class _Worker:
         self.thread = threading.Thread(target=self._run, args=(metrics, store), daemon=True, name="mimo-accel-metrics")
         self.thread.start()
 
-    def submit(self, iteration: int, tensorboard: Any) -> _Job:
-        job = _Job(iteration, tensorboard)
+    def submit(self, iteration: int, tensorboard: Any, logged: bool = True) -> _Job:
+        job = _Job(iteration, tensorboard, logged)
         self._jobs.put(job)  # no wait: the thread takes it when it next holds the GIL
         return job
 
@@ -354,7 +425,7 @@ class _Worker:
     def _run(self, metrics: Metrics, store: Any) -> None:
         while (job := self._jobs.get()) is not None:
             try:
-                job.scalars = metrics.gather(store, job.iteration, job.tensorboard, self.stop)
+                job.scalars = metrics.gather(store, job.iteration, job.tensorboard, self.stop, job.logged)
             except BaseException as exc:  # raised on the training thread when collected
                 job.error = exc
             finally:

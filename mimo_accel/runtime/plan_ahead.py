@@ -78,10 +78,10 @@ def _serve(planner, conn, parent: int) -> None:
             return
         if message is None:
             return
-        indices, micro_batches = message
+        indices, micro_batches, extra = message
         try:
-            order, spread = planner(indices, micro_batches)
-            reply = ("ok", np.asarray(order, dtype=np.int64), spread, list(said))
+            order, *rest = planner(indices, micro_batches, *extra)
+            reply = ("ok", np.asarray(order, dtype=np.int64), rest, list(said))
         except BaseException as exc:  # noqa: BLE001 - handed to the parent, raised there
             exc.add_note("".join(traceback.format_exception(exc)).rstrip())
             reply = ("error", _portable(exc), None, list(said))
@@ -108,10 +108,10 @@ class ForkedPlanner:
         child.close()
 
     @ranged("mimo_accel/plan")  # on the planner thread, around the child's planning (NVTX on CUDA only)
-    def __call__(self, indices, micro_batches: int):
-        self._conn.send((np.asarray(indices, dtype=np.int64), micro_batches))
+    def __call__(self, indices, micro_batches: int, *extra):
+        self._conn.send((np.asarray(indices, dtype=np.int64), micro_batches, extra))
         try:
-            kind, value, spread, said = self._conn.recv()
+            kind, value, rest, said = self._conn.recv()
         except EOFError:
             self.process.join(timeout=1.0)
             raise RuntimeError(f"mimo_accel: the planner process exited (exit code {self.process.exitcode}) "
@@ -121,7 +121,7 @@ class ForkedPlanner:
                 self.notify(key, message)
         if kind == "error":
             raise value
-        return value.tolist(), spread
+        return (value.tolist(), *rest)
 
     def close(self) -> None:
         try:
@@ -147,8 +147,8 @@ class InlinePlanner:
     def __init__(self, planner):
         self.planner = planner
 
-    def __call__(self, indices, micro_batches: int):
-        return self.planner(indices, micro_batches)
+    def __call__(self, indices, micro_batches: int, *extra):
+        return self.planner(indices, micro_batches, *extra)
 
     def close(self) -> None:
         pass
@@ -159,9 +159,10 @@ class InlinePlanner:
 
 @dataclass(frozen=True)
 class PassSpec:
-    """What one pass plans: ``windows()`` yields ``(ordinal, micro-batches, sampler state)`` of
-    upstream's sampler copy; ``plan(worker, batches)`` gives a window's shares (a list of
-    :class:`~mimo_accel.runtime.sampler.LocalIndices`) and its digest."""
+    """What one pass plans: ``windows()`` yields ``(ordinal, micro-batches, sampler state, first
+    micro-batch)`` of upstream's sampler copy; ``plan(worker, batches, model)`` gives a window's
+    shares (a list of :class:`~mimo_accel.runtime.sampler.LocalIndices`), its digest and its first
+    global index."""
 
     windows: Callable[[], Iterator]
     plan: Callable[[Any, list], tuple]
@@ -169,6 +170,8 @@ class PassSpec:
     check: Any = None  # a plan_check.WindowCheck, or None (a single data rank)
     pass_no: int = 0
     in_process: bool = True
+    # models(first micro-batch of a window) -> (cost model, digest, overheads), or None (online calibration)
+    models: Optional[Callable[[int], Any]] = None
 
 
 def _feed(spec: PassSpec, out: "queue.Queue", stop: threading.Event) -> None:
@@ -188,11 +191,12 @@ def _feed(spec: PassSpec, out: "queue.Queue", stop: threading.Event) -> None:
     worker = None
     try:
         worker = ForkedPlanner(spec.planner) if spec.in_process and can_fork() else InlinePlanner(spec.planner)
-        for ordinal, batches, state in spec.windows():
+        for ordinal, batches, state, first_micro_batch in spec.windows():
             posted = False
             if stop.is_set():
                 break
-            shares, digest, first = spec.plan(worker, batches)
+            model = spec.models(first_micro_batch) if spec.models is not None else None
+            shares, digest, first = spec.plan(worker, batches, model)
             if check is not None:
                 posted = True
                 check.agree(spec.pass_no, ordinal, digest, first_index=first)

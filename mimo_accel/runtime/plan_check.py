@@ -40,13 +40,15 @@ class PlanMismatch(RuntimeError):
     """The data-loading ranks planned a window differently (or a rank could not plan it)."""
 
 
-def plan_digest(window: Sequence[int], order: Sequence[int]) -> str:
+def plan_digest(window: Sequence[int], order: Sequence[int], model: str = "") -> str:
     """A short digest of one window's plan: the window's global indices as upstream's sampler gave
-    them, and the planned order."""
+    them, the planned order, and the digest of the cost model it was planned with (online
+    calibration: every rank must plan a step with the same one)."""
     h = hashlib.sha256()
     h.update(np.asarray(window, dtype="<i8").tobytes())
     h.update(b"/")
     h.update(np.asarray(order, dtype="<i8").tobytes())
+    h.update(f"/{model}".encode())
     return h.hexdigest()[:16]
 
 

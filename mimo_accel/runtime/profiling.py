@@ -144,6 +144,10 @@ class Profiling:
         # step has synchronised by then), so profiling adds no host sync per micro-batch.
         self._pending_counts: list = []
         self._plan_wait_s: Optional[float] = None  # this step's wait for its plans (planned batches only)
+        # this step's planned load of every replica of each module (summed over its micro-batches),
+        # and the per-replica overhead of the model that planned them
+        self._planned: dict = {}
+        self._planned_overheads: dict = {}
         self.metrics = None  # runtime.metrics.Metrics of the training run under way, if it logs
 
     @property
@@ -245,7 +249,8 @@ class Profiling:
         when its logger has any (:meth:`mimo_accel.runtime.metrics.Metrics.for_run`)."""
         from mimo_accel.runtime.metrics import Metrics
 
-        self.metrics = Metrics.for_run(global_state) if global_state is not None else None
+        self.metrics = (Metrics.for_run(global_state, self.runtime.calibration) if global_state is not None
+                        else None)
 
     def finish(self, failed: bool = False) -> None:
         """Training ended (``failed``: with an exception): close this rank's file (a recorder not
@@ -283,10 +288,19 @@ class Profiling:
         if tag is not None:
             if tag.bytes_exchanged:
                 rec.add(bytes_exchanged=int(tag.bytes_exchanged))
-            if tag.predicted_spread is not None:
-                rec.set(predicted_spread=tag.predicted_spread)
-            if tag.predicted_spreads:
-                rec.set(predicted_spreads=dict(tag.predicted_spreads))
+            if tag.planned is not None:  # each replica's planned load: the step's figure is their sum
+                loads, overheads, model = tag.planned
+                for module, row in loads.items():
+                    seen = self._planned.get(module)
+                    self._planned[module] = list(row) if seen is None else [a + b for a, b in zip(seen, row)]
+                self._planned_overheads = dict(overheads)
+                if model is not None:  # the cost model the step was planned with (online calibration)
+                    rec.set(cost_model=model)
+            else:  # a plan without loads (exchange mode): its micro-batch's figure, the last one's
+                if tag.predicted_spread is not None:
+                    rec.set(predicted_spread=tag.predicted_spread)
+                if tag.predicted_spreads:
+                    rec.set(predicted_spreads=dict(tag.predicted_spreads))
             if tag.predicted_spread is not None or tag.predicted_spreads:  # a planned batch
                 self._plan_wait_s = (self._plan_wait_s or 0.0) + tag.plan_wait_s
 
@@ -319,6 +333,13 @@ class Profiling:
         if self._plan_wait_s is not None:  # the training thread's wait for this step's plans
             rec.set(plan_wait_s=round(self._plan_wait_s, 6))
             self._plan_wait_s = None
+        if self._planned:
+            spreads = planned_spreads(self._planned, self._planned_overheads)
+            rec.set(predicted_spreads=spreads, predicted_spread=max(spreads.values()))
+            self._planned = {}
+        calibration = self.runtime.calibration
+        if calibration is not None and (refits := calibration.take_refits()):
+            rec.set(online_refits=refits)
         self._attach_new_notes(rec)
         record = rec.end_step()
         if self.metrics is not None:
@@ -382,6 +403,19 @@ def submodule_kind(submodule) -> Optional[str]:
     name = type(submodule).__name__.lower()
     return next((kind for word, kind in (("video", "video"), ("audio", "audio"), ("vision", "image"),
                                          ("image", "image")) if word in name), None)
+
+
+def planned_spreads(loads: dict, overheads: dict) -> dict:
+    """Each module's predicted straggler of a step, on the basis of the measured one: max / mean over
+    its replicas of their planned load summed over the step's micro-batches, plus the per-replica
+    overhead the model in use leaves over (in seconds once the model has been learnt: the same
+    unit as its coefficients)."""
+    out = {}
+    for module, row in loads.items():
+        totals = [x + overheads.get(module, 0.0) for x in row]
+        mean = sum(totals) / len(totals) if totals else 0.0
+        out[module] = max(totals) / mean if mean > 0 else 1.0
+    return out
 
 
 def wrap_encode(original: Callable, runtime: Runtime) -> Callable:

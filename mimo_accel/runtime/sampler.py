@@ -40,21 +40,26 @@ def _worst_of(spreads: list):
 
 class LocalIndices(list):
     """This replica's sample indices of one global micro-batch, with what the plan predicted for it
-    and how long the training thread waited for the plan (the first micro-batch of a window)."""
+    (each module's spread; each module's load per replica, and the per-replica overhead per step of
+    the model that planned it), and how long the training thread waited for the plan (the first
+    micro-batch of a window)."""
 
-    def __init__(self, indices, predicted_spread=None, plan_wait_s: float = 0.0):
+    def __init__(self, indices, predicted_spread=None, plan_wait_s: float = 0.0, planned=None):
         super().__init__(indices)
         self.predicted_spread = predicted_spread  # one number, one per module, or None
         self.plan_wait_s = plan_wait_s
+        # (module -> per-replica loads, module -> overhead s, the planning cost model's digest or None)
+        self.planned = planned
 
 
 class SamplesRead(list):
     """The samples read for one :class:`LocalIndices`, as the collate function receives them."""
 
-    def __init__(self, samples, predicted_spread=None, plan_wait_s: float = 0.0):
+    def __init__(self, samples, predicted_spread=None, plan_wait_s: float = 0.0, planned=None):
         super().__init__(samples)
         self.predicted_spread = predicted_spread
         self.plan_wait_s = plan_wait_s
+        self.planned = planned
 
 
 class SampleLoadError(RuntimeError):
@@ -142,7 +147,8 @@ class ReadsOf:
                 raise SampleLoadError(f"mimo_accel: samples {list(indices)} of {type(self.dataset).__name__} "
                                       f"failed to load together: {type(exc).__name__}: {exc}",
                                       int(indices[0]) if len(indices) else -1) from exc
-        return SamplesRead(samples, getattr(indices, "predicted_spread", None), getattr(indices, "plan_wait_s", 0.0))
+        return SamplesRead(samples, getattr(indices, "predicted_spread", None), getattr(indices, "plan_wait_s", 0.0),
+                           getattr(indices, "planned", None))
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.__dict__["dataset"], name)
@@ -178,8 +184,9 @@ class ShareRules:
     window: int = 1
     start: Optional[tuple[int, int]] = None
 
-    def windows(self, source, state=lambda: None) -> Iterator[tuple[int, list[list], object]]:
-        """``(ordinal, micro-batches, state())`` for each window of ``source``."""
+    def windows(self, source, state=lambda: None) -> Iterator[tuple[int, list[list], object, int]]:
+        """``(ordinal, micro-batches, state(), first micro-batch)`` for each window of ``source``;
+        the first micro-batch counted from the start of training (where the sampler resumes)."""
         consumed, mbs = self.start or (getattr(source, "consumed_samples", None),
                                        getattr(source, "micro_batch_size", None))
         if self.window > 1 and consumed and mbs and (consumed // mbs) % self.window:
@@ -187,33 +194,46 @@ class ShareRules:
                 f"mimo_accel reorder_window={self.window}: the loader starts at consumed_samples="
                 f"{consumed}, {consumed // mbs} micro-batches in, which is not the start of a window; "
                 "resume from a checkpoint taken at the end of a training step")
+        first = consumed // mbs if consumed and mbs else 0
         pending: list[list] = []
         ordinal = 0
         for global_indices in source:
             pending.append(list(global_indices))
             if len(pending) == self.window:
-                yield ordinal, pending, state()
+                yield ordinal, pending, state(), first + ordinal * self.window
                 ordinal += 1
                 pending = []
         if pending:
-            yield ordinal, pending, state()
+            yield ordinal, pending, state(), first + ordinal * self.window
 
-    def plan(self, planner, batches: list[list]) -> tuple[list[LocalIndices], str, int]:
-        """One window's shares for this replica, the digest of its plan, and its first global index."""
+    def plan(self, planner, batches: list[list], model=None) -> tuple[list[LocalIndices], str, int]:
+        """One window's shares for this replica, the digest of its plan, and its first global index.
+        ``model``: ``(cost model, its digest, module -> overhead s)`` the window is planned with
+        (online calibration), or None (the planner's own)."""
         from mimo_accel.runtime.plan_check import plan_digest
 
         for b in batches:
             check_micro_batch(len(b), self.ctx.grid, "global micro-batch size")
         window = [i for b in batches for i in b]
+        extra = () if model is None else (model[0],)
         if len({len(b) for b in batches}) == 1:
-            order, spread = planner(window, len(batches))
+            parts = [planner(window, len(batches), *extra)]
         else:  # a short last micro-batch (drop_last=False): plan it on its own
-            parts = [planner(b, 1) for b in batches]
-            order, spread = [i for p in parts for i in p[0]], _worst_of([p[1] for p in parts])
+            parts = [planner(b, 1, *extra) for b in batches]
+        order = [i for p in parts for i in p[0]]
+        spread = parts[0][1] if len(parts) == 1 else _worst_of([p[1] for p in parts])
         if sorted(order) != sorted(window):
             raise RuntimeError("mimo_accel planner returned a different set of samples than the "
                                "global micro-batch it was given; refusing to mis-pair samples")
-        return self.shares(batches, order, spread), plan_digest(window, order), window[0] if window else -1
+        shares = self.shares(batches, order, spread)
+        if all(getattr(p[1], "loads", None) for p in parts):  # each micro-batch's load per replica
+            overheads, digest = ({}, None) if model is None else (dict(model[2]), model[1])
+            loads = [{m: rows[j].tolist() for m, rows in p[1].loads.items()}
+                     for p in parts for j in range(next(iter(p[1].loads.values())).shape[0])]
+            for share, micro in zip(shares, loads):
+                share.planned = (micro, overheads, digest)
+        digest = plan_digest(window, order, "" if model is None else model[1])
+        return shares, digest, window[0] if window else -1
 
     def shares(self, batches: list[list], order: list, spread=None) -> list[LocalIndices]:
         """This replica's share of each micro-batch of a window ordered as ``order``."""
@@ -226,7 +246,6 @@ class ShareRules:
             per_group = len(b) // self.ctx.grid
             out.append(LocalIndices(micro[g.start * per_group: g.stop * per_group], spread))
         return out
-
 
 class ShardedBatchSampler:
     """Yields this replica's share of every global micro-batch the upstream sampler yields.
@@ -246,8 +265,11 @@ class ShardedBatchSampler:
 
     def __init__(self, global_sampler, ctx: ShardContext, planner: Optional[Planner] = None, window: int = 1,
                  step_micro_batches: Optional[int] = None, start: Optional[tuple[int, int]] = None,
-                 check=None, in_process: bool = True):
+                 check=None, in_process: bool = True, models=None):
         window = window if planner is not None else 1
+        # models(first micro-batch of a window) -> (cost model, digest, overheads) it is planned with
+        # (online calibration), or None: the planner's own model
+        self.models = models if planner is not None else None
         self.check = check if planner is not None else None
         check_window(window, step_micro_batches)
         self.global_sampler = global_sampler
@@ -269,7 +291,7 @@ class ShardedBatchSampler:
         source, carry, state, base = detached(self.global_sampler)
         rules = self.rules
         spec = PassSpec(windows=lambda: rules.windows(source, state), plan=rules.plan, planner=self.planner,
-                        check=self.check, pass_no=self.passes, in_process=self.in_process)
+                        check=self.check, pass_no=self.passes, in_process=self.in_process, models=self.models)
         self.passes += 1
         return PlannedPass(spec, carry, base)
 
@@ -289,7 +311,7 @@ class ShardedBatchSampler:
         return fresh
 
     def _unplanned(self) -> Iterator[list]:
-        for _, batches, _ in self.rules.windows(self.global_sampler):
+        for _, batches, _, _ in self.rules.windows(self.global_sampler):
             yield from self.rules.shares(batches, [i for b in batches for i in b])
 
     def __len__(self) -> int:
@@ -313,13 +335,14 @@ class TaggingCollate:
             raise TypeError("mimo_accel sharded reads need the collate function to return a dict "
                             f"(MegatronMIMO batches are dicts), got {type(batch).__name__}")
         batch[SHARD_TAG_KEY] = tag_for(self.ctx, len(samples), getattr(samples, "predicted_spread", None),
-                                       plan_wait_s=getattr(samples, "plan_wait_s", 0.0))
+                                       plan_wait_s=getattr(samples, "plan_wait_s", 0.0),
+                                       planned=getattr(samples, "planned", None))
         return batch
 
 
 def shard_loader(loader, ctx: ShardContext, micro_batch_size: int, planner: Optional[Planner] = None,
                  window: int = 1, step_micro_batches: Optional[int] = None,
-                 global_sampler=None, start: Optional[tuple[int, int]] = None, check=None):
+                 global_sampler=None, start: Optional[tuple[int, int]] = None, check=None, models=None):
     """A DataLoader over the same dataset/collate/workers that reads only this replica's share of
     ``global_sampler``'s micro-batches (default: the upstream loader's own, global, batch sampler)."""
     check_micro_batch(micro_batch_size, ctx.grid)
@@ -328,7 +351,7 @@ def shard_loader(loader, ctx: ShardContext, micro_batch_size: int, planner: Opti
                         "(dataloader_type 'external' passes the dataset through). Use 'single' or "
                         "'cyclic', or turn sharded_reads off.")
     sampler = ShardedBatchSampler(global_sampler or loader.batch_sampler, ctx, planner, window,
-                                  step_micro_batches, start, check)
+                                  step_micro_batches, start, check, models=models)
     return tagged_loader(loader, ctx, sampler)
 
 

@@ -145,6 +145,10 @@ def wrap_setup(original: Callable, runtime: Runtime) -> Callable:
         cfg = getattr(call["state"], "cfg", None)
         step_aside_if_upstream_reorders(cfg, runtime)
         preflight.check_provider(getattr(cfg, "model", None), runtime)
+        if runtime.config.calibrates_online:  # this run's cost model, learnt while it trains
+            from mimo_accel.runtime.calibration import Calibration
+
+            runtime.calibration = Calibration.for_setup(call["state"], runtime.config, runtime.say_once)
         build = call["build_data_iterators_fn"]
         if build is not None:
             @functools.wraps(build)

@@ -58,16 +58,21 @@ class ShardTag:
     predicted_spreads: Optional[Mapping[str, float]] = None
     # how long the training thread waited for this batch's plan (planned ahead: ~0)
     plan_wait_s: float = 0.0
+    # the plan's load of each module's replicas for this micro-batch, the per-replica overhead per
+    # step of the model that planned it, and that model's digest (online calibration; else None):
+    # (module -> loads, module -> seconds, digest), or None
+    planned: Optional[tuple] = None
 
 
 def tag_for(ctx: ShardContext, samples: int, predicted=None, bytes_exchanged: int = 0,
-            plan_wait_s: float = 0.0) -> ShardTag:
+            plan_wait_s: float = 0.0, planned=None) -> ShardTag:
     """The tag of a batch of ``samples`` read for ``ctx``; ``predicted``: the plan's spread, one
-    number or one per module; ``plan_wait_s``: the training thread's wait for the plan."""
+    number or one per module; ``plan_wait_s``: the training thread's wait for the plan; ``planned``:
+    the plan's loads per replica (:attr:`ShardTag.planned`)."""
     spreads = dict(predicted) if isinstance(predicted, Mapping) else None
     worst = max(spreads.values(), default=None) if spreads is not None else predicted
     return ShardTag(ctx.module, ctx.dp_rank, ctx.dp_size, ctx.grid, samples, ctx.sliced_in_step,
-                    None if worst is None else float(worst), bytes_exchanged, spreads, float(plan_wait_s))
+                    None if worst is None else float(worst), bytes_exchanged, spreads, float(plan_wait_s), planned)
 
 
 def data_loading_ranks(grids: Mapping[str, object]) -> tuple[int, ...]:

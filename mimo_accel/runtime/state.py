@@ -43,7 +43,8 @@ class Runtime:
     rank_role: Any = None
     # BridgeCommunicator -> deque of per-peer encoder rows of forwards still waiting for a backward
     fan_in_rows: "weakref.WeakKeyDictionary" = field(default_factory=weakref.WeakKeyDictionary)
-    profiling: Any = None  # runtime.profiling.Profiling when the profiler is on
+    profiling: Any = None  # runtime.profiling.Profiling when the profiler (or online calibration) is on
+    calibration: Any = None  # runtime.calibration.Calibration of the training run under way
     said: dict = field(default_factory=dict)  # notice key -> message, in the order said
     lock: Any = field(default_factory=threading.RLock, repr=False)
 
@@ -74,6 +75,7 @@ class Runtime:
         profiling, self.profiling = self.profiling, None
         if profiling is not None:
             profiling.close()
+        self.calibration = None
         with self.lock:
             self.fan_in_rows.clear()
             self.roles.clear()

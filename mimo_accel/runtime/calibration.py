@@ -1,0 +1,356 @@
+"""The cost model learnt while training, the same on every data rank at every step.
+
+One rank fits: the job's last rank, which already gathers every rank's step figures for Bridge's
+writers (:mod:`mimo_accel.runtime.metrics`; while calibrating it gathers every step, on its own
+thread). An :class:`~mimo_accel.costs.online.OnlineCalibration` there refits each module from
+its replicas' step times and what they computed, and an accepted refit is *announced*: one store
+value holding the new model and the first iteration to be planned with it, far enough ahead that
+no planner thread (each plans at most a few windows ahead of training, in step with the others)
+has reached that iteration yet. Every data rank's planner thread reads the announcements before it
+plans a window and plans iteration ``t`` with the last model announced for an iteration ``<= t``
+(:class:`Schedule`), so the model changes at a step boundary every rank agrees on, never inside a
+window. The model's digest is part of each window's plan digest: the plan check would stop a rank
+that planned with another one.
+
+Resume: the announcements are also written beside Bridge's checkpoints
+(``{checkpoint.save}/mimo_accel/cost-models.json``), each with the last iteration whose times it
+learnt from. A run resumed from iteration ``N`` takes the announcements learnt from iterations
+``<= N`` and plans with them exactly as the interrupted run did; refits after that are its own. A
+checkpoint without the file loads as before (the configured model).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import math
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from mimo_accel.costs import CostModel
+
+logger = logging.getLogger("mimo_accel")
+
+FORMAT = "mimo-accel-cost-models/1"
+FILE = Path("mimo_accel") / "cost-models.json"  # under checkpoint.save / checkpoint.load
+_PREFIX = "mimo_accel/calibration"
+
+
+@dataclass(frozen=True)
+class Announcement:
+    """One model announced while training: from iteration ``step`` on, plans use ``model``.
+
+    ``learnt_through``: the last iteration whose times it was fitted on; ``overheads``: per module,
+    the per-replica seconds per step its coefficients leave over (in no plan, but in the predicted
+    straggler, so that it is on the basis of the measured one); ``refits``: the refits it carries
+    (their report records)."""
+
+    number: int
+    step: int
+    learnt_through: int
+    model: CostModel
+    overheads: dict = field(default_factory=dict)
+    refits: tuple = ()
+
+    def to_doc(self) -> dict:
+        return {"number": self.number, "step": self.step, "learnt_through": self.learnt_through,
+                "model": self.model.to_doc(), "overheads": dict(self.overheads), "refits": list(self.refits)}
+
+    @classmethod
+    def from_doc(cls, doc: dict) -> "Announcement":
+        return cls(int(doc["number"]), int(doc["step"]), int(doc["learnt_through"]), _model_of(doc["model"]),
+                   {str(k): float(v) for k, v in doc.get("overheads", {}).items()}, tuple(doc.get("refits", ())))
+
+
+def _model_of(doc: dict) -> CostModel:
+    return CostModel(a=doc["a"], b=doc["b"], c=doc["c"], fit=doc.get("fit", {}), modules=doc.get("modules", {}))
+
+
+class Schedule:
+    """The models in force by iteration: ``start``, then each announcement from its step on."""
+
+    def __init__(self, start: CostModel, announcements: tuple = ()):
+        self.start = start
+        self.announcements: list[Announcement] = sorted(announcements, key=lambda a: a.number)
+
+    def add(self, announcement: Announcement) -> None:
+        if self.announcements and announcement.step <= self.announcements[-1].step:
+            raise ValueError(f"mimo_accel online calibration: announcement {announcement.number} starts at "
+                             f"iteration {announcement.step}, not after the last one's {self.announcements[-1].step}")
+        self.announcements.append(announcement)
+
+    def in_force(self, iteration: int) -> Optional[Announcement]:
+        """The announcement whose model plans ``iteration`` (None: the start model)."""
+        current = None
+        for a in self.announcements:
+            if a.step <= iteration:
+                current = a
+        return current
+
+    def model_for(self, iteration: int) -> CostModel:
+        a = self.in_force(iteration)
+        return self.start if a is None else a.model
+
+    def overheads_for(self, iteration: int) -> dict:
+        a = self.in_force(iteration)
+        return {} if a is None else dict(a.overheads)
+
+    def to_doc(self) -> dict:
+        return {"format": FORMAT, "start": self.start.to_doc(),
+                "announcements": [a.to_doc() for a in self.announcements]}
+
+
+def read_saved(load_dir: Optional[str], iteration: int) -> list[Announcement]:
+    """The announcements a run resumed from ``iteration`` of the checkpoints in ``load_dir`` plans
+    with: those learnt from iterations ``<= iteration``. None saved: none (the configured model)."""
+    if not load_dir or iteration <= 0:
+        return []
+    path = Path(load_dir) / FILE
+    if not path.is_file():
+        return []
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+        if doc.get("format") != FORMAT:
+            raise ValueError(f"format {doc.get('format')!r}, expected {FORMAT!r}")
+        out = [Announcement.from_doc(a) for a in doc["announcements"]]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"mimo_accel online calibration: {path} is not a cost-model schedule this version "
+                         f"reads ({exc}); remove it to resume from the configured cost model") from None
+    return [a for a in out if a.learnt_through <= iteration]
+
+
+def lead_steps(window: int, step_micro_batches: Optional[int], depth: int) -> int:
+    """How many iterations ahead of the fitting rank's own an announcement takes effect: past every
+    window a planner thread may have planned (``depth`` queued beyond the one training, one more in
+    the check, one step of slack between ranks in training)."""
+    per_step = max(1, (step_micro_batches or window) // max(1, window))
+    return 2 + math.ceil((depth + 2) / per_step)
+
+
+_serials = itertools.count(1)
+_serials_lock = threading.Lock()
+# Bridge setups this process ran, the same count on every rank (each rank runs the same setups):
+# two runs' announcements in one job never meet. Process-lifetime on purpose: the job's store
+# outlives enable/disable.
+
+
+def next_serial() -> int:
+    with _serials_lock:
+        return next(_serials)
+
+
+class Calibration:
+    """One training run's online calibration (made at Bridge's setup, on every rank).
+
+    ``schedule`` is what every planner plans with; on the fitting rank, :meth:`observe` learns
+    from each step's gathered figures and announces what it accepts. ``serial`` names the run's
+    store keys (the same on every rank: setups run alike everywhere). ``state``: Bridge's
+    GlobalState (the iteration a resumed run starts from); ``window``: the reorder window."""
+
+    def __init__(self, start: CostModel, serial: int, *, save_dir: Optional[str] = None,
+                 load_dir: Optional[str] = None, notify=None, state: Any = None, window: int = 1):
+        self.state, self.window = state, window
+        self.prefix = f"{_PREFIX}/{serial}"
+        self.schedule = Schedule(start)
+        self.save_dir, self.load_dir = save_dir, load_dir
+        self.notify = notify
+        self._lock = threading.Lock()
+        self._polling = threading.Lock()  # one poll at a time (a planner thread, the fitting thread)
+        self._seen = 0  # announcements of this job read from the store
+        self._restored = 0  # announcements restored from the checkpoint
+        self._restored_at: Optional[int] = None
+        self.fitter = None  # the fitting rank's OnlineCalibration, made at its first observation
+        self.refits: list[dict] = []  # accepted refits (the fitting rank), for the step lines
+        self.announced_through = 0  # the last iteration planned so far (a late announcement is an error)
+
+    @classmethod
+    def for_setup(cls, state: Any, cfg, notify) -> "Calibration":
+        """The calibration of the run Bridge's setup of ``state`` (its GlobalState) begins."""
+        from mimo_accel.planner import cost_model_for
+
+        checkpoint = getattr(getattr(state, "cfg", None), "checkpoint", None)
+        return cls(cost_model_for(cfg.cost_model), next_serial(), save_dir=getattr(checkpoint, "save", None),
+                   load_dir=getattr(checkpoint, "load", None), notify=notify, state=state,
+                   window=cfg.reorder_window)
+
+    @property
+    def lead(self) -> int:
+        """How many iterations past the fitting rank's own an announcement takes effect."""
+        from mimo_accel.runtime.loaders import micro_batches_per_step
+        from mimo_accel.runtime.plan_ahead import DEPTH
+
+        return lead_steps(self.window, micro_batches_per_step(), DEPTH)
+
+    # ------------------------------------------------------------------------------ every rank
+
+    def restore(self, iteration: Optional[int] = None) -> None:
+        """At the train loader's build: the announcements of the checkpoint this run resumes from
+        (iteration ``iteration``, default the one Bridge's train state loaded), once."""
+        if iteration is None:
+            train_state = getattr(self.state, "train_state", None)
+            iteration = int(getattr(train_state, "step", 0) or 0)
+        with self._lock:
+            if self._restored_at is not None:
+                return
+            self._restored_at = iteration
+            for a in read_saved(self.load_dir, iteration):
+                self.schedule.add(a)
+            self._restored = len(self.schedule.announcements)
+        if self._restored:
+            logger.info("mimo_accel online calibration: resumed at iteration %d with %d cost model(s) learnt "
+                        "before it (the last planning from iteration %d)", iteration, self._restored,
+                        self.schedule.announcements[-1].step)
+
+    def poll(self, store) -> None:
+        """Read the announcements this job's fitting rank has made since the last poll."""
+        with self._polling:
+            count = int(store.add(f"{self.prefix}/count", 0))
+            while self._seen < count:
+                key = f"{self.prefix}/{self._seen + 1}"
+                store.wait([key])
+                self._take(Announcement.from_doc(json.loads(store.get(key))))
+                self._seen += 1
+
+    def _take(self, a: Announcement) -> None:
+        with self._lock:
+            if a.step <= self.announced_through:
+                raise RuntimeError(
+                    f"mimo_accel online calibration: the cost model announced for iteration {a.step} reached this "
+                    f"rank after it had planned iteration {self.announced_through}; ranks could plan one step "
+                    "with different models. Stopping rather than risk it.")
+            self.schedule.add(a)
+
+    def model_for(self, iteration: int, store=None) -> CostModel:
+        """The model that plans ``iteration`` (the store polled first, on a planner thread)."""
+        if store is not None:
+            self.poll(store)
+        with self._lock:
+            self.announced_through = max(self.announced_through, iteration)
+            return self.schedule.model_for(iteration)
+
+    def models(self, step_micro_batches: int):
+        """For a train loader's planner thread: the first micro-batch of a window -> ``(model, its
+        digest, module -> overhead s)`` of the iteration it belongs to."""
+        from mimo_accel.runtime.plan_inputs import digest
+
+        def of_window(first_micro_batch: int):
+            iteration = first_micro_batch // step_micro_batches + 1
+            model = self.model_for(iteration, self._store())
+            return model, digest(model.to_doc()), self.schedule.overheads_for(iteration)
+
+        return of_window
+
+    def _store(self):
+        import torch.distributed as dist
+
+        if not dist.is_initialized():
+            return None
+        from mimo_accel.runtime.rank_set import background_store
+
+        return background_store()
+
+    def digest(self) -> str:
+        """What the plan-input check compares: the start model and every announcement known now."""
+        from mimo_accel.runtime.plan_inputs import digest
+
+        with self._lock:
+            return digest(self.schedule.to_doc())
+
+    # -------------------------------------------------------------------------- the fitting rank
+
+    def observe(self, iteration: int, figures: list, store, current_iteration: int, lead: int) -> list:
+        """The fitting rank's part, on its metrics thread: learn from one step's gathered figures
+        (:func:`~mimo_accel.runtime.metrics.rank_figures` of every rank), and announce an accepted
+        refit for iteration ``current_iteration + lead``. Returns the accepted refits."""
+        from mimo_accel.costs.online import OnlineCalibration
+
+        observations = step_observations(figures)
+        if self.fitter is None:
+            if not observations:
+                return []
+            self.fitter = OnlineCalibration(self.schedule.model_for(iteration), list(observations), warmup=1,
+                                            notify=self.notify)
+        for module, (features, seconds) in observations.items():
+            if module in self.fitter.modules:
+                self.fitter.observe(iteration, module, features, seconds)
+        accepted = self.fitter.refit(iteration + 1)
+        if not accepted:
+            return []
+        for r in accepted:
+            logger.info(r.message())
+        self.announce(store, iteration, current_iteration + lead, self.fitter.model,
+                      {r.module: r.overhead_s for r in accepted}, [r.to_dict() for r in accepted])
+        return list(accepted)
+
+    def announce(self, store, learnt_through: int, step: int, model: CostModel, overheads: dict,
+                 refits: list) -> Announcement:
+        self.poll(store)  # the fitting rank alone announces: after this, this job's count is known
+        with self._lock:
+            last = self.schedule.announcements[-1] if self.schedule.announcements else None
+            # past every iteration this rank has planned (another plans at most a window further)
+            step = max(step, self.announced_through + 2, last.step + 1 if last is not None else 0)
+            earlier = dict(last.overheads) if last is not None else {}
+            number = self._restored + self._seen + 1
+        a = Announcement(number, step, learnt_through, model, {**earlier, **overheads}, tuple(refits))
+        # one store value per refit: the model and its first iteration; then the count that shows it
+        store.set(f"{self.prefix}/{number - self._restored}", json.dumps(a.to_doc()))
+        store.add(f"{self.prefix}/count", 1)
+        self.poll(store)
+        with self._lock:
+            self.refits.extend(dict(r, announced_for=step) for r in refits)
+        self._save()
+        return a
+
+    def take_refits(self) -> list:
+        """The accepted refits not yet written into a step line."""
+        with self._lock:
+            out, self.refits = self.refits, []
+        return out
+
+    def _save(self) -> None:
+        if not self.save_dir:
+            return
+        from mimo_accel.costs._files import atomic_write
+
+        path = Path(self.save_dir) / FILE
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write(path, (json.dumps(self.schedule.to_doc(), indent=1) + "\n").encode())
+        except OSError as exc:  # costs a resume's replay, not the run
+            logger.warning("mimo_accel online calibration: could not write %s (%s); a resume will plan from the "
+                           "configured cost model", path, exc)
+
+
+def step_observations(figures: list) -> dict:
+    """Per module, one step's ``(features [replicas, n], seconds [replicas])`` from every rank's
+    figures: a replica's time is the longest of its ranks' (TP, PP), its features the largest any
+    of its ranks counted. A module with a replica that has no time is left out of that step."""
+    import numpy as np
+
+    from mimo_accel.costs.online import features_of
+
+    by_module: dict = {}
+    for f in figures:
+        if f.get("module") in (None, "unknown") or f.get("features") is None:
+            continue
+        replicas = by_module.setdefault(f["module"], {})
+        t, x = f.get("time_s"), f["features"]
+        seen = replicas.get(f["dp_rank"])
+        if seen is None:
+            replicas[f["dp_rank"]] = (t, list(x))
+        else:
+            replicas[f["dp_rank"]] = (None if seen[0] is None or t is None else max(seen[0], t),
+                                      [max(a, b) for a, b in zip(seen[1], x)])
+    out = {}
+    for module, replicas in by_module.items():
+        if len(replicas) < 2 or any(t is None for t, _ in replicas.values()):
+            continue
+        order = sorted(replicas)
+        features = np.array([replicas[d][1] for d in order], dtype=np.float64)
+        if features.shape[1] != len(features_of(module)):
+            continue
+        out[module] = (features, np.array([replicas[d][0] for d in order], dtype=np.float64))
+    return out
