@@ -215,7 +215,7 @@ def _first_error_line(text: str) -> str:
 # With 8 heads (one run) the replicas holding the tallest images (800-960 patches) ran 20-30%
 # over what a·Σp + b·Σp² predicts (likely their attention scores, 20-29 MiB at 8 heads,
 # outgrowing the 32 MiB L3 the two CPUs share).
-BRIDGE_DEFAULTS = dict(steps=10, vision_dp=4, language_dp=4, micro_batch=64)
+BRIDGE_DEFAULTS = dict(steps=24, vision_dp=4, language_dp=4, micro_batch=64)
 BRIDGE_SEQ = 288  # the most placeholders one image takes (240) + its text
 BRIDGE_MODEL = ("--encoder", "qwen3vl", "--vision-hidden", "64", "--vision-layers", "4", "--vision-heads", "4",
                 "--hidden", "256", "--language-layers", "3",
@@ -259,7 +259,11 @@ def _bridge_rank(rank, world, script, argv, features, profile_dir, label, steps,
     _keep_freed_memory()
     os.environ.update(env, MIMO_ACCEL_PROFILE_LABEL=label)
     import mimo_accel
+    from mimo_accel.rehearse import peer_4608
     from mimo_accel.rehearse.ranks import report_progress
+
+    if os.environ.get(peer_4608.ENV) == "4608":  # the peer's planner in place of the joint plan
+        peer_4608.install()
 
     # before the script is imported: it binds Bridge's loader builder by value at its top
     mimo_accel.enable(profile=profile_dir, **features)
@@ -282,7 +286,7 @@ def _bridge_rank(rank, world, script, argv, features, profile_dir, label, steps,
 
 
 def run_bridge(label, features, vdp, ldp, steps, micro_batch, out: Path, image_dir: Path, script: Optional[Path],
-               seed: int, progress, task, log_path: Path, cpus=None) -> list[dict]:
+               seed: int, progress, task, log_path: Path, cpus=None, env: Optional[dict] = None) -> list[dict]:
     """One run of the example (``script``, or :data:`BRIDGE_SCRIPT` when None) on vdp + ldp ranks; returns its
     trace records."""
     from mimo_accel.rehearse.ranks import run_ranks
@@ -296,7 +300,7 @@ def run_bridge(label, features, vdp, ldp, steps, micro_batch, out: Path, image_d
             "--vision-dp", str(vdp), "--language-dp", str(ldp), "--mbs", str(micro_batch),
             "--gbs", str(micro_batch), "--seq-length", str(BRIDGE_SEQ), "--train-iters", str(steps),
             "--eval-interval", "0", "--seed", str(1234 + seed), "--trace", str(trace)]
-    env = {"MIMO_ACCEL_CACHE_DIR": str(out / "cache")}
+    env = {"MIMO_ACCEL_CACHE_DIR": str(out / "cache"), **(env or {})}
     done: dict[int, int] = {}
 
     def on_progress(rank, step, total):

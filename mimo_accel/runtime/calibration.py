@@ -194,6 +194,9 @@ class Calibration:
             iteration = int(getattr(train_state, "step", 0) or 0)
         with self._lock:
             if self._restored_at is not None:
+                if self._restored_at != iteration:
+                    raise RuntimeError(f"mimo_accel online calibration: the train loader was built at iteration "
+                                       f"{self._restored_at} and training starts at {iteration}")
                 return
             self._restored_at = iteration
             for a in read_saved(self.load_dir, iteration):
@@ -301,7 +304,7 @@ class Calibration:
         self.poll(store)
         with self._lock:
             self.refits.extend(dict(r, announced_for=step) for r in refits)
-        self._save()
+        self.save()
         return a
 
     def take_refits(self) -> list:
@@ -310,7 +313,9 @@ class Calibration:
             out, self.refits = self.refits, []
         return out
 
-    def _save(self) -> None:
+    def save(self) -> None:
+        """Write the schedule beside the checkpoints (the fitting rank: at the start of training and
+        at each announcement)."""
         if not self.save_dir:
             return
         from mimo_accel.costs._files import atomic_write

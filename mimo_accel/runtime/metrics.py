@@ -229,6 +229,8 @@ class Metrics:
         self._job: Optional[_Job] = None  # the writing rank's logged iteration in flight
         self.written = 0  # logged steps this rank wrote (the writing rank only)
         self.lead = lead
+        if calibration is not None and rank == self.writer_rank:  # the fitting rank keeps the schedule
+            calibration.save()
         self._histograms: dict = {}  # the last logged iteration's distributions (the writing rank)
 
     @classmethod

@@ -249,6 +249,8 @@ class Profiling:
         when its logger has any (:meth:`mimo_accel.runtime.metrics.Metrics.for_run`)."""
         from mimo_accel.runtime.metrics import Metrics
 
+        if self.runtime.calibration is not None:  # every rank: what a resumed run learnt before (once)
+            self.runtime.calibration.restore()
         self.metrics = (Metrics.for_run(global_state, self.runtime.calibration) if global_state is not None
                         else None)
 

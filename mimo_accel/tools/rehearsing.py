@@ -274,22 +274,32 @@ def _compare_and_report(console, title: str, unit: str, rows, out: Path, before_
     return doc
 
 
+PEERS = ("4608",)
+
+
 def rehearse_bridge(*, steps: Optional[int] = None, vision_dp: Optional[int] = None,
                     language_dp: Optional[int] = None, out_dir: Optional[str] = None,
                     json_path: Optional[str] = None, seed: int = 0, example: Optional[str] = None,
                     console=None, log_path: Optional[str] = None, pin_one_cpu: bool = True,
-                    micro_batch: Optional[int] = None) -> dict:
+                    micro_batch: Optional[int] = None, cost_model: Optional[str] = None,
+                    calibrate_online: bool = True, peer: Optional[str] = None) -> dict:
     """``mimo-accel rehearse --loop bridge``: Bridge's ``pretrain_megatron_mimo`` through
     ``examples/train_mimo.py --encoder qwen3vl --dataset images --image-mix receipts``, baseline
-    then accelerated (sharded reads + reorder + packing, the cost model calibrated on the
-    baseline), profiler on; checks the invariants on the traces and prints the same report as
-    the stack loop. One micro-batch of ``micro_batch`` samples per iteration."""
+    then accelerated (sharded reads + reorder + packing, planned from ``cost_model`` or the default
+    coefficients, learnt while training unless ``calibrate_online`` is False), profiler on; with
+    ``peer="4608"`` a run between them plans as upstream PR #4608 does
+    (:mod:`mimo_accel.rehearse.peer_4608`). Checks the invariants on the traces and prints the
+    report. One micro-batch of ``micro_batch`` samples per iteration."""
     from rich.console import Console
 
+    from mimo_accel.profiler import read_run
+    from mimo_accel.rehearse import peer_4608
     from mimo_accel.rehearse.ranks import RankFailure
     from mimo_accel.tools import report
 
     script, steps, vdp, ldp, mbs = bridge_plan(example, steps, vision_dp, language_dp, micro_batch)
+    if peer is not None and peer not in PEERS:
+        raise ValueError(f"peer {peer!r}: the rehearsal knows the peers {list(PEERS)}")
     console = console or Console()
     layout = Modules.from_dp_sizes({"vision": vdp, LANGUAGE: ldp})
     out, log = _start(out_dir, log_path, f"mimo-accel rehearse --loop bridge: {layout}", console,
@@ -299,10 +309,15 @@ def rehearse_bridge(*, steps: Optional[int] = None, vision_dp: Optional[int] = N
                                   f"files) on {layout.world_size} CPU ranks, {layout}, {steps} iterations x 1 "
                                   f"micro-batch of {mbs}, profiles in {out}")
     image_dir = out / "images"
+    features = dict(rehearsal.ALL_FEATURES, calibrate_online=calibrate_online,
+                    **({"cost_model": cost_model} if cost_model else {}))
+    cost_note = (f"planned from {cost_model}" if cost_model else "planned from the default cost model") + (
+        ", learnt while training (online calibration)" if calibrate_online else ", pinned")
 
     before_label, before_note = "baseline", "upstream as shipped"
     cpus = _cpus_for_ranks(pin_one_cpu, console)
     t0 = time.perf_counter()
+    peer_records = None
     with _progress(console) as progress:
         task = progress.add_task("baseline (upstream)", total=steps)
         try:
@@ -315,30 +330,62 @@ def rehearse_bridge(*, steps: Optional[int] = None, vision_dp: Optional[int] = N
             task = progress.add_task("before: sharded reads, contiguous", total=steps)
             before_records = rehearsal.run_bridge("sharded", rehearsal.SHARDED_ONLY, vdp, ldp, steps, mbs, out,
                                                   image_dir, script, seed, progress, task, log, cpus)
-        cost_model, cost_note = _calibrated(out / before_label, out / "cost-model.json")
+        if peer is not None:
+            task = progress.add_task(f"peer: PR #{peer}'s planner (shard+reorder+pack)", total=steps)
+            peer_records = rehearsal.run_bridge(f"peer-{peer}", dict(rehearsal.ALL_FEATURES, calibrate_online=False),
+                                                vdp, ldp, steps, mbs, out, image_dir, script, seed, progress, task,
+                                                log, cpus, env={peer_4608.ENV: peer})
         task = progress.add_task("accelerated (shard+reorder+pack)", total=steps)
-        features = dict(rehearsal.ALL_FEATURES, **({"cost_model": cost_model} if cost_model else {}))
         after_records = rehearsal.run_bridge("accelerated", features, vdp, ldp, steps, mbs, out, image_dir, script,
                                              seed, progress, task, log, cpus)
     elapsed = time.perf_counter() - t0
 
     before = rehearsal.bridge_steps(before_records, steps, mbs, before_label)
     after = rehearsal.bridge_steps(after_records, steps, mbs, "accelerated")
+    if peer_records is not None:
+        rehearsal.bridge_steps(peer_records, steps, mbs, f"peer {peer}")  # the same invariants
     doc = _compare_and_report(
         console, "Per-iteration global loss (per token): the same samples, the same math", "iteration",
         [(str(it), b["loss_sum"], b["tokens"], a["loss_sum"], a["tokens"])
          for it, (b, a) in enumerate(zip(before, after), start=1)],
         out, before_label, before_note, cost_note, elapsed)
+    peer_side = report.summarize(read_run(out / f"peer-{peer}")) if peer is not None else None
+    if peer_side is not None:
+        console.print(_rich_sides(doc["before"], peer_side, doc["after"], peer))
     own = {"profile": "bridge-loop:qwen3vl-receipts", "loop": "bridge", "layout": str(layout), "steps": steps,
            "pinned_cpus": list(cpus or []),
            "micro_batch": mbs, "before_label": before_label, "before_note": before_note,
            "losses": {"before": [[b["loss_sum"], b["tokens"]] for b in before],
                       "after": [[a["loss_sum"], a["tokens"]] for a in after]},
            "profile_dir": str(out), "log": str(log), "wall_s": elapsed,
-           "cost_model": _model_doc(cost_model, cost_note)}
+           "cost_model": {"start": cost_model or "defaults", "calibrate_online": calibrate_online, "note": cost_note},
+           "online_calibration": doc["after"].get("online_calibration") or {"refits": []},
+           **({"peer": peer_side, "peer_name": f"PR #{peer}"} if peer_side is not None else {})}
     if json_path:
         report.write_json(json_path, doc, **own)
     return {**doc, **own}
+
+
+def _rich_sides(before: dict, peer: dict, after: dict, name: str):
+    """Upstream as shipped, the peer's reorder and mimo_accel side by side, every module."""
+    from rich.table import Table
+
+    t = Table(title=f"Upstream, PR #{name}'s reorder and mimo_accel, the same samples")
+    for col in ("", "upstream", f"PR #{name}", "mimo_accel"):
+        t.add_column(col, justify="left" if not col else "right")
+    modules = [m for m in after.get("module_order", []) if m in after.get("per_module", {})]
+
+    def cell(side, m, key):
+        v = ((side.get("per_module") or {}).get(m) or {}).get(key)
+        return "—" if v is None else f"{v:.3f}"
+
+    for m in modules:
+        t.add_row(f"{m} straggler p50", *(cell(s, m, "max_over_mean_p50") for s in (before, peer, after)))
+        t.add_row(f"{m} straggler p50, last half", *(cell(s, m, "max_over_mean_p50_last_half")
+                                                     for s in (before, peer, after)))
+    t.add_row("step time p50", *(f"{s['step_time_p50']:.2f} s" if s.get("step_time_p50") else "—"
+                                 for s in (before, peer, after)))
+    return t
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -362,6 +409,14 @@ def _parser() -> argparse.ArgumentParser:
                    "report --json` writes them) with the rehearsal's own fields (losses, layout, log, ...)")
     p.add_argument("--seed", type=nonnegative_int, default=0,
                    help="the workload's sample draw (--loop bridge: the model's initialisation, added to 1234)")
+    p.add_argument("--cost-model", metavar="FILE",
+                   help="--loop bridge: start the accelerated run from this cost model (a `mimo-accel calibrate` "
+                        "file) instead of the default coefficients")
+    p.add_argument("--no-calibrate-online", action="store_true",
+                   help="--loop bridge: pin the cost model (no online calibration) in the accelerated run")
+    p.add_argument("--peer", choices=PEERS,
+                   help="--loop bridge: a third run, between the two, where upstream PR #4608's planner stands in "
+                        "for the joint plan (equal-size LPT on the vision cost), shown beside both")
     p.add_argument("--all-cpus", action="store_true",
                    help="spread the ranks over every CPU (faster, but thread-CPU times then differ by which "
                         "CPU a rank ran on: noisier straggler figures); default: all ranks on one CPU")
@@ -374,6 +429,13 @@ def _check(args) -> None:
 
     output_dir("--out", args.out)
     output_file("--json", args.json)
+    if args.cost_model is not None:
+        from mimo_accel.costs import CostModel
+
+        try:
+            CostModel.from_file(args.cost_model)
+        except (OSError, ValueError) as exc:
+            raise UsageError(f"--cost-model {args.cost_model}: {exc}") from None
     try:
         if args.loop == "bridge":
             bridge_plan(args.example, args.steps, args.vision_dp, args.language_dp)
@@ -388,10 +450,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse(p, argv)
     if isinstance(args, int):
         return args
+    bridge_only = [flag for flag, given in (("--example", args.example is not None),
+                                            ("--cost-model", args.cost_model is not None),
+                                            ("--no-calibrate-online", args.no_calibrate_online),
+                                            ("--peer", args.peer is not None)) if given]
     wrong = ("--workload applies to --loop stack; --loop bridge trains on the example's image files: drop --workload"
              if args.loop == "bridge" and args.workload is not None else
-             "--example applies to --loop bridge: add --loop bridge, or drop --example"
-             if args.loop == "stack" and args.example is not None else None)
+             f"{', '.join(bridge_only)} apply to --loop bridge: add --loop bridge, or drop them"
+             if args.loop == "stack" and bridge_only else None)
     if wrong:
         p.print_usage(sys.stderr)
         return fail(PROG, wrong)
@@ -407,7 +473,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if args.loop == "bridge":
             rehearse_bridge(steps=args.steps, vision_dp=args.vision_dp, language_dp=args.language_dp, out_dir=out,
                             json_path=args.json, seed=args.seed, example=args.example, log_path=str(log),
-                            pin_one_cpu=not args.all_cpus)
+                            pin_one_cpu=not args.all_cpus, cost_model=args.cost_model,
+                            calibrate_online=not args.no_calibrate_online, peer=args.peer)
         else:
             rehearse(args.workload or "receipts", steps=args.steps, out_dir=out, json_path=args.json,
                      seed=args.seed, vision_dp=args.vision_dp, language_dp=args.language_dp, log_path=str(log),

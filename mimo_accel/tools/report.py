@@ -232,6 +232,27 @@ def _module_time(run: Run, steps_of: dict[int, dict[int, dict[str, Any]]], name:
     }
 
 
+def _add_last_half(per_module: dict[str, Any], lines: list[dict[str, Any]]) -> None:
+    """Each module's straggler over the last half of its counted steps (``max_over_mean_p50_last_half``:
+    where an online calibration has had time to act), and there the median of how far the plan's
+    predicted straggler was from the measured one (``predicted_error_p50_last_half``; the step
+    lines' ``predicted_spreads``, the same on every data rank)."""
+    predicted: dict[str, dict[int, float]] = defaultdict(dict)
+    for r in lines:
+        table = r.get("predicted_spreads")
+        if isinstance(table, dict):
+            for m in table:
+                if (v := _num(table, m)) is not None:
+                    predicted[str(m)][int(r["step"])] = v
+    for m, st in per_module.items():
+        steps, ratios = st["series"]["step"], st["series"]["max_over_mean"]
+        half = len(steps) // 2
+        late = list(zip(steps[half:], ratios[half:]))
+        st["max_over_mean_p50_last_half"] = _pct([x for _, x in late], 50)
+        errors = [abs(predicted[m][s] - x) for s, x in late if s in predicted.get(m, {})]
+        st["predicted_error_p50_last_half"] = _pct(errors, 50)
+
+
 def _replica_counter(run: Run, steps_of, ranks: list[int], key: str) -> dict[str, Any]:
     """A counter per DP replica of ``ranks`` (max over its TP/PP ranks, which all see the same
     batch): its mean per step (``{dp_rank: mean}``), the mean over replicas, and the per-step
@@ -336,6 +357,11 @@ def summarize(run: Run, *, warmup: int = 1) -> dict[str, Any]:
     predicted_spreads = {m: _mean(v) for m, v in by_module.items()}
     if not by_module and spreads:  # the plan priced one encoder: the layout's first
         predicted_spreads = {next((m for m in order if m != LANGUAGE), FORMAT_V1_ENCODER): _mean(spreads)}
+    _add_last_half(per_module, lines)
+
+    # ---- online calibration: the refits the fitting rank accepted, in order
+    refits = [dict(r) for log in run.ranks.values() for line in log.steps
+              for r in (line.get("online_refits") or ()) if isinstance(r, dict)]
 
     # ---- real tokens per language replica
     language_tokens = _replica_counter(run, steps_of, modules.get(LANGUAGE, []), "tokens")
@@ -457,6 +483,7 @@ def summarize(run: Run, *, warmup: int = 1) -> dict[str, Any]:
             "bytes_read_per_step": cluster(bytes_read),
             "bytes_exchanged_per_step": cluster(bytes_exchanged),
             "predicted_spread_mean": _mean(spreads),
+            "online_calibration": {"refits": refits},
             "plan_wait_p50": _pct(waits, 50),
             "plan_wait_max": max(waits) if waits else None,
             # what a feature said once about the data it got (notices.say_once), in step order
@@ -504,6 +531,10 @@ def _module_rows(before: dict[str, Any], after: dict[str, Any] | None) -> list[t
                  (f"{m}_max_over_mean_p99", f"{m} straggler max/mean p99", "ratio", True),
                  (f"{m}_max_over_mean_mean", f"{m} straggler max/mean, mean", "ratio", True),
                  (f"predicted_spreads_mean.{m}", f"{m} straggler the plan predicted, mean", "ratio", True),
+                 (f"per_module.{m}.max_over_mean_p50_last_half", f"{m} straggler p50, last half of the steps",
+                  "ratio", True),
+                 (f"per_module.{m}.predicted_error_p50_last_half",
+                  f"{m} |predicted - measured| straggler p50, last half", "ratio", True),
                  (f"{m}_time_mean", f"{m} time per rank, mean", "s", True),
                  (f"{m}_max_mean", f"{m} time of slowest replica, mean", "s", True)]
     if any(len((s or {}).get("predicted_spreads_mean") or {}) > 1 for s in (before, after)):
@@ -592,6 +623,8 @@ def _fmt(value: Any, kind: str) -> str:
         return f"{value * 1e3:.2f} ms" if abs(value) < 1 else f"{value:.3f} s"
     if kind == "ratio":
         return f"{value:.3f}"
+    if kind == "sci":
+        return f"{value:.3g}"
     if kind == "rate":
         return f"{value:,.1f}"
     if kind == "count":
@@ -775,10 +808,29 @@ def _io_table(before: dict[str, Any], after: dict[str, Any] | None) -> _Table | 
     return t
 
 
+def _calibration_table(side: dict[str, Any] | None) -> _Table | None:
+    """The refits an online calibration accepted (the accelerated side's)."""
+    refits = ((side or {}).get("online_calibration") or {}).get("refits") or []
+    if not refits:
+        return None
+    t = _Table("Online calibration: accepted refits (s per row / row² / item; per token / token²)",
+               [("step", True), ("module", False), ("a", True), ("b", True), ("k", True),
+                ("held-out error", True), ("planned from", True)])
+    for r in refits:
+        c = r.get("coefficients") or {}
+        t.rows.append([str(r.get("step")), str(r.get("module")), *(_fmt(c.get(x), "sci") for x in ("a", "b", "k")),
+                       f"{_fmt(r.get('held_out_error_before'), 'ratio')} → {_fmt(r.get('held_out_error_after'), 'ratio')}",
+                       str(r.get("announced_for", "—"))])
+    return t
+
+
 def _detail_tables(before: dict[str, Any], after: dict[str, Any] | None) -> list[_Table]:
-    """The tables after the summary: every module's time per rank, tokens, data movement."""
+    """The tables after the summary: every module's time per rank, tokens, data movement, and what
+    an online calibration learnt."""
     tables = _module_time_tables(before, after)
-    tables += [t for t in (_tokens_table(before, after), _io_table(before, after)) if t is not None]
+    tables += [t for t in (_tokens_table(before, after), _io_table(before, after),
+                           _calibration_table(after if after is not None else before))
+               if t is not None]
     return tables
 
 

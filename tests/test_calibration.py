@@ -1,0 +1,148 @@
+"""Online calibration in the runtime (mimo_accel.runtime.calibration), without ranks: the schedule
+of models by iteration, announcements through a real TCPStore from the fitting rank to a planner
+(one store value per refit, a step ahead of every plan made), the step's observations from every
+rank's figures, the schedule beside the checkpoints and what a resume replays from it, and the
+refusal of an announcement that comes after its iteration was planned."""
+
+from __future__ import annotations
+
+import datetime
+import json
+
+import numpy as np
+import pytest
+import torch.distributed as dist
+
+from mimo_accel.costs import CostModel, ModuleCost
+from mimo_accel.runtime.calibration import (FILE, Announcement, Calibration, Schedule, lead_steps, read_saved,
+                                            step_observations)
+
+START = CostModel()
+LEARNT = CostModel(modules={"vision": ModuleCost(2e-5, 1e-7, 3e-3)})
+LATER = CostModel(modules={"vision": ModuleCost(3e-5, 1e-7, 1e-3), "language": ModuleCost(1e-5, 1e-9)})
+
+
+@pytest.fixture()
+def store():
+    server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                           timeout=datetime.timedelta(seconds=10))
+    yield lambda: dist.TCPStore("127.0.0.1", server.port, is_master=False, timeout=datetime.timedelta(seconds=10))
+
+
+def test_the_schedule_plans_each_iteration_with_the_last_model_announced_for_it():
+    s = Schedule(START)
+    s.add(Announcement(1, 10, 7, LEARNT, {"vision": 0.01}))
+    s.add(Announcement(2, 14, 11, LATER, {"language": 0.002}))
+    assert [s.model_for(t) for t in (1, 9, 10, 13, 14, 99)] == [START, START, LEARNT, LEARNT, LATER, LATER]
+    assert s.overheads_for(9) == {} and s.overheads_for(10) == {"vision": 0.01}
+    with pytest.raises(ValueError, match="starts at iteration 14, not after the last one's 14"):
+        s.add(Announcement(3, 14, 12, START))
+
+
+def test_an_announcement_reaches_every_planner_before_its_iteration(store, tmp_path):
+    fitter = Calibration(START, 1, save_dir=str(tmp_path))
+    planner = Calibration(START, 1)
+    planner_store, fitter_store = store(), store()
+    assert planner.model_for(5, planner_store) == START  # a planner thread plans iteration 5 with the start
+    a = fitter.announce(fitter_store, learnt_through=4, step=5 + 3, model=LEARNT, overheads={"vision": 0.01},
+                        refits=[{"module": "vision", "step": 5}])
+    assert (a.number, a.step, a.learnt_through) == (1, 8, 4)
+    assert [planner.model_for(t, planner_store) for t in (6, 7, 8, 9)] == [START, START, LEARNT, LEARNT]
+    assert planner.schedule.overheads_for(8) == {"vision": 0.01}
+    # one store value per refit (the model and its iteration), besides the count every planner reads
+    assert fitter_store.num_keys() == 2  # the count and announcement 1
+    assert fitter.take_refits() == [{"module": "vision", "step": 5, "announced_for": 8}] and not fitter.take_refits()
+    saved = json.loads((tmp_path / FILE).read_text())
+    assert [x["step"] for x in saved["announcements"]] == [8]
+
+
+def test_an_announcement_after_its_iteration_was_planned_stops_the_planner(store):
+    fitter, planner = Calibration(START, 1), Calibration(START, 1)
+    planner_store = store()
+    planner.model_for(12, planner_store)  # this rank has planned up to iteration 12
+    fitter.announce(store(), learnt_through=4, step=10, model=LEARNT, overheads={}, refits=[])
+    with pytest.raises(RuntimeError, match="announced for iteration 10 reached this rank after it had planned "
+                                           "iteration 12"):
+        planner.model_for(13, planner_store)
+
+
+def test_the_fitting_rank_announces_past_what_it_has_planned_itself(store):
+    fitter = Calibration(START, 1)
+    s = store()
+    fitter.model_for(20, s)  # the fitting rank's own planner is at iteration 20
+    assert fitter.announce(s, learnt_through=6, step=9, model=LEARNT, overheads={}, refits=[]).step == 22
+
+
+def test_a_resume_replays_the_models_learnt_before_its_checkpoint(tmp_path):
+    s = Schedule(START, (Announcement(1, 10, 7, LEARNT), Announcement(2, 16, 12, LATER)))
+    (tmp_path / FILE).parent.mkdir(parents=True)
+    (tmp_path / FILE).write_text(json.dumps(s.to_doc()))
+    assert read_saved(str(tmp_path), 0) == []  # a fresh start: the configured model
+    assert [a.number for a in read_saved(str(tmp_path), 8)] == [1]  # learnt through 7: the run had it
+    assert [a.number for a in read_saved(str(tmp_path), 12)] == [1, 2]
+    resumed = Calibration(START, 2, load_dir=str(tmp_path))
+    resumed.restore(9)
+    assert resumed.schedule.model_for(10) == LEARNT and resumed.schedule.model_for(16) == LEARNT
+    assert read_saved(str(tmp_path / "nothing-here"), 9) == []  # a checkpoint without one: as before
+    (tmp_path / FILE).write_text("{not json")
+    with pytest.raises(ValueError, match="is not a cost-model schedule this version reads"):
+        read_saved(str(tmp_path), 9)
+
+
+def test_a_resumed_run_numbers_its_own_announcements_after_the_replayed_ones(store, tmp_path):
+    s = Schedule(START, (Announcement(1, 10, 7, LEARNT),))
+    (tmp_path / FILE).parent.mkdir(parents=True)
+    (tmp_path / FILE).write_text(json.dumps(s.to_doc()))
+    resumed = Calibration(START, 3, save_dir=str(tmp_path), load_dir=str(tmp_path))
+    resumed.restore(9)
+    a = resumed.announce(store(), learnt_through=12, step=15, model=LATER, overheads={}, refits=[])
+    assert a.number == 2 and [x.number for x in read_saved(str(tmp_path), 12)] == [1, 2]
+
+
+def test_a_steps_observations_are_each_replicas_longest_rank_and_its_counts():
+    figures = [  # vision dp 2 with TP 2 (ranks 0-3), language dp 2 (ranks 4, 5)
+        {"module": "vision", "dp_rank": 0, "time_s": 0.3, "features": [100, 5000, 1]},
+        {"module": "vision", "dp_rank": 0, "time_s": 0.4, "features": [100, 5000, 1]},
+        {"module": "vision", "dp_rank": 1, "time_s": 0.2, "features": [60, 1800, 2]},
+        {"module": "vision", "dp_rank": 1, "time_s": 0.1, "features": [60, 1800, 2]},
+        {"module": "language", "dp_rank": 1, "time_s": 0.5, "features": [300, 45000]},
+        {"module": "language", "dp_rank": 0, "time_s": 0.6, "features": [310, 48100]},
+        {"module": "unknown", "dp_rank": 0, "time_s": None, "features": None},
+    ]
+    out = step_observations(figures)
+    x, y = out["vision"]
+    assert x.tolist() == [[100, 5000, 1], [60, 1800, 2]] and y.tolist() == [0.4, 0.2]
+    x, y = out["language"]
+    assert x.tolist() == [[310, 48100], [300, 45000]] and y.tolist() == [0.6, 0.5]
+    # a replica without a time, or a module of one replica: nothing to learn from this step
+    assert "vision" not in step_observations(figures[:2] + [dict(figures[2], time_s=None)])
+    assert step_observations(figures[4:5]) == {}
+
+
+@pytest.mark.parametrize("window,step_micro_batches,depth,lead", [(1, 1, 3, 7), (1, 4, 3, 4), (4, 8, 3, 5),
+                                                                  (8, 8, 3, 7)])
+def test_the_lead_covers_every_window_a_planner_may_have_planned(window, step_micro_batches, depth, lead):
+    assert lead_steps(window, step_micro_batches, depth) == lead
+
+
+def test_the_fitting_rank_learns_from_gathered_figures_and_announces(store):
+    """Steps whose vision replicas' times follow a per-image cost the start model lacks: a refit is
+    accepted and announced for an iteration past the fitting rank's own plus the lead."""
+    rng = np.random.default_rng(0)
+    fitter = Calibration(START, 1)
+    s = store()
+    true = ModuleCost(2e-5, 1e-8, 0.02)
+    refits = []
+    for it in range(1, 16):
+        figures = []
+        for dp in range(4):
+            items = int(rng.integers(1, 8))
+            rows = int(rng.integers(200, 2000))
+            sq = rows * rows // items
+            t = float(true.encoder_costs([rows], [sq], [items])[0]) * (1 + 0.01 * rng.standard_normal())
+            figures.append({"module": "vision", "dp_rank": dp, "time_s": t, "features": [rows, sq, items]})
+        refits += fitter.observe(it, figures, s, current_iteration=it + 1, lead=4)
+    assert refits, "no refit was accepted"
+    first = fitter.schedule.announcements[0]
+    assert first.step >= refits[0].step + 4 and first.learnt_through == refits[0].step - 1
+    assert first.model.of("vision").k > 0  # the per-image cost the default model lacked
