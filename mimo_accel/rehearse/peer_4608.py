@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-ENV = "MIMO_ACCEL_REHEARSAL_PEER"
+ENV = "MIMO_REHEARSAL_PEER"  # the rehearsal's own, not a setting of mimo_accel
 COST_LINEAR_VIT, COST_LINEAR_LM = 1.0, 0.0  # #4608's defaults
 
 
