@@ -287,6 +287,8 @@ IN_PROCESS = [
     (["rehearse", "--loop", "bridge", "--workload", "receipts"], ARGPARSE, ["--workload applies to --loop stack",
                                                                             "drop --workload"]),
     (["rehearse", "--example", "x.py"], ARGPARSE, ["--example applies to --loop bridge", "add --loop bridge"]),
+    (["rehearse", "--peer", "4608"], ARGPARSE, ["--peer applies to --loop bridge", "add --loop bridge"]),
+    (["rehearse", "--loop", "bridge", "--cost-model", "{d}/nope.json"], None, ["--cost-model", "nope.json"]),
     (["rehearse", "--out", "{d}/file"], None, ["--out {d}/file: {d}/file is a file, not a directory",
                                                "give a directory"]),
     (["rehearse", "--out", "{d}/file/sub"], None, ["is a file, not a directory; give another path"]),

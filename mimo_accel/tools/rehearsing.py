@@ -456,7 +456,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                             ("--peer", args.peer is not None)) if given]
     wrong = ("--workload applies to --loop stack; --loop bridge trains on the example's image files: drop --workload"
              if args.loop == "bridge" and args.workload is not None else
-             f"{', '.join(bridge_only)} apply to --loop bridge: add --loop bridge, or drop them"
+             f"{', '.join(bridge_only)} {'applies' if len(bridge_only) == 1 else 'apply'} to --loop bridge: add "
+             f"--loop bridge, or drop {'it' if len(bridge_only) == 1 else 'them'}"
              if args.loop == "stack" and bridge_only else None)
     if wrong:
         p.print_usage(sys.stderr)
