@@ -24,6 +24,7 @@ against ``no planner``, and whether every window's shares equal the serial plan'
 ``next()`` at most 2 ms above ``no planner`` (median), the busy work slowed by at most 5 %.
 
     python benchmarks/bench_plan_ahead.py [--windows 8] [--layouts 1:1,fan-in,three] [--work-s 0.6]
+                                          [--samples 4096] [--groups 512]
 """
 
 from __future__ import annotations
@@ -46,11 +47,11 @@ from mimo_accel.costs.resize import FixedPatches  # noqa: E402
 from mimo_accel.modules import Modules  # noqa: E402
 from mimo_accel.planner import CostIndexPlanner  # noqa: E402
 
-GROUPS, MBS, WINDOW = 512, 4096, 8
-LAYOUTS = {
-    "1:1": {"vision": 512, "language": 512},
-    "fan-in": {"vision": 512, "language": 256},
-    "three": {"vision": 512, "audio": 256, "language": 128},
+WINDOW = 8
+LAYOUTS = {  # module DPs on a grid of g groups
+    "1:1": lambda g: {"vision": g, "language": g},
+    "fan-in": lambda g: {"vision": g, "language": g // 2},
+    "three": lambda g: {"vision": g, "audio": g // 2, "language": g // 4},
 }
 MODES = ("no planner", "ahead, process", "ahead, thread", "serial")
 
@@ -95,27 +96,27 @@ class _Serial:
             yield from self.rules.plan(self.planner, batches)[0]
 
 
-def _global_sampler(n: int):
+def _global_sampler(n: int, mbs: int):
     from megatron.bridge.data import samplers
 
-    return samplers.MegatronPretrainingSampler(total_samples=n, consumed_samples=0, micro_batch_size=MBS,
+    return samplers.MegatronPretrainingSampler(total_samples=n, consumed_samples=0, micro_batch_size=mbs,
                                                data_parallel_rank=0, data_parallel_size=1, drop_last=True)
 
 
-def run_mode(mode: str, dps: dict, index: CostIndex, windows: int, units: int) -> dict:
+def run_mode(mode: str, dps: dict, index: CostIndex, windows: int, units: int, mbs: int) -> dict:
     from mimo_accel.runtime.sampler import ShardedBatchSampler
     from mimo_accel.runtime.shard import ShardContext
 
-    ctx = ShardContext("vision", 0, dps["vision"], GROUPS, dps)
-    n = windows * WINDOW * MBS
+    ctx = ShardContext("vision", 0, dps["vision"], Modules.from_dp_sizes(dps).grid, dps)
+    n = windows * WINDOW * mbs
     planner = CostIndexPlanner(index, CostModel(), Modules.from_dp_sizes(dps))
     if mode == "no planner":
-        sampler = ShardedBatchSampler(_global_sampler(n), ctx)
+        sampler = ShardedBatchSampler(_global_sampler(n, mbs), ctx)
     elif mode == "serial":
-        sampler = _Serial((n,), planner, ctx)
+        sampler = _Serial((n, mbs), planner, ctx)
     else:
-        sampler = ShardedBatchSampler(_global_sampler(n), ctx, planner, window=WINDOW, step_micro_batches=WINDOW,
-                                      in_process=(mode == "ahead, process"))
+        sampler = ShardedBatchSampler(_global_sampler(n, mbs), ctx, planner, window=WINDOW,
+                                      step_micro_batches=WINDOW, in_process=(mode == "ahead, process"))
     it = iter(sampler)
     next_s, work_s, shares = [], [], []
     for _ in range(windows):
@@ -132,21 +133,23 @@ def main(argv=None) -> int:
     p.add_argument("--windows", type=int, default=8)
     p.add_argument("--layouts", default=",".join(LAYOUTS))
     p.add_argument("--work-s", type=float, default=0.6, help="the simulated step between windows, alone")
+    p.add_argument("--samples", type=int, default=4096, help="samples per global micro-batch")
+    p.add_argument("--groups", type=int, default=512, help="the canonical grid (the largest module DP)")
     args = p.parse_args(argv)
     from mimo_accel.rehearse import cpu
 
     cpu.check_megatron_importable()  # Bridge's samplers (and the 3.11 back-port they need here)
     print(machine())
     units = calibrate(args.work_s)
-    index = receipts_index(args.windows * WINDOW * MBS)
-    print(f"{MBS} samples x window {WINDOW} / {GROUPS} groups; {args.windows} windows; busy work {units} units "
-          f"(~{args.work_s:.2f} s alone)")
+    index = receipts_index(args.windows * WINDOW * args.samples)
+    print(f"{args.samples} samples x window {WINDOW} / {args.groups} groups; {args.windows} windows; busy work "
+          f"{units} units (~{args.work_s:.2f} s alone)")
     print(f"{'layout':<8} {'mode':<16} {'next() per window p50 / max':>28} {'vs none':>9} {'busy work p50':>14} "
           f"{'slowdown':>9}  same as serial")
     ok = True
     for name in args.layouts.split(","):
-        dps = LAYOUTS[name]
-        results = {mode: run_mode(mode, dps, index, args.windows, units) for mode in MODES}
+        dps = LAYOUTS[name](args.groups)
+        results = {mode: run_mode(mode, dps, index, args.windows, units, args.samples) for mode in MODES}
         base_next = statistics.median(results["no planner"]["next_s"][1:])
         base_work = statistics.median(results["no planner"]["work_s"][1:])
         for mode in MODES:
