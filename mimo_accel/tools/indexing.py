@@ -27,6 +27,10 @@ read :data:`CHUNK_LINES` lines at a time behind a progress bar, no Python object
 The index (format v3, memory-mapped by a training job) holds the manifest's images as the column of
 one encoder module, ``vision`` unless ``--module NAME`` names it as the layout does (``images``,
 say). ``--dataset`` indexes every modality of the dataset, each under its own module name.
+
+Either way the index records what it describes: the digest of its files' names, sizes and first
+bytes (:mod:`mimo_accel.costs.contents`; the same for a copy of the files in another directory),
+which a training job compares with its dataset's, and the split.
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ from typing import Any, Callable, Iterator, Optional, Sequence
 import numpy as np
 
 from mimo_accel.costs import CostIndex, ResizeRule, SampleShape, image_size_from_header
+from mimo_accel.costs.contents import Contents, file_stamp
 from mimo_accel.tools.arguments import UsageError, fail, one_line, output_dir, output_file, parse, positive_int
 
 __all__ = [
@@ -165,19 +170,21 @@ def manifest_chunks(path: str | os.PathLike[str], lines: Optional[int] = None) -
         yield chunk, done
 
 
-def _header_size(item: tuple[str, int, Path]) -> tuple[int, int]:
+def _header_size(item: tuple[str, int, Path]) -> tuple[tuple[int, int], bytes]:
+    """(an image's size from its header, its part of the contents digest)."""
     where, line, image = item
     try:
-        return image_size_from_header(image)
+        return image_size_from_header(image), file_stamp(image)
     except FileNotFoundError:
         raise ManifestError(f"{where}:{line}: image not found: {image}") from None
     except (OSError, ValueError) as exc:
         raise ManifestError(f"{where}:{line}: cannot read the image size: {exc}") from None
 
 
-def _read_sizes(entries: Sequence[_Entry], where: str, workers: int) -> dict[Path, tuple[int, int]]:
-    """Header sizes of every distinct image file of a chunk, keyed by path; errors name the first
-    bad line."""
+def _read_sizes(entries: Sequence[_Entry], where: str,
+                workers: int) -> dict[Path, tuple[tuple[int, int], bytes]]:
+    """Header sizes and contents stamps of every distinct image file of a chunk, keyed by path;
+    errors name the first bad line."""
     first_use: dict[Path, int] = {}
     for e in entries:
         for image in e.images:
@@ -240,6 +247,9 @@ def build_index_from_manifest(path: str | os.PathLike[str], rule: Optional[Resiz
 
     ``workers``: threads reading a chunk's image headers (None: :data:`DEFAULT_WORKERS`; 1: serial).
     ``on_progress(bytes)``: called after each chunk with the bytes of the manifest read so far.
+    The index's identity records the digest of its image files (``contents``: names, sizes, first
+    bytes, :mod:`mimo_accel.costs.contents`), which a training job compares with its dataset's;
+    not when a sample gives ``image_sizes`` (the dataset's files for those are unknown here).
     Raises :class:`ManifestError` (a ValueError) naming the manifest line for a bad line, a missing
     or unreadable image, or an image the resize rule refuses.
     """
@@ -247,14 +257,18 @@ def build_index_from_manifest(path: str | os.PathLike[str], rule: Optional[Resiz
     workers = DEFAULT_WORKERS if workers is None else workers
     if workers < 1:
         raise ValueError(f"workers must be >= 1, got {workers}")
-    columns = _Columns()
+    columns, contents, sized, sample = _Columns(), Contents(), False, 0
     for entries, done in manifest_chunks(path):
-        sizes = _read_sizes(entries, str(path), workers)
-        shapes = [SampleShape(tuple(sizes[i] for i in e.images) + e.sizes, e.tokens) for e in entries]
+        read = _read_sizes(entries, str(path), workers)
+        shapes = [SampleShape(tuple(read[i][0] for i in e.images) + e.sizes, e.tokens) for e in entries]
         columns.add(shapes, rule, lambda i: f"{path}:{entries[i].line}")
+        for e in entries:
+            sized = sized or bool(e.sizes)
+            contents.add(sample, [str(i) for i in e.images], [read[i][1] for i in e.images])
+            sample += 1
         if on_progress is not None:
             on_progress(done)
-    return columns.index(rule, module)
+    return columns.index(rule, module).with_identity(contents=None if sized else contents.record())
 
 
 def build_index_from_dataset(dataset: Any, shape_fn: Callable[[int], SampleShape],
@@ -583,7 +597,7 @@ def _main_manifest(args) -> int:
         index = build_index_from_manifest(args.manifest, rule, workers=args.workers,
                                           module=args.module or DEFAULT_MODULE, on_progress=advance)
     out.parent.mkdir(parents=True, exist_ok=True)
-    # what it describes: this manifest (a training job can check only its length against this)
+    # what it describes: this manifest, and its files (build_index_from_manifest's contents digest)
     index.with_identity(manifest=_file_sha(args.manifest), split=args.split,
                         describe=f"manifest {Path(args.manifest).name}").save(out)
     _print_summary(Console(), summarize(index), out, time.perf_counter() - start, args.workers)
