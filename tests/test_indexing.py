@@ -442,7 +442,8 @@ def test_the_index_records_its_files_by_name_size_and_first_bytes_wherever_they_
     assert "contents" not in indexing.build_index_from_manifest(sized).identity
 
 
-def test_verify_lists_the_files_that_cannot_be_decoded_and_writes_nothing(tmp_path, capsys):
+def test_verify_lists_the_files_that_cannot_be_decoded_and_writes_nothing(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "400")  # the summary's rows on one line each
     imgs = tmp_path / "imgs"
     imgs.mkdir()
     _photo(imgs / "good.jpg")
@@ -469,7 +470,8 @@ def test_verify_lists_the_files_that_cannot_be_decoded_and_writes_nothing(tmp_pa
     assert "2 files, every one decodable" in capsys.readouterr().out and len(CostIndex.load(out)) == 2
 
 
-def test_verify_names_a_missing_file_with_the_others(tmp_path, capsys):
+def test_verify_names_a_missing_file_with_the_others(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "400")  # the summary's rows on one line each
     imgs = tmp_path / "imgs"
     imgs.mkdir()
     _cut(_photo(imgs / "cut.jpg"), 0.3)
@@ -479,6 +481,10 @@ def test_verify_names_a_missing_file_with_the_others(tmp_path, capsys):
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == f"{manifest}:1: {imgs / 'gone.png'}: not found"
     assert lines[1].startswith(f"{manifest}:2: {imgs / 'cut.jpg'}: ") and len(lines) == 2
+    # no file to decode: said, not passed in silence
+    sized = _manifest(tmp_path / "sized.jsonl", [{"image_sizes": [[32, 32]], "tokens": 1}, {"tokens": 2}])
+    assert indexing.main([str(sized), "--verify"]) == 0
+    assert "nothing: no sample names an image or audio file" in capsys.readouterr().out
 
 
 MEDIA_FACTORY = '''

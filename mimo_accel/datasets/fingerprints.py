@@ -15,7 +15,7 @@ from mimo_accel.costs.images import _is_pil
 
 __all__ = ["examples_fingerprint", "relocatable", "tokenizer_fingerprint"]
 
-_SAMPLED_ROWS = 4096  # rows hashed into a list dataset's fingerprint
+_SAMPLED_ROWS = 4096  # raw examples hashed into a dataset's fingerprint
 
 
 def _sha(data: Any) -> str:
@@ -37,7 +37,8 @@ def tokenizer_fingerprint(tokenizer: Any) -> dict[str, Any]:
         fp["backend"] = _sha(json.dumps(doc, sort_keys=True))
     else:
         # a local directory's name, not where it lies (a copy of the model directory is the same)
-        fp["name"] = os.path.basename(os.path.normpath(str(getattr(tokenizer, "name_or_path", "") or ".")))
+        name = str(getattr(tokenizer, "name_or_path", "") or "")
+        fp["name"] = os.path.basename(os.path.normpath(name)) if name else ""
         get_vocab = getattr(tokenizer, "get_vocab", None)
         if callable(get_vocab):
             fp["vocab"] = _sha(json.dumps(sorted(get_vocab().items())))

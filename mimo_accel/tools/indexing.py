@@ -436,8 +436,11 @@ def _print_summary(console, summary: dict[str, Any], out: Any, seconds: float, w
     table.add_row("tokens per sample", f"p50 {tk['p50']:,.0f} · p90 {tk['p90']:,.0f} · max {tk['max']:,.0f}")
     threads = workers if workers is not None else "the probe's default" if source else DEFAULT_WORKERS
     table.add_row("header-read threads", str(threads))
-    if verified is not None:
+    if verified:
         table.add_row("decoded (--verify)", f"{verified:,} files, every one decodable")
+    elif verified is not None:  # said, never a silent pass
+        table.add_row("decoded (--verify)", "nothing: no sample names an image or audio file (images held in "
+                                            "memory or as bytes are not decoded)")
     table.add_row("time", f"{seconds:.2f} s")
     for where in (out if isinstance(out, (list, tuple)) else [out]):
         table.add_row("written to", str(where))
