@@ -12,9 +12,10 @@ From the whole-probe rate it extrapolates the time to index 1M samples on 64 ran
 probes 1/64 of them in parallel; one all_gather of 4 int64 per sample follows).
 
 ``manifest``: `mimo-accel index` over a manifest of real image files, with 1, 2, 4 and 8
-header-reading threads and the thread pool's own default size (best of 3, warm page cache); and the
-peak memory of indexing manifests of growing length (image sizes given, no files), in a fresh
-process each.
+header-reading threads and the thread pool's own default size (best of 3, warm page cache); what
+the files' contents digest adds to it (beside the same run with the digest stubbed out) and what
+``--verify``'s decoding costs; and the peak memory of indexing manifests of growing length (image
+sizes given, no files), in a fresh process each.
 
 ``mapped``: a synthetic index of ``--mapped`` samples written under /tmp (deleted after): its load
 time (`CostIndex.load` + the digest the loaders compare), then ``--procs`` processes on this node
@@ -269,6 +270,7 @@ def _manifest(args, console) -> None:
                 (" (the default)" if workers == indexing.DEFAULT_WORKERS else "")
             table.add_row(label, f"{rates[workers]:,.0f}", f"{rates[workers] / rates[1]:.2f}x")
         console.print(table)
+        _digest_and_verify(root, args.manifest_files, console)
 
     table = Table(title="mimo-accel index: peak memory by manifest length (image sizes given; a fresh process "
                         "each)", title_justify="left")
@@ -290,6 +292,49 @@ def _manifest(args, console) -> None:
             grown = (peak_kb - baseline_kb) * 1024
             table.add_row(f"{lines:,}", f"{path.stat().st_size / 2**20:,.0f} MB", f"{seconds:.1f} s",
                           f"{lines / seconds:,.0f}", f"{grown / 2**20:,.0f} MB", f"{grown / lines:.0f} B")
+    console.print(table)
+
+
+def _digest_and_verify(root: Path, n: int, console) -> None:
+    """What the files' contents digest adds to indexing (the same run with the stamp stubbed out:
+    headers alone, as indexing was before the digest), and what ``--verify``'s decoding costs, on
+    1 thread and on one per CPU (its default), best of 3 each."""
+    from rich.table import Table
+
+    from mimo_accel.tools import decode_check, indexing
+
+    def best(fn) -> float:
+        times = []
+        for _ in range(3):
+            t = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t)
+        return n / min(times)
+
+    def headers_alone():
+        real = indexing.file_stamp
+        indexing.file_stamp = lambda path: b""
+        try:
+            indexing.build_index_from_manifest(root / "m.jsonl", workers=1)
+        finally:
+            indexing.file_stamp = real
+
+    files = [(str(i), str(root / f"{i}.{'png' if i % 2 else 'jpg'}"), "image") for i in range(n)]
+
+    def decode(workers):
+        assert not list(decode_check.undecodable([(files, n)], workers=workers))
+
+    rates = {"headers alone (the stamp stubbed out)": best(headers_alone),
+             "headers and the contents digest (mimo-accel index)": best(
+                 lambda: indexing.build_index_from_manifest(root / "m.jsonl", workers=1)),
+             "--verify's decoding, 1 thread": best(lambda: decode(1)),
+             f"--verify's decoding, {os.cpu_count()} threads (the default)": best(lambda: decode(None))}
+    table = Table(title=f"the files' digest and --verify over the same {n:,} files, best of 3", title_justify="left")
+    for col in ("what", "files/s", "vs headers alone"):
+        table.add_column(col, justify="right")
+    first = next(iter(rates.values()))
+    for what, rate in rates.items():
+        table.add_row(what, f"{rate:,.0f}", f"{rate / first:.2f}x")
     console.print(table)
 
 

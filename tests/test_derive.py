@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from PIL import Image
 
 from mimo_accel.costs import CostIndex, FixedPatches, ResizeRule
+from mimo_accel.costs.contents import Contents, file_stamps
 from mimo_accel.costs.images import image_size_of
 from mimo_accel.datasets import DeriveError, MimoDatasetSource, Probed, QwenFetchResize, qwen_resize_rule, shared_index
 from mimo_accel.datasets.megatron_mimo import _mimo_real_tokens
@@ -402,6 +403,62 @@ def test_fingerprint_follows_the_content(tmp_path):
     assert MimoDatasetSource(mimo_dataset(ex, qwen_processor(), max_samples=5)).fingerprint() != key
 
 
+def _copy_tree(src: Path, dst: Path) -> Path:
+    """``cp -r`` without ``-p``: the files copied, their modification times new (set a second on)."""
+    import os
+    import shutil
+
+    shutil.copytree(src, dst, copy_function=shutil.copy)
+    for f in dst.iterdir():
+        t = os.stat(src / f.name).st_mtime_ns + 10**9
+        os.utime(f, ns=(t, t))
+    return dst
+
+
+def test_the_identity_is_the_same_for_the_files_copied_elsewhere(tmp_path):
+    """The dataset fingerprint and the files' digest name files by base name, size and first
+    bytes: a list, an HF dataset and a conversation dataset over copies in another directory
+    identify as the originals; one file re-exported at another size does not."""
+    import datasets
+    from megatron.bridge.data.datasets.direct_sft import DirectSFTDataset
+    from megatron.bridge.models.qwen_vl.data.collate_fn import qwen2_5_collate_fn
+
+    from mimo_accel.datasets import dataset_identity
+
+    src = tmp_path / "data"
+    src.mkdir()
+    ex = all_kinds_of_examples(src)
+    dst = _copy_tree(src, tmp_path / "scratch" / "data")
+    moved = [{**e, "image": str(dst / Path(e["image"]).name)} if isinstance(e.get("image"), str) else e for e in ex]
+
+    def lists(examples):
+        return mimo_dataset(examples, qwen_processor())
+
+    def hf(examples):
+        paths = [e["image"] if isinstance(e.get("image"), str) else None for e in examples]
+        table = datasets.Dataset.from_dict({"image": paths, "text": [e["text"] for e in examples]})
+        return mimo_dataset(table.cast_column("image", datasets.Image()), qwen_processor())
+
+    def conversations(examples):
+        convs = [conversation({"type": "image", "image": e["image"]}, {"type": "text", "text": e["text"]})
+                 for e in examples if isinstance(e.get("image"), str)]
+        return DirectSFTDataset(convs, target_length=11, processor=qwen_vl_processor(), collate_impl=qwen2_5_collate_fn)
+
+    for build in (lists, hf, conversations):
+        (there, contents), (here, _) = dataset_identity(build(ex)), dataset_identity(build(moved))
+        assert here == there, build.__name__
+        assert contents.files > 0 and contents.unreadable == 0
+    # a repeated conversation counts at every position it takes, as a manifest of those samples would
+    files = [e["image"] for e in moved if isinstance(e.get("image"), str)]
+    by_hand = Contents()
+    for i in range(11):
+        by_hand.add(i, [files[i % len(files)]], file_stamps([files[i % len(files)]]))
+    assert dataset_identity(conversations(moved))[1].digest == by_hand.digest and by_hand.files == 11
+    write_image(dst / "1.jpg", 700, 480)  # re-exported in place, at another size
+    for build in (lists, hf, conversations):
+        assert dataset_identity(build(moved))[0]["contents"] != dataset_identity(build(ex))[0]["contents"]
+
+
 # ----------------------------------------------------------------------------------------------
 # Errors and other sources
 # ----------------------------------------------------------------------------------------------
@@ -557,6 +614,9 @@ def test_more_ranks_than_samples_and_world_size_independence(tmp_path):
     ds = mimo_dataset(all_kinds_of_examples(tmp_path), qwen_processor())
     source = MimoDatasetSource(ds)
     whole = source.to_index(source.probe(0, source.base_length)).digest()
+    contents = source.contents(0, source.base_length)
     for world in (2, 3, 16):
         parts = [source.probe(*shared_index.share(r, world, source.base_length)) for r in range(world)]
         assert source.to_index(Probed.concat(parts)).digest() == whole
+        shares = [source.contents(*shared_index.share(r, world, source.base_length)) for r in range(world)]
+        assert sum(shares, Contents()).digest == contents.digest and contents.files == 7

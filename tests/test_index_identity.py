@@ -36,8 +36,8 @@ def test_an_index_of_another_dataset_of_the_same_length_is_refused_naming_both(t
     b = mimo_dataset(_examples(tmp_path / "b", [448, 56, 56, 112]), qwen_processor())
     path = _index_file(tmp_path, a)
     assert len(cost_index_for(a, path, "train")) == len(a)  # its own dataset: accepted
-    with pytest.raises(ValueError, match=r"describes another dataset: its dataset fingerprint \w{16} .*this "
-                                         r"train dataset's \w{16} .*mimo-accel index --dataset"):
+    with pytest.raises(ValueError, match=r"describes another dataset: its files \(names, sizes, first bytes\) \w{16} "
+                                         r".*this train dataset's \w{16} .*mimo-accel index --dataset"):
         cost_index_for(b, path, "train")
 
 
@@ -79,7 +79,7 @@ def test_a_file_rewritten_in_place_is_probed_again(tmp_path):
     # and an index file built before the rewrite describes other files now: refused
     old = tmp_path / "old.npz"
     before.with_identity(split="train").save(old)
-    with pytest.raises(ValueError, match=r"its files \(sizes and modification times\)"):
+    with pytest.raises(ValueError, match=r"its files \(names, sizes, first bytes\)"):
         cost_index_for(ds, str(old), "train")
 
 
@@ -94,3 +94,197 @@ def test_a_file_that_differs_from_the_dataset_s_own_index_is_said(tmp_path):
     assert index.digest() != other.digest()
     notes = list(runtime.notices().values())
     assert any("carries its own cost index" in n and "planning from the configured file" in n for n in notes)
+
+
+# ----------------------------------------------------------------------------------------------
+# What is compared: the files by name, size and first bytes, wherever they lie
+# ----------------------------------------------------------------------------------------------
+
+
+def _manifest_index(tmp_path, examples, name="manifest.jsonl"):
+    """``mimo-accel index MANIFEST`` over the examples' image files (relative to the manifest)."""
+    import json
+    from pathlib import Path
+
+    from mimo_accel.tools import indexing
+
+    manifest = tmp_path / name
+    lines = [{"images": [os.path.relpath(e["image"], tmp_path)], "text": e["text"]} for e in examples]
+    manifest.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    out = tmp_path / (name + ".npz")
+    assert indexing.main([str(manifest), "--out", str(out)]) == 0
+    return str(out), Path(manifest)
+
+
+def _copied(examples, root):
+    """The examples over copies of their images in ``root``, as ``cp`` without ``-p`` makes them
+    (new modification times), each one second newer than its original."""
+    import shutil
+
+    root.mkdir(parents=True)
+    out = []
+    for e in examples:
+        copy = shutil.copy(e["image"], root / os.path.basename(e["image"]))
+        t = os.stat(e["image"]).st_mtime_ns + 10**9
+        os.utime(copy, ns=(t, t))
+        out.append({**e, "image": str(copy)})
+    return out
+
+
+def _notices(runtime):
+    return list(runtime.notices().values())
+
+
+def test_a_manifest_index_of_another_dataset_of_the_same_length_is_refused(tmp_path, capsys):
+    a = _examples(tmp_path / "a", [56, 112, 224, 56])
+    b = mimo_dataset(_examples(tmp_path / "b", [448, 56, 56, 112]), qwen_processor())
+    path, _ = _manifest_index(tmp_path, a)
+    with pytest.raises(ValueError, match=r"describes another dataset: its files \(names, sizes, first bytes\) \w{16} "
+                                         r"\(4 files; manifest manifest.jsonl\), this train dataset's \w{16} \(4 files; "
+                                         r"MegatronMIMODataset of 4 samples\); .*`mimo-accel index MANIFEST --split "
+                                         r"train --out "):
+        cost_index_for(b, path, "train")
+
+
+def test_a_manifest_index_of_the_dataset_s_own_files_is_checked_and_accepted(tmp_path, capsys):
+    examples = _examples(tmp_path / "a", [56, 112, 224, 56])
+    ds = mimo_dataset(examples, qwen_processor())
+    path, _ = _manifest_index(tmp_path, examples)
+    runtime = Runtime(AccelConfig(reorder=True))
+    index = cost_index_for(ds, path, "train", notify=runtime.say_once)
+    assert _notices(runtime) == []  # checked: nothing to say
+    every = np.arange(len(ds))
+    derived = derive_cost_index(ds, cache_dir=False)
+    assert index.rows("vision", every).tolist() == derived.rows("vision", every).tolist()
+    assert index.identity["contents"] == derived.identity["contents"]  # one digest, built both ways
+
+
+def test_the_same_files_copied_elsewhere_are_accepted(tmp_path, capsys):
+    examples = _examples(tmp_path / "a", [56, 112, 224, 56])
+    built = _index_file(tmp_path, mimo_dataset(examples, qwen_processor()))
+    from_manifest, _ = _manifest_index(tmp_path, examples)
+    copies = _copied(examples, tmp_path / "scratch" / "node0")
+    assert all(os.stat(c["image"]).st_mtime_ns != os.stat(e["image"]).st_mtime_ns for c, e in zip(copies, examples))
+    ds = mimo_dataset(copies, qwen_processor())
+    for path in (built, from_manifest):
+        runtime = Runtime(AccelConfig(reorder=True))
+        assert len(cost_index_for(ds, path, "train", notify=runtime.say_once)) == len(ds)
+        assert _notices(runtime) == []
+    # and the copy's derived index finds the original's cache
+    cache = tmp_path / "cache"
+    derive_cost_index(mimo_dataset(examples, qwen_processor()), cache_dir=cache)
+    assert derive_cost_index(ds, cache_dir=cache).mapped and len(list(cache.glob("*.npz"))) == 1
+
+
+def test_the_same_files_with_other_texts_are_another_dataset(tmp_path):
+    examples = _examples(tmp_path / "a", [56, 112, 224, 56])
+    path = _index_file(tmp_path, mimo_dataset(examples, qwen_processor()))
+    other = mimo_dataset([{**e, "text": "another caption"} for e in examples], qwen_processor())
+    with pytest.raises(ValueError, match=r"its files are this one's but its dataset fingerprint \(examples, tokenizer, "
+                                         r"processors\) \w{16} .*this train dataset's \w{16}"):
+        cost_index_for(other, path, "train")
+
+
+def test_one_file_re_exported_at_another_size_is_another_dataset_and_a_missing_one_is_named(tmp_path):
+    examples = _examples(tmp_path / "a", [56, 112, 224, 56])
+    path, _ = _manifest_index(tmp_path, examples)
+    write_image(__import__("pathlib").Path(examples[1]["image"]), 56, 140)
+    with pytest.raises(ValueError, match="describes another dataset: its files"):
+        cost_index_for(mimo_dataset(examples, qwen_processor()), path, "train")
+    os.remove(examples[2]["image"])
+    with pytest.raises(ValueError, match=r"\(4 files, 1 unreadable: .*2\.png: No such file or directory; "):
+        cost_index_for(mimo_dataset(examples, qwen_processor()), path, "train")
+
+
+def test_an_index_recording_no_files_is_checked_by_its_length_alone_said_once(tmp_path):
+    """An index of an older mimo_accel (format v2, its identity without a contents digest) still
+    loads and is used; the notice says once that only its length was checked."""
+    import json
+
+    examples = _examples(tmp_path / "a", [56, 112, 224, 56])
+    ds = mimo_dataset(examples, qwen_processor())
+    index = derive_cost_index(ds, cache_dir=False)
+    every = np.arange(len(index))
+    old = tmp_path / "old.npz"
+    header = {"format": "mimo-accel-cost-index/2", "length": len(index), "encoders": [
+        {"name": "vision", "rule": index.rule_of("vision").to_dict()}],
+        "identity": {"dataset": "ab" * 32, "files": "cd" * 32, "split": "train", "describe": "old"}}
+    with open(old, "wb") as f:
+        np.savez(f, header=np.array(json.dumps(header)), tokens=index.tokens(every),
+                 **{f"e0_{c}": getattr(index, c)("vision", every) for c in ("items", "rows", "sq_rows")})
+    runtime = Runtime(AccelConfig(reorder=True))
+    for _ in range(2):
+        assert cost_index_for(ds, str(old), "train", notify=runtime.say_once).digest() == index.digest()
+    (note,) = _notices(runtime)
+    assert "records no fingerprint of its files" in note and "only its length could be checked" in note
+
+
+def test_a_v3_file_keeps_the_contents_digest_in_its_header(tmp_path):
+    from mimo_accel.costs import CostIndex
+    from mimo_accel.costs.contents import SCHEME
+
+    examples = _examples(tmp_path / "a", [56, 112])
+    path = _index_file(tmp_path, mimo_dataset(examples, qwen_processor()))
+    loaded = CostIndex.load(path)
+    assert loaded.mapped and loaded.identity["contents"]["scheme"] == SCHEME
+    assert loaded.identity["contents"]["files"] == 2 and len(loaded.identity["contents"]["digest"]) == 64
+
+
+def test_the_contents_digest_adds_up_over_shares_and_follows_positions(tmp_path):
+    from mimo_accel.costs.contents import Contents, file_stamps
+
+    paths = [str(write_image(tmp_path / f"{i}.png", 56, 28 * (i + 1))) for i in range(6)]
+    stamps = file_stamps(paths)
+    whole = Contents()
+    for i, (p, s) in enumerate(zip(paths, stamps)):
+        whole.add(i, [p], [s])
+    for cut in (0, 2, 5):
+        left, right = Contents(), Contents()
+        for i, (p, s) in enumerate(zip(paths, stamps)):
+            (left if i < cut else right).add(i, [p], [s])
+        assert (left + right).digest == whole.digest and (left + right).files == 6
+    swapped = Contents()
+    for i, (p, s) in enumerate(zip(paths[::-1], stamps[::-1])):
+        swapped.add(i, [p], [s])
+    assert swapped.digest != whole.digest  # the same files in another order are another index
+    assert Contents.from_record(whole.record()).digest == whole.digest
+    assert Contents.from_record({**whole.record(), "scheme": "mimo-accel-contents/0"}) is None
+
+
+# ----------------------------------------------------------------------------------------------
+# Two gloo ranks: each reads its share's files; both check alike
+# ----------------------------------------------------------------------------------------------
+
+
+def _two_ranks_check(rank, world, root):
+    import torch.distributed as dist
+    from pathlib import Path
+
+    root = Path(root)
+    group = dist.new_group(list(range(world)), backend="gloo")
+    mine = [{"image": str(root / "copy" / f"{i}.png"), "text": "describe " * (i + 1)} for i in range(5)]
+    ds = mimo_dataset(mine, qwen_processor())
+    accepted = len(cost_index_for(ds, str(root / "manifest.jsonl.npz"), "train", group=group))
+    other = mimo_dataset([{**e, "image": str(root / "b" / os.path.basename(e["image"]))} for e in mine],
+                         qwen_processor())
+    try:
+        cost_index_for(other, str(root / "manifest.jsonl.npz"), "train", group=group)
+        refused = None
+    except ValueError as exc:
+        refused = str(exc)
+    return {"accepted": accepted, "refused": refused}
+
+
+@pytest.mark.distributed
+def test_two_ranks_accept_the_copied_files_and_refuse_others_alike(tmp_path):
+    from mimo_accel.rehearse.ranks import run_ranks
+
+    heights = [56, 112, 224, 56, 448]
+    examples = _examples(tmp_path / "a", heights)
+    _manifest_index(tmp_path, examples)
+    _copied(examples, tmp_path / "copy")
+    _examples(tmp_path / "b", heights[::-1])
+    results = run_ranks(_two_ranks_check, 2, str(tmp_path), cpu_layer=False, deadline_s=200)
+    assert [r["accepted"] for r in results] == [5, 5]
+    refused = {r["refused"] for r in results}
+    assert len(refused) == 1 and "describes another dataset: its files" in refused.pop()

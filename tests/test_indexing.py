@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import struct
 import zlib
 from pathlib import Path
@@ -392,3 +393,137 @@ def test_summary_of_several_encoders(capsys):
     indexing._print_summary(console, s, "x.npz", 0.1, None)
     text = console.export_text()
     assert "audio: items" in text and "every clip padded to 30 s" in text and "vision: rule" in text
+
+
+# ----------------------------------------------------------------------------------------------
+# What the index records of its files, and --verify
+# ----------------------------------------------------------------------------------------------
+
+
+def _photo(path: Path, width: int = 96, height: int = 64) -> Path:
+    """A real JPEG, Pillow-encoded from noise (so its scan data is long enough to cut short)."""
+    from PIL import Image
+
+    rng = np.random.default_rng(width * height)
+    Image.fromarray(rng.integers(0, 255, (height, width, 3), dtype=np.uint8)).save(path, quality=95)
+    return path
+
+
+def _cut(path: Path, keep: float = 0.5) -> Path:
+    """The file cut short after ``keep`` of its bytes: its header reads, its pixels do not decode."""
+    data = path.read_bytes()
+    path.write_bytes(data[:int(len(data) * keep)])
+    return path
+
+
+def test_the_index_records_its_files_by_name_size_and_first_bytes_wherever_they_lie(tmp_path):
+    import os
+    import shutil
+
+    from mimo_accel.costs.contents import SCHEME
+
+    (tmp_path / "a" / "imgs").mkdir(parents=True)
+    for i in range(3):
+        _photo(tmp_path / "a" / "imgs" / f"{i}.jpg", 96 + 32 * i)
+    lines = [{"images": [f"imgs/{i}.jpg"], "tokens": 5} for i in range(3)] + [{"tokens": 3}]
+    manifest = _manifest(tmp_path / "a" / "m.jsonl", lines)
+    recorded = indexing.build_index_from_manifest(manifest).identity["contents"]
+    assert recorded["scheme"] == SCHEME and recorded["files"] == 3
+    # cp -r without -p: new modification times, another directory; the same digest
+    shutil.copytree(tmp_path / "a", tmp_path / "b", copy_function=shutil.copy)
+    for f in (tmp_path / "b" / "imgs").iterdir():
+        os.utime(f, ns=(1, 1))
+    assert indexing.build_index_from_manifest(tmp_path / "b" / "m.jsonl").identity["contents"] == recorded
+    _photo(tmp_path / "b" / "imgs" / "1.jpg", 300)  # re-exported at another size
+    assert indexing.build_index_from_manifest(tmp_path / "b" / "m.jsonl").identity["contents"] != recorded
+    swapped = _manifest(tmp_path / "a" / "swapped.jsonl", [lines[1], lines[0], *lines[2:]])
+    assert indexing.build_index_from_manifest(swapped).identity["contents"]["digest"] != recorded["digest"]
+    # sizes given instead of files: nothing to compare with the dataset's files, none recorded
+    sized = _manifest(tmp_path / "a" / "sized.jsonl", lines + [{"image_sizes": [[32, 32]], "tokens": 1}])
+    assert "contents" not in indexing.build_index_from_manifest(sized).identity
+
+
+def test_verify_lists_the_files_that_cannot_be_decoded_and_writes_nothing(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "400")  # the summary's rows on one line each
+    imgs = tmp_path / "imgs"
+    imgs.mkdir()
+    _photo(imgs / "good.jpg")
+    _photo(imgs / "other.jpg", 128)
+    _cut(_photo(imgs / "cut.jpg"))
+    lines = [{"images": ["imgs/good.jpg"], "tokens": 4}, {"images": ["imgs/other.jpg", "imgs/cut.jpg"], "tokens": 4},
+             {"tokens": 2}, {"images": ["imgs/good.jpg"], "tokens": 4}]
+    manifest = _manifest(tmp_path / "m.jsonl", lines)
+    out = tmp_path / "costs.npz"
+    assert indexing.main([str(manifest), "--out", str(out)]) == 0  # headers only: the cut file passes indexing
+    out.unlink()
+    capsys.readouterr()
+    assert indexing.main([str(manifest), "--verify", "--workers", "2", "--out", str(out)]) == 2
+    captured = capsys.readouterr()
+    (line,) = captured.out.splitlines()  # the cut file alone, named by its manifest line
+    named = re.escape(f"{manifest}:2: {imgs / 'cut.jpg'}")
+    assert re.fullmatch(rf"{named}: OSError: image file is truncated \(\d+ bytes not processed\)", line)
+    assert captured.err.splitlines() == ["mimo-accel index: error: 1 of 3 files cannot be decoded (listed above): fix "
+                                         "or drop them and index again; nothing was written"]
+    assert not out.exists()
+    # the good files alone: decoded, then indexed and written
+    good = _manifest(tmp_path / "good.jsonl", [lines[0], {"images": ["imgs/other.jpg"], "tokens": 4}])
+    assert indexing.main([str(good), "--verify", "--out", str(out)]) == 0
+    assert "2 files, every one decodable" in capsys.readouterr().out and len(CostIndex.load(out)) == 2
+
+
+def test_verify_names_a_missing_file_with_the_others(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "400")  # the summary's rows on one line each
+    imgs = tmp_path / "imgs"
+    imgs.mkdir()
+    _cut(_photo(imgs / "cut.jpg"), 0.3)
+    manifest = _manifest(tmp_path / "m.jsonl", [{"images": ["imgs/gone.png"], "tokens": 1},
+                                                {"images": ["imgs/cut.jpg"], "tokens": 1}])
+    assert indexing.main([str(manifest), "--verify"]) == 2
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == f"{manifest}:1: {imgs / 'gone.png'}: not found"
+    assert lines[1].startswith(f"{manifest}:2: {imgs / 'cut.jpg'}: ") and len(lines) == 2
+    # no file to decode: said, not passed in silence
+    sized = _manifest(tmp_path / "sized.jsonl", [{"image_sizes": [[32, 32]], "tokens": 1}, {"tokens": 2}])
+    assert indexing.main([str(sized), "--verify"]) == 0
+    assert "nothing: no sample names an image or audio file" in capsys.readouterr().out
+
+
+MEDIA_FACTORY = '''
+from pathlib import Path
+from mimo_accel.rehearse import stack
+
+def build():
+    return stack.media_dataset(Path(__file__).parent / "media", 8, seq_length=64, image_rows=4)
+'''
+
+
+def test_verify_decodes_a_dataset_s_images_and_audio_before_anything_is_cached(factory, tmp_path, capsys):
+    import soundfile
+
+    from mimo_accel.rehearse import stack
+
+    cache = tmp_path / "cache"
+    cut = _cut(factory.parent / "images" / "1.jpg", 0.6)
+    assert indexing.main(["--dataset", f"{factory}:build", "--verify", "--cache-dir", str(cache)]) == 2
+    captured = capsys.readouterr()
+    (line,) = captured.out.splitlines()
+    assert re.fullmatch(rf"sample 1: {re.escape(str(cut))}: OSError: image file is truncated \(\d+ bytes not "
+                        r"processed\)", line)
+    assert "1 of 7 files cannot be decoded" in captured.err and not cache.exists()
+
+    # audio: a FLAC clip whose header reads (its length) and whose frames do not decode
+    examples = stack.media_examples(tmp_path / "media", 8)
+    clip = Path(next(e["audio"] for e in examples if e["audio"]))
+    rate = soundfile.info(clip).samplerate
+    flac = tmp_path / "clip.flac"
+    soundfile.write(flac, np.sin(np.arange(rate) / 7).astype(np.float32), rate)
+    clip.write_bytes(flac.read_bytes()[:flac.stat().st_size // 2])
+    (tmp_path / "media_train.py").write_text(MEDIA_FACTORY)
+    spec = f"{tmp_path / 'media_train.py'}:build"
+    assert indexing.main(["--dataset", spec, "--verify", "--cache-dir", str(cache)]) == 2
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == 1 and out[0].startswith(f"sample {next(i for i, e in enumerate(examples) if e['audio'])}: "
+                                               f"{clip}: LibsndfileError") and not cache.exists()
+    clip.write_bytes(flac.read_bytes())  # a whole clip: every file decodes, the cache is written
+    assert indexing.main(["--dataset", spec, "--verify", "--cache-dir", str(cache)]) == 0
+    assert "every one decodable" in capsys.readouterr().out and list(cache.glob("*.npz"))

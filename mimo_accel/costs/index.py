@@ -404,11 +404,13 @@ class CostIndex:
 
     @property
     def identity(self) -> dict[str, Any]:
-        """What the index describes, as recorded when it was built: ``dataset`` (the dataset's
-        fingerprint: its type, examples, processors and tokenizer), ``files`` (the sizes and
-        modification times of the files its costs were read from), ``split``, ``manifest`` (the
-        hash of the manifest an index was built from), ``describe`` (a human line). Empty for an
-        index of an older version or built by hand."""
+        """What the index describes, as recorded when it was built (the file's header holds it, in
+        any format): ``contents`` (the digest of the files its costs were read from — names, sizes,
+        first bytes, wherever they lie: :mod:`mimo_accel.costs.contents`), ``dataset`` (a derived
+        index's dataset fingerprint: its type, examples, processors and tokenizer), ``split``,
+        ``manifest`` (the hash of the manifest an index was built from), ``describe`` (a human
+        line). An index of an older version may hold ``files`` (its files' sizes and times, by
+        path) instead of ``contents``; empty for one built by hand."""
         return dict(self._identity)
 
     def with_identity(self, **fields: Any) -> "CostIndex":

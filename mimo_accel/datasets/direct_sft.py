@@ -19,7 +19,13 @@ import numpy as np
 
 from mimo_accel.costs import ResizeRule
 from mimo_accel.costs.index import DEFAULT_ENCODER
-from mimo_accel.datasets.fingerprints import _callable_name, _sha, examples_fingerprint, tokenizer_fingerprint
+from mimo_accel.datasets.fingerprints import (
+    _callable_name,
+    _sha,
+    examples_fingerprint,
+    relocatable,
+    tokenizer_fingerprint,
+)
 from mimo_accel.datasets.processors import QwenFetchResize, qwen_resize_rule
 from mimo_accel.datasets.sources import (
     WAYS_OUT,
@@ -115,7 +121,7 @@ class ConversationSource(SampleSource):
     def fingerprint_material(self) -> dict[str, Any]:
         template = getattr(self.processor, "chat_template", None) or getattr(self.tokenizer, "chat_template", None)
         return {
-            "examples": examples_fingerprint(self.examples, self.base_length),
+            "examples": examples_fingerprint(self.examples, self.base_length, _relocatable_example),
             "pre_resize": self.pre.to_dict() if self.pre else None,
             "image_token": self.image_token,
             "chat_template": _sha(json.dumps(template, sort_keys=True, default=str)),
@@ -128,7 +134,8 @@ class ConversationSource(SampleSource):
         return f"{self.kind} of {self.length:,} samples ({self.base_length:,} distinct)"
 
     def local_files(self, lo: int, hi: int):
-        """Every local image file the conversations of base samples ``[lo, hi)`` name."""
+        """Every local image file the conversations of base samples ``[lo, hi)`` name, as (base
+        sample, path, ``"image"``)."""
         for i in range(lo, hi):
             example = self.examples[i]
             conversation = example.get("conversation") if isinstance(example, Mapping) else None
@@ -141,7 +148,7 @@ class ConversationSource(SampleSource):
                 if isinstance(obj, os.PathLike):
                     obj = os.fspath(obj)
                 if isinstance(obj, str) and not obj.startswith(("data:", "http://", "https://")):
-                    yield obj[len("file://"):] if obj.startswith("file://") else obj
+                    yield i, obj[len("file://"):] if obj.startswith("file://") else obj, "image"
 
     def _probe_chunk(self, start: int, stop: int, workers: Optional[int]) -> Probed:
         images: list[_Image] = []
@@ -204,6 +211,30 @@ def _vision_parts(conversation: list, i: int) -> list[Mapping[str, Any]]:
                                       "\"image_url\" value")
                 parts.append(part)
     return parts
+
+
+def _relocatable_example(example: Any) -> Any:
+    """A conversation example with the files of its image parts named by base name."""
+    conversation = example.get("conversation") if isinstance(example, Mapping) else None
+    if not isinstance(conversation, list):
+        return example
+
+    def part(p: Any) -> Any:
+        if not isinstance(p, Mapping):
+            return p
+        return {k: relocatable(v) if k in ("image", "image_url", "video") else v for k, v in p.items()}
+
+    def turn(t: Any) -> Any:
+        if not isinstance(t, Mapping):
+            return t
+        content = t.get("content")
+        if isinstance(content, list):
+            content = [part(p) for p in content]
+        elif isinstance(content, Mapping):
+            content = part(content)
+        return {**t, "content": content}
+
+    return {**example, "conversation": [turn(t) for t in conversation]}
 
 
 def _fetch_resize(images: list[_Image], pre: QwenFetchResize) -> None:

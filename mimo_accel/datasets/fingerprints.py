@@ -7,15 +7,15 @@ import functools
 import hashlib
 import json
 import os
-from typing import Any, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional
 
 import numpy as np
 
 from mimo_accel.costs.images import _is_pil
 
-__all__ = ["examples_fingerprint", "tokenizer_fingerprint"]
+__all__ = ["examples_fingerprint", "relocatable", "tokenizer_fingerprint"]
 
-_SAMPLED_ROWS = 4096  # rows hashed into a list dataset's fingerprint
+_SAMPLED_ROWS = 4096  # raw examples hashed into a dataset's fingerprint
 
 
 def _sha(data: Any) -> str:
@@ -36,7 +36,9 @@ def tokenizer_fingerprint(tokenizer: Any) -> dict[str, Any]:
         doc.pop("padding", None)
         fp["backend"] = _sha(json.dumps(doc, sort_keys=True))
     else:
-        fp["name"] = str(getattr(tokenizer, "name_or_path", ""))
+        # a local directory's name, not where it lies (a copy of the model directory is the same)
+        name = str(getattr(tokenizer, "name_or_path", "") or "")
+        fp["name"] = os.path.basename(os.path.normpath(name)) if name else ""
         get_vocab = getattr(tokenizer, "get_vocab", None)
         if callable(get_vocab):
             fp["vocab"] = _sha(json.dumps(sorted(get_vocab().items())))
@@ -61,7 +63,7 @@ def _canon(obj: Any, depth: int = 0) -> Any:
     if isinstance(obj, os.PathLike):
         return os.fspath(obj)
     if _is_pil(obj):
-        return ["PIL", list(obj.size), obj.mode, str(getattr(obj, "filename", "") or "")]
+        return ["PIL", list(obj.size), obj.mode, os.path.basename(str(getattr(obj, "filename", "") or ""))]
     shape = getattr(obj, "shape", None)
     if shape is not None:
         return ["array", [int(s) for s in shape], str(getattr(obj, "dtype", ""))]
@@ -79,15 +81,40 @@ def _is_hf_dataset(obj: Any) -> bool:
             and hasattr(obj, "with_format"))
 
 
-def examples_fingerprint(examples: Any, length: int) -> dict[str, Any]:
-    """An HF dataset's own ``_fingerprint`` (content and transform history); for a list, a hash of
-    up to 4096 evenly spaced rows and the length. (An edit to a row outside the sample goes
-    unnoticed: pass ``refresh=True`` to rebuild.)"""
+def relocatable(cell: Any) -> Any:
+    """A cell that names files, with each file named by its base name: a path (``file://`` too),
+    an HF image or audio cell's ``"path"``, a list of those item by item; URLs, bytes, arrays and
+    images as they are. The examples of a dataset whose files were copied elsewhere then
+    fingerprint the same."""
+    if isinstance(cell, os.PathLike):
+        cell = os.fspath(cell)
+    if isinstance(cell, str):
+        if cell.startswith(("data:", "http://", "https://")):
+            return cell
+        return os.path.basename(cell[len("file://"):] if cell.startswith("file://") else cell)
+    if isinstance(cell, Mapping) and isinstance(cell.get("path"), str):
+        return {**cell, "path": relocatable(cell["path"])}
+    if isinstance(cell, (list, tuple)):
+        return [relocatable(c) for c in cell]
+    return cell
+
+
+def examples_fingerprint(examples: Any, length: int, relocate: Optional[Callable[[Any], Any]] = None) -> dict[str, Any]:
+    """A hash of up to 4096 evenly spaced raw examples of the first ``length`` (an HF dataset's read
+    from its arrow table, nothing decoded) and the length; ``relocate(example)`` gives each the form
+    that is hashed (the source names its file cells by base name: :func:`relocatable`). HF's own
+    ``_fingerprint`` is not used: it changes with the directory the data files lie in. (An edit to a
+    row outside the sample goes unnoticed: pass ``refresh=True`` to rebuild.)"""
+    rows = _sampled_rows(length)
     if _is_hf_dataset(examples):
-        return {"hf_fingerprint": str(examples._fingerprint), "rows": len(examples)}
+        sampled = examples.with_format("arrow")[rows].to_pylist() if rows else []
+    else:
+        sampled = (examples[i] for i in rows)
     h = hashlib.sha256()
-    for i in _sampled_rows(length):
-        h.update(json.dumps(_canon(examples[i]), sort_keys=True, default=str).encode())
+    for row in sampled:
+        if relocate is not None:
+            row = relocate(row)
+        h.update(json.dumps(_canon(row), sort_keys=True, default=str).encode())
         h.update(b"\n")
     return {"sampled_rows": h.hexdigest(), "rows": length}
 

@@ -36,6 +36,7 @@ from mimo_accel.datasets.fingerprints import (
     _callable_name,
     _is_hf_dataset,
     examples_fingerprint,
+    relocatable,
     tokenizer_fingerprint,
 )
 from mimo_accel.datasets.processors import (
@@ -101,7 +102,7 @@ class MimoDatasetSource(SampleSource):
 
     def fingerprint_material(self) -> dict[str, Any]:
         return {
-            "examples": examples_fingerprint(self.examples, self.length),
+            "examples": examples_fingerprint(self.examples, self.length, self._relocatable_example),
             "text_column": self.text_column,
             "modality_columns": sorted(self.modalities.items()),
             "kinds": sorted(self.kinds.items()),
@@ -113,17 +114,31 @@ class MimoDatasetSource(SampleSource):
             "preprocess_fn": _callable_name(self.preprocess_fn),
         }
 
-    def local_files(self, lo: int, hi: int) -> Iterator[str]:
-        """Every image and audio file a modality column of base samples ``[lo, hi)`` names."""
+    def _relocatable_example(self, example: Any) -> Any:
+        """A raw example with the files of its modality columns named by base name."""
+        if not isinstance(example, Mapping):
+            return example
+        files = set(self.modalities.values())
+        return {k: relocatable(v) if k in files else v for k, v in example.items()}
+
+    def local_files(self, lo: int, hi: int) -> Iterator[tuple[int, str, str]]:
+        """Every image and audio file a modality column of base samples ``[lo, hi)`` names, and
+        every frame file of a video given as frames (kind ``"image"``)."""
         for start in range(lo, hi, CHUNK):
-            for row in self._rows(start, min(hi, start + CHUNK)):
+            for j, row in enumerate(self._rows(start, min(hi, start + CHUNK))):
                 for modality, column in self.modalities.items():
+                    kind = self.kinds[modality]
                     cell = row.get(column) if hasattr(row, "get") else None
-                    items = audio_clips_in(cell) if self.kinds[modality] == "audio" else _images_in(cell)
+                    if kind == "audio":
+                        items = audio_clips_in(cell)
+                    elif kind == "video":  # a video file is refused by the probe; frames are images
+                        items = [f for v in _videos_in(cell) if isinstance(v, (list, tuple)) for f in v]
+                    else:
+                        items = _images_in(cell)
                     for item in items:
                         path = _local_path(item)
                         if path is not None:
-                            yield path
+                            yield start + j, path, "audio" if kind == "audio" else "image"
 
     def _rows(self, start: int, stop: int) -> list[Mapping[str, Any]]:
         ex = self.examples

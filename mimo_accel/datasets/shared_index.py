@@ -9,8 +9,9 @@ else is a :class:`~mimo_accel.datasets.DeriveError` naming the three ways out.
 With a process group, each rank probes its contiguous 1/world share and one
 ``all_gather_object`` assembles the whole index on every rank, so every rank holds the identical
 index (same arrays, same order) without a broadcast. The result is cached on disk keyed by the
-dataset's fingerprint and the resize settings (:meth:`SampleSource.fingerprint`), so a restart
-reads it back — memory-mapped, one copy in the page cache for the ranks of a node (a cache of the
+dataset's fingerprint and the resize settings (:meth:`SampleSource.fingerprint`) and by its files'
+names, sizes and first bytes (:mod:`mimo_accel.costs.contents`: a copy of the dataset in another
+directory has the same key, a file re-exported in place another), so a restart reads it back — memory-mapped, one copy in the page cache for the ranks of a node (a cache of the
 older file format is rewritten in the new one by the rank that writes the cache): ``cache_dir`` argument, else ``$MIMO_ACCEL_CACHE_DIR``, else
 ``$XDG_CACHE_HOME/mimo_accel`` (``~/.cache/mimo_accel``). ``mimo-accel index --dataset
 MODULE:FACTORY`` builds the same cache offline.
@@ -32,6 +33,7 @@ from typing import Any, Callable, Optional, Union
 
 from mimo_accel.costs import CostIndex
 from mimo_accel.costs._files import atomic_write
+from mimo_accel.costs.contents import Contents
 from mimo_accel.datasets.dispatch import source_for
 from mimo_accel.datasets.fingerprints import _sha
 from mimo_accel.datasets.sources import DeriveError, Probed, SampleSource
@@ -147,16 +149,18 @@ def _progress_bar(enabled: bool, total: int, description: str):
     return progress, (lambda n: progress.advance(task, n))
 
 
-def _identify(dataset: Any, comm: "_Group") -> tuple[SampleSource, dict]:
-    """(the dataset's source, its identity) — the same on every rank of ``comm``: the dataset's
-    fingerprint and a digest of the sizes and modification times of the files its costs are read
-    from (each rank stats its share's files; one gather). An unknown dataset fails every rank."""
+def _identify(dataset: Any, comm: "_Group", workers: Optional[int] = None) -> tuple[SampleSource, dict, Contents]:
+    """(the dataset's source, its identity, its files' digest) — the same on every rank of ``comm``: the dataset's
+    fingerprint and the digest of the files its costs are read from (names, sizes, first bytes:
+    :mod:`mimo_accel.costs.contents`; each rank reads its share's files, the shares add up; one
+    gather). An unknown dataset fails every rank."""
     rank, world = comm.rank, comm.world
     failure: Optional[BaseException] = None
     try:
         source = source_for(dataset)
         lo, hi = share(rank, world, source.base_length)
-        hello: tuple = ("ok", source.fingerprint(), source.length, source.base_length, source.files_stamp(lo, hi))
+        hello: tuple = ("ok", source.fingerprint(), source.length, source.base_length,
+                        source.contents(lo, hi, workers))
     except Exception as exc:  # reported to every rank below, so none waits in a collective
         source, hello, failure = None, ("error", _error_text(exc)), exc
     hellos = comm.gather(hello)
@@ -171,20 +175,25 @@ def _identify(dataset: Any, comm: "_Group") -> tuple[SampleSource, dict]:
     if differ and rank == 0:
         logger.warning("mimo_accel: ranks %s fingerprint the dataset differently from rank 0; using rank 0's. "
                        "The index is assembled from every rank's share either way.", differ)
-    files = _sha(json.dumps([h[4] for h in hellos]))  # the shares in rank order cover every sample once
-    return source, {"dataset": fingerprint, "files": files, "describe": source.describe(), "samples": source.length}
+    contents = sum((h[4] for h in hellos), Contents())  # the shares cover every sample once
+    identity = {"dataset": fingerprint, "contents": contents.record(), "describe": source.describe(),
+                "samples": source.length}
+    return source, identity, contents
 
 
 def cache_key(identity: dict) -> str:
-    """The derive cache's key of a dataset's identity: its fingerprint and its files' sizes and
-    modification times, so a file rewritten in place (an image re-exported) is probed again."""
-    return _sha(json.dumps([identity["dataset"], identity["files"]]))
+    """The derive cache's key of a dataset's identity: its fingerprint and its files' contents
+    digest, so a file rewritten in place (an image re-exported) is probed again, and a copy of the
+    dataset elsewhere finds the cache."""
+    return _sha(json.dumps([identity["dataset"], identity["contents"]["digest"]]))
 
 
-def dataset_identity(dataset: Any, *, group: Any = None) -> dict:
+def dataset_identity(dataset: Any, *, group: Any = None) -> tuple[dict, Contents]:
     """What a cost index of ``dataset`` must record to describe it (collective over ``group``):
-    ``dataset`` (its fingerprint), ``files`` (its files' sizes and times), ``describe``, ``samples``."""
-    return _identify(dataset, _Group(group))[1]
+    ``dataset`` (its fingerprint), ``contents`` (its files' digest: :meth:`Contents.record`),
+    ``describe``, ``samples``; and that digest itself (it counts the files that could not be read)."""
+    _, identity, contents = _identify(dataset, _Group(group))
+    return identity, contents
 
 
 def derive_cost_index(dataset: Any, *, group: Any = None, cache_dir: CacheDir = None, refresh: bool = False,
@@ -218,7 +227,7 @@ def derive_cost_index(dataset: Any, *, group: Any = None, cache_dir: CacheDir = 
     start = time.perf_counter()
 
     # 1. Every rank names what it sees; an unknown dataset fails everywhere, together.
-    source, identity = _identify(dataset, comm)
+    source, identity, _ = _identify(dataset, comm, workers)
     key = cache_key(identity)
 
     # 2. The cache: used only when every rank holds the identical index.

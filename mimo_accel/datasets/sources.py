@@ -8,7 +8,6 @@ the dataset already holds.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from concurrent.futures import ThreadPoolExecutor
@@ -18,13 +17,14 @@ from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
 import numpy as np
 
 from mimo_accel.costs import CostIndex, FixedPatches, ResizeRule
+from mimo_accel.costs.contents import Contents, file_stamps
 from mimo_accel.costs.images import ImageSizeError, RemoteImageError, _is_local_file, image_size_of
 from mimo_accel.costs.index import DEFAULT_ENCODER
 from mimo_accel.datasets.fingerprints import _sha
 
 __all__ = ["PROBE_FORMAT", "DeriveError", "Probed", "SampleSource"]
 
-PROBE_FORMAT = "mimo-accel-probe/2"  # /2: one column set per encoder module
+PROBE_FORMAT = "mimo-accel-probe/3"  # /2: one column set per encoder module; /3: file names as base names
 WAYS_OUT = (
     "Three ways out: (1) an index file: build it with `mimo-accel index` (from a JSONL manifest, or "
     "--dataset MODULE:FACTORY) and pass enable(cost_index=PATH) / MIMO_ACCEL_COST_INDEX; (2) give the "
@@ -34,6 +34,7 @@ WAYS_OUT = (
 )
 CHUNK = 512  # samples read, tokenized and reported per step
 _THREADS_FROM = 64  # image files per chunk from which header reads go to a thread pool
+_CONTENTS_CHUNK = 4096  # base samples whose files' heads are read at a time
 
 
 class DeriveError(ValueError):
@@ -193,22 +194,35 @@ class SampleSource:
     def describe(self) -> str:
         return f"{self.kind} of {self.length:,} samples"
 
-    def local_files(self, lo: int, hi: int) -> Iterator[str]:
-        """The local files the costs of base samples ``[lo, hi)`` are read from (none by default:
-        costs read from bytes or metadata in the dataset itself)."""
+    def local_files(self, lo: int, hi: int) -> Iterator[tuple[int, str, str]]:
+        """The local files the costs of base samples ``[lo, hi)`` are read from, as (base sample,
+        path, kind: ``"image"`` or ``"audio"``), in sample order (none by default: costs read from
+        bytes or metadata in the dataset itself)."""
         return iter(())
 
-    def files_stamp(self, lo: int, hi: int) -> str:
-        """A hex digest of the size and modification time of every local file of base samples
-        ``[lo, hi)``: a file rewritten in place (an image re-exported) changes it."""
-        h = hashlib.sha256()
-        for path in self.local_files(lo, hi):
-            try:
-                st = os.stat(path)
-                h.update(f"{path}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
-            except OSError:  # a missing file: the probe names it with its sample, if it comes to a probe
-                h.update(f"{path}\0missing\n".encode())
-        return h.hexdigest()
+    def contents(self, lo: int, hi: int, workers: Optional[int] = None) -> Contents:
+        """The :class:`~mimo_accel.costs.contents.Contents` digest of the files of base samples
+        ``[lo, hi)``, at every dataset position that repeats them (dataset sample i is base sample
+        ``i % base_length``): the shares of any split of the base samples add up to the whole."""
+        out = Contents()
+        files = iter(self.local_files(lo, hi))
+        pending = next(files, None)
+        for start in range(lo, hi, _CONTENTS_CHUNK):
+            stop = min(hi, start + _CONTENTS_CHUNK)
+            chunk: list[tuple[int, str]] = []
+            while pending is not None and pending[0] < stop:
+                chunk.append(pending[:2])
+                pending = next(files, None)
+            stamps = file_stamps([path for _, path in chunk], workers)
+            by_sample: dict[int, tuple[list[str], list]] = {}
+            for (sample, path), stamp in zip(chunk, stamps):
+                paths, got = by_sample.setdefault(sample, ([], []))
+                paths.append(path)
+                got.append(stamp)
+            for sample, (paths, got) in by_sample.items():
+                for position in range(sample, self.length, max(self.base_length, 1)):
+                    out.add(position, paths, got)
+        return out
 
     def probe(self, lo: int, hi: int, *, on_progress: Optional[Callable[[int], None]] = None,
               workers: Optional[int] = None) -> Probed:

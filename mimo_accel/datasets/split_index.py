@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Callable, Optional
 
 from mimo_accel.costs import CostIndex
+from mimo_accel.costs.contents import Contents
 from mimo_accel.datasets.shared_index import dataset_identity, derive_cost_index
 from mimo_accel.datasets.sources import DeriveError
 
@@ -24,10 +25,12 @@ def cost_index_for(dataset, path: Optional[str], split: str = "train", group=Non
     dataset's raw examples (:func:`mimo_accel.datasets.shared_index.derive_cost_index`; every rank
     of ``group`` probes its share, cached on disk).
 
-    A file must describe this very dataset: its length, and — where it records them (``mimo-accel
-    index --dataset`` does) — the dataset's fingerprint, the files its costs were read from and
-    its split, all checked (collective over ``group``). A configured file that differs from the index
-    the dataset carries wins, said once.
+    A file must describe this very dataset: its length, its split, the files its costs were read
+    from (names, sizes and first bytes, wherever they lie: :mod:`mimo_accel.costs.contents`; every
+    ``mimo-accel index`` records them) and, for an index built from a dataset, the dataset's
+    fingerprint, all checked (collective over ``group``); a file recording no such fingerprint of
+    its files is checked by its length alone, said once. A configured file that differs from the
+    index the dataset carries wins, said once.
     """
     carried = getattr(dataset, "mimo_accel_cost_index", None)
     if path is not None and (SPLIT_FIELD in path or split == "train"):
@@ -57,10 +60,13 @@ def cost_index_for(dataset, path: Optional[str], split: str = "train", group=Non
 
 
 def _check_describes(index: CostIndex, file: str, dataset, split: str, group, notify) -> None:
-    """Refuse an index file recorded for another dataset, other files or another split."""
+    """Refuse an index file recorded for another dataset, other files or another split; accept one
+    of the same files in another directory (what is compared: :mod:`mimo_accel.costs.contents`)."""
     recorded = index.identity
-    fix = (f"rebuild it for this dataset (`mimo-accel index --dataset MODULE:FACTORY --split {split} --out "
-           f"{file}`), or name one file per split with '{SPLIT_FIELD}' in the path (e.g. costs-{SPLIT_FIELD}.npz)")
+    rebuild = (f"`mimo-accel index --dataset MODULE:FACTORY --split {split} --out {file}`" if "manifest" not in recorded
+               else f"`mimo-accel index MANIFEST --split {split} --out {file}` from this dataset's manifest")
+    fix = (f"rebuild it for this dataset ({rebuild}), or name one file per split with '{SPLIT_FIELD}' in the path "
+           f"(e.g. costs-{SPLIT_FIELD}.npz)")
     if recorded.get("split") not in (None, split):
         raise ValueError(f"mimo_accel reorder: the cost index {file} was built for the {recorded['split']} split, "
                          f"but the {split} loader plans from it; {fix}")
@@ -70,24 +76,31 @@ def _check_describes(index: CostIndex, file: str, dataset, split: str, group, no
     # Collective on every rank alike, whatever the file records (ranks must not branch on files
     # that may differ between them: the plan-input check after this names such ranks).
     try:
-        mine = dataset_identity(dataset, group=group)
+        mine, contents = dataset_identity(dataset, group=group)
     except DeriveError as exc:  # a dataset mimo_accel cannot fingerprint: the length is all it can check
         if notify is not None:
             notify(f"index-identity:{file}", f"mimo_accel reorder: the cost index {file} could not be checked "
                    f"against the {split} dataset ({exc}); only its length was")
         return
-    if not recorded.get("dataset"):
+    theirs = Contents.from_record(recorded.get("contents"))
+    if theirs is None:
         if notify is not None:
-            notify(f"index-identity:{file}", f"mimo_accel reorder: the cost index {file} records no dataset "
-                   "fingerprint (built from a manifest, or by an older mimo_accel), so only its length could be "
-                   f"checked against the {split} dataset; `mimo-accel index --dataset` records one")
+            why = ("records its files in a form this mimo_accel does not read (a newer version's?)" if "contents" in recorded else
+                   "records no fingerprint of its files (built by an older mimo_accel, by hand, or from a manifest "
+                   "that gives image sizes rather than files)")
+            notify(f"index-identity:{file}", f"mimo_accel reorder: the cost index {file} {why}, so only its length "
+                   f"could be checked against the {split} dataset; `mimo-accel index` records one")
         return
-    for field, what in (("dataset", "dataset fingerprint"), ("files", "files (sizes and modification times)")):
-        if recorded.get(field) and recorded[field] != mine[field]:
-            raise ValueError(
-                f"mimo_accel reorder: the cost index {file} describes another dataset: its {what} "
-                f"{recorded[field][:16]} ({recorded.get('describe', '?')}), this {split} dataset's "
-                f"{mine[field][:16]} ({mine['describe']}); {fix}")
+    what = recorded.get("describe", "?")
+    if theirs.digest != contents.digest:
+        raise ValueError(
+            f"mimo_accel reorder: the cost index {file} describes another dataset: its files (names, sizes, first "
+            f"bytes) {theirs.describe(what)}, this {split} dataset's {contents.describe(mine['describe'])}; {fix}")
+    if recorded.get("dataset") and recorded["dataset"] != mine["dataset"]:
+        raise ValueError(
+            f"mimo_accel reorder: the cost index {file} describes another dataset: its files are this one's but its "
+            f"dataset fingerprint (examples, tokenizer, processors) {recorded['dataset'][:16]} ({what}), this {split} "
+            f"dataset's {mine['dataset'][:16]} ({mine['describe']}); {fix}")
 
 
 def index_digest(index: CostIndex) -> str:

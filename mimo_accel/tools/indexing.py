@@ -27,6 +27,11 @@ read :data:`CHUNK_LINES` lines at a time behind a progress bar, no Python object
 The index (format v3, memory-mapped by a training job) holds the manifest's images as the column of
 one encoder module, ``vision`` unless ``--module NAME`` names it as the layout does (``images``,
 say). ``--dataset`` indexes every modality of the dataset, each under its own module name.
+
+Either way the index records what it describes: the digest of its files' names, sizes and first
+bytes (:mod:`mimo_accel.costs.contents`; the same for a copy of the files in another directory),
+which a training job compares with its dataset's, and the split. ``--verify`` first decodes every
+file (:mod:`mimo_accel.tools.decode_check`), since indexing reads headers only.
 """
 
 from __future__ import annotations
@@ -46,6 +51,7 @@ from typing import Any, Callable, Iterator, Optional, Sequence
 import numpy as np
 
 from mimo_accel.costs import CostIndex, ResizeRule, SampleShape, image_size_from_header
+from mimo_accel.costs.contents import Contents, file_stamp
 from mimo_accel.tools.arguments import UsageError, fail, one_line, output_dir, output_file, parse, positive_int
 
 __all__ = [
@@ -165,19 +171,21 @@ def manifest_chunks(path: str | os.PathLike[str], lines: Optional[int] = None) -
         yield chunk, done
 
 
-def _header_size(item: tuple[str, int, Path]) -> tuple[int, int]:
+def _header_size(item: tuple[str, int, Path]) -> tuple[tuple[int, int], bytes]:
+    """(an image's size from its header, its part of the contents digest)."""
     where, line, image = item
     try:
-        return image_size_from_header(image)
+        return image_size_from_header(image), file_stamp(image)
     except FileNotFoundError:
         raise ManifestError(f"{where}:{line}: image not found: {image}") from None
     except (OSError, ValueError) as exc:
         raise ManifestError(f"{where}:{line}: cannot read the image size: {exc}") from None
 
 
-def _read_sizes(entries: Sequence[_Entry], where: str, workers: int) -> dict[Path, tuple[int, int]]:
-    """Header sizes of every distinct image file of a chunk, keyed by path; errors name the first
-    bad line."""
+def _read_sizes(entries: Sequence[_Entry], where: str,
+                workers: int) -> dict[Path, tuple[tuple[int, int], bytes]]:
+    """Header sizes and contents stamps of every distinct image file of a chunk, keyed by path;
+    errors name the first bad line."""
     first_use: dict[Path, int] = {}
     for e in entries:
         for image in e.images:
@@ -240,6 +248,9 @@ def build_index_from_manifest(path: str | os.PathLike[str], rule: Optional[Resiz
 
     ``workers``: threads reading a chunk's image headers (None: :data:`DEFAULT_WORKERS`; 1: serial).
     ``on_progress(bytes)``: called after each chunk with the bytes of the manifest read so far.
+    The index's identity records the digest of its image files (``contents``: names, sizes, first
+    bytes, :mod:`mimo_accel.costs.contents`), which a training job compares with its dataset's;
+    not when a sample gives ``image_sizes`` (the dataset's files for those are unknown here).
     Raises :class:`ManifestError` (a ValueError) naming the manifest line for a bad line, a missing
     or unreadable image, or an image the resize rule refuses.
     """
@@ -247,14 +258,18 @@ def build_index_from_manifest(path: str | os.PathLike[str], rule: Optional[Resiz
     workers = DEFAULT_WORKERS if workers is None else workers
     if workers < 1:
         raise ValueError(f"workers must be >= 1, got {workers}")
-    columns = _Columns()
+    columns, contents, sized, sample = _Columns(), Contents(), False, 0
     for entries, done in manifest_chunks(path):
-        sizes = _read_sizes(entries, str(path), workers)
-        shapes = [SampleShape(tuple(sizes[i] for i in e.images) + e.sizes, e.tokens) for e in entries]
+        read = _read_sizes(entries, str(path), workers)
+        shapes = [SampleShape(tuple(read[i][0] for i in e.images) + e.sizes, e.tokens) for e in entries]
         columns.add(shapes, rule, lambda i: f"{path}:{entries[i].line}")
+        for e in entries:
+            sized = sized or bool(e.sizes)
+            contents.add(sample, [str(i) for i in e.images], [read[i][1] for i in e.images])
+            sample += 1
         if on_progress is not None:
             on_progress(done)
-    return columns.index(rule, module)
+    return columns.index(rule, module).with_identity(contents=None if sized else contents.record())
 
 
 def build_index_from_dataset(dataset: Any, shape_fn: Callable[[int], SampleShape],
@@ -359,7 +374,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=positive_int, default=None,
                    help=f"threads reading image headers (manifest default {DEFAULT_WORKERS}: serial, the fastest from a "
                         "local disk's page cache; more overlap the open latency of a network file system. With "
-                        "--dataset the default is the probe's: a pool when a chunk has many files)")
+                        "--dataset the default is the probe's: a pool when a chunk has many files); with --verify "
+                        "also the decoding threads (default there: one per CPU)")
+    p.add_argument("--verify", action="store_true",
+                   help="first decode every image (Pillow) and audio file (soundfile) the index is read from, in "
+                        "parallel (--workers threads; default one per CPU): list those that cannot be decoded, one "
+                        "line each, and exit 2 without writing anything (indexing alone reads headers only)")
     p.add_argument("--log", metavar="PATH",
                    help="with --dataset: where the output of importing and building the dataset goes (megatron "
                         "and transformers warnings; default: mimo-accel-index.log in the temp directory)")
@@ -385,7 +405,7 @@ def _rule_text(r: dict[str, Any]) -> str:
 
 
 def _print_summary(console, summary: dict[str, Any], out: Any, seconds: float, workers: Optional[int],
-                   source: Optional[str] = None) -> None:
+                   source: Optional[str] = None, verified: Optional[int] = None) -> None:
     from rich.table import Table
 
     table = Table(title="mimo-accel cost index", show_header=False, title_justify="left")
@@ -416,6 +436,11 @@ def _print_summary(console, summary: dict[str, Any], out: Any, seconds: float, w
     table.add_row("tokens per sample", f"p50 {tk['p50']:,.0f} · p90 {tk['p90']:,.0f} · max {tk['max']:,.0f}")
     threads = workers if workers is not None else "the probe's default" if source else DEFAULT_WORKERS
     table.add_row("header-read threads", str(threads))
+    if verified:
+        table.add_row("decoded (--verify)", f"{verified:,} files, every one decodable")
+    elif verified is not None:  # said, never a silent pass
+        table.add_row("decoded (--verify)", "nothing: no sample names an image or audio file (images held in "
+                                            "memory or as bytes are not decoded)")
     table.add_row("time", f"{seconds:.2f} s")
     for where in (out if isinstance(out, (list, tuple)) else [out]):
         table.add_row("written to", str(where))
@@ -526,6 +551,15 @@ def _main_dataset(args) -> int:
     from mimo_accel.datasets import cache_key, cache_path, source_for
 
     dataset = _load_dataset_quietly(args.dataset, log)
+    verified = None
+    if args.verify:
+        try:
+            source = source_for(dataset)
+        except ValueError as exc:
+            raise UsageError(f"--verify decodes the files of Bridge's MegatronMIMODataset and DirectSFTDataset: "
+                             f"{one_line(exc)}") from None
+        verified = _verify(_dataset_files(source), "decoding the dataset's files", source.base_length, False,
+                           args.workers)
     written: list[Any] = []
     index = derive_cost_index(dataset, cache_dir=args.cache_dir, refresh=args.refresh, progress=True,
                               workers=args.workers)
@@ -545,7 +579,7 @@ def _main_dataset(args) -> int:
         written.append(out)
     console = Console()
     _print_summary(console, summarize(index), written, time.perf_counter() - start, args.workers,
-                   source=described)
+                   source=described, verified=verified)
     console.print(f"third-party import output: {log}", highlight=False, soft_wrap=True)
     return 0
 
@@ -577,28 +611,81 @@ def _main_manifest(args) -> int:
         raise UsageError(f"the index goes next to the manifest by default, but {manifest.parent} is not writable; "
                          "give --out PATH")
     start = time.perf_counter()
-    with _progress(manifest) as advance:
+    size = manifest.stat().st_size
+    verified = (_verify(_manifest_files(manifest), f"decoding the files of {manifest.name}", size, True, args.workers)
+                if args.verify else None)
+    with _progress(f"indexing {manifest.name}", size, in_bytes=True) as advance:
         index = build_index_from_manifest(args.manifest, rule, workers=args.workers,
                                           module=args.module or DEFAULT_MODULE, on_progress=advance)
-    # what it describes: this manifest (a training job can check only its length against this)
+    # what it describes: this manifest, and its files (build_index_from_manifest's contents digest)
     index.with_identity(manifest=_file_sha(args.manifest), split=args.split,
                         describe=f"manifest {Path(args.manifest).name}").save(out)
-    _print_summary(Console(), summarize(index), out, time.perf_counter() - start, args.workers)
+    _print_summary(Console(), summarize(index), out, time.perf_counter() - start, args.workers, verified=verified)
     return 0
 
 
 @contextlib.contextmanager
-def _progress(manifest: Path) -> Iterator[Callable[[int], None]]:
-    """A rich progress bar on stderr over the manifest's bytes, when stderr is a terminal (a log
-    gets the summary alone): ``advance(bytes read so far)``."""
+def _progress(description: str, total: Optional[float], in_bytes: bool = False) -> Iterator[Callable[[float], None]]:
+    """A rich progress bar on stderr, when stderr is a terminal (a log gets the summary alone):
+    ``advance(done so far)``, ``total`` bytes (``in_bytes``) or items."""
     from rich.console import Console
-    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
+    from rich.progress import (
+        BarColumn,
+        DownloadColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeRemainingColumn,
+    )
 
     console = Console(stderr=True)
-    with Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TimeRemainingColumn(),
-                  console=console, transient=True, disable=not console.is_terminal) as progress:
-        task = progress.add_task(f"indexing {manifest.name}", total=manifest.stat().st_size)
+    with Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn() if in_bytes else MofNCompleteColumn(),
+                  TimeRemainingColumn(), console=console, transient=True, disable=not console.is_terminal) as progress:
+        task = progress.add_task(description, total=total)
         yield lambda done: progress.update(task, completed=done)
+
+
+def _manifest_files(manifest: Path) -> Iterator[tuple[list, int]]:
+    """The image files of each chunk of the manifest (each once, at its first line), and the bytes
+    of the manifest read once it is done."""
+    for entries, done in manifest_chunks(manifest):
+        first: dict[Path, int] = {}
+        for e in entries:
+            for image in e.images:
+                first.setdefault(image, e.line)
+        yield [(f"{manifest}:{line}", str(image), "image") for image, line in first.items()], done
+
+
+def _dataset_files(source: Any) -> Iterator[tuple[list, int]]:
+    """The image and audio files of each chunk of a dataset's samples, and the samples done then."""
+    step = 4096
+    for start in range(0, source.base_length, step):
+        stop = min(source.base_length, start + step)
+        yield [(f"sample {i}", path, kind) for i, path, kind in source.local_files(start, stop)], stop
+
+
+def _verify(batches: Iterator[tuple[list, int]], description: str, total: int, in_bytes: bool,
+            workers: Optional[int]) -> int:
+    """Decode every file of ``batches`` (:mod:`mimo_accel.tools.decode_check`); the files checked,
+    or a ValueError after listing on stdout, one line each, those that cannot be decoded."""
+    from mimo_accel.tools.decode_check import undecodable
+
+    checked = 0
+
+    def counted():
+        nonlocal checked
+        for files, done in batches:
+            checked += len(files)
+            yield files, done
+
+    with _progress(description, total, in_bytes) as advance:
+        bad = list(undecodable(counted(), workers=workers, on_progress=advance))
+    for (where, path, _), why in bad:
+        print(f"{where}: {path}: {why}")
+    if bad:
+        raise ValueError(f"{len(bad):,} of {checked:,} files cannot be decoded (listed above): fix or drop them and "
+                         "index again; nothing was written")
+    return checked
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -1,0 +1,121 @@
+"""What the costs of an index were read from, by content: per sample, each of its files' base name,
+size and first bytes, hashed into one digest that is the same wherever the files sit.
+
+A cost index built from a manifest and the dataset a training job builds over the same files (or
+over copies of them, in another directory or on node-local scratch) record the same digest; an
+index of other files does not. What goes in, and why:
+
+- the **base name**, not the path: a copy to another directory keeps it, and a manifest names its
+  files relative to itself while a dataset holds them however it was built;
+- the **size** and a SHA-256 of the first :data:`HEAD_BYTES`: every cost is read from a file's
+  header (an image's dimensions, a clip's length), which lies there, so a file re-exported in place
+  at another size changes the digest;
+- **no modification time**: ``cp`` without ``-p``, an object-store download or an unpacked archive
+  gives every copy a new one while the bytes, and the costs, are the same;
+- the **sample position**: the same files in another order are another index.
+
+The digest is a sum modulo 2^256 of one SHA-256 per sample (over its position and its files), so
+the ranks of a job each hash a share and the shares add up to what one process hashing every
+sample gets: the world size never enters. It detects accidents (another dataset, a file missing or
+rewritten), not forgeries.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Optional, Sequence
+
+__all__ = ["HEAD_BYTES", "SCHEME", "Contents", "file_stamp", "file_stamps"]
+
+SCHEME = "mimo-accel-contents/1"  # base name, size, SHA-256 of the first HEAD_BYTES, per sample position
+HEAD_BYTES = 4096  # one page: reading it costs what opening the file costs
+_MODULUS = 1 << 256
+_THREADS_FROM = 64  # files from which a thread pool reads the heads (a network file system's latency)
+
+
+def file_stamp(path: str | os.PathLike[str]) -> bytes:
+    """One file's part of the digest: its base name, size and the SHA-256 of its first bytes
+    (OSError when it cannot be read)."""
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        head = hashlib.sha256(f.read(HEAD_BYTES)).hexdigest()
+    return f"{os.path.basename(os.fspath(path))}\0{size}\0{head}\n".encode()
+
+
+def _stamp_or_error(path: str) -> bytes | OSError:
+    try:
+        return file_stamp(path)
+    except OSError as exc:  # counted and named by Contents.add, never raised mid-collective
+        return exc
+
+
+def file_stamps(paths: Sequence[str], workers: Optional[int] = None) -> list[bytes | OSError]:
+    """:func:`file_stamp` of each path, in order (an unreadable file: its OSError); a thread pool
+    reads many files at once unless ``workers`` is 1."""
+    if len(paths) < _THREADS_FROM or workers == 1:
+        return [_stamp_or_error(p) for p in paths]
+    with ThreadPoolExecutor(max_workers=workers or min(8, (os.cpu_count() or 1) + 4),
+                            thread_name_prefix="mimo-accel-contents") as pool:
+        return list(pool.map(_stamp_or_error, paths, chunksize=16))
+
+
+@dataclass
+class Contents:
+    """The running digest of samples' files; the digests of disjoint sets of samples add up
+    (``a + b``) to the digest of their union."""
+
+    total: int = 0
+    files: int = 0
+    unreadable: int = 0
+    first_unreadable: Optional[str] = None  # "path: reason" of one unreadable file
+
+    def add(self, sample: int, paths: Sequence[str], stamps: Sequence[bytes | OSError]) -> None:
+        """Sample ``sample`` (its position in the dataset) and its files, as :func:`file_stamps`
+        read them. A sample without files adds nothing (the index's length is checked apart)."""
+        if not paths:
+            return
+        h = hashlib.sha256(b"%d\n" % sample)
+        for path, stamp in zip(paths, stamps, strict=True):
+            if isinstance(stamp, OSError):
+                self.unreadable += 1
+                if self.first_unreadable is None:
+                    self.first_unreadable = f"{path}: {stamp.strerror or stamp}"
+                stamp = f"{os.path.basename(path)}\0unreadable\n".encode()
+            h.update(stamp)
+        self.files += len(paths)
+        self.total = (self.total + int.from_bytes(h.digest(), "big")) % _MODULUS
+
+    def __add__(self, other: "Contents") -> "Contents":
+        return Contents((self.total + other.total) % _MODULUS, self.files + other.files,
+                        self.unreadable + other.unreadable, self.first_unreadable or other.first_unreadable)
+
+    @property
+    def digest(self) -> str:
+        return f"{self.total:064x}"
+
+    def record(self) -> dict[str, Any]:
+        """What a cost index's identity records under ``contents``."""
+        return {"scheme": SCHEME, "digest": self.digest, "files": self.files}
+
+    @classmethod
+    def from_record(cls, record: Any) -> Optional["Contents"]:
+        """The digest a cost index recorded (:meth:`record`); None when it records none, or one of
+        another scheme."""
+        if not isinstance(record, Mapping) or record.get("scheme") != SCHEME:
+            return None
+        digest, files = record.get("digest"), record.get("files")
+        if not (isinstance(digest, str) and re.fullmatch(r"[0-9a-f]{64}", digest) and isinstance(files, int)):
+            return None
+        return cls(int(digest, 16), files)
+
+    def describe(self, what: str = "") -> str:
+        """The digest's head, its file count (and unreadable files) and ``what``, for messages."""
+        text = f"{self.digest[:16]} ({self.files:,} files"
+        if self.unreadable:
+            text += f", {self.unreadable:,} unreadable: {self.first_unreadable}"
+        return text + (f"; {what})" if what else ")")
