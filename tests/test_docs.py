@@ -125,3 +125,37 @@ def test_every_script_flag_and_make_target_exists(page):
             _check_example_flags(page.name, line, line)
         for target in re.findall(r"(?<![\w-])make ([a-z][a-z-]*)", line):
             assert target in targets, f"{page.name}: `{line}` — no make target {target}"
+
+
+def _literals() -> list[str]:
+    """Every string literal of the package, f-strings with each placeholder as a NUL."""
+    import ast
+
+    out = []
+    for path in (ROOT / "mimo_accel").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                out.append(node.value)
+            elif isinstance(node, ast.JoinedStr):
+                out.append("".join(v.value if isinstance(v, ast.Constant) else "\0" for v in node.values))
+    return out
+
+
+def test_every_troubleshooting_message_is_one_the_code_prints():
+    page = (ROOT / "docs" / "troubleshooting.md").read_text(encoding="utf-8")
+    messages = re.findall(r"^\*\*Message\*\*: `([^`]+)`", page, flags=re.M)
+    assert len(messages) >= 20
+    literals = _literals()
+    for message in messages:
+        assert any(message in text for text in literals), f"troubleshooting.md: no message of the code has {message!r}"
+    # each entry says what it means and the fix
+    for entry in re.split(r"^### ", page, flags=re.M)[1:]:
+        assert "**Message**" in entry and "**Fix**" in entry, entry.splitlines()[0]
+
+
+def test_the_readme_is_one_screen():
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert len(text.splitlines()) <= 60 and len(text.split()) <= 500
+    for part in ("Install", "Quick start", "Is it on?", "Before / after", "Verified where"):
+        assert re.search(rf"^#+ {re.escape(part)}", text, flags=re.M), part
+    assert "make demo" in text and "make test" in text and "docs/troubleshooting.md" in text
