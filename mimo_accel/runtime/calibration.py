@@ -193,12 +193,16 @@ class Calibration:
             train_state = getattr(self.state, "train_state", None)
             iteration = int(getattr(train_state, "step", 0) or 0)
         with self._lock:
-            if self._restored_at is not None:
-                if self._restored_at != iteration:
-                    raise RuntimeError(f"mimo_accel online calibration: the train loader was built at iteration "
-                                       f"{self._restored_at} and training starts at {iteration}")
-                return
-            self._restored_at = iteration
+            restored_at = self._restored_at
+            if restored_at is None:
+                self._restored_at = iteration
+        if restored_at is not None:
+            if restored_at != iteration and self.notify is not None:
+                self.notify("calibration:restored-early", f"mimo_accel online calibration: the train loader was built "
+                            f"at iteration {restored_at}, before the checkpoint of iteration {iteration} was loaded, "
+                            "so this resumed run plans with what was learnt up to the former (every rank alike)")
+            return
+        with self._lock:
             for a in read_saved(self.load_dir, iteration):
                 self.schedule.add(a)
             self._restored = len(self.schedule.announcements)
