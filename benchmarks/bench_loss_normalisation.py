@@ -88,9 +88,9 @@ def _install_plan(kind: str) -> None:
     from mimo_accel import planner
     from mimo_accel.balance import balanced_order, module_spreads
 
-    def plan(self, indices, micro_batches=1):
+    def plan(self, indices, micro_batches=1, model=None):
         idx = np.asarray(indices, dtype=np.int64)
-        costs = self.costs(indices)
+        costs = self.costs(indices, model)
         if kind == "vision":  # the vision cost alone, as the planner shipped before the joint one
             order = balanced_order(costs["vision"], VDP * micro_batches)
         elif kind == "tokens":  # equal real tokens (text + image placeholders) per language cell
