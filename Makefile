@@ -43,7 +43,10 @@ $(STAMP): pyproject.toml requirements/constraints.txt requirements/megatron-runt
 demo: $(STAMP)
 	$(VENV)/bin/mimo-accel rehearse --loop bridge --peer 4608 --json rehearsal.json
 
+# Without Megatron the suite would run its pure tests only and skip the rest: make test refuses instead.
 test: $(STAMP)
+	@$(PY) -c "from importlib.metadata import version; version('megatron-core'); version('megatron-bridge')" 2>/dev/null || \
+		{ echo "make test: megatron-core / megatron-bridge are not installed in $(VENV): rm $(STAMP) && make setup"; exit 2; }
 	$(PY) -m pytest -q
 
 # Upstream's own MegatronMIMO unit tests as a peer suite: the same outcomes without mimo_accel,

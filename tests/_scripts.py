@@ -17,5 +17,9 @@ def load_script(relative: str, name: str) -> ModuleType:
         spec = importlib.util.spec_from_file_location(name, ROOT / relative)
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module  # dataclasses resolve the module's annotations through it
-        spec.loader.exec_module(module)
+        try:
+            spec.loader.exec_module(module)
+        except BaseException:  # a skip or an error: no half-run module for the next caller
+            del sys.modules[name]
+            raise
     return sys.modules[name]

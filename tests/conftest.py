@@ -1,14 +1,19 @@
 """Suite-wide set-up.
 
-- The Megatron packages are not optional here: if they cannot be imported, every test fails
-  loudly (no test may pass by skipping what it tests).
+- Megatron installed: its MIMO modules must import, else every test fails loudly (no test may
+  pass by skipping what it tests). Megatron not installed (megatron-core / megatron-bridge have no
+  distribution here): the pure tests run, and every test that imports the Megatron stack skips,
+  with the package it needed as the reason (``make test`` refuses to start without Megatron).
 - ``distributed``: a test that starts ranks (gloo processes through ``run_ranks``, or torchrun)
   carries the marker, so ``pytest -m "not distributed"`` is the quick loop of the pure core and
   the single-process logic. The marker is checked, not trusted: an unmarked test that starts
   ranks fails, naming the marker.
 """
 
+import importlib.abc
 import subprocess
+import sys
+from importlib import metadata
 
 import pytest
 
@@ -16,20 +21,72 @@ from mimo_accel.rehearse import cpu
 from mimo_accel.rehearse import ranks as _ranks
 
 
+MEGATRON_DISTRIBUTIONS = ("megatron-core", "megatron-bridge")
+# The top-level modules of the Megatron stack: the two packages and the runtime dependencies that
+# requirements/megatron-runtime.txt installs beside them.
+# (scipy, which simulate uses where it is installed, stays an ordinary ImportError.)
+MEGATRON_STACK = ("megatron", "transformers", "datasets", "einops", "tensorboard", "soundfile", "triton",
+                  "modelopt", "pulp")
+# requirements/dev.txt's chart library (`report --png`, `simulate --png`), not needed by the pure loop.
+CHARTS = ("matplotlib",)
+
+
+def _missing_distributions() -> list[str]:
+    missing = []
+    for dist in MEGATRON_DISTRIBUTIONS:
+        try:
+            metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            missing.append(dist)
+    return missing
+
+
+class _SkipWithoutMegatron(importlib.abc.MetaPathFinder):
+    """Last on ``sys.meta_path``, so it is asked only about modules no installed package has: an
+    import of the Megatron stack skips the test (or the test module) that made it."""
+
+    def __init__(self, missing: list[str]):
+        self.missing = missing
+
+    def find_spec(self, fullname, path=None, target=None):
+        top = fullname.partition(".")[0]
+        if top in MEGATRON_STACK:
+            pytest.skip(f"needs the Megatron stack: {fullname} does not import ({', '.join(self.missing)} not "
+                        "installed; `make test` runs everything)", allow_module_level=True)
+        if top in CHARTS:
+            pytest.skip(f"needs {top} (requirements/dev.txt), not installed here", allow_module_level=True)
+        return None
+
+
 def pytest_configure(config):
-    try:
-        versions = cpu.check_megatron_importable()
-    except RuntimeError as exc:
-        raise pytest.UsageError(str(exc)) from exc
-    # prepare_imports() left the 3.11 back-port and stand-ins in place for importing; tests
-    # that need a clean state call cpu.deactivate() themselves.
-    config._mimo_versions = versions
+    missing = config._mimo_missing = _missing_distributions()
+    if missing:
+        sys.meta_path.append(_SkipWithoutMegatron(missing))
+        config._mimo_header = f"megatron: {', '.join(missing)} not installed: the tests that import it skip"
+    else:
+        try:
+            versions = cpu.check_megatron_importable()
+        except RuntimeError as exc:
+            raise pytest.UsageError(str(exc)) from exc
+        # prepare_imports() left the 3.11 back-port and stand-ins in place for importing; tests
+        # that need a clean state call cpu.deactivate() themselves.
+        config._mimo_header = "megatron: " + ", ".join(f"{k} {versions[k]}" for k in sorted(versions))
     _guard_rank_starts()
 
 
+def pytest_collection_modifyitems(config, items):
+    missing = config._mimo_missing
+    if not missing:
+        return
+    skip = pytest.mark.skip(reason=f"needs {', '.join(missing)} installed (enable() checks their versions, or a "
+                                   "subprocess imports them); `make test` runs everything")
+    for item in items:
+        if item.get_closest_marker("megatron") is not None:
+            item.add_marker(skip)
+
+
 def pytest_report_header(config):
-    v = getattr(config, "_mimo_versions", {})
-    return "megatron: " + ", ".join(f"{k} {v[k]}" for k in sorted(v))
+    return getattr(config, "_mimo_header", None)
 
 
 # Whether the test being set up, run or torn down carries the marker (module-scoped fixtures that

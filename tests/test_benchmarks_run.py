@@ -30,7 +30,7 @@ CASES = [
                  id="calibration"),
     pytest.param("bench_plan_ahead.py", ["--windows", "2", "--layouts", "1:1,three", "--work-s", "0.01",
                                          "--samples", "256", "--groups", "32"],
-                 "same as serial", id="plan-ahead"),
+                 "same as serial", id="plan-ahead", marks=pytest.mark.megatron),
     pytest.param("bench_reads.py", ["--dp", "1,2", "--steps", "1"], "cluster", id="reads",
                  marks=pytest.mark.distributed),
     pytest.param("bench_loss_normalisation.py", ["--iters", "1"], "+ reorder (joint)", id="loss-normalisation",

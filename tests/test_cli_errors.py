@@ -120,6 +120,7 @@ def test_run_gives_the_job_the_config_and_replaces_stale_variables(files):
     assert first == str(cli.BOOTSTRAP_DIR)
 
 
+@pytest.mark.megatron
 def test_env_prints_the_exports_a_launcher_evals(files):
     proc = _cli("env", "--config", str(files / "run.yaml"), "--features", "shard,pack", "profile=runs/x",
                 MIMO_ACCEL_COST_INDEX="stale-index.npz")
@@ -217,6 +218,7 @@ def quiet_commands(tmp_path_factory):
     return done
 
 
+@pytest.mark.megatron
 def test_doctor_sends_import_noise_to_its_log(quiet_commands):
     proc, log, _ = quiet_commands["doctor"]
     assert proc.returncode == 0, proc.stderr
@@ -415,6 +417,7 @@ def test_rehearse_refuses_before_making_its_temp_directory(tmp_path, args, words
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.megatron
 def test_index_dataset_noise_goes_to_the_log_and_a_factory_error_is_one_line(quiet_commands):
     proc, log, factory = quiet_commands["index"]
     assert proc.stdout == ""
@@ -527,6 +530,7 @@ def test_run_refuses_startup_options_that_skip_the_bootstrap(typed, flags, words
     assert proc.stdout == ""
 
 
+@pytest.mark.megatron
 def test_run_starts_a_job_whose_python_enables_mimo_accel(typed, tmp_path):
     probe = "import mimo_accel, sys; print(mimo_accel.status()['active'], sys.argv[1:])"
     proc = _cli("run", "--features", "shard", "--", sys.executable, "-u", "-c", probe, "x")
@@ -550,6 +554,7 @@ def test_run_says_when_it_cannot_ask_the_jobs_python():
     assert proc.returncode == 0 and proc.stderr == ""
 
 
+@pytest.mark.megatron
 def test_run_and_env_warn_an_option_without_its_feature():
     proc = _cli("env", "--features", "pack", "reorder_window=4")
     assert proc.returncode == 0

@@ -114,6 +114,7 @@ def test_files_that_exist_pass_the_check(tmp_path):
     assert AccelConfig(profile=tmp_path / "p").profile == str(tmp_path / "p")
 
 
+@pytest.mark.megatron
 def test_enable_from_a_yaml_file(clean_engine, tmp_path):
     path = _yaml(tmp_path, "mimo_accel:\n  sharded_reads: true\n  packing: true\n")
     cfg = mimo_accel.enable(config=mimo_accel.load_config(path))
@@ -262,6 +263,7 @@ def test_check_environment_checks_every_value(env, words):
     assert check_environment({"MIMO_ACCEL_ALLOW_UNTESTED": "1", "MIMO_ACCEL_CACHE_DIR": "/c"}) == AccelConfig()
 
 
+@pytest.mark.megatron
 def test_enable_warns_an_unknown_variable_once_with_the_closest_name(clean_engine, monkeypatch, caplog):
     from mimo_accel.patching import engine
 
@@ -278,6 +280,7 @@ def test_enable_warns_an_unknown_variable_once_with_the_closest_name(clean_engin
 # -- enable(): what a new config turns off, and options that cannot act ---------------------------
 
 
+@pytest.mark.megatron
 def test_a_second_enable_that_turns_features_off_says_which(clean_engine, caplog):
     with caplog.at_level(logging.WARNING, logger="mimo_accel"):
         mimo_accel.enable(reorder=True)
@@ -304,6 +307,7 @@ def test_a_second_enable_that_turns_features_off_says_which(clean_engine, caplog
     (dict(reorder=True, reorder_mode="exchange", cost_index="{d}/c.npz"),
      ["cost_index='{d}/c.npz' has no effect with reorder_mode='exchange'"]),
 ])
+@pytest.mark.megatron
 def test_an_option_without_its_feature_is_warned(clean_engine, tmp_path, caplog, kwargs, words):
     (tmp_path / "c.npz").write_bytes(b"")
     kwargs = {k: v.format(d=tmp_path) if isinstance(v, str) else v for k, v in kwargs.items()}
@@ -315,6 +319,7 @@ def test_an_option_without_its_feature_is_warned(clean_engine, tmp_path, caplog,
         assert line.startswith(f"mimo_accel: {w.format(d=tmp_path)}"), line
 
 
+@pytest.mark.megatron
 def test_options_with_their_feature_on_are_not_warned(clean_engine, caplog):
     with caplog.at_level(logging.WARNING, logger="mimo_accel"):
         mimo_accel.enable(reorder=True, reorder_window=2, strict_gradients=True, calibrate_online=False,

@@ -171,6 +171,7 @@ def _provider(language_cp: int):
     return provider
 
 
+@pytest.mark.megatron
 def test_set_up_refuses_cp_packing_without_the_alignment():
     """``setup_megatron_mimo`` (patched) refuses before upstream builds anything."""
     import mimo_accel

@@ -69,11 +69,13 @@ def _check_patched_and_restored(out: dict) -> None:
     assert out["status_after_disable"] == []
 
 
+@pytest.mark.megatron
 @pytest.mark.parametrize("mode", ["before", "after"])
 def test_enable_before_or_after_importing_megatron_bridge(probes, mode):
     _check_patched_and_restored(_probe(probes, mode))
 
 
+@pytest.mark.megatron
 def test_qwen_example_script_shape_is_reached_through_call_time_lookups(probes):
     # forward_step and pretrain_megatron_mimo imported by value at the top of the script, then
     # enable(): the by-value forward_step still resolves the slicing helper in its module globals,
@@ -84,6 +86,7 @@ def test_qwen_example_script_shape_is_reached_through_call_time_lookups(probes):
     _check_patched_and_restored(out)
 
 
+@pytest.mark.megatron
 def test_launcher_enables_every_python_process_from_the_environment(probes):
     # `mimo-accel run` puts the bootstrap sitecustomize first on PYTHONPATH; the probe (mode
     # "env") never calls enable() itself.
@@ -110,6 +113,7 @@ def test_launcher_chains_an_existing_sitecustomize(tmp_path):
     assert proc.stdout.strip() == "True", proc.stderr
 
 
+@pytest.mark.megatron
 def test_unknown_environment_value_fails_at_startup_with_the_valid_list():
     env = {k: v for k, v in os.environ.items() if not k.startswith("MIMO_ACCEL")}
     env["MIMO_ACCEL"] = "shard,turbo"
@@ -227,6 +231,7 @@ mimo_accel.enable(packing=True, profile="/tmp/mimo-accel-unused")  # another con
 """
 
 
+@pytest.mark.megatron
 @pytest.mark.parametrize("logging_setup", ["none", "info", "warning"])
 def test_enable_logs_one_line_naming_what_is_on(logging_setup):
     env = {k: v for k, v in os.environ.items() if not k.startswith("MIMO_ACCEL")}

@@ -12,6 +12,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 # The CPU rehearsal kit and the offline tools (their own subpackages): nothing a training job needs.
 KIT_AND_TOOLS = ("mimo_accel.rehearse.", "mimo_accel.tools.")
 
@@ -34,6 +36,7 @@ print("RESULT " + json.dumps({"new": sorted(after - before), "patched": len(stat
 """
 
 
+@pytest.mark.megatron
 def test_enable_on_a_training_job_never_imports_the_rehearsal_kit(tmp_path):
     proc = subprocess.run([sys.executable, "-c", _JOB, str(tmp_path / "prof")], capture_output=True, text=True,
                           timeout=300)

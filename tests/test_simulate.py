@@ -51,6 +51,7 @@ def test_reads_sharded_flat_baseline_grows_with_dp(receipts):
 
 
 def test_planners_rank_as_expected_on_receipts(receipts):
+    pytest.importorskip("scipy.optimize", reason="the matched exchange needs scipy (it comes with the Megatron runtime)")
     for r in receipts["rows"]:
         st = r["straggler"]
         assert st["balanced"]["p50"] <= st["lpt"]["p50"] + 1e-12

@@ -108,6 +108,7 @@ def test_untested_bridge_or_core_is_refused_before_anything_is_patched(guard, br
     assert _bindings() == before
 
 
+@pytest.mark.megatron
 def test_allow_untested_uses_the_nearest_shape_and_warns_once(guard, monkeypatch, caplog):
     guard("0.6.3rc1", "0.19.3")
     monkeypatch.setenv(ENV, "1")
@@ -122,6 +123,7 @@ def test_allow_untested_uses_the_nearest_shape_and_warns_once(guard, monkeypatch
     assert len(warnings) == 1 and "0.6.3rc1" in warnings[0] and "0.19.3" in warnings[0] and "'0.6'" in warnings[0]
 
 
+@pytest.mark.megatron
 def test_a_newer_patch_release_is_accepted_with_one_notice(guard, caplog):
     guard("0.6.3", "0.19.2")
     with caplog.at_level(logging.WARNING, logger="mimo_accel"):
@@ -171,6 +173,7 @@ def test_allow_untested_rejects_an_unknown_value(guard, monkeypatch):
     assert mimo_accel.status()["patched"] == []
 
 
+@pytest.mark.megatron
 def test_tested_pair_needs_no_opt_in(guard):
     guard("0.6.2", "0.19.2")
     mimo_accel.enable(sharded_reads=True)
