@@ -1,6 +1,10 @@
-"""A training job imports the runtime only, never the CPU rehearsal kit or the offline tools.
+"""A training job imports the runtime only, never the CPU rehearsal kit, the offline tools or the
+workload profiles.
 
-What a GPU job runs — ``import mimo_accel; mimo_accel.enable(...)`` and upstream's MIMO modules,
+No module of the product (everything under ``mimo_accel/`` but ``tools/``, ``rehearse/``,
+``workloads/`` and ``__main__``, the CLI's entry) names one of those in an import, even inside a
+function. ``import mimo_accel``, the planner and the patch table load none of them, without
+Megatron. What a GPU job runs — ``import mimo_accel; mimo_accel.enable(...)`` and upstream's MIMO modules,
 patched as they are imported — is checked in a fresh interpreter. The only rehearsal-kit module
 allowed in is ``mimo_accel.rehearse.cpu``, loaded *before* the snapshot because megatron.bridge does not
 import on this CPU machine without its stand-ins (a GPU machine imports it directly).
@@ -8,14 +12,63 @@ import on this CPU machine without its stand-ins (a GPU machine imports it direc
 
 from __future__ import annotations
 
+import ast
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-# The CPU rehearsal kit and the offline tools (their own subpackages): nothing a training job needs.
-KIT_AND_TOOLS = ("mimo_accel.rehearse.", "mimo_accel.tools.")
+# The CPU rehearsal kit, the offline tools and the workload profiles (their own subpackages):
+# nothing a training job needs.
+NOT_PRODUCT = ("mimo_accel.rehearse", "mimo_accel.tools", "mimo_accel.workloads")
+PACKAGE = Path(__file__).resolve().parents[1] / "mimo_accel"
+
+
+def _outside_the_product(name: str) -> bool:
+    return any(name == p or name.startswith(p + ".") for p in NOT_PRODUCT)
+
+
+def _product_files() -> list[Path]:
+    kit = {PACKAGE / p.split(".")[1] for p in NOT_PRODUCT}
+    return [f for f in sorted(PACKAGE.rglob("*.py"))
+            if not any(d in f.parents for d in kit) and f != PACKAGE / "__main__.py"]
+
+
+def _imported_names(tree: ast.AST) -> list[tuple[int, str]]:
+    names = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names += [(node.lineno, a.name) for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names += [(node.lineno, node.module)] + [(node.lineno, f"{node.module}.{a.name}") for a in node.names]
+    return names
+
+
+def test_no_product_module_imports_the_kit_the_tools_or_the_profiles():
+    files = _product_files()
+    assert PACKAGE / "planner.py" in files and PACKAGE / "patching" / "engine.py" in files  # the scan sees the product
+    found = [f"{f.relative_to(PACKAGE.parent)}:{line} imports {name}" for f in files
+             for line, name in _imported_names(ast.parse(f.read_text(), str(f))) if _outside_the_product(name)]
+    assert not found, found
+
+
+_PURE = r"""
+import json, sys
+import mimo_accel
+import mimo_accel.planner, mimo_accel.patching.registry, mimo_accel.patching.engine
+print("RESULT " + json.dumps(sorted(m for m in sys.modules if m.startswith("mimo_accel"))))
+"""
+
+
+def test_the_package_the_planner_and_the_patches_load_no_tool_kit_or_profile():
+    proc = subprocess.run([sys.executable, "-c", _PURE], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT "))
+    loaded = json.loads(line[len("RESULT "):])
+    assert {"mimo_accel.planner", "mimo_accel.patching.registry", "mimo_accel.runtime.step"} <= set(loaded), loaded
+    assert not [m for m in loaded if _outside_the_product(m)], loaded
 
 _JOB = r"""
 import json, sys
@@ -46,5 +99,5 @@ def test_enable_on_a_training_job_never_imports_the_rehearsal_kit(tmp_path):
     assert result["patched"] > 0 and result["waiting"] == [], result  # the job path was really patched
     loaded = set(result["new"])
     assert {"mimo_accel.patching.engine", "mimo_accel.runtime.scope", "mimo_accel.runtime.step"} <= loaded, loaded
-    kit = sorted(m for m in loaded if m.startswith(KIT_AND_TOOLS))
+    kit = sorted(m for m in loaded if _outside_the_product(m))
     assert not kit, f"a training job imported {kit}"
