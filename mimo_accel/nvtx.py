@@ -21,6 +21,7 @@ import functools
 import sys
 from typing import Any, Callable, Iterator, Optional
 
+# Whether CUDA is there is a fact of the process: decided once, for every enable() alike.
 _ops: Any = None  # None: not decided yet; False: off; else torch.cuda.nvtx
 
 

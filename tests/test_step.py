@@ -63,7 +63,7 @@ def test_where_upstream_packs_only_a_language_shard_carries_the_role_and_others_
     # anything else exactly as upstream's slice returned it (upstream's own dp_size-1 test: the same
     # object, no copy)
     runtime = Runtime(AccelConfig(packing=True))
-    runtime.shape = type("Shape", (), {"native_packing": True})()
+    runtime.native_packing = True
     local_batch = step.wrap_slice(lambda batch, dp_rank, dp_size: batch, runtime)
     batch = {"input_ids": torch.zeros(2, 4, dtype=torch.long)}
     assert local_batch(batch, 0, 1) is batch

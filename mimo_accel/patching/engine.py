@@ -58,11 +58,14 @@ class _State:
     notes: list = field(default_factory=list)
 
 
-_lock = threading.RLock()
-_swaps = SwapSet()
-_state = _State()
-_warned_untested: set = set()  # (bridge, core) pairs already warned about in this process (untested, patch)
-_warned_variables: set = set()  # unknown MIMO_ACCEL* names already warned about in this process
+# Patches are process-wide (upstream's module attributes exist once per process), so the engine
+# that owns them, and the Runtime of the enable in force, is one per process:
+_lock = threading.RLock()  # enable(), disable() and the import hooks may run on any thread
+_swaps = SwapSet()  # every patched attribute with its original, for disable()'s exact undo
+_state = _State()  # the enable in force, its Runtime included
+# Said once per process whatever enable()/disable() come between (a Runtime lives one enable):
+_warned_untested: set = set()  # (bridge, core) pairs already warned about (untested, patch)
+_warned_variables: set = set()  # unknown MIMO_ACCEL* names already warned about
 logger = logging.getLogger("mimo_accel")
 
 
@@ -119,7 +122,7 @@ def _say_patch_release_once(m: T.Match) -> None:
                    "; ".join(m.problems), m.shape.name, m.shape.support)
 
 
-def resolve(site_module, name: str):
+def find_attribute(site_module, name: str):
     """(owner, attribute, current object) for ``name`` ('func' or 'Class.method') in a module."""
     owner = site_module
     parts = name.split(".")
@@ -152,7 +155,7 @@ def signature_problem(obj, target: T.Target) -> Optional[str]:
 def target_problem(target: T.Target, module) -> Optional[str]:
     """Why a target in an imported site module is not the shape mimo_accel patches (None: it is)."""
     try:
-        _, _, obj = resolve(module, target.name)
+        _, _, obj = find_attribute(module, target.name)
     except AttributeError:
         obj = None
     if obj is None:
@@ -160,7 +163,7 @@ def target_problem(target: T.Target, module) -> Optional[str]:
     origin = sys.modules.get(target.origin)
     if origin is not None and origin is not module:
         try:
-            _, _, defined = resolve(origin, target.name)
+            _, _, defined = find_attribute(origin, target.name)
         except AttributeError:
             defined = None
         if obj is not defined:
@@ -216,7 +219,7 @@ def _check_internals(internals: list[T.Internal], installed: str) -> None:
 def _apply(site: str, entries: list) -> None:
     module = sys.modules[site]
     for t, patch in entries:
-        owner, attr, current = resolve(module, t.name)
+        owner, attr, current = find_attribute(module, t.name)
         # A site that imported the name after its origin was patched already holds our replacement.
         original = _state.originals.get(id(current), current)
         replacement = _state.replacements.get(id(original))
@@ -300,11 +303,7 @@ def enable(cfg: AccelConfig) -> AccelConfig:
         for site in now:
             _validate(site, _targets(by_site[site]), m.installed)
         _say_patch_release_once(m)
-        runtime = Runtime(cfg, shape)
-        if cfg.profile is not None or cfg.calibrates_online:  # online calibration learns from its timers
-            from mimo_accel.runtime.profiling import Profiling
-
-            runtime.profiling = Profiling(runtime)
+        runtime = registry.runtime_for(cfg, shape)
         _state.config, _state.shape, _state.match, _state.runtime = cfg, shape, m, runtime
         _state.by_site = dict(by_site)
         _state.internals = {mod: found for mod, found in internals.items() if mod not in sys.modules}

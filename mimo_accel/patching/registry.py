@@ -1,8 +1,9 @@
 """One table: each user-facing feature -> the patches it needs; each patch -> its targets and replacement.
 
 The way Liger-Kernel maps a model to its apply function: to see what a feature touches, read its
-row in :data:`FEATURES`; to see what one upstream name becomes, read its :class:`Patch` in
-:data:`PATCHES`. The engine reads this table and nothing else; the replacements themselves live in
+row in :data:`FEATURES` (and what it keeps in the runtime, in :data:`KEEPS`); to see what one
+upstream name becomes, read its :class:`Patch` in :data:`PATCHES`. The engine reads this table
+and nothing else; the replacements themselves live in
 the runtime modules (this file only wires). A replacement is made by ``replace(original,
 runtime)``: the original upstream function and the :class:`~mimo_accel.runtime.state.Runtime`
 it works with, passed explicitly.
@@ -19,6 +20,7 @@ from typing import Callable, Optional
 from mimo_accel.config import AccelConfig
 from mimo_accel.patching import targets as T
 from mimo_accel.runtime import fanin, loaders, profiling, scope, step, upstream_packing
+from mimo_accel.runtime.state import Runtime
 
 
 @dataclass(frozen=True)
@@ -86,6 +88,19 @@ FEATURES = {
 }
 
 
+
+def _profiling(runtime: Runtime) -> None:
+    runtime.profiling = profiling.Profiling(runtime)
+
+
+# Feature -> what it keeps in the Runtime while it is on, built at enable() (Runtime.close() releases it).
+KEEPS = {
+    "profile": _profiling,
+    # online calibration learns from the profiler's module timers
+    "calibrate_online": _profiling,
+}
+
+
 def features_of(cfg: AccelConfig) -> tuple[str, ...]:
     """The rows of :data:`FEATURES` a config turns on."""
     return tuple(cfg.features()) + (("calibrate_online",) if cfg.calibrates_online else ())
@@ -95,6 +110,14 @@ def patches_for(cfg: AccelConfig, shape: T.Shape) -> list[Patch]:
     """Every patch the config needs on this shape, each once, in table order."""
     wanted = {name for feature in features_of(cfg) for name in FEATURES[feature]}
     return [p for name, p in PATCHES.items() if name in wanted and p.applies_to(shape)]
+
+
+def runtime_for(cfg: AccelConfig, shape: T.Shape) -> Runtime:
+    """The Runtime of an enable() of ``cfg`` on ``shape``, holding what its features keep (each once)."""
+    runtime = Runtime(cfg, native_packing=shape.native_packing)
+    for keep in dict.fromkeys(KEEPS[f] for f in features_of(cfg) if f in KEEPS):
+        keep(runtime)
+    return runtime
 
 
 def internals_for(cfg: AccelConfig) -> list[T.Internal]:

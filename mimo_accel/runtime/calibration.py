@@ -179,7 +179,7 @@ class Calibration:
     @property
     def lead(self) -> int:
         """How many iterations past the fitting rank's own an announcement takes effect."""
-        from mimo_accel.runtime.loaders import micro_batches_per_step
+        from mimo_accel.runtime.schedule import micro_batches_per_step
         from mimo_accel.runtime.plan_ahead import DEPTH
 
         return lead_steps(self.window, micro_batches_per_step(), DEPTH)
@@ -322,7 +322,7 @@ class Calibration:
         at each announcement)."""
         if not self.save_dir:
             return
-        from mimo_accel.costs._files import atomic_write
+        from mimo_accel.costs.files import atomic_write
 
         path = Path(self.save_dir) / FILE
         try:

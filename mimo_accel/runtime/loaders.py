@@ -16,19 +16,9 @@ import sys
 from typing import Callable, Optional
 
 from mimo_accel.runtime import plan_inputs, scope
+from mimo_accel.runtime.schedule import micro_batches_per_step
 from mimo_accel.runtime.state import Runtime
 from mimo_accel.runtime.upstream_call import UpstreamCall, replacing
-
-
-def micro_batches_per_step() -> Optional[int]:
-    """megatron-core's micro-batches per training step (None before its calculator is set up; the
-    calculator is the private ``_GLOBAL_NUM_MICROBATCHES_CALCULATOR``, declared in
-    :data:`mimo_accel.patching.targets.INTERNALS`)."""
-    from megatron.core import num_microbatches_calculator as nmc
-
-    if getattr(nmc, "_GLOBAL_NUM_MICROBATCHES_CALCULATOR", None) is None:
-        return None
-    return int(nmc.get_num_microbatches())
 
 
 def _data_ranks(ctx):

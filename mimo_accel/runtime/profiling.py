@@ -31,12 +31,30 @@ import functools
 import os
 import threading
 import weakref
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol
 
 from mimo_accel.config import AccelConfig
 from mimo_accel.modules import LANGUAGE
-from mimo_accel.runtime.state import Runtime
+from mimo_accel.runtime.shard import ShardContext
 from mimo_accel.runtime.upstream_call import UpstreamCall, replacing
+
+if TYPE_CHECKING:
+    from mimo_accel.runtime.calibration import Calibration
+
+
+class Host(Protocol):
+    """What profiling reads of the runtime that holds it (:class:`mimo_accel.runtime.state.Runtime`:
+    that module names :class:`Profiling` in a field, so this one does not import it back)."""
+
+    config: AccelConfig
+    profiling: Optional["Profiling"]
+    calibration: Optional[Calibration]
+
+    def shard_context(self) -> Optional[ShardContext]: ...
+
+    def say_once(self, key: str, message: str) -> bool: ...
+
+    def notices(self) -> dict[str, str]: ...
 
 ENV_LABEL = "MIMO_ACCEL_PROFILE_LABEL"
 
@@ -131,7 +149,7 @@ class Profiling:
     """The profiler's state in one training process: the rank's recorder, its module timers and
     the device-side counts of the current step."""
 
-    def __init__(self, runtime: Runtime):
+    def __init__(self, runtime: Host):
         self.runtime = runtime
         self._lock = threading.Lock()
         self._recorder = None
@@ -420,7 +438,7 @@ def planned_spreads(loads: dict, overheads: dict) -> dict:
     return out
 
 
-def wrap_encode(original: Callable, runtime: Runtime) -> Callable:
+def wrap_encode(original: Callable, runtime: Host) -> Callable:
     @replacing(original)
     def encode(call: UpstreamCall):
         profiling = runtime.profiling
@@ -435,7 +453,7 @@ def wrap_encode(original: Callable, runtime: Runtime) -> Callable:
     return encode
 
 
-def wrap_optimizer_step(original: Callable, runtime: Runtime) -> Callable:
+def wrap_optimizer_step(original: Callable, runtime: Host) -> Callable:
     @replacing(original)
     def step(call: UpstreamCall):
         result = call.to(original)
@@ -446,7 +464,7 @@ def wrap_optimizer_step(original: Callable, runtime: Runtime) -> Callable:
     return step
 
 
-def wrap_train_entry(original: Callable, runtime: Runtime) -> Callable:
+def wrap_train_entry(original: Callable, runtime: Host) -> Callable:
     @replacing(original)
     def train_megatron_mimo(call: UpstreamCall):
         profiling: Optional[Profiling] = runtime.profiling

@@ -1,10 +1,11 @@
-"""Where this rank's data goes, and the tag a batch read for one replica carries.
+"""Where this rank's data goes, what it does in a step, and the tag a batch read for one replica carries.
 
 A :class:`ShardContext` is this rank's module, its replica in the module's DP group and the
 canonical grid G, worked out from Bridge's MIMO parallelism config and grids (what the
 sampling-info lookup is given). A :class:`ShardTag` rides in every batch the sharded loader
 delivers (key :data:`SHARD_TAG_KEY`), so the forward step knows the batch is already this
-replica's share and can check it was read for this very replica.
+replica's share and can check it was read for this very replica. A :class:`StepRole` is what the
+rank does in a forward step, read off the MimoModel it hosts.
 """
 
 from __future__ import annotations
@@ -102,3 +103,15 @@ def context_from_grids(parallelism_config, grids):
                                 grid=canonical_grid(dp_sizes.values()), dp_sizes=dp_sizes,
                                 data_ranks=data_loading_ranks(grids)), dp
     return None, None
+
+
+@dataclass(frozen=True)
+class StepRole:
+    """What this rank does in a forward step (from the MimoModel's role)."""
+
+    is_language: bool
+    is_first_stage: bool
+    is_last_stage: bool
+    sequence_parallel_size: int  # T must divide by this for sequence parallelism (tp·cp), else 1
+    placeholder_ids: tuple = ()  # the modality placeholder token ids in input_ids
+    context_parallel_size: int = 1  # the language grid's cp: packed segments align to 2·cp

@@ -1,11 +1,11 @@
 """All of mimo_accel's state in a training process, in one object the patch engine owns.
 
-``enable()`` makes a :class:`Runtime` and hands it to every replacement it installs (a factory
-takes the original function and the runtime); ``disable()`` closes it and drops it, so nothing a
-feature learned or recorded outlives the patches that learned it. No runtime module keeps
-mutable state of its own. Two process-lifetime counters stay outside on purpose: the untested-
-version warning (once per process) and the rendezvous-store rounds of
-:mod:`mimo_accel.runtime.plan_inputs` (the job's store outlives any enable/disable).
+``enable()`` has the patch table (:func:`mimo_accel.patching.registry.runtime_for`) make a
+:class:`Runtime`, with what each enabled feature keeps in it, and hands it to every replacement it
+installs (a factory takes the original function and the runtime); ``disable()`` closes it and
+drops it, so nothing a feature learned or recorded outlives the patches that learned it. What
+stays at module level in the runtime lives as long as the process or the job's store, each with
+its reason where it is defined.
 
 No silent no-op: :meth:`Runtime.say_once` is how a feature that cannot act on the data it got
 says so once per process (a log warning; ``mimo_accel.status()["notes"]`` lists the same lines,
@@ -15,13 +15,19 @@ shows).
 
 from __future__ import annotations
 
+import collections
 import logging
 import threading
 import weakref
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from mimo_accel.config import AccelConfig
+from mimo_accel.runtime.shard import ShardContext, StepRole, context_from_grids
+
+if TYPE_CHECKING:
+    from mimo_accel.runtime.calibration import Calibration
+    from mimo_accel.runtime.profiling import Profiling
 
 logger = logging.getLogger("mimo_accel")
 
@@ -31,22 +37,24 @@ class Runtime:
     """What the installed replacements share while mimo_accel is enabled."""
 
     config: AccelConfig
-    shape: Any = None  # the patching.targets.Shape being patched (None while disabled)
-    # this rank's place in the data layout (runtime.shard.ShardContext), worked out on first need
-    # from the layout the last sampling-info lookup inside a loader scope recorded
-    context: Any = None
-    layout: Any = None  # (parallelism config, grids) of that lookup
-    # model -> runtime.step.StepRole: a model's role never changes, so it is worked out once
-    roles: "weakref.WeakKeyDictionary" = field(default_factory=weakref.WeakKeyDictionary)
+    # upstream's step packs the language shard itself (main's sequence_pack), with mimo_accel's packer
+    native_packing: bool = False
+    # this rank's place in the data layout, worked out on first need from the layout the last
+    # sampling-info lookup inside a loader scope recorded
+    context: Optional[ShardContext] = None
+    layout: Optional[tuple[Any, dict]] = None  # (Bridge's MIMO parallelism config, its grids) of that lookup
+    # MimoModel -> its role: a model's role never changes, so it is worked out once
+    roles: "weakref.WeakKeyDictionary[Any, Optional[StepRole]]" = field(default_factory=weakref.WeakKeyDictionary)
     # the role of the one MimoModel this rank hosts, for the packer under upstream's scalable reads
     # (no slice runs there to carry it)
-    rank_role: Any = None
-    # BridgeCommunicator -> deque of per-peer encoder rows of forwards still waiting for a backward
-    fan_in_rows: "weakref.WeakKeyDictionary" = field(default_factory=weakref.WeakKeyDictionary)
-    profiling: Any = None  # runtime.profiling.Profiling when the profiler (or online calibration) is on
-    calibration: Any = None  # runtime.calibration.Calibration of the training run under way
-    said: dict = field(default_factory=dict)  # notice key -> message, in the order said
-    lock: Any = field(default_factory=threading.RLock, repr=False)
+    rank_role: Optional[StepRole] = None
+    # BridgeCommunicator -> per-peer encoder rows of forwards still waiting for a backward
+    fan_in_rows: "weakref.WeakKeyDictionary[Any, collections.deque[list[int]]]" = field(
+        default_factory=weakref.WeakKeyDictionary)
+    profiling: Optional[Profiling] = None  # while the profiler (or online calibration) is on
+    calibration: Optional[Calibration] = None  # of the training run under way
+    said: dict[str, str] = field(default_factory=dict)  # notice key -> message, in the order said
+    lock: threading.RLock = field(default_factory=threading.RLock, repr=False)
 
     def say_once(self, key: str, message: str) -> bool:
         """Log ``message`` the first time ``key`` is seen while this runtime lives; True when logged."""
@@ -57,16 +65,14 @@ class Runtime:
         logger.warning(message)
         return True
 
-    def shard_context(self):
+    def shard_context(self) -> Optional[ShardContext]:
         """This rank's ShardContext (None before any lookup in a loader scope, or off every module)."""
         if self.context is None and self.layout is not None:
-            from mimo_accel.runtime.shard import context_from_grids
-
             layout, self.layout = self.layout, None
             self.context, _ = context_from_grids(*layout)
         return self.context
 
-    def notices(self) -> dict:
+    def notices(self) -> dict[str, str]:
         with self.lock:
             return dict(self.said)
 

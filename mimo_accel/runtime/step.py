@@ -22,26 +22,13 @@ from __future__ import annotations
 
 import contextvars
 import warnings
-from dataclasses import dataclass
 from typing import Callable, Optional
 
 from mimo_accel.modules import LANGUAGE
 from mimo_accel.nvtx import ranged
-from mimo_accel.runtime.shard import SHARD_TAG_KEY, ShardTag
+from mimo_accel.runtime.shard import SHARD_TAG_KEY, ShardTag, StepRole
 from mimo_accel.runtime.state import Runtime
 from mimo_accel.runtime.upstream_call import UpstreamCall, replacing
-
-
-@dataclass(frozen=True)
-class StepRole:
-    """What this rank does in a forward step (from the MimoModel's role)."""
-
-    is_language: bool
-    is_first_stage: bool
-    is_last_stage: bool
-    sequence_parallel_size: int  # T must divide by this for sequence parallelism (tp·cp), else 1
-    placeholder_ids: tuple = ()  # the modality placeholder token ids in input_ids
-    context_parallel_size: int = 1  # the language grid's cp: packed segments align to 2·cp
 
 
 class ReplicaRank(int):
@@ -145,8 +132,8 @@ def wrap_slice(original: Callable, runtime: Runtime) -> Callable:
     run the step's work (tag check, profiling, packing) once more per nested dict.
     """
     cfg = runtime.config
-    pack_here = cfg.packing and not runtime.shape.native_packing
-    packed_by_step = cfg.packing and runtime.shape.native_packing  # main's step packs what we return
+    pack_here = cfg.packing and not runtime.native_packing
+    packed_by_step = cfg.packing and runtime.native_packing  # main's step packs what we return
     inside: contextvars.ContextVar[bool] = contextvars.ContextVar("mimo_accel_slicing", default=False)
 
     @replacing(original)

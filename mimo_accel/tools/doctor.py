@@ -14,7 +14,7 @@ from typing import Optional
 
 
 def _target_state(t) -> tuple[str, str]:
-    from mimo_accel.patching.engine import resolve, target_problem
+    from mimo_accel.patching.engine import find_attribute, target_problem
 
     try:
         module = importlib.import_module(t.site)
@@ -23,7 +23,7 @@ def _target_state(t) -> tuple[str, str]:
     problem = target_problem(t, module)
     if problem is not None:
         return ("missing" if problem == "it does not exist" else "mismatch"), problem
-    _, _, obj = resolve(module, t.name)
+    _, _, obj = find_attribute(module, t.name)
     defined = getattr(inspect.unwrap(obj), "__module__", "?")
     return "ok", "defined here" if defined == t.site else f"bound from {_short(defined)}"
 
