@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from mimo_accel.costs import CostIndex, CostModel, ResizeRule
-from mimo_accel.costs._files import atomic_write
+from mimo_accel.costs.files import atomic_write
 from mimo_accel.datasets import shared_index
 from mimo_accel.rehearse import stack as st
 
@@ -33,7 +33,7 @@ def _mode(path) -> int:
 
 
 def test_umask_is_read_without_changing_it(process_umask):
-    from mimo_accel.costs._files import file_mode, umask
+    from mimo_accel.costs.files import file_mode, umask
 
     assert umask() == process_umask
     assert umask() == process_umask

@@ -150,10 +150,11 @@ def lower_bound(costs: _CostsLike, n_groups: int) -> float:
     samples / 512 groups: 0.5% in the median micro-batch, up to ~1.8%; a swap pass 20x longer
     reaches 0.42%).
     """
-    return _lower_bound(_validate(costs, n_groups), n_groups)
+    return unchecked_lower_bound(_validate(costs, n_groups), n_groups)
 
 
-def _lower_bound(c: np.ndarray, n_groups: int) -> float:
+def unchecked_lower_bound(c: np.ndarray, n_groups: int) -> float:
+    """:func:`lower_bound` of costs already checked (a 1-D float64 array)."""
     n = c.size
     if n == 0:
         return 0.0
@@ -181,7 +182,7 @@ def _lower_bound(c: np.ndarray, n_groups: int) -> float:
 
 
 def _lower_bound_loop(c: np.ndarray, n_groups: int) -> float:
-    """:func:`_lower_bound` term by term in plain floats, the same operations in the same order
+    """:func:`unchecked_lower_bound` term by term in plain floats, the same operations in the same order
     (so the same value to the bit): cheaper than numpy's per-call cost for a few terms."""
     n = c.size
     size = n // n_groups
@@ -233,7 +234,7 @@ def balanced_order(costs: _CostsLike, n_groups: int) -> list[int]:
     n = c.size
     if n_groups == 1 or n <= n_groups:  # one group, one sample per group, or nothing to split
         return contiguous_order(n)
-    stop = _lower_bound(c, n_groups) * (1.0 + _GOOD_ENOUGH)
+    stop = unchecked_lower_bound(c, n_groups) * (1.0 + _GOOD_ENOUGH)
     lpt = _lpt_groups(c, n_groups)
     sums = c[lpt].sum(axis=1)
     start, start_max = lpt, sums[sums.argmax()]

@@ -34,7 +34,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from mimo_accel.balance.equal_size import _lower_bound, balanced_order
+from mimo_accel.balance.equal_size import unchecked_lower_bound, balanced_order
 from mimo_accel.grid import canonical_grid
 from mimo_accel.modules import LANGUAGE
 
@@ -117,7 +117,7 @@ def _prepared(costs, dps, micro_batches):
         q = _normalised(c, d)
         # in units of this module's own lower bound: every module's best possible heaviest replica
         # is then _UNIT, so one scale compares how far each module is from what it can reach
-        bound = max(_UNIT, math.ceil(_lower_bound(q.astype(np.float64), d)))
+        bound = max(_UNIT, math.ceil(unchecked_lower_bound(q.astype(np.float64), d)))
         names.append(name)
         rows.append((q * _UNIT) // bound)
         replicas.append(d)
@@ -469,5 +469,5 @@ def module_bounds(costs: Mapping[str, Sequence[float]], dps: Mapping[str, int], 
     for name, c in arrays.items():
         d = int(dps[name]) * int(micro_batches)
         mean = c.sum() / d if d else 0.0
-        out[name] = float(_lower_bound(c, d) / mean) if mean > 0 else 1.0
+        out[name] = float(unchecked_lower_bound(c, d) / mean) if mean > 0 else 1.0
     return out

@@ -20,7 +20,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from mimo_accel.costs.resize import _positive_int
+from mimo_accel.costs.resize import positive_int
 
 __all__ = ["AudioRule", "AudioSizeError", "audio_clips_in", "audio_samples_of"]
 
@@ -46,9 +46,9 @@ class AudioRule:
 
     def __post_init__(self) -> None:
         for name in ("sampling_rate", "hop_length", "frames_per_row"):
-            _positive_int(f"AudioRule.{name}", getattr(self, name))
+            positive_int(f"AudioRule.{name}", getattr(self, name))
         if self.max_samples is not None:
-            _positive_int("AudioRule.max_samples", self.max_samples)
+            positive_int("AudioRule.max_samples", self.max_samples)
         if not isinstance(self.pad, bool):
             raise ValueError(f"AudioRule.pad must be a bool, got {self.pad!r}")
         if self.pad and self.max_samples is None:

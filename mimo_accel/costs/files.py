@@ -7,7 +7,7 @@ import tempfile
 import threading
 from pathlib import Path
 
-_umask_lock = threading.Lock()
+_umask_lock = threading.Lock()  # the umask is the process's: two threads setting it must not interleave
 
 
 def umask() -> int:

@@ -179,7 +179,7 @@ def _checked(height: int, width: int) -> tuple[int, int]:
 # --------------------------------------------------------------------------------------------
 
 
-def _is_pil(obj: Any) -> bool:
+def is_pil(obj: Any) -> bool:
     return type(obj).__module__.startswith("PIL.") and isinstance(getattr(obj, "size", None), tuple)
 
 
@@ -193,7 +193,7 @@ def image_size_of(image: Any, where: str = "image") -> tuple[int, int]:
     download them. Raises :class:`ImageSizeError` naming ``where``.
     """
     try:
-        if _is_pil(image):
+        if is_pil(image):
             width, height = image.size
             return int(height), int(width)
         if isinstance(image, (bytes, bytearray, memoryview)):
@@ -245,14 +245,14 @@ def _array_size(shape: tuple[int, ...], where: str) -> tuple[int, int]:
     return h, w
 
 
-def _is_local_file(image: Any) -> bool:
+def is_local_file(image: Any) -> bool:
     """Whether reading the size means opening a file (worth a thread pool)."""
     if isinstance(image, Mapping):
         return image.get("bytes") is None and bool(image.get("path"))
     return isinstance(image, (str, os.PathLike)) and not str(image).startswith("data:")
 
 
-def _images_in(value: Any) -> list[Any]:
+def images_in(value: Any) -> list[Any]:
     """The images a modality cell holds: None -> none, a list -> each, anything else -> one."""
     if value is None:
         return []

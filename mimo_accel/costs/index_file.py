@@ -21,7 +21,7 @@ from typing import Optional
 
 import numpy as np
 
-from mimo_accel.costs._files import file_mode
+from mimo_accel.costs.files import file_mode
 
 __all__ = ["FileFormatError", "MappedArrays", "write_arrays"]
 

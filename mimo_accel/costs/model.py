@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from mimo_accel.costs._files import atomic_write
+from mimo_accel.costs.files import atomic_write
 from mimo_accel.modules import LANGUAGE
 
 __all__ = ["CostModel", "ModuleCost"]

@@ -14,7 +14,7 @@ __all__ = ["FixedPatches", "ResizeRule"]
 _MAX_ASPECT = 200
 
 
-def _positive_int(name: str, value: object) -> int:
+def positive_int(name: str, value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
     return int(value)
@@ -51,7 +51,7 @@ class ResizeRule:
 
     def __post_init__(self) -> None:
         for name in ("patch_size", "merge_size", "temporal_patch_size", "min_pixels", "max_pixels"):
-            _positive_int(f"ResizeRule.{name}", getattr(self, name))
+            positive_int(f"ResizeRule.{name}", getattr(self, name))
         if not isinstance(self.frames_in_budget, bool):
             raise ValueError(f"ResizeRule.frames_in_budget must be a bool, got {self.frames_in_budget!r}")
         if self.min_pixels > self.max_pixels:
@@ -67,8 +67,8 @@ class ResizeRule:
 
     def resized(self, height: int, width: int) -> tuple[int, int]:
         """Resized (height, width) in pixels, as Qwen2-VL's ``smart_resize`` computes them."""
-        height = _positive_int("height", height)
-        width = _positive_int("width", width)
+        height = positive_int("height", height)
+        width = positive_int("width", width)
         factor = self.factor
         if max(height, width) / min(height, width) > _MAX_ASPECT:
             raise ValueError(
@@ -97,18 +97,18 @@ class ResizeRule:
     def temporal_patches(self, frames: int) -> int:
         """t of a video of ``frames`` frames: the frames padded to a multiple of the temporal patch
         size, one temporal patch per ``temporal_patch_size`` frames (an image: 1)."""
-        frames = _positive_int("frames", frames)
+        frames = positive_int("frames", frames)
         return -(-frames // self.temporal_patch_size)
 
     def resized_video(self, frames: int, height: int, width: int) -> tuple[int, int]:
         """Resized (height, width) of every frame of a ``frames``-frame video, as the video
         processor computes it (Qwen2-VL: :meth:`resized`; Qwen3-VL, ``frames_in_budget``: its
         video ``smart_resize`` over ``t_bar·h·w``)."""
-        frames = _positive_int("frames", frames)
+        frames = positive_int("frames", frames)
         if not self.frames_in_budget:
             return self.resized(height, width)
-        height = _positive_int("height", height)
-        width = _positive_int("width", width)
+        height = positive_int("height", height)
+        width = positive_int("width", width)
         factor = self.factor
         if height < factor or width < factor:
             raise ValueError(f"video of {height}x{width} px has a side below {factor} px; the Qwen3-VL video "
@@ -201,13 +201,13 @@ class FixedPatches:
     patches_per_image: int
 
     def __post_init__(self) -> None:
-        _positive_int("FixedPatches.patches_per_image", self.patches_per_image)
+        positive_int("FixedPatches.patches_per_image", self.patches_per_image)
         object.__setattr__(self, "patches_per_image", int(self.patches_per_image))
 
     def patches(self, height: int, width: int) -> int:
         """Encoder rows of one image (its size does not matter)."""
-        _positive_int("height", height)
-        _positive_int("width", width)
+        positive_int("height", height)
+        positive_int("width", width)
         return self.patches_per_image
 
     def patches_many(self, heights: Sequence[int] | np.ndarray, widths: Sequence[int] | np.ndarray) -> np.ndarray:

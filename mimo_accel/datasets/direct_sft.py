@@ -32,10 +32,10 @@ from mimo_accel.datasets.sources import (
     DeriveError,
     Probed,
     SampleSource,
-    _Image,
-    _per_sample,
-    _read_sizes,
-    _token_lengths,
+    ImageItem,
+    per_sample_patches,
+    read_sizes,
+    token_lengths,
 )
 
 __all__ = ["ConversationSource"]
@@ -151,7 +151,7 @@ class ConversationSource(SampleSource):
                     yield i, obj[len("file://"):] if obj.startswith("file://") else obj, "image"
 
     def _probe_chunk(self, start: int, stop: int, workers: Optional[int]) -> Probed:
-        images: list[_Image] = []
+        images: list[ImageItem] = []
         texts = []
         for j in range(stop - start):
             i = start + j
@@ -168,7 +168,7 @@ class ConversationSource(SampleSource):
                     raise DeriveError(f"{where}: an image, but the processor {type(self.processor).__name__} "
                                       "has no image processor. " + WAYS_OUT)
                 obj = part["image"] if "image" in part else part.get("image_url")
-                im = _Image(j, obj, where, part=part)
+                im = ImageItem(j, obj, where, part=part)
                 if self.pre is not None and not self.pre.needs_header(part):
                     im.size = (1, 1)  # replaced by the part's resized_height/width
                 images.append(im)
@@ -177,12 +177,12 @@ class ConversationSource(SampleSource):
                 texts.append(self.template(conversation, tokenize=False, **kwargs))
             except Exception as exc:
                 raise DeriveError(f"example {i}: the chat template failed ({type(exc).__name__}: {exc})") from None
-        _read_sizes(images, workers)
+        read_sizes(images, workers)
         if self.pre is not None:
             _fetch_resize(images, self.pre)
         n = stop - start
-        patches, sq, count, per_image = _per_sample(n, images, self.rule)
-        tokens = np.asarray(_token_lengths(self.tokenizer, texts), dtype=np.int64).reshape(-1)
+        patches, sq, count, per_image = per_sample_patches(n, images, self.rule)
+        tokens = np.asarray(token_lengths(self.tokenizer, texts), dtype=np.int64).reshape(-1)
         if self.image_token:
             # The processor replaces each image token by the image's merged rows.
             rows = np.zeros(n, np.int64)
@@ -237,7 +237,7 @@ def _relocatable_example(example: Any) -> Any:
     return {**example, "conversation": [turn(t) for t in conversation]}
 
 
-def _fetch_resize(images: list[_Image], pre: QwenFetchResize) -> None:
+def _fetch_resize(images: list[ImageItem], pre: QwenFetchResize) -> None:
     """Each image's size as qwen_vl_utils' ``fetch_image`` hands it to the processor."""
     for im in images:
         if im.patches is None:
@@ -248,5 +248,5 @@ def _fetch_resize(images: list[_Image], pre: QwenFetchResize) -> None:
                 raise DeriveError(f"{im.where}: {exc}") from None
 
 
-def _looks_like_direct_sft(dataset: Any) -> bool:
+def looks_like_direct_sft(dataset: Any) -> bool:
     return isinstance(getattr(dataset, "_base_examples", None), list) and hasattr(dataset, "_processor")

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from mimo_accel.datasets.direct_sft import ConversationSource, _looks_like_direct_sft
-from mimo_accel.datasets.megatron_mimo import MimoDatasetSource, _looks_like_mimo_dataset
+from mimo_accel.datasets.direct_sft import ConversationSource, looks_like_direct_sft
+from mimo_accel.datasets.megatron_mimo import MimoDatasetSource, looks_like_mimo_dataset
 from mimo_accel.datasets.sources import WAYS_OUT, DeriveError, SampleSource
 
 __all__ = ["source_for"]
@@ -13,9 +13,9 @@ __all__ = ["source_for"]
 
 def source_for(dataset: Any) -> SampleSource:
     """The probe for ``dataset``; a :class:`DeriveError` naming the three ways out for anything else."""
-    if _looks_like_mimo_dataset(dataset):
+    if looks_like_mimo_dataset(dataset):
         return MimoDatasetSource(dataset)
-    if _looks_like_direct_sft(dataset):
+    if looks_like_direct_sft(dataset):
         return ConversationSource(dataset)
     raise DeriveError(
         f"mimo_accel cannot derive per-sample costs from a {type(dataset).__module__}.{type(dataset).__qualname__}: "

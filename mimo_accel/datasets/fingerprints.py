@@ -11,7 +11,7 @@ from typing import Any, Callable, Mapping, Optional
 
 import numpy as np
 
-from mimo_accel.costs.images import _is_pil
+from mimo_accel.costs.images import is_pil
 
 __all__ = ["examples_fingerprint", "relocatable", "tokenizer_fingerprint"]
 
@@ -62,7 +62,7 @@ def _canon(obj: Any, depth: int = 0) -> Any:
         return [_canon(v, depth + 1) for v in obj]
     if isinstance(obj, os.PathLike):
         return os.fspath(obj)
-    if _is_pil(obj):
+    if is_pil(obj):
         return ["PIL", list(obj.size), obj.mode, os.path.basename(str(getattr(obj, "filename", "") or ""))]
     shape = getattr(obj, "shape", None)
     if shape is not None:

@@ -31,7 +31,7 @@ import numpy as np
 
 from mimo_accel.costs import AudioRule, FixedPatches, ResizeRule
 from mimo_accel.costs.audio import AudioSizeError, audio_clips_in, audio_samples_of
-from mimo_accel.costs.images import ImageSizeError, _images_in, _is_pil, image_size_of
+from mimo_accel.costs.images import ImageSizeError, images_in, is_pil, image_size_of
 from mimo_accel.datasets.fingerprints import (
     _callable_name,
     _is_hf_dataset,
@@ -40,24 +40,24 @@ from mimo_accel.datasets.fingerprints import (
     tokenizer_fingerprint,
 )
 from mimo_accel.datasets.processors import (
-    _is_audio,
-    _is_fixed_resolution,
-    _is_video,
+    is_audio,
+    is_fixed_resolution,
+    is_video,
     audio_rule,
     qwen_resize_rule,
     qwen_video_rule,
 )
 from mimo_accel.datasets.sources import (
     CHUNK,
-    _THREADS_FROM,
+    THREADS_FROM,
     WAYS_OUT,
     DeriveError,
     Probed,
     SampleSource,
-    _Image,
-    _per_sample,
-    _read_sizes,
-    _token_lengths,
+    ImageItem,
+    per_sample_patches,
+    read_sizes,
+    token_lengths,
 )
 
 __all__ = ["MimoDatasetSource"]
@@ -134,7 +134,7 @@ class MimoDatasetSource(SampleSource):
                     elif kind == "video":  # a video file is refused by the probe; frames are images
                         items = [f for v in _videos_in(cell) if isinstance(v, (list, tuple)) for f in v]
                     else:
-                        items = _images_in(cell)
+                        items = images_in(cell)
                     for item in items:
                         path = _local_path(item)
                         if path is not None:
@@ -162,7 +162,7 @@ class MimoDatasetSource(SampleSource):
     def _probe_chunk(self, start: int, stop: int, workers: Optional[int]) -> Probed:
         rows = self._rows(start, stop)
         n = len(rows)
-        images: dict[str, list[_Image]] = {m: [] for m, k in self.kinds.items() if k == "image"}
+        images: dict[str, list[ImageItem]] = {m: [] for m, k in self.kinds.items() if k == "image"}
         clips: dict[str, list[_Clip]] = {m: [] for m, k in self.kinds.items() if k == "audio"}
         videos: dict[str, list[tuple[int, Any, str]]] = {m: [] for m, k in self.kinds.items() if k == "video"}
         prefix = np.zeros(n, np.int64)
@@ -179,9 +179,9 @@ class MimoDatasetSource(SampleSource):
                 if kind == "image":
                     rule = self.rules[modality]
                     fixed = rule.patches_per_image if isinstance(rule, FixedPatches) else None
-                    for k, obj in enumerate(_images_in(cell)):
+                    for k, obj in enumerate(images_in(cell)):
                         where = f"sample {i}, column {column!r}" + (f" image {k}" if several else "")
-                        images[modality].append(_Image(j, obj, where, patches=fixed))
+                        images[modality].append(ImageItem(j, obj, where, patches=fixed))
                 elif kind == "audio":
                     found = audio_clips_in(cell)
                     for k, obj in enumerate(found):
@@ -202,8 +202,8 @@ class MimoDatasetSource(SampleSource):
         for modality in self.modalities:
             kind = self.kinds[modality]
             if kind == "image":
-                _read_sizes(images[modality], workers)
-                rows_, sq, count, _ = _per_sample(n, images[modality], self.rules[modality])
+                read_sizes(images[modality], workers)
+                rows_, sq, count, _ = per_sample_patches(n, images[modality], self.rules[modality])
             elif kind == "audio":
                 rows_, sq, count = _audio_columns(n, clips[modality], self.rules[modality], workers)
             else:
@@ -211,19 +211,19 @@ class MimoDatasetSource(SampleSource):
             columns[modality] = (count, rows_, sq)
             if modality in self.special and modality in self.rows_per_placeholder:
                 prefix += rows_ // self.rows_per_placeholder[modality]
-        lengths = np.asarray(_token_lengths(self.tokenizer, texts, truncation=True, max_length=self.seq_length),
+        lengths = np.asarray(token_lengths(self.tokenizer, texts, truncation=True, max_length=self.seq_length),
                              dtype=np.int64).reshape(-1)
         return Probed(_mimo_real_tokens(lengths, prefix, self.seq_length), columns)
 
 
 def _rule_of(modality: str, proc: Any, enc_lengths: Mapping[str, int]) -> tuple[str, Any]:
     """(kind, rule) of one modality's processor; a processor mimo_accel cannot cost is refused."""
-    if _is_video(proc):
+    if is_video(proc):
         return "video", qwen_video_rule(proc, f"MegatronMIMODataset modality {modality!r}")
-    if _is_audio(proc):
+    if is_audio(proc):
         return "audio", audio_rule(proc, f"MegatronMIMODataset modality {modality!r}")
     rule = qwen_resize_rule(proc)
-    if rule is None and _is_fixed_resolution(proc):
+    if rule is None and is_fixed_resolution(proc):
         rows = enc_lengths.get(modality)
         if rows is None:
             raise DeriveError(
@@ -266,7 +266,7 @@ def _audio_columns(n: int, clips: list[_Clip], rule: AudioRule,
     not in the middle of training)."""
     rate = rule.sampling_rate
     files = [c for c in clips if _is_audio_file(c.obj)]
-    if len(files) >= _THREADS_FROM and workers != 1:
+    if len(files) >= THREADS_FROM and workers != 1:
         with ThreadPoolExecutor(max_workers=workers or min(8, (os.cpu_count() or 1) + 4),
                                 thread_name_prefix="mimo-accel-probe") as pool:
             # map() yields in order: the error raised is the earliest clip's.
@@ -294,7 +294,7 @@ def _is_frame(obj: Any) -> bool:
     shape = getattr(obj, "shape", None)
     if shape is not None:
         return len(shape) in (2, 3)
-    return _is_pil(obj) or isinstance(obj, (str, os.PathLike, bytes, bytearray, Mapping))
+    return is_pil(obj) or isinstance(obj, (str, os.PathLike, bytes, bytearray, Mapping))
 
 
 def _videos_in(cell: Any) -> list[Any]:
@@ -374,6 +374,6 @@ def _local_path(item: Any) -> Optional[str]:
     return None
 
 
-def _looks_like_mimo_dataset(dataset: Any) -> bool:
+def looks_like_mimo_dataset(dataset: Any) -> bool:
     return all(hasattr(dataset, a) for a in ("examples", "processors", "tokenizer", "modality_columns",
                                              "seq_length", "encoder_seq_lengths"))

@@ -130,7 +130,7 @@ def audio_rule(processor: Any, owner: str = "audio") -> AudioRule:
         raise DeriveError(f"{owner}: {type(fe).__name__}: {exc}") from None
 
 
-def _is_video(processor: Any) -> bool:
+def is_video(processor: Any) -> bool:
     """A transformers video processor (its inputs are ``pixel_values_videos``)."""
     names = getattr(processor, "model_input_names", None) or ()
     return "pixel_values_videos" in names or any(c.__name__ == "BaseVideoProcessor" for c in type(processor).__mro__)
@@ -160,14 +160,14 @@ def qwen_video_rule(processor: Any, owner: str = "video") -> ResizeRule:
     return dataclasses.replace(rule, frames_in_budget=in_budget)
 
 
-def _is_audio(processor: Any) -> bool:
+def is_audio(processor: Any) -> bool:
     ip = _image_processor(_feature_extractor(processor))
     fe = _feature_extractor(processor)
     return (getattr(ip, "sampling_rate", None) is not None or getattr(fe, "sampling_rate", None) is not None
             or getattr(ip, "feature_size", None) is not None)
 
 
-def _is_fixed_resolution(processor: Any) -> bool:
+def is_fixed_resolution(processor: Any) -> bool:
     """A processor that resizes/crops every image to one size (CLIP, SigLIP, ViT)."""
     ip = _image_processor(processor)
     crop, size = getattr(ip, "crop_size", None), getattr(ip, "size", None)

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional, Union
 
 from mimo_accel.costs import CostIndex
-from mimo_accel.costs._files import atomic_write
+from mimo_accel.costs.files import atomic_write
 from mimo_accel.costs.contents import Contents
 from mimo_accel.datasets.dispatch import source_for
 from mimo_accel.datasets.fingerprints import _sha

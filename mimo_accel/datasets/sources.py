@@ -18,7 +18,7 @@ import numpy as np
 
 from mimo_accel.costs import CostIndex, FixedPatches, ResizeRule
 from mimo_accel.costs.contents import Contents, file_stamps
-from mimo_accel.costs.images import ImageSizeError, RemoteImageError, _is_local_file, image_size_of
+from mimo_accel.costs.images import ImageSizeError, RemoteImageError, is_local_file, image_size_of
 from mimo_accel.costs.index import DEFAULT_ENCODER
 from mimo_accel.datasets.fingerprints import _sha
 
@@ -33,7 +33,7 @@ WAYS_OUT = (
     "they are decoded and needs no index."
 )
 CHUNK = 512  # samples read, tokenized and reported per step
-_THREADS_FROM = 64  # image files per chunk from which header reads go to a thread pool
+THREADS_FROM = 64  # image files per chunk from which header reads go to a thread pool
 _CONTENTS_CHUNK = 4096  # base samples whose files' heads are read at a time
 
 
@@ -90,7 +90,7 @@ class Probed:
 
 
 @dataclass
-class _Image:
+class ImageItem:
     sample: int  # position in the chunk
     obj: Any  # what the dataset holds (None when the size is given)
     where: str
@@ -99,7 +99,7 @@ class _Image:
     patches: Optional[int] = None  # when the rule needs no size
 
 
-def _size_of(im: _Image) -> tuple[int, int]:
+def _size_of(im: ImageItem) -> tuple[int, int]:
     """:func:`image_size_of` with its error as a :class:`DeriveError` (a URL's names the ways out)."""
     try:
         return image_size_of(im.obj, im.where)
@@ -109,11 +109,11 @@ def _size_of(im: _Image) -> tuple[int, int]:
         raise DeriveError(str(exc)) from None
 
 
-def _read_sizes(images: list[_Image], workers: Optional[int]) -> None:
+def read_sizes(images: list[ImageItem], workers: Optional[int]) -> None:
     """Fill ``size`` of every image that needs one; files through a thread pool when many."""
     todo = [im for im in images if im.size is None and im.patches is None]
-    files = [im for im in todo if _is_local_file(im.obj)]
-    if len(files) >= _THREADS_FROM and workers != 1:
+    files = [im for im in todo if is_local_file(im.obj)]
+    if len(files) >= THREADS_FROM and workers != 1:
         with ThreadPoolExecutor(max_workers=workers or min(8, (os.cpu_count() or 1) + 4),
                                 thread_name_prefix="mimo-accel-probe") as pool:
             # map() yields in order: the error raised is the earliest image's.
@@ -125,7 +125,7 @@ def _read_sizes(images: list[_Image], workers: Optional[int]) -> None:
 
 
 
-def _per_sample(n: int, images: list[_Image],
+def per_sample_patches(n: int, images: list[ImageItem],
                 rule: ResizeRule | FixedPatches) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(Σp, Σp², image count) per sample of a chunk, and each image's patches."""
     fixed = np.array([im.patches if im.patches is not None else -1 for im in images], dtype=np.int64)
@@ -152,7 +152,7 @@ def _per_sample(n: int, images: list[_Image],
     return patches, sq, count, per_image
 
 
-def _token_lengths(tokenizer: Any, texts: list[str], **kwargs: Any) -> list[int]:
+def token_lengths(tokenizer: Any, texts: list[str], **kwargs: Any) -> list[int]:
     if not texts:
         return []
     out = tokenizer(texts, return_attention_mask=False, **kwargs)

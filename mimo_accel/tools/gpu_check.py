@@ -67,7 +67,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from mimo_accel.costs._files import atomic_write
+from mimo_accel.costs.files import atomic_write
 from mimo_accel.modules import LANGUAGE
 from mimo_accel.profiler import json_safe  # NaN / inf as null: the file stays strict JSON
 from mimo_accel.tools.arguments import TRACEBACK_ENV, UsageError, fail, one_line, output_dir, parse

@@ -109,7 +109,7 @@ from typing import Any, Optional
 import numpy as np
 
 from mimo_accel.costs import CostModel, ModuleCost
-from mimo_accel.costs._files import atomic_write
+from mimo_accel.costs.files import atomic_write
 from mimo_accel.modules import LANGUAGE
 
 __all__ = ["LanguagePoint", "MeasureError", "ModuleFit", "SIZES", "VisionPoint", "collect", "fit_language",
