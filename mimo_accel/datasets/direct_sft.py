@@ -20,8 +20,8 @@ import numpy as np
 from mimo_accel.costs import ResizeRule
 from mimo_accel.costs.index import DEFAULT_ENCODER
 from mimo_accel.datasets.fingerprints import (
-    _callable_name,
-    _sha,
+    callable_name,
+    sha256_hex,
     examples_fingerprint,
     relocatable,
     tokenizer_fingerprint,
@@ -124,10 +124,10 @@ class ConversationSource(SampleSource):
             "examples": examples_fingerprint(self.examples, self.base_length, _relocatable_example),
             "pre_resize": self.pre.to_dict() if self.pre else None,
             "image_token": self.image_token,
-            "chat_template": _sha(json.dumps(template, sort_keys=True, default=str)),
+            "chat_template": sha256_hex(json.dumps(template, sort_keys=True, default=str)),
             "tokenizer": tokenizer_fingerprint(self.tokenizer),
             "processor": type(self.processor).__name__,
-            "collate": _callable_name(self.collate),
+            "collate": callable_name(self.collate),
         }
 
     def describe(self) -> str:

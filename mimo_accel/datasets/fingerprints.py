@@ -18,7 +18,7 @@ __all__ = ["examples_fingerprint", "relocatable", "tokenizer_fingerprint"]
 _SAMPLED_ROWS = 4096  # raw examples hashed into a dataset's fingerprint
 
 
-def _sha(data: Any) -> str:
+def sha256_hex(data: Any) -> str:
     if isinstance(data, str):
         data = data.encode()
     return hashlib.sha256(data).hexdigest()
@@ -34,14 +34,14 @@ def tokenizer_fingerprint(tokenizer: Any) -> dict[str, Any]:
         # Truncation and padding are call state (HF sets them per call), not the tokenizer.
         doc.pop("truncation", None)
         doc.pop("padding", None)
-        fp["backend"] = _sha(json.dumps(doc, sort_keys=True))
+        fp["backend"] = sha256_hex(json.dumps(doc, sort_keys=True))
     else:
         # a local directory's name, not where it lies (a copy of the model directory is the same)
         name = str(getattr(tokenizer, "name_or_path", "") or "")
         fp["name"] = os.path.basename(os.path.normpath(name)) if name else ""
         get_vocab = getattr(tokenizer, "get_vocab", None)
         if callable(get_vocab):
-            fp["vocab"] = _sha(json.dumps(sorted(get_vocab().items())))
+            fp["vocab"] = sha256_hex(json.dumps(sorted(get_vocab().items())))
     for attr in ("add_bos_token", "add_eos_token"):
         if isinstance(getattr(tokenizer, attr, None), bool):
             fp[attr] = getattr(tokenizer, attr)
@@ -55,7 +55,7 @@ def _canon(obj: Any, depth: int = 0) -> Any:
     if obj is None or isinstance(obj, (bool, int, float, str)):
         return obj
     if isinstance(obj, (bytes, bytearray, memoryview)):
-        return ["bytes", len(obj), _sha(bytes(obj))[:16]]
+        return ["bytes", len(obj), sha256_hex(bytes(obj))[:16]]
     if isinstance(obj, Mapping):
         return [[str(k), _canon(v, depth + 1)] for k, v in sorted(obj.items(), key=lambda kv: str(kv[0]))]
     if isinstance(obj, (list, tuple)):
@@ -76,7 +76,7 @@ def _sampled_rows(n: int) -> list[int]:
     return sorted(set(np.linspace(0, n - 1, _SAMPLED_ROWS).round().astype(np.int64).tolist()))
 
 
-def _is_hf_dataset(obj: Any) -> bool:
+def is_hf_dataset(obj: Any) -> bool:
     return (type(obj).__module__.startswith("datasets.") and hasattr(obj, "_fingerprint")
             and hasattr(obj, "with_format"))
 
@@ -106,7 +106,7 @@ def examples_fingerprint(examples: Any, length: int, relocate: Optional[Callable
     ``_fingerprint`` is not used: it changes with the directory the data files lie in. (An edit to a
     row outside the sample goes unnoticed: pass ``refresh=True`` to rebuild.)"""
     rows = _sampled_rows(length)
-    if _is_hf_dataset(examples):
+    if is_hf_dataset(examples):
         sampled = examples.with_format("arrow")[rows].to_pylist() if rows else []
     else:
         sampled = (examples[i] for i in rows)
@@ -119,9 +119,9 @@ def examples_fingerprint(examples: Any, length: int, relocate: Optional[Callable
     return {"sampled_rows": h.hexdigest(), "rows": length}
 
 
-def _callable_name(fn: Any) -> Optional[str]:
+def callable_name(fn: Any) -> Optional[str]:
     if fn is None:
         return None
     if isinstance(fn, functools.partial):
-        return f"partial({_callable_name(fn.func)}, {sorted(fn.keywords)})"
+        return f"partial({callable_name(fn.func)}, {sorted(fn.keywords)})"
     return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', type(fn).__qualname__)}"

@@ -33,8 +33,8 @@ from mimo_accel.costs import AudioRule, FixedPatches, ResizeRule
 from mimo_accel.costs.audio import AudioSizeError, audio_clips_in, audio_samples_of
 from mimo_accel.costs.images import ImageSizeError, images_in, is_pil, image_size_of
 from mimo_accel.datasets.fingerprints import (
-    _callable_name,
-    _is_hf_dataset,
+    callable_name,
+    is_hf_dataset,
     examples_fingerprint,
     relocatable,
     tokenizer_fingerprint,
@@ -111,7 +111,7 @@ class MimoDatasetSource(SampleSource):
             "encoder_seq_lengths": sorted(self.enc_lengths.items()),
             "rows_per_placeholder": sorted(self.rows_per_placeholder.items()),
             "tokenizer": tokenizer_fingerprint(self.tokenizer),
-            "preprocess_fn": _callable_name(self.preprocess_fn),
+            "preprocess_fn": callable_name(self.preprocess_fn),
         }
 
     def _relocatable_example(self, example: Any) -> Any:
@@ -142,7 +142,7 @@ class MimoDatasetSource(SampleSource):
 
     def _rows(self, start: int, stop: int) -> list[Mapping[str, Any]]:
         ex = self.examples
-        if self.preprocess_fn is None and _is_hf_dataset(ex):
+        if self.preprocess_fn is None and is_hf_dataset(ex):
             # The arrow table: image cells stay {"bytes", "path"}, nothing is decoded.
             wanted = [c for c in dict.fromkeys([*self.modalities.values(), self.text_column])
                       if c in ex.column_names]

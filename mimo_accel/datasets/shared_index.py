@@ -35,7 +35,7 @@ from mimo_accel.costs import CostIndex
 from mimo_accel.costs.files import atomic_write
 from mimo_accel.costs.contents import Contents
 from mimo_accel.datasets.dispatch import source_for
-from mimo_accel.datasets.fingerprints import _sha
+from mimo_accel.datasets.fingerprints import sha256_hex
 from mimo_accel.datasets.sources import DeriveError, Probed, SampleSource
 
 __all__ = ["ENV_CACHE_DIR", "cache_path", "default_cache_dir", "derive_cost_index", "share"]
@@ -185,7 +185,7 @@ def cache_key(identity: dict) -> str:
     """The derive cache's key of a dataset's identity: its fingerprint and its files' contents
     digest, so a file rewritten in place (an image re-exported) is probed again, and a copy of the
     dataset elsewhere finds the cache."""
-    return _sha(json.dumps([identity["dataset"], identity["contents"]["digest"]]))
+    return sha256_hex(json.dumps([identity["dataset"], identity["contents"]["digest"]]))
 
 
 def dataset_identity(dataset: Any, *, group: Any = None) -> tuple[dict, Contents]:

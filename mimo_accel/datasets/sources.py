@@ -20,7 +20,7 @@ from mimo_accel.costs import CostIndex, FixedPatches, ResizeRule
 from mimo_accel.costs.contents import Contents, file_stamps
 from mimo_accel.costs.images import ImageSizeError, RemoteImageError, is_local_file, image_size_of
 from mimo_accel.costs.index import DEFAULT_ENCODER
-from mimo_accel.datasets.fingerprints import _sha
+from mimo_accel.datasets.fingerprints import sha256_hex
 
 __all__ = ["PROBE_FORMAT", "DeriveError", "Probed", "SampleSource"]
 
@@ -189,7 +189,7 @@ class SampleSource:
         doc = {"format": PROBE_FORMAT, "kind": self.kind, "length": self.length, "base_length": self.base_length,
                "rules": [[name, rule.to_dict()] for name, rule in self.rules.items()],
                **self.fingerprint_material()}
-        return _sha(json.dumps(doc, sort_keys=True, default=str))
+        return sha256_hex(json.dumps(doc, sort_keys=True, default=str))
 
     def describe(self) -> str:
         return f"{self.kind} of {self.length:,} samples"
