@@ -17,7 +17,7 @@ from typing import Mapping, Optional
 ENV_FEATURES = "MIMO_ACCEL"
 ENV_PROFILE = "MIMO_ACCEL_PROFILE"  # output directory; also turns the profiler on
 ENV_COST_MODEL = "MIMO_ACCEL_COST_MODEL"  # cost-model file (from `mimo-accel calibrate`)
-ENV_COST_OLD = "MIMO_ACCEL_COST"  # the earlier name of MIMO_ACCEL_COST_MODEL, still read
+ENV_COST_OLD = "MIMO_ACCEL_COST"  # read as MIMO_ACCEL_COST_MODEL too (both set and different: an error)
 ENV_COST_INDEX = "MIMO_ACCEL_COST_INDEX"  # per-sample cost index (from `mimo-accel index`)
 ENV_REORDER_MODE = "MIMO_ACCEL_REORDER_MODE"
 ENV_PAD_MULTIPLE = "MIMO_ACCEL_PAD_MULTIPLE"
@@ -88,7 +88,7 @@ class AccelConfig:
     """What ``mimo_accel.enable()`` turns on.
 
     sharded_reads: each data rank reads only its module replica's share of the global micro-batch
-        (canonical grid G = lcm of module DPs); the forward step no longer slices.
+        (canonical grid G = lcm of module DPs); the forward step passes the share on unsliced.
     reorder: balance vision cost across the module DP replicas inside each global micro-batch
         (implies sharded_reads).
     reorder_mode: "plan" (default: costs known before reading, from a cost index; zero bytes move)

@@ -1,8 +1,8 @@
 """Every benchmark script still runs end to end on the code as it is now, at tiny sizes.
 
 The figures they print live in docs/measurements.md; here only that each one runs to its end
-(exit 0) and prints its result table. Two had drifted from the planner's and the probe's APIs
-unnoticed before this test existed. bench_balance is covered by tests/test_bench_balance.py and
+(exit 0) and prints its result table, so a script that drifts from the APIs it drives fails
+here. bench_balance is covered by tests/test_bench_balance.py and
 bench_metrics by tests/test_metrics.py.
 """
 

@@ -184,7 +184,7 @@ class ResizeRule:
             "min_pixels": self.min_pixels,
             "max_pixels": self.max_pixels,
         }
-        if self.frames_in_budget:  # only then: an image rule's dict (and every digest over it) is as before
+        if self.frames_in_budget:  # only then: an image rule's dict (and every digest over it) has no such key
             doc["frames_in_budget"] = True
         return doc
 

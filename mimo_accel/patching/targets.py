@@ -159,7 +159,7 @@ SHAPES = (
     Shape("main", bridge=("0.7.0+067f987",), core=("0.20.0+2a75ac1",), native_packing=True,
           tested_here=True,
           evidence="the whole test suite runs on source builds of Bridge 067f987 / Megatron-LM 2a75ac12c54b "
-                   "(make test-upstream; 524 passed on 2026-12-01)"),
+                   "(make test-upstream; docs/compatibility.md has the run)"),
     # Upstream's scalable reads, open PR #5525 (branch pull-request/5525, head 958575fc3 of
     # 2026-08-12, branched from main at 600d069b8, before main's eval_micro_batch_size) with the
     # Megatron-LM it pins, 24bad8e677 (0.20.0). It reports 0.7.0 like main, at its own commit.

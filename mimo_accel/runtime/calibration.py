@@ -16,7 +16,7 @@ Resume: the announcements are also written beside Bridge's checkpoints
 (``{checkpoint.save}/mimo_accel/cost-models.json``), each with the last iteration whose times it
 learnt from. A run resumed from iteration ``N`` takes the announcements learnt from iterations
 ``<= N`` and plans with them exactly as the interrupted run did; refits after that are its own. A
-checkpoint without the file loads as before (the configured model).
+checkpoint without the file starts from the configured model.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ observation), with the profiler's per-module names:
 
 The result is a v2 cost-model file with every fitted module in its ``modules`` table (see
 :class:`~mimo_accel.costs.CostModel`). A run of the vision-only profiler (``vision_fwd_s``,
-``patches``, ``sq_patches``, ``images``: older profile files) is fitted as before, its vision
+``patches``, ``sq_patches``, ``images``: format-1 profile files) is fitted for its vision
 encoder's ``(a, b, c)``, as described below; everything said there (the overhead, ``--per-step``,
 a missing attention counter, the fit quality) holds for each module alike.
 
@@ -612,7 +612,7 @@ def main(argv: Sequence[str] | None = None, *, console: Console | None = None) -
         if modules:
             model, per_module = fit_modules(run, warmup=args.warmup, intercept=not args.no_intercept,
                                             per_step=args.per_step, modules=modules)
-        else:  # the vision-only profiler's names: the vision fit as it always was
+        else:  # the vision-only profiler's names: one (a, b, c) fit of the vision encoder
             model, stats = fit(run, warmup=args.warmup, intercept=not args.no_intercept, per_step=args.per_step)
     except (UsageError, NoProfileData, CalibrationError) as e:
         return fail(PROG, e)

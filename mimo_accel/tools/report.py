@@ -8,7 +8,7 @@ model (``language``):
 
 * **module time** of a rank in a step: ``<module>_fwd_s + <module>_bwd_s`` (a missing part counts
   0). Format-1 files (before per-module timing) timed every encoder as ``vision_fwd_s`` /
-  ``vision_bwd_s`` and the language model not at all; they report as they always did.
+  ``vision_bwd_s`` and the language model not at all; they report those regions as one encoder's.
 * **replica** of a module: its ranks with the same ``dp_rank`` (TP/PP peers); its time in a step is
   the max over its ranks.
 * **straggler ratio** (``<module>_max_over_mean``) of a step: max / mean of the module's replica
@@ -19,8 +19,7 @@ model (``language``):
   ``per_module`` holds each module's table (replicas, time per rank, slowest replica).
 * **vision_* aliases**: ``vision_replicas``, ``vision_steps``, ``vision_max_over_mean_*``,
   ``vision_time_mean``, ``vision_max_mean``, ``vision_per_rank``, ``slowest`` and the series'
-  ``vision_step`` / ``vision_max_over_mean`` are the previous release's keys (``STABLE_KEYS``),
-  kept for one release (docs/compatibility.md): the figures of the module ``vision_module`` names —
+  ``vision_step`` / ``vision_max_over_mean`` are aliases (``STABLE_KEYS``), kept for one release (docs/compatibility.md): the figures of the module ``vision_module`` names —
   the module named ``vision``; else the module whose ranks timed format 1's ``vision_*`` regions, or
   the only encoder (said in a warning). ``vision_module`` is null where those ranks are in no module.
 * **predicted spread** (``predicted_spreads_mean``): the mean over step lines of what the plan
@@ -91,7 +90,7 @@ _TAIL_ROWS: tuple[tuple[str, str, str, bool], ...] = (
     ("plan_wait_p50", "wait for the plan per step, slowest rank, p50", "s", True),
     ("plan_wait_max", "wait for the plan per step, slowest rank, max", "s", True),
 )
-#: The previous release's headline keys: aliases of one module's (``vision_module``), for one release.
+#: The vision_* headline keys: aliases of one module's (``vision_module``), kept for one release.
 VISION_KEYS = ("vision_max_over_mean_p50", "vision_max_over_mean_p99", "vision_max_over_mean_mean", "vision_time_mean",
                "vision_max_mean")
 _CHANGE_KEYS = (*(k for k, *_ in (*_RUN_ROWS, *_TAIL_ROWS)), *VISION_KEYS, "predicted_spread_mean", "step_time_mean")

@@ -115,7 +115,7 @@ name; ``M``: every module's)::
                     removed{per_micro_batch|window|window_replica: fraction | null},
                     plan_ms{window_p50, window_max, window_replica_p50}} | null}
 
-The previous release's names stay beside them for one release (docs/compatibility.md):
+These aliases stand beside them, kept for one release (docs/compatibility.md):
 ``vision_only`` (= ``encoder_only``, also in ``vision_only_p50`` / ``joint_over_vision_only``),
 ``balanced_vision`` (= ``balanced_replicas``, also ``balanced_vision_p50``), ``vision_speedup``
 (= ``speedup``, with ``balanced_vision_vs_contiguous`` and ``vision_time_saved``) and
@@ -273,7 +273,7 @@ def _stats(values: Sequence[float]) -> dict[str, float]:
 
 
 def _aliased(table: dict[str, Any], aliases: dict[str, str]) -> dict[str, Any]:
-    """``table`` with each key of ``aliases`` also under its old name (the previous release's keys)."""
+    """``table`` with each key of ``aliases`` also under its alias (kept for one release)."""
     return {**table, **{old: table[new] for new, old in aliases.items() if new in table}}
 
 
@@ -711,7 +711,7 @@ def _count(n: float) -> str:
 
 
 def _lead(doc: dict[str, Any]) -> str:
-    return doc.get("lead", "vision")  # a document of the previous release swept "vision"
+    return doc.get("lead", "vision")  # a document without "lead" swept "vision"
 
 
 def _cost_text(cm: dict[str, Any]) -> str:
