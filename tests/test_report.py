@@ -299,11 +299,11 @@ def test_the_html_has_real_tables_and_its_charts_embedded(tmp_path):
 
 
 def test_the_straggler_chart_draws_every_module_per_step(tmp_path):
-    from mimo_accel.tools.report import _figures, _pyplot
+    from mimo_accel.tools.report.charts import chart_figures, pyplot
 
     before = build(read_run(three_modules(tmp_path / "b", slow={"images": 2.0, "audios": 1.5, "language": 3.0})),
                    read_run(three_modules(tmp_path / "a", slow={}, label="accelerated")))
-    figures = _figures(before["before"], before["after"])
+    figures = chart_figures(before["before"], before["after"])
     caption, fig = figures[1]
     assert "per step" in caption
     axes = fig.axes
@@ -314,16 +314,16 @@ def test_the_straggler_chart_draws_every_module_per_step(tmp_path):
         assert list(before_line.get_ydata()) == pytest.approx([ratio] * 4)
         assert list(after_line.get_ydata()) == pytest.approx([1.0] * 4)
     for _, f in figures:
-        _pyplot().close(f)
+        pyplot().close(f)
 
 
 def test_the_html_without_matplotlib_keeps_its_tables_and_says_so(tmp_path, monkeypatch, capsys):
-    from mimo_accel.tools import report
+    from mimo_accel.tools.report import charts
 
     def no_matplotlib():
         raise RuntimeError("charts need matplotlib: pip install matplotlib (or mimo-accel[charts])")
 
-    monkeypatch.setattr(report, "_pyplot", no_matplotlib)
+    monkeypatch.setattr(charts, "pyplot", no_matplotlib)
     html = tmp_path / "r.html"
     assert main([str(two_by_two(tmp_path / "b")), "--html", str(html)], console=_console()) == 0
     page = _Page(html.read_text(encoding="utf-8"))

@@ -1,0 +1,103 @@
+"""``mimo-accel report BEFORE_DIR [AFTER_DIR] [--json PATH] [--html PATH] [--png PATH] [--warmup N]``:
+the report document (:func:`build`), its JSON, and the command."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from mimo_accel.profiler import NoProfileData, Run, read_run
+from mimo_accel.profiler import json_safe
+from mimo_accel.tools.arguments import UsageError, fail, nonnegative_int, output_file, parse, require_extra
+from mimo_accel.tools.report.charts import write_png
+from mimo_accel.tools.report.comparison import compare
+from mimo_accel.tools.report.console import render
+from mimo_accel.tools.report.html import write_html
+from mimo_accel.tools.report.summary import REPORT_FORMAT, summarize
+
+
+# --------------------------------------------------------------------------------------- main
+
+
+PROG = "mimo-accel report"
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog=PROG,
+        description="Report profiler runs (directories of rank<N>.jsonl): one run, or before vs after.",
+    )
+    p.add_argument("before", metavar="BEFORE_DIR", help="profile directory (the baseline in a comparison)")
+    p.add_argument("after", metavar="AFTER_DIR", nargs="?", help="profile directory to compare against BEFORE_DIR")
+    p.add_argument("--json", metavar="PATH", help="write the statistics as JSON")
+    p.add_argument("--html", metavar="PATH", help="write the report as HTML")
+    p.add_argument("--png", metavar="PATH", help="write charts (needs matplotlib)")
+    p.add_argument("--warmup", metavar="N", type=nonnegative_int, default=1,
+                   help="exclude the first N steps (default 1)")
+    return p
+
+
+def build(before: Run, after: Run | None = None, *, warmup: int = 1) -> dict[str, Any]:
+    """The JSON document of a report: ``{format, before, after, change, warnings}``."""
+    b = summarize(before, warmup=warmup)
+    a = summarize(after, warmup=warmup) if after is not None else None
+    cmp = compare(b, a) if a is not None else {"change": None, "warnings": []}
+    warnings = [f"before: {w}" if a is not None else w for w in b["warnings"]]
+    if a is not None:
+        warnings += [f"after: {w}" for w in a["warnings"]] + cmp["warnings"]
+    return {"format": REPORT_FORMAT, "before": b, "after": a, "change": cmp["change"], "warnings": warnings}
+
+
+def write_json(path: str | Path, doc: dict[str, Any], **extra: Any) -> None:
+    """Write a report document (:func:`build`) as strict JSON, its keys at the top level, with
+    ``extra`` fields beside them (``mimo-accel rehearse`` adds its own). Non-finite floats become
+    null; an ``extra`` key that is already a report key is refused."""
+    clash = sorted(set(extra) & set(doc))
+    if clash:
+        raise ValueError(f"report JSON: extra fields {clash} would replace report keys")
+    text = json.dumps(json_safe({**doc, **extra}), indent=2, allow_nan=False, default=str)
+    Path(path).write_text(text + "\n", encoding="utf-8")
+
+
+def main(argv: Sequence[str] | None = None, *, console: Console | None = None) -> int:
+    """``mimo-accel report``. Returns 0, or 2 (one ``mimo-accel report: error:`` line) on a bad command
+    line, an input without readable data or a failed export."""
+    args = parse(_parser(), argv)
+    if isinstance(args, int):
+        return args
+    try:
+        for flag in ("--json", "--html", "--png"):
+            output_file(flag, getattr(args, flag[2:]))
+        if args.png:
+            require_extra("--png", "matplotlib", "charts")
+        before = read_run(args.before)
+        after = read_run(args.after) if args.after else None
+    except (UsageError, NoProfileData) as e:
+        return fail(PROG, e)
+    doc = build(before, after, warmup=args.warmup)
+    for w in doc["warnings"]:
+        print(f"mimo-accel report: warning: {w}", file=sys.stderr)
+
+    render(doc["before"], doc["after"], console=console)
+
+    if args.json:
+        write_json(args.json, doc)
+    if args.html:
+        for w in write_html(doc, args.html):
+            print(f"mimo-accel report: warning: {w}", file=sys.stderr)
+    if args.png:
+        try:
+            write_png(doc["before"], doc["after"], args.png)
+        except RuntimeError as e:
+            return fail(PROG, e)
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
