@@ -615,15 +615,16 @@ def test_png_without_matplotlib_names_the_extra_before_any_work(inputs, no_work,
 
 
 def test_a_simulation_that_cannot_fit_is_refused_before_allocating(monkeypatch):
+    from mimo_accel.costs import CostModel
     from mimo_accel.tools import simulate as sim
     from mimo_accel.workloads import load_profile
 
     profile = load_profile("receipts")
-    monkeypatch.setattr(sim, "available_memory", lambda: 64 * 2**20)  # a machine with 64 MiB free
+    monkeypatch.setattr(sim.memory, "available_memory", lambda: 64 * 2**20)  # a machine with 64 MiB free
     with pytest.raises(sim.TooLarge) as err:
         sim.simulate(profile, [8], steps=4, samples_per_replica=100_000)  # 3.2 M samples: a few hundred MB
     text = str(err.value)
     assert "needs about 0." in text and "GiB of memory for its 3,200,000 samples (4 micro-batches of 800,000" in text
     assert "and 0.1 GiB is available" in text
-    monkeypatch.setattr(sim, "available_memory", lambda: 64 * 2**30)
-    sim.check_memory(profile, sim.CostModel(), 4, 800_000)  # fits: nothing said
+    monkeypatch.setattr(sim.memory, "available_memory", lambda: 64 * 2**30)
+    sim.check_memory(profile, CostModel(), 4, 800_000)  # fits: nothing said
