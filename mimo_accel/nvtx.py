@@ -42,6 +42,17 @@ def disable() -> None:
     _ops = False
 
 
+@contextlib.contextmanager
+def ranges_to(ops: Any) -> Iterator[None]:
+    """Every range of the block goes to ``ops`` (torch.cuda.nvtx's functions, or a recorder of them)."""
+    global _ops
+    saved, _ops = _ops, ops
+    try:
+        yield
+    finally:
+        _ops = saved
+
+
 def enabled() -> bool:
     """Whether this process emits NVTX ranges."""
     return _nvtx() is not None

@@ -17,6 +17,7 @@ from rich.console import Console
 from mimo_accel.costs import CostModel
 from mimo_accel.tools import cli
 from mimo_accel.tools import measure_costs as mc
+from mimo_accel.tools.measure_costs import devices as mc_devices
 
 ERROR = "mimo-accel calibrate-gpu: error: "
 
@@ -102,7 +103,7 @@ def test_packed_attention_attends_within_each_segment_only(causal, heads, groups
     bounds, dim = [0, 5, 12, 13], 8
     q = torch.randn(13, heads, dim, generator=g)
     k, v = torch.randn(13, groups, dim, generator=g), torch.randn(13, groups, dim, generator=g)
-    out = mc._sdpa_segments(q, k, v, bounds, causal, dim ** -0.5)
+    out = mc_devices._sdpa_segments(q, k, v, bounds, causal, dim ** -0.5)
     assert out.shape == (13, heads * dim)
     for start, stop in zip(bounds[:-1], bounds[1:]):  # the textbook softmax, one segment at a time
         n = stop - start

@@ -43,7 +43,7 @@ def _encoder_alone(rank, world):
 
     # What build_megatron_mimo_model provides inside MIMO (bridge/models/megatron_mimo/build_model.py).
     parallel_state._set_global_memory_buffer()
-    cpu._seed_cpu_rng_tracker(1)
+    cpu.seed_cpu_rng_tracker(1)
     torch.manual_seed(0)
     g = dist.group.WORLD
     spec = qwen3vl.encoder_spec(hidden=32, layers=1, heads=4, out_hidden=24)

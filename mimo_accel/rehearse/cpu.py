@@ -375,7 +375,7 @@ class _CpuRNGStatesTracker:
             torch.set_rng_state(caller)
 
 
-def _seed_cpu_rng_tracker(seed: int, tp_rank: int = 0, ep_rank: int = 0, etp_rank: int = 0) -> None:
+def seed_cpu_rng_tracker(seed: int, tp_rank: int = 0, ep_rank: int = 0, etp_rank: int = 0) -> None:
     """What ``model_parallel_cuda_manual_seed`` sets up, on CPU generators (same seed offsets)."""
     from megatron.core.tensor_parallel import random as mp_random
 
@@ -403,7 +403,7 @@ def _wrap_bridge_seeding(set_seeds):
                 tp, pp = dist.get_group_rank(pgs.tp, me), dist.get_group_rank(pgs.pp, me)
                 ep, etp = dist.get_group_rank(pgs.ep, me), dist.get_group_rank(pgs.expt_tp, me)
                 break
-        _seed_cpu_rng_tracker(seed + 100 * pp, tp, ep, etp)
+        seed_cpu_rng_tracker(seed + 100 * pp, tp, ep, etp)
 
     set_seeds_and_cpu_tracker.__wrapped__ = set_seeds
     return set_seeds_and_cpu_tracker

@@ -307,6 +307,7 @@ def check_timers(setup: _Setup) -> Check:
     """(b): the module timer's forward + backward against synchronize-bracketed wall time."""
     from mimo_accel.profiler import Recorder, attach_module_timer
     from mimo_accel.tools import measure_costs as cg
+    from mimo_accel.tools.measure_costs import models as cg_models
 
     title = "profiler CUDA-event module times vs wall time"
     stand_in = None if setup.cuda else "the recorder's wall clock (no CUDA events on a CPU) against wall time"
@@ -327,7 +328,7 @@ def check_timers(setup: _Setup) -> Check:
         return wall
 
     try:
-        block, measure, attention = cg._language_measure(shape, setup.pg, setup.device, setup.dtype, timed, 2,
+        block, measure, attention = cg_models.language_measure(shape, setup.pg, setup.device, setup.dtype, timed, 2,
                                                          _TIMER_REPEATS)
         timer = attach_module_timer(block, recorder, name=LANGUAGE)
         measure(point)
@@ -445,6 +446,7 @@ def check_online(setup: _Setup) -> Check:
     from mimo_accel.costs import CostModel
     from mimo_accel.costs.online import OnlineCalibration, spread_error
     from mimo_accel.tools import measure_costs as cg
+    from mimo_accel.tools.measure_costs import devices as cg_devices, models as cg_models
 
     title = "online calibration from the defaults"
     stand_in = None if setup.cuda else ("tiny modules on the CPU timed with thread CPU time; the gates are judged on "
@@ -452,10 +454,10 @@ def check_online(setup: _Setup) -> Check:
     n, steps, vision_dp, language_dp = _ONLINE[setup.size]
     dps = {VISION: vision_dp, LANGUAGE: language_dp}
     vision_shape, language_shape = cg.SIZES[setup.size]
-    timer = cg._CudaTimer(torch) if setup.cuda else _thread_timer
-    vision_model, vision_measure, vision_attention = cg._vision_measure(
+    timer = cg_devices.CudaTimer(torch) if setup.cuda else _thread_timer
+    vision_model, vision_measure, vision_attention = cg_models.vision_measure(
         vision_shape, language_shape, setup.pg, setup.device, setup.dtype, timer, 0, 1)
-    language_model, language_measure, language_attention = cg._language_measure(
+    language_model, language_measure, language_attention = cg_models.language_measure(
         language_shape, setup.pg, setup.device, setup.dtype, timer, 0, 1)
     def vision_seconds(group: list[_Sample]) -> float:
         images = tuple(i for s in group for i in s.images)
@@ -495,7 +497,7 @@ def check_online(setup: _Setup) -> Check:
         cal.refit(step + 1)
     elapsed = time.perf_counter() - t0
     for m in (vision_model, language_model):
-        cg._release(setup.device, m)
+        cg_models.release(setup.device, m)
 
     def last_half(values: list[float]) -> float:
         return float(np.median(values[len(values) // 2:]))
@@ -569,12 +571,9 @@ def _recording_nvtx(real: Any):
     once per process where ranges go; this swaps that decision for the block and restores it)."""
     from mimo_accel import nvtx
 
-    recorder, saved = _RangeRecorder(real), nvtx._ops
-    nvtx._ops = recorder
-    try:
+    recorder = _RangeRecorder(real)
+    with nvtx.ranges_to(recorder):
         yield recorder
-    finally:
-        nvtx._ops = saved
 
 
 def _exercise_ranges(setup: _Setup) -> None:
@@ -748,7 +747,7 @@ def main(argv: Optional[Sequence[str]] = None, *, console=None) -> int:
     """``mimo-accel gpu-check``: 0 when no check failed, 1 when one did, 2 when it cannot start."""
     from rich.console import Console
 
-    from mimo_accel.tools import measure_costs as cg
+    from mimo_accel.tools.measure_costs import devices as cg_devices
 
     args = parse(_parser(), argv)
     if isinstance(args, int):
@@ -767,9 +766,9 @@ def main(argv: Optional[Sequence[str]] = None, *, console=None) -> int:
     t0 = time.perf_counter()
     checks = []
     try:
-        with cg._session(setup.device, str(setup.log)) as pg:  # one rank of world size 1 (calibrate-gpu's)
+        with cg_devices.session(setup.device, str(setup.log)) as pg:  # one rank of world size 1 (calibrate-gpu's)
             setup.pg = pg
-            info = cg._device_info(setup.device, setup.dtype)
+            info = cg_devices.device_info(setup.device, setup.dtype)
             console.print(f"{PROG}: {info['name']} ({setup.device}, {setup.dtype}), size {setup.size}; checks "
                           f"{', '.join(keys)}", highlight=False)
             for key, title, fn in CHECKS:
