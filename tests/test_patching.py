@@ -247,3 +247,25 @@ def test_enable_logs_one_line_naming_what_is_on(logging_setup):
         return
     assert lines == [f"{prefix}enabled sharded_reads, reorder, packing {versions}",
                      f"{prefix}enabled packing, profile (/tmp/mimo-accel-unused) {versions}"]
+
+
+@pytest.mark.parametrize("kwargs, profiled", [
+    (dict(sharded_reads=True, packing=True), False),
+    (dict(reorder=True, calibrate_online=False), False),
+    (dict(profile="{d}"), True),
+    (dict(reorder=True), True),  # online calibration learns from the profiler's module timers
+    (dict(reorder=True, profile="{d}"), True),  # both rows keep the same Profiling: built once
+])
+def test_the_registry_builds_what_each_feature_keeps_in_the_runtime(tmp_path, kwargs, profiled):
+    from mimo_accel.patching import registry
+    from mimo_accel.patching.targets import SHAPES
+    from mimo_accel.runtime.profiling import Profiling
+
+    cfg = AccelConfig(**{k: v.format(d=tmp_path) if isinstance(v, str) else v for k, v in kwargs.items()})
+    for shape in SHAPES:
+        runtime = registry.runtime_for(cfg, shape)
+        assert runtime.config is cfg and runtime.native_packing == shape.native_packing
+        assert isinstance(runtime.profiling, Profiling) == profiled, (kwargs, runtime.profiling)
+        if profiled:
+            assert runtime.profiling.runtime is runtime
+        runtime.close()
