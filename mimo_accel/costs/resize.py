@@ -69,7 +69,6 @@ class ResizeRule:
         """Resized (height, width) in pixels, as Qwen2-VL's ``smart_resize`` computes them."""
         height = positive_int("height", height)
         width = positive_int("width", width)
-        factor = self.factor
         if max(height, width) / min(height, width) > _MAX_ASPECT:
             raise ValueError(
                 f"image of {height}x{width} px has an aspect ratio above {_MAX_ASPECT}; the Qwen-VL"

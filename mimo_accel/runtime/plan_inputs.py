@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Mapping, Optional, Sequence
+from typing import Mapping, Sequence
 
 from mimo_accel.runtime.rank_set import RankSet
 

@@ -219,7 +219,6 @@ def _fit_spec(run: Run, spec: _Spec, *, warmup: int, intercept: bool,
     what = spec.what
     obs = _observe(run, spec, warmup=warmup)
     warnings = list(run.warnings)
-    first_field = spec.features[0][0]
     if obs["dropped"]:
         counters = "/".join(f for f, _ in spec.features if f != spec.optional)
         counters = "patches/tokens" if not spec.module else counters

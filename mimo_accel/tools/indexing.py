@@ -395,7 +395,7 @@ def _rule_text(r: dict[str, Any]) -> str:
     if "audio" in r:
         a = r["audio"]
         length = (f"every clip padded to {a['max_samples'] / a['sampling_rate']:g} s" if a["pad"] else
-                  f"each clip's own length" + (f", cut at {a['max_samples'] / a['sampling_rate']:g} s"
+                  "each clip's own length" + (f", cut at {a['max_samples'] / a['sampling_rate']:g} s"
                                                if a["max_samples"] else ""))
         return (f"audio at {a['sampling_rate']:,} Hz, hop {a['hop_length']}, {a['frames_per_row']} frames per row; "
                 f"{length}")

@@ -218,7 +218,7 @@ def _calibrated(run_dir: Path, out_file: Path) -> tuple[Optional[str], str]:
     2.1-2.7% (the noise floor of those times is about 2%). A module the before-run cannot fit
     keeps the default cost of its kind (upstream's padded language batches compute as many tokens
     on every replica, so they tell nothing of the cost of real tokens), said in the note."""
-    from mimo_accel.costs import CostModel, ModuleCost
+    from mimo_accel.costs import CostModel
     from mimo_accel.profiler import read_run
     from mimo_accel.tools.calibrate import CalibrationError, fit_modules, modules_in
 
