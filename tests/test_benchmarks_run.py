@@ -24,13 +24,6 @@ CASES = [
     pytest.param("bench_index.py", ["--parts", "manifest,mapped", "--manifest-files", "20", "--manifest-lines", "200",
                                     "--mapped", "20000", "--before", "5000", "--procs", "2", "--batches", "1",
                                     "--batch", "64"], "memory-mapped", id="index-mapped"),
-    pytest.param("bench_plan_check.py", ["--ranks", "8,64", "--windows", "3"], "store ops per window",
-                 id="plan-check"),
-    pytest.param("bench_calibration.py", ["--ranks", "8", "--steps", "12", "--work-s", "0.01"], "announcements",
-                 id="calibration"),
-    pytest.param("bench_plan_ahead.py", ["--windows", "2", "--layouts", "1:1,three", "--work-s", "0.01",
-                                         "--samples", "256", "--groups", "32"],
-                 "same as serial", id="plan-ahead", marks=pytest.mark.megatron),
     pytest.param("bench_reads.py", ["--dp", "1,2", "--steps", "1"], "cluster", id="reads",
                  marks=pytest.mark.distributed),
     pytest.param("bench_loss_normalisation.py", ["--iters", "1"], "+ reorder (joint)", id="loss-normalisation",
@@ -54,3 +47,24 @@ def test_the_index_benchmark_runs(monkeypatch, capsys):
     assert done.value.code in (0, None)
     out = capsys.readouterr().out
     assert "headers probed per second" in out and "extrapolated time" in out
+
+
+# run in the test's process: their time would be importing torch and Megatron again
+IN_PROCESS = [
+    pytest.param("bench_plan_check.py", ["--ranks", "8,64", "--windows", "3"], "store ops per window",
+                 id="plan-check"),
+    pytest.param("bench_calibration.py", ["--ranks", "8", "--steps", "12", "--work-s", "0.01"], "announcements",
+                 id="calibration"),
+    pytest.param("bench_plan_ahead.py", ["--windows", "2", "--layouts", "1:1,three", "--work-s", "0.01",
+                                         "--samples", "256", "--groups", "32"], "same as serial", id="plan-ahead"),
+]
+
+
+@pytest.mark.parametrize("script, args, expect", IN_PROCESS)
+def test_benchmark_runs_here(script, args, expect, monkeypatch, capsys):
+    monkeypatch.setattr(sys, "argv", [script, *args])
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    with pytest.raises(SystemExit) as done:
+        runpy.run_path(str(ROOT / "benchmarks" / script), run_name="__main__")
+    assert done.value.code in (0, None)
+    assert expect.lower() in capsys.readouterr().out.lower()

@@ -73,8 +73,10 @@ def _read(vdp, ldp, batches, index, window=1):
     out = {}
     for ctx in _contexts(vdp, ldp):
         planner = CostIndexPlanner(index, CostModel(), ctx.modules)
+        # the plan on the planner thread itself: forking a planner per replica and example would be the
+        # test's time (the forked planner: tests/test_plan_ahead.py)
         out[(ctx.module, ctx.dp_rank)] = list(ShardedBatchSampler(batches, ctx, planner, window=window,
-                                                                  step_micro_batches=2))
+                                                                  step_micro_batches=2, in_process=False))
     return out
 
 

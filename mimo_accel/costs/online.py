@@ -89,8 +89,11 @@ def features_of(module: str) -> tuple[str, ...]:
 
 
 def _shares(x: np.ndarray) -> Optional[np.ndarray]:
-    mean = float(x.mean()) if x.size else 0.0
-    return x / mean if mean > 0 and math.isfinite(mean) else None
+    top = float(x.max()) if x.size else 0.0
+    if not (top > 0 and math.isfinite(top)):
+        return None
+    y = x / top  # scaled first: a mean of subnormal times would round to nothing
+    return y / float(y.mean())
 
 
 def replica_share_error(predicted: Any, measured: Any) -> float:
