@@ -29,6 +29,7 @@ import torch.distributed as dist
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from bench_metrics import _State  # noqa: E402  (Bridge's GlobalState as the writing rank sees it)
 from bench_plan_ahead import busy, calibrate  # noqa: E402
 
 from mimo_accel.costs import CostModel  # noqa: E402
@@ -36,20 +37,6 @@ from mimo_accel.runtime.calibration import Calibration  # noqa: E402
 from mimo_accel.runtime.metrics import Metrics, rank_figures  # noqa: E402
 
 TRUE = {"vision": np.array([2e-5, 1e-9, 5e-3]), "language": np.array([1e-5, 5e-7])}
-
-
-class _State:
-    """Bridge's GlobalState as the writing rank sees it, writing nowhere."""
-
-    class cfg:  # noqa: N801
-        class logger:  # noqa: N801
-            log_interval = 1
-
-    class train_state:  # noqa: N801
-        step = 0
-
-    tensorboard_logger = None
-    wandb_logger = None
 
 
 def _figures(rng, world: int) -> list[tuple[dict, dict]]:

@@ -26,6 +26,19 @@ MBS = 4
 DIFFER_FROM = 5  # the window (micro-batch) from which one rank plans differently
 
 
+def _train_loader(layout, grids):
+    """Bridge's own train loader over varied synthetic samples, built as its builders build it."""
+    from megatron.bridge.data.megatron_mimo.loaders import build_megatron_mimo_data_loaders
+
+    provider = st.build_provider(st.StackConfig(layout=layout))
+    provider._grids = grids
+    data = st.make_data_provider(lambda n: st.SyntheticVLMDataset(n, st.VariedSpec(), seq_length=64,
+                                                                 patch_dim=24, vocab_size=256))
+    train, _, _ = build_megatron_mimo_data_loaders(loader_config(provider, MBS),
+                                                   SimpleNamespace(consumed_train_samples=0), data, 64, 0, 0)
+    return train
+
+
 def _read(rank, world, vision_dp, differ_on):
     import mimo_accel
     from mimo_accel import planner
@@ -43,14 +56,7 @@ def _read(rank, world, vision_dp, differ_on):
         planner.CostIndexPlanner.__call__ = differing
     mimo_accel.enable(sharded_reads=True, reorder=True)
     try:
-        from megatron.bridge.data.megatron_mimo.loaders import build_megatron_mimo_data_loaders
-
-        provider = st.build_provider(st.StackConfig(layout=layout))
-        provider._grids = grids
-        data = st.make_data_provider(lambda n: st.SyntheticVLMDataset(n, st.VariedSpec(), seq_length=64,
-                                                                     patch_dim=24, vocab_size=256))
-        train, _, _ = build_megatron_mimo_data_loaders(loader_config(provider, MBS),
-                                                       SimpleNamespace(consumed_train_samples=0), data, 64, 0, 0)
+        train = _train_loader(layout, grids)
         it = iter(train)
         ids, error = [], None
         try:
@@ -148,14 +154,7 @@ def _read_exchanged(rank, world, differ_on):
         reorder.plan_exchange = differing
     mimo_accel.enable(sharded_reads=True, reorder=True, reorder_mode="exchange")
     try:
-        from megatron.bridge.data.megatron_mimo.loaders import build_megatron_mimo_data_loaders
-
-        provider = st.build_provider(st.StackConfig(layout=layout))
-        provider._grids = grids
-        data = st.make_data_provider(lambda n: st.SyntheticVLMDataset(n, st.VariedSpec(), seq_length=64,
-                                                                     patch_dim=24, vocab_size=256))
-        train, _, _ = build_megatron_mimo_data_loaders(loader_config(provider, MBS),
-                                                       SimpleNamespace(consumed_train_samples=0), data, 64, 0, 0)
+        train = _train_loader(layout, grids)
         ids, error = [], None
         try:
             for batch in train:
