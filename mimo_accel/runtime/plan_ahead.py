@@ -113,7 +113,7 @@ class ForkedPlanner:
         try:
             kind, value, rest, said = self._conn.recv()
         except EOFError:
-            self.process.join(timeout=1.0)
+            self._reap(1.0)
             raise RuntimeError(f"mimo_accel: the planner process exited (exit code {self.process.exitcode}) "
                                "while planning; was it killed (out of memory)?") from None
         for key, message in said:
@@ -129,10 +129,18 @@ class ForkedPlanner:
         except (OSError, ValueError):
             pass  # the child is gone already
         self._conn.close()
-        self.process.join(timeout=5.0)
-        if self.process.is_alive():
+        self._reap(5.0)
+
+    def _reap(self, timeout_s: float) -> None:
+        """Wait up to ``timeout_s`` for the child to exit, then end it. Asks the kernel (waitpid), not
+        ``join(timeout)``'s sentinel pipe: a process that another thread forks meanwhile (a DataLoader
+        worker) can inherit that pipe's open end and hold it until it exits itself."""
+        deadline = time.monotonic() + timeout_s
+        while self.process.exitcode is None and time.monotonic() < deadline:
+            time.sleep(0.002)
+        if self.process.exitcode is None:
             self.process.terminate()
-            self.process.join()
+        self.process.join()  # no timeout: waitpid itself
 
 
 def can_fork() -> bool:
@@ -174,8 +182,9 @@ class PassSpec:
     models: Optional[Callable[[int], Any]] = None
 
 
-def _feed(spec: PassSpec, out: "queue.Queue", stop: threading.Event) -> None:
-    """The planner thread: plan, agree and queue each window of the pass, ahead of training."""
+def _feed(spec: PassSpec, out: "queue.Queue", stop: threading.Event, worker) -> None:
+    """The planner thread: plan, agree and queue each window of the pass, ahead of training, with
+    ``worker`` (a ForkedPlanner or InlinePlanner, closed when the pass ends)."""
 
     def put(item) -> bool:
         while not stop.is_set():
@@ -188,9 +197,7 @@ def _feed(spec: PassSpec, out: "queue.Queue", stop: threading.Event) -> None:
 
     check, posted = spec.check, False
     ordinal = 0
-    worker = None
     try:
-        worker = ForkedPlanner(spec.planner) if spec.in_process and can_fork() else InlinePlanner(spec.planner)
         for ordinal, batches, state, first_micro_batch in spec.windows():
             posted = False
             if stop.is_set():
@@ -217,8 +224,7 @@ def _feed(spec: PassSpec, out: "queue.Queue", stop: threading.Event) -> None:
                 logger.exception("mimo_accel: could not tell the other ranks that planning failed")
         put(("error", exc, None))
     finally:
-        if worker is not None:
-            worker.close()
+        worker.close()
 
 
 class PlannedPass:
@@ -237,7 +243,11 @@ class PlannedPass:
         self._pending: deque = deque()
         self._done = False
         self.untaken = True  # nothing taken from this pass yet
-        self.thread = threading.Thread(target=_feed, args=(spec, self._queue, self._stop), daemon=True,
+        # Forked here, on the thread that makes the pass (the one that forks the DataLoader's workers
+        # too): a fork from the planner thread, racing one from that thread, hands each child the
+        # other's half-made pipes, and each then waits seconds on the other's exit.
+        worker = ForkedPlanner(spec.planner) if spec.in_process and can_fork() else InlinePlanner(spec.planner)
+        self.thread = threading.Thread(target=_feed, args=(spec, self._queue, self._stop, worker), daemon=True,
                                        name=f"mimo-accel-plan-ahead-{spec.pass_no}")
         self.thread.start()
         weakref.finalize(self, self._stop.set)
