@@ -281,6 +281,25 @@ def test_a_feature_that_never_differs_within_a_step_keeps_its_coefficient():
     assert "items (k) never differs between its replicas within a step" in message
 
 
+def test_a_coefficient_the_plan_equalised_takes_the_time_the_others_leave():
+    # Started with no quadratic term, the plan gave every replica the same rows: the steps tell b
+    # (Σ rows² differs) but not a. The first refit puts into a·rows what b·Σ rows² leaves of the
+    # time, rather than keep the start's a scaled to all of it.
+    truth = ModuleCost(5e-5, 1.1e-7, 0.0)
+    rng = np.random.default_rng(3)
+    cal = OnlineCalibration(CostModel(modules={VISION: ModuleCost(1.0, 0.0, 0.0)}), [VISION])
+    for step in range(8):
+        rows = np.full(4, float(rng.integers(2000, 3500)))
+        sq = rng.uniform(0.3e6, 1.4e6, 4)
+        f = np.column_stack([rows, sq, np.full(4, 16.0)])
+        cal.observe(step, VISION, f, truth.a * rows + truth.b * sq)
+        if cal.refit(step + 1):
+            break
+    [refit] = cal.refits
+    assert refit.coefficients.a == pytest.approx(truth.a, rel=0.05)
+    assert refit.coefficients.b == pytest.approx(truth.b, rel=0.05)
+
+
 def test_one_replica_cannot_teach_anything_and_says_so():
     said = []
     cal = OnlineCalibration(CostModel(), [VISION], every=1, notify=lambda key, message: said.append((key, message)))

@@ -27,9 +27,11 @@ observed steps, the newest ``held_out`` share of them held out:
    than follow the noise), so a few noisy steps cannot swing the coefficients and many steps
    outweigh it.
 4. **Only what the steps can tell.** A feature that never differs between the replicas of a step
-   (equal image counts everywhere: ``k`` cannot be told from the per-step level) is left out and
-   its coefficient held at its current value. Features that vary together are resolved by the
-   prior.
+   (equal image counts everywhere: ``k`` cannot be told from the per-step level) is left out of the
+   fit, its coefficient in the current model's proportion to the rest. Features that vary together are resolved by the
+   prior. The prior's centre is then moved to the fit, scaled so its work totals the measured
+   time, and the fit repeated: what the steps cannot tell takes the share of the time that what
+   they tell leaves (a start without a quadratic term gave its linear term all of it).
 5. **Better on held-out steps, or not at all.** Both models (each with its fitted overhead)
    predict every held-out step's replica times; the error of a step is the largest error in a
    replica's share of the step's mean time, ``max_r |p_r/mean(p) − m_r/mean(m)|``
@@ -80,6 +82,7 @@ _VARIES = 1e-9  # a feature varies within steps if its within-step rms exceeds t
 # information, and without the floor its prior would carry as little, leaving its coefficient to
 # the noise (in simulation: fits dropped as implausible from starts only 3-10x off).
 _PRIOR_FLOOR = 0.05
+_RECENTRE = 16  # fits with the prior's centre moved to the candidate (see _within_step_fit)
 
 
 def features_of(module: str) -> tuple[str, ...]:
@@ -345,7 +348,7 @@ class OnlineCalibration:
             # ... and held to as priced so that its work is the measured time (the fitted split of
             # scale and overhead is loose while the plan keeps the model's own costs even)
             centre = _in_seconds(x @ current, y) * current
-            w, varying = _within_step_fit(train, centre, self.prior)
+            w, varying = _within_step_fit(train, centre, self.prior, x, y)
         names = features_of(module)
         if not varying.any():
             self._say(f"online:{module}:nothing-varies",
@@ -357,7 +360,8 @@ class OnlineCalibration:
             held = [f"{names[j]} ({_COEFFICIENTS[j]})" for j in np.flatnonzero(~varying)]
             self._say(f"online:{module}:held:{','.join(held)}",
                       f"mimo_accel online calibration: {module}: {', '.join(held)} never differs between its "
-                      "replicas within a step, so its coefficient is held at the current value")
+                      "replicas within a step, so the steps cannot tell its coefficient (it keeps the current "
+                      "model's proportion)")
         with np.errstate(all="ignore"):
             problem = self._implausible(module, w, centre, x)
         if problem is not None:
@@ -483,8 +487,15 @@ class _Steps:
         return float(worst.mean()) if worst.size else math.nan
 
 
-def _within_step_fit(train: _Steps, centre: np.ndarray, prior: float) -> tuple[np.ndarray, np.ndarray]:
-    """The candidate coefficients and which features varied within steps (the others held)."""
+def _within_step_fit(train: _Steps, centre: np.ndarray, prior: float, x: np.ndarray,
+                     y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The candidate coefficients and which features varied within steps (the others held).
+
+    The prior's centre is then moved to the candidate, scaled so that its work totals the measured
+    time, and the fit made again (:data:`_RECENTRE` times): what the steps tell (a coefficient
+    whose feature varies) stays as they tell it, and what they cannot tell (a feature the plan has
+    equalised) takes the share of the time the rest leaves, rather than keep the share a wrong
+    current model gave it (all of it, when that model has no term for the rest)."""
     xt = train.features - train.step_means(train.features)
     yt = train.seconds - train.step_means(train.seconds)
     size = np.abs(train.features).mean(axis=0)
@@ -493,11 +504,19 @@ def _within_step_fit(train: _Steps, centre: np.ndarray, prior: float) -> tuple[n
     w = centre.copy()
     if not varying.any():
         return w, varying
-    yt = yt - xt[:, ~varying] @ centre[~varying]
     s = np.sqrt(energy[varying])
     z = xt[:, varying] / s
     root = math.sqrt(prior) * np.maximum(1.0, _PRIOR_FLOOR * size[varying] / s)
-    w[varying] = _small_nnls(np.vstack([z, np.diag(root)]), np.concatenate([yt, root * centre[varying] * s])) / s
+    # ||A·v − b||² = ||R·v − Qᵀb||² + const: A = [z; diag(root)] is factored once, and each fit
+    # is a k × k problem whatever the number of rows
+    q, r = np.linalg.qr(np.vstack([z, np.diag(root)]))
+    q_data, q_prior = q[:z.shape[0]], q[z.shape[0]:]
+    for i in range(_RECENTRE + 1):
+        if i:
+            centre = _in_seconds(x @ w, y) * w
+            w = centre.copy()
+        target = q_data.T @ (yt - xt[:, ~varying] @ centre[~varying]) + q_prior.T @ (root * centre[varying] * s)
+        w[varying] = nnls(r, target) / s
     return w, varying
 
 
