@@ -302,7 +302,8 @@ def test_a_coefficient_the_plan_equalised_takes_the_time_the_others_leave():
 
 def test_one_replica_cannot_teach_anything_and_says_so():
     said = []
-    cal = OnlineCalibration(CostModel(), [VISION], every=1, notify=lambda key, message: said.append((key, message)))
+    cal = OnlineCalibration(CostModel(), [VISION], min_steps=6, every=1,
+                            notify=lambda key, message: said.append((key, message)))
     for step in range(10):
         _observations(cal, 1, TRUE, start=step, seed=step, replicas=1)
         assert cal.refit(step + 1) == ()
@@ -331,7 +332,7 @@ def test_a_wildly_different_fit_is_dropped_and_said_once():
     """Replica times that differ far more than their features do (something else drives them):
     fitted as they are, a·rows would be thousands of times the measured time."""
     said = []
-    cal = OnlineCalibration(CostModel(), [VISION], every=2, prior=0.0,
+    cal = OnlineCalibration(CostModel(), [VISION], min_steps=6, every=2, prior=0.0,
                             notify=lambda key, message: said.append((key, message)))
     rng = np.random.default_rng(0)
     for step in range(10):
@@ -430,7 +431,7 @@ def test_bad_observations_are_clear_errors(call, match):
 
 @pytest.mark.parametrize("kwargs, match", [
     ({"min_steps": 2}, "min_steps must be an integer >= 3"),
-    ({"window": 4}, "window must be an integer >= 6"),
+    ({"min_steps": 6, "window": 4}, "window must be an integer >= 6"),
     ({"held_out": 0.0}, "held_out must be > 0"),
     ({"prior": -1.0}, "prior must be a number"),
     ({"bound": 0.5}, "bound must be a number"),

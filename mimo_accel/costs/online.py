@@ -196,7 +196,7 @@ class OnlineCalibration:
     (default: a warning on this module's logger, once per key).
     """
 
-    def __init__(self, start: CostModel, modules: Sequence[str], *, min_steps: int = 6, every: int = 2,
+    def __init__(self, start: CostModel, modules: Sequence[str], *, min_steps: int = 4, every: int = 1,
                  window: int = 32, held_out: float = 0.25, prior: float = 2.0, warmup: int = 0,
                  min_gain: float = 0.02, bound: float = BOUND,
                  notify: Optional[Callable[[str, str], object]] = None) -> None:
