@@ -17,6 +17,7 @@ from importlib import metadata
 
 import pytest
 
+from tests import _early
 from mimo_accel.rehearse import cpu
 from mimo_accel.rehearse import ranks as _ranks
 
@@ -83,6 +84,15 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.get_closest_marker("megatron") is not None:
             item.add_marker(skip)
+
+
+def pytest_collection_finish(session):
+    _early.start({item.module.__name__ for item in session.items if item.module is not None},
+                 megatron_installed=not session.config._mimo_missing)
+
+
+def pytest_sessionfinish(session):
+    _early.clean()
 
 
 def pytest_report_header(config):

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from tests import _early
+
 from mimo_accel.tools import cli
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -195,11 +197,10 @@ def build():
 """
 
 
-@pytest.fixture(scope="module")
-def quiet_commands(tmp_path_factory):
+def _declare_quiet_commands() -> dict:
     """`doctor` and `index --dataset`, each importing Megatron in an interpreter of its own, started
-    side by side (the test process only waits): name -> (completed process, its log, extra path)."""
-    d = tmp_path_factory.mktemp("quiet")
+    early (tests/_early.py): name -> (its log, the factory file)."""
+    d = _early.scratch("quiet")
     (d / "logs").mkdir()  # an output's directory must exist (docs/usage.md)
     factory = d / "my_train.py"
     factory.write_text(BAD_FACTORY)
@@ -208,14 +209,19 @@ def quiet_commands(tmp_path_factory):
         "index": (["index", "--dataset", f"{factory}:build", "--log", str(d / "logs" / "index.log")], {},
                   d / "logs" / "index.log"),
     }
-    started = {name: subprocess.Popen([sys.executable, "-m", "mimo_accel", *args], cwd=ROOT, env=_clean_env(**env),
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-               for name, (args, env, _) in commands.items()}
-    done = {}
-    for name, proc in started.items():
-        out, err = proc.communicate(timeout=120)
-        done[name] = (subprocess.CompletedProcess(proc.args, proc.returncode, out, err), commands[name][2], factory)
-    return done
+    for name, (args, env, _) in commands.items():
+        _early.command(f"quiet-{name}", [sys.executable, "-m", "mimo_accel", *args], module=__name__, cwd=ROOT,
+                       env=_clean_env(**env), timeout_s=120)
+    return {name: (log, factory) for name, (_, _, log) in commands.items()}
+
+
+_QUIET = _declare_quiet_commands()
+
+
+@pytest.fixture(scope="module")
+def quiet_commands():
+    """name -> (completed process, its log, extra path)."""
+    return {name: (_early.result(f"quiet-{name}"), log, factory) for name, (log, factory) in _QUIET.items()}
 
 
 @pytest.mark.megatron

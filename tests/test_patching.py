@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import _early
 import mimo_accel
 from mimo_accel.tools import cli
 from mimo_accel.config import AccelConfig, ConfigError
@@ -29,33 +30,24 @@ _PROBES = {  # mode -> (extra environment, through the launcher)
 }
 
 
-def _start_probe(mode: str) -> subprocess.Popen:
+def _declare_probe(mode: str) -> None:
     env_extra, launcher = _PROBES[mode]
     env = {k: v for k, v in os.environ.items() if not k.startswith("MIMO_ACCEL")}
     env.update(env_extra)
     if launcher:
         env = cli.launcher_env(env)
-    return subprocess.Popen([sys.executable, str(PROBE), mode], env=env, cwd=ROOT, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    _early.command(f"patch-probe-{mode}", [sys.executable, str(PROBE), mode], module=__name__, env=env, cwd=ROOT,
+                   timeout_s=240)
 
 
-@pytest.fixture(scope="module")
-def probes():
-    """Every probe's fresh interpreter started at once (each spends seconds importing megatron;
-    side by side they share this machine's cores); each test reads its own."""
-    started = {mode: _start_probe(mode) for mode in _PROBES}
-    yield started
-    for proc in started.values():
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
+for _mode in _PROBES:  # each probe's fresh interpreter spends seconds importing megatron: started early
+    _declare_probe(_mode)
 
 
-def _probe(probes: dict, mode: str) -> dict:
-    proc = probes[mode]
-    stdout, stderr = proc.communicate(timeout=240)
-    lines = [l for l in stdout.splitlines() if l.startswith("PROBE ")]
-    assert proc.returncode == 0 and lines, f"probe {mode} failed (rc {proc.returncode}):\n{stderr[-3000:]}"
+def _probe(mode: str) -> dict:
+    proc = _early.result(f"patch-probe-{mode}")
+    lines = [l for l in proc.stdout.splitlines() if l.startswith("PROBE ")]
+    assert proc.returncode == 0 and lines, f"probe {mode} failed (rc {proc.returncode}):\n{proc.stderr[-3000:]}"
     return json.loads(lines[-1][len("PROBE "):])
 
 
@@ -71,26 +63,26 @@ def _check_patched_and_restored(out: dict) -> None:
 
 @pytest.mark.megatron
 @pytest.mark.parametrize("mode", ["before", "after"])
-def test_enable_before_or_after_importing_megatron_bridge(probes, mode):
-    _check_patched_and_restored(_probe(probes, mode))
+def test_enable_before_or_after_importing_megatron_bridge(mode):
+    _check_patched_and_restored(_probe(mode))
 
 
 @pytest.mark.megatron
-def test_qwen_example_script_shape_is_reached_through_call_time_lookups(probes):
+def test_qwen_example_script_shape_is_reached_through_call_time_lookups():
     # forward_step and pretrain_megatron_mimo imported by value at the top of the script, then
     # enable(): the by-value forward_step still resolves the slicing helper in its module globals,
     # and pretrain_megatron_mimo looks up train_megatron_mimo at call time.
-    out = _probe(probes, "script")
+    out = _probe("script")
     assert out["script_forward_step_sees_replacement"] is True
     assert out["pretrain_entry_wrapped"] is True
     _check_patched_and_restored(out)
 
 
 @pytest.mark.megatron
-def test_launcher_enables_every_python_process_from_the_environment(probes):
+def test_launcher_enables_every_python_process_from_the_environment():
     # `mimo-accel run` puts the bootstrap sitecustomize first on PYTHONPATH; the probe (mode
     # "env") never calls enable() itself.
-    out = _probe(probes, "env")
+    out = _probe("env")
     assert out["mimo_accel_imported_at_start"] is True
     _check_patched_and_restored(out)
 

@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import ast
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests import _early
 
 # The CPU rehearsal kit, the offline tools and the workload profiles (their own subpackages):
 # nothing a training job needs.
@@ -62,8 +63,11 @@ print("RESULT " + json.dumps(sorted(m for m in sys.modules if m.startswith("mimo
 """
 
 
+_early.command("imports-pure", [sys.executable, "-c", _PURE], module=__name__, needs_megatron=False)
+
+
 def test_the_package_the_planner_and_the_patches_load_no_tool_kit_or_profile():
-    proc = subprocess.run([sys.executable, "-c", _PURE], capture_output=True, text=True, timeout=300)
+    proc = _early.result("imports-pure")
     assert proc.returncode == 0, proc.stderr[-3000:]
     line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT "))
     loaded = json.loads(line[len("RESULT "):])
@@ -89,10 +93,13 @@ print("RESULT " + json.dumps({"new": sorted(after - before), "patched": len(stat
 """
 
 
+# Importing Megatron takes seconds: started early (tests/_early.py).
+_early.command("imports-job", [sys.executable, "-c", _JOB, str(_early.scratch("job") / "prof")], module=__name__)
+
+
 @pytest.mark.megatron
-def test_enable_on_a_training_job_never_imports_the_rehearsal_kit(tmp_path):
-    proc = subprocess.run([sys.executable, "-c", _JOB, str(tmp_path / "prof")], capture_output=True, text=True,
-                          timeout=300)
+def test_enable_on_a_training_job_never_imports_the_rehearsal_kit():
+    proc = _early.result("imports-job")
     assert proc.returncode == 0, proc.stderr[-3000:]
     line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT "))
     result = json.loads(line[len("RESULT "):])
