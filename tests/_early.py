@@ -14,8 +14,8 @@ import shutil
 import subprocess
 import tempfile
 import threading
-from pathlib import Path
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Optional
 
 
