@@ -218,6 +218,11 @@ class CostModel:
         if missing:
             raise ValueError(f"{path}: missing coefficients {missing}")
         try:
-            return cls(a=doc["a"], b=doc["b"], c=doc["c"], fit=doc.get("fit", {}), modules=doc.get("modules", {}))
+            return cls.from_doc(doc)
         except (ValueError, TypeError) as exc:
             raise ValueError(f"{path}: {exc}") from None
+
+    @classmethod
+    def from_doc(cls, doc: dict[str, Any]) -> CostModel:
+        """The model of a JSON object :meth:`to_doc` made (its coefficients checked, not its keys)."""
+        return cls(a=doc["a"], b=doc["b"], c=doc["c"], fit=doc.get("fit", {}), modules=doc.get("modules", {}))

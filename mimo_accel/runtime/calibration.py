@@ -61,12 +61,8 @@ class Announcement:
 
     @classmethod
     def from_doc(cls, doc: dict) -> "Announcement":
-        return cls(int(doc["number"]), int(doc["step"]), int(doc["learnt_through"]), _model_of(doc["model"]),
+        return cls(int(doc["number"]), int(doc["step"]), int(doc["learnt_through"]), CostModel.from_doc(doc["model"]),
                    {str(k): float(v) for k, v in doc.get("overheads", {}).items()}, tuple(doc.get("refits", ())))
-
-
-def _model_of(doc: dict) -> CostModel:
-    return CostModel(a=doc["a"], b=doc["b"], c=doc["c"], fit=doc.get("fit", {}), modules=doc.get("modules", {}))
 
 
 class Schedule:

@@ -160,10 +160,7 @@ def step_scalars(figures: Iterable[dict]) -> dict[str, float]:
         out[f"{PREFIX}/{m}/straggler_planned"] = v
         if (measured := out.get(f"{PREFIX}/{m}/straggler")) is not None:
             out[f"{PREFIX}/{m}/predicted_error"] = abs(v - measured)
-    tokens: dict[int, float] = {}
-    for f in by_module.get(LANGUAGE, ()):
-        if f["tokens"] is not None:
-            tokens[f["dp_rank"]] = max(tokens.get(f["dp_rank"], 0.0), f["tokens"])
+    tokens = _language_tokens(figures)
     if tokens:
         out[f"{PREFIX}/{LANGUAGE}/tokens_max"] = max(tokens.values())
         out[f"{PREFIX}/{LANGUAGE}/tokens_mean"] = sum(tokens.values()) / len(tokens)
@@ -178,12 +175,18 @@ def step_scalars(figures: Iterable[dict]) -> dict[str, float]:
     return out
 
 
-def step_histograms(figures: Iterable[dict]) -> dict[str, list[float]]:
-    """The distributions of one step, one value per replica: ``language/tokens``."""
+def _language_tokens(figures: Iterable[dict]) -> dict[int, float]:
+    """The real tokens of each language replica this step (the most any of its ranks counted)."""
     tokens: dict[int, float] = {}
     for f in figures:
         if f["module"] == LANGUAGE and f["tokens"] is not None:
             tokens[f["dp_rank"]] = max(tokens.get(f["dp_rank"], 0.0), f["tokens"])
+    return tokens
+
+
+def step_histograms(figures: Iterable[dict]) -> dict[str, list[float]]:
+    """The distributions of one step, one value per replica: ``language/tokens``."""
+    tokens = _language_tokens(figures)
     return {f"{PREFIX}/{LANGUAGE}/tokens": [tokens[d] for d in sorted(tokens)]} if tokens else {}
 
 
