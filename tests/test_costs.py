@@ -273,7 +273,7 @@ GOOD_HEADER = {"format": "mimo-accel-cost-index/1", "length": 2, "rule": ResizeR
 @pytest.mark.parametrize(
     ("header", "arrays", "message"),
     [
-        ({**GOOD_HEADER, "format": "other/1"}, {}, "expected format 'mimo-accel-cost-index/3'"),
+        ({**GOOD_HEADER, "format": "other/1"}, {}, "expected format 'mimo-accel-cost-index/4'"),
         ({**GOOD_HEADER, "length": 3}, {}, "header says 3 samples, arrays hold 2"),
         (GOOD_HEADER, {"tokens": np.array([3, -2])}, "tokens has negative entries"),
         (GOOD_HEADER, {"patches": np.array([4.0, 0.0])}, "patches must be a 1-D integer array"),

@@ -365,7 +365,7 @@ def test_a_cache_of_the_older_format_is_used_and_rewritten_memory_mapped(tmp_pat
     monkeypatch.setattr(MimoDatasetSource, "_probe_chunk", lambda *a: pytest.fail("probed again"))
     old = shared_index.derive_cost_index(ds, cache_dir=cache)
     assert not old.mapped and old.digest() == first.digest() and "read whole into this process's memory" in caplog.text
-    assert json.loads(str(np.load(npz)["header"]))["format"] == "mimo-accel-cost-index/3"
+    assert json.loads(str(np.load(npz)["header"]))["format"] == "mimo-accel-cost-index/4"
     assert shared_index.derive_cost_index(ds, cache_dir=cache).mapped
 
 

@@ -1,7 +1,8 @@
-"""The cost index file (format v3): narrow columns memory-mapped where they lie in a stored .npz,
-bounds on what a column may hold, costs equal to int64 arithmetic, the older formats, and damage
-(truncated, out of range, another format) named with the file and the fix. At a small size; the
-100 M-sample figures are benchmarks/bench_index.py --parts mapped."""
+"""The cost index file (format v4): columns packed in the bits their values need, memory-mapped
+where they lie in a stored .npz, bounds on what a column may hold, costs equal to int64 arithmetic,
+the older formats (v3's byte-aligned columns still mapped), and damage (truncated, out of range,
+another format) named with the file and the fix. At a small size; the 100 M-sample figures are
+benchmarks/bench_index.py --parts mapped."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import pytest
 
 from mimo_accel.costs import AudioRule, CostIndex, CostModel, FixedPatches, ModuleCost, ResizeRule
 from mimo_accel.costs.index_file import MappedArrays, write_arrays
+from mimo_accel.costs.packed import PackedColumn
 from mimo_accel.modules import Modules
 
 RULE = ResizeRule()
@@ -41,6 +43,22 @@ def _header(path):
     return json.loads(str(np.load(path)["header"]))
 
 
+def _save_v3(path, index):
+    """A format-v3 file as mimo_accel wrote them before v4: byte-aligned narrowest columns."""
+    every = np.arange(len(index))
+    arrays = {"tokens": index.tokens(every)}
+    for j, m in enumerate(index.encoders):
+        arrays.update({f"e{j}_{c}": getattr(index, c)(m, every) for c in ("items", "rows", "sq_rows")})
+    narrow = {}
+    for k, a in arrays.items():
+        top = int(a.max()) if a.size else 0
+        narrow[k] = a.astype(next(t for t in (np.uint8, np.uint16, np.uint32, np.uint64) if top <= np.iinfo(t).max))
+    header = {"format": "mimo-accel-cost-index/3", "length": len(index), "digest": index.digest(),
+              "encoders": [{"name": m, "rule": index.rule_of(m).to_dict()} for m in index.encoders],
+              "columns": {k: {"dtype": a.dtype.str, "max": int(a.max()) if a.size else 0} for k, a in narrow.items()}}
+    write_arrays(path, {"header": np.array(json.dumps(header)), **narrow})
+
+
 def _save_v2(path, index):
     """A format-v2 file as mimo_accel wrote them before v3: np.savez of int64 columns."""
     every = np.arange(len(index))
@@ -53,27 +71,49 @@ def _save_v2(path, index):
         np.savez(f, header=np.array(json.dumps(header)), **arrays)
 
 
-def test_each_column_is_stored_in_the_narrowest_type_and_mapped_in_place(tmp_path):
+def test_each_column_is_packed_in_the_bits_its_largest_value_needs_and_mapped_in_place(tmp_path):
     index = CostIndex.from_modules([0, 255, 7], {
         "vision": ([1, 1, 0], [300, 70000, 0], [300 ** 2, 70000 ** 2, 0], RULE)})
     path = tmp_path / "i.npz"
     index.save(path)
     columns = _header(path)["columns"]
-    assert {k: c["dtype"] for k, c in columns.items()} == {"tokens": "|u1", "e0_items": "|u1", "e0_rows": "<u4",
-                                                           "e0_sq_rows": "<u8"}
-    assert columns["e0_rows"]["max"] == 70000
+    # 255 needs 8 bits, 1 one, 70 000 seventeen, 70 000² (4.9e9) thirty-three
+    assert columns == {"tokens": {"bits": 8}, "e0_items": {"bits": 1}, "e0_rows": {"bits": 17},
+                       "e0_sq_rows": {"bits": 33}}
     back = CostIndex.load(path)
     assert back.mapped and not index.mapped
     col = back.encoder("vision")
     for a in (col.items, col.rows, col.sq_rows, back.token_column):
-        assert not a.flags.writeable and a.ctypes.data % 64 == 0  # aligned views of the one map
-        assert isinstance(a.base.obj, mmap.mmap)  # a view of the file, not a copy
-    assert col.rows.dtype == np.uint32 and back.rows("vision", [1]).dtype == np.int64
+        assert isinstance(a, PackedColumn)
+        assert not a.words.flags.writeable and a.words.ctypes.data % 64 == 0  # aligned views of the one map
+        assert isinstance(a.words.base.obj, mmap.mmap)  # a view of the file, not a copy
+    # what a lookup returns: the narrowest type that holds the width, int64 from the index
+    assert col.rows.dtype == np.uint32 and col.items.dtype == np.uint8 and back.rows("vision", [1]).dtype == np.int64
     assert back.rows("vision", [0, 1, 2]).tolist() == [300, 70000, 0]
-    # numpy reads the file as any .npz, the same values
+    assert back.sq_rows("vision", [2, 1]).tolist() == [0, 70000 ** 2] and back.tokens([1]).tolist() == [255]
+    # numpy reads the file as any .npz: each column is its words, 3 values of w bits and a spare word
     with np.load(path) as raw:
-        assert raw["e0_sq_rows"].tolist() == [300 ** 2, 70000 ** 2, 0]
-        assert raw["tokens"].dtype == np.uint8
+        assert {k: raw[k].dtype.str for k in columns} == dict.fromkeys(columns, "<u8")
+        assert raw["e0_sq_rows"].size == 3 and raw["tokens"].size == 2  # ceil(3·33 / 64) + 1, ceil(3·8 / 64) + 1
+
+
+def test_a_large_index_takes_the_sum_of_its_widths_per_sample(tmp_path):
+    # the 100 M benchmark's mix: tokens < 2^13, 0-3 images of < 2^14 patches: 13 + 2 + 16 + 30 bits
+    rng = np.random.default_rng(3)
+    n = 200_000
+    items = rng.integers(0, 4, n)
+    per = rng.integers(64, 16384, (n, 3)) * (np.arange(3) < items[:, None])
+    index = CostIndex.from_modules(rng.integers(16, 8192, n), {
+        "vision": (items, per.sum(1), (per * per).sum(1), RULE)})
+    path = tmp_path / "i.npz"
+    index.save(path)
+    bits = {k: c["bits"] for k, c in _header(path)["columns"].items()}
+    assert bits == {"tokens": 13, "e0_items": 2, "e0_rows": 16, "e0_sq_rows": 30}
+    assert path.stat().st_size < n * 61 / 8 + 4096  # the header, the zip's records and padding: < 4 KiB
+    back = CostIndex.load(path)
+    every = rng.permutation(n)
+    assert back.sq_rows("vision", every).tolist() == index.sq_rows("vision", every).tolist()
+    assert back.digest() == index.digest()
 
 
 def test_round_trip_digest_and_the_file_are_deterministic(tmp_path):
@@ -160,17 +200,25 @@ def _rewrite_header(path, **changes):
     write_arrays(path, {"header": np.array(json.dumps(header)), **arrays})
 
 
-@pytest.mark.parametrize(("changes", "message"), [
-    ({"columns.e0_rows.max": 2 ** 31}, r"column e0_rows holds 2,147,483,648, at or above 2\^31"),
-    ({"columns.e0_rows.dtype": "<u8"}, "not the narrowest type"),
-    ({"length": 301}, "column tokens holds 300 entries of uint16, the header says 301"),
-    ({"format": "mimo-accel-cost-index/9"}, "expected format 'mimo-accel-cost-index/3', found 'mimo-accel-cost-index/9'"),
-    ({"digest": "abc"}, "header is malformed"),
-    ({"columns.tokens": None}, "header is malformed"),
+@pytest.mark.parametrize(("writer", "changes", "message"), [
+    ("v4", {"columns.e0_rows.bits": 32}, r"column e0_rows has 32-bit values, which reach 2\^31 or more"),
+    ("v4", {"columns.e0_sq_rows.bits": 63}, r"column e0_sq_rows has 63-bit values, which reach 2\^62 or more"),
+    ("v4", {"columns.e0_rows.bits": 0}, r"header is malformed \(column e0_rows of 0 bits\)"),
+    ("v4", {"columns.e0_rows.bits": 5}, r"column e0_rows: 300 values of 5 bits take 25 .* words; 67 of uint64 given"),
+    ("v4", {"length": 301}, r"column \w+: 301 values of \d+ bits take \d+ .* words; \d+ of uint64 given"),
+    ("v4", {"length": 9000}, "column tokens: 9000 values of 14 bits take 1970 .* words; 67"),
+    ("v4", {"format": "mimo-accel-cost-index/9"},
+     "expected format 'mimo-accel-cost-index/4', found 'mimo-accel-cost-index/9'"),
+    ("v4", {"digest": "abc"}, "header is malformed"),
+    ("v4", {"columns.tokens": None}, "header is malformed"),
+    ("v4", {"columns.tokens.bits": True}, "header is malformed"),
+    ("v3", {"columns.e0_rows.max": 2 ** 31}, r"column e0_rows holds 2,147,483,648, at or above 2\^31"),
+    ("v3", {"columns.e0_rows.dtype": "<u8"}, "not the narrowest type"),
+    ("v3", {"length": 301}, "column tokens holds 300 entries of uint16, the header says 301"),
 ])
-def test_a_damaged_header_is_refused_naming_the_file_and_the_fix(tmp_path, changes, message):
+def test_a_damaged_header_is_refused_naming_the_file_and_the_fix(tmp_path, writer, changes, message):
     path = tmp_path / "i.npz"
-    _index().save(path)
+    _index().save(path) if writer == "v4" else _save_v3(path, _index())
     _rewrite_header(path, **changes)
     with pytest.raises(ValueError, match=message) as err:
         CostIndex.load(path)
@@ -222,7 +270,23 @@ def test_older_formats_still_load_copied_with_a_warning(tmp_path, caplog):
     assert "`mimo-accel index` to memory-map it" in caplog.text
     assert back.encoder("vision").rows.dtype == np.uint16  # held narrow all the same
     back.save(path)
-    assert CostIndex.load(path).mapped and _header(path)["format"] == "mimo-accel-cost-index/3"
+    assert CostIndex.load(path).mapped and _header(path)["format"] == "mimo-accel-cost-index/4"
+
+
+def test_a_v3_file_loads_mapped_as_it_is_and_saves_packed(tmp_path, caplog):
+    index = _index()
+    path = tmp_path / "v3.npz"
+    _save_v3(path, index)
+    with caplog.at_level(logging.WARNING, logger="mimo_accel.costs.index"):
+        back = CostIndex.load(path)
+    assert back.mapped and not caplog.text  # nothing to rebuild: it is mapped, only a little wider
+    col = back.encoder("vision")
+    assert isinstance(col.rows, np.ndarray) and isinstance(col.rows.base.obj, mmap.mmap)
+    assert _columns(back) == _columns(index) and back.digest() == index.digest()
+    back.save(tmp_path / "v4.npz")
+    again = CostIndex.load(tmp_path / "v4.npz")
+    assert isinstance(again.encoder("vision").rows, PackedColumn) and _columns(again) == _columns(index)
+    assert (tmp_path / "v4.npz").stat().st_size < path.stat().st_size
 
 
 def test_a_mapped_index_pickles_as_its_file(tmp_path):

@@ -360,14 +360,14 @@ def test_cli_dataset_errors(factory, dataset_dir, tmp_path, capsys, monkeypatch)
     assert "expected MODULE:NAME" in capsys.readouterr().err
 
 
-def test_module_names_the_encoder_and_the_file_is_v3(dataset_dir, tmp_path, capsys):
+def test_module_names_the_encoder_and_the_file_is_v4(dataset_dir, tmp_path, capsys):
     import json
 
     out = tmp_path / "images.npz"
     assert indexing.main([str(dataset_dir), "--module", "images", "--out", str(out)]) == 0
     index = CostIndex.load(out)
     assert index.encoders == ("images",)
-    assert json.loads(str(np.load(out)["header"]))["format"] == "mimo-accel-cost-index/3" and index.mapped
+    assert json.loads(str(np.load(out)["header"]))["format"] == "mimo-accel-cost-index/4" and index.mapped
     _check(index, ResizeRule())
     assert "encoder module" in capsys.readouterr().out
     # the default is "vision"; "language" is not an encoder

@@ -14,14 +14,17 @@ Each column is held in the narrowest unsigned integer type that holds its values
 sample has 2^31 tokens, items or rows, nor Σ rows² of 2^62 (nor more than rows², nor less than
 rows). Everything is checked when an index is built from arrays; lookups return int64.
 
-File format v3 (a stored ``.npz``, :mod:`~mimo_accel.costs.index_file`): a JSON ``header`` (format,
-length, the encoders in order with their rules, each column's dtype and maximum, the digest) and the
+File format v4 (a stored ``.npz``, :mod:`~mimo_accel.costs.index_file`): a JSON ``header`` (format,
+length, the encoders in order with their rules, each column's width in bits, the digest) and the
 columns ``tokens``, ``e<j>_items``, ``e<j>_rows``, ``e<j>_sq_rows`` for the j-th encoder, each
-64-byte aligned. :meth:`CostIndex.load` memory-maps them read-only — the ranks of a node share one
-copy in the page cache — and reads only the header, so loading costs the same at any length: the
-values were checked when the file was written and the header records the result. v2 files (int64
-columns) and v1 files (one vision encoder: ``patches``, ``sq_patches``, ``images``, ``tokens``, its
-encoder named ``"vision"``) still load, read whole into memory and checked, with a warning.
+packed in as many bits as its largest value needs (:mod:`~mimo_accel.costs.packed`: every rank of
+a node soon maps the whole file, so its bytes per sample are each rank's memory) and 64-byte
+aligned. :meth:`CostIndex.load` memory-maps them read-only — the ranks of a node share one copy in
+the page cache — and reads only the header, so loading costs the same at any length: the values
+were checked when the file was written, and a width within the bounds holds no value beyond them.
+v3 files (byte-aligned narrow columns) load mapped as well; v2 files (int64 columns) and v1 files
+(one vision encoder: ``patches``, ``sq_patches``, ``images``, ``tokens``, its encoder named
+``"vision"``) still load, read whole and checked, with a warning.
 """
 
 from __future__ import annotations
@@ -43,13 +46,15 @@ import numpy as np
 from mimo_accel.costs.audio import AudioRule
 from mimo_accel.costs.index_file import FileFormatError, MappedArrays, write_arrays
 from mimo_accel.costs.model import CostModel
+from mimo_accel.costs.packed import PackedColumn, bits_for
 from mimo_accel.costs.resize import FixedPatches, ResizeRule
 from mimo_accel.costs.rules import rule_from_dict
 from mimo_accel.modules import LANGUAGE
 
 __all__ = ["CostIndex", "EncoderColumns", "IndexModulesError", "SampleShape"]
 
-COST_INDEX_FORMAT = "mimo-accel-cost-index/3"
+COST_INDEX_FORMAT = "mimo-accel-cost-index/4"
+COST_INDEX_FORMAT_V3 = "mimo-accel-cost-index/3"
 COST_INDEX_FORMAT_V2 = "mimo-accel-cost-index/2"
 COST_INDEX_FORMAT_V1 = "mimo-accel-cost-index/1"
 _DIGEST_DOMAIN = b"mimo-accel-cost-index-digest/3"  # what digest() hashes first (any file format)
@@ -100,11 +105,12 @@ class SampleShape:
 @dataclass(frozen=True)
 class EncoderColumns:
     """One encoder's per-sample columns (read-only unsigned integers, each the narrowest that holds
-    its values; views of the file for a loaded index) and the rule that gave its rows."""
+    its values: numpy arrays, or for a loaded index views of the file — packed,
+    :class:`~mimo_accel.costs.packed.PackedColumn`, indexed alike) and the rule that gave its rows."""
 
-    items: np.ndarray
-    rows: np.ndarray
-    sq_rows: np.ndarray
+    items: np.ndarray | PackedColumn
+    rows: np.ndarray | PackedColumn
+    sq_rows: np.ndarray | PackedColumn
     rule: Any  # ResizeRule | FixedPatches | AudioRule
 
     @classmethod
@@ -130,9 +136,12 @@ def _narrowest(top: int) -> np.dtype:
     return next(t for t in _WIDTHS if top <= np.iinfo(t).max)
 
 
-def _column(what: str, values: Any, kind: str) -> np.ndarray:
+def _column(what: str, values: Any, kind: str) -> np.ndarray | PackedColumn:
     """``values`` checked (1-D, integers, >= 0, below ``kind``'s bound) and held read-only in the
-    narrowest unsigned type; a copy unless it is already such a read-only array."""
+    narrowest unsigned type; a copy unless it is already such a read-only array, or a packed column
+    (a loaded index's) whose width keeps it below the bound."""
+    if isinstance(values, PackedColumn) and values.bits <= BOUNDS[kind]:
+        return values
     a = np.asarray(values)
     if a.ndim != 1 or (a.size and a.dtype.kind not in "iu"):
         raise ValueError(f"cost index: {what} must be a 1-D integer array; {_REBUILD_HINT}")
@@ -312,9 +321,9 @@ class CostIndex:
         return _int64(self.encoder(module).items, self._lookup(indices))
 
     @property
-    def token_column(self) -> np.ndarray:
-        """The language tokens of every sample as stored (read-only, the narrowest unsigned type;
-        :meth:`tokens` looks samples up as int64)."""
+    def token_column(self) -> np.ndarray | PackedColumn:
+        """The language tokens of every sample as stored (read-only, the narrowest unsigned type, or
+        packed for a loaded index; :meth:`tokens` looks samples up as int64)."""
         return self._tokens
 
     def column_for(self, module: str, layout_encoders: Sequence[str],
@@ -423,8 +432,8 @@ class CostIndex:
 
     def digest(self) -> str:
         """A hex SHA-256 of every encoder (name, rule, columns) and the tokens: equal digests,
-        equal indexes (and plans). Computed once (about 0.5 s per GB of columns); a loaded v3 file's
-        is the one recorded when it was written, so comparing indexes across ranks costs nothing."""
+        equal indexes (and plans). Computed once (about 0.5 s per GB of columns); a loaded v3 or v4
+        file's is the one recorded when it was written, so comparing indexes across ranks costs nothing."""
         if self._digest is None:
             h = hashlib.sha256(_DIGEST_DOMAIN)
             for name in sorted(self._encoders):
@@ -437,7 +446,7 @@ class CostIndex:
             self._digest = h.hexdigest()
         return self._digest
 
-    def _columns(self) -> dict[str, np.ndarray]:
+    def _columns(self) -> dict[str, np.ndarray | PackedColumn]:
         """The file's columns by member name, in the file's order."""
         out = {"tokens": self._tokens}
         for j, col in enumerate(self._encoders.values()):
@@ -445,21 +454,28 @@ class CostIndex:
         return out
 
     def save(self, path: str | os.PathLike[str]) -> None:
-        """Write the index as one ``.npz`` file (format v3: memory-mapped by :meth:`load`) at exactly
-        ``path`` (atomically replaced)."""
+        """Write the index as one ``.npz`` file (format v4, packed: memory-mapped by :meth:`load`) at
+        exactly ``path`` (atomically replaced)."""
         columns = self._columns()
+        bits = {k: a.bits if isinstance(a, PackedColumn) else bits_for(int(a.max()) if a.size else 0)
+                for k, a in columns.items()}
         header = {"format": COST_INDEX_FORMAT, "length": len(self), "digest": self.digest(),
                   "encoders": [{"name": n, "rule": c.rule.to_dict()} for n, c in self._encoders.items()],
-                  "columns": {k: {"dtype": a.dtype.str, "max": int(a.max()) if a.size else 0}
-                              for k, a in columns.items()}}
+                  "columns": {k: {"bits": b} for k, b in bits.items()}}
         if self._identity:
             header["identity"] = dict(self._identity)
-        write_arrays(path, {"header": np.array(json.dumps(header, sort_keys=True)), **columns})
+
+        def members():  # each column packed as it is written: one packed copy in memory at a time
+            yield "header", np.array(json.dumps(header, sort_keys=True))
+            for k, a in columns.items():
+                yield k, (a if isinstance(a, PackedColumn) else PackedColumn.pack(a, bits[k])).words
+
+        write_arrays(path, members())
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> CostIndex:
-        """Read an index written by :meth:`save`: v3 memory-mapped (its header read, its length and
-        columns checked against the file, no column scanned); v2, or v1 (one encoder named
+        """Read an index written by :meth:`save`: v4 (or v3) memory-mapped (its header read, its length
+        and columns checked against the file, no column scanned); v2, or v1 (one encoder named
         "vision"), read whole and checked, with a warning. Anything malformed raises ValueError
         naming the file and the fix."""
         path = Path(path)
@@ -474,7 +490,7 @@ class CostIndex:
                         raise TypeError
                 except (json.JSONDecodeError, KeyError, TypeError):
                     raise _Malformed("") from None
-                if fmt == COST_INDEX_FORMAT:
+                if fmt in (COST_INDEX_FORMAT, COST_INDEX_FORMAT_V3):
                     return cls._mapped(path, f, header)
                 if fmt not in (COST_INDEX_FORMAT_V1, COST_INDEX_FORMAT_V2):
                     raise _WrongFormat(fmt)
@@ -526,7 +542,8 @@ class CostIndex:
 
     @classmethod
     def _mapped(cls, path: Path, f: MappedArrays, header: dict) -> CostIndex:
-        """A v3 file's index, its columns views of the file (raises the private errors above)."""
+        """A v4 (packed) or v3 (byte-aligned) file's index, its columns views of the file (raises the
+        private errors above)."""
         encoders = _encoder_entries(header)
         specs, digest, length = header.get("columns"), header.get("digest"), header["length"]
         if not isinstance(specs, dict) or not isinstance(digest, str) or not re.fullmatch(r"[0-9a-f]{64}", digest):
@@ -538,23 +555,10 @@ class CostIndex:
         columns = {}
         for name in names:
             kind = name.partition("_")[2] if name != "tokens" else "tokens"
-            spec = specs[name]
-            try:
-                top, dtype = spec["max"], np.dtype(spec["dtype"])
-                if isinstance(top, bool) or not isinstance(top, int) or top < 0:
-                    raise TypeError
-            except (KeyError, TypeError):
-                raise _Malformed(f" (column {name})") from None
-            if top >= 1 << BOUNDS[kind]:
-                raise _OutOfRange(f"column {name} holds {top:,}, at or above 2^{BOUNDS[kind]}, which no sample's "
-                                  f"{_KINDS[kind]} reach")
-            if dtype != _narrowest(top):
-                raise _Malformed(f" (column {name} is {dtype}, not the narrowest type for its maximum {top})")
-            column = f.mapped(name)
-            if column.dtype != dtype or column.size != length:
-                raise FileFormatError(f"column {name} holds {column.size} entries of {column.dtype}, the header "
-                                      f"says {length} of {dtype}")
-            columns[name] = column
+            if header["format"] == COST_INDEX_FORMAT:
+                columns[name] = _packed_column(f, name, kind, specs[name], length)
+            else:
+                columns[name] = _narrow_column(f, name, kind, specs[name], length)
         cols = {}
         for j, e in enumerate(encoders):
             try:
@@ -586,6 +590,50 @@ class _OutOfRange(Exception):
     pass
 
 
+def _int_field(spec: Any, field: str, name: str) -> int:
+    try:
+        value = spec[field]
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise TypeError
+    except (KeyError, TypeError):
+        raise _Malformed(f" (column {name})") from None
+    return value
+
+
+def _packed_column(f: MappedArrays, name: str, kind: str, spec: Any, length: int) -> PackedColumn:
+    """A v4 column: ``bits`` per value (no value of which can reach the bound), mapped."""
+    bits = _int_field(spec, "bits", name)
+    if bits > BOUNDS[kind]:
+        raise _OutOfRange(f"column {name} has {bits}-bit values, which reach 2^{BOUNDS[kind]} or more: no sample's "
+                          f"{_KINDS[kind]} do")
+    if bits < 1:
+        raise _Malformed(f" (column {name} of {bits} bits)")
+    words = f.mapped(name)
+    try:
+        return PackedColumn(words, bits, length)
+    except ValueError as exc:
+        raise FileFormatError(f"column {name}: {exc}, as the header says") from None
+
+
+def _narrow_column(f: MappedArrays, name: str, kind: str, spec: Any, length: int) -> np.ndarray:
+    """A v3 column: the narrowest unsigned type for its recorded maximum, mapped."""
+    top = _int_field(spec, "max", name)
+    try:
+        dtype = np.dtype(spec["dtype"])
+    except (KeyError, TypeError):
+        raise _Malformed(f" (column {name})") from None
+    if top >= 1 << BOUNDS[kind]:
+        raise _OutOfRange(f"column {name} holds {top:,}, at or above 2^{BOUNDS[kind]}, which no sample's "
+                          f"{_KINDS[kind]} reach")
+    if dtype != _narrowest(top):
+        raise _Malformed(f" (column {name} is {dtype}, not the narrowest type for its maximum {top})")
+    column = f.mapped(name)
+    if column.dtype != dtype or column.size != length:
+        raise FileFormatError(f"column {name} holds {column.size} entries of {column.dtype}, the header "
+                              f"says {length} of {dtype}")
+    return column
+
+
 def _encoder_entries(header: dict) -> list[dict]:
     encoders = header.get("encoders")
     if not isinstance(encoders, list) or not encoders or not all(
@@ -605,10 +653,11 @@ def _int64(column: np.ndarray, i: np.ndarray) -> np.ndarray:
     return column[i].astype(np.int64)
 
 
-def _hash_column(h: Any, a: np.ndarray) -> None:
-    a = np.ascontiguousarray(a, dtype=a.dtype.newbyteorder("<"))
-    h.update(f"{a.dtype.str}:{a.size};".encode())
-    h.update(memoryview(a).cast("B"))
+def _hash_column(h: Any, a: np.ndarray | PackedColumn) -> None:
+    """The column's values in its narrowest type, little-endian: the same for a packed column."""
+    h.update(f"{a.dtype.newbyteorder('<').str}:{a.size};".encode())
+    for part in (a.chunks() if isinstance(a, PackedColumn) else (a,)):
+        h.update(memoryview(np.ascontiguousarray(part, dtype=part.dtype.newbyteorder("<"))).cast("B"))
 
 
 def _reopen(path: str, stamp: tuple, identity: dict) -> CostIndex:

@@ -15,7 +15,7 @@ import os
 import struct
 import tempfile
 import zipfile
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Optional
 
@@ -36,15 +36,17 @@ class FileFormatError(ValueError):
     """The file is not an aligned stored ``.npz`` of 1-D arrays (the message says what is wrong)."""
 
 
-def write_arrays(path: str | os.PathLike[str], arrays: Mapping[str, np.ndarray]) -> None:
-    """Write ``arrays`` as the members ``<name>.npy`` of one stored ``.npz`` at exactly ``path``,
-    each member's data 64-byte aligned in the file; atomically replaced (a reader on another rank
-    never sees a half-written file, and one that mapped the old file keeps its copy)."""
+def write_arrays(path: str | os.PathLike[str],
+                 arrays: Mapping[str, np.ndarray] | Iterable[tuple[str, np.ndarray]]) -> None:
+    """Write ``arrays`` (a mapping, or ``(name, array)`` pairs made as they are written) as the
+    members ``<name>.npy`` of one stored ``.npz`` at exactly ``path``, each member's data 64-byte
+    aligned in the file; atomically replaced (a reader on another rank never sees a half-written
+    file, and one that mapped the old file keeps its copy)."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f, zipfile.ZipFile(f, "w", zipfile.ZIP_STORED, allowZip64=True) as zf:
-            for name, array in arrays.items():
+            for name, array in (arrays.items() if isinstance(arrays, Mapping) else arrays):
                 _write_member(f, zf, f"{name}.npy", np.asarray(array))
         os.chmod(tmp, file_mode())  # mkstemp's 0600 would hide the file from other accounts
         os.replace(tmp, path)

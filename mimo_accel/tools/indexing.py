@@ -24,7 +24,7 @@ Manifest format (JSON Lines, one object per sample, in dataset order; blank line
 Vision patches come from the processor's resize rule (:class:`mimo_accel.costs.ResizeRule`,
 Qwen2-VL's ``smart_resize``), so pass the rule of the processor you train with. The manifest is
 read :data:`CHUNK_LINES` lines at a time behind a progress bar, no Python object per sample kept.
-The index (format v3, memory-mapped by a training job) holds the manifest's images as the column of
+The index (format v4, packed and memory-mapped by a training job) holds the manifest's images as the column of
 one encoder module, ``vision`` unless ``--module NAME`` names it as the layout does (``images``,
 say). ``--dataset`` indexes every modality of the dataset, each under its own module name.
 
@@ -307,18 +307,20 @@ def summarize(index: CostIndex) -> dict[str, Any]:
     n = len(index)
     encoders = {}
     for name in index.encoders:
-        col = index.encoder(name)  # the stored columns themselves: no int64 copy of a whole dataset
-        without = int(n - np.count_nonzero(col.items))
+        # the stored columns in their narrow types (unpacked, for a loaded index): no int64 copy
+        col = index.encoder(name)
+        items, rows = np.asarray(col.items), np.asarray(col.rows)
+        without = int(n - np.count_nonzero(items))
         encoders[name] = {
-            "items": int(col.items.sum(dtype=np.uint64)),
+            "items": int(items.sum(dtype=np.uint64)),
             "samples_without": without,
             "fraction_without": without / n if n else 0.0,
-            "max_items_per_sample": int(col.items.max()) if n else 0,
-            "rows_per_sample_with": _dist(col.rows[col.items > 0]),
-            "total_rows": int(col.rows.sum(dtype=np.uint64)),
+            "max_items_per_sample": int(items.max()) if n else 0,
+            "rows_per_sample_with": _dist(rows[items > 0]),
+            "total_rows": int(rows.sum(dtype=np.uint64)),
             "rule": index.rule_of(name).to_dict(),
         }
-    out: dict[str, Any] = {"samples": n, "tokens_per_sample": _dist(index.token_column), "encoders": encoders}
+    out: dict[str, Any] = {"samples": n, "tokens_per_sample": _dist(np.asarray(index.token_column)), "encoders": encoders}
     if len(encoders) == 1:
         e = next(iter(encoders.values()))
         out.update({
