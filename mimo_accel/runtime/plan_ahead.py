@@ -121,7 +121,7 @@ class ForkedPlanner:
                 self.notify(key, message)
         if kind == "error":
             raise value
-        return (value.tolist(), *rest)
+        return (value, *rest)  # the order as int64, as the child made it
 
     def close(self) -> None:
         try:

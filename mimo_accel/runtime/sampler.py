@@ -17,9 +17,12 @@ through the loader's workers too, so nothing has to pair figures with batches af
 
 from __future__ import annotations
 
+import itertools
 import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Optional, Sequence
+
+import numpy as np
 
 from mimo_accel.grid import check_micro_batch
 from mimo_accel.nvtx import ranged
@@ -214,15 +217,17 @@ class ShareRules:
 
         for b in batches:
             check_micro_batch(len(b), self.ctx.grid, "global micro-batch size")
-        window = [i for b in batches for i in b]
+        # numpy, not lists, from here: this runs on the planner thread beside the training thread,
+        # and what it does in Python it does holding the interpreter lock
+        window = np.fromiter(itertools.chain.from_iterable(batches), dtype=np.int64, count=sum(map(len, batches)))
         extra = () if model is None else (model[0],)
         if len({len(b) for b in batches}) == 1:
             parts = [planner(window, len(batches), *extra)]
         else:  # a short last micro-batch (drop_last=False): plan it on its own
-            parts = [planner(b, 1, *extra) for b in batches]
-        order = [i for p in parts for i in p[0]]
+            parts = [planner(np.asarray(b, dtype=np.int64), 1, *extra) for b in batches]
+        order = np.concatenate([np.asarray(p[0], dtype=np.int64).reshape(-1) for p in parts])
         spread = parts[0][1] if len(parts) == 1 else _worst_of([p[1] for p in parts])
-        if sorted(order) != sorted(window):
+        if order.shape != window.shape or not np.array_equal(np.sort(order), np.sort(window)):
             raise RuntimeError("mimo_accel planner returned a different set of samples than the "
                                "global micro-batch it was given; refusing to mis-pair samples")
         shares = self.shares(batches, order, spread)
@@ -233,7 +238,7 @@ class ShareRules:
             for share, micro in zip(shares, loads):
                 share.planned = (micro, overheads, digest)
         digest = plan_digest(window, order, "" if model is None else model[1])
-        return shares, digest, window[0] if window else -1
+        return shares, digest, int(window[0]) if window.size else -1
 
     def shares(self, batches: list[list], order: list, spread=None) -> list[LocalIndices]:
         """This replica's share of each micro-batch of a window ordered as ``order``."""
@@ -244,7 +249,8 @@ class ShareRules:
             micro = order[start:start + len(b)]
             start += len(b)
             per_group = len(b) // self.ctx.grid
-            out.append(LocalIndices(micro[g.start * per_group: g.stop * per_group], spread))
+            mine = micro[g.start * per_group: g.stop * per_group]
+            out.append(LocalIndices(mine.tolist() if isinstance(mine, np.ndarray) else mine, spread))
         return out
 
 class ShardedBatchSampler:
