@@ -33,6 +33,8 @@ import threading
 import weakref
 from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol
 
+import numpy as np
+
 from mimo_accel.config import AccelConfig
 from mimo_accel.modules import LANGUAGE
 from mimo_accel.runtime.shard import ShardContext
@@ -312,7 +314,8 @@ class Profiling:
                 loads, overheads, model = tag.planned
                 for module, row in loads.items():
                     seen = self._planned.get(module)
-                    self._planned[module] = list(row) if seen is None else [a + b for a, b in zip(seen, row)]
+                    row = np.asarray(row, dtype=np.float64)
+                    self._planned[module] = row.copy() if seen is None else seen + row
                 self._planned_overheads = dict(overheads)
                 if model is not None:  # the cost model the step was planned with (online calibration)
                     rec.set(cost_model=model)
@@ -432,9 +435,9 @@ def planned_spreads(loads: dict, overheads: dict) -> dict:
     unit as its coefficients)."""
     out = {}
     for module, row in loads.items():
-        totals = [x + overheads.get(module, 0.0) for x in row]
-        mean = sum(totals) / len(totals) if totals else 0.0
-        out[module] = max(totals) / mean if mean > 0 else 1.0
+        totals = np.asarray(row, dtype=np.float64) + overheads.get(module, 0.0)
+        mean = float(totals.mean()) if totals.size else 0.0
+        out[module] = float(totals.max()) / mean if mean > 0 else 1.0
     return out
 
 

@@ -233,7 +233,9 @@ class ShareRules:
         shares = self.shares(batches, order, spread)
         if all(getattr(p[1], "loads", None) for p in parts):  # each micro-batch's load per replica
             overheads, digest = ({}, None) if model is None else (dict(model[2]), model[1])
-            loads = [{m: rows[j].tolist() for m, rows in p[1].loads.items()}
+            # float64 arrays, not lists: a window's loads per replica would be thousands of Python
+            # floats made on this thread and summed per step on the training thread
+            loads = [{m: np.array(rows[j], dtype=np.float64) for m, rows in p[1].loads.items()}
                      for p in parts for j in range(next(iter(p[1].loads.values())).shape[0])]
             for share, micro in zip(shares, loads):
                 share.planned = (micro, overheads, digest)
