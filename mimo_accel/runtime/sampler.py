@@ -30,7 +30,8 @@ from mimo_accel.runtime.shard import SHARD_TAG_KEY, ShardContext, tag_for
 
 # planner(global_indices, micro_batches) -> (the same indices in canonical-group order, the predicted
 # spread: one number, one per module, or None); with micro_batches > 1 the indices are a window
-# of consecutive micro-batches.
+# of consecutive micro-batches. The indices are given as an int64 array; the order may be any
+# sequence of them.
 Planner = Callable[[Sequence[int], int], "tuple[list[int], object]"]
 
 
