@@ -48,6 +48,7 @@ _QUANT = 1 << 30  # the largest sample cost of a module before normalisation
 _CLOSE = 0.005
 _ROUNDS = 16  # swap rounds over disjoint pairs of groups
 _CANDIDATES = 8  # samples per group a swap is searched among (all of them up to this size)
+_PAIRS_PER_BLOCK = 256  # pairs whose swaps are searched at once (64 candidate swaps each: 128 KiB a temporary)
 _MORE_STARTS_UP_TO = 1024  # samples x modules up to which every plan also tries two other starts
 # a swap's score: how far it lowers the heaviest replica, then how even it leaves the pair; both
 # clipped so the score stays an exact int64 (in the doubled load units it is scored in, a drop of
@@ -274,6 +275,18 @@ def _candidates(key: np.ndarray, shift: int) -> np.ndarray:
 
 
 def _best_swaps(q, groups, under, reps, g, h, shift):
+    """:func:`_swaps_of` for the pairs (g, h), a block of pairs at a time: each pair's best swap
+    depends on that pair alone, and a block's (pairs × candidates²) temporaries stay in the core's
+    own cache (all pairs at once, at 4 096 groups, they are megabytes per array, streamed through
+    memory a dozen times per call beside the training thread)."""
+    if len(g) <= _PAIRS_PER_BLOCK:
+        return _swaps_of(q, groups, under, reps, g, h, shift)
+    parts = [_swaps_of(q, groups, under, reps, g[lo:lo + _PAIRS_PER_BLOCK], h[lo:lo + _PAIRS_PER_BLOCK], shift)
+             for lo in range(0, len(g), _PAIRS_PER_BLOCK)]
+    return tuple(np.concatenate(column) for column in zip(*parts))
+
+
+def _swaps_of(q, groups, under, reps, g, h, shift):
     """For each pair (g[p], h[p]): the swap of a sample of g with a sample of h that brings the
     heaviest replica the pair touches lowest (loads in units of each module's bound, so every module
     counts alike), ties going to the swap that leaves the pair's loads the most even over the
