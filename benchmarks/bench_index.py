@@ -21,9 +21,10 @@ sizes given, no files), in a fresh process each.
 time (`CostIndex.load` + the digest the loaders compare), then ``--procs`` processes on this node
 each loading it and pricing ``--batches`` micro-batches of ``--batch`` samples (the same on every
 rank, as every data rank prices the whole global micro-batch), with each process's memory growth
-from /proc (RSS, its anonymous and file parts, PSS). Before: the format-v2 file of ``--before``
-samples loaded as the loader did before format v3 (`np.load`, every column copied to int64, the
-SHA-256 of the int64 columns), extrapolated to ``--mapped`` samples.
+from /proc (RSS, its anonymous and file parts, PSS), for format v4 (packed columns) and, beside
+it, the same index in format v3 (byte-aligned narrow columns, also mapped). Before both: the
+format-v2 file of ``--before`` samples loaded as the loader did before format v3 (`np.load`, every
+column copied to int64, the SHA-256 of the int64 columns), extrapolated to ``--mapped`` samples.
 
     .venv/bin/python benchmarks/bench_index.py [--files 2000] [--samples 4000] [--ranks 64]
     .venv/bin/python benchmarks/bench_index.py --parts manifest [--manifest-files 4000]
@@ -418,7 +419,7 @@ def _rank(path: str, how: str, n: int, batches: int, batch: int, barrier, result
     barrier.wait()
     before = _memory()
     t = time.perf_counter()
-    if how == "v3":
+    if how in ("v3", "v4"):
         index = CostIndex.load(path)
         index_digest(index)
         load_s = time.perf_counter() - t
@@ -436,6 +437,19 @@ def _rank(path: str, how: str, n: int, batches: int, batch: int, barrier, result
     after = _memory()
     results.put({"load_s": load_s, **{k: after[k] - before[k] for k in after}})
     barrier.wait()
+
+
+def _save_v3(index, path: Path) -> None:
+    """``index`` as format v3 wrote it: each column byte-aligned in its narrowest type."""
+    import numpy as np
+
+    from mimo_accel.costs.index_file import write_arrays
+
+    columns = index._columns()  # built from arrays: the narrow arrays themselves
+    header = {"format": "mimo-accel-cost-index/3", "length": len(index), "digest": index.digest(),
+              "encoders": [{"name": m, "rule": index.rule_of(m).to_dict()} for m in index.encoders],
+              "columns": {k: {"dtype": a.dtype.str, "max": int(a.max()) if a.size else 0} for k, a in columns.items()}}
+    write_arrays(path, {"header": np.array(json.dumps(header, sort_keys=True)), **columns})
 
 
 def _ranks(path: str, how: str, n: int, args) -> list[dict]:
@@ -479,8 +493,7 @@ def _mapped(args, console) -> None:
         rows.append(("v2, as loaded before", before_n, old.stat().st_size, statistics.median(loads),
                      _ranks(str(old), "v2", before_n, args)))
 
-        # after: the memory-mapped format v3 of n samples
-        new = Path(tmp) / "v3.npz"
+        # after: the memory-mapped formats of n samples, v4 (packed) and v3 (byte-aligned)
         t = time.perf_counter()
         c = _synthetic_columns(n)
         for a in c.values():
@@ -488,23 +501,30 @@ def _mapped(args, console) -> None:
         index = CostIndex.from_modules(c.pop("tokens"), {"vision": (c["items"], c["rows"], c["sq_rows"],
                                                                     ResizeRule())})
         built_s = time.perf_counter() - t
-        t = time.perf_counter()
-        index.save(new)
-        saved_s = time.perf_counter() - t
         digest = index.digest()
-        del index, c
-        loads = []
-        for _ in range(5):
+        paths = {"v4": Path(tmp) / "v4.npz", "v3": Path(tmp) / "v3.npz"}
+        saved = {}
+        for how, path in paths.items():
             t = time.perf_counter()
-            loaded = CostIndex.load(new)
-            index_digest(loaded)
-            loads.append(time.perf_counter() - t)
-            assert loaded.mapped and loaded.digest() == digest
-        console.print(f"v3 file of {n:,} samples: built and checked in {built_s:.1f} s, written (with its digest) "
-                      f"in {saved_s:.1f} s; load + digest {min(loads) * 1e3:.1f} ms best, "
-                      f"{statistics.median(loads) * 1e3:.1f} ms median, {max(loads) * 1e3:.1f} ms worst of 5")
-        rows.append(("v3, memory-mapped", n, new.stat().st_size, statistics.median(loads),
-                     _ranks(str(new), "v3", n, args)))
+            index.save(path) if how == "v4" else _save_v3(index, path)
+            saved[how] = time.perf_counter() - t
+        del index, c
+        console.print(f"index of {n:,} samples built and checked in {built_s:.1f} s, its digest included; written "
+                      f"as v4 in {saved['v4']:.1f} s (packing each column), as v3 in {saved['v3']:.1f} s")
+        for how, path in paths.items():
+            loads = []
+            for _ in range(5):
+                t = time.perf_counter()
+                loaded = CostIndex.load(path)
+                index_digest(loaded)
+                loads.append(time.perf_counter() - t)
+                assert loaded.mapped and loaded.digest() == digest
+            del loaded
+            console.print(f"{how} file: load + digest {min(loads) * 1e3:.1f} ms best, "
+                          f"{statistics.median(loads) * 1e3:.1f} ms median, {max(loads) * 1e3:.1f} ms worst of 5")
+            label = "v4, packed, memory-mapped" if how == "v4" else "v3, byte-aligned, memory-mapped"
+            rows.append((label, n, path.stat().st_size, statistics.median(loads), _ranks(str(path), how, n, args)))
+            path.unlink()  # one large file in the page cache at a time
 
     table = Table(title=f"the cost index on {args.procs} processes of one node, each loading it and pricing "
                         f"{args.batches} micro-batches of {args.batch:,} samples (the same on every rank); growth "
