@@ -525,7 +525,7 @@ def module_batches(draw):
     return costs, dps, micro_batches
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=40, deadline=None)
 @given(module_batches(), st.integers(1, 3))
 def test_swaps_searched_a_block_of_pairs_at_a_time_give_the_same_plan(batch, block):
     from mimo_accel.balance import balance_modules
