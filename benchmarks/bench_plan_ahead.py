@@ -214,7 +214,8 @@ def main(argv=None) -> int:
     floor = contention_floor(units)
     print(f"this machine's floor: the busy work beside a numpy process (no planner) takes {floor:.3f}x its time alone")
     print(f"{'layout':<8} {'mode':<16} {'next() per window p50 / max':>28} {'vs none':>9} {'busy / ref p50':>14} "
-          f"{'slowdown':>9} {'off CPU p50':>11} {'rise':>7}  same as serial  {'planner CPU per window: thread / child':>38}")
+          f"{'slowdown':>9} {'off CPU p50':>11} {'rise':>7}  same as serial  "
+          f"{'planner CPU per window: thread / child':>38}")
     ok = True
     for name in args.layouts.split(","):
         dps = LAYOUTS[name](args.groups)

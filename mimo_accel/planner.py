@@ -70,7 +70,8 @@ class CostIndexPlanner:
         window (online calibration), default the planner's."""
         costs = self.costs(indices, model)
         order, spreads = plan_costs(costs, self.dps, micro_batches, self.notify, "the cost index")
-        return np.asarray(indices, dtype=np.int64)[np.asarray(order)].tolist(), Spreads(spreads, module_loads(costs, self.dps, order, micro_batches))
+        planned = np.asarray(indices, dtype=np.int64)[np.asarray(order)].tolist()
+        return planned, Spreads(spreads, module_loads(costs, self.dps, order, micro_batches))
 
 
 class Spreads(dict):

@@ -43,32 +43,34 @@ def _header(path):
     return json.loads(str(np.load(path)["header"]))
 
 
-def _save_v3(path, index):
-    """A format-v3 file as mimo_accel wrote them before v4: byte-aligned narrowest columns."""
+def _int64_columns(index):
+    """The index's columns by file member name, looked up as int64."""
     every = np.arange(len(index))
     arrays = {"tokens": index.tokens(every)}
     for j, m in enumerate(index.encoders):
         arrays.update({f"e{j}_{c}": getattr(index, c)(m, every) for c in ("items", "rows", "sq_rows")})
-    narrow = {}
-    for k, a in arrays.items():
-        top = int(a.max()) if a.size else 0
-        narrow[k] = a.astype(next(t for t in (np.uint8, np.uint16, np.uint32, np.uint64) if top <= np.iinfo(t).max))
+    return arrays
+
+
+def _encoder_entries(index):
+    return [{"name": m, "rule": index.rule_of(m).to_dict()} for m in index.encoders]
+
+
+def _save_v3(path, index):
+    """A format-v3 file as mimo_accel wrote them before v4: byte-aligned narrowest columns."""
+    narrow = {k: a.astype(np.min_scalar_type(int(a.max()) if a.size else 0))
+              for k, a in _int64_columns(index).items()}
     header = {"format": "mimo-accel-cost-index/3", "length": len(index), "digest": index.digest(),
-              "encoders": [{"name": m, "rule": index.rule_of(m).to_dict()} for m in index.encoders],
+              "encoders": _encoder_entries(index),
               "columns": {k: {"dtype": a.dtype.str, "max": int(a.max()) if a.size else 0} for k, a in narrow.items()}}
     write_arrays(path, {"header": np.array(json.dumps(header)), **narrow})
 
 
 def _save_v2(path, index):
     """A format-v2 file as mimo_accel wrote them before v3: np.savez of int64 columns."""
-    every = np.arange(len(index))
-    arrays = {"tokens": index.tokens(every)}
-    for j, m in enumerate(index.encoders):
-        arrays.update({f"e{j}_{c}": getattr(index, c)(m, every) for c in ("items", "rows", "sq_rows")})
-    header = {"format": "mimo-accel-cost-index/2", "length": len(index),
-              "encoders": [{"name": m, "rule": index.rule_of(m).to_dict()} for m in index.encoders]}
+    header = {"format": "mimo-accel-cost-index/2", "length": len(index), "encoders": _encoder_entries(index)}
     with open(path, "wb") as f:
-        np.savez(f, header=np.array(json.dumps(header)), **arrays)
+        np.savez(f, header=np.array(json.dumps(header)), **_int64_columns(index))
 
 
 def test_each_column_is_packed_in_the_bits_its_largest_value_needs_and_mapped_in_place(tmp_path):
