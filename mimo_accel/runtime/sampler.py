@@ -364,11 +364,34 @@ def shard_loader(loader, ctx: ShardContext, micro_batch_size: int, planner: Opti
     return tagged_loader(loader, ctx, sampler)
 
 
-def tagged_loader(loader, ctx: ShardContext, batch_sampler):
-    """The upstream loader's dataset, collate and workers over ``batch_sampler``, batches tagged."""
+# What a DataLoader is built from that decides the batches themselves: the sharded loader brings
+# its own (the batch sampler, the tagging collate); every other setting is carried as the user set it.
+_BATCHING = frozenset({"self", "dataset", "batch_size", "shuffle", "sampler", "batch_sampler", "drop_last",
+                       "collate_fn"})
+
+
+def loader_settings(loader) -> dict:
+    """Every setting of ``loader`` that its constructor takes and that does not decide the batches
+    (workers, prefetch, timeout, generator, multiprocessing context, pinning, ``in_order``, ...),
+    read off the loader by the constructor's own parameter names, so a setting a later torch adds
+    is carried too."""
+    import inspect
+
     from torch.utils.data import DataLoader
 
-    return DataLoader(ReadsOf(loader.dataset), batch_sampler=batch_sampler, num_workers=loader.num_workers,
-                      collate_fn=TaggingCollate(loader.collate_fn, ctx),
-                      pin_memory=loader.pin_memory, worker_init_fn=loader.worker_init_fn,
-                      persistent_workers=loader.persistent_workers if loader.num_workers > 0 else False)
+    names = [n for n in inspect.signature(DataLoader.__init__).parameters if n not in _BATCHING]
+    settings = {n: getattr(loader, n) for n in names if hasattr(loader, n)}
+    if not settings.get("num_workers"):
+        # torch refuses these without workers; a loader without workers holds only their defaults
+        settings.pop("prefetch_factor", None)
+        settings["persistent_workers"] = False
+    return settings
+
+
+def tagged_loader(loader, ctx: ShardContext, batch_sampler):
+    """The upstream loader's dataset, collate and every other setting over ``batch_sampler``,
+    batches tagged."""
+    from torch.utils.data import DataLoader
+
+    return DataLoader(ReadsOf(loader.dataset), batch_sampler=batch_sampler,
+                      collate_fn=TaggingCollate(loader.collate_fn, ctx), **loader_settings(loader))

@@ -122,7 +122,7 @@ def exchange_shard_loader(loader, ctx: ShardContext, micro_batch_size: int, grou
     """
     from torch.utils.data import DataLoader
 
-    from mimo_accel.runtime.sampler import ReadsOf, ShardedBatchSampler
+    from mimo_accel.runtime.sampler import ReadsOf, ShardedBatchSampler, loader_settings
 
     check_micro_batch(micro_batch_size, ctx.grid)
     if getattr(loader, "batch_sampler", None) is None:
@@ -130,10 +130,10 @@ def exchange_shard_loader(loader, ctx: ShardContext, micro_batch_size: int, grou
                         "(dataloader_type 'external' passes the dataset through). Use 'single' or "
                         "'cyclic', or turn reorder off.")
     share = local_batch_sampler or ShardedBatchSampler(loader.batch_sampler, ctx)
+    # the user's settings, but unpinned: these are decoded samples bound for the exchange, and the
+    # user's collate (with its pinning) runs after it
     reader = DataLoader(ReadsOf(loader.dataset), batch_sampler=share,  # a failing sample names itself
-                        num_workers=loader.num_workers, collate_fn=_as_list, pin_memory=False,
-                        worker_init_fn=loader.worker_init_fn,
-                        persistent_workers=loader.persistent_workers if loader.num_workers > 0 else False)
+                        collate_fn=_as_list, **dict(loader_settings(loader), pin_memory=False))
     exchange = ExchangeReorder(group, ctx, cost_fn, loader.collate_fn, cost_model=cost_model, overlap=overlap,
                                notify=notify, check=check)
     return ExchangeLoader(reader, exchange, prefetch=prefetch, on_exchange=on_exchange)
