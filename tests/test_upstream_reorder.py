@@ -1,6 +1,9 @@
-"""A Bridge with its own intra-microbatch reorder (#4608's MegatronMIMOFeatureConfig on
-ConfigContainer.mimo; #6306 its merged split) never runs with mimo_accel's reorder on as well:
-mimo_accel's steps aside, once, with a notice.
+"""A Bridge with its own intra-microbatch reorder never runs with mimo_accel's reorder on as well.
+
+#4608's MegatronMIMOFeatureConfig on ConfigContainer.mimo: mimo_accel's steps aside, once, with a
+notice. Bridge 0.7's merged reorder (settings on cfg.dataset): mimo_accel's replaces it (the flag
+set off before the script builds its iterators), once, with a notice; without mimo_accel's reorder,
+upstream's runs and mimo_accel leaves the train loader untagged.
 
 The feature config is fabricated (its fields and defaults copied from #4608's training/config.py at
 984a8a538): no installable Bridge has it. It reaches mimo_accel as Bridge hands it over, through
@@ -18,7 +21,8 @@ import pytest
 import mimo_accel
 from mimo_accel.patching import engine
 from mimo_accel.runtime import scope
-from mimo_accel.runtime.upstream_reorder import STEPPED_ASIDE, upstream_reorder
+from mimo_accel.runtime.upstream_reorder import (BUFFER_CLASS, BUFFER_MODULE, MERGED_REORDERS, STEPPED_ASIDE,
+                                                 merged_reorder, upstream_reorder)
 
 
 @dataclasses.dataclass
@@ -136,3 +140,81 @@ def test_stepping_aside_does_not_warn_about_reorder_options(enabled, caplog):
     assert STEPPED_ASIDE in runtime.notices() and any("steps aside" in m for m in said)
     assert runtime.config.without_effect()  # the config it rebuilt would be warned, were it enabled
     assert not [m for m in said if "has no effect" in m]
+
+
+# Bridge 0.7's merged reorder: settings on cfg.dataset (DirectHFSFTDatasetConfig) ---------------
+
+@dataclasses.dataclass
+class MergedDatasetConfig:  # the merged reorder's fields and defaults (docs/training/mimo-intra-microbatch-reorder.md)
+    megatron_mimo_scalable_dp: bool = False
+    megatron_mimo_intra_microbatch_reorder: bool = False
+    megatron_mimo_reorder_encoder_cost_weight: float = 1.0
+    megatron_mimo_reorder_language_cost_weight: float = 0.0
+    megatron_mimo_reorder_overlap: bool = True
+    megatron_mimo_reorder_window_size: int = 1
+
+
+def _merged(scalable=True, reorder=True):
+    return types.SimpleNamespace(model=None, mimo=None, dataset=MergedDatasetConfig(scalable, reorder))
+
+
+def _setup_reading_the_flag(cfg):
+    """setup_megatron_mimo as pretrain_megatron_mimo calls it, with a build_data_iterators that
+    decides as upstream's example does, from cfg.dataset when it runs."""
+    def setup_megatron_mimo(state, build_data_iterators_fn=None):
+        return build_data_iterators_fn()
+
+    def build_data_iterators():
+        data = cfg.dataset
+        return data.megatron_mimo_scalable_dp and data.megatron_mimo_intra_microbatch_reorder
+
+    return scope.wrap_setup(setup_megatron_mimo, engine._state.runtime)(
+        types.SimpleNamespace(cfg=cfg), build_data_iterators_fn=build_data_iterators)
+
+
+@pytest.mark.parametrize("scalable, reorder, reorders", [
+    (False, False, False), (True, False, False),
+    (False, True, False),  # upstream's buffer acts on its scalable reads only
+    (True, True, True),
+])
+def test_what_counts_as_bridges_merged_reorder(scalable, reorder, reorders):
+    assert (merged_reorder(_merged(scalable, reorder)) is not None) == reorders
+
+
+def test_mimo_accel_reorder_replaces_bridges_with_one_notice(enabled, caplog):
+    runtime = enabled(reorder=True, packing=True)
+    cfg = _merged()
+    with caplog.at_level(logging.WARNING, logger="mimo_accel"):
+        assert _setup_reading_the_flag(cfg) is False  # the script builds no buffer
+        scope.wrap_loader_builder(lambda cfg, megatron_mimo_provider: None, runtime)(cfg, types.SimpleNamespace())
+    assert cfg.dataset.megatron_mimo_intra_microbatch_reorder is False and cfg.dataset.megatron_mimo_scalable_dp
+    assert runtime.config.reorder and runtime.upstream_moves_samples is None
+    said = [r.getMessage() for r in caplog.records if "replaces Bridge's own" in r.getMessage()]
+    assert len(said) == 1 and "megatron_mimo_intra_microbatch_reorder" in said[0] and "reorder=False" in said[0]
+    assert said[0] in mimo_accel.status()["notes"] and "reorder" in mimo_accel.status()["active"]
+
+
+def test_without_mimo_accel_reorder_bridges_runs_and_the_loader_is_left_untagged(enabled):
+    from mimo_accel.runtime import loaders
+
+    runtime = enabled(sharded_reads=True, packing=True)
+    cfg = _merged()
+    assert _setup_reading_the_flag(cfg) is True  # upstream's buffer is built
+    assert runtime.upstream_moves_samples is not None and MERGED_REORDERS in runtime.notices()
+    upstream_loader = object()
+    assert loaders._canonical_share(upstream_loader, None, None, "train", None, runtime, None) is upstream_loader
+
+
+def test_a_script_that_wraps_bridges_buffer_anyway_is_refused_before_the_first_batch(enabled):
+    runtime = enabled(reorder=True)
+    buffer = type(BUFFER_CLASS, (), {"__module__": BUFFER_MODULE})()
+
+    def setup_megatron_mimo(state, build_data_iterators_fn=None):
+        return build_data_iterators_fn()
+
+    wrapped = scope.wrap_setup(setup_megatron_mimo, runtime)
+    with pytest.raises(RuntimeError, match="two reorders must not run on one micro-batch"):
+        wrapped(types.SimpleNamespace(cfg=_merged(reorder=False)), build_data_iterators_fn=lambda: (buffer, None))
+    # the same object is no concern where mimo_accel does not reorder
+    runtime.config = runtime.config.replace(reorder=False)
+    assert wrapped(types.SimpleNamespace(cfg=None), build_data_iterators_fn=lambda: (buffer, None))[0] is buffer

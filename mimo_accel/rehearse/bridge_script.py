@@ -46,6 +46,11 @@ environment unless one is initialised already, and leaves an existing one alone.
     ``dataset.megatron_mimo_scalable_dp``, so every rank reads only its share on the canonical grid
     and the forward step does not slice. --dataloader-type single|cyclic picks the sampler.
 
+--bridge-reorder: Bridge 0.7's merged reorder settings on ``cfg.dataset`` (scalable reads and
+    ``megatron_mimo_intra_microbatch_reorder``), wired as upstream's Qwen3.5-VL example wires them
+    (read when the iterators are built), ``mimo_accel.rehearse.merged_reorder`` standing in for its
+    ``ReorderingBuffer``. The trace's ``bridge_reorder`` says whether the stand-in wrapped the iterator.
+
 --upstream-packing: upstream's own in-batch packing in the forward step (Megatron-Bridge main:
     ``dataset.enable_in_batch_packing`` + ``defer_in_batch_packing_to_step``; not in 0.6.2).
 
@@ -92,12 +97,13 @@ from megatron.bridge.training.pretrain_megatron_mimo import pretrain_megatron_mi
 from megatron.bridge.training.state import TrainState
 from megatron.bridge.training.tokenizers.config import TokenizerConfig
 
-from mimo_accel.rehearse import stack
+from mimo_accel.rehearse import merged_reorder, stack
 from mimo_accel.modules import LANGUAGE, Modules, module
 from mimo_accel.workloads import VISION
 from mimo_accel.runtime.shard import SHARD_TAG_KEY
 
 KILL_ENV = "TRAIN_MIMO_KILL"
+HAS_SCALABLE_READS = importlib.util.find_spec("megatron.bridge.data.megatron_mimo.canonical_sampler") is not None
 
 
 # ----------------------------------------------------------------------------------------------
@@ -284,8 +290,13 @@ def make_build_data_iterators(args, trace: _Trace):
         if train_loader is None:
             return None, None
         module, dp_rank, dp_size = _module_replica(megatron_mimo_infra)
-        trace.where = dict(rank=dist.get_rank(), module=module, dp_rank=dp_rank, dp_size=dp_size)
-        scalable = bool(getattr(cfg.dataset, "megatron_mimo_scalable_dp", False))
+        layout = build_layout(args)
+        # Bridge 0.7's wiring, decided from cfg.dataset as its example does when it builds the iterators
+        bridge_reorders = merged_reorder.wanted(cfg, layout.dp_sizes.values())
+        trace.where = dict(rank=dist.get_rank(), module=module, dp_rank=dp_rank, dp_size=dp_size,
+                           bridge_reorder=bridge_reorders)
+        # upstream reads shards only where this Bridge has scalable reads (--bridge-reorder sets the flag anyway)
+        scalable = bool(getattr(cfg.dataset, "megatron_mimo_scalable_dp", False)) and HAS_SCALABLE_READS
 
         def trained_here(view: dict) -> dict:
             # A sharded read (mimo_accel, or upstream's scalable reads) is this replica's share
@@ -299,7 +310,11 @@ def make_build_data_iterators(args, trace: _Trace):
         # The packer reads the [B, S] padding mask as its length source; otherwise it is dropped
         # (causal attention and loss_mask already ignore right padding).
         keep_mask = "packing" in mimo_accel.status()["active"] or args.upstream_packing
-        train_iter = stack.model_batches(iter(train_loader), keep_attention_mask=keep_mask,
+        batches = iter(train_loader)
+        if bridge_reorders:
+            batches = merged_reorder.MergedReorderStandIn(
+                batches, grid=layout.grid, dp_group=megatron_mimo_infra.module_to_grid_map[module].get_pg(["dp"]))
+        train_iter = stack.model_batches(batches, keep_attention_mask=keep_mask,
                                          seen_ids=trace.pending_ids if trace.path else None,
                                          local_view=trained_here)
         valid_iter = (stack.model_batches(iter(valid_loader), keep_attention_mask=keep_mask)
@@ -446,6 +461,10 @@ def build_config(args, layout: Modules) -> ConfigContainer:
     if args.scalable_dp:
         # Megatron-Bridge #5525: loaders.py and megatron_mimo_step.py read this from cfg.dataset.
         data.megatron_mimo_scalable_dp = True
+    if args.bridge_reorder:
+        # Bridge 0.7's merged reorder (DirectHFSFTDatasetConfig's fields), wired by the stand-in
+        data.megatron_mimo_scalable_dp = True
+        data.megatron_mimo_intra_microbatch_reorder = True
     checkpoint = CheckpointConfig(save=args.save, load=args.load,
                                   save_interval=args.save_interval or args.train_iters,
                                   ckpt_format="torch_dist", async_save=False, fully_parallel_save=False)
@@ -557,6 +576,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--dataloader-type", choices=("single", "cyclic"), default="single")
     p.add_argument("--scalable-dp", action="store_true",
                    help="upstream's scalable reads (dataset.megatron_mimo_scalable_dp; Megatron-Bridge #5525)")
+    p.add_argument("--bridge-reorder", action="store_true",
+                   help="Bridge 0.7's merged reorder settings on cfg.dataset (megatron_mimo_scalable_dp, "
+                        "megatron_mimo_intra_microbatch_reorder), wired as its example wires them, with "
+                        "mimo_accel.rehearse.merged_reorder standing in for its ReorderingBuffer")
     p.add_argument("--upstream-packing", action="store_true",
                    help="upstream's own step packing (dataset.enable_in_batch_packing; Megatron-Bridge main)")
     p.add_argument("--trace", default=None, help="append one JSON line per rank and training iteration")
@@ -606,7 +629,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.upstream_packing and importlib.util.find_spec("megatron.bridge.data.megatron_mimo.sequence_pack") is None:
         p.error("--upstream-packing needs a megatron-bridge whose MegatronMIMO step packs "
                 "(data/megatron_mimo/sequence_pack.py, Megatron-Bridge main); this one has none")
-    if args.scalable_dp and importlib.util.find_spec("megatron.bridge.data.megatron_mimo.canonical_sampler") is None:
+    if args.scalable_dp and not HAS_SCALABLE_READS:
         p.error("--scalable-dp needs a megatron-bridge with scalable MegatronMIMO reads "
                 "(data/megatron_mimo/canonical_sampler.py, Megatron-Bridge PR #5525); this one has none")
     return args

@@ -186,6 +186,9 @@ def _canonical_share(loader, a: UpstreamCall, ctx, split: str, dp_group, runtime
     from mimo_accel.runtime import sampler
 
     cfg = runtime.config
+    if runtime.upstream_moves_samples is not None and split == "train":
+        # upstream's buffer exchanges this loader's samples after reading: no tag could follow them
+        return loader
     if not cfg.reorder:
         return sampler.tagged_loader(loader, ctx, loader.batch_sampler)  # upstream's own shard
     plan = plan_for(a["dataset"], _settings(a, [k for k in _SETTINGS if k != "seed"]), ctx, split, runtime)

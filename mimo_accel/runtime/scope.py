@@ -30,7 +30,7 @@ from mimo_accel.runtime import preflight
 from mimo_accel.runtime.shard import ShardContext, context_from_grids
 from mimo_accel.runtime.state import Runtime
 from mimo_accel.runtime.upstream_call import UpstreamCall, replacing
-from mimo_accel.runtime.upstream_reorder import step_aside_if_upstream_reorders
+from mimo_accel.runtime.upstream_reorder import refuse_second_reorder, settle_upstream_reorder
 
 # The order Bridge's builder makes the splits' datasets and loaders in.
 SPLITS = ("train", "validation", "test")
@@ -125,7 +125,7 @@ def wrap_loader_builder(original: Callable, runtime: Runtime) -> Callable:
     (:mod:`mimo_accel.runtime.preflight`), then a loader scope that knows each dataset's split."""
     @replacing(original)
     def build_megatron_mimo_data_loaders(call: UpstreamCall):
-        step_aside_if_upstream_reorders(call["cfg"], runtime)
+        settle_upstream_reorder(call["cfg"], runtime)
         preflight.check_provider(getattr(call["cfg"], "model", None), runtime)
         with loader_scope(runtime) as scope, _datasets_seen_by(scope, call["megatron_mimo_provider"]):
             return call.to(original)
@@ -143,7 +143,7 @@ def wrap_setup(original: Callable, runtime: Runtime) -> Callable:
         # before the model is built: a Bridge that reorders itself, a module's config that disagrees
         # with its grid, packing that context parallelism cannot split, reorder under a per-replica loss
         cfg = getattr(call["state"], "cfg", None)
-        step_aside_if_upstream_reorders(cfg, runtime)
+        settle_upstream_reorder(cfg, runtime)
         preflight.check_provider(getattr(cfg, "model", None), runtime)
         if runtime.config.calibrates_online:  # this run's cost model, learnt while it trains
             from mimo_accel.runtime.calibration import Calibration
@@ -154,7 +154,9 @@ def wrap_setup(original: Callable, runtime: Runtime) -> Callable:
             @functools.wraps(build)
             def build_data_iterators(*a, **k):
                 with loader_scope(runtime):
-                    return build(*a, **k)
+                    iterators = build(*a, **k)
+                refuse_second_reorder(iterators, runtime)
+                return iterators
 
             call = call.but(build_data_iterators_fn=build_data_iterators)
         return call.to(original)

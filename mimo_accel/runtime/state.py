@@ -51,6 +51,8 @@ class Runtime:
     # BridgeCommunicator -> per-peer encoder rows of forwards still waiting for a backward
     fan_in_rows: "weakref.WeakKeyDictionary[Any, collections.deque[list[int]]]" = field(
         default_factory=weakref.WeakKeyDictionary)
+    # what in the run config has Bridge's own reorder move samples after they are read (None: nothing)
+    upstream_moves_samples: Optional[str] = None
     profiling: Optional[Profiling] = None  # while the profiler (or online calibration) is on
     calibration: Optional[Calibration] = None  # of the training run under way
     said: dict[str, str] = field(default_factory=dict)  # notice key -> message, in the order said
@@ -86,6 +88,7 @@ class Runtime:
             self.fan_in_rows.clear()
             self.roles.clear()
             self.rank_role = None
+            self.upstream_moves_samples = None
             self.context = None
             self.layout = None
             self.said.clear()

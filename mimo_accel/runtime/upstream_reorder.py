@@ -1,16 +1,31 @@
-"""A Bridge with its own intra-microbatch reorder: mimo_accel's reorder steps aside.
+"""A Bridge with its own intra-microbatch reorder: never two reorders on one micro-batch.
 
-Megatron-Bridge PR #4608 (``MegatronMIMOFeatureConfig`` in training/config.py at 984a8a538; merged
-split: #6306) reorders the samples of each micro-batch across the module DP replicas itself, set on
-``ConfigContainer.mimo``: ``intra_microbatch_reorder`` (default True), ``cost_linear_vit``,
-``cost_linear_lm``, ``reorder_window_size``. In #4608 it acts only on its own sharded reads
-(``mimo.scalable_dp``): the training script wraps the train iterator in a ``ReorderingBuffer`` when
-``scalable_dp and intra_microbatch_reorder``. Two reorders on one micro-batch would each move
-samples the other placed, so the two never run together: where the config says upstream reorders,
-mimo_accel's reorder is turned off for this run and says so once (its sharded reads, packing and
-profiler stay as enabled). mimo_accel does not take over, because turning upstream's off means
-changing the user's serialized run config, and mimo_accel's planner does not act on #4608's reads
-(each rank's sampler already reads a module-local share, not the global micro-batch it plans).
+Upstream has had its reorder in two shapes, and mimo_accel does one thing for each, said in one
+line at setup (``mimo_accel.status()["notes"]`` keeps it):
+
+- **Bridge 0.7's merged reorder** (``src/megatron/bridge/data/megatron_mimo/reorder_buffer.py``,
+  ``docs/training/mimo-intra-microbatch-reorder.md``): settings on the dataset config
+  (``DirectHFSFTDatasetConfig``), ``megatron_mimo_intra_microbatch_reorder`` acting on upstream's
+  scalable reads (``megatron_mimo_scalable_dp``); the training script (the Qwen3.5-VL example's
+  ``_build_data_iterators``) wraps the train iterator in a ``ReorderingBuffer`` when both are on,
+  reading them from ``cfg.dataset`` when it builds its iterators. It plans each micro-batch alone
+  and moves samples between replicas *after* they are read.
+
+  * mimo_accel's reorder on: **mimo_accel's reorder replaces it.** ``setup_megatron_mimo`` turns
+    ``cfg.dataset.megatron_mimo_intra_microbatch_reorder`` off before the script's
+    ``build_data_iterators`` runs (so no buffer is built), and says so, naming the flag and how to
+    keep upstream's instead. Should the iterators come back wrapped in a ``ReorderingBuffer`` all
+    the same (a script that decides from its own flags), setup refuses before the first batch.
+  * mimo_accel's reorder off: upstream's reorder runs. mimo_accel's batch tag could not describe
+    a batch whose samples the buffer exchanged (upstream keeps one sample's non-tensor fields), so
+    the canonical loader is left untagged (:mod:`mimo_accel.runtime.loaders`): packing works as
+    enabled; the step's replica check and the profiler's per-sample counts are off, said once.
+
+- **PR #4608** (``MegatronMIMOFeatureConfig`` on ``ConfigContainer.mimo``, training/config.py at
+  984a8a538: ``intra_microbatch_reorder`` acting on ``mimo.scalable_dp``): mimo_accel's reorder
+  **steps aside** (its planner does not act on #4608's reads: each rank's sampler already reads a
+  module-local share, not the global micro-batch it plans); sharded reads, packing and the
+  profiler stay as enabled.
 
 Checked where Bridge hands over its ``ConfigContainer``, before any loader is built:
 ``setup_megatron_mimo(state, ...)`` (``state.cfg``) and ``build_megatron_mimo_data_loaders(cfg, ...)``.
@@ -23,10 +38,17 @@ from typing import Any, Optional
 from mimo_accel.runtime.state import Runtime
 
 STEPPED_ASIDE = "reorder:upstream-reorders"
+REPLACED_MERGED = "reorder:replaces-bridge-reorder"
+MERGED_REORDERS = "reorder:bridge-reorders-after-read"
+
+MERGED_FLAG = "megatron_mimo_intra_microbatch_reorder"
+MERGED_SCALABLE_FLAG = "megatron_mimo_scalable_dp"
+BUFFER_CLASS = "ReorderingBuffer"
+BUFFER_MODULE = "megatron.bridge.data.megatron_mimo.reorder_buffer"
 
 
 def upstream_reorder(cfg: Any) -> Optional[str]:
-    """What in a ConfigContainer turns upstream's own reorder on (None: it is off or absent).
+    """What in a ConfigContainer turns #4608's reorder on (None: it is off or absent).
 
     ``intra_microbatch_reorder`` counts only with ``scalable_dp`` where the config has that field
     (#4608); a config without it (a later split) is taken at its word.
@@ -41,8 +63,43 @@ def upstream_reorder(cfg: Any) -> Optional[str]:
     return "cfg.mimo.intra_microbatch_reorder=True"
 
 
-def step_aside_if_upstream_reorders(cfg: Any, runtime: Runtime) -> None:
-    """mimo_accel's reorder off for this run, said once, where ``cfg`` says upstream reorders."""
+def merged_reorder(cfg: Any) -> Optional[str]:
+    """What in a ConfigContainer turns Bridge 0.7's merged reorder on (None: off or absent).
+
+    Upstream's buffer acts only on its scalable reads, so the flag counts only with
+    ``megatron_mimo_scalable_dp`` on.
+    """
+    data = getattr(cfg, "dataset", None)
+    if not (bool(getattr(data, MERGED_FLAG, False)) and bool(getattr(data, MERGED_SCALABLE_FLAG, False))):
+        return None
+    return f"cfg.dataset.{MERGED_FLAG}=True with cfg.dataset.{MERGED_SCALABLE_FLAG}=True"
+
+
+def settle_upstream_reorder(cfg: Any, runtime: Runtime) -> None:
+    """One reorder for this run, decided from ``cfg`` as the module docstring says, and said once."""
+    if cfg is None:
+        return
+    merged = merged_reorder(cfg)
+    if merged is not None:
+        if runtime.config.reorder:
+            setattr(cfg.dataset, MERGED_FLAG, False)
+            runtime.say_once(REPLACED_MERGED, (
+                f"mimo_accel reorder replaces Bridge's own ({merged}): cfg.dataset.{MERGED_FLAG} is set False "
+                "for this run, so the script builds no ReorderingBuffer, and mimo_accel plans every module's "
+                "replicas before reading. To keep Bridge's reorder instead, enable mimo_accel without reorder "
+                "(reorder=False, or leave 'reorder' out of MIMO_ACCEL)."))
+        else:
+            runtime.upstream_moves_samples = merged
+            runtime.say_once(MERGED_REORDERS, (
+                f"Bridge reorders this run itself ({merged}), moving samples between replicas after they are "
+                "read: mimo_accel leaves the train loader untagged, so the step's replica check and the "
+                "profiler's per-sample counts are off there; packing stays as enabled. For mimo_accel's "
+                f"reorder instead, enable it (reorder=True): it then sets cfg.dataset.{MERGED_FLAG}=False."))
+        return
+    _step_aside_if_4608_reorders(cfg, runtime)
+
+
+def _step_aside_if_4608_reorders(cfg: Any, runtime: Runtime) -> None:
     if not runtime.config.reorder:
         return
     why = upstream_reorder(cfg)
@@ -54,3 +111,29 @@ def step_aside_if_upstream_reorders(cfg: Any, runtime: Runtime) -> None:
         "reorders must not run on one micro-batch. Upstream's reorder balances this run; mimo_accel's "
         "sharded reads, packing and profiler stay as enabled. For mimo_accel's reorder instead, set "
         "cfg.mimo.intra_microbatch_reorder=False."))
+
+
+def is_reordering_buffer(iterator: Any) -> bool:
+    """Whether ``iterator`` is (or wraps, one level down) upstream's ``ReorderingBuffer``.
+
+    By class name and module, not by import: Bridges before 0.7 have no such module.
+    """
+    for obj in (iterator, getattr(iterator, "__wrapped__", None)):
+        kind = type(obj)
+        if kind.__name__ == BUFFER_CLASS and kind.__module__ == BUFFER_MODULE:
+            return True
+    return False
+
+
+def refuse_second_reorder(iterators: Any, runtime: Runtime) -> None:
+    """Setup's last check: with mimo_accel reordering, no iterator the script built may be upstream's
+    buffer (it would re-plan and exchange what mimo_accel planned)."""
+    if not runtime.config.reorder:
+        return
+    found = iterators if isinstance(iterators, (tuple, list)) else (iterators,)
+    if any(is_reordering_buffer(it) for it in found):
+        raise RuntimeError(
+            f"mimo_accel: the training script wrapped its data iterator in Bridge's {BUFFER_CLASS} while "
+            f"mimo_accel's reorder is on; two reorders must not run on one micro-batch. Turn one off: "
+            f"cfg.dataset.{MERGED_FLAG}=False (the script's --intra-microbatch-reorder), or mimo_accel's "
+            "reorder (reorder=False).")
