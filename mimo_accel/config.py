@@ -12,7 +12,7 @@ import dataclasses
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping, Optional
+from typing import Mapping, Optional, Union
 
 ENV_FEATURES = "MIMO_ACCEL"
 ENV_PROFILE = "MIMO_ACCEL_PROFILE"  # output directory; also turns the profiler on
@@ -62,6 +62,7 @@ FEATURE_WORDS = {
 ALL_WORDS = ("all",)
 OFF_WORDS = ("", "0", "off", "none", "false")
 REORDER_MODES = ("plan", "exchange")
+STEP_WINDOW = "step"  # reorder_window: the micro-batches of one training step, read from Bridge's config
 SWITCHES = ("sharded_reads", "reorder", "packing")
 FLAGS = SWITCHES + ("strict_gradients", "calibrate_online")  # every True/False option
 TRUE_WORDS, FALSE_WORDS = ("1", "true", "on", "yes"), ("0", "false", "off", "no")
@@ -89,13 +90,14 @@ class AccelConfig:
 
     sharded_reads: each data rank reads only its module replica's share of the global micro-batch
         (canonical grid G = lcm of module DPs); the forward step passes the share on unsliced.
-    reorder: balance vision cost across the module DP replicas inside each global micro-batch
-        (implies sharded_reads).
+    reorder: balance every module's DP replicas (each encoder and the language model), planned
+        before reading (implies sharded_reads).
     reorder_mode: "plan" (default: costs known before reading, from a cost index; zero bytes move)
         or "exchange" (costs known after decoding; samples move with one all_to_all).
-    reorder_window: how many consecutive global micro-batches are planned together (set it to the
-        micro-batches per step to balance across the whole global batch; samples then move between
-        the micro-batches of a step, never between steps).
+    reorder_window: how many consecutive global micro-batches are planned together, or "step": the
+        micro-batches of one training step (read from megatron-core's calculator when the loader is
+        built), which balances each replica's step and the micro-batches the pipeline carries;
+        samples then move between the micro-batches of a step, never between steps.
     cost_model: path of a cost-model file (``mimo-accel calibrate``), or None for the default
         coefficients.
     cost_index: path of a per-sample cost index (``mimo-accel index``); None means the dataset must
@@ -114,7 +116,7 @@ class AccelConfig:
     sharded_reads: bool = False
     reorder: bool = False
     reorder_mode: str = "plan"
-    reorder_window: int = 1
+    reorder_window: Union[int, str] = 1
     cost_model: Optional[str] = None
     cost_index: Optional[str] = None
     packing: bool = False
@@ -134,10 +136,16 @@ class AccelConfig:
         if self.reorder_mode not in REORDER_MODES:
             raise ConfigError(f"reorder_mode={self.reorder_mode!r} is not one of {REORDER_MODES}; "
                               "write reorder_mode=plan or reorder_mode=exchange")
-        for name, example in (("reorder_window", "reorder_window=4"), ("pad_multiple", "pad_multiple=2")):
+        if isinstance(self.reorder_window, str) and self.reorder_window.strip().lower() == STEP_WINDOW:
+            object.__setattr__(self, "reorder_window", STEP_WINDOW)
+        for name, example in (("reorder_window", "reorder_window=4 or reorder_window=step"),
+                              ("pad_multiple", "pad_multiple=2")):
             value = getattr(self, name)
+            if value == STEP_WINDOW and name == "reorder_window":
+                continue
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ConfigError(f"{name} must be a positive integer, got {value!r}; e.g. {example}")
+                what = "a positive integer or 'step'" if name == "reorder_window" else "a positive integer"
+                raise ConfigError(f"{name} must be {what}, got {value!r}; e.g. {example}")
         for name, what in (("cost_model", "file"), ("cost_index", "file"), ("profile", "directory")):
             value = getattr(self, name)
             if value is None:
@@ -160,6 +168,18 @@ class AccelConfig:
     def features(self) -> list[str]:
         names = [n for n in ("sharded_reads", "reorder", "packing") if getattr(self, n)]
         return names + (["profile"] if self.profile is not None else [])
+
+    def window_for(self, step_micro_batches: Optional[int]) -> int:
+        """The micro-batches planned together: ``reorder_window``, or for "step" the step's
+        ``step_micro_batches`` (ValueError naming the fix where those are unknown)."""
+        if self.reorder_window != STEP_WINDOW:
+            return self.reorder_window
+        if step_micro_batches is None:
+            raise ValueError("mimo_accel reorder_window=step needs the number of micro-batches per training "
+                             "step, which megatron-core's num-microbatches calculator did not have when the loader "
+                             "was built (Bridge's setup_megatron_mimo initialises it); build the loaders inside "
+                             "pretrain_megatron_mimo's build_data_iterators, or set reorder_window to a number")
+        return step_micro_batches
 
     def replace(self, **changes) -> "AccelConfig":
         unknown = set(changes) - {f.name for f in dataclasses.fields(self)}
@@ -224,11 +244,14 @@ class AccelConfig:
                     raise ConfigError(f"{var}={env[var]!r}: expected 1 or 0")
                 changes[name] = raw in TRUE_WORDS
         for var, name in ((ENV_PAD_MULTIPLE, "pad_multiple"), (ENV_REORDER_WINDOW, "reorder_window")):
-            if env.get(var):
+            if name == "reorder_window" and env.get(var, "").strip().lower() == STEP_WINDOW:
+                changes[name] = STEP_WINDOW
+            elif env.get(var):
                 try:
                     changes[name] = int(env[var])
                 except ValueError:
-                    raise ConfigError(f"{var}={env[var]!r} is not an integer; e.g. {var}=2") from None
+                    raise ConfigError(f"{var}={env[var]!r} is not an integer"
+                                      f"{' or step' if name == 'reorder_window' else ''}; e.g. {var}=2") from None
         try:
             return cls(**changes)
         except ConfigError as exc:  # name the variable the value came from

@@ -39,7 +39,7 @@ import re
 from dataclasses import dataclass
 from typing import Iterable, Optional, Union
 
-from mimo_accel.config import FLAGS, AccelConfig, ConfigError
+from mimo_accel.config import FLAGS, STEP_WINDOW, AccelConfig, ConfigError
 
 __all__ = ["SECTION", "Override", "is_override", "load_config", "parse_overrides"]
 
@@ -85,8 +85,11 @@ def _check_value(key: str, value, where: str) -> None:
     if key in FLAGS and not isinstance(value, bool):
         raise ConfigError(f"{where}: {SECTION}.{key} must be true or false, got {value!r}; "
                           f"write {key}=true or {key}=false")
+    if key == "reorder_window" and isinstance(value, str) and value.strip().lower() == STEP_WINDOW:
+        return
     if key in INTS and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
-        raise ConfigError(f"{where}: {SECTION}.{key} must be a positive integer, got {value!r}; e.g. {key}=2")
+        raise ConfigError(f"{where}: {SECTION}.{key} must be a positive integer"
+                          f"{' or step' if key == 'reorder_window' else ''}, got {value!r}; e.g. {key}=2")
     if key not in FLAGS + INTS and value is not None and not isinstance(value, str):
         what = "plan or exchange" if key == "reorder_mode" else "a path, or null"
         raise ConfigError(f"{where}: {SECTION}.{key} must be {what}, got {value!r}")

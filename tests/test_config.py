@@ -60,7 +60,7 @@ mimo_accel:
     ("mimo_accel: {packing: 'true'}\n", [], ["mimo_accel.packing must be true or false, got 'true'"]),
     ("mimo_accel: {}\n", ["pad_multiple=abc"], ["mimo_accel.pad_multiple must be a positive integer", "got 'abc'"]),
     ("mimo_accel: {}\n", ["pad_multiple=0"], ["pad_multiple must be a positive integer, got 0"]),
-    ("mimo_accel: {reorder_window: 2.5}\n", [], ["reorder_window must be a positive integer, got 2.5"]),
+    ("mimo_accel: {reorder_window: 2.5}\n", [], ["reorder_window must be a positive integer or step, got 2.5"]),
     ("mimo_accel: {reorder_mode: fast}\n", [], ["reorder_mode='fast' is not one of", "reorder_mode=exchange"]),
     ("mimo_accel: {cost_model: 3}\n", [], ["mimo_accel.cost_model must be a path"]),
     ("mimo_accel: {}\n", ["junk"], ["override 'junk': write key=value"]),
@@ -325,3 +325,17 @@ def test_options_with_their_feature_on_are_not_warned(clean_engine, caplog):
         mimo_accel.enable(reorder=True, reorder_window=2, strict_gradients=True, calibrate_online=False,
                           packing=True, pad_multiple=2)
     assert not [r for r in caplog.records if "has no effect" in r.getMessage()]
+
+
+def test_a_window_of_one_step_in_every_way_it_can_be_set(tmp_path):
+    want = AccelConfig(reorder=True, reorder_window="step")
+    assert AccelConfig(reorder=True, reorder_window="Step") == want
+    assert AccelConfig.from_env({"MIMO_ACCEL": "reorder", "MIMO_ACCEL_REORDER_WINDOW": "step"}) == want
+    assert mimo_accel.load_config(_yaml(tmp_path, "mimo_accel: {reorder: true, reorder_window: step}\n")) == want
+    assert mimo_accel.load_config(None, ["reorder=true", "reorder_window=step"]) == want
+    assert AccelConfig.from_env(want.to_env()) == want
+    assert want.window_for(16) == 16 and AccelConfig(reorder_window=4).window_for(16) == 4
+    with pytest.raises(ValueError, match="reorder_window=step needs the number of micro-batches per training step"):
+        want.window_for(None)
+    with pytest.raises(ConfigError, match="MIMO_ACCEL_REORDER_WINDOW='steps' is not an integer or step"):
+        AccelConfig.from_env({"MIMO_ACCEL": "reorder", "MIMO_ACCEL_REORDER_WINDOW": "steps"})

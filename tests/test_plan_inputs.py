@@ -146,7 +146,7 @@ def _plan(tmp_path, index: CostIndex, dp_sizes: dict):
     first = next(iter(dp_sizes))
     ctx = ShardContext(first, 0, dp_sizes[first], 4, dp_sizes)
     runtime = Runtime(AccelConfig(reorder=True, cost_index=str(path)))
-    return plan_for(ds, [0, "single", 4], ctx, "train", runtime), runtime
+    return plan_for(ds, [0, "single", 4], ctx, "train", runtime, 4), runtime
 
 
 def test_the_plan_prices_every_module_of_the_layout(tmp_path):

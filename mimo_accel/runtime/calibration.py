@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
+from mimo_accel.config import STEP_WINDOW
 from mimo_accel.costs import CostModel
 
 logger = logging.getLogger("mimo_accel")
@@ -178,7 +179,9 @@ class Calibration:
         from mimo_accel.runtime.schedule import micro_batches_per_step
         from mimo_accel.runtime.plan_ahead import DEPTH
 
-        return lead_steps(self.window, micro_batches_per_step(), DEPTH)
+        steps = micro_batches_per_step()
+        window = (steps or 1) if self.window == STEP_WINDOW else self.window
+        return lead_steps(window, steps, DEPTH)
 
     # ------------------------------------------------------------------------------ every rank
 

@@ -42,7 +42,7 @@ class Plan:
     models: object = None  # online calibration: first micro-batch -> (model, digest, overheads)
 
 
-def plan_for(dataset, sampler_settings: list, ctx, split: str, runtime: Runtime) -> Plan:
+def plan_for(dataset, sampler_settings: list, ctx, split: str, runtime: Runtime, micro_batch_size: int) -> Plan:
     """The plan of one split's loader; first checks that every data-loading rank plans from the
     same inputs (collective over those ranks)."""
     from mimo_accel.runtime import sampler
@@ -77,9 +77,12 @@ def plan_for(dataset, sampler_settings: list, ctx, split: str, runtime: Runtime)
         window, step_mbs = 1, None
         # Windows span the micro-batches of one training step; evaluation plans each
         # micro-batch on its own (its micro-batches per pass follow other settings).
-        if split == "train" and cfg.reorder_window > 1:
-            window, step_mbs = cfg.reorder_window, micro_batches_per_step()
+        if split == "train" and cfg.reorder_window != 1:
+            step_mbs = micro_batches_per_step()
+            window = cfg.window_for(step_mbs)
             sampler.check_window(window, step_mbs)
+        if split == "train" and window == 1:
+            _say_if_nothing_moves(ctx, micro_batch_size, runtime)
         models = None
         if calibration is not None:  # each step planned with the model announced for it
             steps = step_mbs or micro_batches_per_step()
@@ -91,6 +94,19 @@ def plan_for(dataset, sampler_settings: list, ctx, split: str, runtime: Runtime)
                 models = calibration.models(steps)
         plan = Plan(planner, plan.cost_model, window, step_mbs, _plan_check(ctx, f"{split} loader"), models)
     return plan
+
+
+def _say_if_nothing_moves(ctx, micro_batch_size: int, runtime: Runtime) -> None:
+    """Where every module's replica holds one sample of a micro-batch or all of them (upstream's
+    validated layout: images dp1, language dp2, two samples), a micro-batch planned alone leaves
+    every replica's load as it was."""
+    if all(dp in (1, micro_batch_size) for dp in ctx.dp_sizes.values()):
+        sizes = ", ".join(f"{m} dp{d}" for m, d in ctx.dp_sizes.items())
+        runtime.say_once("reorder:nothing-to-move", (
+            f"mimo_accel reorder: with {sizes} and {micro_batch_size}-sample micro-batches, every replica holds one "
+            "sample of a micro-batch or all of them, so a plan of one micro-batch cannot change any replica's "
+            "load. Set reorder_window=step (MIMO_ACCEL_REORDER_WINDOW=step) to plan each training step's "
+            "micro-batches together."))
 
 
 def _plan_check(ctx, what: str, check=None):
@@ -138,7 +154,7 @@ def _share(loader, a: UpstreamCall, ctx, split: str, dp_group, runtime: Runtime)
     from mimo_accel.runtime import sampler
 
     cfg = runtime.config
-    plan = plan_for(a["dataset"], _settings(a), ctx, split, runtime)
+    plan = plan_for(a["dataset"], _settings(a), ctx, split, runtime, a["micro_batch_size"])
     if cfg.reorder and cfg.reorder_mode == "exchange":
         from mimo_accel.runtime.exchange import exchange_shard_loader
         from mimo_accel.runtime.plan_check import FirstPlanCheck
@@ -191,7 +207,8 @@ def _canonical_share(loader, a: UpstreamCall, ctx, split: str, dp_group, runtime
         return loader
     if not cfg.reorder:
         return sampler.tagged_loader(loader, ctx, loader.batch_sampler)  # upstream's own shard
-    plan = plan_for(a["dataset"], _settings(a, [k for k in _SETTINGS if k != "seed"]), ctx, split, runtime)
+    plan = plan_for(a["dataset"], _settings(a, [k for k in _SETTINGS if k != "seed"]), ctx, split, runtime,
+                    a["micro_batch_size"])
     if cfg.reorder_mode == "exchange":
         from mimo_accel.runtime.exchange import exchange_shard_loader
         from mimo_accel.runtime.plan_check import FirstPlanCheck
