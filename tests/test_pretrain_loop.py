@@ -30,9 +30,8 @@ from ._example import run_example
 pytestmark = pytest.mark.distributed
 
 MBS, GBS = 4, 8
-MICRO_BATCHES = GBS // MBS
 ALL = dict(sharded_reads=True, reorder=True, packing=True)
-WINDOWED = dict(ALL, reorder_window=MICRO_BATCHES)  # plan a whole step at a time
+WINDOWED = dict(ALL, reorder_window="step")  # plan a whole step at a time
 DEADLINE_S = 150.0
 RTOL = 1e-4  # reordering and packing change summation order (observed: below 1e-7)
 # A resume repeats the same float operations: bit-exact here. A tolerance as loose as RTOL would
