@@ -38,10 +38,10 @@ $(STAMP): pyproject.toml requirements/constraints.txt requirements/megatron-runt
 
 # The main job: the user's path rehearsed on CPU ranks -- examples/train_mimo.py (Bridge's own
 # pretrain_megatron_mimo) with Bridge's Qwen3-VL vision model over receipt image files, upstream
-# as shipped, upstream PR #4608's reorder, and mimo_accel (its cost model learnt while training,
-# from the defaults), with the straggler report.
+# as shipped, Bridge 0.7's own reorder (--peer upstream; --peer 4608: PR #4608's), and mimo_accel
+# (its cost model learnt while training, from the defaults), with the straggler report.
 demo: $(STAMP)
-	$(VENV)/bin/mimo-accel rehearse --loop bridge --peer 4608 --json rehearsal.json
+	$(VENV)/bin/mimo-accel rehearse --loop bridge --peer upstream --json rehearsal.json
 
 # Without Megatron the suite would run its pure tests only and skip the rest: make test refuses instead.
 test: $(STAMP)

@@ -259,11 +259,10 @@ def _bridge_rank(rank, world, script, argv, features, profile_dir, label, steps,
     _keep_freed_memory()
     os.environ.update(env, MIMO_ACCEL_PROFILE_LABEL=label)
     import mimo_accel
-    from mimo_accel.rehearse import peer_4608
+    from mimo_accel.rehearse import peers
     from mimo_accel.rehearse.ranks import report_progress
 
-    if os.environ.get(peer_4608.ENV) == "4608":  # the peer's planner in place of the joint plan
-        peer_4608.install()
+    peers.install_from_env()  # a peer's planner in place of the joint plan, where the run names one
 
     # before the script is imported: it binds Bridge's loader builder by value at its top
     mimo_accel.enable(profile=profile_dir, **features)

@@ -34,7 +34,7 @@ from typing import Any, Optional, Sequence
 
 from mimo_accel.grid import canonical_grid
 from mimo_accel.modules import LANGUAGE, Modules
-from mimo_accel.rehearse import rehearsal
+from mimo_accel.rehearse import peers, rehearsal
 from mimo_accel.tools.arguments import UsageError, fail, nonnegative_int, output_dir, output_file, parse, positive_int
 
 PROG = "mimo-accel rehearse"
@@ -274,7 +274,7 @@ def _compare_and_report(console, title: str, unit: str, rows, out: Path, before_
     return doc
 
 
-PEERS = ("4608",)
+PEERS = tuple(peers.LABELS)  # "4608", "upstream"
 
 
 def rehearse_bridge(*, steps: Optional[int] = None, vision_dp: Optional[int] = None,
@@ -287,15 +287,16 @@ def rehearse_bridge(*, steps: Optional[int] = None, vision_dp: Optional[int] = N
     ``examples/train_mimo.py --encoder qwen3vl --dataset images --image-mix receipts``, baseline
     then accelerated (sharded reads + reorder + packing, planned from ``cost_model`` or the default
     coefficients, learnt while training unless ``calibrate_online`` is False), profiler on; with
-    ``peer="4608"`` a run between them plans as upstream PR #4608 does
-    (:mod:`mimo_accel.rehearse.peer_4608`). Checks the invariants on the traces and prints the
-    report. One micro-batch of ``micro_batch`` samples per iteration."""
+    ``peer`` (``"upstream"``: Bridge 0.7's merged reorder; ``"4608"``: upstream PR #4608) a run
+    between them plans as that peer does (:mod:`mimo_accel.rehearse.peers`). Checks the
+    invariants on the traces and prints the report. One micro-batch of ``micro_batch`` samples per
+    iteration."""
     from rich.console import Console
 
     from mimo_accel.profiler import read_run
-    from mimo_accel.rehearse import peer_4608
     from mimo_accel.rehearse.ranks import RankFailure
     from mimo_accel.tools import report
+    from mimo_accel.tools.report import sides
 
     script, steps, vdp, ldp, mbs = bridge_plan(example, steps, vision_dp, language_dp, micro_batch)
     if peer is not None and peer not in PEERS:
@@ -331,10 +332,10 @@ def rehearse_bridge(*, steps: Optional[int] = None, vision_dp: Optional[int] = N
             before_records = rehearsal.run_bridge("sharded", rehearsal.SHARDED_ONLY, vdp, ldp, steps, mbs, out,
                                                   image_dir, script, seed, progress, task, log, cpus)
         if peer is not None:
-            task = progress.add_task(f"peer: PR #{peer}'s planner (shard+reorder+pack)", total=steps)
+            task = progress.add_task(f"peer: {peers.LABELS[peer]} (shard+reorder+pack)", total=steps)
             peer_records = rehearsal.run_bridge(f"peer-{peer}", dict(rehearsal.ALL_FEATURES, calibrate_online=False),
                                                 vdp, ldp, steps, mbs, out, image_dir, script, seed, progress, task,
-                                                log, cpus, env={peer_4608.ENV: peer})
+                                                log, cpus, env={peers.ENV: peer})
         task = progress.add_task("accelerated (shard+reorder+pack)", total=steps)
         after_records = rehearsal.run_bridge("accelerated", features, vdp, ldp, steps, mbs, out, image_dir, script,
                                              seed, progress, task, log, cpus)
@@ -349,9 +350,12 @@ def rehearse_bridge(*, steps: Optional[int] = None, vision_dp: Optional[int] = N
         [(str(it), b["loss_sum"], b["tokens"], a["loss_sum"], a["tokens"])
          for it, (b, a) in enumerate(zip(before, after), start=1)],
         out, before_label, before_note, cost_note, elapsed)
-    peer_side = report.summarize(read_run(out / f"peer-{peer}")) if peer is not None else None
-    if peer_side is not None:
-        console.print(_rich_sides(doc["before"], peer_side, doc["after"], peer))
+    peer_side = None
+    if peer is not None:
+        peer_side = dict(name=peers.LABELS[peer], **report.summarize(read_run(out / f"peer-{peer}")))
+        console.print(sides.table(doc["before"], peer_side, doc["after"]))
+        peer_side["language_worse"], verdict = sides.language_verdict(peer_side, doc["after"])
+        console.print(verdict, highlight=False)
     own = {"profile": "bridge-loop:qwen3vl-receipts", "loop": "bridge", "layout": str(layout), "steps": steps,
            "pinned_cpus": list(cpus or []),
            "micro_batch": mbs, "before_label": before_label, "before_note": before_note,
@@ -360,32 +364,10 @@ def rehearse_bridge(*, steps: Optional[int] = None, vision_dp: Optional[int] = N
            "profile_dir": str(out), "log": str(log), "wall_s": elapsed,
            "cost_model": {"start": cost_model or "defaults", "calibrate_online": calibrate_online, "note": cost_note},
            "online_calibration": doc["after"].get("online_calibration") or {"refits": []},
-           **({"peer": peer_side, "peer_name": f"PR #{peer}"} if peer_side is not None else {})}
+           **({"peer": peer_side} if peer_side is not None else {})}
     if json_path:
         report.write_json(json_path, doc, **own)
     return {**doc, **own}
-
-
-def _rich_sides(before: dict, peer: dict, after: dict, name: str):
-    """Upstream as shipped, the peer's reorder and mimo_accel side by side, every module."""
-    from rich.table import Table
-
-    t = Table(title=f"Upstream, PR #{name}'s reorder and mimo_accel, the same samples")
-    for col in ("", "upstream", f"PR #{name}", "mimo_accel"):
-        t.add_column(col, justify="left" if not col else "right")
-    modules = [m for m in after.get("module_order", []) if m in after.get("per_module", {})]
-
-    def cell(side, m, key):
-        v = ((side.get("per_module") or {}).get(m) or {}).get(key)
-        return "—" if v is None else f"{v:.3f}"
-
-    for m in modules:
-        t.add_row(f"{m} straggler p50", *(cell(s, m, "max_over_mean_p50") for s in (before, peer, after)))
-        t.add_row(f"{m} straggler p50, last half", *(cell(s, m, "max_over_mean_p50_last_half")
-                                                     for s in (before, peer, after)))
-    t.add_row("step time p50", *(f"{s['step_time_p50']:.2f} s" if s.get("step_time_p50") else "—"
-                                 for s in (before, peer, after)))
-    return t
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -415,8 +397,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--no-calibrate-online", action="store_true",
                    help="--loop bridge: pin the cost model (no online calibration) in the accelerated run")
     p.add_argument("--peer", choices=PEERS,
-                   help="--loop bridge: a third run, between the two, where upstream PR #4608's planner stands in "
-                        "for the joint plan (equal-size LPT on the vision cost), shown beside both")
+                   help="--loop bridge: a third run, between the two, where a peer's planner stands in for the "
+                        "joint plan, shown beside both: upstream (Bridge 0.7's merged reorder, its defaults) or "
+                        "4608 (upstream PR #4608); both equal-size LPT per micro-batch on the vision cost")
     p.add_argument("--all-cpus", action="store_true",
                    help="spread the ranks over every CPU (faster, but thread-CPU times then differ by which "
                         "CPU a rank ran on: noisier straggler figures); default: all ranks on one CPU")

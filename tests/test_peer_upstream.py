@@ -1,0 +1,128 @@
+"""The peers of the rehearsal (``mimo-accel rehearse --peer upstream|4608``): installed in a rank's
+planner, they plan exactly as their pure planners do; the rehearsal's JSON carries the peer as
+``peer`` with ``peer.name``, and its console says whether the peer leaves the language model
+worse than mimo_accel's plan."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import numpy as np
+import pytest
+from rich.console import Console
+
+from mimo_accel import planner
+from mimo_accel.balance import lpt_order
+from mimo_accel.balance.peers import merged_reorder_costs, merged_reorder_order
+from mimo_accel.costs import CostIndex, CostModel, ResizeRule
+from mimo_accel.modules import Modules
+from mimo_accel.rehearse import peers
+from mimo_accel.tools.report import sides
+
+N = 64
+
+
+def _columns(rng, n: int):
+    """(items, rows, sq_rows) of one image encoder: 0 or 1 image a sample."""
+    rows = np.where(rng.random(n) < 0.8, rng.integers(4, 900, n), 0)
+    return (rows > 0).astype(np.int64), rows, rows * rows
+
+
+def _index(encoders=("vision",), seed: int = 0) -> CostIndex:
+    rng = np.random.default_rng(seed)
+    return CostIndex.from_modules(rng.integers(20, 2000, N),
+                                  {name: (*_columns(rng, N), ResizeRule()) for name in encoders})
+
+
+@pytest.fixture
+def restored(monkeypatch):
+    """The planner's own ``__call__`` back after the test (installing a peer replaces it)."""
+    monkeypatch.setattr(planner.CostIndexPlanner, "__call__", planner.CostIndexPlanner.__call__)
+    monkeypatch.delenv(peers.ENV, raising=False)
+    return monkeypatch
+
+
+LAYOUTS = {"1:1": {"vision": 4, "language": 4}, "fan-in": {"vision": 4, "language": 2},
+           "fan-out": {"vision": 2, "language": 4}}
+
+
+@pytest.mark.parametrize("micro_batches", [1, 2])
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+def test_the_upstream_peer_plans_as_the_merged_reorder(restored, layout, micro_batches):
+    index, modules = _index(), Modules.from_dp_sizes(LAYOUTS[layout])
+    indices = np.random.default_rng(1).permutation(N)[:32]
+    peers.install("upstream")
+    planned, spreads = planner.CostIndexPlanner(index, CostModel(), modules)(indices, micro_batches)
+    costs = merged_reorder_costs(index.rows("vision", indices), index.tokens(indices))
+    want = merged_reorder_order(costs, modules.grid, micro_batches)
+    assert planned == [int(indices[p]) for p in want]
+    # the predicted spreads are still every module's, under the run's cost model
+    assert set(spreads) == {"vision", "language"} and all(s >= 1.0 for s in spreads.values())
+    assert {m: v.shape for m, v in spreads.loads.items()} == {m: (micro_batches, dp)
+                                                                for m, dp in LAYOUTS[layout].items()}
+
+
+def test_with_two_encoders_the_upstream_peer_prices_every_encoders_rows(restored):
+    index = _index(("vision", "images2"), seed=2)
+    modules = Modules.from_dp_sizes({"vision": 2, "images2": 2, "language": 2}, kinds={"images2": "image"})
+    indices = np.arange(16)
+    peers.install("upstream")
+    planned, _ = planner.CostIndexPlanner(index, CostModel(), modules)(indices)
+    patches = index.rows("vision", indices) + index.rows("images2", indices)
+    assert planned == merged_reorder_order(merged_reorder_costs(patches, index.tokens(indices)), 2)
+
+
+def test_the_4608_peer_stays_lpt_over_the_largest_dp(restored):
+    index, modules = _index(seed=3), Modules.from_dp_sizes({"vision": 2, "language": 4})
+    indices = np.arange(8, 40)
+    restored.setenv(peers.ENV, "4608")
+    peers.install_from_env()
+    planned, _ = planner.CostIndexPlanner(index, CostModel(), modules)(indices, 2)
+    rows = index.rows("vision", indices).astype(float)
+    want = [j * 16 + p for j in range(2) for p in lpt_order(rows[j * 16:(j + 1) * 16], 4)]
+    assert planned == [int(indices[p]) for p in want]
+
+
+def test_an_unknown_peer_is_refused_naming_the_known_ones(restored):
+    with pytest.raises(ValueError, match=r"'nope'.*\['4608', 'upstream'\]"):
+        peers.install("nope")
+
+
+def _side(vision: float, language: float) -> dict:
+    return {"module_order": ["vision", "language"], "step_time_p50": 2.0,
+            "per_module": {"vision": {"max_over_mean_p50": vision}, "language": {"max_over_mean_p50": language}}}
+
+
+@pytest.mark.parametrize("peer_language, worse", [(1.04, True), (1.01, False)])
+def test_the_table_names_the_three_runs_and_one_line_judges_the_language_model(peer_language, worse):
+    peer = dict(name=peers.LABELS["upstream"], **_side(1.08, peer_language))
+    after = _side(1.02, 1.02)
+    out = io.StringIO()
+    Console(file=out, width=160).print(sides.table(_side(1.3, 1.005), peer, after))
+    text = out.getvalue()
+    assert all(s in text for s in ("upstream as shipped", "Bridge 0.7's reorder", "mimo_accel",
+                                   "vision straggler p50", "language straggler p50", "2.00 s"))
+    verdict, line = sides.language_verdict(peer, after)
+    assert verdict is worse
+    assert line == (f"Bridge 0.7's reorder {'leaves' if worse else 'does not leave'} the language model worse than "
+                    f"mimo_accel's plan: language straggler p50 {peer_language:.3f} against 1.020")
+    assert sides.language_verdict(peer, {"per_module": {}})[0] is None
+
+
+@pytest.mark.distributed
+def test_the_rehearsal_with_the_upstream_peer_writes_it_as_peer_with_its_name(tmp_path):
+    from mimo_accel.tools import rehearsing
+
+    out = open(tmp_path / "out.txt", "w")
+    result = rehearsing.rehearse_bridge(steps=2, vision_dp=2, language_dp=2, micro_batch=8, peer="upstream",
+                                        out_dir=str(tmp_path / "runs"), json_path=str(tmp_path / "r.json"),
+                                        console=Console(file=out, width=160))
+    out.close()
+    doc = json.loads((tmp_path / "r.json").read_text())
+    assert set(doc) == set(result) and "peer_name" not in doc
+    assert doc["peer"]["name"] == "Bridge 0.7's reorder" and doc["peer"]["label"] == "peer-upstream"
+    assert doc["peer"]["language_worse"] in (True, False) and "per_module" in doc["peer"]
+    text = (tmp_path / "out.txt").read_text()
+    assert "Upstream as shipped, Bridge 0.7's reorder and mimo_accel" in text
+    assert "the language model worse than mimo_accel's plan" in text
