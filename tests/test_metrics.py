@@ -104,6 +104,39 @@ def test_an_untimed_module_has_no_straggler_but_its_reads(tmp_path):
     assert "mimo_accel/vision/straggler" not in s and s["mimo_accel/vision/samples_read_per_rank"] == 4
 
 
+def test_each_modules_throughput_is_a_scalar_of_the_step():
+    """vision dp2 (64 and 32 rows); language dp2 on TP2 (replica 0: 300 real tokens, replica 1:
+    100, counted alike on both TP ranks); the step: the longest any rank took (2 s)."""
+    from mimo_accel.costs.flops import FlopsShape
+
+    vit = FlopsShape(layers=2, hidden=64, ffn_hidden=256, heads=4, query_groups=4, kv_channels=16, causal=False)
+    lm = FlopsShape(layers=4, hidden=128, ffn_hidden=512, heads=4, query_groups=4, kv_channels=32, vocab=2048)
+    flops = {"device_name": "NVIDIA H100 80GB HBM3",
+             "modules": {"vision": {"ranks": 2, "trained": True, "shape": vit.to_dict()},
+                         "language": {"ranks": 4, "trained": True, "shape": lm.to_dict()}}}
+    figures = []
+    for rank, module, dp, seconds, rows in ((0, "vision", 0, 1.5, 64), (1, "vision", 1, 2.0, 32),
+                                            (2, "language", 0, 2.0, 300), (3, "language", 0, 1.9, 300),
+                                            (4, "language", 1, 2.0, 100), (5, "language", 1, 1.8, 100)):
+        names = ("tokens", "sq_tokens") if module == "language" else ("vision_rows", "vision_sq_rows")
+        record = {"step_time_s": seconds, "samples": 4, names[0]: rows, names[1]: rows * rows}
+        figures.append(rank_figures({"rank": rank, "module": module, "dp_rank": dp}, record))
+    s = step_scalars(figures, flops)
+    p = "mimo_accel"
+    assert s[f"{p}/language/samples_per_s"] == s[f"{p}/vision/samples_per_s"] == 8 / 2.0
+    assert s[f"{p}/language/tokens_per_s_per_gpu"] == 400 / (2.0 * 4)
+    assert s[f"{p}/vision/tokens_per_s_per_gpu"] == 96 / (2.0 * 2)
+    tflops = 3 * lm.forward(400, 300**2 + 100**2) / (2.0 * 4) / 1e12
+    assert s[f"{p}/language/tflops_per_gpu"] == pytest.approx(tflops)
+    assert s[f"{p}/language/mfu"] == pytest.approx(tflops / 989.0)  # an H100 SXM's dense BF16 peak
+    assert s[f"{p}/vision/tflops_per_gpu"] == pytest.approx(3 * vit.forward(96, 64**2 + 32**2) / (2.0 * 2) / 1e12)
+    on_cpu = step_scalars(figures, {**flops, "device_name": None})
+    assert not [k for k in on_cpu if k.endswith("/mfu")] and f"{p}/language/tflops_per_gpu" in on_cpu
+    shapeless = step_scalars(figures)  # no FLOPs shapes: no FLOPs; per GPU over the ranks that reported
+    assert not [k for k in shapeless if k.endswith(("/tflops_per_gpu", "/mfu"))]
+    assert shapeless[f"{p}/language/tokens_per_s_per_gpu"] == 400 / (2.0 * 4)
+
+
 class _Writer:
     """Bridge's writers stand-in where only the calls matter."""
 

@@ -63,6 +63,13 @@ def test_the_example_logs_mimo_accel_figures_through_bridges_tensorboard_writer(
     assert [s for s, _ in got["histogram:mimo_accel/language/tokens"]] == steps
     assert all(count == LDP for _, count in got["histogram:mimo_accel/language/tokens"])
     assert all(v >= 1.0 for _, v in got["mimo_accel/language/tokens_straggler"])
+    # each module's throughput, from the FLOPs shapes of its TransformerConfig; no MFU on CPU (no peak)
+    for module in ("vision", "language"):
+        for figure in ("samples_per_s", "tokens_per_s_per_gpu", "tflops_per_gpu"):
+            values = got[f"mimo_accel/{module}/{figure}"]
+            assert [s for s, _ in values] == steps and all(v > 0 for _, v in values), (module, figure, values)
+    assert got["mimo_accel/vision/samples_per_s"] == got["mimo_accel/language/samples_per_s"]  # GBS per step each
+    assert not [tag for tag in got if tag.endswith("/mfu")]
 
 
 def test_without_the_profiler_bridge_logs_alone(tmp_path):

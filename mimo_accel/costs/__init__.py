@@ -14,6 +14,8 @@ sample without talking to any other rank.
 - :mod:`~mimo_accel.costs.index_file`: that file's arrays, memory-mapped where they lie
 - :mod:`~mimo_accel.costs.nnls`: the exact non-negative least squares every cost fit uses
 - :mod:`~mimo_accel.costs.online`: each module's model learnt from the job's own step times (``OnlineCalibration``)
+- :mod:`~mimo_accel.costs.flops`: a module's model FLOPs from its TransformerConfig (``FlopsShape``), the GPU
+  peak table, and the per-step throughput figures (samples/s, tokens/s and TFLOP/s per GPU, MFU)
 """
 
 from mimo_accel.costs.audio import AudioRule

@@ -15,6 +15,11 @@ the interval of Bridge's own MIMO ``iteration-time`` scalar) adds, under ``mimo_
   (packed: its ``cu_seqlens``; else its attention-mask rows), beside the scalars
   ``language/tokens_max``, ``language/tokens_mean`` and ``language/tokens_straggler`` (max / mean):
   no tag's count grows with the data-parallel size;
+* per module ``m``, its throughput this step (:func:`mimo_accel.costs.flops.throughput`; the step's
+  time: the longest ``step_time_s`` of any rank): ``m/samples_per_s``, ``m/tokens_per_s_per_gpu``
+  (the language model's real tokens, an encoder's rows), ``m/tflops_per_gpu`` (its model FLOPs, where
+  the writing rank's profile header has the module's FLOPs shape) and ``m/mfu`` (where the device is
+  in :data:`~mimo_accel.costs.flops.PEAK_BF16_TFLOPS`); per GPU: over the module's tp·cp·pp·dp ranks;
 * ``reads/samples``, ``reads/bytes``, ``reads/bytes_exchanged``: summed over every rank;
 * ``plan_wait_s`` (with ``reorder``): the longest any rank's training thread waited this step for a
   plan made ahead (0 while planning keeps up).
@@ -55,6 +60,7 @@ from typing import Any, Iterable, Optional
 
 import numpy as np
 
+from mimo_accel.costs.flops import FlopsShape, peak_tflops_of, throughput
 from mimo_accel.modules import LANGUAGE
 from mimo_accel.profiler.recorder import FORMAT_V1_ENCODER, module_regions
 from mimo_accel.profiler.run import module_seconds, record_number
@@ -85,8 +91,11 @@ def _next_run() -> int:
 
 def rank_figures(header: dict, record: dict) -> dict:
     """What one rank contributes to a logged step: its module and replica (from its profile
-    header), its module's forward + backward seconds, what it read, and the plan's prediction."""
+    header), its module's forward + backward seconds, what it read, what it computed (samples; the
+    language model's real tokens Σ L, Σ L², an encoder's rows Σ rows, Σ rows²), its step's wall
+    time, and the plan's prediction."""
     module = str(header.get("module", "unknown"))
+    rows, sq_rows = ("tokens", "sq_tokens") if module == LANGUAGE else (f"{module}_rows", f"{module}_sq_rows")
     spreads: dict = {}
     table = record.get("predicted_spreads")
     if isinstance(table, dict):
@@ -102,6 +111,10 @@ def rank_figures(header: dict, record: dict) -> dict:
         "bytes_read": record_number(record, "bytes_read") or 0,
         "bytes_exchanged": record_number(record, "bytes_exchanged") or 0,
         "tokens": record_number(record, "tokens") if module == LANGUAGE else None,
+        "samples": record_number(record, "samples"),
+        "rows": record_number(record, rows),
+        "sq_rows": record_number(record, sq_rows),
+        "step_time_s": record_number(record, "step_time_s"),
         "spreads": spreads,
         "plan_wait_s": record_number(record, "plan_wait_s"),
         "features": _features(module, record),
@@ -123,8 +136,9 @@ def _ratio(values: list) -> Optional[float]:
     return max(values) / mean if mean > 0 else None
 
 
-def step_scalars(figures: Iterable[dict]) -> dict[str, float]:
-    """The scalars of one step from every rank's :func:`rank_figures` (see the module docstring)."""
+def step_scalars(figures: Iterable[dict], flops: Optional[dict] = None) -> dict[str, float]:
+    """The scalars of one step from every rank's :func:`rank_figures` (see the module docstring);
+    ``flops``: the profile header's ``layout["flops"]`` (:mod:`mimo_accel.runtime.model_flops`)."""
     figures = sorted(figures, key=lambda f: f["rank"])
     by_module: dict[str, list[dict]] = defaultdict(list)
     for f in figures:
@@ -172,16 +186,44 @@ def step_scalars(figures: Iterable[dict]) -> dict[str, float]:
     waits = [w for f in figures if (w := f.get("plan_wait_s")) is not None]
     if waits:  # the training thread's wait for the plans it was to train, the slowest rank's
         out[f"{PREFIX}/plan_wait_s"] = max(waits)
+    out.update(_throughput_scalars(by_module, figures, flops or {}))
     return out
+
+
+def _throughput_scalars(by_module: dict[str, list[dict]], figures: list[dict], flops: dict) -> dict[str, float]:
+    """Each module's samples/s, tokens/s per GPU, TFLOP/s per GPU and MFU this step (the figures
+    that can be computed: see :func:`mimo_accel.costs.flops.throughput`)."""
+    times = [t for f in figures if (t := f.get("step_time_s")) is not None]
+    if not times:
+        return {}
+    table = flops.get("modules") or {}
+    peak = peak_tflops_of(flops.get("device_name"))
+    out: dict[str, float] = {}
+    for module, ranks in by_module.items():
+        if module == "unknown":
+            continue
+        own = table.get(module) or {}
+        work = {k: sum(v.values()) if (v := _per_replica(ranks, k)) else None for k in ("samples", "rows", "sq_rows")}
+        figures_of = throughput(samples=work["samples"], tokens=work["rows"], sq_tokens=work["sq_rows"],
+                                step_time_s=max(times), ranks=own.get("ranks") or len(ranks),
+                                shape=FlopsShape.from_dict(own["shape"]) if own.get("shape") else None,
+                                trained=own.get("trained", True), peak_tflops=peak[1] if peak else None)
+        out.update({f"{PREFIX}/{module}/{k}": v for k, v in figures_of.items() if v is not None})
+    return out
+
+
+def _per_replica(figures: Iterable[dict], key: str) -> dict[int, float]:
+    """``key`` of each DP replica of ``figures`` this step (the most any of its ranks counted)."""
+    values: dict[int, float] = {}
+    for f in figures:
+        if (v := f.get(key)) is not None:
+            values[f["dp_rank"]] = max(values.get(f["dp_rank"], 0.0), v)
+    return values
 
 
 def _language_tokens(figures: Iterable[dict]) -> dict[int, float]:
     """The real tokens of each language replica this step (the most any of its ranks counted)."""
-    tokens: dict[int, float] = {}
-    for f in figures:
-        if f["module"] == LANGUAGE and f["tokens"] is not None:
-            tokens[f["dp_rank"]] = max(tokens.get(f["dp_rank"], 0.0), f["tokens"])
-    return tokens
+    return _per_replica([f for f in figures if f["module"] == LANGUAGE], "tokens")
 
 
 def step_histograms(figures: Iterable[dict]) -> dict[str, list[float]]:
@@ -235,6 +277,7 @@ class Metrics:
         if calibration is not None and rank == self.writer_rank:  # the fitting rank keeps the schedule
             calibration.save()
         self._histograms: dict = {}  # the last logged iteration's distributions (the writing rank)
+        self._flops: Optional[dict] = None  # the writing rank's profile header's layout["flops"]
 
     @classmethod
     def for_run(cls, global_state: Any, calibration: Any = None) -> Optional["Metrics"]:
@@ -273,6 +316,8 @@ class Metrics:
         iteration, logged = self.iteration_gathered()
         if iteration is None:
             return
+        if self._flops is None:  # every module's FLOPs shape, for the throughput scalars
+            self._flops = (header.get("layout") or {}).get("flops") or {}
         store = self.store()
         store.set(self._key(iteration, self.rank), json.dumps(rank_figures(header, record)))
         if self.rank == self.writer_rank:
@@ -365,7 +410,7 @@ class Metrics:
             self.calibration.observe(iteration, figures, store, int(self.state.train_state.step), self.lead)
         if not logged:
             return None
-        scalars = step_scalars(figures)
+        scalars = step_scalars(figures, self._flops)
         if self.calibration is not None:
             scalars.update(model_scalars(self.calibration.schedule.model_for(iteration), figures))
         histograms = step_histograms(figures)

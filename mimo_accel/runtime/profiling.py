@@ -19,7 +19,8 @@ Every module is timed under its own name (:mod:`mimo_accel.modules`): regions ``
 - ``MimoOptimizer.step``: closes the step line (one line per training iteration) and, where
   Bridge's logger writes to TensorBoard / W&B, hands it to :mod:`mimo_accel.runtime.metrics`.
 - ``train_megatron_mimo`` (via ``pretrain_megatron_mimo``): takes Bridge's ``global_state`` (its
-  logger config and writers) for the run's metrics, and closes the file when training ends.
+  logger config and writers) for the run's metrics and its provider's module configs for the
+  header's FLOPs shapes, and closes the file when training ends.
 
 Evaluation passes (forward-only under ``torch.no_grad``) are in no step line, for any module.
 """
@@ -169,6 +170,7 @@ class Profiling:
         self._planned: dict = {}
         self._planned_overheads: dict = {}
         self.metrics = None  # runtime.metrics.Metrics of the training run under way, if it logs
+        self._flops: Optional[dict] = None  # the header's layout["flops"] (runtime.model_flops), from start_run
 
     @property
     def config(self) -> AccelConfig:
@@ -198,7 +200,8 @@ class Profiling:
                     cfg.profile, rank=rank, world_size=world,
                     module=ctx.module if ctx else "unknown",
                     dp_rank=ctx.dp_rank if ctx else 0, dp_size=ctx.dp_size if ctx else 1,
-                    layout={"dp": dict(ctx.dp_sizes)} if ctx else {},
+                    layout={**({"dp": dict(ctx.dp_sizes)} if ctx else {}),
+                            **({"flops": self._flops} if self._flops else {})},
                     config={"features": cfg.features(), "reorder_mode": cfg.reorder_mode,
                             "pad_multiple": cfg.pad_multiple},
                     label=_label(cfg), regions=regions, counters=counters)
@@ -266,8 +269,12 @@ class Profiling:
 
     def start_run(self, global_state) -> None:
         """Bridge's training loop starts with ``global_state``: its figures go to Bridge's writers
-        when its logger has any (:meth:`mimo_accel.runtime.metrics.Metrics.for_run`)."""
+        when its logger has any (:meth:`mimo_accel.runtime.metrics.Metrics.for_run`); each module's
+        FLOPs shape is read from its provider for the profile header (:mod:`~mimo_accel.runtime.model_flops`)."""
         from mimo_accel.runtime.metrics import Metrics
+        from mimo_accel.runtime.model_flops import flops_layout
+
+        self._flops = flops_layout(getattr(getattr(global_state, "cfg", None), "model", None))
 
         if self.runtime.calibration is not None:  # every rank: what a resumed run learnt before (once)
             self.runtime.calibration.restore()

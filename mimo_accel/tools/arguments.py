@@ -2,7 +2,8 @@
 
 A bad value ends in one ``mimo-accel <cmd>: error: ...`` line that names the fix, exit 2:
 
-- numbers: the argparse ``type=`` functions :func:`positive_int` / :func:`nonnegative_int`
+- numbers: the argparse ``type=`` functions :func:`positive_int` / :func:`nonnegative_int` /
+  :func:`peak_tflops`
   (argparse prints its usage line, then ``mimo-accel <cmd>: error: argument --steps: must be a
   positive integer (1, 2, ...), got 0``);
 - paths: :func:`output_file` / :func:`output_dir` raise :class:`UsageError` for a file whose
@@ -28,7 +29,7 @@ from typing import Optional, Union
 from mimo_accel.config import ENV_TRACEBACK
 
 __all__ = ["TRACEBACK_ENV", "UsageError", "Renamed", "fail", "nonnegative_int", "one_line", "output_dir", "output_file",
-           "parse", "positive_int", "require_extra"]
+           "parse", "peak_tflops", "positive_int", "require_extra", "add_peak_option"]
 
 TRACEBACK_ENV = ENV_TRACEBACK  # 1: an error's traceback too, not only its one line (debugging)
 
@@ -58,6 +59,26 @@ def positive_int(text: str) -> int:
 def nonnegative_int(text: str) -> int:
     """argparse ``type=``: an integer >= 0 (seeds, warm-up steps)."""
     return _integer(text, 0, "an integer >= 0")
+
+
+def peak_tflops(text: str) -> float:
+    """argparse ``type=``: ``--peak-tflops``, a device's dense BF16 peak in TFLOP/s per GPU (> 0)."""
+    what = ("the device's dense BF16 peak in TFLOP/s per GPU, a number > 0 (989 for an H100 SXM); omit "
+            "--peak-tflops to take it from the device table")
+    try:
+        value = float(text)
+    except (TypeError, ValueError):
+        raise argparse.ArgumentTypeError(f"must be {what}, got {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be {what}, got {text}")
+    return value
+
+
+def add_peak_option(p: argparse.ArgumentParser) -> None:
+    """``--peak-tflops T``: the peak each module's MFU is over (``mimo-accel report`` and ``rehearse``)."""
+    p.add_argument("--peak-tflops", metavar="T", type=peak_tflops, default=None,
+                   help="the GPU's dense BF16 peak, TFLOP/s per GPU, for each module's MFU (default: from the "
+                        "device table, by the GPU the profile names; a CPU run has no MFU)")
 
 
 class Renamed(argparse.Action):

@@ -35,7 +35,8 @@ from typing import Any, Optional, Sequence
 from mimo_accel.grid import canonical_grid
 from mimo_accel.modules import LANGUAGE, Modules
 from mimo_accel.rehearse import peers, rehearsal
-from mimo_accel.tools.arguments import UsageError, fail, nonnegative_int, output_dir, output_file, parse, positive_int
+from mimo_accel.tools.arguments import (UsageError, add_peak_option, fail, nonnegative_int, output_dir, output_file,
+                                        parse, positive_int)
 
 PROG = "mimo-accel rehearse"
 
@@ -131,7 +132,8 @@ def _progress(console):
 
 def rehearse(profile_name: str, *, steps: Optional[int] = None, out_dir: Optional[str] = None,
              json_path: Optional[str] = None, seed: int = 0, console=None, vision_dp: Optional[int] = None,
-             language_dp: Optional[int] = None, log_path: Optional[str] = None, pin_one_cpu: bool = True) -> dict:
+             language_dp: Optional[int] = None, log_path: Optional[str] = None, pin_one_cpu: bool = True,
+             peak_tflops: Optional[float] = None) -> dict:
     """Run the rehearsal; print progress, the loss comparison and the report on ``console``.
 
     Everything else — the third-party warnings megatron's imports print, every rank's output —
@@ -185,7 +187,7 @@ def rehearse(profile_name: str, *, steps: Optional[int] = None, out_dir: Optiona
     doc = _compare_and_report(
         console, "Per-step language loss (sum over replicas): the same samples, the same math", "step",
         [(str(s), lb, tb, la, ta) for s, ((lb, tb), (la, ta)) in enumerate(zip(before["losses"], after["losses"]))],
-        out, before_label, before_note, cost_note, elapsed)
+        out, before_label, before_note, cost_note, elapsed, peak_tflops)
     # The report's keys (format, before, after, change, warnings) at the top level, as
     # `mimo-accel report --json` writes them; the rehearsal's own fields beside them.
     own = {"profile": profile.name, "layout": str(layout), "steps": steps, "micro_batch": micro_batch,
@@ -245,7 +247,7 @@ def _calibrated(run_dir: Path, out_file: Path) -> tuple[Optional[str], str]:
 
 
 def _compare_and_report(console, title: str, unit: str, rows, out: Path, before_label: str, before_note: str,
-                        cost_note: str, elapsed: float) -> dict:
+                        cost_note: str, elapsed: float, peak_tflops: Optional[float] = None) -> dict:
     """Print the losses side by side (rows: name, before loss sum, tokens, after loss sum, tokens),
     refusing different token counts or losses, then the report; returns the report document."""
     from rich.table import Table
@@ -267,7 +269,7 @@ def _compare_and_report(console, title: str, unit: str, rows, out: Path, before_
     if worst > 1e-2:
         raise rehearsal.InvariantViolation(f"per-{unit} losses differ by {worst:.1e} relative: not the same "
                                            "computation")
-    doc = report.build(read_run(out / before_label), read_run(out / "accelerated"))
+    doc = report.build(read_run(out / before_label), read_run(out / "accelerated"), peak_tflops=peak_tflops)
     report.render(doc["before"], doc["after"], console=console)
     console.print(f"before = {before_label}: {before_note}. Plan costs: {cost_note}. "
                   f"Wall time of the rehearsal: {elapsed:.0f}s.")
@@ -282,7 +284,8 @@ def rehearse_bridge(*, steps: Optional[int] = None, vision_dp: Optional[int] = N
                     json_path: Optional[str] = None, seed: int = 0, example: Optional[str] = None,
                     console=None, log_path: Optional[str] = None, pin_one_cpu: bool = True,
                     micro_batch: Optional[int] = None, cost_model: Optional[str] = None,
-                    calibrate_online: bool = True, peer: Optional[str] = None) -> dict:
+                    calibrate_online: bool = True, peer: Optional[str] = None,
+                    peak_tflops: Optional[float] = None) -> dict:
     """``mimo-accel rehearse --loop bridge``: Bridge's ``pretrain_megatron_mimo`` through
     ``examples/train_mimo.py --encoder qwen3vl --dataset images --image-mix receipts``, baseline
     then accelerated (sharded reads + reorder + packing, planned from ``cost_model`` or the default
@@ -349,10 +352,11 @@ def rehearse_bridge(*, steps: Optional[int] = None, vision_dp: Optional[int] = N
         console, "Per-iteration global loss (per token): the same samples, the same math", "iteration",
         [(str(it), b["loss_sum"], b["tokens"], a["loss_sum"], a["tokens"])
          for it, (b, a) in enumerate(zip(before, after), start=1)],
-        out, before_label, before_note, cost_note, elapsed)
+        out, before_label, before_note, cost_note, elapsed, peak_tflops)
     peer_side = None
     if peer is not None:
-        peer_side = dict(name=peers.LABELS[peer], **report.summarize(read_run(out / f"peer-{peer}")))
+        peer_side = dict(name=peers.LABELS[peer],
+                         **report.summarize(read_run(out / f"peer-{peer}"), peak_tflops=peak_tflops))
         console.print(sides.table(doc["before"], peer_side, doc["after"]))
         peer_side["language_worse"], verdict = sides.language_verdict(peer_side, doc["after"])
         console.print(verdict, highlight=False)
@@ -403,6 +407,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--all-cpus", action="store_true",
                    help="spread the ranks over every CPU (faster, but thread-CPU times then differ by which "
                         "CPU a rank ran on: noisier straggler figures); default: all ranks on one CPU")
+    add_peak_option(p)
     return p
 
 
@@ -458,11 +463,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             rehearse_bridge(steps=args.steps, vision_dp=args.vision_dp, language_dp=args.language_dp, out_dir=out,
                             json_path=args.json, seed=args.seed, example=args.example, log_path=str(log),
                             pin_one_cpu=not args.all_cpus, cost_model=args.cost_model,
-                            calibrate_online=not args.no_calibrate_online, peer=args.peer)
+                            calibrate_online=not args.no_calibrate_online, peer=args.peer,
+                            peak_tflops=args.peak_tflops)
         else:
             rehearse(args.workload or "receipts", steps=args.steps, out_dir=out, json_path=args.json,
                      seed=args.seed, vision_dp=args.vision_dp, language_dp=args.language_dp, log_path=str(log),
-                     pin_one_cpu=not args.all_cpus)
+                     pin_one_cpu=not args.all_cpus, peak_tflops=args.peak_tflops)
     except rehearsal.InvariantViolation as exc:
         print(f"{PROG}: INVARIANT VIOLATED: {exc}", file=sys.stderr)
         _print_log_path(log)

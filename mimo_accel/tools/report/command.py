@@ -1,4 +1,5 @@
-"""``mimo-accel report BEFORE_DIR [AFTER_DIR] [--json PATH] [--html PATH] [--png PATH] [--warmup N]``:
+"""``mimo-accel report BEFORE_DIR [AFTER_DIR] [--json PATH] [--html PATH] [--png PATH] [--warmup N]
+[--peak-tflops T]``:
 the report document (:func:`build`), its JSON, and the command."""
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ from rich.console import Console
 
 from mimo_accel.profiler import NoProfileData, Run, read_run
 from mimo_accel.profiler import json_safe
-from mimo_accel.tools.arguments import UsageError, fail, nonnegative_int, output_file, parse, require_extra
+from mimo_accel.tools.arguments import (UsageError, add_peak_option, fail, nonnegative_int, output_file, parse,
+                                        require_extra)
 from mimo_accel.tools.report.charts import write_png
 from mimo_accel.tools.report.comparison import compare
 from mimo_accel.tools.report.console import render
@@ -40,13 +42,16 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--png", metavar="PATH", help="write charts (needs matplotlib)")
     p.add_argument("--warmup", metavar="N", type=nonnegative_int, default=1,
                    help="exclude the first N steps (default 1)")
+    add_peak_option(p)
     return p
 
 
-def build(before: Run, after: Run | None = None, *, warmup: int = 1) -> dict[str, Any]:
-    """The JSON document of a report: ``{format, before, after, change, warnings}``."""
-    b = summarize(before, warmup=warmup)
-    a = summarize(after, warmup=warmup) if after is not None else None
+def build(before: Run, after: Run | None = None, *, warmup: int = 1,
+          peak_tflops: float | None = None) -> dict[str, Any]:
+    """The JSON document of a report: ``{format, before, after, change, warnings}``; ``peak_tflops``:
+    what MFU is over (default: the device table's peak of the GPU each profile names)."""
+    b = summarize(before, warmup=warmup, peak_tflops=peak_tflops)
+    a = summarize(after, warmup=warmup, peak_tflops=peak_tflops) if after is not None else None
     cmp = compare(b, a) if a is not None else {"change": None, "warnings": []}
     warnings = [f"before: {w}" if a is not None else w for w in b["warnings"]]
     if a is not None:
@@ -80,7 +85,7 @@ def main(argv: Sequence[str] | None = None, *, console: Console | None = None) -
         after = read_run(args.after) if args.after else None
     except (UsageError, NoProfileData) as e:
         return fail(PROG, e)
-    doc = build(before, after, warmup=args.warmup)
+    doc = build(before, after, warmup=args.warmup, peak_tflops=args.peak_tflops)
     for w in doc["warnings"]:
         print(f"mimo-accel report: warning: {w}", file=sys.stderr)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from mimo_accel.modules import LANGUAGE
 from mimo_accel.tools.report.summary import CHANGE_KEYS, MODULE_KEYS, RUN_ROWS, TAIL_ROWS
 
 
@@ -29,9 +30,20 @@ def headline_modules(before: dict[str, Any], after: dict[str, Any] | None) -> li
     return modules
 
 
+def throughput_rows(module: str) -> list[tuple[str, str, str, bool]]:
+    """A module's throughput rows (p50 over the steps): samples/s, tokens (an encoder: rows) per
+    second per GPU, model TFLOP/s per GPU, MFU."""
+    p, work = f"per_module.{module}", "real tokens" if module == LANGUAGE else "rows"
+    return [(f"{p}.samples_per_s_p50", f"{module} samples/s p50", "rate", False),
+            (f"{p}.tokens_per_s_per_gpu_p50", f"{module} {work}/s per GPU p50", "rate", False),
+            (f"{p}.tflops_per_gpu_p50", f"{module} model TFLOP/s per GPU p50", "sci", False),
+            (f"{p}.mfu_p50", f"{module} MFU p50", "pct", False)]
+
+
 def module_rows(before: dict[str, Any], after: dict[str, Any] | None) -> list[tuple[str, str, str, bool]]:
     """The summary rows: every module's headline (its straggler p50, p99 and mean, the plan's
-    predicted spread, its time per rank and of its slowest replica), in the layout's order."""
+    predicted spread, its time per rank and of its slowest replica; its throughput figures that
+    either side has), in the layout's order."""
     rows: list[tuple[str, str, str, bool]] = list(RUN_ROWS)
     for m in headline_modules(before, after):
         rows += [(f"{m}_max_over_mean_p50", f"{m} straggler max/mean p50", "ratio", True),
@@ -44,6 +56,7 @@ def module_rows(before: dict[str, Any], after: dict[str, Any] | None) -> list[tu
                   f"{m} |predicted - measured| straggler p50, last half", "ratio", True),
                  (f"{m}_time_mean", f"{m} time per rank, mean", "s", True),
                  (f"{m}_max_mean", f"{m} time of slowest replica, mean", "s", True)]
+        rows += [r for r in throughput_rows(m) if any(lookup(s, r[0]) is not None for s in (before, after))]
     if any(len((s or {}).get("predicted_spreads_mean") or {}) > 1 for s in (before, after)):
         rows.append(("predicted_spread_mean", "worst module's straggler the plan predicted, mean", "ratio", True))
     if any((s or {}).get("language_tokens_per_replica") for s in (before, after)):

@@ -40,6 +40,8 @@ def _fmt(value: Any, kind: str) -> str:
         return f"{value:.3g}"
     if kind == "rate":
         return f"{value:,.1f}"
+    if kind == "pct":
+        return f"{value:.1%}"
     if kind == "count":
         return f"{value:,.1f}" if value != int(value) else f"{int(value):,}"
     if kind == "bytes":
@@ -237,12 +239,37 @@ def _calibration_table(side: dict[str, Any] | None) -> ReportTable | None:
     return t
 
 
+def _flops_table(side: dict[str, Any]) -> ReportTable | None:
+    """Each module's FLOPs shape as the profile header has it (the later side's), its GPUs, and the
+    peak MFU is over."""
+    per = side.get("per_module") or {}
+    modules = [m for m in side.get("module_order", []) if m in per and "gpus" in per[m]]
+    if not modules:
+        return None
+    peak = side.get("peak_tflops")
+    over = (f"MFU over {peak:g} TFLOP/s per GPU ({side.get('peak_source')})" if peak else
+            "no MFU: the device's peak is unknown (a CPU, or a GPU not in the table: --peak-tflops)")
+    t = ReportTable(f"Model FLOPs per module (a step: 3x forward trained, 1x frozen); {over}",
+                    [("module", False), ("GPUs", True), ("trained", False), ("layers", True), ("hidden", True),
+                     ("FFN", True), ("heads/groups", True), ("vocab", True), ("attention", False), ("note", False)])
+    for m in modules:
+        st, shape = per[m], per[m].get("flops_shape") or {}
+        trained = {True: "yes", False: "frozen"}.get(st.get("trained"), "—")
+        dims = [str(shape[k]) if shape else "—" for k in ("layers", "hidden", "ffn_hidden")]
+        heads = f"{shape['heads']}/{shape['query_groups']}" if shape else "—"
+        kind = ("causal" if shape["causal"] else "bidirectional") if shape else "—"
+        t.rows.append([m, str(st["gpus"]), trained, *dims, heads, str(shape.get("vocab") or "—"), kind,
+                       st.get("flops_note", "")])
+    return t
+
+
 def detail_tables(before: dict[str, Any], after: dict[str, Any] | None) -> list[ReportTable]:
-    """The tables after the summary: every module's time per rank, tokens, data movement, and what
-    an online calibration learnt."""
+    """The tables after the summary: every module's time per rank, tokens, data movement, what an
+    online calibration learnt, and each module's FLOPs shape."""
     tables = _module_time_tables(before, after)
     tables += [t for t in (_tokens_table(before, after), _io_table(before, after),
-                           _calibration_table(after if after is not None else before))
+                           _calibration_table(after if after is not None else before),
+                           _flops_table(after if after is not None else before))
                if t is not None]
     return tables
 

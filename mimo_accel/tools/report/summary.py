@@ -37,6 +37,8 @@ model (``language``):
   language module if present, else the layout's first module) of the replica's ``samples``; every
   other module's count is checked against it.
 * per-rank I/O (``samples_read``, ``bytes_read``, ``bytes_exchanged``): mean per counted step.
+* each module's throughput (``per_module.<m>.samples_per_s_p50``, ``.tokens_per_s_per_gpu_p50``,
+  ``.tflops_per_gpu_p50``, ``.mfu_p50``; ``peak_tflops`` / ``peak_source``): :mod:`~.throughput`.
 * The first ``--warmup`` step numbers (default 1) are excluded from every statistic.
 """
 
@@ -52,6 +54,7 @@ from mimo_accel.profiler import FORMAT_V1, REGIONS, Run, module_seconds
 from mimo_accel.profiler import json_safe
 from mimo_accel.profiler import record_number as _num
 from mimo_accel.profiler.recorder import FORMAT_V1_ENCODER
+from mimo_accel.tools.report.throughput import module_throughput, peak_of
 
 
 REPORT_FORMAT = "mimo-accel-report/1"
@@ -267,8 +270,9 @@ def _replica_counter(run: Run, steps_of, ranks: list[int], key: str) -> dict[str
 # ---------------------------------------------------------------------------------- summarize
 
 
-def summarize(run: Run, *, warmup: int = 1) -> dict[str, Any]:
-    """Statistics of one run (see the module docstring for definitions). JSON-serialisable."""
+def summarize(run: Run, *, warmup: int = 1, peak_tflops: float | None = None) -> dict[str, Any]:
+    """Statistics of one run (see the module docstring for definitions). JSON-serialisable.
+    ``peak_tflops``: the device's peak MFU is over (default: the device table's, where known)."""
     warnings = list(run.warnings)
     all_steps = sorted({int(r["step"]) for log in run.ranks.values() for r in log.steps})
     skipped: list[int] = []
@@ -344,6 +348,10 @@ def summarize(run: Run, *, warmup: int = 1) -> dict[str, Any]:
     if not by_module and spreads:  # the plan priced one encoder: the layout's first
         predicted_spreads = {next((m for m in order if m != LANGUAGE), FORMAT_V1_ENCODER): _mean(spreads)}
     _add_last_half(per_module, lines)
+    peak, peak_source = peak_of(run, peak_tflops)
+    for m, figures in module_throughput(run, steps_of, step_time, modules, order, peak,
+                                        lambda v: _pct(v, 50)).items():
+        per_module[m].update(figures)
 
     # ---- online calibration: the refits the fitting rank accepted, in order
     refits = [dict(r) for log in run.ranks.values() for line in log.steps
@@ -439,6 +447,8 @@ def summarize(run: Run, *, warmup: int = 1) -> dict[str, Any]:
             "samples_module": samples_module,
             "samples_per_step": samples_per_step,
             "samples_per_s": samples_per_s,
+            "peak_tflops": peak,
+            "peak_source": peak_source,
             "vision_replicas": vision["replicas"],
             "vision_steps": vision["steps"],
             "vision_max_over_mean_p50": vision["max_over_mean_p50"],

@@ -1,0 +1,65 @@
+"""What the profiler records once, in every rank's profile header (``layout["flops"]``), for the
+throughput figures (:mod:`mimo_accel.costs.flops`): each module's FLOPs shape, read from Bridge's
+``MegatronMIMOProvider`` when training starts (its ``TransformerConfig`` per module, the language
+spec's ``vocab_size``), its ranks (tp·cp·pp·dp of its grid), whether it trains (the provider's
+``freeze_language_model`` / ``freeze_modality_encoders``), and the device's name. So the report
+computes FLOPs from the profile alone, and the TensorBoard figures from the writing rank's header.
+
+A module whose encoders are built from different configs, or whose layers the count leaves out
+(:func:`mimo_accel.costs.flops.shape_of`), has no shape and the reason beside it: its FLOPs are
+null; its samples and tokens per second are still figures.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from mimo_accel.costs.flops import shape_of
+from mimo_accel.modules import LANGUAGE
+from mimo_accel.runtime.preflight import module_configs
+
+
+def device_name() -> Optional[str]:
+    """``torch.cuda.get_device_name()`` of this rank's device; None on CPU."""
+    import torch
+
+    return torch.cuda.get_device_name() if torch.cuda.is_available() else None
+
+
+def _ranks(grid: Any) -> Optional[int]:
+    sizes = [getattr(grid, f"{n}_parallel_size", 1) for n in ("tensor_model", "context", "pipeline_model", "data")]
+    return None if any(s is None for s in sizes) else int(sizes[0] * sizes[1] * sizes[2] * sizes[3])
+
+
+def _module(configs: list, vocab: int, causal: bool, grid: Any, trained: bool) -> dict:
+    shape, why = None, None
+    distinct = {id(c): c for c in configs}
+    if not distinct:
+        why = "no TransformerConfig in its spec"
+    elif len(distinct) > 1:
+        why = f"{len(distinct)} encoders of different configs"
+    else:
+        shape, why = shape_of(next(iter(distinct.values())), vocab=vocab, causal=causal)
+    return {"ranks": _ranks(grid) if grid is not None else None, "trained": trained,
+            "shape": shape.to_dict() if shape is not None else None, **({"why": why} if why else {})}
+
+
+def flops_layout(provider: Any) -> Optional[dict]:
+    """``{"device_name": ..., "modules": {module: {"ranks", "trained", "shape", ["why"]}}}`` of a
+    ``MegatronMIMOProvider`` (None for anything else)."""
+    parallelism = getattr(provider, "megatron_mimo_parallelism_config", None)
+    if parallelism is None:
+        return None
+    grids = getattr(parallelism, "module_parallelisms", None) or {}
+    configs: dict[str, list] = {name: [] for name in grids}
+    for module, _, _, config in module_configs(provider):
+        configs.setdefault(module, []).append(config)
+    params = getattr(getattr(provider, "language_model_spec", None), "params", None) or {}
+    frozen = getattr(provider, "freeze_modality_encoders", None) or {}
+    modules = {}
+    for name, found in configs.items():
+        language = name == LANGUAGE
+        vocab = int(params.get("vocab_size") or 0) if language else 0
+        trained = not (getattr(provider, "freeze_language_model", False) if language else frozen.get(name, False))
+        modules[name] = _module(found, vocab, language, grids.get(name), bool(trained))
+    return {"device_name": device_name(), "modules": modules}
