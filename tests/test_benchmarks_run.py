@@ -20,6 +20,9 @@ ROOT = Path(__file__).resolve().parents[1]
 # script, tiny arguments, a line of its result it must print
 CASES = [
     pytest.param("bench_packing.py", ["--steps", "1"], "THD packing", id="packing"),
+    pytest.param("bench_step_plan.py", ["--steps", "1", "--micro-batches", "4", "--ratios", "1", "--workloads",
+                                        "receipts", "--large-repeats", "1"], "mimo_accel over local search",
+                 id="step-plan"),
     pytest.param("bench_profiler.py", ["--steps", "2", "--rounds", "1"], "profiler on", id="profiler"),
     pytest.param("bench_index.py", ["--parts", "manifest,mapped", "--manifest-files", "20", "--manifest-lines", "200",
                                     "--mapped", "20000", "--before", "5000", "--procs", "2", "--batches", "1",

@@ -391,3 +391,73 @@ def test_simulated_costs_are_the_planners_costs(tmp_path):
     want = module_spreads(costs, row["modules"]["dps"], np.arange(n))
     for m, v in want.items():
         assert row["modules"]["spread"][m]["contiguous"]["p50"] == pytest.approx(v, rel=1e-12), m
+
+
+# --------------------------------------------------------------------------------------------
+# --layout: the step a pipeline layout runs, per workload, under each planner
+# --------------------------------------------------------------------------------------------
+
+
+def test_layout_reference_reports_every_plan_per_workload(tmp_path):
+    out = tmp_path / "step.json"
+    console = Console(record=True, width=220)
+    assert sim.main(["--layout", "reference-27b", "--steps", "2", "--json", str(out)], console=console) == 0
+    doc = json.loads(out.read_text())
+    assert doc["format"] == sim.LAYOUT_FORMAT
+    assert doc["layout"] == {"spec": "images=tp1,pp1,dp1 language=tp4,pp2,dp2 mbs=2 gbs=32",
+                             "modules": {"images": {"tp": 1, "pp": 1, "dp": 1},
+                                         "language": {"tp": 4, "pp": 2, "dp": 2}},
+                             "mbs": 2, "gbs": 32, "micro_batches": 16, "grid": 2, "frozen": []}
+    assert [r["workload"] for r in doc["rows"]] == ["documents", "mixed_chat", "receipts", "uniform"]
+    for r in doc["rows"]:
+        st = r["step_time"]
+        assert set(st) == {"original", "upstream", "pr4608", "mimo_accel", "bound"}
+        assert r["samples"] == 64 and set(r["plan_ms"]) == {"upstream", "pr4608", "mimo_accel"}
+        assert st["bound"] <= st["mimo_accel"] * (1 + 1e-9) and st["mimo_accel"] <= st["original"] * (1 + 1e-6)
+    assert any("not calibrated" in note for note in doc["notes"])  # the built-in model's units, said
+    text = console.export_text()
+    assert "Modelled step time" in text and "PR #4608" in text and "mixed_chat" in text
+
+
+def test_layout_spec_with_a_frozen_encoder_and_a_language_heavy_cost_model():
+    from mimo_accel.costs import CostModel, ModuleCost
+
+    # the language model priced well above the encoder: the pipeline's micro-batches decide the step
+    model = CostModel(modules={"images": ModuleCost(1e-4, 0.0), "language": ModuleCost(1.0, 1 / 2048)})
+    for frozen in ("", " frozen=images"):
+        doc = sim.simulate_layout("images=tp1,pp1,dp1 language=tp4,pp2,dp2 mbs=2 gbs=32" + frozen, ["receipts"],
+                                  steps=2, seed=1, cost_model=model)
+        st = doc["rows"][0]["step_time"]
+        assert st["mimo_accel"] < 0.95 * st["original"]
+        assert st["mimo_accel"] < min(st["upstream"], st["pr4608"])  # per-micro-batch plans move nothing here
+        assert st["bound"] < st["mimo_accel"]
+        assert doc["layout"]["frozen"] == (["images"] if frozen else [])
+
+
+@pytest.mark.parametrize("spec, words", [
+    ("nope", "'nope': no such preset; give one of reference-27b"),
+    ("images=tp1,pp1 language=tp4,pp2,dp2 mbs=2 gbs=32", "'images=tp1,pp1': give the module's sizes as tpT,ppP,dpD"),
+    ("images=tp1,pp2,dp1 language=tp4,pp2,dp2 mbs=2 gbs=32", "'images=tp1,pp2,dp1': the step model takes an encoder"),
+    ("images=tp1,pp1,dp1 language=tp4,pp2,dp2 mbs=3 gbs=32", "'mbs=3': the global micro-batch must be a multiple of G"),
+    ("images=tp1,pp1,dp1 language=tp4,pp2,dp2 mbs=2 gbs=31", "'gbs=31': the global batch must be a whole number"),
+    ("images=tp1,pp1,dp1 language=tp4,pp2,dp2 mbs=0 gbs=32", "'mbs=0': mbs must be a positive whole number"),
+    ("images=tp1,pp1,dp1 language=tp4,pp2,dp2 mbs=2", "no gbs=N"),
+    ("images=tp1,pp1,dp1 mbs=2 gbs=32", "no language=tpT,ppP,dpD"),
+    ("images=tp1,pp1,dp1 language=tp4,pp2,dp2 mbs=2 gbs=32 frozen=language", "'frozen=language': 'language' is not"),
+    ("images=tp1,pp1,dp1 language=tp4,pp2,dp2 mbs=2 gbs=32 frozen", "'frozen': give NAME=tpT,ppP,dpD"),
+    ("images=tp1,pp1,dp1 images=tp1,pp1,dp1 language=tp4,pp2,dp2 mbs=2 gbs=32", "a module is given twice"),
+])
+def test_a_bad_layout_is_one_line_naming_the_bad_part_exit_2(capsys, spec, words):
+    assert sim.main(["--layout", spec]) == 2
+    out, err = capsys.readouterr()
+    lines = err.rstrip("\n").split("\n")
+    assert len(lines) == 1 and lines[0].startswith("mimo-accel simulate: error: --layout: "), err
+    assert words in lines[0] and out == ""
+
+
+@pytest.mark.parametrize("flag", [["--dp", "4"], ["--reorder-window", "2"], ["--png", "x.png"]])
+def test_the_sweeps_own_flags_are_refused_with_layout(capsys, flag):
+    assert sim.main(["--layout", "reference-27b", *flag]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (f"mimo-accel simulate: error: {flag[0]} applies to the DP sweep, not --layout; drop {flag[0]} "
+                   "(the layout gives every module's DP and the step's micro-batches)")

@@ -16,6 +16,7 @@ from mimo_accel.tools.arguments import (Renamed, UsageError, fail, nonnegative_i
 from mimo_accel.tools.simulate.charts import write_png
 from mimo_accel.tools.simulate.console import render
 from mimo_accel.tools.simulate.inputs import dp_rule_value, parse_dp_list
+from mimo_accel.tools.simulate.layout import parse_layout, render_layout, simulate_layout
 from mimo_accel.tools.simulate.sweep import simulate
 from mimo_accel.workloads import AUDIO, ProfileError, load_profile
 
@@ -29,15 +30,22 @@ PROG = "mimo-accel simulate"
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog=PROG,
-        description="Simulate the planners (contiguous, LPT, balanced) and sharded reads at cluster scale.",
+        description="Simulate the planners (contiguous, LPT, balanced) and sharded reads at cluster scale, or "
+                    "(--layout) the step a pipeline layout runs under each planner.",
     )
-    p.add_argument("--workload", default="receipts",
-                   help="workload profile name (mimo_accel/workloads/<name>.toml) or path; default receipts")
-    p.add_argument("--dp", default="2,4,...,512", help="DP sizes of the workload's first encoder (vision), e.g. 2,4,8 or 2,4,...,512 "
-                                                        "(default)")
+    p.add_argument("--workload", default=None,
+                   help="workload profile name (mimo_accel/workloads/<name>.toml) or path; default receipts "
+                        "(with --layout: every shipped profile)")
+    p.add_argument("--layout", metavar="SPEC",
+                   help="model the step a pipeline layout runs instead of the DP sweep: the preset reference-27b "
+                        "(upstream's Qwen3.5-VL tutorial) or a spec such as 'images=tp1,pp1,dp1 "
+                        "language=tp4,pp2,dp2 mbs=2 gbs=32 [frozen=images]'. Per workload: the modelled step time "
+                        "of the original order, upstream's merged reorder, PR #4608, mimo_accel and the bound")
+    p.add_argument("--dp", default=None, help="DP sizes of the workload's first encoder (vision), e.g. 2,4,8 or "
+                                              "2,4,...,512 (default)")
     p.add_argument("--steps", type=positive_int, default=20,
                    help="steps per DP size, each of --reorder-window global micro-batches (default 20)")
-    p.add_argument("--reorder-window", type=positive_int, default=1, metavar="W",
+    p.add_argument("--reorder-window", type=positive_int, default=None, metavar="W",
                    help="global micro-batches per step planned together (AccelConfig's reorder_window, "
                         "MIMO_ACCEL_REORDER_WINDOW); default 1: each micro-batch alone. Above 1 adds the "
                         "window table")
@@ -50,7 +58,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="cost-model file from `mimo-accel calibrate` (AccelConfig's cost_model, "
                         "MIMO_ACCEL_COST_MODEL; default: built-in)")
     p.add_argument("--cost", action=Renamed, new="--cost-model", dest="cost_model")
-    p.add_argument("--language-dp", default="ratio", metavar="ratio|equal|R",
+    p.add_argument("--language-dp", default=None, metavar="ratio|equal|R",
                    help="language DP per first-encoder DP: the workload's ratio (default), equal, or R language "
                         "replicas per first-encoder replica (0.5: fan-in, 2: fan-out)")
     p.add_argument("--audio-dp", default=None, metavar="ratio|equal|R",
@@ -77,11 +85,42 @@ def _check_dp_rule(flag: str, rule: str, module: str) -> None:
                          "replicas per replica of the workload's first encoder (e.g. 0.5, 2)") from None
 
 
+# the DP sweep's own flags: refused with --layout rather than ignored
+_SWEEP_ONLY = (("--dp", "dp"), ("--reorder-window", "reorder_window"), ("--per-replica", "per_replica"),
+               ("--language-dp", "language_dp"), ("--audio-dp", "audio_dp"), ("--png", "png"))
+
+
+def _layout_main(args: argparse.Namespace, console: Console | None) -> int:
+    try:
+        for flag, dest in _SWEEP_ONLY:
+            if getattr(args, dest) is not None:
+                raise UsageError(f"{flag} applies to the DP sweep, not --layout; drop {flag} (the layout gives "
+                                 "every module's DP and the step's micro-batches)")
+        output_file("--json", args.json)
+        layout = parse_layout(args.layout)
+        workloads = [load_profile(args.workload)] if args.workload is not None else None
+        doc = simulate_layout(layout, workloads, steps=args.steps, seed=args.seed,
+                              cost_model=_cost_model(args.cost_model),
+                              cost_source=str(args.cost_model) if args.cost_model else "default")
+    except (ProfileError, ValueError, OSError) as e:
+        return fail(PROG, e)
+    render_layout(doc, console or (Console() if sys.stdout.isatty() else Console(width=170)))
+    if args.json:
+        Path(args.json).write_text(json.dumps(doc, indent=2, allow_nan=False) + "\n", encoding="utf-8")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None, *, console: Console | None = None) -> int:
     """``mimo-accel simulate``. Returns 0, or 2 (one ``error:`` line) on bad input or a failed export."""
     args = parse(_parser(), argv)
     if isinstance(args, int):
         return args
+    if args.layout is not None:
+        return _layout_main(args, console)
+    args.workload = "receipts" if args.workload is None else args.workload
+    args.dp = "2,4,...,512" if args.dp is None else args.dp
+    args.reorder_window = 1 if args.reorder_window is None else args.reorder_window
+    args.language_dp = "ratio" if args.language_dp is None else args.language_dp
     try:
         output_file("--json", args.json)
         output_file("--png", args.png)
