@@ -13,6 +13,7 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 
 from mimo_accel.balance import balance_modules, module_loads, module_spreads
+from mimo_accel.balance.step_schedule import plan_step
 from mimo_accel.costs import CostIndex, CostModel
 from mimo_accel.modules import Modules
 from mimo_accel.nvtx import ranged
@@ -33,7 +34,7 @@ class CostIndexPlanner:
     """
 
     def __init__(self, index: CostIndex, model: CostModel, modules: Modules,
-                 notify: Optional[Callable[[str, str], object]] = None):
+                 notify: Optional[Callable[[str, str], object]] = None, frozen: Sequence[str] = ()):
         if not isinstance(modules, Modules):
             raise TypeError(f"CostIndexPlanner needs the layout's mimo_accel.modules.Modules, got "
                             f"{type(modules).__name__}")
@@ -42,6 +43,10 @@ class CostIndexPlanner:
         self.modules = modules
         self.notify = notify  # say_once(key, message): what the plan could not act on, said once
         self.dps = modules.dp_sizes
+        # the pipeline a window of several micro-batches is planned for (plan_step): each module's
+        # PP stages, and the encoders that run forwards only
+        self.stages = {m.name: m.pp for m in modules}
+        self.frozen = tuple(frozen)
         encoders = [m.name for m in modules.encoders]
         # which column prices each encoder: decided (or refused) now, not at the first batch
         self.columns = {name: index.column_for(name, encoders, notify) for name in encoders}
@@ -69,7 +74,8 @@ class CostIndexPlanner:
         load per micro-batch and replica: :class:`Spreads`). ``model``: the cost model of this
         window (online calibration), default the planner's."""
         costs = self.costs(indices, model)
-        order, spreads = plan_costs(costs, self.dps, micro_batches, self.notify, "the cost index")
+        order, spreads = plan_costs(costs, self.dps, micro_batches, self.notify, "the cost index",
+                                    stages=self.stages, frozen=self.frozen)
         planned = np.asarray(indices, dtype=np.int64)[np.asarray(order)].tolist()
         return planned, Spreads(spreads, module_loads(costs, self.dps, order, micro_batches))
 
@@ -85,10 +91,17 @@ class Spreads(dict):
 
 def plan_costs(costs: dict[str, np.ndarray], dps: dict[str, int], micro_batches: int = 1,
                notify: Optional[Callable[[str, str], object]] = None,
-               source: str = "the costs") -> tuple[list[int], dict[str, float]]:
+               source: str = "the costs", *, stages: Optional[dict[str, int]] = None,
+               frozen: Sequence[str] = ()) -> tuple[list[int], dict[str, float]]:
     """The joint plan of per-module costs (positions in canonical-group order) and each module's
-    predicted replica spread: :func:`~mimo_accel.balance.balance_modules`, or the contiguous split
-    where every sample costs the same for every module (nothing to balance; said once)."""
+    predicted replica spread.
+
+    One micro-batch: :func:`~mimo_accel.balance.balance_modules` (every module's replicas even).
+    A window of several: :func:`~mimo_accel.balance.plan_step`, the shortest modelled step of the
+    pipeline that runs them (``stages``: each module's PP stages; ``frozen``: encoders that run
+    forwards only); where the step model cannot be evaluated on these costs (a module with no time
+    in the window), ``balance_modules``' plan, said once. The contiguous split where every sample
+    costs the same for every module (nothing to balance; said once)."""
     n = len(next(iter(costs.values()))) if costs else 0
     if n and all(np.all(c == c[0]) for c in costs.values()):
         if notify is not None:
@@ -96,6 +109,14 @@ def plan_costs(costs: dict[str, np.ndarray], dps: dict[str, int], micro_batches:
                    f"cost for every module ({source} sees no size differences), so there is nothing to balance: "
                    "keeping the contiguous split where that happens")
         order = list(range(n))
+    elif micro_batches > 1:
+        try:
+            order = plan_step(costs, dps, micro_batches, stages=stages, frozen=frozen)
+        except ValueError as exc:
+            if notify is not None:
+                notify("reorder:no-step-model", f"mimo_accel reorder: the step model cannot price this window ({exc}); "
+                       "such windows are planned replica by replica (every module's replicas even) instead")
+            order = balance_modules(costs, dps, micro_batches)
     else:
         order = balance_modules(costs, dps, micro_batches)
     return order, module_spreads(costs, dps, order, micro_batches)

@@ -49,7 +49,8 @@ def plan_for(dataset, sampler_settings: list, ctx, split: str, runtime: Runtime,
 
     cfg = runtime.config
     fields = {
-        "layout": plan_inputs.digest([sorted(ctx.dp_sizes.items()), ctx.grid]),
+        "layout": plan_inputs.digest([sorted(ctx.dp_sizes.items()), ctx.grid, sorted(ctx.stages.items()),
+                                      sorted(runtime.frozen)]),
         "options": plan_inputs.digest({k: v for k, v in dataclasses.asdict(cfg).items() if k != "profile"}),
         "dataset": plan_inputs.digest([type(dataset).__name__, len(dataset)]),
         "sampler": plan_inputs.digest(sampler_settings),
@@ -73,7 +74,8 @@ def plan_for(dataset, sampler_settings: list, ctx, split: str, runtime: Runtime,
     if index is not None:
         # every module of the layout, each priced by its own column; an encoder the index cannot
         # price is an error naming both sides (raised alike on every rank: the inputs are the same)
-        planner = CostIndexPlanner(index, plan.cost_model, ctx.modules, notify=runtime.say_once)
+        planner = CostIndexPlanner(index, plan.cost_model, ctx.modules, notify=runtime.say_once,
+                                   frozen=runtime.frozen)
         window, step_mbs = 1, None
         # Windows span the micro-batches of one training step; evaluation plans each
         # micro-batch on its own (its micro-batches per pass follow other settings).

@@ -144,6 +144,7 @@ def wrap_setup(original: Callable, runtime: Runtime) -> Callable:
         # with its grid, packing that context parallelism cannot split, reorder under a per-replica loss
         cfg = getattr(call["state"], "cfg", None)
         settle_upstream_reorder(cfg, runtime)
+        runtime.frozen = frozen_encoders(getattr(cfg, "model", None))
         preflight.check_provider(getattr(cfg, "model", None), runtime)
         if runtime.config.calibrates_online:  # this run's cost model, learnt while it trains
             from mimo_accel.runtime.calibration import Calibration
@@ -162,6 +163,13 @@ def wrap_setup(original: Callable, runtime: Runtime) -> Callable:
         return call.to(original)
 
     return setup_megatron_mimo
+
+
+def frozen_encoders(provider) -> tuple:
+    """The encoders a ``MegatronMIMOProvider`` freezes (``freeze_modality_encoders``: modality name ->
+    bool), in name order; none for any other provider."""
+    frozen = getattr(provider, "freeze_modality_encoders", None)
+    return tuple(sorted(name for name, on in frozen.items() if on)) if isinstance(frozen, dict) else ()
 
 
 OUTSIDE_A_SCOPE = (

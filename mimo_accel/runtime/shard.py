@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Mapping, Optional
 
 from mimo_accel.grid import canonical_grid, owned_groups
-from mimo_accel.modules import LANGUAGE, Modules
+from mimo_accel.modules import LANGUAGE, Modules, module
 
 SHARD_TAG_KEY = "mimo_accel_shard"
 
@@ -28,6 +28,7 @@ class ShardContext:
     dp_size: int
     grid: int
     dp_sizes: dict = field(default_factory=dict)  # every module's DP size (what G came from)
+    stages: dict = field(default_factory=dict)  # every module's pipeline-parallel size (the step plan's stages)
     data_ranks: tuple = ()  # every rank that builds data loaders in this layout
     # False under upstream's scalable reads (megatron_mimo_scalable_dp): the step skips its slice,
     # so the batch's tag is taken off by the step's get_batch instead (mimo_accel.runtime.step).
@@ -39,7 +40,8 @@ class ShardContext:
 
     @property
     def modules(self) -> Modules:
-        return Modules.from_dp_sizes(self.dp_sizes or {self.module: self.dp_size})
+        sizes = self.dp_sizes or {self.module: self.dp_size}
+        return Modules.of(*(module(name, dp, pp=self.stages.get(name, 1)) for name, dp in sizes.items()))
 
 
 @dataclass(frozen=True)
@@ -95,12 +97,14 @@ def context_from_grids(parallelism_config, grids):
     import torch.distributed as dist
 
     me = dist.get_rank()
-    dp_sizes = Modules.from_parallelism(parallelism_config).dp_sizes
+    layout = Modules.from_parallelism(parallelism_config)
+    dp_sizes = layout.dp_sizes
     for name, grid in grids.items():
         if grid.rank_offset <= me < grid.rank_offset + grid.size:
             dp = grid.get_pg(["dp"])
             return ShardContext(module=name, dp_rank=dp.rank(), dp_size=dp.size(),
                                 grid=canonical_grid(dp_sizes.values()), dp_sizes=dp_sizes,
+                                stages={m.name: m.pp for m in layout},
                                 data_ranks=data_loading_ranks(grids)), dp
     return None, None
 

@@ -51,6 +51,8 @@ class Runtime:
     # BridgeCommunicator -> per-peer encoder rows of forwards still waiting for a backward
     fan_in_rows: "weakref.WeakKeyDictionary[Any, collections.deque[list[int]]]" = field(
         default_factory=weakref.WeakKeyDictionary)
+    # the encoders Bridge's config freezes (forwards only: the step plan's pipeline), read at setup
+    frozen: tuple = ()
     # what in the run config has Bridge's own reorder move samples after they are read (None: nothing)
     upstream_moves_samples: Optional[str] = None
     profiling: Optional[Profiling] = None  # while the profiler (or online calibration) is on
@@ -89,6 +91,7 @@ class Runtime:
             self.roles.clear()
             self.rank_role = None
             self.upstream_moves_samples = None
+            self.frozen = ()
             self.context = None
             self.layout = None
             self.said.clear()
