@@ -12,6 +12,10 @@ CPU rehearsal (gloo ranks through mimo_accel.rehearse.cpu; no GPU needed):
         --cpu --vision-dp 2 --language-dp 2
     MIMO_ACCEL=all mimo-accel run -- torchrun --nproc-per-node 3 examples/train_mimo.py \\
         --cpu --vision-dp 2 --language-dp 1 --dataset images
+The language model on two pipeline stages (megatron-core's multi-module 1F1B schedule; vision on
+rank 0, language tp1 pp2 dp2 on ranks 1-4; encoders take no PP):
+    MIMO_ACCEL=all mimo-accel run -- torchrun --nproc-per-node 5 examples/train_mimo.py \\
+        --cpu --vision-dp 1 --language-dp 2 --language-pp 2 --mbs 2 --gbs 8
 Two encoders, each on its own grid (vision on ranks 0-1, audio on rank 2, language on rank 3),
 over real image and WAV files:
     MIMO_ACCEL=all mimo-accel run -- torchrun --nproc-per-node 4 examples/train_mimo.py \\

@@ -35,12 +35,13 @@ def train_rank(rank, world, argv, features: dict, env: dict) -> list:
 
 def steps_from_trace(records: list) -> dict:
     """The example's --trace lines -> {iteration: {module name (every module that traced, "vision"
-    and "language" always): sorted sample ids the module trained, "loss": the global per-token
-    loss}}."""
+    and "language" always): sorted sample ids the module trained (counted on each replica's first
+    pipeline stage), "loss": the global per-token loss (the last stage's)}}."""
     out: dict = {}
     for r in records:
         s = out.setdefault(r["iteration"], {"modules": {"vision": [], "language": []}, "sum": 0.0, "tokens": 0.0})
-        s["modules"].setdefault(r["module"], []).extend(i for micro in r["ids"] for i in micro)
+        if r.get("pp_rank", 0) == 0:  # every pipeline stage of a replica trains the same samples
+            s["modules"].setdefault(r["module"], []).extend(i for micro in r["ids"] for i in micro)
         if r["loss_sum"] is not None:
             s["sum"] += r["loss_sum"]
             s["tokens"] += r["tokens"]

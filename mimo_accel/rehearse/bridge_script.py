@@ -55,9 +55,17 @@ environment unless one is initialised already, and leaves an existing one alone.
     ``dataset.enable_in_batch_packing`` + ``defer_in_batch_packing_to_step``; not in 0.6.2).
 
 --trace FILE: every rank appends one JSON line per finished training iteration: rank, module (the
-    module's name: a modality's, or ``language``), dp_rank/dp_size, iteration, ``ids`` (the sample
-    ids it trained, one list per micro-batch) and, on language ranks, ``loss_sum``/``tokens``/``loss``
-    of those micro-batches.
+    module's name: a modality's, or ``language``), dp_rank/dp_size, pp_rank/pp_size (its pipeline
+    stage), iteration, ``ids`` (the sample ids it trained, one list per micro-batch: every stage of a
+    replica lists the same) and, on the last language stage, ``loss_sum``/``tokens``/``loss`` of
+    those micro-batches (other ranks: null).
+
+--language-pp N: the language model on N pipeline stages (its layers split evenly; default one
+    layer a stage), trained by megatron-core's multi-module 1F1B schedule: world size = the
+    encoders' ranks + language tp*pp*dp. Every language stage loads the same samples (the first
+    stage uses input_ids, the last labels and loss_mask). Encoders take no PP (--vision-pp > 1
+    is refused: upstream does not support encoder PP > 1).
+
 Environment: TRAIN_MIMO_KILL=RANK:ITERATION makes global rank RANK kill itself with SIGKILL
     when training iteration ITERATION starts (to test failure handling and restart).
 """
@@ -65,10 +73,7 @@ Environment: TRAIN_MIMO_KILL=RANK:ITERATION makes global rank RANK kill itself w
 from __future__ import annotations
 
 import argparse
-import importlib.util
-import json
 import os
-import signal
 import sys
 from dataclasses import dataclass
 from datetime import timedelta
@@ -98,12 +103,19 @@ from megatron.bridge.training.state import TrainState
 from megatron.bridge.training.tokenizers.config import TokenizerConfig
 
 from mimo_accel.rehearse import merged_reorder, stack
-from mimo_accel.modules import LANGUAGE, Modules, module
+from mimo_accel.modules import Modules
 from mimo_accel.workloads import VISION
 from mimo_accel.runtime.shard import SHARD_TAG_KEY
-
-KILL_ENV = "TRAIN_MIMO_KILL"
-HAS_SCALABLE_READS = importlib.util.find_spec("megatron.bridge.data.megatron_mimo.canonical_sampler") is not None
+from mimo_accel.rehearse.bridge_trace import KILL_ENV, TracedForwardStep, _kill_switch, _Trace  # noqa: F401
+from mimo_accel.rehearse.bridge_args import (  # noqa: F401  (re-exported: the script's in-process use)
+    AUDIO,
+    HAS_SCALABLE_READS,
+    IMAGE,
+    build_layout,
+    modality_names,
+    parse_args,
+    parse_modalities,
+)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -223,52 +235,13 @@ def default_image_dir() -> str:
     return os.path.join(tempfile.gettempdir(), f"mimo_accel-train_mimo-images-{user}")
 
 
-class _Trace:
-    """Per-rank record of what each training iteration trained (see --trace)."""
-
-    def __init__(self, path: Optional[str]):
-        self.path = path
-        self.where: dict = {}
-        self.train_iterator = None
-        self.pending_ids: list = []  # filled by the train iterator, drained by the forward step
-        self.current: Optional[dict] = None
-
-    def begin(self, iteration: int) -> None:
-        if self.current is not None and self.current["iteration"] != iteration:
-            self.flush()
-        if self.current is None:
-            self.current = dict(self.where, iteration=iteration, ids=[], loss_sum=None, tokens=None, loss=None)
-
-    def take_ids(self) -> None:
-        self.current["ids"].extend(self.pending_ids)
-        self.pending_ids.clear()
-
-    def add_loss(self, loss_sum: float, tokens: float) -> None:
-        rec = self.current
-        rec["loss_sum"] = (rec["loss_sum"] or 0.0) + loss_sum
-        rec["tokens"] = (rec["tokens"] or 0.0) + tokens
-        rec["loss"] = rec["loss_sum"] / rec["tokens"] if rec["tokens"] else None
-
-    def flush(self) -> None:
-        if self.current is None:
-            return
-        if self.path:
-            line = (json.dumps(self.current) + "\n").encode()
-            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-            try:
-                os.write(fd, line)  # one append per line: ranks can share the file
-            finally:
-                os.close(fd)
-        self.current = None
-
-
-def _module_replica(infra) -> tuple[str, int, int]:
-    """(module, dp_rank, dp_size) of this rank."""
+def _module_replica(infra) -> tuple[str, int, int, int, int]:
+    """(module, dp_rank, dp_size, pp_rank, pp_size) of this rank."""
     me = dist.get_rank()
     for name, grid in infra.module_to_grid_map.items():
         if grid.rank_offset <= me < grid.rank_offset + grid.size:
-            dp = grid.get_pg(["dp"])
-            return name, dp.rank(), dp.size()
+            dp, pp = grid.get_pg(["dp"]), grid.get_pg(["pp"])
+            return name, dp.rank(), dp.size(), pp.rank(), pp.size()
     raise RuntimeError(f"rank {me} is in no MegatronMIMO module grid")
 
 
@@ -289,12 +262,13 @@ def make_build_data_iterators(args, trace: _Trace):
             test_samples=0)
         if train_loader is None:
             return None, None
-        module, dp_rank, dp_size = _module_replica(megatron_mimo_infra)
+        module, dp_rank, dp_size, pp_rank, pp_size = _module_replica(megatron_mimo_infra)
         layout = build_layout(args)
         # Bridge 0.7's wiring, decided from cfg.dataset as its example does when it builds the iterators
         bridge_reorders = merged_reorder.wanted(cfg, layout.dp_sizes.values())
+        # every pipeline stage of a replica loads (and traces) the same samples; the loss is the last stage's
         trace.where = dict(rank=dist.get_rank(), module=module, dp_rank=dp_rank, dp_size=dp_size,
-                           bridge_reorder=bridge_reorders)
+                           pp_rank=pp_rank, pp_size=pp_size, bridge_reorder=bridge_reorders)
         # upstream reads shards only where this Bridge has scalable reads (--bridge-reorder sets the flag anyway)
         scalable = bool(getattr(cfg.dataset, "megatron_mimo_scalable_dp", False)) and HAS_SCALABLE_READS
 
@@ -325,99 +299,9 @@ def make_build_data_iterators(args, trace: _Trace):
     return build_data_iterators
 
 
-class TracedForwardStep:
-    """Bridge's MIMO forward step, plus the --trace record and the TRAIN_MIMO_KILL switch."""
-
-    def __init__(self, forward_step, trace: _Trace, kill: Optional[tuple[int, int]]):
-        self.forward_step = forward_step
-        self.trace = trace
-        self.kill = kill
-
-    def __call__(self, state, data_iterator, model):
-        training = data_iterator is self.trace.train_iterator and data_iterator is not None
-        if not training:  # evaluation: nothing to record
-            return self.forward_step(state, data_iterator, model)
-        iteration = state.train_state.step + 1
-        if self.kill is not None and self.kill == (dist.get_rank(), iteration):
-            self.trace.flush()
-            os.kill(os.getpid(), signal.SIGKILL)
-        self.trace.begin(iteration)
-        output, loss_func = self.forward_step(state, data_iterator, model)
-        self.trace.take_ids()
-        if loss_func is None:
-            return output, None
-
-        def traced_loss(output_tensor):
-            total, tokens, report = loss_func(output_tensor)
-            loss_sum, n = (float(x) for x in report["lm loss"].view(-1).tolist())
-            self.trace.add_loss(loss_sum, n)
-            return total, tokens, report
-
-        return output, traced_loss
-
-
-def _kill_switch() -> Optional[tuple[int, int]]:
-    raw = os.environ.get(KILL_ENV)
-    if not raw:
-        return None
-    try:
-        rank, iteration = (int(x) for x in raw.split(":"))
-    except ValueError:
-        raise SystemExit(f"{KILL_ENV}={raw!r}: expected RANK:ITERATION, e.g. 1:5") from None
-    return rank, iteration
-
-
 # ----------------------------------------------------------------------------------------------
-# Config
+# Config (the flags, the modalities and the layout: mimo_accel.rehearse.bridge_args)
 # ----------------------------------------------------------------------------------------------
-
-
-IMAGE, AUDIO = "image", "audio"  # the kinds of modality the example trains (an encoder for each)
-_KIND_OF_NAME = {"vision": IMAGE, "image": IMAGE, "images": IMAGE, "audio": AUDIO, "audios": AUDIO}
-
-
-def parse_modalities(text: str) -> dict[str, str]:
-    """``--modalities``: modality (= encoder module) name -> kind (``image`` / ``audio``), in rank order.
-
-    Entries ``NAME`` or ``NAME:KIND``, comma-separated. Without a kind: ``vision``/``image``/``images``
-    are the image encoder, ``audio``/``audios`` the audio encoder, any other name the image encoder
-    when first and the audio encoder when second. One image modality, at most one audio modality.
-    """
-    out: dict[str, str] = {}
-    entries = [e.strip() for e in text.split(",") if e.strip()]
-    for position, entry in enumerate(entries):
-        name, _, kind = (part.strip() for part in entry.partition(":"))
-        kind = kind or _KIND_OF_NAME.get(name) or (IMAGE, AUDIO)[min(position, 1)]
-        if not name or not name.replace("_", "").replace("-", "").isalnum():
-            raise ValueError(f"--modalities: {entry!r} is not a modality name")
-        if name == LANGUAGE:
-            raise ValueError(f"--modalities: {LANGUAGE!r} is the language module, not a modality")
-        if kind not in (IMAGE, AUDIO):
-            raise ValueError(f"--modalities: {entry!r}: the kind must be {IMAGE!r} or {AUDIO!r}")
-        if name in out:
-            raise ValueError(f"--modalities: {name!r} is named twice")
-        out[name] = kind
-    kinds = list(out.values())
-    if kinds.count(IMAGE) != 1 or kinds.count(AUDIO) > 1:
-        raise ValueError(f"--modalities {text!r}: the example trains one image modality and at most one audio "
-                         f"modality (got {', '.join(f'{n}:{k}' for n, k in out.items()) or 'none'})")
-    return out
-
-
-def modality_names(args) -> tuple[str, Optional[str]]:
-    """(the image modality's name, the audio modality's name or None)."""
-    kinds = parse_modalities(args.modalities)
-    by_kind = {k: n for n, k in kinds.items()}
-    return by_kind[IMAGE], by_kind.get(AUDIO)
-
-
-def build_layout(args) -> Modules:
-    """Each modality's encoder (of its kind) on its own ranks in ``--modalities`` order, the language
-    model after them."""
-    sizes = {IMAGE: dict(tp=args.vision_tp, dp=args.vision_dp), AUDIO: dict(tp=args.audio_tp or 1, dp=args.audio_dp or 1)}
-    return Modules((*(module(name, sizes[kind]["dp"], kind=kind, tp=sizes[kind]["tp"])
-                      for name, kind in parse_modalities(args.modalities).items()),
-                    module(LANGUAGE, args.language_dp, tp=args.language_tp)))
 
 
 def build_config(args, layout: Modules) -> ConfigContainer:
@@ -506,133 +390,6 @@ def build_config(args, layout: Modules) -> ConfigContainer:
 # ----------------------------------------------------------------------------------------------
 # Entry points
 # ----------------------------------------------------------------------------------------------
-
-
-def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--cpu", action="store_true",
-                   help="rehearse on CPU: gloo ranks through mimo_accel.rehearse.cpu (refused where CUDA exists)")
-    p.add_argument("--vision-dp", type=int, default=1)
-    p.add_argument("--language-dp", type=int, default=1)
-    p.add_argument("--vision-tp", type=int, default=1)
-    p.add_argument("--language-tp", type=int, default=1)
-    p.add_argument("--modalities", default=VISION,
-                   help="the modalities (= encoder modules, each on its own grid, in rank order before the "
-                        "language model), comma-separated NAME or NAME:KIND (kind image or audio): 'vision' "
-                        "(default), 'vision,audio' (an audio encoder too; needs --dataset images), upstream's "
-                        "'images,audios'. --vision-* size the image modality's encoder, --audio-* the audio one")
-    p.add_argument("--audio-dp", type=int, default=None, help="audio encoder data-parallel size (default 1)")
-    p.add_argument("--audio-tp", type=int, default=None, help="audio encoder tensor-parallel size (default 1)")
-    p.add_argument("--audio-hidden", type=int, default=None,
-                   help=f"audio encoder hidden size (default {stack.StackConfig.audio_hidden})")
-    p.add_argument("--audio-layers", type=int, default=None,
-                   help=f"audio encoder transformer layers (default {stack.StackConfig.audio_layers})")
-    p.add_argument("--train-iters", type=int, default=4)
-    p.add_argument("--mbs", type=int, default=4, help="global micro-batch size (split across each module's DP)")
-    p.add_argument("--gbs", type=int, default=8, help="global batch size per iteration")
-    p.add_argument("--seq-length", type=int, default=64)
-    p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--lr-max-steps", type=int, default=1000)
-    p.add_argument("--clip-grad", type=float, default=1.0, help="GPU only; CPU runs use 0")
-    p.add_argument("--per-token-loss", action=argparse.BooleanOptionalAction, default=True,
-                   help="normalise by the global token count (default) instead of per replica")
-    p.add_argument("--eval-interval", type=int, default=2, help="0 turns evaluation off")
-    p.add_argument("--eval-iters", type=int, default=1)
-    p.add_argument("--save", default=None, help="checkpoint directory to save into")
-    p.add_argument("--save-interval", type=int, default=None, help="default: --train-iters")
-    p.add_argument("--load", default=None, help="checkpoint directory to resume from")
-    p.add_argument("--seed", type=int, default=1234)
-    p.add_argument("--dataset", choices=("synthetic", "images"), default=None,
-                   help="synthetic (default without an audio modality): mimo_accel's synthetic VLM samples (they "
-                        "carry a cost index); images (the default with one): Bridge's MegatronMIMODataset over "
-                        "real image files written at startup (no index), with an audio modality also real WAV "
-                        "clips beside them")
-    p.add_argument("--varied", action="store_true", help="synthetic: 0-3 images of varied sizes per sample")
-    p.add_argument("--image-dir", default=None,
-                   help="images: where the image files are written/reused (default: a fixed temp dir)")
-    p.add_argument("--image-rows", type=int, default=None,
-                   help="images, --encoder native: placeholder tokens per image = rows the encoder's "
-                        "resampler makes (default 4)")
-    p.add_argument("--encoder", choices=stack.ENCODERS, default="native",
-                   help="native: mimo_accel's NativeViT; qwen3vl: Bridge's Qwen3-VL vision model "
-                        "(rows per image follow the image's grid)")
-    p.add_argument("--hidden", type=int, default=stack.StackConfig.hidden,
-                   help="language model hidden size (the encoders' projections map into it)")
-    p.add_argument("--language-layers", type=int, default=stack.StackConfig.language_layers,
-                   help="language model layers")
-    p.add_argument("--vision-hidden", type=int, default=stack.StackConfig.vision_hidden,
-                   help="vision encoder hidden size")
-    p.add_argument("--vision-layers", type=int, default=stack.StackConfig.vision_layers,
-                   help="vision encoder layers")
-    p.add_argument("--vision-heads", type=int, default=None,
-                   help=f"vision encoder attention heads (default: the stack's {stack.StackConfig.heads})")
-    p.add_argument("--image-mix", choices=sorted(stack.IMAGE_MIXES), default="default",
-                   help="images: default: 0/1 image per sample, a few large, many small; receipts: one "
-                        "image per sample, narrow, heights lognormal with a long tail of tall ones")
-    p.add_argument("--max-image-rows", type=int, default=None,
-                   help="images, --encoder qwen3vl: the most rows (= placeholders) one image may take; "
-                        "Qwen3-VL's processor resizes larger images down to it (default 16)")
-    p.add_argument("--dataloader-type", choices=("single", "cyclic"), default="single")
-    p.add_argument("--scalable-dp", action="store_true",
-                   help="upstream's scalable reads (dataset.megatron_mimo_scalable_dp; Megatron-Bridge #5525)")
-    p.add_argument("--bridge-reorder", action="store_true",
-                   help="Bridge 0.7's merged reorder settings on cfg.dataset (megatron_mimo_scalable_dp, "
-                        "megatron_mimo_intra_microbatch_reorder), wired as its example wires them, with "
-                        "mimo_accel.rehearse.merged_reorder standing in for its ReorderingBuffer")
-    p.add_argument("--upstream-packing", action="store_true",
-                   help="upstream's own step packing (dataset.enable_in_batch_packing; Megatron-Bridge main)")
-    p.add_argument("--trace", default=None, help="append one JSON line per rank and training iteration")
-    p.add_argument("--tensorboard-dir", default=None,
-                   help="Bridge's logger writes TensorBoard event files here (LoggerConfig(tensorboard_dir=..., "
-                        "log_interval=1)); with the profiler on, mimo_accel's per-step figures too, under mimo_accel/")
-    p.add_argument("--dist-timeout", type=float, default=300.0, help="seconds (CPU/gloo process group)")
-    args = p.parse_args(argv)
-    if args.eval_interval == 0:
-        args.eval_interval = None
-    try:
-        audio = modality_names(args)[1]
-    except ValueError as exc:
-        p.error(str(exc))
-    if audio is None:
-        given = [f for f in ("audio_dp", "audio_tp", "audio_hidden", "audio_layers") if getattr(args, f) is not None]
-        if given:
-            p.error(f"--{given[0].replace('_', '-')} sizes an audio encoder; name an audio modality in --modalities "
-                    "(e.g. --modalities vision,audio)")
-    else:
-        args.audio_hidden = stack.StackConfig.audio_hidden if args.audio_hidden is None else args.audio_hidden
-        args.audio_layers = stack.StackConfig.audio_layers if args.audio_layers is None else args.audio_layers
-        if args.dataset == "synthetic":
-            p.error(f"--modalities {args.modalities}: the audio modality {audio!r} needs real clips: --dataset "
-                    "images (the default with an audio modality) writes WAV files beside the images")
-    if args.dataset is None:
-        args.dataset = "synthetic" if audio is None else "images"
-    if args.encoder == "qwen3vl":
-        if args.image_rows is not None:
-            p.error("--image-rows sets the fixed rows of --encoder native's resampler; with --encoder qwen3vl "
-                    "the rows per image follow its grid: bound them with --max-image-rows instead")
-    elif args.max_image_rows is not None:
-        p.error("--max-image-rows applies to --encoder qwen3vl (--encoder native takes --image-rows)")
-    if args.dataset == "images":
-        if args.varied:
-            p.error("--varied applies to --dataset synthetic")
-        if args.encoder == "qwen3vl":
-            args.max_image_rows = 16 if args.max_image_rows is None else args.max_image_rows
-            if not 1 <= args.max_image_rows < args.seq_length:
-                p.error(f"--max-image-rows must be in [1, --seq-length) (got {args.max_image_rows})")
-        else:
-            args.image_rows = 4 if args.image_rows is None else args.image_rows
-            if not 1 <= args.image_rows < args.seq_length:
-                p.error(f"--image-rows must be in [1, --seq-length) (got {args.image_rows})")
-    elif args.image_rows is not None or args.max_image_rows is not None:
-        p.error("--image-rows / --max-image-rows apply to --dataset images")
-    if args.upstream_packing and importlib.util.find_spec("megatron.bridge.data.megatron_mimo.sequence_pack") is None:
-        p.error("--upstream-packing needs a megatron-bridge whose MegatronMIMO step packs "
-                "(data/megatron_mimo/sequence_pack.py, Megatron-Bridge main); this one has none")
-    if args.scalable_dp and not HAS_SCALABLE_READS:
-        p.error("--scalable-dp needs a megatron-bridge with scalable MegatronMIMO reads "
-                "(data/megatron_mimo/canonical_sampler.py, Megatron-Bridge PR #5525); this one has none")
-    return args
 
 
 def run(args: argparse.Namespace) -> None:
