@@ -6,7 +6,6 @@ worse than mimo_accel's plan."""
 from __future__ import annotations
 
 import io
-import json
 
 import numpy as np
 import pytest
@@ -108,21 +107,3 @@ def test_the_table_names_the_three_runs_and_one_line_judges_the_language_model(p
     assert line == (f"Bridge 0.7's reorder {'leaves' if worse else 'does not leave'} the language model worse than "
                     f"mimo_accel's plan: language straggler p50 {peer_language:.3f} against 1.020")
     assert sides.language_verdict(peer, {"per_module": {}})[0] is None
-
-
-@pytest.mark.distributed
-def test_the_rehearsal_with_the_upstream_peer_writes_it_as_peer_with_its_name(tmp_path):
-    from mimo_accel.tools import rehearsing
-
-    out = open(tmp_path / "out.txt", "w")
-    result = rehearsing.rehearse_bridge(steps=2, vision_dp=2, language_dp=2, micro_batch=8, peer="upstream",
-                                        out_dir=str(tmp_path / "runs"), json_path=str(tmp_path / "r.json"),
-                                        console=Console(file=out, width=160))
-    out.close()
-    doc = json.loads((tmp_path / "r.json").read_text())
-    assert set(doc) == set(result) and "peer_name" not in doc
-    assert doc["peer"]["name"] == "Bridge 0.7's reorder" and doc["peer"]["label"] == "peer-upstream"
-    assert doc["peer"]["language_worse"] in (True, False) and "per_module" in doc["peer"]
-    text = (tmp_path / "out.txt").read_text()
-    assert "Upstream as shipped, Bridge 0.7's reorder and mimo_accel" in text
-    assert "the language model worse than mimo_accel's plan" in text

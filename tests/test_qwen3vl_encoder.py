@@ -246,7 +246,8 @@ def test_rehearse_bridge_loop_runs_the_example_with_qwen3vl_and_reports(tmp_path
 
     console = Console(file=open(tmp_path / "out.txt", "w"), width=120)
     # small (the demo's sizes are rehearsal.BRIDGE_DEFAULTS: 8 ranks, 48 samples a step, ~2 min)
-    result = rehearsing.rehearse_bridge(steps=2, vision_dp=2, language_dp=2, micro_batch=8,
+    # with the demo's peer, Bridge 0.7's reorder, as the third run (its table and JSON shape checked here)
+    result = rehearsing.rehearse_bridge(steps=2, vision_dp=2, language_dp=2, micro_batch=8, peer="upstream",
                                         out_dir=str(tmp_path / "runs"), json_path=str(tmp_path / "r.json"),
                                         console=console)
     doc = json.loads((tmp_path / "r.json").read_text())
@@ -262,8 +263,14 @@ def test_rehearse_bridge_loop_runs_the_example_with_qwen3vl_and_reports(tmp_path
         # upstream 0.6.2 slices patch-packed images by image count: 0/1-image samples cannot be
         # split over 2 vision replicas. The report says so.
         assert "upstream cannot run" in result["before_note"]
+    assert "peer_name" not in doc and doc["peer"]["name"] == "Bridge 0.7's reorder"
+    assert doc["peer"]["label"] == "peer-upstream" and "per_module" in doc["peer"]
+    assert doc["peer"]["language_worse"] in (True, False)
+    console.file.close()
     text = (tmp_path / "out.txt").read_text()
     assert "Per-iteration global loss" in text and "vision straggler" in text
+    assert "Upstream as shipped, Bridge 0.7's reorder and mimo_accel" in text
+    assert "the language model worse than mimo_accel's plan" in text
     # the profiler timed the encoder's forward and backward on both vision replicas, in both runs
     for side in ("before", "after"):
         assert doc[side]["vision_replicas"] == 2

@@ -194,7 +194,8 @@ def test_the_profiler_writes_every_rank_of_both_encoders(workdir, one_to_one):
     run = read_run(workdir / "profile-1to1")
     assert sorted(run.ranks) == list(range(6)) and not run.warnings
     assert [run.ranks[r].module for r in range(6)] == ["vision", "vision", "audio", "audio", "language", "language"]
-    assert run.layout == {"dp": {"vision": 2, "audio": 2, "language": 2}}
+    assert run.layout["dp"] == {"vision": 2, "audio": 2, "language": 2}
+    assert set(run.layout["flops"]["modules"]) == {"vision", "audio", "language"}  # each module's FLOPs shape
     for rank, log in run.ranks.items():
         assert [s["samples_read"] for s in log.steps] == [GBS // 2] * ITERS, rank  # sharded reads
         if log.module != "language":  # two micro-batches per step: two timed forwards and backwards
