@@ -1,6 +1,6 @@
 """Upstream's validated shape on Bridge's loop: one image replica feeding two language replicas,
 two-sample global micro-batches, several a step (the Qwen3.5-VL tutorial's images dp1 -> language
-dp2, MBS 2; here GBS 8, so four micro-batches a step).
+dp2, MBS 2; here GBS 8, so four micro-batches a step); and the same micro-batches 1:1 (dp2 -> dp2).
 
 Planned one micro-batch at a time, every replica holds one sample of it or all of them, so no plan
 can change a replica's load: mimo_accel says so once and names ``reorder_window="step"``. With
@@ -33,11 +33,12 @@ def _status(rank, world, argv, features, env):
     return run_example(argv, features, env)
 
 
-def _run(workdir: Path, name: str, features: dict):
+def _run(workdir: Path, name: str, vision_dp: int, features: dict):
     trace = workdir / f"{name}.jsonl"
-    argv = ["--cpu", "--varied", "--vision-dp", "1", "--language-dp", "2", "--mbs", str(MBS), "--gbs", str(GBS),
-            "--train-iters", str(ITERS), "--eval-interval", "2", "--eval-iters", "1", "--trace", str(trace)]
-    statuses = run_ranks(_status, 3, argv, features, {}, deadline_s=DEADLINE_S)
+    argv = ["--cpu", "--varied", "--vision-dp", str(vision_dp), "--language-dp", "2", "--mbs", str(MBS),
+            "--gbs", str(GBS), "--train-iters", str(ITERS), "--eval-interval", "2", "--eval-iters", "1",
+            "--trace", str(trace)]
+    statuses = run_ranks(_status, vision_dp + 2, argv, features, {}, deadline_s=DEADLINE_S)
     return [json.loads(line) for line in trace.read_text().splitlines()], statuses
 
 
@@ -46,14 +47,20 @@ def workdir(tmp_path_factory):
     return tmp_path_factory.mktemp("step-window")
 
 
-@pytest.fixture(scope="module")
-def one_micro_batch(workdir):
-    return _run(workdir, "window-1", ALL)
+# fan-out (the tutorial's images dp1 -> language dp2) and 1:1 (dp2 -> dp2): one sample per replica
+@pytest.fixture(scope="module", params=[1, 2], ids=["fan-out", "one-to-one"])
+def vision_dp(request):
+    return request.param
 
 
 @pytest.fixture(scope="module")
-def whole_step(workdir):
-    return _run(workdir, "window-step", dict(ALL, reorder_window="step"))
+def one_micro_batch(workdir, vision_dp):
+    return _run(workdir, f"window-1-v{vision_dp}", vision_dp, ALL)
+
+
+@pytest.fixture(scope="module")
+def whole_step(workdir, vision_dp):
+    return _run(workdir, f"window-step-v{vision_dp}", vision_dp, dict(ALL, reorder_window="step"))
 
 
 def test_a_one_micro_batch_plan_says_it_cannot_move_anything(one_micro_batch, whole_step):
