@@ -16,7 +16,7 @@ from typing import Any, Optional
 
 from mimo_accel.costs.flops import shape_of
 from mimo_accel.modules import LANGUAGE
-from mimo_accel.runtime.preflight import module_configs
+from mimo_accel.runtime.module_configs import module_configs
 
 
 def device_name() -> Optional[str]:

@@ -25,9 +25,10 @@ collective.
 
 from __future__ import annotations
 
-from typing import Any, Iterator, Optional
+from typing import Any, Optional
 
 from mimo_accel.modules import LANGUAGE
+from mimo_accel.runtime.module_configs import module_configs
 from mimo_accel.runtime.state import Runtime
 
 PER_REPLICA_LOSS = "reorder:per-replica-loss"
@@ -44,36 +45,6 @@ def per_replica_loss_message(strict: bool = False) -> str:
     return (f"mimo_accel reorder: {head} Set calculate_per_token_loss=True on the language model's "
             "TransformerConfig for upstream-identical gradients; strict_gradients=True "
             "(MIMO_ACCEL_STRICT_GRADIENTS=1) makes this an error.")
-
-
-def _is_transformer_config(obj: Any) -> bool:
-    try:
-        from megatron.core.transformer.transformer_config import TransformerConfig
-    except ImportError:  # pragma: no cover - megatron is what is being patched
-        return False
-    return isinstance(obj, TransformerConfig)
-
-
-def _spec_configs(spec: Any) -> Iterator[tuple[str, Any]]:
-    """(param name, TransformerConfig) of a ModuleSpec's params."""
-    params = getattr(spec, "params", None) or {}
-    for key, value in params.items():
-        if _is_transformer_config(value):
-            yield key, value
-
-
-def module_configs(provider: Any) -> Iterator[tuple[str, str, str, Any]]:
-    """(module, what, param name, TransformerConfig) of every module a provider builds: the language
-    model's spec and each modality's encoders."""
-    language = getattr(provider, "language_model_spec", None)
-    if language is not None:
-        for key, config in _spec_configs(language):
-            yield LANGUAGE, "the language model", key, config
-    for name, spec in (getattr(provider, "modality_submodules_spec", None) or {}).items():
-        encoders = (getattr(spec, "submodules", None) or {}).get("encoders") or {}
-        for encoder, encoder_spec in encoders.items():
-            for key, config in _spec_configs(encoder_spec):
-                yield name, f"encoder {encoder!r}", key, config
 
 
 def language_config(provider: Any) -> Optional[Any]:
