@@ -109,7 +109,7 @@ class AccelConfig:
         not only who computes it: with the language model's ``calculate_per_token_loss=False``
         each language replica's loss is a mean over its own tokens. Off: said once.
     calibrate_online: with ``reorder`` (plan mode), the cost model refits itself from the job's own
-        step times while it trains, starting from ``cost_model`` or the defaults
+        step times while it trains, starting from ``cost_model`` or each module's FLOPs
         (:mod:`mimo_accel.runtime.calibration`); False pins it. No effect without reorder.
     """
 

@@ -16,6 +16,7 @@ sample without talking to any other rank.
 - :mod:`~mimo_accel.costs.online`: each module's model learnt from the job's own step times (``OnlineCalibration``)
 - :mod:`~mimo_accel.costs.flops`: a module's model FLOPs from its TransformerConfig (``FlopsShape``), the GPU
   peak table, and the per-step throughput figures (samples/s, tokens/s and TFLOP/s per GPU, MFU)
+- :mod:`~mimo_accel.costs.prior`: the cost model a job starts from without one: each module's step FLOPs
 """
 
 from mimo_accel.costs.audio import AudioRule

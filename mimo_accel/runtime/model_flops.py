@@ -12,11 +12,14 @@ null; its samples and tokens per second are still figures.
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from mimo_accel.costs.flops import shape_of
 from mimo_accel.modules import LANGUAGE
 from mimo_accel.runtime.module_configs import module_configs
+
+if TYPE_CHECKING:
+    from mimo_accel.costs import CostModel
 
 
 def device_name() -> Optional[str]:
@@ -63,3 +66,28 @@ def flops_layout(provider: Any) -> Optional[dict]:
         trained = not (getattr(provider, "freeze_language_model", False) if language else frozen.get(name, False))
         modules[name] = _module(found, vocab, language, grids.get(name), bool(trained))
     return {"device_name": device_name(), "modules": modules}
+
+
+def start_cost_model(path: Optional[str], provider: Any, notify) -> "CostModel":
+    """The cost model a run plans with before it learns (the same on every rank): the file at
+    ``path`` when one is configured; else each module's step FLOPs from ``provider``'s configs
+    (:mod:`mimo_accel.costs.prior`), a module whose FLOPs are not counted at the default
+    coefficients (said once); the defaults where there is no MegatronMIMO provider."""
+    from mimo_accel.costs import CostModel
+    from mimo_accel.costs.flops import FlopsShape
+    from mimo_accel.costs.prior import flops_prior
+
+    if path is not None:
+        return CostModel.from_file(path)
+    layout = flops_layout(provider)
+    if layout is None:
+        return CostModel()
+    modules = layout["modules"]
+    shapes = {m: FlopsShape.from_dict(v["shape"]) if v["shape"] else None for m, v in modules.items()}
+    model, unpriced = flops_prior(shapes, {m: v["trained"] for m, v in modules.items()})
+    if unpriced:
+        why = "; ".join(f"{m}: {modules[m].get('why', 'no FLOPs shape')}" for m in unpriced)
+        notify("cost-model:unpriced", f"mimo_accel reorder: {', '.join(unpriced)} start(s) from the default cost "
+               f"coefficients, not from FLOPs ({why}); the online calibration learns them while training, or pass "
+               "a measured model (cost_model=..., `mimo-accel calibrate`)")
+    return model

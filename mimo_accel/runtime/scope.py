@@ -119,6 +119,15 @@ def _datasets_seen_by(scope: LoaderScope, provider: Any) -> Iterator[None]:
             object.__delattr__(provider, "build_datasets")
 
 
+def _start_model(runtime: Runtime, provider) -> None:
+    """With reorder on: the cost model plans start from (a configured file, else each module's
+    FLOPs from ``provider``), the same at setup and at the loaders' build (the same provider)."""
+    if runtime.config.reorder:
+        from mimo_accel.runtime.model_flops import start_cost_model
+
+        runtime.start_model = start_cost_model(runtime.config.cost_model, provider, runtime.say_once)
+
+
 def wrap_loader_builder(original: Callable, runtime: Runtime) -> Callable:
     """Bridge's ``build_megatron_mimo_data_loaders``: upstream's own reorder asked for
     (:mod:`mimo_accel.runtime.upstream_reorder`), the provider's configs checked
@@ -127,6 +136,7 @@ def wrap_loader_builder(original: Callable, runtime: Runtime) -> Callable:
     def build_megatron_mimo_data_loaders(call: UpstreamCall):
         settle_upstream_reorder(call["cfg"], runtime)
         preflight.check_provider(getattr(call["cfg"], "model", None), runtime)
+        _start_model(runtime, call["megatron_mimo_provider"])
         with loader_scope(runtime) as scope, _datasets_seen_by(scope, call["megatron_mimo_provider"]):
             return call.to(original)
 
@@ -146,10 +156,12 @@ def wrap_setup(original: Callable, runtime: Runtime) -> Callable:
         settle_upstream_reorder(cfg, runtime)
         runtime.frozen = frozen_encoders(getattr(cfg, "model", None))
         preflight.check_provider(getattr(cfg, "model", None), runtime)
+        _start_model(runtime, getattr(cfg, "model", None))
         if runtime.config.calibrates_online:  # this run's cost model, learnt while it trains
             from mimo_accel.runtime.calibration import Calibration
 
-            runtime.calibration = Calibration.for_setup(call["state"], runtime.config, runtime.say_once)
+            runtime.calibration = Calibration.for_setup(call["state"], runtime.config, runtime.say_once,
+                                                        runtime.start_model)
         build = call["build_data_iterators_fn"]
         if build is not None:
             @functools.wraps(build)

@@ -26,6 +26,7 @@ from mimo_accel.config import AccelConfig
 from mimo_accel.runtime.shard import ShardContext, StepRole, context_from_grids
 
 if TYPE_CHECKING:
+    from mimo_accel.costs import CostModel
     from mimo_accel.runtime.calibration import Calibration
     from mimo_accel.runtime.profiling import Profiling
 
@@ -53,6 +54,8 @@ class Runtime:
         default_factory=weakref.WeakKeyDictionary)
     # the encoders Bridge's config freezes (forwards only: the step plan's pipeline), read at setup
     frozen: tuple = ()
+    # the cost model plans start from (a configured file, else each module's FLOPs), read at setup
+    start_model: Optional[CostModel] = None
     # what in the run config has Bridge's own reorder move samples after they are read (None: nothing)
     upstream_moves_samples: Optional[str] = None
     profiling: Optional[Profiling] = None  # while the profiler (or online calibration) is on
@@ -92,6 +95,7 @@ class Runtime:
             self.rank_role = None
             self.upstream_moves_samples = None
             self.frozen = ()
+            self.start_model = None
             self.context = None
             self.layout = None
             self.said.clear()
