@@ -14,8 +14,8 @@ import pytest
 import torch.distributed as dist
 
 from mimo_accel.costs import CostModel, ModuleCost
-from mimo_accel.runtime.calibration import (FILE, Announcement, Calibration, Schedule, lead_steps, read_saved,
-                                            step_observations)
+from mimo_accel.runtime.calibration import (FILE, Announcement, Calibration, Schedule, first_refit, lead_steps,
+                                            read_saved, step_observations)
 
 START = CostModel()
 LEARNT = CostModel(modules={"vision": ModuleCost(2e-5, 1e-7, 3e-3)})
@@ -146,3 +146,60 @@ def test_the_fitting_rank_learns_from_gathered_figures_and_announces(store):
     first = fitter.schedule.announcements[0]
     assert first.step >= refits[0].step + 4 and first.learnt_through == refits[0].step - 1
     assert first.model.of("vision").k > 0  # the per-image cost the default model lacked
+
+
+def _vision_step(rng, true: ModuleCost) -> list:
+    figures = []
+    for dp in range(4):
+        items, rows = int(rng.integers(1, 8)), int(rng.integers(200, 2000))
+        sq = rows * rows // items
+        t = float(true.encoder_costs([rows], [sq], [items])[0]) * (1 + 0.01 * rng.standard_normal())
+        figures.append({"module": "vision", "dp_rank": dp, "time_s": t, "features": [rows, sq, items]})
+    return figures
+
+
+def _cold(calibration: Calibration, prefetched: int = 0) -> Calibration:
+    calibration.models(2, prefetched)  # a train loader of 2 micro-batches a step
+    calibration.gathers = True  # the run's figures reach the fitting rank
+    return calibration
+
+
+def test_the_first_refit_plans_the_iteration_every_planner_waits_at(store):
+    """The cold start: the first refit learns from iterations 2-4 (the first left out), and plans
+    iteration 6, where every planner waits for the fitting rank's word on it."""
+    rng = np.random.default_rng(1)
+    fitter, planner = _cold(Calibration(START, 1)), _cold(Calibration(START, 1))
+    assert first_refit(0) == 4 and planner.first_planned == 6
+    planner_store, fitter_store = store(), store()
+    assert planner.model_for(5, planner_store) == START  # before the first refit's iteration: no wait
+    for it in range(1, 5):
+        fitter.observe(it, _vision_step(rng, ModuleCost(2e-5, 1e-8, 0.02)), fitter_store, current_iteration=it + 1,
+                       lead=7)
+    first = fitter.schedule.announcements[0]
+    assert (first.step, first.learnt_through) == (6, 4)  # not iteration 5 + the lead of 7
+    assert planner.model_for(6, planner_store) == first.model != START
+
+
+def test_a_planner_waits_for_the_first_refits_word_and_says_why_when_it_never_comes(store):
+    planner = _cold(Calibration(START, 1))
+    impatient = dist.TCPStore("127.0.0.1", store().port, is_master=False, timeout=datetime.timedelta(seconds=1))
+    with pytest.raises(RuntimeError, match="did not say within the store's timeout whether its first refit, made "
+                                           "from iteration 4, plans iteration 6"):
+        planner.model_for(6, impatient)
+
+
+def test_the_first_refits_word_is_given_when_it_is_not_accepted_or_learning_fails(store):
+    fitter, planner = _cold(Calibration(START, 1)), _cold(Calibration(START, 1))
+    s = store()
+    for it in range(1, 4):
+        fitter.observe(it, [], s, current_iteration=it + 1, lead=7)  # nothing gathered to learn from
+    bad = [{"module": "vision", "dp_rank": dp, "time_s": -1.0, "features": [10, 100, 1]} for dp in range(2)]
+    with pytest.raises(ValueError, match="replica times must be finite"):
+        fitter.observe(4, bad, s, current_iteration=5, lead=7)
+    assert planner.model_for(6, store()) == START  # the word came: no refit, the start model plans on
+
+
+def test_the_first_refit_plans_past_what_the_loaders_workers_prefetch():
+    # 4 batches prefetched at 2 micro-batches a step: a planner waiting at iteration 6 would hold up
+    # iteration 4, whose figures the first refit learns from
+    assert _cold(Calibration(START, 1), prefetched=4).first_planned == 8

@@ -24,7 +24,7 @@ import pytest
 from mimo_accel.costs import CostModel, ModuleCost
 from mimo_accel.profiler import read_run
 from mimo_accel.rehearse.ranks import run_ranks
-from mimo_accel.runtime.calibration import FILE
+from mimo_accel.runtime.calibration import FILE, first_refit
 
 from ._example import steps_from_trace, train_rank
 
@@ -33,6 +33,7 @@ pytestmark = pytest.mark.distributed
 MBS, GBS, ITERS = 4, 8, 16
 SAVED = 10  # the straight run's checkpoint the resumed run starts from
 DEADLINE_S = 240.0
+FIRST_CALIBRATED = 6  # the iteration the first refit plans at the latest (of 24 in make demo)
 # 10x the default attention terms: wrong, but within the fit's plausibility bound of 100x
 WRONG = CostModel(modules={"vision": ModuleCost(1.0, 0.009), "language": ModuleCost(1.0, 10 / 8192)})
 
@@ -113,6 +114,10 @@ def test_plans_agree_at_every_window_while_refits_take_effect(workdir, vdp, ldp)
     assert len(set(models.values())) >= 2  # the model changed at a step boundary while training
     first = announced[0]["step"]
     assert len({models[it] for it in range(1, first)}) == 1  # the configured model until the first announcement
+    # the cold start: the first refit learns from iterations 2-4 (the first left out) and plans from 6,
+    # every planner having waited for it there rather than the refit waiting out the queue
+    assert announced[0]["learnt_through"] == first_refit(0) == 4 and first == FIRST_CALIBRATED
+    assert models[first] != models[first - 1]
     _assert_every_sample_once(run["records"], range(1, ITERS + 1))
     refits = [r for log in run["profile"].ranks.values() for line in log.steps for r in line.get("online_refits", ())]
     assert refits and all(r["held_out_error_after"] < r["held_out_error_before"] for r in refits)

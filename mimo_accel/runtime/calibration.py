@@ -12,6 +12,13 @@ plans a window and plans iteration ``t`` with the last model announced for an it
 window. The model's digest is part of each window's plan digest: the plan check would stop a rank
 that planned with another one.
 
+The cold start: a run's first refit is made from the first steps the profiler measures (the
+warm-up step left out, then :data:`FIRST_STEPS`), at iteration ``F``, and plans from iteration
+``F + 2`` (plus the steps a DataLoader's workers prefetch): every planner thread waits before it
+plans that iteration until the fitting rank has said whether it announces a model for it (one
+store key, set whether or not the refit is accepted). So the first calibrated plan does not wait
+out the queue of plans made ahead, and every rank still plans each iteration with one model.
+
 Resume: the announcements are also written beside Bridge's checkpoints
 (``{checkpoint.save}/mimo_accel/cost-models.json``), each with the last iteration whose times it
 learnt from. A run resumed from iteration ``N`` takes the announcements learnt from iterations
@@ -127,6 +134,16 @@ def lead_steps(window: int, step_micro_batches: Optional[int], depth: int) -> in
     return 2 + math.ceil((depth + 2) / per_step)
 
 
+WARMUP = 1  # the first step a run measures pays for allocation and compilation: left out of every fit
+FIRST_STEPS = 3  # measured steps the first refit is made from (two fitted, one held out)
+
+
+def first_refit(start: int) -> int:
+    """The iteration whose figures a run started (or resumed) at iteration ``start`` makes its
+    first refit from."""
+    return start + WARMUP + FIRST_STEPS
+
+
 _serials = itertools.count(1)
 _serials_lock = threading.Lock()
 # Bridge setups this process ran, the same count on every rank (each rank runs the same setups):
@@ -162,14 +179,20 @@ class Calibration:
         self.fitter = None  # the fitting rank's OnlineCalibration, made at its first observation
         self.refits: list[dict] = []  # accepted refits (the fitting rank), for the step lines
         self.announced_through = 0  # the last iteration planned so far (a late announcement is an error)
+        # the cold start: set on every rank whose figures the fitting rank gathers (metrics made)
+        self.gathers = False
+        self.first_planned: Optional[int] = None  # the iteration the first refit plans (a train loader's)
+        self._first_said = False  # the fitting rank: the first refit's verdict published
+        self._first_heard = False  # a planner: that verdict read
 
     @classmethod
-    def for_setup(cls, state: Any, cfg, notify) -> "Calibration":
-        """The calibration of the run Bridge's setup of ``state`` (its GlobalState) begins."""
+    def for_setup(cls, state: Any, cfg, notify, start: Optional[CostModel] = None) -> "Calibration":
+        """The calibration of the run Bridge's setup of ``state`` (its GlobalState) begins, from
+        ``start`` (default: the configured cost model)."""
         from mimo_accel.planner import cost_model_for
 
         checkpoint = getattr(getattr(state, "cfg", None), "checkpoint", None)
-        return cls(cost_model_for(cfg.cost_model), next_serial(), save_dir=getattr(checkpoint, "save", None),
+        return cls(start if start is not None else cost_model_for(cfg.cost_model), next_serial(), save_dir=getattr(checkpoint, "save", None),
                    load_dir=getattr(checkpoint, "load", None), notify=notify, state=state,
                    window=cfg.reorder_window)
 
@@ -229,18 +252,47 @@ class Calibration:
                     "with different models. Stopping rather than risk it.")
             self.schedule.add(a)
 
+    @property
+    def start_iteration(self) -> int:
+        """The iteration this run started from (a resumed run's checkpoint; 0 before the restore)."""
+        return self._restored_at or 0
+
+    def _verdict_key(self) -> str:
+        return f"{self.prefix}/first-refit"
+
     def model_for(self, iteration: int, store=None) -> CostModel:
-        """The model that plans ``iteration`` (the store polled first, on a planner thread)."""
+        """The model that plans ``iteration`` (the store polled first, on a planner thread; from
+        the first refit's iteration on, once that refit's verdict is known)."""
         if store is not None:
+            if (self.gathers and not self._first_heard and self.first_planned is not None
+                    and iteration >= self.first_planned):
+                self._await_first_refit(store)
             self.poll(store)
         with self._lock:
             self.announced_through = max(self.announced_through, iteration)
             return self.schedule.model_for(iteration)
 
-    def models(self, step_micro_batches: int):
+    def _await_first_refit(self, store) -> None:
+        first = first_refit(self.start_iteration)
+        try:
+            store.wait([self._verdict_key()])
+        except Exception as exc:  # noqa: BLE001 - the store's timeout, said with what was awaited
+            raise RuntimeError(
+                f"mimo_accel online calibration: the fitting rank (the job's last rank) did not say within the "
+                f"store's timeout whether its first refit, made from iteration {first}, plans iteration "
+                f"{self.first_planned} ({type(exc).__name__}: {exc}); did that rank stop? Pin the cost model "
+                "(calibrate_online=False) to train without it") from None
+        self._first_heard = True
+
+    def models(self, step_micro_batches: int, prefetched: int = 0):
         """For a train loader's planner thread: the first micro-batch of a window -> ``(model, its
-        digest, module -> overhead s)`` of the iteration it belongs to."""
+        digest, module -> overhead s)`` of the iteration it belongs to. ``prefetched``: the
+        micro-batches the loader's workers take from its sampler ahead of training (a planner
+        that waited for the first refit there would hold up the step that refit learns from)."""
         from mimo_accel.runtime.plan_inputs import digest
+
+        ahead = -(-max(0, prefetched) // max(1, step_micro_batches))
+        self.first_planned = first_refit(self.start_iteration) + 2 + ahead
 
         def of_window(first_micro_batch: int):
             iteration = first_micro_batch // step_micro_batches + 1
@@ -270,34 +322,46 @@ class Calibration:
     def observe(self, iteration: int, figures: list, store, current_iteration: int, lead: int) -> list:
         """The fitting rank's part, on its metrics thread: learn from one step's gathered figures
         (:func:`~mimo_accel.runtime.metrics.rank_figures` of every rank), and announce an accepted
-        refit for iteration ``current_iteration + lead``. Returns the accepted refits."""
+        refit for iteration ``current_iteration + lead`` (the first refit: for the iteration every
+        planner waits at, then say that it was made, accepted or not). Returns the accepted refits."""
+        cold = not self._first_said and iteration >= first_refit(self.start_iteration)
+        try:
+            accepted = self._learn(iteration, figures)
+            if accepted:
+                for r in accepted:
+                    logger.info(r.message())
+                step = self.first_planned if cold and self.first_planned is not None else current_iteration + lead
+                self.announce(store, iteration, step, self.fitter.model, {r.module: r.overhead_s for r in accepted},
+                              [r.to_dict() for r in accepted], exact=cold)
+            return list(accepted)
+        finally:
+            if cold:  # also when learning failed: no planner waits out the store's timeout
+                store.set(self._verdict_key(), str(iteration))
+                self._first_said = True
+
+    def _learn(self, iteration: int, figures: list) -> tuple:
         from mimo_accel.costs.online import OnlineCalibration
 
         observations = step_observations(figures)
         if self.fitter is None:
             if not observations:
-                return []
-            self.fitter = OnlineCalibration(self.schedule.model_for(iteration), list(observations), warmup=1,
-                                            notify=self.notify)
+                return ()
+            self.fitter = OnlineCalibration(self.schedule.model_for(iteration), list(observations), warmup=WARMUP,
+                                            min_steps=FIRST_STEPS, notify=self.notify)
         for module, (features, seconds) in observations.items():
             if module in self.fitter.modules:
                 self.fitter.observe(iteration, module, features, seconds)
-        accepted = self.fitter.refit(iteration + 1)
-        if not accepted:
-            return []
-        for r in accepted:
-            logger.info(r.message())
-        self.announce(store, iteration, current_iteration + lead, self.fitter.model,
-                      {r.module: r.overhead_s for r in accepted}, [r.to_dict() for r in accepted])
-        return list(accepted)
+        return self.fitter.refit(iteration + 1)
 
     def announce(self, store, learnt_through: int, step: int, model: CostModel, overheads: dict,
-                 refits: list) -> Announcement:
+                 refits: list, exact: bool = False) -> Announcement:
+        """``exact``: every planner waits for this announcement before it plans ``step`` (the
+        first refit), so no rank can have planned it yet."""
         self.poll(store)  # the fitting rank alone announces: after this, this job's count is known
         with self._lock:
             last = self.schedule.announcements[-1] if self.schedule.announcements else None
             # past every iteration this rank has planned (another plans at most a window further)
-            step = max(step, self.announced_through + 2, last.step + 1 if last is not None else 0)
+            step = max(step, self.announced_through + (1 if exact else 2), last.step + 1 if last is not None else 0)
             earlier = dict(last.overheads) if last is not None else {}
             number = self._restored + self._seen + 1
         a = Announcement(number, step, learnt_through, model, {**earlier, **overheads}, tuple(refits))

@@ -42,9 +42,10 @@ class Plan:
     models: object = None  # online calibration: first micro-batch -> (model, digest, overheads)
 
 
-def plan_for(dataset, sampler_settings: list, ctx, split: str, runtime: Runtime, micro_batch_size: int) -> Plan:
-    """The plan of one split's loader; first checks that every data-loading rank plans from the
-    same inputs (collective over those ranks)."""
+def plan_for(dataset, sampler_settings: list, ctx, split: str, runtime: Runtime, micro_batch_size: int,
+             loader=None) -> Plan:
+    """The plan of one split's loader (upstream's ``loader``: its workers' prefetch); first checks
+    that every data-loading rank plans from the same inputs (collective over those ranks)."""
     from mimo_accel.runtime import sampler
 
     cfg = runtime.config
@@ -60,7 +61,7 @@ def plan_for(dataset, sampler_settings: list, ctx, split: str, runtime: Runtime,
         from mimo_accel.datasets.split_index import cost_index_for, index_digest
         from mimo_accel.planner import CostIndexPlanner, cost_model_for
 
-        model = cost_model_for(cfg.cost_model)
+        model = runtime.start_model if runtime.start_model is not None else cost_model_for(cfg.cost_model)
         fields["cost model"] = plan_inputs.digest(dataclasses.asdict(model))
         calibration = runtime.calibration if split == "train" and cfg.reorder_mode == "plan" else None
         if calibration is not None:  # the models it learnt before the checkpoint it resumes from, too
@@ -93,7 +94,7 @@ def plan_for(dataset, sampler_settings: list, ctx, split: str, runtime: Runtime,
                                  "num-microbatches calculator was not set up when the train loader was built, so "
                                  "its windows cannot be told apart by step: the cost model stays as configured")
             else:
-                models = calibration.models(steps)
+                models = calibration.models(steps, sampler.prefetched(loader))
         plan = Plan(planner, plan.cost_model, window, step_mbs, _plan_check(ctx, f"{split} loader"), models)
     return plan
 
@@ -156,7 +157,7 @@ def _share(loader, a: UpstreamCall, ctx, split: str, dp_group, runtime: Runtime)
     from mimo_accel.runtime import sampler
 
     cfg = runtime.config
-    plan = plan_for(a["dataset"], _settings(a), ctx, split, runtime, a["micro_batch_size"])
+    plan = plan_for(a["dataset"], _settings(a), ctx, split, runtime, a["micro_batch_size"], loader)
     if cfg.reorder and cfg.reorder_mode == "exchange":
         from mimo_accel.runtime.exchange import exchange_shard_loader
         from mimo_accel.runtime.plan_check import FirstPlanCheck
@@ -210,7 +211,7 @@ def _canonical_share(loader, a: UpstreamCall, ctx, split: str, dp_group, runtime
     if not cfg.reorder:
         return sampler.tagged_loader(loader, ctx, loader.batch_sampler)  # upstream's own shard
     plan = plan_for(a["dataset"], _settings(a, [k for k in _SETTINGS if k != "seed"]), ctx, split, runtime,
-                    a["micro_batch_size"])
+                    a["micro_batch_size"], loader)
     if cfg.reorder_mode == "exchange":
         from mimo_accel.runtime.exchange import exchange_shard_loader
         from mimo_accel.runtime.plan_check import FirstPlanCheck

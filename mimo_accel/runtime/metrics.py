@@ -265,6 +265,8 @@ class Metrics:
         # online calibration (runtime.calibration): every step's figures reach the writing rank,
         # which learns from them and announces refits ``lead`` iterations ahead of its own
         self.calibration = calibration
+        if calibration is not None:  # every rank: the fitting rank learns from this run's figures
+            calibration.gathers = True
         self.writes = writes  # whether the logged iterations go to Bridge's writers
         self.writer_rank = world - 1  # GlobalState makes its writers on rank N-1 only
         self.run = _next_run()

@@ -388,6 +388,13 @@ def loader_settings(loader) -> dict:
     return settings
 
 
+def prefetched(loader) -> int:
+    """How many batches ``loader``'s workers take from its batch sampler ahead of the one training
+    (0 without workers, or without a loader)."""
+    workers = int(getattr(loader, "num_workers", 0) or 0)
+    return workers * int(getattr(loader, "prefetch_factor", None) or 2) if workers else 0
+
+
 def tagged_loader(loader, ctx: ShardContext, batch_sampler):
     """The upstream loader's dataset, collate and every other setting over ``batch_sampler``,
     batches tagged."""
