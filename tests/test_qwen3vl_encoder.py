@@ -110,6 +110,24 @@ def test_example_refuses_image_rows_with_qwen3vl(capsys):
     assert "applies to --encoder qwen3vl" in capsys.readouterr().err
 
 
+def test_equal_work_gives_every_replica_the_same_samples(capsys):
+    """``--equal-work`` (the rehearsal's floor run): each global micro-batch is one block repeated on
+    every canonical group, so with sharded reads every replica of vision dp4 and language dp2
+    computes the same samples."""
+    from mimo_accel.rehearse.bridge_script import EqualWork
+
+    data = EqualWork(list(range(100, 132)), micro_batch=16, groups=4)
+    batches = [[data[i] for i in range(mb * 16, (mb + 1) * 16)] for mb in range(2)]
+    for batch, first in zip(batches, (100, 116)):
+        assert [batch[g * 4:(g + 1) * 4] for g in range(4)] == [list(range(first, first + 4))] * 4  # vision dp4
+        assert batch[:8] == batch[8:]  # language dp2: two groups each
+    with pytest.raises(ValueError, match="must split evenly over the 3 canonical groups"):
+        EqualWork([], micro_batch=16, groups=3)
+    with pytest.raises(SystemExit):
+        load_example().parse_args(["--cpu", "--equal-work"])
+    assert "--equal-work applies to --dataset images" in capsys.readouterr().err
+
+
 def test_grid_placeholders_follow_each_image(tmp_path):
     from mimo_accel.rehearse import qwen3vl, stack
 
@@ -264,11 +282,15 @@ def test_rehearse_bridge_loop_runs_the_example_with_qwen3vl_and_reports(tmp_path
         # split over 2 vision replicas. The report says so.
         assert "upstream cannot run" in result["before_note"]
     assert "peer_name" not in doc and doc["peer"]["name"] == "Bridge 0.7's reorder"
+    # the machine's floor: every replica given the same samples, beside each module's straggler
+    assert set(doc["floor"]["modules"]) == {"vision", "language"} and doc["floor"]["steps"] == 7
+    assert all(v >= 1.0 for v in doc["floor"]["modules"].values())
+    assert doc["after"]["per_module"]["vision"]["floor"] == doc["floor"]["modules"]["vision"]
     assert doc["peer"]["label"] == "peer-upstream" and "per_module" in doc["peer"]
     assert doc["peer"]["language_worse"] in (True, False)
     console.file.close()
     text = (tmp_path / "out.txt").read_text()
-    assert "Per-iteration global loss" in text and "vision straggler" in text
+    assert "Per-iteration global loss" in text and "vision straggler" in text and "the machine's floor" in text
     assert "Upstream as shipped, Bridge 0.7's reorder and mimo_accel" in text
     assert "the language model worse than mimo_accel's plan" in text
     # the profiler timed the encoder's forward and backward on both vision replicas, in both runs

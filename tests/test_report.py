@@ -606,3 +606,21 @@ def test_png_of_every_module(tmp_path):
     png = tmp_path / "r.png"
     assert main([str(b), str(b), "--png", str(png)], console=_console()) == 0
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_machines_floor_stands_beside_each_modules_straggler(tmp_path):
+    """An equal-work run's straggler (``--floor``): in the JSON at the top and in each side's
+    module table, and a row of the summary, so noise can be told from imbalance."""
+    before, after = two_by_two(tmp_path / "b", slow=2.0), two_by_two(tmp_path / "a", slow=1.2, label="accelerated")
+    floor = two_by_two(tmp_path / "floor", slow=1.1, label="floor")
+    out = tmp_path / "r.json"
+    assert main([str(before), str(after), "--floor", str(floor), "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["floor"]["modules"]["vision"] == pytest.approx(0.33 / 0.315)  # 1.1x on one of two replicas
+    assert doc["floor"]["steps"] == 4 and doc["floor"]["profile"] == str(floor)
+    assert doc["after"]["per_module"]["vision"]["floor"] == doc["before"]["per_module"]["vision"]["floor"]
+    console = _console()
+    with_floor = build(read_run(before), read_run(after), floor=read_run(floor))
+    render(with_floor["before"], with_floor["after"], console=console)
+    assert "vision straggler of equal work (the machine's floor), p50" in _text(console)
+    assert "floor" not in build(read_run(before), read_run(after))  # no equal-work run: no floor

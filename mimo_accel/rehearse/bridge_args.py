@@ -135,6 +135,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--max-image-rows", type=int, default=None,
                    help="images, --encoder qwen3vl: the most rows (= placeholders) one image may take; "
                         "Qwen3-VL's processor resizes larger images down to it (default 16)")
+    p.add_argument("--equal-work", action="store_true",
+                   help="images: every replica of every module trains the same samples (each global micro-batch "
+                        "one block repeated on every canonical group): how unevenly the machine times equal work")
     p.add_argument("--dataloader-type", choices=("single", "cyclic"), default="single")
     p.add_argument("--scalable-dp", action="store_true",
                    help="upstream's scalable reads (dataset.megatron_mimo_scalable_dp; Megatron-Bridge #5525)")
@@ -196,6 +199,8 @@ def parse_args(argv=None) -> argparse.Namespace:
             args.image_rows = 4 if args.image_rows is None else args.image_rows
             if not 1 <= args.image_rows < args.seq_length:
                 p.error(f"--image-rows must be in [1, --seq-length) (got {args.image_rows})")
+    elif args.equal_work:
+        p.error("--equal-work applies to --dataset images")
     elif args.image_rows is not None or args.max_image_rows is not None:
         p.error("--image-rows / --max-image-rows apply to --dataset images")
     if args.upstream_packing and importlib.util.find_spec("megatron.bridge.data.megatron_mimo.sequence_pack") is None:

@@ -183,6 +183,7 @@ class ImageMIMOProvider(MegatronMIMODatasetProvider):
     image_mix: str = "default"
     vision: str = VISION  # the image modality's name
     audio: Optional[str] = None  # the audio modality's name (None: images only)
+    equal_work: tuple = ()  # (micro-batch, canonical groups): every replica trains the same samples
 
     def _dataset(self, num_samples: int, seed: int):
         mix = stack.IMAGE_MIXES[self.image_mix]
@@ -208,7 +209,8 @@ class ImageMIMOProvider(MegatronMIMODatasetProvider):
 
     def build_datasets(self, context):
         valid = self._dataset(context.valid_samples, seed=1) if context.valid_samples else None
-        return self._dataset(context.train_samples, seed=0), valid, None
+        train = self._dataset(context.train_samples, seed=0)
+        return (EqualWork(train, *self.equal_work) if self.equal_work else train), valid, None
 
     def get_collate_fn(self):
         # Bridge's megatron_mimo_collate_fn cannot stack pixel_values of different sizes (nor clips
@@ -225,6 +227,26 @@ class ImageMIMOProvider(MegatronMIMODatasetProvider):
         if self.vision != VISION:
             return partial(stack.collate_mimo_images, vision=self.vision, **patch_dim)
         return partial(stack.collate_mimo_images, **patch_dim) if patch_dim else stack.collate_mimo_images
+
+
+class EqualWork(torch.utils.data.Dataset):
+    """``--equal-work``: each global micro-batch of ``micro_batch`` samples is one block of
+    ``micro_batch / groups`` samples repeated on every canonical group (``groups``: the lcm of the
+    module DPs), so every replica of every module computes the same samples and any spread of
+    their times is the machine's (the rehearsal's floor). Read in order (a ``single`` loader)."""
+
+    def __init__(self, base, micro_batch: int, groups: int):
+        if micro_batch % groups:
+            raise ValueError(f"--equal-work: the micro-batch ({micro_batch}) must split evenly over the "
+                             f"{groups} canonical groups")
+        self.base, self.micro_batch, self.block = base, micro_batch, micro_batch // groups
+
+    def __len__(self) -> int:
+        return len(self.base)
+
+    def __getitem__(self, index: int):
+        first, position = divmod(int(index), self.micro_batch)
+        return self.base[first * self.micro_batch + position % self.block]
 
 
 def default_image_dir() -> str:
@@ -334,7 +356,7 @@ def build_config(args, layout: Modules) -> ConfigContainer:
         data = ImageMIMOProvider(seq_length=args.seq_length, image_dir=args.image_dir or default_image_dir(),
                                  image_rows=args.image_rows if native_images else args.max_image_rows,
                                  encoder=args.encoder, image_mix=args.image_mix, vision=vision, audio=audio,
-                                 **loader)
+                                 equal_work=(args.mbs, layout.grid) if args.equal_work else (), **loader)
     else:
         data = SyntheticVLMProvider(seq_length=args.seq_length, varied=args.varied, patch_dim=scfg.patch_dim,
                                     vocab_size=scfg.vocab_size, vision=vision, **loader)

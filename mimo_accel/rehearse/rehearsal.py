@@ -27,6 +27,9 @@ from mimo_accel.modules import LANGUAGE
 
 ALL_FEATURES = dict(sharded_reads=True, reorder=True, packing=True)
 SHARDED_ONLY = dict(sharded_reads=True)
+# the floor run: the accelerated run's reads and packing over equal work (nothing to plan)
+FLOOR_FEATURES = dict(sharded_reads=True, packing=True)
+FLOOR_STEPS = 8  # the first is warm-up
 
 
 class InvariantViolation(AssertionError):
@@ -285,9 +288,10 @@ def _bridge_rank(rank, world, script, argv, features, profile_dir, label, steps,
 
 
 def run_bridge(label, features, vdp, ldp, steps, micro_batch, out: Path, image_dir: Path, script: Optional[Path],
-               seed: int, progress, task, log_path: Path, cpus=None, env: Optional[dict] = None) -> list[dict]:
-    """One run of the example (``script``, or :data:`BRIDGE_SCRIPT` when None) on vdp + ldp ranks; returns its
-    trace records."""
+               seed: int, progress, task, log_path: Path, cpus=None, env: Optional[dict] = None,
+               extra_argv: Sequence[str] = ()) -> list[dict]:
+    """One run of the example (``script``, or :data:`BRIDGE_SCRIPT` when None) on vdp + ldp ranks, with
+    ``extra_argv`` after the rehearsal's own flags; returns its trace records."""
     from mimo_accel.rehearse.ranks import run_ranks
 
     profile_dir, trace = out / label, out / f"{label}-trace.jsonl"
@@ -298,7 +302,7 @@ def run_bridge(label, features, vdp, ldp, steps, micro_batch, out: Path, image_d
     argv = ["--cpu", *BRIDGE_MODEL, "--dataset", "images", "--image-dir", str(image_dir),
             "--vision-dp", str(vdp), "--language-dp", str(ldp), "--mbs", str(micro_batch),
             "--gbs", str(micro_batch), "--seq-length", str(BRIDGE_SEQ), "--train-iters", str(steps),
-            "--eval-interval", "0", "--seed", str(1234 + seed), "--trace", str(trace)]
+            "--eval-interval", "0", "--seed", str(1234 + seed), "--trace", str(trace), *extra_argv]
     env = {"MIMO_ACCEL_CACHE_DIR": str(out / "cache"), **(env or {})}
     done: dict[int, int] = {}
 

@@ -246,10 +246,30 @@ def _calibrated(run_dir: Path, out_file: Path) -> tuple[Optional[str], str]:
     return str(out_file), "calibrated on the before-run, s per row / row² / item / token: " + "; ".join(notes)
 
 
+def _measure_floor(console, progress, vdp, ldp, mbs, out, image_dir, script, seed, log, cpus) -> Optional[Path]:
+    """The machine's floor: the accelerated run's reads and packing over equal work on every replica
+    (``--equal-work``), :data:`~mimo_accel.rehearse.rehearsal.FLOOR_STEPS` steps; its profile
+    directory, or None (said) where the example cannot run it."""
+    from mimo_accel.rehearse.ranks import RankFailure
+
+    task = progress.add_task("floor: the same samples on every replica", total=rehearsal.FLOOR_STEPS)
+    try:
+        rehearsal.run_bridge("floor", rehearsal.FLOOR_FEATURES, vdp, ldp, rehearsal.FLOOR_STEPS, mbs, out, image_dir,
+                             script, seed, progress, task, log, cpus, extra_argv=["--equal-work"])
+    except RankFailure as exc:
+        progress.update(task, description="[yellow]floor not measured[/yellow]")
+        console.print(f"[yellow]the machine's floor was not measured: the example could not run equal work "
+                      f"({rehearsal.upstream_limit(exc)})[/yellow]")
+        return None
+    return out / "floor"
+
+
 def _compare_and_report(console, title: str, unit: str, rows, out: Path, before_label: str, before_note: str,
-                        cost_note: str, elapsed: float, peak_tflops: Optional[float] = None) -> dict:
+                        cost_note: str, elapsed: float, peak_tflops: Optional[float] = None,
+                        floor: Optional[Path] = None) -> dict:
     """Print the losses side by side (rows: name, before loss sum, tokens, after loss sum, tokens),
-    refusing different token counts or losses, then the report; returns the report document."""
+    refusing different token counts or losses, then the report (with the machine's ``floor``, an
+    equal-work run's profile); returns the report document."""
     from rich.table import Table
 
     from mimo_accel.profiler import read_run
@@ -269,7 +289,8 @@ def _compare_and_report(console, title: str, unit: str, rows, out: Path, before_
     if worst > 1e-2:
         raise rehearsal.InvariantViolation(f"per-{unit} losses differ by {worst:.1e} relative: not the same "
                                            "computation")
-    doc = report.build(read_run(out / before_label), read_run(out / "accelerated"), peak_tflops=peak_tflops)
+    doc = report.build(read_run(out / before_label), read_run(out / "accelerated"), peak_tflops=peak_tflops,
+                       floor=read_run(floor) if floor is not None else None)
     report.render(doc["before"], doc["after"], console=console)
     console.print(f"before = {before_label}: {before_note}. Plan costs: {cost_note}. "
                   f"Wall time of the rehearsal: {elapsed:.0f}s.")
@@ -315,7 +336,7 @@ def rehearse_bridge(*, steps: Optional[int] = None, vision_dp: Optional[int] = N
     image_dir = out / "images"
     features = dict(rehearsal.ALL_FEATURES, calibrate_online=calibrate_online,
                     **({"cost_model": cost_model} if cost_model else {}))
-    cost_note = (f"planned from {cost_model}" if cost_model else "planned from the default cost model") + (
+    cost_note = (f"planned from {cost_model}" if cost_model else "planned from each module's FLOPs") + (
         ", learnt while training (online calibration)" if calibrate_online else ", pinned")
 
     before_label, before_note = "baseline", "upstream as shipped"
@@ -342,6 +363,7 @@ def rehearse_bridge(*, steps: Optional[int] = None, vision_dp: Optional[int] = N
         task = progress.add_task("accelerated (shard+reorder+pack)", total=steps)
         after_records = rehearsal.run_bridge("accelerated", features, vdp, ldp, steps, mbs, out, image_dir, script,
                                              seed, progress, task, log, cpus)
+        floor = _measure_floor(console, progress, vdp, ldp, mbs, out, image_dir, script, seed, log, cpus)
     elapsed = time.perf_counter() - t0
 
     before = rehearsal.bridge_steps(before_records, steps, mbs, before_label)
@@ -352,7 +374,7 @@ def rehearse_bridge(*, steps: Optional[int] = None, vision_dp: Optional[int] = N
         console, "Per-iteration global loss (per token): the same samples, the same math", "iteration",
         [(str(it), b["loss_sum"], b["tokens"], a["loss_sum"], a["tokens"])
          for it, (b, a) in enumerate(zip(before, after), start=1)],
-        out, before_label, before_note, cost_note, elapsed, peak_tflops)
+        out, before_label, before_note, cost_note, elapsed, peak_tflops, floor)
     peer_side = None
     if peer is not None:
         peer_side = dict(name=peers.LABELS[peer],
@@ -366,7 +388,7 @@ def rehearse_bridge(*, steps: Optional[int] = None, vision_dp: Optional[int] = N
            "losses": {"before": [[b["loss_sum"], b["tokens"]] for b in before],
                       "after": [[a["loss_sum"], a["tokens"]] for a in after]},
            "profile_dir": str(out), "log": str(log), "wall_s": elapsed,
-           "cost_model": {"start": cost_model or "defaults", "calibrate_online": calibrate_online, "note": cost_note},
+           "cost_model": {"start": cost_model or "flops", "calibrate_online": calibrate_online, "note": cost_note},
            "online_calibration": doc["after"].get("online_calibration") or {"refits": []},
            **({"peer": peer_side} if peer_side is not None else {})}
     if json_path:

@@ -20,6 +20,7 @@ from mimo_accel.tools.arguments import (UsageError, add_peak_option, fail, nonne
 from mimo_accel.tools.report.charts import write_png
 from mimo_accel.tools.report.comparison import compare
 from mimo_accel.tools.report.console import render
+from mimo_accel.tools.report.floor import floor_of, with_floor
 from mimo_accel.tools.report.html import write_html
 from mimo_accel.tools.report.summary import REPORT_FORMAT, summarize
 
@@ -42,21 +43,26 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--png", metavar="PATH", help="write charts (needs matplotlib)")
     p.add_argument("--warmup", metavar="N", type=nonnegative_int, default=1,
                    help="exclude the first N steps (default 1)")
+    p.add_argument("--floor", metavar="DIR",
+                   help="profile of a run where every replica trained the same samples (the example's --equal-work): "
+                        "its straggler, the machine's floor, beside each module's")
     add_peak_option(p)
     return p
 
 
 def build(before: Run, after: Run | None = None, *, warmup: int = 1,
-          peak_tflops: float | None = None) -> dict[str, Any]:
-    """The JSON document of a report: ``{format, before, after, change, warnings}``; ``peak_tflops``:
-    what MFU is over (default: the device table's peak of the GPU each profile names)."""
+          peak_tflops: float | None = None, floor: Run | None = None) -> dict[str, Any]:
+    """The JSON document of a report: ``{format, before, after, change, warnings}`` (and ``floor``
+    with an equal-work run: :mod:`~mimo_accel.tools.report.floor`); ``peak_tflops``: what MFU is
+    over (default: the device table's peak of the GPU each profile names)."""
     b = summarize(before, warmup=warmup, peak_tflops=peak_tflops)
     a = summarize(after, warmup=warmup, peak_tflops=peak_tflops) if after is not None else None
     cmp = compare(b, a) if a is not None else {"change": None, "warnings": []}
     warnings = [f"before: {w}" if a is not None else w for w in b["warnings"]]
     if a is not None:
         warnings += [f"after: {w}" for w in a["warnings"]] + cmp["warnings"]
-    return {"format": REPORT_FORMAT, "before": b, "after": a, "change": cmp["change"], "warnings": warnings}
+    doc = {"format": REPORT_FORMAT, "before": b, "after": a, "change": cmp["change"], "warnings": warnings}
+    return with_floor(doc, floor_of(floor, warmup=warmup) if floor is not None else None)
 
 
 def write_json(path: str | Path, doc: dict[str, Any], **extra: Any) -> None:
@@ -83,9 +89,10 @@ def main(argv: Sequence[str] | None = None, *, console: Console | None = None) -
             require_extra("--png", "matplotlib", "charts")
         before = read_run(args.before)
         after = read_run(args.after) if args.after else None
+        floor = read_run(args.floor) if args.floor else None
     except (UsageError, NoProfileData) as e:
         return fail(PROG, e)
-    doc = build(before, after, warmup=args.warmup, peak_tflops=args.peak_tflops)
+    doc = build(before, after, warmup=args.warmup, peak_tflops=args.peak_tflops, floor=floor)
     for w in doc["warnings"]:
         print(f"mimo-accel report: warning: {w}", file=sys.stderr)
 

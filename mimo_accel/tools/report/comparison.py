@@ -56,7 +56,8 @@ def module_rows(before: dict[str, Any], after: dict[str, Any] | None) -> list[tu
                   f"{m} |predicted - measured| straggler p50, last half", "ratio", True),
                  (f"{m}_time_mean", f"{m} time per rank, mean", "s", True),
                  (f"{m}_max_mean", f"{m} time of slowest replica, mean", "s", True)]
-        rows += [r for r in throughput_rows(m) if any(lookup(s, r[0]) is not None for s in (before, after))]
+        floor = (f"per_module.{m}.floor", f"{m} straggler of equal work (the machine's floor), p50", "ratio", True)
+        rows += [r for r in (floor, *throughput_rows(m)) if any(lookup(s, r[0]) is not None for s in (before, after))]
     if any(len((s or {}).get("predicted_spreads_mean") or {}) > 1 for s in (before, after)):
         rows.append(("predicted_spread_mean", "worst module's straggler the plan predicted, mean", "ratio", True))
     if any((s or {}).get("language_tokens_per_replica") for s in (before, after)):
