@@ -115,8 +115,10 @@ def test_plans_agree_at_every_window_while_refits_take_effect(workdir, vdp, ldp)
     first = announced[0]["step"]
     assert len({models[it] for it in range(1, first)}) == 1  # the configured model until the first announcement
     # the cold start: the first refit learns from iterations 2-4 (the first left out) and plans from 6,
-    # every planner having waited for it there rather than the refit waiting out the queue
-    assert announced[0]["learnt_through"] == first_refit(0) == 4 and first == FIRST_CALIBRATED
+    # every planner having waited for it there rather than the refit waiting out the queue (fan-out's
+    # one vision replica leaves the language model alone to learn, whose first refit is not accepted)
+    cold = [a for a in announced if a["learnt_through"] == first_refit(0) == 4]
+    assert [a["step"] for a in cold] == ([FIRST_CALIBRATED] if vdp > 1 else [])
     assert models[first] != models[first - 1]
     _assert_every_sample_once(run["records"], range(1, ITERS + 1))
     refits = [r for log in run["profile"].ranks.values() for line in log.steps for r in line.get("online_refits", ())]
