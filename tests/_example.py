@@ -36,10 +36,12 @@ def train_rank(rank, world, argv, features: dict, env: dict) -> list:
 def steps_from_trace(records: list) -> dict:
     """The example's --trace lines -> {iteration: {module name (every module that traced, "vision"
     and "language" always): sorted sample ids the module trained (counted on each replica's first
-    pipeline stage), "loss": the global per-token loss (the last stage's)}}."""
+    pipeline stage and TP rank), "loss": the global per-token loss (the last stage's)}}."""
     out: dict = {}
     for r in records:
         s = out.setdefault(r["iteration"], {"modules": {"vision": [], "language": []}, "sum": 0.0, "tokens": 0.0})
+        if r.get("tp_rank", 0):  # a replica's TP ranks train (and lose) the same samples alike
+            continue
         if r.get("pp_rank", 0) == 0:  # every pipeline stage of a replica trains the same samples
             s["modules"].setdefault(r["module"], []).extend(i for micro in r["ids"] for i in micro)
         if r["loss_sum"] is not None:

@@ -257,13 +257,13 @@ def default_image_dir() -> str:
     return os.path.join(tempfile.gettempdir(), f"mimo_accel-train_mimo-images-{user}")
 
 
-def _module_replica(infra) -> tuple[str, int, int, int, int]:
-    """(module, dp_rank, dp_size, pp_rank, pp_size) of this rank."""
+def _module_replica(infra) -> tuple[str, int, int, int, int, int]:
+    """(module, dp_rank, dp_size, pp_rank, pp_size, tp_rank) of this rank."""
     me = dist.get_rank()
     for name, grid in infra.module_to_grid_map.items():
         if grid.rank_offset <= me < grid.rank_offset + grid.size:
-            dp, pp = grid.get_pg(["dp"]), grid.get_pg(["pp"])
-            return name, dp.rank(), dp.size(), pp.rank(), pp.size()
+            dp, pp, tp = grid.get_pg(["dp"]), grid.get_pg(["pp"]), grid.get_pg(["tp"])
+            return name, dp.rank(), dp.size(), pp.rank(), pp.size(), tp.rank()
     raise RuntimeError(f"rank {me} is in no MegatronMIMO module grid")
 
 
@@ -284,13 +284,14 @@ def make_build_data_iterators(args, trace: _Trace):
             test_samples=0)
         if train_loader is None:
             return None, None
-        module, dp_rank, dp_size, pp_rank, pp_size = _module_replica(megatron_mimo_infra)
+        module, dp_rank, dp_size, pp_rank, pp_size, tp_rank = _module_replica(megatron_mimo_infra)
         layout = build_layout(args)
         # Bridge 0.7's wiring, decided from cfg.dataset as its example does when it builds the iterators
         bridge_reorders = merged_reorder.wanted(cfg, layout.dp_sizes.values())
-        # every pipeline stage of a replica loads (and traces) the same samples; the loss is the last stage's
+        # every pipeline stage and TP rank of a replica loads (and traces) the same samples; the loss
+        # is the last stage's, on each of its TP ranks
         trace.where = dict(rank=dist.get_rank(), module=module, dp_rank=dp_rank, dp_size=dp_size,
-                           pp_rank=pp_rank, pp_size=pp_size, bridge_reorder=bridge_reorders)
+                           pp_rank=pp_rank, pp_size=pp_size, tp_rank=tp_rank, bridge_reorder=bridge_reorders)
         # upstream reads shards only where this Bridge has scalable reads (--bridge-reorder sets the flag anyway)
         scalable = bool(getattr(cfg.dataset, "megatron_mimo_scalable_dp", False)) and HAS_SCALABLE_READS
 

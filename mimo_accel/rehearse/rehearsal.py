@@ -289,9 +289,10 @@ def _bridge_rank(rank, world, script, argv, features, profile_dir, label, steps,
 
 def run_bridge(label, features, vdp, ldp, steps, micro_batch, out: Path, image_dir: Path, script: Optional[Path],
                seed: int, progress, task, log_path: Path, cpus=None, env: Optional[dict] = None,
-               extra_argv: Sequence[str] = ()) -> list[dict]:
-    """One run of the example (``script``, or :data:`BRIDGE_SCRIPT` when None) on vdp + ldp ranks, with
-    ``extra_argv`` after the rehearsal's own flags; returns its trace records."""
+               extra_argv: Sequence[str] = (), language_ranks: int = 1) -> list[dict]:
+    """One run of the example (``script``, or :data:`BRIDGE_SCRIPT` when None) on vdp + ldp ranks (each
+    language replica on ``language_ranks``: its TP x PP), with ``extra_argv`` after the rehearsal's own
+    flags; returns its trace records."""
     from mimo_accel.rehearse.ranks import run_ranks
 
     profile_dir, trace = out / label, out / f"{label}-trace.jsonl"
@@ -305,12 +306,13 @@ def run_bridge(label, features, vdp, ldp, steps, micro_batch, out: Path, image_d
             "--eval-interval", "0", "--seed", str(1234 + seed), "--trace", str(trace), *extra_argv]
     env = {"MIMO_ACCEL_CACHE_DIR": str(out / "cache"), **(env or {})}
     done: dict[int, int] = {}
+    world = vdp + ldp * language_ranks
 
     def on_progress(rank, step, total):
         done[rank] = step
-        progress.update(task, completed=min(done.values()) if len(done) == vdp + ldp else 0)
+        progress.update(task, completed=min(done.values()) if len(done) == world else 0)
 
-    run_ranks(_bridge_rank, vdp + ldp, None if script is None else str(script), argv, features, str(profile_dir),
+    run_ranks(_bridge_rank, world, None if script is None else str(script), argv, features, str(profile_dir),
               label, steps, env, cpus, deadline_s=600, on_progress=on_progress, log_file=log_path)
     progress.update(task, completed=steps)
     import json
@@ -322,11 +324,15 @@ def bridge_steps(records: list[dict], steps: int, batch: int, what: str) -> list
     """Per iteration from a trace: each module trained every sample of the iteration's global
     batch (``batch`` samples) exactly once; the global per-token loss and its token count."""
     out = []
+    # a replica's TP ranks train the same samples and report the same loss; its pipeline stages too,
+    # the loss being the last stage's
+    records = [r for r in records if not r.get("tp_rank", 0)]
     for it in range(1, steps + 1):
         rows = [r for r in records if r["iteration"] == it]
         want = list(range((it - 1) * batch, it * batch))
         for module in _modules_of(records):
-            ids = sorted(i for r in rows if r["module"] == module for micro in r["ids"] for i in micro)
+            ids = sorted(i for r in rows if r["module"] == module and not r.get("pp_rank", 0)
+                         for micro in r["ids"] for i in micro)
             if ids != want:
                 raise InvariantViolation(f"{what}: {module} iteration {it} trained samples {ids}, expected each of "
                                          f"{want[0]}..{want[-1]} exactly once")

@@ -369,7 +369,10 @@ class ImageMix:
 #: rehearsal sizes in pixels (16 px patches: height median 16 patches, sigma 0.9, 8-120; width
 #: 6-8), one image per sample, so upstream as shipped can split every micro-batch by image count.
 IMAGE_MIXES = {"default": ImageMix(),
-               "receipts": ImageMix(no_image=0.0, large=0.0, tall=(256.0, 0.9, 128, 1920), tall_width=(96, 128))}
+               "receipts": ImageMix(no_image=0.0, large=0.0, tall=(256.0, 0.9, 128, 1920), tall_width=(96, 128)),
+               # every image the same size (a fixed-resolution document set): nothing for a plan to move
+               # in the encoder, only the texts' lengths differ
+               "fixed": ImageMix(no_image=0.0, large=0.0, tall=(256.0, 0.0, 256, 256), tall_width=(112, 112))}
 
 
 def _write_image_once(path, height: int, width: int, rng) -> None:
