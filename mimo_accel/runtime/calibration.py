@@ -41,6 +41,17 @@ _PREFIX = "mimo_accel/calibration"
 
 
 @dataclass(frozen=True)
+class WindowModel:
+    """The cost model a window is planned with: the model, its digest (in the window's plan digest
+    and each share's :class:`~mimo_accel.runtime.shard.ReplicaShare`), and per module the
+    per-replica seconds per step it leaves over (in the predicted straggler, never in a plan)."""
+
+    model: CostModel
+    digest: str
+    overheads: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class Announcement:
     """One model announced while training: from iteration ``step`` on, plans use ``model``.
 
@@ -238,14 +249,14 @@ class Calibration:
             return self.schedule.model_for(iteration)
 
     def models(self, step_micro_batches: int):
-        """For a train loader's planner thread: the first micro-batch of a window -> ``(model, its
-        digest, module -> overhead s)`` of the iteration it belongs to."""
+        """For a train loader's planner thread: the first micro-batch of a window -> the
+        :class:`WindowModel` of the iteration it belongs to."""
         from mimo_accel.runtime.plan_inputs import digest
 
-        def of_window(first_micro_batch: int):
+        def of_window(first_micro_batch: int) -> WindowModel:
             iteration = first_micro_batch // step_micro_batches + 1
             model = self.model_for(iteration, self._store())
-            return model, digest(model.to_doc()), self.schedule.overheads_for(iteration)
+            return WindowModel(model, digest(model.to_doc()), self.schedule.overheads_for(iteration))
 
         return of_window
 

@@ -39,7 +39,7 @@ class Plan:
     window: int = 1  # micro-batches planned together
     step_micro_batches: Optional[int] = None
     check: object = None  # a plan_check.WindowCheck: every window's plan agreed by the data ranks
-    models: object = None  # online calibration: first micro-batch -> (model, digest, overheads)
+    models: object = None  # online calibration: first micro-batch -> its calibration.WindowModel
 
 
 def plan_for(dataset, sampler_settings: list, ctx, split: str, runtime: Runtime, micro_batch_size: int) -> Plan:

@@ -45,9 +45,9 @@ class Runtime:
     layout: Optional[tuple[Any, dict]] = None  # (Bridge's MIMO parallelism config, its grids) of that lookup
     # MimoModel -> its role: a model's role never changes, so it is worked out once
     roles: "weakref.WeakKeyDictionary[Any, Optional[StepRole]]" = field(default_factory=weakref.WeakKeyDictionary)
-    # the role of the one MimoModel this rank hosts, for the packer under upstream's scalable reads
-    # (no slice runs there to carry it)
-    rank_role: Optional[StepRole] = None
+    # the role of the model upstream's step last asked _get_module_dp_info about: the slice and the
+    # packer that follow in the same step read it (upstream hands them plain values)
+    step_role: Optional[StepRole] = None
     # BridgeCommunicator -> per-peer encoder rows of forwards still waiting for a backward
     fan_in_rows: "weakref.WeakKeyDictionary[Any, collections.deque[list[int]]]" = field(
         default_factory=weakref.WeakKeyDictionary)
@@ -89,7 +89,7 @@ class Runtime:
         with self.lock:
             self.fan_in_rows.clear()
             self.roles.clear()
-            self.rank_role = None
+            self.step_role = None
             self.upstream_moves_samples = None
             self.frozen = ()
             self.context = None
