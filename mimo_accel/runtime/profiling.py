@@ -55,6 +55,8 @@ class Host(Protocol):
 
     def shard_context(self) -> Optional[ShardContext]: ...
 
+    def features(self) -> list[str]: ...
+
     def say_once(self, key: str, message: str) -> bool: ...
 
     def notices(self) -> dict[str, str]: ...
@@ -174,7 +176,7 @@ class Profiling:
 
     @property
     def config(self) -> AccelConfig:
-        """What acts now: the runtime's config (a feature that stepped aside is off there)."""
+        """The run's config, as enabled (what acts: ``runtime.features()``)."""
         return self.runtime.config
 
     def recorder(self):
@@ -202,7 +204,7 @@ class Profiling:
                     dp_rank=ctx.dp_rank if ctx else 0, dp_size=ctx.dp_size if ctx else 1,
                     layout={**({"dp": dict(ctx.dp_sizes)} if ctx else {}),
                             **({"flops": self._flops} if self._flops else {})},
-                    config={"features": cfg.features(), "reorder_mode": cfg.reorder_mode,
+                    config={"features": self.runtime.features(), "reorder_mode": cfg.reorder_mode,
                             "pad_multiple": cfg.pad_multiple},
                     label=_label(cfg), regions=regions, counters=counters)
         return self._recorder

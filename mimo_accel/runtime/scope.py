@@ -146,7 +146,7 @@ def wrap_setup(original: Callable, runtime: Runtime) -> Callable:
         settle_upstream_reorder(cfg, runtime)
         runtime.frozen = frozen_encoders(getattr(cfg, "model", None))
         preflight.check_provider(getattr(cfg, "model", None), runtime)
-        if runtime.config.calibrates_online:  # this run's cost model, learnt while it trains
+        if runtime.calibrates_online:  # this run's cost model, learnt while it trains
             from mimo_accel.runtime.calibration import Calibration
 
             runtime.calibration = Calibration.for_setup(call["state"], runtime.config, runtime.say_once)
