@@ -139,7 +139,7 @@ def run_mode(mode: str, dps: dict, index: CostIndex, windows: int, units: int, m
         t = time.perf_counter()
         window = [next(it) for _ in range(WINDOW)]
         next_s.append(time.perf_counter() - t)
-        shares.append([list(w) for w in window])
+        shares.append([list(w.indices) for w in window])
         cpu.append(_planner_cpu(it))
         on_cpu = time.thread_time()
         took = busy(units)  # planning the window after next meanwhile

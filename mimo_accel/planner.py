@@ -8,7 +8,8 @@ same order, and no sample byte moves between ranks. Pure: numpy only.
 
 from __future__ import annotations
 
-from typing import Callable, Optional, Sequence
+from dataclasses import dataclass
+from typing import Callable, Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -20,13 +21,13 @@ from mimo_accel.nvtx import ranged
 
 
 class CostIndexPlanner:
-    """``planner(global_indices, micro_batches) -> (indices in canonical-group order, spreads)``.
+    """``planner(global_indices, micro_batches) -> (indices in canonical-group order, prediction)``.
 
     Prices every module of the layout (``modules``: each encoder by its own column of the cost
     index, the language model by its real tokens; :meth:`CostIndex.module_costs`) and plans them
     all at once with :func:`mimo_accel.balance.balance_modules` on the canonical grid G = lcm of
-    the module DPs, in any layout (1:1, fan-in, fan-out, several encoders). ``spreads`` maps each
-    module to its predicted replica spread (:func:`mimo_accel.balance.module_spreads`).
+    the module DPs, in any layout (1:1, fan-in, fan-out, several encoders). The prediction's
+    ``spreads`` map each module to its predicted replica spread (:func:`mimo_accel.balance.module_spreads`).
 
     A layout encoder the index cannot price is an error here, when the planner is built
     (:class:`mimo_accel.costs.index.IndexModulesError` naming both sides): never the image plan
@@ -67,26 +68,27 @@ class CostIndexPlanner:
 
     @ranged("mimo_accel/plan")
     def __call__(self, indices: Sequence[int], micro_batches: int = 1,
-                 model: Optional[CostModel] = None) -> tuple[list[int], "Spreads"]:
+                 model: Optional[CostModel] = None) -> tuple[list[int], "Prediction"]:
         """Plan ``micro_batches`` consecutive global micro-batches together (a window): the
         result's j-th block of len/micro_batches samples is micro-batch j, cut into G groups.
-        Returns the indices in that order and each module's predicted spread (with each module's
-        load per micro-batch and replica: :class:`Spreads`). ``model``: the cost model of this
+        Returns the indices in that order and what the plan predicts for them (each module's
+        spread and its load per micro-batch and replica: :class:`Prediction`). ``model``: the cost model of this
         window (online calibration), default the planner's."""
         costs = self.costs(indices, model)
         order, spreads = plan_costs(costs, self.dps, micro_batches, self.notify, "the cost index",
                                     stages=self.stages, frozen=self.frozen)
         planned = np.asarray(indices, dtype=np.int64)[np.asarray(order)].tolist()
-        return planned, Spreads(spreads, module_loads(costs, self.dps, order, micro_batches))
+        return planned, Prediction(spreads, module_loads(costs, self.dps, order, micro_batches))
 
 
-class Spreads(dict):
-    """Module name -> the plan's predicted replica spread; ``loads``: module name -> its load per
-    micro-batch and replica (``[micro_batches, dp]``, in the cost model's units)."""
+@dataclass(frozen=True, eq=False)  # compared field by field where needed: its loads are numpy arrays
+class Prediction:
+    """What a plan predicts for the micro-batches it orders: ``spreads``, module name -> its replica
+    spread (max/mean); ``loads``, module name -> its load per micro-batch and replica
+    (``[micro_batches, dp]``, in the cost model's units)."""
 
-    def __init__(self, spreads: dict, loads: dict):
-        super().__init__(spreads)
-        self.loads = loads
+    spreads: Mapping[str, float]
+    loads: Mapping[str, np.ndarray]
 
 
 def plan_costs(costs: dict[str, np.ndarray], dps: dict[str, int], micro_batches: int = 1,

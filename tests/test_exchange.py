@@ -377,7 +377,8 @@ def test_exchange_plans_every_module_as_plan_before_read_does(dps):
     indices = list(range(n))
     costs = planner.costs(indices)
     plan = ex.plan_exchange(costs, [100] * n, dps["vision"], Modules.from_dp_sizes(dps).grid, dps)
-    order, spreads = planner(indices)
+    order, predicted = planner(indices)
+    spreads = predicted.spreads
     assert list(plan.order) == order
     assert dict(plan.predicted_spreads) == spreads and set(spreads) == set(dps)
     assert plan.predicted_spread <= plan.baseline_spread  # the worst module: never worse than contiguous

@@ -52,13 +52,14 @@ def test_the_upstream_peer_plans_as_the_merged_reorder(restored, layout, micro_b
     index, modules = _index(), Modules.from_dp_sizes(LAYOUTS[layout])
     indices = np.random.default_rng(1).permutation(N)[:32]
     peers.install("upstream")
-    planned, spreads = planner.CostIndexPlanner(index, CostModel(), modules)(indices, micro_batches)
+    planned, predicted = planner.CostIndexPlanner(index, CostModel(), modules)(indices, micro_batches)
+    spreads = predicted.spreads
     costs = merged_reorder_costs(index.rows("vision", indices), index.tokens(indices))
     want = merged_reorder_order(costs, modules.grid, micro_batches)
     assert planned == [int(indices[p]) for p in want]
     # the predicted spreads are still every module's, under the run's cost model
     assert set(spreads) == {"vision", "language"} and all(s >= 1.0 for s in spreads.values())
-    assert {m: v.shape for m, v in spreads.loads.items()} == {m: (micro_batches, dp)
+    assert {m: v.shape for m, v in predicted.loads.items()} == {m: (micro_batches, dp)
                                                                 for m, dp in LAYOUTS[layout].items()}
 
 

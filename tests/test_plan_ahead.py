@@ -90,8 +90,11 @@ def test_planned_ahead_shares_equal_the_serial_plan(kind, micro_batches, window,
     want = _serial(_megatron_sampler(kind, n, mbs, drop_last=not short), planner, window)
     got = list(ShardedBatchSampler(_megatron_sampler(kind, n, mbs, drop_last=not short), CTX, planner, window=window,
                                    step_micro_batches=4, in_process=in_process))
-    assert got == want
-    assert [g.predicted_spread for g in got] == [w.predicted_spread for w in want]
+    assert [g.indices for g in got] == [w.indices for w in want]
+    assert [(g.spread, g.spreads) for g in got] == [(w.spread, w.spreads) for w in want]
+    for g, w in zip(got, want):  # each micro-batch's planned load per replica rides with its share
+        assert g.loads.keys() == w.loads.keys() == set(DPS) and all(
+            np.array_equal(g.loads[m], w.loads[m]) and g.loads[m].shape == (DPS[m],) for m in DPS)
 
 
 def test_upstream_sampler_state_moves_as_it_does_without_planning_ahead():
@@ -171,7 +174,7 @@ def test_a_dropped_or_exhausted_loader_leaves_no_planner_behind(workers, persist
     loader = tagged_loader(source, CTX, sampler)
     it = iter(loader)
     first = next(it)
-    assert first[SHARD_TAG_KEY].plan_wait_s >= 0.0 and first["input_ids"].numel() == 8  # vision replica 1 of 2
+    assert first[SHARD_TAG_KEY].share.plan_wait_s >= 0.0 and first["input_ids"].numel() == 8  # vision replica 1 of 2
     assert _planners() == (1, 1)  # planning ahead: its thread and child are running
     t0 = time.monotonic()
     del it, loader, sampler, first  # torch joins its workers here (persistent or not)

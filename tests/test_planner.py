@@ -76,8 +76,8 @@ def _read(vdp, ldp, batches, index, window=1):
         planner = CostIndexPlanner(index, CostModel(), ctx.modules)
         # the plan on the planner thread itself: forking a planner per replica and example would be the
         # test's time (the forked planner: tests/test_plan_ahead.py)
-        out[(ctx.module, ctx.dp_rank)] = list(ShardedBatchSampler(batches, ctx, planner, window=window,
-                                                                  step_micro_batches=2, in_process=False))
+        shares = ShardedBatchSampler(batches, ctx, planner, window=window, step_micro_batches=2, in_process=False)
+        out[(ctx.module, ctx.dp_rank)] = [list(share.indices) for share in shares]
     return out
 
 
@@ -134,7 +134,8 @@ def test_the_plan_balances_every_module_no_worse_than_contiguous(layout, profile
         model = CostModel()
         planner = CostIndexPlanner(index, model, modules)
         batch = list(range(n, 2 * n))  # a global micro-batch from the middle of the dataset
-        order, spreads = planner(batch)
+        order, predicted = planner(batch)
+        spreads = predicted.spreads
         assert sorted(order) == batch
         costs = index.module_costs(np.asarray(batch), model, modules)
         assert set(costs) == set(dps) == set(spreads)
@@ -161,7 +162,8 @@ def test_each_encoder_is_priced_by_its_own_column():
     np.testing.assert_allclose(costs["language"], t + t * t / 8192)
     # the audio plan is not the image plan: balancing audio by image costs would not be this good
     planner = CostIndexPlanner(index, model, modules)
-    order, spreads = planner(list(range(64)))
+    order, predicted = planner(list(range(64)))
+    spreads = predicted.spreads
     image_only = CostIndexPlanner(index, model, Modules.from_dp_sizes({"vision": 2, "language": 1}))
     other, _ = image_only(list(range(64)))
     assert spreads["audio"] <= module_spreads(costs, modules.dp_sizes, other)["audio"] + 1e-12
@@ -183,7 +185,8 @@ def test_one_encoder_on_each_side_is_used_and_said_once():
     planner = CostIndexPlanner(index, CostModel(), Modules.from_dp_sizes({"images": 2, "language": 2}),
                                notify=lambda key, msg: said.append((key, msg)))
     for _ in range(3):
-        order, spreads = planner(list(range(16)))
+        order, predicted = planner(list(range(16)))
+        spreads = predicted.spreads
     assert set(spreads) == {"images", "language"}
     assert len({key for key, _ in said}) == 1 and "'vision' prices the layout's one encoder 'images'" in said[0][1]
 
@@ -194,7 +197,8 @@ def test_equal_costs_keep_the_contiguous_split_and_say_so():
     said = []
     planner = CostIndexPlanner(index, CostModel(), Modules.from_dp_sizes({"vision": 2, "language": 2}),
                                notify=lambda key, msg: said.append(key))
-    order, spreads = planner(list(range(n)))
+    order, predicted = planner(list(range(n)))
+    spreads = predicted.spreads
     assert order == list(range(n)) and spreads == {"vision": 1.0, "language": 1.0}
     assert said == ["reorder:equal-costs"]
 
@@ -212,7 +216,8 @@ def test_a_window_is_planned_for_the_step_the_pipeline_runs():
     # each micro-batch planned alone, its replicas even, in the sampler's micro-batch order
     one_at_a_time = [i * 16 + p for i in range(4) for p in balance_modules(
         {m: c[i * 16:(i + 1) * 16] for m, c in costs.items()}, planner.dps)]
-    order, window_spreads = planner(list(range(64)), micro_batches=4)
+    order, predicted = planner(list(range(64)), micro_batches=4)
+    window_spreads = predicted.spreads
     assert sorted(order) == list(range(64))
     # samples move between the window's micro-batches: its modelled step is no longer than the
     # micro-batches planned one at a time, or the window's cells evened by balance_modules

@@ -586,18 +586,22 @@ def test_what_an_encoder_counts():
 
 
 def test_the_wait_for_plans_is_summed_per_step_from_the_batches_tags(tmp_path):
-    from mimo_accel.runtime.shard import ShardContext, tag_for
+    from mimo_accel.runtime.shard import ReplicaShare, ShardContext, tag_for
 
     runtime = _profiling(tmp_path, "vision", {"vision": 2, "language": 2})
     ctx = ShardContext("vision", 0, 2, 2, {"vision": 2, "language": 2})
     batch = {"input_ids": torch.zeros(2, 4, dtype=torch.long)}
-    spreads = {"vision": 1.01, "language": 1.02}
+
+    def planned(wait):
+        return ReplicaShare((0, 1), spread=1.02, spreads={"vision": 1.01, "language": 1.02}, plan_wait_s=wait)
+
     for wait in (0.25, 0.0):  # a window's first micro-batch carries its wait, the others none
-        runtime.profiling.record_batch(batch, read_samples=2, tag=tag_for(ctx, 2, spreads, plan_wait_s=wait))
+        runtime.profiling.record_batch(batch, read_samples=2, tag=tag_for(ctx, 2, planned(wait)))
     with torch.no_grad():  # an evaluation batch: in no step line
-        runtime.profiling.record_batch(batch, read_samples=2, tag=tag_for(ctx, 2, spreads, plan_wait_s=9.0))
+        runtime.profiling.record_batch(batch, read_samples=2, tag=tag_for(ctx, 2, planned(9.0)))
     runtime.profiling.end_step()
-    runtime.profiling.record_batch(batch, read_samples=2, tag=tag_for(ctx, 2))  # sharded, not planned
+    # sharded, not planned
+    runtime.profiling.record_batch(batch, read_samples=2, tag=tag_for(ctx, 2, ReplicaShare((0, 1))))
     runtime.profiling.end_step()
     runtime.close()
     steps = read_run(tmp_path).ranks[0].steps

@@ -48,7 +48,8 @@ def test_a_truncated_jpeg_names_its_sample_and_file(truncated):
     ds, bad = truncated
     reads = ReadsOf(ds)
     good = [i for i in range(N) if i != bad][:2]
-    assert isinstance(reads.__getitems__(good), SamplesRead)
+    read = reads.__getitems__(good)  # upstream's plain batch of indices: read as a share without a plan
+    assert isinstance(read, SamplesRead) and len(read.samples) == 2 and read.share.indices == tuple(good)
     path = ds.examples[bad]["image"]
     for read in (lambda: reads.__getitems__([good[0], bad]), lambda: reads[bad]):
         with pytest.raises(RuntimeError, match=rf"sample {bad} of \w*MIMODataset \(file {re.escape(path)}\) "

@@ -31,10 +31,10 @@ def test_nested_dicts_reach_upstream_and_the_step_work_runs_once(tmp_path, monke
     # pack_language_shard, not in the slice: the slice must then not pack at all.
     native_packing = engine._state.shape.native_packing
     try:
-        language = step.ReplicaRank(1, step.StepRole(True, True, True, 1))  # what _get_module_dp_info answers
+        engine._state.runtime.step_role = step.StepRole(True, True, True, 1)  # what _get_module_dp_info learnt
         batch = {"input_ids": torch.arange(32).view(4, 8), "attention_mask": torch.ones(4, 8),
                  "modality_inputs": {"vision": {"clip": {"x": torch.zeros(4, 3)}}}}
-        out = dp_utils.slice_batch_for_megatron_mimo(batch, language, 2)
+        out = dp_utils.slice_batch_for_megatron_mimo(batch, 1, 2)
     finally:
         mimo_accel.disable()
     assert len(packed) == len(tokens) == (0 if native_packing else 1) and len(recorded) == 1
@@ -45,32 +45,40 @@ def test_nested_dicts_reach_upstream_and_the_step_work_runs_once(tmp_path, monke
     assert recorded[0]["read_bytes"] == (32 * 8) + (32 * 4) + (12 * 4)
 
 
-def test_the_rank_upstream_passes_to_the_slice_carries_the_role():
+def test_the_module_dp_info_answers_upstreams_values_and_the_step_learns_the_models_role():
     role = step.StepRole(True, False, True, 2)
     runtime = Runtime(AccelConfig(packing=True))
     model = type("Model", (), {"role": None})()
     dp_info = step.wrap_module_dp_info(lambda megatron_mimo_model: (3, 4), runtime)
-    dp_rank, dp_size = dp_info(model)
-    assert (dp_rank, dp_size) == (3, 4) and dp_rank * 2 == 6 and isinstance(dp_rank, int)
-    assert dp_rank.role is None  # a model without a MIMO role
+    assert dp_info(model) == (3, 4) and type(dp_info(model)[0]) is int  # upstream's, unchanged
+    assert runtime.step_role is None  # a model without a MIMO role
     other = type("Model", (), {"role": None})()
     runtime.roles[other] = role  # worked out once per model, then kept
-    assert dp_info(other)[0].role is role and dp_info(model)[0].role is None
+    dp_info(other)
+    assert runtime.step_role is role
+    dp_info(model)  # each step's call names the model whose step runs
+    assert runtime.step_role is None
 
 
-def test_where_upstream_packs_only_a_language_shard_carries_the_role_and_others_come_back_as_they_were():
-    # main's step packs (native packing): the slice hands the language shard on with its role, and
-    # anything else exactly as upstream's slice returned it (upstream's own dp_size-1 test: the same
-    # object, no copy)
+def test_where_upstream_packs_the_slice_returns_upstreams_batch_and_the_packer_reads_the_steps_role():
+    # main's step packs (native packing): the slice hands back exactly what upstream's slice returned
+    # (upstream's own dp_size-1 test: the same object, no copy), and main's packer, next in the same
+    # step, finds the role _get_module_dp_info learnt
+    from mimo_accel.runtime import upstream_packing
+
     runtime = Runtime(AccelConfig(packing=True))
     runtime.native_packing = True
     local_batch = step.wrap_slice(lambda batch, dp_rank, dp_size: batch, runtime)
-    batch = {"input_ids": torch.zeros(2, 4, dtype=torch.long)}
+    pack = upstream_packing.wrap_pack_language_shard(lambda data_batch, lengths=None: None, runtime)
+    mask = torch.tensor([[1, 1, 0], [1, 1, 1]])
+    batch = {"input_ids": torch.arange(6).view(2, 3), "labels": torch.arange(6).view(2, 3),
+             "loss_mask": mask.float(), "attention_mask": mask, "position_ids": None}
+    runtime.step_role = step.StepRole(False, True, True, 1)  # an encoder rank
     assert local_batch(batch, 0, 1) is batch
-    assert local_batch(batch, step.ReplicaRank(0, step.StepRole(False, True, True, 1)), 1) is batch  # an encoder rank
-    language = step.StepRole(True, True, True, 1)
-    out = local_batch(batch, step.ReplicaRank(0, language), 1)
-    assert isinstance(out, step.LocalBatch) and out.role is language and out == batch
+    runtime.step_role = step.StepRole(True, True, True, 1)
+    assert local_batch(batch, 0, 1) is batch and type(batch) is dict
+    packed, kwargs = pack(batch)
+    assert kwargs["cu_seqlens_q"].tolist() == [0, 2, 5] and packed["input_ids"].tolist() == [[0, 1, 3, 4, 5]]
 
 
 def _scalable_tag(dp_rank: int, samples: int = 2):

@@ -69,7 +69,7 @@ def _setup_with(cfg):
         return build_data_iterators_fn()
 
     return scope.wrap_setup(setup_megatron_mimo, engine._state.runtime)(
-        types.SimpleNamespace(cfg=cfg), build_data_iterators_fn=lambda: engine._state.runtime.config.reorder)
+        types.SimpleNamespace(cfg=cfg), build_data_iterators_fn=lambda: engine._state.runtime.reorders)
 
 
 @pytest.mark.parametrize("mimo, reorders", [
@@ -89,9 +89,11 @@ def test_mimo_accel_reorder_steps_aside_with_one_notice(enabled, caplog):
     cfg = _container(MegatronMIMOFeatureConfig(scalable_dp=True))
     with caplog.at_level(logging.WARNING, logger="mimo_accel"):
         assert _setup_with(cfg) is False  # the loaders are built with mimo_accel's reorder off
-        scope.wrap_loader_builder(lambda cfg, megatron_mimo_provider: runtime.config.reorder, runtime)(
+        scope.wrap_loader_builder(lambda cfg, megatron_mimo_provider: runtime.reorders, runtime)(
             cfg, types.SimpleNamespace())
-    assert runtime.config.reorder is False and runtime.config.sharded_reads and runtime.config.packing
+    assert runtime.reorders is False and runtime.features() == ["sharded_reads", "packing"]
+    assert runtime.config.reorder and runtime.config is mimo_accel.status()["config"]  # the config is never replaced
+    assert not runtime.calibrates_online  # its cost model is not learnt either
     notices = [r.getMessage() for r in caplog.records if "steps aside" in r.getMessage()]
     assert len(notices) == 1 and "cfg.mimo.intra_microbatch_reorder=True with cfg.mimo.scalable_dp=True" in notices[0]
     assert "intra_microbatch_reorder=False" in notices[0]  # how to get mimo_accel's reorder instead
@@ -102,7 +104,7 @@ def test_mimo_accel_reorder_steps_aside_with_one_notice(enabled, caplog):
 def test_mimo_accel_reorder_stays_where_upstream_does_not_reorder(enabled):
     runtime = enabled(reorder=True)
     assert _setup_with(_container(MegatronMIMOFeatureConfig(scalable_dp=False))) is True
-    assert runtime.config.reorder and STEPPED_ASIDE not in runtime.notices()
+    assert runtime.reorders and STEPPED_ASIDE not in runtime.notices()
 
 
 def test_nothing_is_said_without_mimo_accel_reorder(enabled):
@@ -126,7 +128,7 @@ def test_against_this_bridges_own_feature_config(enabled):
     runtime = enabled(reorder=True)
     assert _setup_with(_container(own())) is True  # upstream's default: reorder only on scalable_dp reads
     assert _setup_with(_container(own(scalable_dp=True))) is False
-    assert runtime.config.reorder is False and STEPPED_ASIDE in runtime.notices()
+    assert runtime.reorders is False and STEPPED_ASIDE in runtime.notices()
 
 
 def test_stepping_aside_does_not_warn_about_reorder_options(enabled, caplog):
@@ -138,7 +140,7 @@ def test_stepping_aside_does_not_warn_about_reorder_options(enabled, caplog):
         assert _setup_with(_container(MegatronMIMOFeatureConfig(scalable_dp=True))) is False
     said = [r.getMessage() for r in caplog.records]
     assert STEPPED_ASIDE in runtime.notices() and any("steps aside" in m for m in said)
-    assert runtime.config.without_effect()  # the config it rebuilt would be warned, were it enabled
+    assert runtime.config.reorder_window == 4 and runtime.reorders is False  # the options stay, reorder acts not
     assert not [m for m in said if "has no effect" in m]
 
 
@@ -188,7 +190,7 @@ def test_mimo_accel_reorder_replaces_bridges_with_one_notice(enabled, caplog):
         assert _setup_reading_the_flag(cfg) is False  # the script builds no buffer
         scope.wrap_loader_builder(lambda cfg, megatron_mimo_provider: None, runtime)(cfg, types.SimpleNamespace())
     assert cfg.dataset.megatron_mimo_intra_microbatch_reorder is False and cfg.dataset.megatron_mimo_scalable_dp
-    assert runtime.config.reorder and runtime.upstream_moves_samples is None
+    assert runtime.reorders and runtime.upstream_moves_samples is None
     said = [r.getMessage() for r in caplog.records if "replaces Bridge's own" in r.getMessage()]
     assert len(said) == 1 and "megatron_mimo_intra_microbatch_reorder" in said[0] and "reorder=False" in said[0]
     assert said[0] in mimo_accel.status()["notes"] and "reorder" in mimo_accel.status()["active"]
@@ -216,5 +218,5 @@ def test_a_script_that_wraps_bridges_buffer_anyway_is_refused_before_the_first_b
     with pytest.raises(RuntimeError, match="two reorders must not run on one micro-batch"):
         wrapped(types.SimpleNamespace(cfg=_merged(reorder=False)), build_data_iterators_fn=lambda: (buffer, None))
     # the same object is no concern where mimo_accel does not reorder
-    runtime.config = runtime.config.replace(reorder=False)
+    runtime.reorder_stepped_aside = "cfg.mimo.intra_microbatch_reorder=True"
     assert wrapped(types.SimpleNamespace(cfg=None), build_data_iterators_fn=lambda: (buffer, None))[0] is buffer

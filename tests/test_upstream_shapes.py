@@ -26,7 +26,7 @@ from mimo_accel.patching import targets as T
 from mimo_accel.patching.engine import PatchError
 from mimo_accel.runtime import fanin, scope
 from mimo_accel.runtime.shard import SHARD_TAG_KEY, ShardContext
-from mimo_accel.runtime.step import LocalBatch, ReplicaRank, StepRole
+from mimo_accel.runtime.step import StepRole
 
 EXTRA = "extra"
 MARK = "upstream-only value"
@@ -132,8 +132,8 @@ def _cases(runtime):
             lambda got: DataLoader(got["dataset"], batch_size=got["micro_batch_size"]),
             lambda out: next(iter(out))[SHARD_TAG_KEY].sliced_in_step is False),  # upstream's shard, tagged
         "module dp info": (lambda: dict(megatron_mimo_model=_language_model()), lambda got: (1, 2),
-                           lambda out: isinstance(out[0], ReplicaRank) and out[0].role.is_language
-                           and tuple(out) == (1, 2)),
+                           # upstream's values; the step learns the model's role
+                           lambda out: out == (1, 2) and runtime.step_role.is_language),
         "slice": (lambda: dict(batch={"input_ids": torch.zeros(2, 3)}, dp_rank=0, dp_size=1),
                   lambda got: got["batch"], lambda out: tuple(out["input_ids"].shape) == (2, 3)),
         "get batch": (lambda: dict(data_iterator=iter([{"input_ids": torch.ones(1, 2)}])),
@@ -149,8 +149,9 @@ def _cases(runtime):
                      dict(self=bridge, aggregated_tensor=torch.zeros(8, 2), num_splits=2))[1],
             lambda got: got["aggregated_tensor"]._mimo_bridge_split_sizes,
             lambda out: out == [3, 5]),  # the gradient splits as the forward's rows came
-        "pack language shard": (
-            lambda: dict(data_batch=_language_batch(), lengths=torch.tensor([2, 3])),
+        "pack language shard": (  # next in a language rank's step, after _get_module_dp_info
+            lambda: (setattr(runtime, "step_role", StepRole(True, True, True, 1)),
+                     dict(data_batch=_language_batch(), lengths=torch.tensor([2, 3])))[1],
             lambda got: pytest.fail("mimo_accel's packer replaces upstream's: upstream's is never called"),
             lambda out: out[1]["cu_seqlens_q"].tolist() == [0, 2, 5]),
         "resolve step packing": (lambda: dict(dataset_cfg=types.SimpleNamespace()), lambda got: False,
@@ -164,11 +165,8 @@ def _cases(runtime):
 
 def _language_batch():
     mask = torch.tensor([[1, 1, 0], [1, 1, 1]])
-    batch = LocalBatch({"input_ids": torch.arange(6).view(2, 3), "labels": torch.arange(6).view(2, 3),
-                        "loss_mask": mask.float(), "attention_mask": mask, "position_ids": None,
-                        "modality_inputs": None})
-    batch.role = StepRole(True, True, True, 1)
-    return batch
+    return {"input_ids": torch.arange(6).view(2, 3), "labels": torch.arange(6).view(2, 3),
+            "loss_mask": mask.float(), "attention_mask": mask, "position_ids": None, "modality_inputs": None}
 
 
 @pytest.fixture

@@ -55,7 +55,8 @@ def test_a_video_layout_costs_and_plans(tmp_path):
     from mimo_accel.balance import module_spreads
 
     for batch in np.split(every, 4):  # global micro-batches of 64 samples
-        order, spreads = planner(batch.tolist())
+        order, predicted = planner(batch.tolist())
+        spreads = predicted.spreads
         assert sorted(order) == sorted(batch.tolist()) and set(spreads) == {VIDEO, LANGUAGE}
         upstream = module_spreads(planner.costs(batch), LAYOUT.dp_sizes, np.arange(batch.size))
         assert max(spreads.values()) < max(upstream.values())  # the plan beats the contiguous split

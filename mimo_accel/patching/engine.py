@@ -383,9 +383,10 @@ def status() -> dict:
         patched = [s.where for s in _swaps]
         pending = sorted(s for s in _state.by_site if s not in _state.patched_sites)
         m = _state.match or T.match(*installed_versions())
-        acting = _state.runtime.config if _state.runtime is not None else _state.config
+        runtime = _state.runtime
         return {
-            "active": acting.features(),  # a feature that stepped aside for upstream's own is off here
+            # a feature that stepped aside for upstream's own is off here, not in "config"
+            "active": runtime.features() if runtime is not None else _state.config.features(),
             "config": _state.config,
             "megatron_bridge": m.bridge,
             "megatron_core": m.core,
@@ -393,5 +394,5 @@ def status() -> dict:
             "support": m.status,
             "patched": patched,
             "waiting_for_import": pending,
-            "notes": list(_state.notes) + (list(_state.runtime.notices().values()) if _state.runtime else []),
+            "notes": list(_state.notes) + (list(runtime.notices().values()) if runtime is not None else []),
         }

@@ -70,7 +70,7 @@ def install(name: str) -> None:
         order = order_of(self, np.asarray(indices, dtype=np.int64), micro_batches)
         costs = self.costs(indices, model)
         spreads = module_spreads(costs, self.dps, order, micro_batches)
-        return [indices[p] for p in order], planner.Spreads(spreads, module_loads(costs, self.dps, order, micro_batches))
+        return [indices[p] for p in order], planner.Prediction(spreads, module_loads(costs, self.dps, order, micro_batches))
 
     planner.CostIndexPlanner.__call__ = plan
 

@@ -48,6 +48,17 @@ _PREFIX = "mimo_accel/calibration"
 
 
 @dataclass(frozen=True)
+class WindowModel:
+    """The cost model a window is planned with: the model, its digest (in the window's plan digest
+    and each share's :class:`~mimo_accel.runtime.shard.ReplicaShare`), and per module the
+    per-replica seconds per step it leaves over (in the predicted straggler, never in a plan)."""
+
+    model: CostModel
+    digest: str
+    overheads: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class Announcement:
     """One model announced while training: from iteration ``step`` on, plans use ``model``.
 
@@ -285,19 +296,19 @@ class Calibration:
         self._first_heard = True
 
     def models(self, step_micro_batches: int, prefetched: int = 0):
-        """For a train loader's planner thread: the first micro-batch of a window -> ``(model, its
-        digest, module -> overhead s)`` of the iteration it belongs to. ``prefetched``: the
-        micro-batches the loader's workers take from its sampler ahead of training (a planner
-        that waited for the first refit there would hold up the step that refit learns from)."""
+        """For a train loader's planner thread: the first micro-batch of a window -> the
+        :class:`WindowModel` of the iteration it belongs to. ``prefetched``: the micro-batches the
+        loader's workers take from its sampler ahead of training (a planner that waited for the
+        first refit there would hold up the step that refit learns from)."""
         from mimo_accel.runtime.plan_inputs import digest
 
         ahead = -(-max(0, prefetched) // max(1, step_micro_batches))
         self.first_planned = first_refit(self.start_iteration) + 2 + ahead
 
-        def of_window(first_micro_batch: int):
+        def of_window(first_micro_batch: int) -> WindowModel:
             iteration = first_micro_batch // step_micro_batches + 1
             model = self.model_for(iteration, self._store())
-            return model, digest(model.to_doc()), self.schedule.overheads_for(iteration)
+            return WindowModel(model, digest(model.to_doc()), self.schedule.overheads_for(iteration))
 
         return of_window
 

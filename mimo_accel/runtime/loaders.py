@@ -39,7 +39,7 @@ class Plan:
     window: int = 1  # micro-batches planned together
     step_micro_batches: Optional[int] = None
     check: object = None  # a plan_check.WindowCheck: every window's plan agreed by the data ranks
-    models: object = None  # online calibration: first micro-batch -> (model, digest, overheads)
+    models: object = None  # online calibration: first micro-batch -> its calibration.WindowModel
 
 
 def plan_for(dataset, sampler_settings: list, ctx, split: str, runtime: Runtime, micro_batch_size: int,
@@ -52,12 +52,14 @@ def plan_for(dataset, sampler_settings: list, ctx, split: str, runtime: Runtime,
     fields = {
         "layout": plan_inputs.digest([sorted(ctx.dp_sizes.items()), ctx.grid, sorted(ctx.stages.items()),
                                       sorted(runtime.frozen)]),
-        "options": plan_inputs.digest({k: v for k, v in dataclasses.asdict(cfg).items() if k != "profile"}),
+        # the options that act (a reorder that stepped aside for upstream's is off)
+        "options": plan_inputs.digest({**{k: v for k, v in dataclasses.asdict(cfg).items() if k != "profile"},
+                                       "reorder": runtime.reorders}),
         "dataset": plan_inputs.digest([type(dataset).__name__, len(dataset)]),
         "sampler": plan_inputs.digest(sampler_settings),
     }
     plan, index = Plan(), None
-    if cfg.reorder:
+    if runtime.reorders:
         from mimo_accel.datasets.split_index import cost_index_for, index_digest
         from mimo_accel.planner import CostIndexPlanner, cost_model_for
 
@@ -158,7 +160,7 @@ def _share(loader, a: UpstreamCall, ctx, split: str, dp_group, runtime: Runtime)
 
     cfg = runtime.config
     plan = plan_for(a["dataset"], _settings(a), ctx, split, runtime, a["micro_batch_size"], loader)
-    if cfg.reorder and cfg.reorder_mode == "exchange":
+    if runtime.reorders and cfg.reorder_mode == "exchange":
         from mimo_accel.runtime.exchange import exchange_shard_loader
         from mimo_accel.runtime.plan_check import FirstPlanCheck
 
@@ -208,7 +210,7 @@ def _canonical_share(loader, a: UpstreamCall, ctx, split: str, dp_group, runtime
     if runtime.upstream_moves_samples is not None and split == "train":
         # upstream's buffer exchanges this loader's samples after reading: no tag could follow them
         return loader
-    if not cfg.reorder:
+    if not runtime.reorders:
         return sampler.tagged_loader(loader, ctx, loader.batch_sampler)  # upstream's own shard
     plan = plan_for(a["dataset"], _settings(a, [k for k in _SETTINGS if k != "seed"]), ctx, split, runtime,
                     a["micro_batch_size"], loader)

@@ -31,7 +31,7 @@ import time
 import traceback
 import weakref
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterator, Optional
 
 import numpy as np
@@ -169,7 +169,7 @@ class InlinePlanner:
 class PassSpec:
     """What one pass plans: ``windows()`` yields ``(ordinal, micro-batches, sampler state, first
     micro-batch)`` of upstream's sampler copy; ``plan(worker, batches, model)`` gives a window's
-    shares (a list of :class:`~mimo_accel.runtime.sampler.LocalIndices`), its digest and its first
+    shares (a list of :class:`~mimo_accel.runtime.shard.ReplicaShare`), its digest and its first
     global index."""
 
     windows: Callable[[], Iterator]
@@ -178,7 +178,7 @@ class PassSpec:
     check: Any = None  # a plan_check.WindowCheck, or None (a single data rank)
     pass_no: int = 0
     in_process: bool = True
-    # models(first micro-batch of a window) -> (cost model, digest, overheads), or None (online calibration)
+    # models(first micro-batch of a window) -> its calibration.WindowModel, or None (online calibration)
     models: Optional[Callable[[int], Any]] = None
 
 
@@ -279,7 +279,7 @@ class PlannedPass:
                 raise value
             raise StopIteration
         self._on_window(state)
-        value[0].plan_wait_s = waited
+        value[0] = replace(value[0], plan_wait_s=waited)  # the window's first share waited
         self._pending.extend(value)
         return self._pending.popleft()
 

@@ -97,7 +97,7 @@ def check_loss_normalisation(provider: Any, runtime: Runtime) -> None:
     """Say once (or, with strict_gradients, refuse) that reorder changes the gradient when the
     language loss is normalised per replica."""
     cfg = runtime.config
-    if not cfg.reorder:
+    if not runtime.reorders:
         return
     config = language_config(provider)
     if config is None or getattr(config, "calculate_per_token_loss", True):

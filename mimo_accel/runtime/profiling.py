@@ -55,6 +55,8 @@ class Host(Protocol):
 
     def shard_context(self) -> Optional[ShardContext]: ...
 
+    def features(self) -> list[str]: ...
+
     def say_once(self, key: str, message: str) -> bool: ...
 
     def notices(self) -> dict[str, str]: ...
@@ -174,7 +176,7 @@ class Profiling:
 
     @property
     def config(self) -> AccelConfig:
-        """What acts now: the runtime's config (a feature that stepped aside is off there)."""
+        """The run's config, as enabled (what acts: ``runtime.features()``)."""
         return self.runtime.config
 
     def recorder(self):
@@ -202,7 +204,7 @@ class Profiling:
                     dp_rank=ctx.dp_rank if ctx else 0, dp_size=ctx.dp_size if ctx else 1,
                     layout={**({"dp": dict(ctx.dp_sizes)} if ctx else {}),
                             **({"flops": self._flops} if self._flops else {})},
-                    config={"features": cfg.features(), "reorder_mode": cfg.reorder_mode,
+                    config={"features": self.runtime.features(), "reorder_mode": cfg.reorder_mode,
                             "pad_multiple": cfg.pad_multiple},
                     label=_label(cfg), regions=regions, counters=counters)
         return self._recorder
@@ -317,22 +319,22 @@ class Profiling:
         if tag is not None:
             if tag.bytes_exchanged:
                 rec.add(bytes_exchanged=int(tag.bytes_exchanged))
-            if tag.planned is not None:  # each replica's planned load: the step's figure is their sum
-                loads, overheads, model = tag.planned
-                for module, row in loads.items():
+            share = tag.share
+            if share is not None and share.loads:  # each replica's planned load: the step's figure is their sum
+                for module, row in share.loads.items():
                     seen = self._planned.get(module)
                     row = np.asarray(row, dtype=np.float64)
                     self._planned[module] = row.copy() if seen is None else seen + row
-                self._planned_overheads = dict(overheads)
-                if model is not None:  # the cost model the step was planned with (online calibration)
-                    rec.set(cost_model=model)
-            else:  # a plan without loads (exchange mode): its micro-batch's figure, the last one's
-                if tag.predicted_spread is not None:
-                    rec.set(predicted_spread=tag.predicted_spread)
-                if tag.predicted_spreads:
-                    rec.set(predicted_spreads=dict(tag.predicted_spreads))
-            if tag.predicted_spread is not None or tag.predicted_spreads:  # a planned batch
-                self._plan_wait_s = (self._plan_wait_s or 0.0) + tag.plan_wait_s
+                self._planned_overheads = dict(share.overheads)
+                if share.cost_model is not None:  # the cost model the step was planned with (online calibration)
+                    rec.set(cost_model=share.cost_model)
+            elif share is not None:  # a plan without loads (exchange mode): its micro-batch's figure, the last one's
+                if share.spread is not None:
+                    rec.set(predicted_spread=share.spread)
+                if share.spreads:
+                    rec.set(predicted_spreads=dict(share.spreads))
+            if share is not None and share.planned:
+                self._plan_wait_s = (self._plan_wait_s or 0.0) + share.plan_wait_s
 
     def record_packed(self, packing_kwargs: dict) -> None:
         """A language shard was packed: its real tokens (``tokens`` = Σ L, ``sq_tokens`` = Σ L² over

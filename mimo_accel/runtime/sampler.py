@@ -10,60 +10,51 @@ planned ahead off the training thread (:mod:`mimo_accel.runtime.plan_ahead`), an
 plan is agreed by every data-loading rank before it is yielded (``check``).
 
 Data flows one way: the sampler decides what a rank reads → the loader reads it → the step packs it.
-What the plan predicted for a micro-batch travels with its indices into the read and then in the
-batch's tag (:class:`LocalIndices` → :class:`SamplesRead` → :class:`~mimo_accel.runtime.shard.ShardTag`),
-through the loader's workers too, so nothing has to pair figures with batches afterwards.
+The sampler yields a :class:`~mimo_accel.runtime.shard.ReplicaShare` (the indices and what the plan
+predicted for them); the read keeps it beside the samples (:class:`SamplesRead`) and the collate puts
+it in the batch's :class:`~mimo_accel.runtime.shard.ShardTag`, through the loader's workers too, so
+nothing has to pair figures with batches afterwards.
 """
 
 from __future__ import annotations
 
 import itertools
 import weakref
-from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Optional, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
 
 import numpy as np
 
 from mimo_accel.grid import check_micro_batch
 from mimo_accel.nvtx import ranged
-from mimo_accel.runtime.shard import SHARD_TAG_KEY, ShardContext, tag_for
+from mimo_accel.planner import Prediction
+from mimo_accel.runtime.shard import SHARD_TAG_KEY, ReplicaShare, ShardContext, tag_for
 
-# planner(global_indices, micro_batches) -> (the same indices in canonical-group order, the predicted
-# spread: one number, one per module, or None); with micro_batches > 1 the indices are a window
-# of consecutive micro-batches. The indices are given as an int64 array; the order may be any
-# sequence of them.
+# planner(global_indices, micro_batches) -> (the same indices in canonical-group order, what the plan
+# predicts: a planner.Prediction, or each module's spread, one number, or None); with
+# micro_batches > 1 the indices are a window of consecutive micro-batches. The indices are given
+# as an int64 array; the order may be any sequence of them.
 Planner = Callable[[Sequence[int], int], "tuple[list[int], object]"]
 
 
-def _worst_of(spreads: list):
-    """The worst of several plans' predicted spreads (numbers, or one per module)."""
-    if all(isinstance(s, dict) for s in spreads):
-        return {m: max(s[m] for s in spreads) for m in spreads[0]}
-    return max(s if not isinstance(s, dict) else max(s.values()) for s in spreads)
+def _spreads_of(predictions: list) -> tuple[Optional[float], dict]:
+    """The worst predicted spread and each module's (empty where a planner gave one number) over
+    the plans of a window's parts, each a planner's second result."""
+    spreads = [p.spreads if isinstance(p, Prediction) else p for p in predictions]
+    if any(s is None for s in spreads):
+        return None, {}
+    if all(isinstance(s, Mapping) for s in spreads):
+        each = {m: max(float(s[m]) for s in spreads) for m in spreads[0]}
+        return max(each.values(), default=None), each
+    return max(float(max(s.values()) if isinstance(s, Mapping) else s) for s in spreads), {}
 
 
-class LocalIndices(list):
-    """This replica's sample indices of one global micro-batch, with what the plan predicted for it
-    (each module's spread; each module's load per replica, and the per-replica overhead per step of
-    the model that planned it), and how long the training thread waited for the plan (the first
-    micro-batch of a window)."""
+@dataclass(frozen=True)
+class SamplesRead:
+    """The samples read for one share, as the collate function receives them."""
 
-    def __init__(self, indices, predicted_spread=None, plan_wait_s: float = 0.0, planned=None):
-        super().__init__(indices)
-        self.predicted_spread = predicted_spread  # one number, one per module, or None
-        self.plan_wait_s = plan_wait_s
-        # (module -> per-replica loads, module -> overhead s, the planning cost model's digest or None)
-        self.planned = planned
-
-
-class SamplesRead(list):
-    """The samples read for one :class:`LocalIndices`, as the collate function receives them."""
-
-    def __init__(self, samples, predicted_spread=None, plan_wait_s: float = 0.0, planned=None):
-        super().__init__(samples)
-        self.predicted_spread = predicted_spread
-        self.plan_wait_s = plan_wait_s
-        self.planned = planned
+    samples: list
+    share: Optional[ReplicaShare] = None
 
 
 class SampleLoadError(RuntimeError):
@@ -137,13 +128,18 @@ class ReadsOf:
             raise load_error(self.dataset, index, exc) from exc
 
     @ranged("mimo_accel/read")  # NVTX on CUDA only (mimo_accel.nvtx)
-    def __getitems__(self, indices) -> SamplesRead:
+    def __getitems__(self, share) -> SamplesRead:
+        """The samples of ``share``: a :class:`ReplicaShare`, or a plain batch of indices (upstream's
+        own sampler under its scalable reads)."""
+        if not isinstance(share, ReplicaShare):
+            share = ReplicaShare(tuple(int(i) for i in share))
+        indices = list(share.indices)
         own = getattr(self.dataset, "__getitems__", None)
         if own is None:
             samples = [self[i] for i in indices]
         else:
             try:
-                samples = own(list(indices))
+                samples = own(indices)
             except Exception as exc:
                 # the dataset read them together: find the one that fails on its own
                 for i in indices:
@@ -151,8 +147,7 @@ class ReadsOf:
                 raise SampleLoadError(f"mimo_accel: samples {list(indices)} of {type(self.dataset).__name__} "
                                       f"failed to load together: {type(exc).__name__}: {exc}",
                                       int(indices[0]) if len(indices) else -1) from exc
-        return SamplesRead(samples, getattr(indices, "predicted_spread", None), getattr(indices, "plan_wait_s", 0.0),
-                           getattr(indices, "planned", None))
+        return SamplesRead(samples, share)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.__dict__["dataset"], name)
@@ -210,10 +205,10 @@ class ShareRules:
         if pending:
             yield ordinal, pending, state(), first + ordinal * self.window
 
-    def plan(self, planner, batches: list[list], model=None) -> tuple[list[LocalIndices], str, int]:
+    def plan(self, planner, batches: list[list], model=None) -> tuple[list[ReplicaShare], str, int]:
         """One window's shares for this replica, the digest of its plan, and its first global index.
-        ``model``: ``(cost model, its digest, module -> overhead s)`` the window is planned with
-        (online calibration), or None (the planner's own)."""
+        ``model``: the :class:`~mimo_accel.runtime.calibration.WindowModel` the window is planned
+        with (online calibration), or None (the planner's own)."""
         from mimo_accel.runtime.plan_check import plan_digest
 
         for b in batches:
@@ -221,30 +216,32 @@ class ShareRules:
         # numpy, not lists, from here: this runs on the planner thread beside the training thread,
         # and what it does in Python it does holding the interpreter lock
         window = np.fromiter(itertools.chain.from_iterable(batches), dtype=np.int64, count=sum(map(len, batches)))
-        extra = () if model is None else (model[0],)
+        extra = () if model is None else (model.model,)
         if len({len(b) for b in batches}) == 1:
             parts = [planner(window, len(batches), *extra)]
         else:  # a short last micro-batch (drop_last=False): plan it on its own
             parts = [planner(np.asarray(b, dtype=np.int64), 1, *extra) for b in batches]
         order = np.concatenate([np.asarray(p[0], dtype=np.int64).reshape(-1) for p in parts])
-        spread = parts[0][1] if len(parts) == 1 else _worst_of([p[1] for p in parts])
         if order.shape != window.shape or not np.array_equal(np.sort(order), np.sort(window)):
             raise RuntimeError("mimo_accel planner returned a different set of samples than the "
                                "global micro-batch it was given; refusing to mis-pair samples")
-        shares = self.shares(batches, order, spread)
-        if all(getattr(p[1], "loads", None) for p in parts):  # each micro-batch's load per replica
-            overheads, digest = ({}, None) if model is None else (dict(model[2]), model[1])
+        spread, spreads = _spreads_of([p[1] for p in parts])
+        shares = self.shares(batches, order, ReplicaShare(spread=spread, spreads=spreads))
+        if all(isinstance(p[1], Prediction) and p[1].loads for p in parts):  # each micro-batch's load per replica
+            overheads, digest = ({}, None) if model is None else (dict(model.overheads), model.digest)
             # float64 arrays, not lists: a window's loads per replica would be thousands of Python
             # floats made on this thread and summed per step on the training thread
             loads = [{m: np.array(rows[j], dtype=np.float64) for m, rows in p[1].loads.items()}
                      for p in parts for j in range(next(iter(p[1].loads.values())).shape[0])]
-            for share, micro in zip(shares, loads):
-                share.planned = (micro, overheads, digest)
-        digest = plan_digest(window, order, "" if model is None else model[1])
+            shares = [replace(share, loads=micro, overheads=overheads, cost_model=digest)
+                      for share, micro in zip(shares, loads)]
+        digest = plan_digest(window, order, "" if model is None else model.digest)
         return shares, digest, int(window[0]) if window.size else -1
 
-    def shares(self, batches: list[list], order: list, spread=None) -> list[LocalIndices]:
-        """This replica's share of each micro-batch of a window ordered as ``order``."""
+    def shares(self, batches: list[list], order: list,
+               predicted: ReplicaShare = ReplicaShare()) -> list[ReplicaShare]:
+        """This replica's share of each micro-batch of a window ordered as ``order``, each with what
+        ``predicted`` holds besides its indices."""
         g = self.ctx.groups
         out, start = [], 0
         for b in batches:
@@ -253,7 +250,7 @@ class ShareRules:
             start += len(b)
             per_group = len(b) // self.ctx.grid
             mine = micro[g.start * per_group: g.stop * per_group]
-            out.append(LocalIndices(mine.tolist() if isinstance(mine, np.ndarray) else mine, spread))
+            out.append(replace(predicted, indices=tuple(mine.tolist() if isinstance(mine, np.ndarray) else mine)))
         return out
 
 class ShardedBatchSampler:
@@ -338,14 +335,13 @@ class TaggingCollate:
         self.collate_fn = collate_fn
         self.ctx = ctx
 
-    def __call__(self, samples):
+    def __call__(self, read: SamplesRead):
+        samples = read.samples
         batch = self.collate_fn(samples) if self.collate_fn is not None else samples
         if not isinstance(batch, dict):
             raise TypeError("mimo_accel sharded reads need the collate function to return a dict "
                             f"(MegatronMIMO batches are dicts), got {type(batch).__name__}")
-        batch[SHARD_TAG_KEY] = tag_for(self.ctx, len(samples), getattr(samples, "predicted_spread", None),
-                                       plan_wait_s=getattr(samples, "plan_wait_s", 0.0),
-                                       planned=getattr(samples, "planned", None))
+        batch[SHARD_TAG_KEY] = tag_for(self.ctx, len(samples), read.share)
         return batch
 
 

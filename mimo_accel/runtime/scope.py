@@ -122,7 +122,7 @@ def _datasets_seen_by(scope: LoaderScope, provider: Any) -> Iterator[None]:
 def _start_model(runtime: Runtime, provider) -> None:
     """With reorder on: the cost model plans start from (a configured file, else each module's
     FLOPs from ``provider``), the same at setup and at the loaders' build (the same provider)."""
-    if runtime.config.reorder:
+    if runtime.reorders:
         from mimo_accel.runtime.model_flops import start_cost_model
 
         runtime.start_model = start_cost_model(runtime.config.cost_model, provider, runtime.say_once)
@@ -157,7 +157,7 @@ def wrap_setup(original: Callable, runtime: Runtime) -> Callable:
         runtime.frozen = frozen_encoders(getattr(cfg, "model", None))
         preflight.check_provider(getattr(cfg, "model", None), runtime)
         _start_model(runtime, getattr(cfg, "model", None))
-        if runtime.config.calibrates_online:  # this run's cost model, learnt while it trains
+        if runtime.calibrates_online:  # this run's cost model, learnt while it trains
             from mimo_accel.runtime.calibration import Calibration
 
             runtime.calibration = Calibration.for_setup(call["state"], runtime.config, runtime.say_once,

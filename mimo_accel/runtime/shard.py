@@ -4,14 +4,16 @@ A :class:`ShardContext` is this rank's module, its replica in the module's DP gr
 canonical grid G, worked out from Bridge's MIMO parallelism config and grids (what the
 sampling-info lookup is given). A :class:`ShardTag` rides in every batch the sharded loader
 delivers (key :data:`SHARD_TAG_KEY`), so the forward step knows the batch is already this
-replica's share and can check it was read for this very replica. A :class:`StepRole` is what the
-rank does in a forward step, read off the MimoModel it hosts.
+replica's share and can check it was read for this very replica. It holds the batch's
+:class:`ReplicaShare`: the indices the sampler chose and what the plan predicted for them, one
+record from the sampler, through the read and the loader's workers, to the profiler. A
+:class:`StepRole` is what the rank does in a forward step, read off the MimoModel it hosts.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Mapping, Optional
+from typing import Any, Mapping, Optional
 
 from mimo_accel.grid import canonical_grid, owned_groups
 from mimo_accel.modules import LANGUAGE, Modules, module
@@ -44,6 +46,33 @@ class ShardContext:
         return Modules.of(*(module(name, dp, pp=self.stages.get(name, 1)) for name, dp in sizes.items()))
 
 
+@dataclass(frozen=True, eq=False)  # compared field by field where needed: its loads are numpy arrays
+class ReplicaShare:
+    """This replica's share of one global micro-batch and what the plan predicted for it.
+
+    The sampler yields it; the read (:class:`~mimo_accel.runtime.sampler.ReadsOf`) and the tag carry
+    it to the step, where the profiler reads it. Without a plan only ``indices`` are set."""
+
+    indices: tuple = ()  # the samples, in order; () where the exchange brought them, not an index
+    # the plan's predicted replica spread (max/mean): the worst module's (or the planner's one
+    # number), and each module's where the planner gave them
+    spread: Optional[float] = None
+    spreads: Mapping[str, float] = field(default_factory=dict)
+    # each module's planned load per replica for this micro-batch (cost-model units); empty where
+    # the planner gave none (exchange mode, a planner of one number)
+    loads: Mapping[str, Any] = field(default_factory=dict)
+    # per module, the per-replica seconds per step the planning cost model leaves over, and that
+    # model's digest (online calibration; else empty and None)
+    overheads: Mapping[str, float] = field(default_factory=dict)
+    cost_model: Optional[str] = None
+    plan_wait_s: float = 0.0  # how long the training thread waited for this plan (planned ahead: ~0)
+
+    @property
+    def planned(self) -> bool:
+        """Whether a plan made this share (it predicted a spread)."""
+        return self.spread is not None
+
+
 @dataclass(frozen=True)
 class ShardTag:
     """Rides in a sharded batch (key ``SHARD_TAG_KEY``) so the step knows it is already local."""
@@ -54,28 +83,15 @@ class ShardTag:
     grid: int
     samples: int
     sliced_in_step: bool = True  # see ShardContext.sliced_in_step
-    # what the plan predicted for this batch's global micro-batch: each module's replica spread
-    # (max/mean) and the worst of them; and the sample bytes the exchange moved for it
-    predicted_spread: Optional[float] = None
-    bytes_exchanged: int = 0
-    predicted_spreads: Optional[Mapping[str, float]] = None
-    # how long the training thread waited for this batch's plan (planned ahead: ~0)
-    plan_wait_s: float = 0.0
-    # the plan's load of each module's replicas for this micro-batch, the per-replica overhead per
-    # step of the model that planned it, and that model's digest (online calibration; else None):
-    # (module -> loads, module -> seconds, digest), or None
-    planned: Optional[tuple] = None
+    share: Optional[ReplicaShare] = None  # what the sampler chose and the plan predicted
+    bytes_exchanged: int = 0  # the sample bytes the exchange moved for this batch
 
 
-def tag_for(ctx: ShardContext, samples: int, predicted=None, bytes_exchanged: int = 0,
-            plan_wait_s: float = 0.0, planned=None) -> ShardTag:
-    """The tag of a batch of ``samples`` read for ``ctx``; ``predicted``: the plan's spread, one
-    number or one per module; ``plan_wait_s``: the training thread's wait for the plan; ``planned``:
-    the plan's loads per replica (:attr:`ShardTag.planned`)."""
-    spreads = dict(predicted) if isinstance(predicted, Mapping) else None
-    worst = max(spreads.values(), default=None) if spreads is not None else predicted
-    return ShardTag(ctx.module, ctx.dp_rank, ctx.dp_size, ctx.grid, samples, ctx.sliced_in_step,
-                    None if worst is None else float(worst), bytes_exchanged, spreads, float(plan_wait_s), planned)
+def tag_for(ctx: ShardContext, samples: int, share: Optional[ReplicaShare] = None,
+            bytes_exchanged: int = 0) -> ShardTag:
+    """The tag of a batch of ``samples`` read for ``ctx`` as ``share``."""
+    return ShardTag(ctx.module, ctx.dp_rank, ctx.dp_size, ctx.grid, samples, ctx.sliced_in_step, share,
+                    bytes_exchanged)
 
 
 def data_loading_ranks(grids: Mapping[str, object]) -> tuple[int, ...]:

@@ -46,9 +46,9 @@ class Runtime:
     layout: Optional[tuple[Any, dict]] = None  # (Bridge's MIMO parallelism config, its grids) of that lookup
     # MimoModel -> its role: a model's role never changes, so it is worked out once
     roles: "weakref.WeakKeyDictionary[Any, Optional[StepRole]]" = field(default_factory=weakref.WeakKeyDictionary)
-    # the role of the one MimoModel this rank hosts, for the packer under upstream's scalable reads
-    # (no slice runs there to carry it)
-    rank_role: Optional[StepRole] = None
+    # the role of the model upstream's step last asked _get_module_dp_info about: the slice and the
+    # packer that follow in the same step read it (upstream hands them plain values)
+    step_role: Optional[StepRole] = None
     # BridgeCommunicator -> per-peer encoder rows of forwards still waiting for a backward
     fan_in_rows: "weakref.WeakKeyDictionary[Any, collections.deque[list[int]]]" = field(
         default_factory=weakref.WeakKeyDictionary)
@@ -58,10 +58,28 @@ class Runtime:
     start_model: Optional[CostModel] = None
     # what in the run config has Bridge's own reorder move samples after they are read (None: nothing)
     upstream_moves_samples: Optional[str] = None
+    # what in the run config reorders upstream instead of mimo_accel (#4608), so mimo_accel's reorder
+    # stepped aside (None: it did not). The config stays as enabled: read what acts through
+    # reorders, calibrates_online and features()
+    reorder_stepped_aside: Optional[str] = None
     profiling: Optional[Profiling] = None  # while the profiler (or online calibration) is on
     calibration: Optional[Calibration] = None  # of the training run under way
     said: dict[str, str] = field(default_factory=dict)  # notice key -> message, in the order said
     lock: threading.RLock = field(default_factory=threading.RLock, repr=False)
+
+    @property
+    def reorders(self) -> bool:
+        """Whether mimo_accel's reorder acts in this run: on in the config, and not stepped aside."""
+        return self.config.reorder and self.reorder_stepped_aside is None
+
+    @property
+    def calibrates_online(self) -> bool:
+        """Whether this run learns its cost model while training (the config's, while reorder acts)."""
+        return self.config.calibrates_online and self.reorders
+
+    def features(self) -> list[str]:
+        """The features acting in this run: the config's, less a reorder that stepped aside."""
+        return [name for name in self.config.features() if name != "reorder" or self.reorders]
 
     def say_once(self, key: str, message: str) -> bool:
         """Log ``message`` the first time ``key`` is seen while this runtime lives; True when logged."""
@@ -92,8 +110,9 @@ class Runtime:
         with self.lock:
             self.fan_in_rows.clear()
             self.roles.clear()
-            self.rank_role = None
+            self.step_role = None
             self.upstream_moves_samples = None
+            self.reorder_stepped_aside = None
             self.frozen = ()
             self.start_model = None
             self.context = None

@@ -3,14 +3,14 @@
 Bridge's MIMO ``forward_step`` (megatron/bridge/training/megatron_mimo_step.py) calls, in order:
 ``get_batch(data_iterator)``, ``_get_module_dp_info(model)`` and then
 ``slice_batch_for_megatron_mimo(batch, dp_rank, dp_size)``, all looked up in its module globals
-at call time. mimo_accel wraps the second so that the ``dp_rank`` it answers carries this rank's
-role (:class:`ReplicaRank`: upstream's step passes that very value on to the slice), and
+at call time. mimo_accel wraps the second to learn the role of the model whose step runs
+(``Runtime.step_role``, read by the slice and the packer that follow in the same step), and
 replaces the third with :func:`wrap_slice`'s function, which
 
 - passes a batch that sharded reads already made local straight through (checking that it was
   read for this very replica — never a silent mis-pairing), or slices a global batch as upstream;
-- THD-packs the language shard when packing is on (on upstream main the step packs itself, and
-  the local batch it gets back carries the role on to the packer: :class:`LocalBatch`).
+- THD-packs the language shard when packing is on (on upstream main the step packs itself, in
+  mimo_accel's packer: :mod:`mimo_accel.runtime.upstream_packing`).
 
 Under upstream's scalable reads (Megatron-Bridge #5525, ``dataset.megatron_mimo_scalable_dp``) the
 step skips the slice: the loader already delivered the shard. There :func:`wrap_get_batch` takes
@@ -29,24 +29,6 @@ from mimo_accel.nvtx import ranged
 from mimo_accel.runtime.shard import SHARD_TAG_KEY, ShardTag, StepRole
 from mimo_accel.runtime.state import Runtime
 from mimo_accel.runtime.upstream_call import UpstreamCall, replacing
-
-
-class ReplicaRank(int):
-    """A module DP rank that carries this rank's :class:`StepRole`: what the wrapped
-    ``_get_module_dp_info`` answers, and upstream's step hands straight to the slice."""
-
-    role: Optional[StepRole]
-
-    def __new__(cls, value: int, role: Optional[StepRole]):
-        rank = super().__new__(cls, value)
-        rank.role = role
-        return rank
-
-
-class LocalBatch(dict):
-    """The local batch the slice returns, carrying the role on to upstream main's step packer."""
-
-    role: Optional[StepRole] = None
 
 
 def role_of(mimo_model) -> Optional[StepRole]:
@@ -71,20 +53,19 @@ def role_of_rank(runtime: Runtime, mimo_model) -> Optional[StepRole]:
     if mimo_model in runtime.roles:
         return runtime.roles[mimo_model]
     role = runtime.roles[mimo_model] = role_of(mimo_model)
-    runtime.rank_role = role
     if runtime.profiling is not None:  # the model this rank runs, seen once: what to time and by which name
         runtime.profiling.saw_model(mimo_model)
     return role
 
 
 def wrap_module_dp_info(original: Callable, runtime: Runtime) -> Callable:
-    """``_get_module_dp_info(model)``: upstream's (dp_rank, dp_size), the rank carrying the role."""
+    """``_get_module_dp_info(model)``: upstream's (dp_rank, dp_size); the model's role becomes the
+    step's (``runtime.step_role``) for the slice and the packer that follow."""
 
     @replacing(original)
     def _get_module_dp_info(call: UpstreamCall):
-        role = role_of_rank(runtime, call["megatron_mimo_model"])
-        dp_rank, dp_size = call.to(original)
-        return ReplicaRank(dp_rank, role), dp_size
+        runtime.step_role = role_of_rank(runtime, call["megatron_mimo_model"])
+        return call.to(original)
 
     return _get_module_dp_info
 
@@ -132,8 +113,7 @@ def wrap_slice(original: Callable, runtime: Runtime) -> Callable:
     run the step's work (tag check, profiling, packing) once more per nested dict.
     """
     cfg = runtime.config
-    pack_here = cfg.packing and not runtime.native_packing
-    packed_by_step = cfg.packing and runtime.native_packing  # main's step packs what we return
+    pack_here = cfg.packing and not runtime.native_packing  # else main's step packs what this returns
     inside: contextvars.ContextVar[bool] = contextvars.ContextVar("mimo_accel_slicing", default=False)
 
     @replacing(original)
@@ -158,7 +138,8 @@ def wrap_slice(original: Callable, runtime: Runtime) -> Callable:
             if cfg.sharded_reads and dp_size > 1:
                 _warn_whole_batch_once(runtime)
             local, read = call.to(original), _batch_size(batch)
-        role = getattr(dp_rank, "role", None)
+        # dp_rank stays upstream's plain int (its slice computes offsets from it): the role comes by the runtime
+        role = runtime.step_role
         packs = cfg.packing and role is not None and role.is_language  # here, or in main's step next
         if profiling is not None:
             profiling.record_batch(local, read_samples=read, read_bytes=loaded_bytes, tag=tag, count_tokens=not packs)
@@ -166,9 +147,6 @@ def wrap_slice(original: Callable, runtime: Runtime) -> Callable:
             local = pack_for_language_model(local, role, cfg.pad_multiple, runtime.say_once)
             if profiling is not None:
                 profiling.record_packed(local["packing_kwargs"])
-        if packed_by_step and packs and isinstance(local, dict):  # only the packer needs the role
-            local = LocalBatch(local)
-            local.role = role
         return local
 
     return local_batch_for_megatron_mimo

@@ -22,10 +22,9 @@ own check still runs, so collate-time packing is still refused), and
 upstream's does, ``(packed_batch, packing_kwargs)`` with ``attention_mask=None``. On 0.6 the step
 packs nothing, and mimo_accel packs in its slice replacement instead (:mod:`mimo_accel.runtime.step`).
 
-The packer needs the rank's pipeline stage: the batch the slice returned carries it
-(:class:`~mimo_accel.runtime.step.LocalBatch`); under upstream's scalable reads no slice runs,
-and the role this rank's model declared to ``_get_module_dp_info`` earlier in the step is used
-(one MimoModel per rank in the non-colocated layout).
+The packer needs the rank's pipeline stage: the role of the model upstream's step asked
+``_get_module_dp_info`` about earlier in the same step (``Runtime.step_role``), with or without a
+slice in between (upstream's scalable reads run none).
 """
 
 from __future__ import annotations
@@ -71,7 +70,7 @@ def wrap_pack_language_shard(original: Callable, runtime: Runtime) -> Callable:
                              "and TP/CP alignment, lengths from the attention_mask. Turn mimo_accel packing off "
                              "to pack with upstream's own packer.")
         data_batch = call["data_batch"]
-        role = getattr(data_batch, "role", None) or runtime.rank_role
+        role = runtime.step_role
         if role is None or not role.is_language:
             raise RuntimeError(
                 "mimo_accel: upstream's step asked to pack a language shard, but mimo_accel has not seen "

@@ -81,7 +81,7 @@ def settle_upstream_reorder(cfg: Any, runtime: Runtime) -> None:
         return
     merged = merged_reorder(cfg)
     if merged is not None:
-        if runtime.config.reorder:
+        if runtime.reorders:
             setattr(cfg.dataset, MERGED_FLAG, False)
             runtime.say_once(REPLACED_MERGED, (
                 f"mimo_accel reorder replaces Bridge's own ({merged}): cfg.dataset.{MERGED_FLAG} is set False "
@@ -100,12 +100,12 @@ def settle_upstream_reorder(cfg: Any, runtime: Runtime) -> None:
 
 
 def _step_aside_if_4608_reorders(cfg: Any, runtime: Runtime) -> None:
-    if not runtime.config.reorder:
+    if not runtime.reorders:
         return
     why = upstream_reorder(cfg)
     if why is None:
         return
-    runtime.config = runtime.config.replace(reorder=False)
+    runtime.reorder_stepped_aside = why
     runtime.say_once(STEPPED_ASIDE, (
         f"mimo_accel reorder steps aside: this Bridge reorders the micro-batches itself ({why}), and two "
         "reorders must not run on one micro-batch. Upstream's reorder balances this run; mimo_accel's "
@@ -128,7 +128,7 @@ def is_reordering_buffer(iterator: Any) -> bool:
 def refuse_second_reorder(iterators: Any, runtime: Runtime) -> None:
     """Setup's last check: with mimo_accel reordering, no iterator the script built may be upstream's
     buffer (it would re-plan and exchange what mimo_accel planned)."""
-    if not runtime.config.reorder:
+    if not runtime.reorders:
         return
     found = iterators if isinstance(iterators, (tuple, list)) else (iterators,)
     if any(is_reordering_buffer(it) for it in found):

@@ -13,9 +13,10 @@ from mimo_accel.grid import check_micro_batch
 from mimo_accel.runtime.shard import ShardContext
 
 
-def _as_list(samples):
-    """A DataLoader collate that keeps the decoded samples (module-level: picklable for workers)."""
-    return list(samples)
+def _as_list(read):
+    """A DataLoader collate that keeps the decoded samples of a read (``sampler.SamplesRead``; the
+    exchange plans them anew) (module-level: picklable for workers)."""
+    return list(read.samples)
 
 
 def _check_list(item: Any) -> list:

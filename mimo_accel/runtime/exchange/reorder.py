@@ -20,7 +20,7 @@ from mimo_accel.runtime.exchange.cost import DecodedModuleCosts
 from mimo_accel.runtime.exchange.plan import ExchangePlan, plan_exchange
 from mimo_accel.runtime.exchange.wire import EncodedSample, decode_sample
 from mimo_accel.runtime.sampler import SamplesRead, TaggingCollate
-from mimo_accel.runtime.shard import SHARD_TAG_KEY, ShardContext
+from mimo_accel.runtime.shard import SHARD_TAG_KEY, ReplicaShare, ShardContext
 from mimo_accel.runtime.state import notify_with
 
 OVERLAP_ENV = "CUDA_DEVICE_MAX_CONNECTIONS"
@@ -314,10 +314,12 @@ class ExchangeReorder:
         moved), or the list without a collate_fn."""
         if self._tagging is None:
             return samples
-        predicted = None if stats is None else (stats.predicted_spreads or stats.predicted_spread)
-        batch = self._tagging(SamplesRead(samples, predicted))
-        if stats is not None:
-            batch[SHARD_TAG_KEY] = dataclasses.replace(batch[SHARD_TAG_KEY], bytes_exchanged=stats.bytes_sent)
+        if stats is None:
+            return self._tagging(SamplesRead(samples))
+        # the samples came by the exchange, not by index: the share holds what its plan predicted
+        share = ReplicaShare(spread=float(stats.predicted_spread), spreads=dict(stats.predicted_spreads or {}))
+        batch = self._tagging(SamplesRead(samples, share))
+        batch[SHARD_TAG_KEY] = dataclasses.replace(batch[SHARD_TAG_KEY], bytes_exchanged=stats.bytes_sent)
         return batch
 
     def reorder_and_collate(self, local_samples: Sequence[Any]) -> tuple[Any, ExchangeStats]:
