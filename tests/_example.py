@@ -38,10 +38,13 @@ def steps_from_trace(records: list) -> dict:
     and "language" always): sorted sample ids the module trained (counted on each replica's first
     pipeline stage and TP rank), "loss": the global per-token loss (the last stage's)}}."""
     out: dict = {}
+    seen: set = set()
     for r in records:
         s = out.setdefault(r["iteration"], {"modules": {"vision": [], "language": []}, "sum": 0.0, "tokens": 0.0})
-        if r.get("tp_rank", 0):  # a replica's TP ranks train (and lose) the same samples alike
+        stage = (r["module"], r["dp_rank"], r.get("pp_rank", 0), r["iteration"])
+        if stage in seen:  # a replica's TP ranks train (and lose) the same samples alike
             continue
+        seen.add(stage)
         if r.get("pp_rank", 0) == 0:  # every pipeline stage of a replica trains the same samples
             s["modules"].setdefault(r["module"], []).extend(i for micro in r["ids"] for i in micro)
         if r["loss_sum"] is not None:

@@ -326,7 +326,7 @@ def bridge_steps(records: list[dict], steps: int, batch: int, what: str) -> list
     out = []
     # a replica's TP ranks train the same samples and report the same loss; its pipeline stages too,
     # the loss being the last stage's
-    records = [r for r in records if not r.get("tp_rank", 0)]
+    records = list({(r["module"], r["dp_rank"], r.get("pp_rank", 0), r["iteration"]): r for r in records}.values())
     for it in range(1, steps + 1):
         rows = [r for r in records if r["iteration"] == it]
         want = list(range((it - 1) * batch, it * batch))

@@ -327,9 +327,22 @@ class Metrics:
                 self._worker = _Worker(self, store.clone())
             # Bridge makes its writer on first use: here, on the training thread, never on two at once
             self._job = self._worker.submit(iteration, self.state.tensorboard_logger if logged else None, logged)
+            if self.calibration is not None and self._checkpointed(iteration):
+                # what this iteration taught is announced (and written beside the checkpoints) before
+                # Bridge saves it, so a run resumed from it plans as this one goes on to
+                self._collect()
         else:
             self._pending.append(iteration)
             self._delete_consumed(store)
+
+    def _checkpointed(self, iteration: int) -> bool:
+        """Whether Bridge saves a checkpoint after ``iteration`` (its save interval, or the last one)."""
+        cfg = getattr(self.state, "cfg", None)
+        checkpoint, train = getattr(cfg, "checkpoint", None), getattr(cfg, "train", None)
+        if not getattr(checkpoint, "save", None):
+            return False
+        interval = getattr(checkpoint, "save_interval", None)
+        return bool(interval and iteration % interval == 0) or iteration == getattr(train, "train_iters", None)
 
     def close(self) -> None:
         """Training ended: the writing rank collects its last logged iteration (writes it, or raises
