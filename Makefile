@@ -17,7 +17,7 @@ MEGATRON_PKGS := megatron-core==0.19.2 megatron-bridge==0.6.2 $(MODELOPT)
 # in a second venv (see upstream/upstream_venv.py).
 UPSTREAM_VENV ?= .venv-upstream
 
-.PHONY: demo test setup doctor clean test-upstream-peer test-upstream
+.PHONY: demo demo-reference test setup doctor clean test-upstream-peer test-upstream
 
 setup: $(STAMP)
 
@@ -42,6 +42,11 @@ $(STAMP): pyproject.toml requirements/constraints.txt requirements/megatron-runt
 # (its cost model learnt while training, from the defaults), with the straggler report.
 demo: $(STAMP)
 	$(VENV)/bin/mimo-accel rehearse --loop bridge --peer upstream --json rehearsal.json
+
+# Upstream's validated layout (images dp1 -> language pp2 dp2, TP 2 for its 4, 2-sample micro-batches,
+# 32 a step, reorder_window=step) on 9 CPU ranks, over receipt-like and fixed-size images.
+demo-reference: $(STAMP)
+	$(VENV)/bin/mimo-accel rehearse --loop bridge --layout reference --json rehearsal-reference.json
 
 # Without Megatron the suite would run its pure tests only and skip the rest: make test refuses instead.
 test: $(STAMP)

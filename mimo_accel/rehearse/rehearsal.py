@@ -320,6 +320,25 @@ def run_bridge(label, features, vdp, ldp, steps, micro_batch, out: Path, image_d
     return [json.loads(line) for line in trace.read_text().splitlines()]
 
 
+def run_floor(console, progress, vdp, ldp, mbs, out: Path, image_dir: Path, script: Optional[Path], seed: int,
+              log_path: Path, cpus=None) -> Optional[Path]:
+    """The machine's floor: the accelerated run's reads and packing over equal work on every replica
+    (``--equal-work``), :data:`FLOOR_STEPS` steps; its profile directory, or None (said) where the
+    example cannot run it."""
+    from mimo_accel.rehearse.ranks import RankFailure
+
+    task = progress.add_task("floor: the same samples on every replica", total=FLOOR_STEPS)
+    try:
+        run_bridge("floor", FLOOR_FEATURES, vdp, ldp, FLOOR_STEPS, mbs, out, image_dir, script, seed, progress, task,
+                   log_path, cpus, extra_argv=["--equal-work"])
+    except RankFailure as exc:
+        progress.update(task, description="[yellow]floor not measured[/yellow]")
+        console.print(f"[yellow]the machine's floor was not measured: the example could not run equal work "
+                      f"({upstream_limit(exc)})[/yellow]")
+        return None
+    return out / "floor"
+
+
 def bridge_steps(records: list[dict], steps: int, batch: int, what: str) -> list[dict]:
     """Per iteration from a trace: each module trained every sample of the iteration's global
     batch (``batch`` samples) exactly once; the global per-token loss and its token count."""

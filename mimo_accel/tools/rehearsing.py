@@ -35,6 +35,7 @@ from typing import Any, Optional, Sequence
 from mimo_accel.grid import canonical_grid
 from mimo_accel.modules import LANGUAGE, Modules
 from mimo_accel.rehearse import peers, rehearsal
+from mimo_accel.tools.rehearsal_output import compare_and_report, cpus_for_ranks, progress_bar, start_output
 from mimo_accel.tools.arguments import (UsageError, add_peak_option, fail, nonnegative_int, output_dir, output_file,
                                         parse, positive_int)
 
@@ -101,35 +102,6 @@ def bridge_plan(example: Optional[str] = None, steps: Optional[int] = None, visi
     return script, steps, vdp, ldp, mbs
 
 
-def _cpus_for_ranks(pin_one_cpu: bool, console) -> Optional[tuple[int, ...]]:
-    """The CPUs the ranks are pinned to (None: not pinned), said on the console."""
-    cpus = rehearsal.one_cpu() if pin_one_cpu else None
-    if cpus:
-        console.print(f"all ranks on CPU {cpus[0]} (thread-CPU times comparable across ranks; "
-                      "--all-cpus spreads them)", highlight=False)
-    return cpus
-
-
-def _start(out_dir, log_path, title: str, console, banner) -> tuple[Path, Path]:
-    """The rehearsal's output directory and log file (started with ``title``); says both on the
-    console (``banner(out)`` first)."""
-    out = Path(out_dir or tempfile.mkdtemp(prefix="mimo-accel-rehearsal-"))
-    out.mkdir(parents=True, exist_ok=True)
-    log = Path(log_path) if log_path else out / "rehearsal.log"
-    log.write_text(f"{title}, {time.strftime('%Y-%m-%d %H:%M:%S')}\n"
-                   "(third-party import output, then each run's rank logs)\n", encoding="utf-8")
-    console.print(banner(out))
-    console.print(f"third-party warnings and rank logs: {log}", highlight=False, soft_wrap=True)
-    return out, log
-
-
-def _progress(console):
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
-    return Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total} steps"),
-                    TimeElapsedColumn(), console=console, transient=False)
-
-
 def rehearse(profile_name: str, *, steps: Optional[int] = None, out_dir: Optional[str] = None,
              json_path: Optional[str] = None, seed: int = 0, console=None, vision_dp: Optional[int] = None,
              language_dp: Optional[int] = None, log_path: Optional[str] = None, pin_one_cpu: bool = True,
@@ -151,16 +123,16 @@ def rehearse(profile_name: str, *, steps: Optional[int] = None, out_dir: Optiona
     samples = profile.rehearsal_shapes(steps * micro_batch, seed)
     spec = rehearsal.TableSpec(tuple((s.images, s.text_tokens) for s in samples))
     model_kw = dict(vision_hidden=128, vision_layers=3, merge=r.merge_size)
-    out, log = _start(out_dir, log_path, f"mimo-accel rehearse {profile.name}: {layout}", console,
+    out, log = start_output(out_dir, log_path, f"mimo-accel rehearse {profile.name}: {layout}", console,
                       lambda out: f"[bold]mimo-accel rehearse[/bold] {profile.name}: {layout} on "
                                   f"{layout.world_size} CPU ranks, {steps} steps x micro-batch {micro_batch}, "
                                   f"profiles in {out}")
 
     runs: dict[str, Any] = {}
     before_label, before_note = "baseline", "upstream as shipped"
-    cpus = _cpus_for_ranks(pin_one_cpu, console)
+    cpus = cpus_for_ranks(pin_one_cpu, console)
     t0 = time.perf_counter()
-    with _progress(console) as progress:
+    with progress_bar(console) as progress:
         task = progress.add_task("baseline (upstream)", total=steps)
         try:
             runs["before"] = rehearsal.run_stack("baseline", {}, layout, spec, steps, micro_batch, seq_length,
@@ -184,7 +156,7 @@ def rehearse(profile_name: str, *, steps: Optional[int] = None, out_dir: Optiona
     if before["vision_patches"] != after["vision_patches"]:
         raise rehearsal.InvariantViolation(f"the runs did different image work per step: {before['vision_patches']} "
                                            f"vs {after['vision_patches']} patches")
-    doc = _compare_and_report(
+    doc = compare_and_report(
         console, "Per-step language loss (sum over replicas): the same samples, the same math", "step",
         [(str(s), lb, tb, la, ta) for s, ((lb, tb), (la, ta)) in enumerate(zip(before["losses"], after["losses"]))],
         out, before_label, before_note, cost_note, elapsed, peak_tflops)
@@ -246,57 +218,6 @@ def _calibrated(run_dir: Path, out_file: Path) -> tuple[Optional[str], str]:
     return str(out_file), "calibrated on the before-run, s per row / row² / item / token: " + "; ".join(notes)
 
 
-def _measure_floor(console, progress, vdp, ldp, mbs, out, image_dir, script, seed, log, cpus) -> Optional[Path]:
-    """The machine's floor: the accelerated run's reads and packing over equal work on every replica
-    (``--equal-work``), :data:`~mimo_accel.rehearse.rehearsal.FLOOR_STEPS` steps; its profile
-    directory, or None (said) where the example cannot run it."""
-    from mimo_accel.rehearse.ranks import RankFailure
-
-    task = progress.add_task("floor: the same samples on every replica", total=rehearsal.FLOOR_STEPS)
-    try:
-        rehearsal.run_bridge("floor", rehearsal.FLOOR_FEATURES, vdp, ldp, rehearsal.FLOOR_STEPS, mbs, out, image_dir,
-                             script, seed, progress, task, log, cpus, extra_argv=["--equal-work"])
-    except RankFailure as exc:
-        progress.update(task, description="[yellow]floor not measured[/yellow]")
-        console.print(f"[yellow]the machine's floor was not measured: the example could not run equal work "
-                      f"({rehearsal.upstream_limit(exc)})[/yellow]")
-        return None
-    return out / "floor"
-
-
-def _compare_and_report(console, title: str, unit: str, rows, out: Path, before_label: str, before_note: str,
-                        cost_note: str, elapsed: float, peak_tflops: Optional[float] = None,
-                        floor: Optional[Path] = None) -> dict:
-    """Print the losses side by side (rows: name, before loss sum, tokens, after loss sum, tokens),
-    refusing different token counts or losses, then the report (with the machine's ``floor``, an
-    equal-work run's profile); returns the report document."""
-    from rich.table import Table
-
-    from mimo_accel.profiler import read_run
-    from mimo_accel.tools import report
-
-    losses = Table(title=title)
-    for col in (unit, f"{before_label} loss", "accelerated loss", "tokens", "rel. diff"):
-        losses.add_column(col, justify="right")
-    worst = 0.0
-    for name, lb, tb, la, ta in rows:
-        if tb != ta:
-            raise rehearsal.InvariantViolation(f"{unit} {name}: {tb} loss tokens before vs {ta} after")
-        rel = abs(la - lb) / max(abs(lb), 1e-12)
-        worst = max(worst, rel)
-        losses.add_row(name, f"{lb / tb:.6f}", f"{la / ta:.6f}", f"{int(tb)}", f"{rel:.1e}")
-    console.print(losses)
-    if worst > 1e-2:
-        raise rehearsal.InvariantViolation(f"per-{unit} losses differ by {worst:.1e} relative: not the same "
-                                           "computation")
-    doc = report.build(read_run(out / before_label), read_run(out / "accelerated"), peak_tflops=peak_tflops,
-                       floor=read_run(floor) if floor is not None else None)
-    report.render(doc["before"], doc["after"], console=console)
-    console.print(f"before = {before_label}: {before_note}. Plan costs: {cost_note}. "
-                  f"Wall time of the rehearsal: {elapsed:.0f}s.")
-    return doc
-
-
 PEERS = tuple(peers.LABELS)  # "4608", "upstream"
 
 
@@ -327,7 +248,7 @@ def rehearse_bridge(*, steps: Optional[int] = None, vision_dp: Optional[int] = N
         raise ValueError(f"peer {peer!r}: the rehearsal knows the peers {list(PEERS)}")
     console = console or Console()
     layout = Modules.from_dp_sizes({"vision": vdp, LANGUAGE: ldp})
-    out, log = _start(out_dir, log_path, f"mimo-accel rehearse --loop bridge: {layout}", console,
+    out, log = start_output(out_dir, log_path, f"mimo-accel rehearse --loop bridge: {layout}", console,
                       lambda out: f"[bold]mimo-accel rehearse --loop bridge[/bold]: "
                                   f"{script.name if script else rehearsal.BRIDGE_SCRIPT} "
                                   f"(pretrain_megatron_mimo, Bridge's Qwen3-VL vision model, receipt-like image "
@@ -340,10 +261,10 @@ def rehearse_bridge(*, steps: Optional[int] = None, vision_dp: Optional[int] = N
         ", learnt while training (online calibration)" if calibrate_online else ", pinned")
 
     before_label, before_note = "baseline", "upstream as shipped"
-    cpus = _cpus_for_ranks(pin_one_cpu, console)
+    cpus = cpus_for_ranks(pin_one_cpu, console)
     t0 = time.perf_counter()
     peer_records = None
-    with _progress(console) as progress:
+    with progress_bar(console) as progress:
         task = progress.add_task("baseline (upstream)", total=steps)
         try:
             before_records = rehearsal.run_bridge("baseline", {}, vdp, ldp, steps, mbs, out, image_dir, script, seed,
@@ -363,14 +284,14 @@ def rehearse_bridge(*, steps: Optional[int] = None, vision_dp: Optional[int] = N
         task = progress.add_task("accelerated (shard+reorder+pack)", total=steps)
         after_records = rehearsal.run_bridge("accelerated", features, vdp, ldp, steps, mbs, out, image_dir, script,
                                              seed, progress, task, log, cpus)
-        floor = _measure_floor(console, progress, vdp, ldp, mbs, out, image_dir, script, seed, log, cpus)
+        floor = rehearsal.run_floor(console, progress, vdp, ldp, mbs, out, image_dir, script, seed, log, cpus)
     elapsed = time.perf_counter() - t0
 
     before = rehearsal.bridge_steps(before_records, steps, mbs, before_label)
     after = rehearsal.bridge_steps(after_records, steps, mbs, "accelerated")
     if peer_records is not None:
         rehearsal.bridge_steps(peer_records, steps, mbs, f"peer {peer}")  # the same invariants
-    doc = _compare_and_report(
+    doc = compare_and_report(
         console, "Per-iteration global loss (per token): the same samples, the same math", "iteration",
         [(str(it), b["loss_sum"], b["tokens"], a["loss_sum"], a["tokens"])
          for it, (b, a) in enumerate(zip(before, after), start=1)],
@@ -426,6 +347,10 @@ def _parser() -> argparse.ArgumentParser:
                    help="--loop bridge: a third run, between the two, where a peer's planner stands in for the "
                         "joint plan, shown beside both: upstream (Bridge 0.7's merged reorder, its defaults) or "
                         "4608 (upstream PR #4608); both equal-size LPT per micro-batch on the vision cost")
+    p.add_argument("--layout", choices=("reference",),
+                   help="--loop bridge: reference = upstream's validated layout (images dp1 -> language pp2 dp2, "
+                        "TP 2 for its 4; 2-sample micro-batches, 32 a step), reorder_window=step, over receipt-like "
+                        "and fixed-size images (mimo_accel.tools.rehearse_reference)")
     p.add_argument("--all-cpus", action="store_true",
                    help="spread the ranks over every CPU (faster, but thread-CPU times then differ by which "
                         "CPU a rank ran on: noisier straggler figures); default: all ranks on one CPU")
@@ -464,7 +389,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                             ("--cost-model", args.cost_model is not None),
                                             ("--no-calibrate-online", args.no_calibrate_online),
                                             ("--peer", args.peer is not None)) if given]
-    wrong = ("--workload applies to --loop stack; --loop bridge trains on the example's image files: drop --workload"
+    fixed = [flag for flag, given in (("--vision-dp", args.vision_dp), ("--language-dp", args.language_dp),
+                                      ("--example", args.example), ("--peer", args.peer),
+                                      ("--cost-model", args.cost_model)) if given is not None]
+    wrong = ("--layout applies to --loop bridge: add --loop bridge" if args.layout and args.loop != "bridge" else
+             f"--layout reference fixes the layout and the example: drop {', '.join(fixed)}" if args.layout and fixed
+             else
+             "--workload applies to --loop stack; --loop bridge trains on the example's image files: drop --workload"
              if args.loop == "bridge" and args.workload is not None else
              f"{', '.join(bridge_only)} {'applies' if len(bridge_only) == 1 else 'apply'} to --loop bridge: add "
              f"--loop bridge, or drop {'it' if len(bridge_only) == 1 else 'them'}"
@@ -481,7 +412,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     out = args.out or tempfile.mkdtemp(prefix="mimo-accel-rehearsal-")
     log = Path(out) / "rehearsal.log"
     try:
-        if args.loop == "bridge":
+        if args.layout == "reference":
+            from mimo_accel.tools.rehearse_reference import rehearse_reference
+
+            rehearse_reference(steps=args.steps, out_dir=out, json_path=args.json, seed=args.seed, log_path=str(log),
+                               pin_one_cpu=not args.all_cpus, peak_tflops=args.peak_tflops)
+        elif args.loop == "bridge":
             rehearse_bridge(steps=args.steps, vision_dp=args.vision_dp, language_dp=args.language_dp, out_dir=out,
                             json_path=args.json, seed=args.seed, example=args.example, log_path=str(log),
                             pin_one_cpu=not args.all_cpus, cost_model=args.cost_model,
