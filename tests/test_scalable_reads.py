@@ -34,7 +34,8 @@ pytestmark = [pytest.mark.distributed,
                                  reason="this megatron-bridge has no scalable MegatronMIMO reads (PR #5525)")]
 
 MBS, GBS = 4, 8
-ALL = dict(sharded_reads=True, reorder=True, packing=True)
+# runs compared sample for sample with separate runs: the cost model pinned (one learnt online follows each run's timings)
+ALL = dict(sharded_reads=True, reorder=True, packing=True, calibrate_online=False)
 DEADLINE_S = 150.0
 RTOL = 1e-4  # reordering and packing change summation order
 RESUME_RTOL = 1e-9  # a resume repeats the same float operations

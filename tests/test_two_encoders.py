@@ -28,7 +28,7 @@ from ._example import steps_from_trace, train_rank
 pytestmark = pytest.mark.distributed
 
 MBS, GBS, ITERS = 4, 8, 4
-FEATURES = dict(sharded_reads=True, packing=True)
+FEATURES = dict(sharded_reads=True, packing=True)  # with reorder, the cost model pinned: runs are compared sample for sample
 # Sharding, packing and the plan change summation order: observed below 1e-7 against upstream. The
 # tiny language model leans little on the encoders: with the audio input zeroed the loss moved by
 # 6e-6 at iteration 1 and 2e-4 to 4e-4 later (at LR below), so a tolerance of 1e-4 (what
@@ -121,7 +121,7 @@ def one_to_one(workdir):
 def fan_in(workdir):
     # reorder on: its plan (priced by the images alone until per-module costs arrive) is applied
     # to both encoders, and must still train exactly upstream's samples
-    return _train_run(workdir, "accel-v2-a2-l1", 2, 2, 1, dict(FEATURES, reorder=True))
+    return _train_run(workdir, "accel-v2-a2-l1", 2, 2, 1, dict(FEATURES, reorder=True, calibrate_online=False))
 
 
 @pytest.fixture(scope="module")
@@ -206,12 +206,12 @@ def test_the_profiler_writes_every_rank_of_both_encoders(workdir, one_to_one):
 
 @pytest.fixture(scope="module")
 def fan_in_straight(workdir):
-    return _train_run(workdir, "accel-v2-a2-l1-6", 2, 2, 1, dict(FEATURES, reorder=True), iters=6)
+    return _train_run(workdir, "accel-v2-a2-l1-6", 2, 2, 1, dict(FEATURES, reorder=True, calibrate_online=False), iters=6)
 
 
 def test_resume_trains_what_an_uninterrupted_run_trains(workdir, fan_in, fan_in_straight):
     # fan_in trained 4 iterations and saved; resume it to 6.
-    resumed = _train_run(workdir, "accel-v2-a2-l1-resumed", 2, 2, 1, dict(FEATURES, reorder=True),
+    resumed = _train_run(workdir, "accel-v2-a2-l1-resumed", 2, 2, 1, dict(FEATURES, reorder=True, calibrate_online=False),
                          "--load", str(fan_in.checkpoint), iters=6)
     assert sorted({r["iteration"] for r in resumed.records}) == [5, 6]
     assert resumed.saved_iteration() == 6
