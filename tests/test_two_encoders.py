@@ -28,7 +28,8 @@ from ._example import steps_from_trace, train_rank
 pytestmark = pytest.mark.distributed
 
 MBS, GBS, ITERS = 4, 8, 4
-FEATURES = dict(sharded_reads=True, packing=True)  # with reorder, the cost model pinned: runs are compared sample for sample
+# with reorder, the cost model pinned: runs are compared sample for sample with separate runs
+FEATURES = dict(sharded_reads=True, packing=True)
 # Sharding, packing and the plan change summation order: observed below 1e-7 against upstream. The
 # tiny language model leans little on the encoders: with the audio input zeroed the loss moved by
 # 6e-6 at iteration 1 and 2e-4 to 4e-4 later (at LR below), so a tolerance of 1e-4 (what
