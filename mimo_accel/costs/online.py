@@ -512,7 +512,10 @@ def _within_step_fit(train: _Steps, centre: np.ndarray, prior: float, x: np.ndar
     # is a k × k problem whatever the number of rows
     q, r = np.linalg.qr(np.vstack([z, np.diag(root)]))
     q_data, q_prior = q[:z.shape[0]], q[z.shape[0]:]
-    for i in range(_RECENTRE + 1):
+    # recentred only from a model without a term the steps tell: a model that prices every such term
+    # is the prior, and moving its centre to each fit would leave a few noisy steps unopposed
+    rounds = _RECENTRE + 1 if (centre[varying] <= 0).any() else 1
+    for i in range(rounds):
         if i:
             centre = _in_seconds(x @ w, y) * w
             w = centre.copy()
