@@ -186,12 +186,18 @@ def test_microbatches_sum_and_dict_outputs(tmp_path):
         enc(torch.randn(4, 16))["embeddings"].sum().backward()
     s = rec.end_step()
     assert s["timed_calls"] == {"vision_fwd": 3, "vision_bwd": 3}
+    # each micro-batch's time, in the line, summing to the region's total
+    assert [len(s["micro"][r]) for r in ("vision_fwd", "vision_bwd")] == [3, 3]
+    for r in ("vision_fwd", "vision_bwd"):
+        assert all(t > 0 for t in s["micro"][r]) and sum(s["micro"][r]) == pytest.approx(s[f"{r}_s"], rel=1e-12)
+    assert _lines(rec.path)[-1]["micro"] == s["micro"]  # written to the file as returned
     with torch.no_grad():
         enc(torch.randn(4, 16))
     assert rec.end_step()["timed_calls"] == {"vision_fwd": 1}
     timer.remove()
     enc(torch.randn(4, 16))["embeddings"].sum().backward()
-    assert rec.end_step()["timed_calls"] == {}
+    last = rec.end_step()
+    assert last["timed_calls"] == {} and "micro" not in last
 
 
 def test_forward_exception_closes_the_region(tmp_path):
