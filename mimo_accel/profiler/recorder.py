@@ -126,11 +126,8 @@ class _HostClock:
 
     def __init__(self, name: str) -> None:
         self.name = name
-        self._fn: Callable[[], float] = {
-            "thread_cpu": time.thread_time,
-            "process_cpu": time.process_time,
-            "wall": time.perf_counter,
-        }[name]
+        self._fn: Callable[[], float] = {"thread_cpu": time.thread_time, "process_cpu": time.process_time,
+                                         "wall": time.perf_counter}[name]
         self._per_thread = name == "thread_cpu"
 
     def mark(self) -> tuple[float, int, float]:
@@ -355,12 +352,8 @@ class Recorder:
             step = self._next_step
         self._next_step = int(step) + 1
 
-        record: dict[str, Any] = {
-            "kind": "step",
-            "step": int(step),
-            "step_time_s": t1 - self._t0,
-            "step_cpu_s": cpu1 - self._cpu0,
-        }
+        record: dict[str, Any] = {"kind": "step", "step": int(step), "step_time_s": t1 - self._t0,
+                                  "step_cpu_s": cpu1 - self._cpu0}
         declared = self._declared_regions
         for name in declared:
             record[f"{name}_s"] = self._regions.get(name)
