@@ -307,6 +307,8 @@ def test_cuda_clock_resolves_lazily_with_one_sync_per_step(tmp_path, monkeypatch
         assert _FakeEvent.syncs == before + 1
         assert s["vision_fwd_s"] == pytest.approx(3 * 2.0 / 1e3)
         assert s["vision_bwd_s"] == pytest.approx(3 * 2.0 / 1e3)
+        # resolved at end_step, each micro-batch's event pair kept in call order
+        assert s["micro"] == {"vision_fwd": [pytest.approx(2e-3)] * 3, "vision_bwd": [pytest.approx(2e-3)] * 3}
         assert s["step_cpu_s"] >= 0
     assert len(rec._clock._pool) == 12  # events are reused
 
