@@ -199,6 +199,14 @@ def test_profile_step_lines_hold_training_steps_only(workdir, accel_fan_in):
         else:  # the language model, timed under its own name; its evaluation forwards are in no line
             assert all(s["timed_calls"] == {"language_fwd": 2, "language_bwd": 2} for s in log.steps)
             assert all(s["language_fwd_s"] > 0 and s["language_bwd_s"] > 0 and s["sq_tokens"] > 0 for s in log.steps)
+        # each micro-batch's forward and backward time (evaluation's in none), summing to the step's
+        for s in log.steps:
+            assert {k: len(v) for k, v in s["micro"].items()} == dict.fromkeys(s["timed_calls"], 2), rank
+            assert all(sum(v) == pytest.approx(s[f"{k}_s"], rel=1e-9) for k, v in s["micro"].items())
+    from mimo_accel.tools.report import build
+
+    side = build(run)["before"]  # replayed through the 1F1B schedule: vision dp2 -> language dp1
+    assert side["step_time_replayed_p50"] > 0 and side["step_time_replayed_skipped"] is None
 
 
 # Resume --------------------------------------------------------------------------------------

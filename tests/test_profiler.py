@@ -186,12 +186,18 @@ def test_microbatches_sum_and_dict_outputs(tmp_path):
         enc(torch.randn(4, 16))["embeddings"].sum().backward()
     s = rec.end_step()
     assert s["timed_calls"] == {"vision_fwd": 3, "vision_bwd": 3}
+    # each micro-batch's time, in the line, summing to the region's total
+    assert [len(s["micro"][r]) for r in ("vision_fwd", "vision_bwd")] == [3, 3]
+    for r in ("vision_fwd", "vision_bwd"):
+        assert all(t > 0 for t in s["micro"][r]) and sum(s["micro"][r]) == pytest.approx(s[f"{r}_s"], rel=1e-12)
+    assert _lines(rec.path)[-1]["micro"] == s["micro"]  # written to the file as returned
     with torch.no_grad():
         enc(torch.randn(4, 16))
     assert rec.end_step()["timed_calls"] == {"vision_fwd": 1}
     timer.remove()
     enc(torch.randn(4, 16))["embeddings"].sum().backward()
-    assert rec.end_step()["timed_calls"] == {}
+    last = rec.end_step()
+    assert last["timed_calls"] == {} and "micro" not in last
 
 
 def test_forward_exception_closes_the_region(tmp_path):
@@ -301,6 +307,8 @@ def test_cuda_clock_resolves_lazily_with_one_sync_per_step(tmp_path, monkeypatch
         assert _FakeEvent.syncs == before + 1
         assert s["vision_fwd_s"] == pytest.approx(3 * 2.0 / 1e3)
         assert s["vision_bwd_s"] == pytest.approx(3 * 2.0 / 1e3)
+        # resolved at end_step, each micro-batch's event pair kept in call order
+        assert s["micro"] == {"vision_fwd": [pytest.approx(2e-3)] * 3, "vision_bwd": [pytest.approx(2e-3)] * 3}
         assert s["step_cpu_s"] >= 0
     assert len(rec._clock._pool) == 12  # events are reused
 

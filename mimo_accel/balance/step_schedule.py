@@ -37,8 +37,7 @@ from mimo_accel.modules import LANGUAGE
 __all__ = ["step_time", "plan_step"]
 
 _QUANT = float(1 << 24)  # the largest sample cost, in the plan's integer units
-_CHUNK = 512  # candidate moves evaluated at once, at most
-_FIRST_CHUNK = 32  # ... in a round's first evaluation (the best-ranked moves)
+_CHUNK, _FIRST_CHUNK = 512, 32  # candidate moves evaluated at once, at most (in a round's first: the best-ranked)
 _ROUNDS = 400  # moves a plan may make
 # op evaluations (ops x candidate plans) a plan may spend searching: at 64 samples (W 32, 320
 # ops) about 0.2 s on a 2-vCPU VM; most of the reference layout's searches converge before it
@@ -132,7 +131,7 @@ class _Pipeline:
         w = micro_batches
         grid = math.lcm(*dps)
         self.n, self.w, self.scale = n, w, 3 * pp
-        self.cell_base, base = [], 0
+        self.cell_base, base = [], 0  # each module's first cell
         for d in dps:
             self.cell_base.append(base)
             base += w * d
@@ -182,11 +181,12 @@ class _Pipeline:
         self.coef = np.empty(len(cell))
         self.coef[new] = coef
         self.last = new[[ops[(m, r, p, *seq[-1])] for m, r, p, seq, _, _ in devices]]
+        # for a replay of measured times: each op's row by (module, replica, stage, "F"/"B", micro-batch)
+        self.op, self.devices = {key: int(new[v]) for key, v in ops.items()}, [d[:3] for d in devices]
         self.preds = [[] for _ in cell]
         for v, ps in enumerate(preds):
             self.preds[new[v]] = [int(new[u]) for u in ps]
-        self.levels = []
-        none = len(cell)  # the always-0 row: a missing pred
+        self.levels, none = [], len(cell)  # none: the always-0 row, a missing pred
         bounds = np.flatnonzero(np.diff(np.sort(depth))) + 1
         for lo, hi in zip([0, *bounds.tolist()], [*bounds.tolist(), len(cell)]):
             width = max(len(self.preds[v]) for v in range(lo, hi))
@@ -207,8 +207,10 @@ class _Pipeline:
     def run(self, loads: np.ndarray, keep: bool = False):
         """(makespan, sum of the stages' end times) per column of ``loads`` (C, K), in cost ×
         ``scale`` units; with ``keep``, also every op's finish time (for the critical path)."""
-        work = self.coef[:, None] * loads[self.cell]
-        fin = np.zeros((self.cell.size + 1, loads.shape[1]))
+        return self.propagate(self.coef[:, None] * loads[self.cell], keep)
+
+    def propagate(self, work: np.ndarray, keep: bool = False):  # each op's own time (ops, K): a replay
+        fin = np.zeros((self.cell.size + 1, work.shape[1]))
         for lo, hi, cols in self.levels:
             if not cols:
                 fin[lo:hi] = work[lo:hi]

@@ -34,7 +34,8 @@ The file format (``FORMAT``): a region declared to the recorder (at creation, ``
 step line, null when it was not timed that step; any other region only in the steps that timed it.
 The counters ``COUNTERS`` are always present (0 if unset); an encoder module's counters
 ``<module>_items`` / ``<module>_rows`` / ``<module>_sq_rows`` (``MODULE_COUNTERS``) from the first
-step they were declared or added in (0 when unset). The header lists what was declared at creation
+step they were declared or added in (0 when unset). ``micro`` (older files lack it): each call of
+a module's region in the step, ``{"<module>_fwd": [seconds, ...]}`` in call order, one a micro-batch. The header lists what was declared at creation
 (``regions``, ``counters``). Format 1 (``FORMAT_V1``, before per-module timing) wrote
 ``vision_fwd_s`` / ``vision_bwd_s`` in every line and knew no other module region;
 :func:`mimo_accel.profiler.read_run` reads both.
@@ -80,9 +81,10 @@ FORMAT_V1_ENCODER = "vision"
 REGIONS = tuple(f"{FORMAT_V1_ENCODER}_{part}" for part in MODULE_REGIONS)
 #: Fields :meth:`Recorder.set` may fill that are always present in a step line (null if unset).
 SETTABLE = ("predicted_spread",)
+_MICRO_SUFFIXES = ("_fwd", "_bwd")
 
 _RESERVED = frozenset(
-    {"kind", "step", "step_time_s", "step_cpu_s", "t", "timed_calls", "clock_fallbacks"}
+    {"kind", "step", "step_time_s", "step_cpu_s", "t", "timed_calls", "clock_fallbacks", "micro"}
     | set(COUNTERS)
 )
 
@@ -124,11 +126,8 @@ class _HostClock:
 
     def __init__(self, name: str) -> None:
         self.name = name
-        self._fn: Callable[[], float] = {
-            "thread_cpu": time.thread_time,
-            "process_cpu": time.process_time,
-            "wall": time.perf_counter,
-        }[name]
+        self._fn: Callable[[], float] = {"thread_cpu": time.thread_time, "process_cpu": time.process_time,
+                                         "wall": time.perf_counter}[name]
         self._per_thread = name == "thread_cpu"
 
     def mark(self) -> tuple[float, int, float]:
@@ -324,6 +323,7 @@ class Recorder:
         self._counters = dict.fromkeys((*COUNTERS, *self._declared_counters), 0)
         self._fields: dict[str, Any] = {}
         self._regions: dict[str, float] = {}
+        self._micro: dict[str, list[float]] = {}  # a module's region: each call's time (one per micro-batch)
         self._calls: dict[str, int] = {}
         self._fallbacks = 0
         self._t0 = time.perf_counter()
@@ -347,18 +347,13 @@ class Recorder:
         with self._lock:
             pending, self._pending = self._pending, []
         for name, seconds, fellback in self._clock.resolve(pending) if pending else ():
-            self._regions[name] = self._regions.get(name, 0.0) + seconds
-            self._fallbacks += fellback
+            self._add_time(name, seconds, fellback)
         if step is None:
             step = self._next_step
         self._next_step = int(step) + 1
 
-        record: dict[str, Any] = {
-            "kind": "step",
-            "step": int(step),
-            "step_time_s": t1 - self._t0,
-            "step_cpu_s": cpu1 - self._cpu0,
-        }
+        record: dict[str, Any] = {"kind": "step", "step": int(step), "step_time_s": t1 - self._t0,
+                                  "step_cpu_s": cpu1 - self._cpu0}
         declared = self._declared_regions
         for name in declared:
             record[f"{name}_s"] = self._regions.get(name)
@@ -370,6 +365,8 @@ class Recorder:
             record[name] = None
         record.update(json_safe(self._fields))
         record["timed_calls"] = dict(self._calls)
+        if self._micro:
+            record["micro"] = json_safe(self._micro)
         if self._fallbacks:
             record["clock_fallbacks"] = self._fallbacks
         record["t"] = time.time()
@@ -460,9 +457,13 @@ class Recorder:
             if self._clock.lazy:
                 self._pending.append((name, mark, stop))
                 return
-            seconds, fellback = self._clock.elapsed(mark, stop)
-            self._regions[name] = self._regions.get(name, 0.0) + seconds
-            self._fallbacks += fellback
+            self._add_time(name, *self._clock.elapsed(mark, stop))
+
+    def _add_time(self, name: str, seconds: float, fellback: bool) -> None:
+        self._regions[name] = self._regions.get(name, 0.0) + seconds
+        self._fallbacks += fellback
+        if name.endswith(_MICRO_SUFFIXES):  # a module's forward/backward: one call a micro-batch
+            self._micro.setdefault(name, []).append(seconds)
 
     @contextmanager
     def time(self, name: str) -> Iterator[None]:

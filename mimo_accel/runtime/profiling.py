@@ -202,7 +202,8 @@ class Profiling:
                     cfg.profile, rank=rank, world_size=world,
                     module=ctx.module if ctx else "unknown",
                     dp_rank=ctx.dp_rank if ctx else 0, dp_size=ctx.dp_size if ctx else 1,
-                    layout={**({"dp": dict(ctx.dp_sizes)} if ctx else {}),
+                    # pp: each module's stages, for the report's replay of the schedule
+                    layout={**({"dp": dict(ctx.dp_sizes), "pp": dict(ctx.stages)} if ctx else {}),
                             **({"flops": self._flops} if self._flops else {})},
                     config={"features": self.runtime.features(), "reorder_mode": cfg.reorder_mode,
                             "pad_multiple": cfg.pad_multiple},

@@ -104,6 +104,11 @@ def report_messages(before: dict[str, Any], after: dict[str, Any] | None) -> lis
     for side, s in (("before", before), ("after", after)):
         for note in (s or {}).get("notes", []):
             out.append(("note", f"note ({side}): {note}" if two else f"note: {note}"))
+    skipped: dict[str, list[str]] = {}  # why a replay was skipped: one line each, naming the sides
+    for side, s in (("before", before), ("after", after)):
+        if (why := (s or {}).get("step_time_replayed_skipped")):
+            skipped.setdefault(why, []).append(side)
+    out += [("note", f"note ({', '.join(sides)}): {why}" if two else f"note: {why}") for why, sides in skipped.items()]
     return out
 
 

@@ -39,6 +39,7 @@ model (``language``):
 * per-rank I/O (``samples_read``, ``bytes_read``, ``bytes_exchanged``): mean per counted step.
 * each module's throughput (``per_module.<m>.samples_per_s_p50``, ``.tokens_per_s_per_gpu_p50``,
   ``.tflops_per_gpu_p50``, ``.mfu_p50``; ``peak_tflops`` / ``peak_source``): :mod:`~.throughput`.
+* the step on a device per rank (``step_time_replayed_p50``) and the plan's (``step_time_predicted_p50``): :mod:`~.replayed`.
 * The first ``--warmup`` step numbers (default 1) are excluded from every statistic.
 """
 
@@ -50,10 +51,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from mimo_accel.modules import LANGUAGE
-from mimo_accel.profiler import FORMAT_V1, REGIONS, Run, module_seconds
-from mimo_accel.profiler import json_safe
+from mimo_accel.profiler import FORMAT_V1, REGIONS, Run, json_safe, module_seconds
 from mimo_accel.profiler import record_number as _num
 from mimo_accel.profiler.recorder import FORMAT_V1_ENCODER
+from mimo_accel.tools.report.replayed import replayed_steps
 from mimo_accel.tools.report.throughput import module_throughput, peak_of
 
 
@@ -72,6 +73,8 @@ RUN_ROWS: tuple[tuple[str, str, str, bool], ...] = (
     ("step_time_p90", "step time p90", "s", True),
     ("step_time_p99", "step time p99", "s", True),
     ("samples_per_s", "throughput (samples/s)", "rate", False),
+    ("step_time_replayed_p50", "step time replayed, a device per rank, p50", "s", True),
+    ("step_time_predicted_p50", "step time predicted by the plan (model units), p50", "s", True),
 )
 TAIL_ROWS: tuple[tuple[str, str, str, bool], ...] = (
     ("samples_read_per_step", "samples read per step, all ranks", "count", True),
@@ -107,14 +110,8 @@ def _mean(values: Sequence[float]) -> float | None:
 
 
 def _stats(values: Sequence[float]) -> dict[str, float | int | None]:
-    return {
-        "n": len(values),
-        "mean": _mean(values),
-        "p50": _pct(values, 50),
-        "p90": _pct(values, 90),
-        "p99": _pct(values, 99),
-        "max": max(values) if values else None,
-    }
+    return {"n": len(values), "mean": _mean(values), "p50": _pct(values, 50), "p90": _pct(values, 90),
+            "p99": _pct(values, 99), "max": max(values) if values else None}
 
 
 def _vision_time(rec: dict[str, Any]) -> float | None:
@@ -348,6 +345,7 @@ def summarize(run: Run, *, warmup: int = 1, peak_tflops: float | None = None) ->
     if not by_module and spreads:  # the plan priced one encoder: the layout's first
         predicted_spreads = {next((m for m in order if m != LANGUAGE), FORMAT_V1_ENCODER): _mean(spreads)}
     _add_last_half(per_module, lines)
+    replayed = replayed_steps(run, steps_of, modules, counted, lambda v: _pct(v, 50))
     peak, peak_source = peak_of(run, peak_tflops)
     for m, figures in module_throughput(run, steps_of, step_time, modules, order, peak,
                                         lambda v: _pct(v, 50)).items():
@@ -416,8 +414,7 @@ def summarize(run: Run, *, warmup: int = 1, peak_tflops: float | None = None) ->
     bytes_exchanged, bytes_exchanged_total = per_rank("bytes_exchanged")
 
     def cluster(per: dict[str, float | None]) -> float | None:
-        vals = [v for v in per.values() if v is not None]
-        return sum(vals) if vals else None
+        return sum(vals) if (vals := [v for v in per.values() if v is not None]) else None
 
     # ---- the training thread's wait for plans made ahead (the slowest rank's, per step)
     plan_wait: dict[int, float] = {}
@@ -447,6 +444,7 @@ def summarize(run: Run, *, warmup: int = 1, peak_tflops: float | None = None) ->
             "samples_module": samples_module,
             "samples_per_step": samples_per_step,
             "samples_per_s": samples_per_s,
+            **{k: v for k, v in replayed.items() if k != "replayed_series"},
             "peak_tflops": peak,
             "peak_source": peak_source,
             "vision_replicas": vision["replicas"],
@@ -491,6 +489,7 @@ def summarize(run: Run, *, warmup: int = 1, peak_tflops: float | None = None) ->
                 "vision_step": vision["series"]["step"],
                 "vision_max_over_mean": vision["series"]["max_over_mean"],
                 "modules": {m: st["series"] for m, st in per_module.items()},
+                "replayed": replayed["replayed_series"],
             },
             "warnings": warnings,
         }
