@@ -14,7 +14,7 @@ from typing import Callable, Mapping, Optional, Sequence
 import numpy as np
 
 from mimo_accel.balance import balance_modules, module_loads, module_spreads
-from mimo_accel.balance.step_schedule import plan_step
+from mimo_accel.balance.step_schedule import plan_step, step_time
 from mimo_accel.costs import CostIndex, CostModel
 from mimo_accel.modules import Modules
 from mimo_accel.nvtx import ranged
@@ -78,17 +78,26 @@ class CostIndexPlanner:
         order, spreads = plan_costs(costs, self.dps, micro_batches, self.notify, "the cost index",
                                     stages=self.stages, frozen=self.frozen)
         planned = np.asarray(indices, dtype=np.int64)[np.asarray(order)].tolist()
-        return planned, Prediction(spreads, module_loads(costs, self.dps, order, micro_batches))
+        step = None
+        if micro_batches > 1:  # what the plan expects the step to take, beside what the profiler replays
+            try:
+                step = step_time(costs, self.dps, order, micro_batches, stages=self.stages, frozen=self.frozen)
+            except ValueError:  # a window the step model cannot price: planned replica by replica (said)
+                step = None
+        return planned, Prediction(spreads, module_loads(costs, self.dps, order, micro_batches), step)
 
 
 @dataclass(frozen=True, eq=False)  # compared field by field where needed: its loads are numpy arrays
 class Prediction:
     """What a plan predicts for the micro-batches it orders: ``spreads``, module name -> its replica
     spread (max/mean); ``loads``, module name -> its load per micro-batch and replica
-    (``[micro_batches, dp]``, in the cost model's units)."""
+    (``[micro_batches, dp]``, in the cost model's units); ``step_time``: the step the pipeline
+    model gives the window's order (:func:`~mimo_accel.balance.step_schedule.step_time`, the cost
+    model's units), where the window is a step of several micro-batches."""
 
     spreads: Mapping[str, float]
     loads: Mapping[str, np.ndarray]
+    step_time: Optional[float] = None
 
 
 def plan_costs(costs: dict[str, np.ndarray], dps: dict[str, int], micro_batches: int = 1,

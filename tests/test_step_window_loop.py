@@ -60,7 +60,24 @@ def one_micro_batch(workdir, vision_dp):
 
 @pytest.fixture(scope="module")
 def whole_step(workdir, vision_dp):
-    return _run(workdir, f"window-step-v{vision_dp}", vision_dp, dict(ALL, reorder_window="step"))
+    # profiled: the step the plan predicts rides to the step lines, beside the step the report replays
+    return _run(workdir, f"window-step-v{vision_dp}", vision_dp,
+                dict(ALL, reorder_window="step", profile=str(workdir / f"profile-step-v{vision_dp}")))
+
+
+def test_the_step_the_plan_predicts_stands_beside_the_replayed_one(workdir, vision_dp, whole_step):
+    from mimo_accel.profiler import read_run
+    from mimo_accel.tools.report import summarize
+
+    run = read_run(workdir / f"profile-step-v{vision_dp}")
+    lines = [line for log in run.ranks.values() for line in log.steps]
+    assert len(lines) == ITERS * (vision_dp + 2)
+    # every rank planned each step's window alike: one predicted step per iteration, the same on every rank
+    by_step = {}
+    for line in lines:
+        assert by_step.setdefault(line["step"], line["plan_step_s"]) == line["plan_step_s"] > 0
+    s = summarize(run)
+    assert s["step_time_predicted_p50"] > 0 and s["step_time_replayed_p50"] > 0
 
 
 def test_a_one_micro_batch_plan_says_it_cannot_move_anything(one_micro_batch, whole_step):

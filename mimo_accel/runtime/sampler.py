@@ -226,7 +226,9 @@ class ShareRules:
             raise RuntimeError("mimo_accel planner returned a different set of samples than the "
                                "global micro-batch it was given; refusing to mis-pair samples")
         spread, spreads = _spreads_of([p[1] for p in parts])
-        shares = self.shares(batches, order, ReplicaShare(spread=spread, spreads=spreads))
+        steps = [p[1].step_time for p in parts if isinstance(p[1], Prediction) and p[1].step_time is not None]
+        shares = self.shares(batches, order, ReplicaShare(spread=spread, spreads=spreads,
+                                                          step_time=steps[0] if len(parts) == 1 and steps else None))
         if all(isinstance(p[1], Prediction) and p[1].loads for p in parts):  # each micro-batch's load per replica
             overheads, digest = ({}, None) if model is None else (dict(model.overheads), model.digest)
             # float64 arrays, not lists: a window's loads per replica would be thousands of Python

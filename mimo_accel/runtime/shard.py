@@ -66,6 +66,9 @@ class ReplicaShare:
     overheads: Mapping[str, float] = field(default_factory=dict)
     cost_model: Optional[str] = None
     plan_wait_s: float = 0.0  # how long the training thread waited for this plan (planned ahead: ~0)
+    # the step the pipeline model gives the window this share's micro-batch was planned in (a
+    # window of a step's micro-batches; cost-model units), beside the step the profiler replays
+    step_time: Optional[float] = None
 
     @property
     def planned(self) -> bool:
