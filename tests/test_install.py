@@ -26,7 +26,10 @@ def _tracked_files() -> list[str]:
 
 
 def _pip(*args: str, cwd: Path) -> None:
-    proc = subprocess.run([sys.executable, "-m", "pip", "--disable-pip-version-check", *args], cwd=cwd,
+    # without the suite's PYTHONPATH: a checkout there holding mimo_accel.egg-info (left by a build)
+    # would be "already installed" in the fresh venv's eyes, and pip would install nothing
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    proc = subprocess.run([sys.executable, "-m", "pip", "--disable-pip-version-check", *args], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, f"pip {' '.join(args)}:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
 
