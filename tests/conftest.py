@@ -4,7 +4,8 @@
   pass by skipping what it tests). Megatron not installed (megatron-core / megatron-bridge have no
   distribution here): the pure tests run, and every test that imports the Megatron stack skips,
   with the package it needed as the reason (``make test`` refuses to start without Megatron).
-- ``distributed``: a test that starts ranks (gloo processes through ``run_ranks``, or torchrun)
+- ``distributed``: a test that starts ranks (gloo processes through ``run_ranks``,
+  ``torch.multiprocessing`` or torchrun)
   carries the marker, so ``pytest -m "not distributed"`` is the quick loop of the pure core and
   the single-process logic. The marker is checked, not trusted: an unmarked test that starts
   ranks fails, naming the marker.
@@ -122,6 +123,17 @@ def _guard_rank_starts() -> None:
         return context()
 
     _ranks._context = checked_context
+    import torch.multiprocessing
+
+    mp_spawn = sys.modules["torch.multiprocessing.spawn"]  # the module (the package's name is the function)
+    start_processes = mp_spawn.start_processes
+
+    def checked_start_processes(*args, **kwargs):
+        _refuse("starts ranks with torch.multiprocessing")
+        return start_processes(*args, **kwargs)
+
+    # spawn() calls the one in its own module, a test the one the package re-exports
+    mp_spawn.start_processes = torch.multiprocessing.start_processes = checked_start_processes
     popen = subprocess.Popen.__init__
 
     def no_unmarked_torchrun(self, args, *rest, **kwargs):

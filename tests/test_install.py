@@ -26,14 +26,18 @@ def _tracked_files() -> list[str]:
 
 
 def _pip(*args: str, cwd: Path) -> None:
-    proc = subprocess.run([sys.executable, "-m", "pip", "--disable-pip-version-check", *args], cwd=cwd,
+    # without the suite's PYTHONPATH: a checkout there holding mimo_accel.egg-info (left by a build)
+    # would be "already installed" in the fresh venv's eyes, and pip would install nothing
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    proc = subprocess.run([sys.executable, "-m", "pip", "--disable-pip-version-check", *args], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, f"pip {' '.join(args)}:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
 
 
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory):
-    """(the wheel, the target directory it was installed into, the tracked files)."""
+    """(the wheel, the target directory it was installed into, the tracked files). Installed
+    without byte-compiling (--no-compile): the interpreter compiles what it imports."""
     tmp = tmp_path_factory.mktemp("install")
     src = tmp / "src"
     files = _tracked_files()
@@ -44,7 +48,7 @@ def installed(tmp_path_factory):
          cwd=tmp)
     (wheel,) = (tmp / "dist").glob("mimo_accel-*.whl")
     target = tmp / "target"
-    _pip("install", "--no-deps", "--no-index", *PY_FLAGS, "--target", str(target), str(wheel), cwd=tmp)
+    _pip("install", "--no-deps", "--no-index", "--no-compile", *PY_FLAGS, "--target", str(target), str(wheel), cwd=tmp)
     return wheel, target, files
 
 
@@ -149,7 +153,9 @@ def fresh(installed, tmp_path_factory):
                                capture_output=True, text=True, check=True, timeout=60).stdout.strip())
     linked = _linked_torch(site)
     # this test's pip installs into the fresh venv (--python): the venv needs no pip of its own
-    into = ("--python", str(python), "install")
+    # --no-compile: the interpreter compiles what it imports; byte-compiling every installed file first
+    # (numpy, rich, ...) only costs seconds
+    into = ("--python", str(python), "install", "--no-compile")
     if PY_FLAGS:  # Python 3.11: the wheel's own Requires-Python set aside, its dependencies resolved as declared
         _pip(*into, *_declared_requirements(wheel), cwd=venv.parent)
         _pip(*into, "--no-deps", *PY_FLAGS, str(wheel), cwd=venv.parent)

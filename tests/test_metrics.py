@@ -354,14 +354,9 @@ def test_the_train_entry_hands_global_state_to_the_profiler(tmp_path, monkeypatc
     assert runtime.profiling.metrics is None  # training ended: the run's metrics closed and gone
 
 
-def test_the_gather_benchmark_runs():
-    import subprocess
-    import sys
-    from pathlib import Path
+def test_the_gather_benchmark_runs(monkeypatch, capsys):
+    from tests.test_benchmarks_run import run_here
 
-    root = Path(__file__).resolve().parents[1]
-    proc = subprocess.run([sys.executable, "benchmarks/bench_metrics.py", "--ranks", "4", "--repeat", "1", "--step",
-                           "0.05"], cwd=root, capture_output=True, text=True, timeout=120,
-                          env={**__import__("os").environ, "PYTHONPATH": str(root)})
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert proc.stdout.splitlines()[-1].split()[0] == "4"
+    # in this process: a process of its own would spend its time importing torch
+    run_here("bench_metrics.py", ["--ranks", "4", "--repeat", "1", "--step", "0.05"], monkeypatch)
+    assert capsys.readouterr().out.splitlines()[-1].split()[0] == "4"

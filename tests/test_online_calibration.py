@@ -182,7 +182,10 @@ def scenarios(draw):
     return truth, start, overhead, draw(st.floats(0.0, 0.01)), draw(st.integers(0, 2 ** 16))
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# Each example simulates 36 planned and refitted steps. Convergence from wrong starts is also held by the
+# explicit cases above (five starts, drift, a change of hardware) and refusing a worse fit by
+# test_a_fit_that_is_worse_on_the_held_out_steps_is_not_taken: ten random scenarios add the rest.
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(scenarios())
 def test_property_converges_never_accepts_worse_and_stays_finite(scenario):
     truth, start, overhead, noise, seed = scenario

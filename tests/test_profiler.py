@@ -417,6 +417,7 @@ def _worker(rank: int, world_size: int, port: int, out_dir: str) -> None:
         dist.destroy_process_group()
 
 
+@pytest.mark.distributed  # four gloo ranks in processes of their own
 def test_multi_rank_processes_write_one_file_each(tmp_path):
     world = 4
     # forkserver with torch preloaded: torch is imported once, not once per rank (spawn), and no
