@@ -29,10 +29,13 @@ observed steps, the newest ``held_out`` share of them held out:
 4. **Only what the steps can tell.** A feature that never differs between the replicas of a step
    (equal image counts everywhere: ``k`` cannot be told from the per-step level) is left out of
    the fit, its coefficient in the current model's proportion to the rest. Features that vary
-   together are resolved by the prior. The prior's centre is then moved to the fit, scaled so
-   its work totals the measured time, and the fit repeated: what the steps cannot tell takes the
-   share of the time that what they tell leaves (a start without a quadratic term gave its linear
-   term all of it).
+   together are resolved by the prior. Where the current model lacks a term the steps tell (a
+   coefficient of 0), the prior's centre is then moved to the fit, scaled so its work totals the
+   measured time, and the fit repeated: what the steps cannot tell takes the share of the time
+   that what they tell leaves (a start without a quadratic term gave its linear term all of it).
+   A model that prices every such term stays the prior's centre: moved to each fit, it would leave
+   a few noisy early steps unopposed (from a FLOPs start, three steps of CPU timings once pulled
+   the vision encoder's b/a 25x off, and later fits held it there).
 5. **Better on held-out steps, or not at all.** Both models (each with its fitted overhead)
    predict every held-out step's replica times; the error of a step is the largest error in a
    replica's share of the step's mean time, ``max_r |p_r/mean(p) − m_r/mean(m)|``
