@@ -382,7 +382,7 @@ def test_summary_of_several_encoders(capsys):
 
     from mimo_accel.costs import AudioRule
 
-    index = CostIndex.from_modules([5, 6, 7], {"vision": ([1, 0, 2], [4, 0, 8], [16, 0, 32], ResizeRule()),
+    index = CostIndex([5, 6, 7], {"vision": ([1, 0, 2], [4, 0, 8], [16, 0, 32], ResizeRule()),
                                                "audio": ([1, 1, 0], [1500, 1500, 0], [1500 ** 2] * 2 + [0],
                                                          AudioRule(16000, 160, 480000, pad=True))})
     s = indexing.summarize(index)
