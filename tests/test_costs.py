@@ -152,9 +152,7 @@ def test_cost_model_arithmetic():
     # 300 patches + 0.001 * (100^2 + 200^2) + 0.5 * 50 tokens
     assert model.sample_cost([100, 200], 50) == pytest.approx(300 + 50 + 25)
     assert model.sample_cost([], 40) == pytest.approx(20)
-    samples = [([100, 200], 50), ([], 40), ([1024], 0)]
-    np.testing.assert_allclose(model.costs(samples), [model.sample_cost(p, t) for p, t in samples])
-    assert model.costs([]).shape == (0,)
+    np.testing.assert_allclose(model.costs_from_sums([300, 0], [50_000, 0], [50, 40]), [375, 20])
 
 
 def test_default_cost_model_mirrors_the_cpu_measurement():

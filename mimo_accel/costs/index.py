@@ -390,7 +390,7 @@ class CostIndex:
 
     def digest(self) -> str:
         """A hex SHA-256 of every encoder (name, rule, columns) and the tokens: equal digests,
-        equal indexes (and plans). Computed once (about 0.5 s per GB of columns); a loaded v3 or v4
+        equal indexes (and plans). Computed once (about 0.5 s per GB of columns); a loaded
         file's is the one recorded when it was written, so comparing indexes across ranks costs nothing."""
         if self._digest is None:
             h = hashlib.sha256(_DIGEST_DOMAIN)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -154,16 +154,6 @@ class CostModel:
         """Cost of one sample with images of ``image_patches`` patches and ``tokens`` tokens."""
         p = np.asarray(image_patches, dtype=np.int64).reshape(-1)
         return float(self.costs_from_sums(p.sum(), (p * p).sum(), tokens))
-
-    def costs(self, samples: Iterable[tuple[Sequence[int], int]]) -> np.ndarray:
-        """Costs of many ``(image_patches, tokens)`` samples as a float64 array."""
-        sums, squares, tokens = [], [], []
-        for image_patches, n_tokens in samples:
-            p = np.asarray(image_patches, dtype=np.int64).reshape(-1)
-            sums.append(p.sum())
-            squares.append((p * p).sum())
-            tokens.append(n_tokens)
-        return self.costs_from_sums(sums, squares, tokens)
 
     def costs_from_sums(self, patches: Any, sq_patches: Any, tokens: Any) -> np.ndarray:
         """Vectorised core: costs from per-sample Σp, Σp² and token counts (all >= 0)."""
