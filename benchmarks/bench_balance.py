@@ -69,6 +69,7 @@ from mimo_accel.balance import (  # noqa: E402
 )
 from mimo_accel.costs import CostIndex, CostModel, ResizeRule, SampleShape  # noqa: E402
 from mimo_accel.grid import canonical_grid  # noqa: E402
+from mimo_accel.modules import Modules  # noqa: E402
 from mimo_accel.workloads import list_profiles, load_profile  # noqa: E402
 
 SIZES = ((64, 8), (512, 64), (4096, 512))
@@ -235,7 +236,7 @@ def workload_costs(name: str, n: int, seed: int = 0, model: CostModel | None = N
     """Costs of ``n`` samples of workload ``name`` (a dataset pool to draw micro-batches from)."""
     rng = np.random.default_rng(seed)
     index = CostIndex.from_shapes(WORKLOADS[name](rng, n), ResizeRule())
-    return index.costs(np.arange(n), model or CostModel())
+    return index.module_costs(np.arange(n), model or CostModel(), Modules.from_dp_sizes({"vision": 1}))["vision"]
 
 
 PLANNERS: dict[str, Callable[[np.ndarray, int], list[int]]] = {

@@ -419,7 +419,7 @@ def _rank(path: str, how: str, n: int, batches: int, batch: int, barrier, result
     barrier.wait()
     before = _memory()
     t = time.perf_counter()
-    if how in ("v3", "v4"):
+    if how == "v4":
         index = CostIndex.load(path)
         index_digest(index)
         load_s = time.perf_counter() - t
@@ -437,19 +437,6 @@ def _rank(path: str, how: str, n: int, batches: int, batch: int, barrier, result
     after = _memory()
     results.put({"load_s": load_s, **{k: after[k] - before[k] for k in after}})
     barrier.wait()
-
-
-def _save_v3(index, path: Path) -> None:
-    """``index`` as format v3 wrote it: each column byte-aligned in its narrowest type."""
-    import numpy as np
-
-    from mimo_accel.costs.index_file import write_arrays
-
-    columns = index._columns()  # built from arrays: the narrow arrays themselves
-    header = {"format": "mimo-accel-cost-index/3", "length": len(index), "digest": index.digest(),
-              "encoders": [{"name": m, "rule": index.rule_of(m).to_dict()} for m in index.encoders],
-              "columns": {k: {"dtype": a.dtype.str, "max": int(a.max()) if a.size else 0} for k, a in columns.items()}}
-    write_arrays(path, {"header": np.array(json.dumps(header, sort_keys=True)), **columns})
 
 
 def _ranks(path: str, how: str, n: int, args) -> list[dict]:
@@ -498,19 +485,19 @@ def _mapped(args, console) -> None:
         c = _synthetic_columns(n)
         for a in c.values():
             a.setflags(write=False)  # the index keeps them without a copy
-        index = CostIndex.from_modules(c.pop("tokens"), {"vision": (c["items"], c["rows"], c["sq_rows"],
+        index = CostIndex(c.pop("tokens"), {"vision": (c["items"], c["rows"], c["sq_rows"],
                                                                     ResizeRule())})
         built_s = time.perf_counter() - t
         digest = index.digest()
-        paths = {"v4": Path(tmp) / "v4.npz", "v3": Path(tmp) / "v3.npz"}
+        paths = {"v4": Path(tmp) / "v4.npz"}  # the one format that loads
         saved = {}
         for how, path in paths.items():
             t = time.perf_counter()
-            index.save(path) if how == "v4" else _save_v3(index, path)
+            index.save(path)
             saved[how] = time.perf_counter() - t
         del index, c
         console.print(f"index of {n:,} samples built and checked in {built_s:.1f} s, its digest included; written "
-                      f"as v4 in {saved['v4']:.1f} s (packing each column), as v3 in {saved['v3']:.1f} s")
+                      f"as v4 in {saved['v4']:.1f} s (packing each column)")
         for how, path in paths.items():
             loads = []
             for _ in range(5):
@@ -522,7 +509,7 @@ def _mapped(args, console) -> None:
             del loaded
             console.print(f"{how} file: load + digest {min(loads) * 1e3:.1f} ms best, "
                           f"{statistics.median(loads) * 1e3:.1f} ms median, {max(loads) * 1e3:.1f} ms worst of 5")
-            label = "v4, packed, memory-mapped" if how == "v4" else "v3, byte-aligned, memory-mapped"
+            label = "v4, packed, memory-mapped"
             rows.append((label, n, path.stat().st_size, statistics.median(loads), _ranks(str(path), how, n, args)))
             path.unlink()  # one large file in the page cache at a time
 

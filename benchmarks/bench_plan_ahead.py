@@ -74,7 +74,7 @@ def receipts_index(n: int, seed: int = 0) -> CostIndex:
     s = gen_receipts(rng, n)
     clips, rows, sq_rows = _voice(rng, n)
     tokens = s["text"] + s["patches"] // MODULE_RULE.merge_size ** 2 + np.ceil(rows / AUDIO_ROWS_PER_TOKEN).astype(np.int64)
-    return CostIndex.from_modules(tokens, {
+    return CostIndex(tokens, {
         "vision": (s["images"], s["patches"], s["sq_patches"], FixedPatches(1)),
         "audio": (clips, rows, sq_rows, FixedPatches(1)),
     })

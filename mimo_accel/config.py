@@ -17,7 +17,6 @@ from typing import Mapping, Optional, Union
 ENV_FEATURES = "MIMO_ACCEL"
 ENV_PROFILE = "MIMO_ACCEL_PROFILE"  # output directory; also turns the profiler on
 ENV_COST_MODEL = "MIMO_ACCEL_COST_MODEL"  # cost-model file (from `mimo-accel calibrate`)
-ENV_COST_OLD = "MIMO_ACCEL_COST"  # read as MIMO_ACCEL_COST_MODEL too (both set and different: an error)
 ENV_COST_INDEX = "MIMO_ACCEL_COST_INDEX"  # per-sample cost index (from `mimo-accel index`)
 ENV_REORDER_MODE = "MIMO_ACCEL_REORDER_MODE"
 ENV_PAD_MULTIPLE = "MIMO_ACCEL_PAD_MULTIPLE"
@@ -39,7 +38,7 @@ ENV_OPTIONS = {
     "calibrate_online": ENV_CALIBRATE_ONLINE,
 }
 #: Every variable an AccelConfig is read from (what `mimo-accel run --config` replaces).
-CONFIG_ENV = (ENV_FEATURES, ENV_COST_OLD) + tuple(ENV_OPTIONS.values())
+CONFIG_ENV = (ENV_FEATURES,) + tuple(ENV_OPTIONS.values())
 #: The other variables mimo_accel reads, and what each is for: with CONFIG_ENV, every name it knows.
 OTHER_ENV = {
     ENV_ALLOW_UNTESTED: "1: patch an untested megatron-bridge/megatron-core pair as the nearest shape",
@@ -226,12 +225,8 @@ class AccelConfig:
         profile_dir = env.get(ENV_PROFILE)
         if changes.pop("profile", False) or profile_dir:
             changes["profile"] = profile_dir or DEFAULT_PROFILE_DIR
-        old, new = env.get(ENV_COST_OLD), env.get(ENV_COST_MODEL)
-        if old and new and old != new:
-            raise ConfigError(f"{ENV_COST_OLD}={old!r} and {ENV_COST_MODEL}={new!r} disagree: {ENV_COST_OLD} is the "
-                              f"earlier name of {ENV_COST_MODEL}; unset it")
-        if new or old:
-            changes["cost_model"] = new or old
+        if env.get(ENV_COST_MODEL):
+            changes["cost_model"] = env[ENV_COST_MODEL]
         if env.get(ENV_COST_INDEX):
             changes["cost_index"] = env[ENV_COST_INDEX]
         if env.get(ENV_REORDER_MODE):

@@ -10,7 +10,7 @@ import logging
 import pytest
 
 import mimo_accel
-from mimo_accel.config import CONFIG_ENV, AccelConfig, ConfigError
+from mimo_accel.config import CONFIG_ENV, AccelConfig, ConfigError, check_environment
 
 
 @pytest.fixture
@@ -135,17 +135,16 @@ def test_environment_round_trip(cfg):
     assert AccelConfig.from_env(env) == cfg
 
 
-def test_one_name_per_setting_and_the_earlier_cost_variable():
+def test_one_name_per_setting_and_the_earlier_cost_variable_refused():
     # every option that is not a switch has the variable MIMO_ACCEL_<FIELD>
     from mimo_accel.config import ENV_OPTIONS, SWITCHES
 
     fields = {f.name for f in dataclasses.fields(AccelConfig)}
     assert set(ENV_OPTIONS) | set(SWITCHES) == fields
     assert all(var == "MIMO_ACCEL_" + name.upper() for name, var in ENV_OPTIONS.items())
-    assert AccelConfig.from_env({"MIMO_ACCEL_COST": "old.json"}).cost_model == "old.json"
-    assert AccelConfig.from_env({"MIMO_ACCEL_COST_MODEL": "c.json", "MIMO_ACCEL_COST": "c.json"}).cost_model == "c.json"
-    with pytest.raises(ConfigError, match="disagree"):
-        AccelConfig.from_env({"MIMO_ACCEL_COST_MODEL": "a.json", "MIMO_ACCEL_COST": "b.json"})
+    assert AccelConfig.from_env({"MIMO_ACCEL_COST_MODEL": "c.json"}).cost_model == "c.json"
+    with pytest.raises(ConfigError, match="MIMO_ACCEL_COST is not a mimo_accel variable"):
+        check_environment({"MIMO_ACCEL_COST": "b.json"})
     with pytest.raises(ConfigError, match="MIMO_ACCEL_PAD_MULTIPLE: pad_multiple must be a positive integer"):
         AccelConfig.from_env({"MIMO_ACCEL_PAD_MULTIPLE": "0"})
 

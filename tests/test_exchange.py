@@ -370,7 +370,7 @@ def test_exchange_plans_every_module_as_plan_before_read_does(dps):
     rng = np.random.default_rng(sum(dps.values()))
     n = 64
     encoders = {m: (rng.integers(0, 4, n), rng.integers(1, 3000, n)) for m in dps if m != "language"}
-    index = CostIndex.from_modules(rng.integers(16, 2048, n), {
+    index = CostIndex(rng.integers(16, 2048, n), {
         m: (np.where(rows > 0, items, 0), rows * (items > 0), (rows * (items > 0)) ** 2, FixedPatches(1))
         for m, (items, rows) in encoders.items()})
     planner = CostIndexPlanner(index, CostModel(), Modules.from_dp_sizes(dps))

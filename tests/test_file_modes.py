@@ -43,8 +43,7 @@ def test_umask_is_read_without_changing_it(process_umask):
 def test_index_model_and_plain_files_take_the_umask_mode(tmp_path, process_umask):
     want = 0o666 & ~process_umask
     p = np.array([3, 5, 7])
-    CostIndex(patches=p, sq_patches=p * p, tokens=np.array([1, 2, 3]), images=np.ones(3, int),
-              rule=ResizeRule()).save(tmp_path / "costs.npz")
+    CostIndex(np.array([1, 2, 3]), {"vision": (np.ones(3, int), p, p * p, ResizeRule())}).save(tmp_path / "costs.npz")
     CostModel().to_file(tmp_path / "cost.json")
     atomic_write(tmp_path / "plain.bin", b"x")
     for name in ("costs.npz", "cost.json", "plain.bin"):

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from mimo_accel.config import AccelConfig
+from mimo_accel.costs import CostIndex
 from mimo_accel.datasets import derive_cost_index
 from mimo_accel.datasets.split_index import cost_index_for
 from mimo_accel.runtime.state import Runtime
@@ -197,21 +198,15 @@ def test_one_file_re_exported_at_another_size_is_another_dataset_and_a_missing_o
 
 
 def test_an_index_recording_no_files_is_checked_by_its_length_alone_said_once(tmp_path):
-    """An index of an older mimo_accel (format v2, its identity without a contents digest) still
-    loads and is used; the notice says once that only its length was checked."""
-    import json
-
+    """An index whose identity holds no contents digest (built by hand) is used; the notice says
+    once that only its length was checked."""
     examples = _examples(tmp_path / "a", [56, 112, 224, 56])
     ds = mimo_dataset(examples, qwen_processor())
     index = derive_cost_index(ds, cache_dir=False)
-    every = np.arange(len(index))
     old = tmp_path / "old.npz"
-    header = {"format": "mimo-accel-cost-index/2", "length": len(index), "encoders": [
-        {"name": "vision", "rule": index.rule_of("vision").to_dict()}],
-        "identity": {"dataset": "ab" * 32, "files": "cd" * 32, "split": "train", "describe": "old"}}
-    with open(old, "wb") as f:
-        np.savez(f, header=np.array(json.dumps(header)), tokens=index.tokens(every),
-                 **{f"e0_{c}": getattr(index, c)("vision", every) for c in ("items", "rows", "sq_rows")})
+    every = np.arange(len(index))
+    by_hand = CostIndex(index.tokens(every), {"vision": index.encoder("vision")})
+    by_hand.with_identity(dataset="ab" * 32, split="train", describe="by hand").save(old)
     runtime = Runtime(AccelConfig(reorder=True))
     for _ in range(2):
         assert cost_index_for(ds, str(old), "train", notify=runtime.say_once).digest() == index.digest()
@@ -219,7 +214,7 @@ def test_an_index_recording_no_files_is_checked_by_its_length_alone_said_once(tm
     assert "records no fingerprint of its files" in note and "only its length could be checked" in note
 
 
-def test_a_v3_file_keeps_the_contents_digest_in_its_header(tmp_path):
+def test_an_index_file_keeps_the_contents_digest_in_its_header(tmp_path):
     from mimo_accel.costs import CostIndex
     from mimo_accel.costs.contents import SCHEME
 

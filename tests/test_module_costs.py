@@ -50,7 +50,7 @@ def indexes(draw, max_encoders=3):
         rows = np.array([int(p.sum()) for p in per], dtype=np.int64)
         sq = np.array([int((p * p).sum()) for p in per], dtype=np.int64)
         encoders[name] = (items, rows, sq, rule)
-    return CostIndex.from_modules(rng.integers(0, 9000, n), encoders)
+    return CostIndex(rng.integers(0, 9000, n), encoders)
 
 
 def _columns(index):
@@ -69,26 +69,6 @@ def test_the_index_round_trips_through_its_file(tmp_path_factory, index):
     assert back.encoders == index.encoders and _columns(back) == _columns(index)
     assert back.digest() == index.digest()
     assert json.loads(str(np.load(path)["header"]))["format"] == "mimo-accel-cost-index/4"
-
-
-@settings(max_examples=40, deadline=None)
-@given(st.lists(st.tuples(st.integers(0, 3), st.integers(1, 5000), st.integers(0, 9000)), max_size=20))
-def test_v1_files_still_load_as_one_vision_encoder(tmp_path_factory, samples):
-    rows = [k * p for k, p, _ in samples]
-    sq = [k * p * p for k, p, _ in samples]
-    tokens = [t for _, _, t in samples]
-    images = [k for k, _, _ in samples]
-    path = tmp_path_factory.mktemp("v1") / "v1.npz"
-    header = {"format": "mimo-accel-cost-index/1", "length": len(samples), "rule": ResizeRule().to_dict()}
-    with open(path, "wb") as f:
-        np.savez(f, header=np.array(json.dumps(header)), patches=np.array(rows, np.int64),
-                 sq_patches=np.array(sq, np.int64), tokens=np.array(tokens, np.int64), images=np.array(images, np.int64))
-    index = CostIndex.load(path)
-    assert index.encoders == ("vision",) and index.rule == ResizeRule()
-    every = np.arange(len(samples))
-    assert index.patches(every).tolist() == rows and index.rows("vision", every).tolist() == rows
-    assert index.images(every).tolist() == images and index.tokens(every).tolist() == tokens
-    assert index.digest() == CostIndex(rows, sq, tokens, images, ResizeRule()).digest()
 
 
 @settings(max_examples=60, deadline=None)
@@ -112,8 +92,8 @@ def test_module_costs_equal_a_direct_computation(index, a, b, k, la, lb):
 
 
 def test_the_single_encoder_view_refuses_to_guess_among_several():
-    index = CostIndex.from_modules([5, 6], {"vision": ([1, 0], [4, 0], [16, 0], ResizeRule()),
-                                            "audio": ([1, 1], [1500, 1500], [1500 ** 2] * 2, _RULES[3])})
+    index = CostIndex([5, 6], {"vision": ([1, 0], [4, 0], [16, 0], ResizeRule()),
+                           "audio": ([1, 1], [1500, 1500], [1500 ** 2] * 2, _RULES[3])})
     with pytest.raises(ValueError, match=r"holds the encoders \['vision', 'audio'\]"):
         index.patches([0])
     with pytest.raises(ValueError, match="ask by module name"):
@@ -123,24 +103,24 @@ def test_the_single_encoder_view_refuses_to_guess_among_several():
     with pytest.raises(IndexModulesError, match=r"prices the encoders \['vision', 'audio'\].*\['images'\]"):
         index.module_costs([0], CostModel(), Modules.from_dp_sizes({"images": 1, "language": 1}))
     with pytest.raises(ValueError, match="inconsistent row/item counts.*'audio', sample 1"):
-        CostIndex.from_modules([5, 6], {"audio": ([1, 0], [4, 3], [16, 9], _RULES[2])})
+        CostIndex([5, 6], {"audio": ([1, 0], [4, 3], [16, 9], _RULES[2])})
     with pytest.raises(ValueError, match="'language' is the language module"):
-        CostIndex.from_modules([5], {"language": ([1], [1], [1], ResizeRule())})
+        CostIndex([5], {"language": ([1], [1], [1], ResizeRule())})
 
 
 def test_digest_covers_every_encoder_and_the_tokens():
     base = {"vision": ([1, 0], [4, 0], [16, 0], ResizeRule()), "audio": ([1, 1], [3, 5], [9, 25], _RULES[2])}
-    d = CostIndex.from_modules([5, 6], base).digest()
-    assert CostIndex.from_modules([5, 6], dict(reversed(base.items()))).digest() == d  # order-free
+    d = CostIndex([5, 6], base).digest()
+    assert CostIndex([5, 6], dict(reversed(base.items()))).digest() == d  # order-free
     for changed in ({"audio": ([1, 1], [3, 6], [9, 36], _RULES[2])}, {"audio": ([1, 1], [3, 5], [9, 25], _RULES[3])},
                     {"audio": ([1, 2], [3, 5], [9, 25], _RULES[2])}):
-        assert CostIndex.from_modules([5, 6], {**base, **changed}).digest() != d
-    assert CostIndex.from_modules([5, 7], base).digest() != d
+        assert CostIndex([5, 6], {**base, **changed}).digest() != d
+    assert CostIndex([5, 7], base).digest() != d
     renamed = {("audios" if k == "audio" else k): v for k, v in base.items()}
-    assert CostIndex.from_modules([5, 6], renamed).digest() != d
+    assert CostIndex([5, 6], renamed).digest() != d
 
 
-def test_cost_model_v2_file_round_trip_and_v1_files(tmp_path):
+def test_cost_model_file_round_trip_and_older_files_refused(tmp_path):
     model = CostModel(a=2.0, b=0.003, c=0.25, fit={"r2": 0.9},
                       modules={"audio": ModuleCost(1e-5, 2e-9, 3e-3), "language": ModuleCost(1e-6, 1e-10)})
     model.to_file(tmp_path / "m.json")
@@ -150,14 +130,15 @@ def test_cost_model_v2_file_round_trip_and_v1_files(tmp_path):
     back = CostModel.from_file(tmp_path / "m.json")
     assert back == model and back.of("audio") == ModuleCost(1e-5, 2e-9, 3e-3)
     assert back.of("vision") == ModuleCost(2.0, 0.003)  # no entry: the default encoder's a, b
-    # a v1 file: a, b, c only; the language model at its default L + L²/8192
+    # a file of format 1 (a, b, c and no modules table) is refused, naming the command that recreates it
     (tmp_path / "v1.json").write_text(json.dumps({"format": "mimo-accel-cost-model/1", "a": 3.0, "b": 0.5, "c": 0}))
-    v1 = CostModel.from_file(tmp_path / "v1.json")
-    assert v1 == CostModel(a=3.0, b=0.5, c=0.0) and v1.of("language") == ModuleCost(1.0, 1 / 8192)
-    np.testing.assert_allclose(v1.language_costs([0, 8192]), [0.0, 8192 + 8192])
-    (tmp_path / "bad.json").write_text(json.dumps({"format": "mimo-accel-cost-model/1", "a": 3.0, "b": 0.5, "c": 0,
-                                                   "modules": {}}))
-    with pytest.raises(ValueError, match=r"unknown keys \['modules'\]"):
+    with pytest.raises(ValueError) as err:
+        CostModel.from_file(tmp_path / "v1.json")
+    assert str(err.value) == (f"{tmp_path / 'v1.json'}: expected \"format\": \"mimo-accel-cost-model/2\", found "
+                              "'mimo-accel-cost-model/1'; recreate it with `mimo-accel calibrate`")
+    (tmp_path / "bad.json").write_text(json.dumps({"format": "mimo-accel-cost-model/2", "a": 3.0, "b": 0.5, "c": 0,
+                                                   "layers": {}}))
+    with pytest.raises(ValueError, match=r"unknown keys \['layers'\]"):
         CostModel.from_file(tmp_path / "bad.json")
     for bad, message in (({"audio": {"a": 1}}, "needs a and b"), ({"language": {"a": 1, "b": 0, "k": 1}}, "k must be 0"),
                          ({"audio": {"a": -1, "b": 0}}, "ModuleCost|must be finite")):

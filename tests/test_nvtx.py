@@ -82,8 +82,7 @@ def _exercise(tmp_path, device: str) -> dict:
     """The plan, the sharded read, the packer and a timed module forward + backward, once each."""
     rng = np.random.default_rng(0)
     p = rng.integers(1, 50, N)
-    index = CostIndex(patches=p, sq_patches=p * p, tokens=rng.integers(1, 9, N), images=np.ones(N, int),
-                      rule=ResizeRule())
+    index = CostIndex(rng.integers(1, 9, N), {"vision": (np.ones(N, int), p, p * p, ResizeRule())})
     sizes = {"vision": 2, "language": 1}
     ctx = ShardContext("vision", 0, 2, canonical_grid(list(sizes.values())), sizes)
     upstream = DataLoader(_Samples(), batch_sampler=BatchSampler(SequentialSampler(range(N)), MBS, False),

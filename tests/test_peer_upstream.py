@@ -30,7 +30,7 @@ def _columns(rng, n: int):
 
 def _index(encoders=("vision",), seed: int = 0) -> CostIndex:
     rng = np.random.default_rng(seed)
-    return CostIndex.from_modules(rng.integers(20, 2000, N),
+    return CostIndex(rng.integers(20, 2000, N),
                                   {name: (*_columns(rng, N), ResizeRule()) for name in encoders})
 
 

@@ -37,7 +37,7 @@ def _planner(n=4096, seed=0):
     rng = np.random.default_rng(seed)
     items = rng.integers(0, 3, n)
     rows = np.where(items > 0, rng.integers(1, 2000, n), 0)
-    index = CostIndex.from_modules(rng.integers(16, 1024, n), {"vision": (items, rows, rows * rows, FixedPatches(1))})
+    index = CostIndex(rng.integers(16, 1024, n), {"vision": (items, rows, rows * rows, FixedPatches(1))})
     return CostIndexPlanner(index, CostModel(), Modules.from_dp_sizes(DPS))
 
 

@@ -26,8 +26,7 @@ from mimo_accel.rehearse.ranks import RankFailure, build_grids, layout_of, loade
 def _index(n: int, seed: int) -> CostIndex:
     rng = np.random.default_rng(seed)
     p = rng.integers(1, 50, n)
-    return CostIndex(patches=p, sq_patches=p * p, tokens=rng.integers(1, 9, n), images=np.ones(n, int),
-                     rule=ResizeRule())
+    return CostIndex(rng.integers(1, 9, n), {"vision": (np.ones(n, int), p, p * p, ResizeRule())})
 
 
 def test_mismatches_name_the_ranks_on_each_side():
@@ -42,8 +41,8 @@ def test_index_digest_sees_any_change():
     assert index_digest(a) == index_digest(b)
     p = a.patches(np.arange(32)).copy()
     p[7] += 1
-    c = CostIndex(patches=p, sq_patches=np.maximum(p * p, a.sq_patches(np.arange(32))),
-                  tokens=a.tokens(np.arange(32)), images=a.images(np.arange(32)), rule=ResizeRule())
+    c = CostIndex(a.tokens(np.arange(32)), {"vision": (a.images(np.arange(32)), p,
+                                                       np.maximum(p * p, a.sq_patches(np.arange(32))), ResizeRule())})
     assert index_digest(c) != index_digest(a)
 
 
@@ -154,7 +153,7 @@ def test_the_plan_prices_every_module_of_the_layout(tmp_path):
     n = 16
     audio = rng.integers(0, 2, n)
     patches = rng.integers(1, 2500, n)  # one image each: Σp² = p²
-    index = CostIndex.from_modules(rng.integers(1, 90, n), {
+    index = CostIndex(rng.integers(1, 90, n), {
         "vision": (np.ones(n, int), patches, patches * patches, ResizeRule()),
         "audio": (audio, audio * 1500, audio * 1500 ** 2, ResizeRule())})
     plan, _ = _plan(tmp_path, index, {"vision": 2, "audio": 4, "language": 4})

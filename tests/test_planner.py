@@ -31,8 +31,8 @@ def _index(n: int, seed: int) -> CostIndex:
     rng = np.random.default_rng(seed)
     images = rng.integers(0, 4, n)
     per_image = [rng.integers(4, 400, k) for k in images]
-    return CostIndex(patches=[int(p.sum()) for p in per_image], sq_patches=[int((p * p).sum()) for p in per_image],
-                     tokens=rng.integers(10, 500, n), images=images, rule=ResizeRule())
+    return CostIndex(rng.integers(10, 500, n), {"vision": (images, [int(p.sum()) for p in per_image],
+                                                           [int((p * p).sum()) for p in per_image], ResizeRule())})
 
 
 def _audio_columns(n: int, seed: int, present: float = 0.6):
@@ -61,7 +61,7 @@ def _workload(n: int, seed: int, encoders=("vision",), profile="mixed_chat") -> 
     tokens = base.tokens(every)
     if "audio" in cols:  # each clip's placeholders are language tokens too
         tokens = tokens + 64 * cols["audio"][0]
-    return CostIndex.from_modules(tokens, cols)
+    return CostIndex(tokens, cols)
 
 
 def _contexts(vdp: int, ldp: int):
@@ -193,7 +193,7 @@ def test_one_encoder_on_each_side_is_used_and_said_once():
 
 def test_equal_costs_keep_the_contiguous_split_and_say_so():
     n = 8
-    index = CostIndex([100] * n, [10_000] * n, [50] * n, [1] * n, ResizeRule())
+    index = CostIndex([50] * n, {"vision": ([1] * n, [100] * n, [10_000] * n, ResizeRule())})
     said = []
     planner = CostIndexPlanner(index, CostModel(), Modules.from_dp_sizes({"vision": 2, "language": 2}),
                                notify=lambda key, msg: said.append(key))

@@ -441,8 +441,7 @@ def test_multi_rank_processes_write_one_file_each(tmp_path):
 
 
 def _v1_file(path, rank, module, steps, world_size=2, dp_rank=0, dp_size=1):
-    """A rank file as format 1 wrote it (before per-module timing): vision_fwd_s / vision_bwd_s in
-    every line, no regions in the header, every encoder timed as "vision"."""
+    """A rank file of format 1 (before per-module timing), which the reader refuses."""
     header = {"kind": "header", "format": profiler.FORMAT_V1, "rank": rank, "world_size": world_size,
               "module": module, "dp_rank": dp_rank, "dp_size": dp_size, "layout": {}, "versions": {},
               "config": {}, "device": "cpu", "label": "old", "clock": {"step": "wall", "regions": "thread_cpu"}}
@@ -457,17 +456,12 @@ def _v1_file(path, rank, module, steps, world_size=2, dp_rank=0, dp_size=1):
     (path / f"rank{rank}.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
 
 
-def test_format_1_files_are_read_without_warnings(tmp_path):
-    _v1_file(tmp_path, 0, "images", [(0.1, 0.2)] * 3)  # upstream's naming: timed as "vision" then
-    _v1_file(tmp_path, 1, "language", [(None, None)] * 3)
-    run = read_run(tmp_path)
-    assert run.warnings == []
-    images, language = run.ranks[0], run.ranks[1]
-    assert images.format == profiler.FORMAT_V1 and images.regions == ("vision_fwd", "vision_bwd")
-    assert images.module_regions == ("vision_fwd", "vision_bwd")  # what that encoder's time is under
-    assert language.module_regions == ("language_fwd", "language_bwd")  # never timed in format 1
-    assert profiler.module_seconds(images.steps[0], images.module_regions) == pytest.approx(0.3)
-    assert profiler.module_seconds(language.steps[0], language.module_regions) is None
+def test_a_format_1_file_is_refused_naming_the_rerun(tmp_path):
+    _v1_file(tmp_path, 0, "images", [(0.1, 0.2)] * 3)
+    with pytest.raises(profiler.ProfileError) as err:
+        read_run(tmp_path)
+    assert str(err.value) == (f"{tmp_path / 'rank0.jsonl'}: profile format 'mimo-accel-profile/1' is no longer read; "
+                              "rerun the job with --profile to record format 'mimo-accel-profile/2'")
 
 
 def test_a_format_2_encoder_is_read_under_its_own_name(tmp_path):

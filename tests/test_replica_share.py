@@ -46,7 +46,7 @@ def test_the_plan_rides_from_the_sampler_through_a_worker_to_the_step_line(tmp_p
     rng = np.random.default_rng(3)
     items = rng.integers(0, 3, n)
     rows = np.where(items > 0, rng.integers(1, 400, n), 0)
-    index = CostIndex.from_modules(rng.integers(16, 1024, n), {"vision": (items, rows, rows * rows, FixedPatches(1))})
+    index = CostIndex(rng.integers(16, 1024, n), {"vision": (items, rows, rows * rows, FixedPatches(1))})
     planner = CostIndexPlanner(index, CostModel(), Modules.from_dp_sizes(DPS))
     model = WindowModel(CostModel(), "digest-7", {"language": 0.5})  # online calibration's, for every window
     upstream = samplers.MegatronPretrainingSampler(total_samples=n, consumed_samples=0, micro_batch_size=mbs,

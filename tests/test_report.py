@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from mimo_accel.profiler import FORMAT, FORMAT_V1, read_run
+from mimo_accel.profiler import FORMAT, read_run
 from mimo_accel.tools.report import STABLE_KEYS, build, main, render, summarize, write_json
 
 LAYOUT = {"vision": {"tp": 1, "pp": 1, "dp": 2}, "language": {"tp": 1, "pp": 1, "dp": 2}}
@@ -22,11 +22,11 @@ def write_run(
     world_size: int | None = None,
     layout: dict | None = None,
     label: str = "baseline",
-    fmt: str = FORMAT_V1,
+    fmt: str = FORMAT,
 ) -> Path:
     """Write ``rank<N>.jsonl`` files. ``ranks[r]`` = {module, dp_rank, dp_size, steps: [dict(...)]};
-    each step dict holds step fields; missing ones get defaults. By default the files are format 1's
-    (vision_fwd_s / vision_bwd_s in every line, nothing else timed): old files report as they did."""
+    each step dict holds step fields; missing ones get defaults (vision_fwd_s / vision_bwd_s null
+    in every line)."""
     directory.mkdir(parents=True, exist_ok=True)
     world_size = world_size if world_size is not None else len(ranks)
     for rank, spec in ranks.items():
@@ -63,6 +63,8 @@ def two_by_two(directory: Path, *, slow: float = 2.0, read: int = 8, label: str 
             if vision:
                 f = slow if rank == 1 else 1.0
                 st.update(vision_fwd_s=0.1 * f, vision_bwd_s=0.2 * f)
+            else:
+                st.update(language_fwd_s=0.3, language_bwd_s=0.6)
             steps.append(st)
         ranks[rank] = {"module": "vision" if vision else "language", "dp_rank": rank % 2, "dp_size": 2, "steps": steps}
     return write_run(directory, ranks, label=label, layout=layout)
@@ -571,10 +573,12 @@ def test_the_report_of_recorder_files_with_every_module_timed(tmp_path):
     assert len(rows) == 3
 
 
-def test_format_1_files_of_an_encoder_not_named_vision_still_report(tmp_path):
-    """Format 1 timed every encoder as "vision": upstream's naming (images) still reports its time."""
+def test_an_encoder_timed_as_vision_reports_under_its_own_name(tmp_path):
+    """A module the recorder could not name is timed as "vision": upstream's naming (images) still
+    reports its time."""
     ranks = {r: {"module": "images" if r < 2 else "language", "dp_rank": r % 2, "dp_size": 2,
-                 "steps": [{"vision_fwd_s": 0.1 * (1 + (r == 1)), "vision_bwd_s": 0.0, "samples": 4}] * 3}
+                 "steps": [{"vision_fwd_s": 0.1 * (1 + (r == 1)), "vision_bwd_s": 0.0, "samples": 4,
+                            "timed_calls": {"vision_fwd": 1, "vision_bwd": 1}}] * 3}
              for r in range(4)}
     for r in (2, 3):
         ranks[r]["steps"] = [{"samples": 4}] * 3
@@ -583,11 +587,11 @@ def test_format_1_files_of_an_encoder_not_named_vision_still_report(tmp_path):
     assert s["vision_max_over_mean_p50"] == pytest.approx(2 / 1.5) and s["vision_module"] == "images"
     assert s["language_max_over_mean_p50"] is None
     assert any("no rank header says module='vision'" in w for w in s["warnings"])
-    assert not any("language ranks recorded no" in w for w in s["warnings"])  # format 1 never timed it
+    assert any("language ranks recorded no" in w for w in s["warnings"])
 
 
-def test_format_1_vision_time_of_ranks_in_no_module_still_reports(tmp_path):
-    """Format-1 ranks whose header names no module of the layout but that timed vision_*: the
+def test_vision_time_of_ranks_in_no_module_still_reports(tmp_path):
+    """Ranks whose header names no module of the layout but that timed vision_*: the
     vision_* figures are theirs, and the report shows them under "vision"."""
     ranks = {r: {"module": "unknown", "dp_rank": r, "dp_size": 2,
                  "steps": [{"vision_fwd_s": 0.1 * (1 + r), "vision_bwd_s": 0.0, "samples": 4}] * 3} for r in range(2)}

@@ -242,13 +242,11 @@ def test_window_on_the_command_line(tmp_path, capsys):
     assert set(doc["rows"][0]["window"]) == {"micro_batches", "straggler", "lockstep", "bound_per_micro_batch",
                                              "removed", "plan_ms"}
     capsys.readouterr()
-    # the same through `mimo-accel simulate`, with the flag's old spelling: it still works, said once
+    # the same through `mimo-accel simulate`
     out2 = tmp_path / "w2.json"
-    assert cli.main(["simulate", "--dp", "4", "--steps", "2", "--window", "3", "--window", "3",
-                     "--json", str(out2)]) == 0
+    assert cli.main(["simulate", "--dp", "4", "--steps", "2", "--reorder-window", "3", "--json", str(out2)]) == 0
     assert json.loads(out2.read_text())["rows"][0]["window"]["straggler"] == doc["rows"][0]["window"]["straggler"]
-    assert capsys.readouterr().err == ("mimo-accel simulate: warning: --window is renamed --reorder-window; the old "
-                                       "spelling still works for now\n")
+    assert capsys.readouterr().err == ""
     assert sim.main(["--reorder-window", "0"]) == 2
     assert "argument --reorder-window: must be a positive integer" in capsys.readouterr().err
     with pytest.raises(ValueError, match="window must be a positive integer"):

@@ -34,7 +34,7 @@ def _videos(n: int, seed: int) -> CostIndex:
         height, width = int(rng.choice([360, 720, 1080])), int(rng.choice([640, 1280]))
         rows[i], sq_rows[i] = RULE.video_rows(frames, height, width)
     tokens = rows // RULE.merge_size**2 + rng.integers(20, 400, n)
-    return CostIndex.from_modules(tokens, {VIDEO: (items, rows, sq_rows, RULE)})
+    return CostIndex(tokens, {VIDEO: (items, rows, sq_rows, RULE)})
 
 
 def test_a_video_layout_costs_and_plans(tmp_path):

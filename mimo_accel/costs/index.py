@@ -22,9 +22,7 @@ a node soon maps the whole file, so its bytes per sample are each rank's memory)
 aligned. :meth:`CostIndex.load` memory-maps them read-only — the ranks of a node share one copy in
 the page cache — and reads only the header, so loading costs the same at any length: the values
 were checked when the file was written, and a width within the bounds holds no value beyond them.
-v3 files (byte-aligned narrow columns) load mapped as well; v2 files (int64 columns) and v1 files
-(one vision encoder: ``patches``, ``sq_patches``, ``images``, ``tokens``, its encoder named
-``"vision"``) still load, read whole and checked, with a warning.
+A file of an older format is refused with the command that rebuilds it.
 """
 
 from __future__ import annotations
@@ -54,11 +52,8 @@ from mimo_accel.modules import LANGUAGE
 __all__ = ["CostIndex", "EncoderColumns", "IndexModulesError", "SampleShape"]
 
 COST_INDEX_FORMAT = "mimo-accel-cost-index/4"
-COST_INDEX_FORMAT_V3 = "mimo-accel-cost-index/3"
-COST_INDEX_FORMAT_V2 = "mimo-accel-cost-index/2"
-COST_INDEX_FORMAT_V1 = "mimo-accel-cost-index/1"
 _DIGEST_DOMAIN = b"mimo-accel-cost-index-digest/3"  # what digest() hashes first (any file format)
-DEFAULT_ENCODER = "vision"  # the name of a v1 index's (and the single-encoder constructor's) encoder
+DEFAULT_ENCODER = "vision"  # the encoder from_shapes builds unless told another
 _REBUILD_HINT = "rebuild it with `mimo-accel index`"
 _RULES = (ResizeRule, FixedPatches, AudioRule)
 # What no sample reaches (exclusive bounds, as powers of two): a cost index holding more is damaged
@@ -180,44 +175,14 @@ def _first_inconsistent(items: np.ndarray, rows: np.ndarray, sq_rows: np.ndarray
 class CostIndex:
     """Per-sample cost ingredients of a whole dataset, per module, for costing without decoding.
 
-    ``CostIndex(patches, sq_patches, tokens, images, rule)`` is the single-encoder index (its
-    encoder named ``module``, default ``"vision"``): per sample Σp_i, Σp_i², real tokens and image
-    count, plus the :class:`ResizeRule` they were computed with. :meth:`from_modules` builds one
-    with any encoders. Costs are a :class:`CostModel` away, so a new calibration needs no rebuild.
+    ``CostIndex(tokens, {module: (items, rows, sq_rows, rule)})``: per sample the real language
+    tokens and, per encoder module, its items, rows and Σ rows², plus the rule that gave the rows.
+    Costs are a :class:`CostModel` away, so a new calibration needs no rebuild.
     """
 
     __slots__ = ("_tokens", "_encoders", "_identity", "_digest", "_file")
 
-    def __init__(
-        self,
-        patches: Any,
-        sq_patches: Any,
-        tokens: Any,
-        images: Any,
-        rule: ResizeRule | FixedPatches | AudioRule,
-        *,
-        module: str = DEFAULT_ENCODER,
-    ) -> None:
-        # the v1 names in errors: callers of the single-encoder constructor know these columns
-        arrays = {name: _column(name, values, kind) for name, values, kind in
-                  (("patches", patches, "rows"), ("sq_patches", sq_patches, "sq_rows"), ("tokens", tokens, "tokens"),
-                   ("images", images, "items"))}
-        lengths = {name: a.size for name, a in arrays.items()}
-        if len(set(lengths.values())) > 1:
-            raise ValueError(f"cost index: arrays differ in length {lengths}; {_REBUILD_HINT}")
-        if not isinstance(rule, _RULES):
-            raise ValueError(f"cost index: rule must be a ResizeRule or FixedPatches, got {type(rule).__name__}")
-        p, q, n = arrays["patches"], arrays["sq_patches"], arrays["images"]
-        bad = _first_inconsistent(n, p, q, isinstance(rule, AudioRule))
-        if bad is not None:
-            raise ValueError(f"cost index: inconsistent patch/image counts (sample {bad}); {_REBUILD_HINT}")
-        _check_name(module)
-        self._tokens = arrays["tokens"]
-        self._encoders = {module: EncoderColumns(n, p, q, rule)}
-        self._identity, self._digest, self._file = {}, None, None
-
-    @classmethod
-    def from_modules(cls, tokens: Any, encoders: Mapping[str, EncoderColumns | Sequence[Any]]) -> CostIndex:
+    def __init__(self, tokens: Any, encoders: Mapping[str, EncoderColumns | Sequence[Any]]) -> None:
         """An index of the language tokens and any encoders: ``encoders`` maps each encoder's module
         name to its :class:`EncoderColumns` or ``(items, rows, sq_rows, rule)``, in the layout's order."""
         if not isinstance(encoders, Mapping) or not encoders:
@@ -233,7 +198,8 @@ class CostIndex:
                 raise ValueError(f"cost index: encoder {name!r} has {col.rows.size} samples, the tokens "
                                  f"{tok.size}; {_REBUILD_HINT}")
             cols[name] = col
-        return cls._of(tok, cols)
+        self._tokens, self._encoders = tok, cols
+        self._identity, self._digest, self._file = {}, None, None
 
     @classmethod
     def _of(cls, tokens: np.ndarray, encoders: dict[str, EncoderColumns], identity: Optional[dict] = None,
@@ -258,7 +224,7 @@ class CostIndex:
         sq_patches = np.zeros(len(shapes), dtype=np.int64)
         np.add.at(patches, owner, per_image)
         np.add.at(sq_patches, owner, per_image * per_image)
-        return cls(patches, sq_patches, tokens, counts, rule, module=module)
+        return cls(tokens, {module: (counts, patches, sq_patches, rule)})
 
     def __len__(self) -> int:
         return int(self._tokens.size)
@@ -296,7 +262,7 @@ class CostIndex:
     def _single(self) -> EncoderColumns:
         if len(self._encoders) != 1:
             raise ValueError(f"this cost index holds the encoders {list(self._encoders)}: the single-encoder "
-                             "accessors (patches, sq_patches, images, rule, costs) do not say which; ask by module "
+                             "accessors (patches, sq_patches, images, rule) do not say which; ask by module "
                              "name (rows(module, indices), ..., module_costs)")
         return next(iter(self._encoders.values()))
 
@@ -386,13 +352,6 @@ class CostIndex:
             )
         return idx
 
-    def costs(self, indices: Any, model: CostModel) -> np.ndarray:
-        """Vision costs (the single encoder's, v1 model: a·Σp + b·Σp² + c·tokens) of the samples at
-        ``indices`` (float64, finite, >= 0)."""
-        i = self._lookup(indices)
-        col = self._single()
-        return model.costs_from_sums(col.rows[i], col.sq_rows[i], self._tokens[i])
-
     def patches(self, indices: Any) -> np.ndarray:
         """Total vision patches of each sample (the single encoder's rows), int64."""
         return _int64(self._single().rows, self._lookup(indices))
@@ -418,8 +377,7 @@ class CostIndex:
         first bytes, wherever they lie: :mod:`mimo_accel.costs.contents`), ``dataset`` (a derived
         index's dataset fingerprint: its type, examples, processors and tokenizer), ``split``,
         ``manifest`` (the hash of the manifest an index was built from), ``describe`` (a human
-        line). An index of an older version may hold ``files`` (its files' sizes and times, by
-        path) instead of ``contents``; empty for one built by hand."""
+        line). Empty for one built by hand."""
         return dict(self._identity)
 
     def with_identity(self, **fields: Any) -> "CostIndex":
@@ -432,7 +390,7 @@ class CostIndex:
 
     def digest(self) -> str:
         """A hex SHA-256 of every encoder (name, rule, columns) and the tokens: equal digests,
-        equal indexes (and plans). Computed once (about 0.5 s per GB of columns); a loaded v3 or v4
+        equal indexes (and plans). Computed once (about 0.5 s per GB of columns); a loaded
         file's is the one recorded when it was written, so comparing indexes across ranks costs nothing."""
         if self._digest is None:
             h = hashlib.sha256(_DIGEST_DOMAIN)
@@ -474,10 +432,9 @@ class CostIndex:
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> CostIndex:
-        """Read an index written by :meth:`save`: v4 (or v3) memory-mapped (its header read, its length
-        and columns checked against the file, no column scanned); v2, or v1 (one encoder named
-        "vision"), read whole and checked, with a warning. Anything malformed raises ValueError
-        naming the file and the fix."""
+        """Read an index written by :meth:`save`, memory-mapped (its header read, its length and columns
+        checked against the file, no column scanned). Anything malformed, or a file of an older format,
+        raises ValueError naming the file and the fix."""
         path = Path(path)
         try:
             with MappedArrays(path) as f:
@@ -490,19 +447,9 @@ class CostIndex:
                         raise TypeError
                 except (json.JSONDecodeError, KeyError, TypeError):
                     raise _Malformed("") from None
-                if fmt in (COST_INDEX_FORMAT, COST_INDEX_FORMAT_V3):
-                    return cls._mapped(path, f, header)
-                if fmt not in (COST_INDEX_FORMAT_V1, COST_INDEX_FORMAT_V2):
+                if fmt != COST_INDEX_FORMAT:
                     raise _WrongFormat(fmt)
-                if fmt == COST_INDEX_FORMAT_V1:
-                    names = ("patches", "sq_patches", "tokens", "images")
-                else:
-                    names = ("tokens", *(f"e{j}_{c}" for j in range(len(_encoder_entries(header)))
-                                         for c in ("items", "rows", "sq_rows")))
-                missing = [k for k in names if k not in f.names]
-                if missing:
-                    raise _Missing(missing)
-                arrays = {k: f.read(k) for k in names}
+                return cls._mapped(path, f, header)
         except _Missing as exc:
             raise ValueError(f"{path}: cost index lacks arrays {exc.args[0]}; {_REBUILD_HINT}") from None
         except _Malformed as exc:
@@ -515,35 +462,10 @@ class CostIndex:
         except (ValueError, EOFError, zipfile.BadZipFile, zlib.error) as exc:
             # Not an .npz, a truncated or damaged one, or pickled objects that are never executed.
             raise ValueError(f"{path}: not a cost index, or a truncated one ({exc}); {_REBUILD_HINT}") from None
-        try:
-            if fmt == COST_INDEX_FORMAT_V1:
-                if "rule" not in header:
-                    raise ValueError(f"cost index header is malformed; {_REBUILD_HINT}")
-                index = cls(**arrays, rule=rule_from_dict(header["rule"]))
-            else:
-                encoders = _encoder_entries(header)
-                index = cls.from_modules(arrays["tokens"], {
-                    e["name"]: (arrays[f"e{j}_items"], arrays[f"e{j}_rows"], arrays[f"e{j}_sq_rows"],
-                                rule_from_dict(e["rule"]))
-                    for j, e in enumerate(encoders)})
-                if len(index.encoders) != len(encoders):
-                    raise ValueError(f"the header names an encoder twice; {_REBUILD_HINT}")
-        except (ValueError, TypeError) as exc:
-            raise ValueError(f"{path}: {exc}") from None
-        if len(index) != length:
-            raise ValueError(f"{path}: header says {length} samples, arrays hold {len(index)}; {_REBUILD_HINT}")
-        key = f"cost-index:legacy:{path.resolve()}"
-        if key not in _said:
-            _said.add(key)
-            logger.warning("mimo_accel: %s is a cost index of format %s: read whole into this process's memory "
-                           "(every rank holds a copy); %s to memory-map it (format %s)", path, fmt, _REBUILD_HINT,
-                           COST_INDEX_FORMAT)
-        return index.with_identity(**_identity_of(path, header))
 
     @classmethod
     def _mapped(cls, path: Path, f: MappedArrays, header: dict) -> CostIndex:
-        """A v4 (packed) or v3 (byte-aligned) file's index, its columns views of the file (raises the
-        private errors above)."""
+        """A file's index, its columns views of the file (raises the private errors above)."""
         encoders = _encoder_entries(header)
         specs, digest, length = header.get("columns"), header.get("digest"), header["length"]
         if not isinstance(specs, dict) or not isinstance(digest, str) or not re.fullmatch(r"[0-9a-f]{64}", digest):
@@ -555,10 +477,7 @@ class CostIndex:
         columns = {}
         for name in names:
             kind = name.partition("_")[2] if name != "tokens" else "tokens"
-            if header["format"] == COST_INDEX_FORMAT:
-                columns[name] = _packed_column(f, name, kind, specs[name], length)
-            else:
-                columns[name] = _narrow_column(f, name, kind, specs[name], length)
+            columns[name] = _packed_column(f, name, kind, specs[name], length)
         cols = {}
         for j, e in enumerate(encoders):
             try:
@@ -601,7 +520,7 @@ def _int_field(spec: Any, field: str, name: str) -> int:
 
 
 def _packed_column(f: MappedArrays, name: str, kind: str, spec: Any, length: int) -> PackedColumn:
-    """A v4 column: ``bits`` per value (no value of which can reach the bound), mapped."""
+    """A column: ``bits`` per value (no value of which can reach the bound), mapped."""
     bits = _int_field(spec, "bits", name)
     if bits > BOUNDS[kind]:
         raise _OutOfRange(f"column {name} has {bits}-bit values, which reach 2^{BOUNDS[kind]} or more: no sample's "
@@ -613,25 +532,6 @@ def _packed_column(f: MappedArrays, name: str, kind: str, spec: Any, length: int
         return PackedColumn(words, bits, length)
     except ValueError as exc:
         raise FileFormatError(f"column {name}: {exc}, as the header says") from None
-
-
-def _narrow_column(f: MappedArrays, name: str, kind: str, spec: Any, length: int) -> np.ndarray:
-    """A v3 column: the narrowest unsigned type for its recorded maximum, mapped."""
-    top = _int_field(spec, "max", name)
-    try:
-        dtype = np.dtype(spec["dtype"])
-    except (KeyError, TypeError):
-        raise _Malformed(f" (column {name})") from None
-    if top >= 1 << BOUNDS[kind]:
-        raise _OutOfRange(f"column {name} holds {top:,}, at or above 2^{BOUNDS[kind]}, which no sample's "
-                          f"{_KINDS[kind]} reach")
-    if dtype != _narrowest(top):
-        raise _Malformed(f" (column {name} is {dtype}, not the narrowest type for its maximum {top})")
-    column = f.mapped(name)
-    if column.dtype != dtype or column.size != length:
-        raise FileFormatError(f"column {name} holds {column.size} entries of {column.dtype}, the header "
-                              f"says {length} of {dtype}")
-    return column
 
 
 def _encoder_entries(header: dict) -> list[dict]:

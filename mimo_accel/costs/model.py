@@ -10,7 +10,7 @@ Per module (the user's config names; the language model is ``"language"``):
 
 An encoder without its own entry is priced by the model's default encoder coefficients ``a``,
 ``b`` (and k = 0). ``c`` weighs tokens in the single vision cost of :meth:`CostModel.costs_from_sums`
-(the v1 model, which exchange mode and ``CostIndex.costs`` still use).
+(which exchange mode uses).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,7 +31,6 @@ from mimo_accel.modules import LANGUAGE
 __all__ = ["CostModel", "ModuleCost"]
 
 COST_MODEL_FORMAT = "mimo-accel-cost-model/2"
-COST_MODEL_FORMAT_V1 = "mimo-accel-cost-model/1"
 LANGUAGE_A, LANGUAGE_B = 1.0, 1.0 / 8192  # the language model's L + L²/8192
 
 
@@ -156,16 +155,6 @@ class CostModel:
         p = np.asarray(image_patches, dtype=np.int64).reshape(-1)
         return float(self.costs_from_sums(p.sum(), (p * p).sum(), tokens))
 
-    def costs(self, samples: Iterable[tuple[Sequence[int], int]]) -> np.ndarray:
-        """Costs of many ``(image_patches, tokens)`` samples as a float64 array."""
-        sums, squares, tokens = [], [], []
-        for image_patches, n_tokens in samples:
-            p = np.asarray(image_patches, dtype=np.int64).reshape(-1)
-            sums.append(p.sum())
-            squares.append((p * p).sum())
-            tokens.append(n_tokens)
-        return self.costs_from_sums(sums, squares, tokens)
-
     def costs_from_sums(self, patches: Any, sq_patches: Any, tokens: Any) -> np.ndarray:
         """Vectorised core: costs from per-sample Σp, Σp² and token counts (all >= 0)."""
         p = np.asarray(patches, dtype=np.float64)
@@ -192,8 +181,8 @@ class CostModel:
 
     @classmethod
     def from_file(cls, path: str | os.PathLike[str]) -> CostModel:
-        """Read a model written by :meth:`to_file` (v2, or a v1 file: a, b, c and no modules); a
-        malformed file raises ValueError."""
+        """Read a model written by :meth:`to_file`; a malformed file, or one of an older format,
+        raises ValueError naming the command that recreates it."""
         path = Path(path)
         try:
             doc = json.loads(path.read_text(encoding="utf-8"))
@@ -201,18 +190,17 @@ class CostModel:
             raise ValueError(
                 f"{path}: not a JSON cost model ({exc}); recreate it with `mimo-accel calibrate`"
             ) from None
-        if not isinstance(doc, dict) or doc.get("format") not in (COST_MODEL_FORMAT, COST_MODEL_FORMAT_V1):
+        if not isinstance(doc, dict) or doc.get("format") != COST_MODEL_FORMAT:
             found = doc.get("format") if isinstance(doc, dict) else type(doc).__name__
             raise ValueError(
                 f"{path}: expected \"format\": \"{COST_MODEL_FORMAT}\", found {found!r};"
                 " recreate it with `mimo-accel calibrate`"
             )
-        v2 = doc["format"] == COST_MODEL_FORMAT
-        unknown = sorted(set(doc) - {"format", "a", "b", "c", "fit", *(("modules",) if v2 else ())})
+        unknown = sorted(set(doc) - {"format", "a", "b", "c", "fit", "modules"})
         if unknown:
             raise ValueError(
-                f"{path}: unknown keys {unknown}; a cost model has a, b, c"
-                + (", a \"modules\" table" if v2 else "") + " and an optional \"fit\" object for metadata"
+                f"{path}: unknown keys {unknown}; a cost model has a, b, c, a \"modules\" table and an optional "
+                "\"fit\" object for metadata"
             )
         missing = [k for k in ("a", "b", "c") if k not in doc]
         if missing:

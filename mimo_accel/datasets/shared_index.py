@@ -11,8 +11,8 @@ With a process group, each rank probes its contiguous 1/world share and one
 index (same arrays, same order) without a broadcast. The result is cached on disk keyed by the
 dataset's fingerprint and the resize settings (:meth:`SampleSource.fingerprint`) and by its files'
 names, sizes and first bytes (:mod:`mimo_accel.costs.contents`: a copy of the dataset in another
-directory has the same key, a file re-exported in place another), so a restart reads it back — memory-mapped, one copy in the page cache for the ranks of a node (a cache of the
-older file format is rewritten in the new one by the rank that writes the cache): ``cache_dir`` argument, else ``$MIMO_ACCEL_CACHE_DIR``, else
+directory has the same key, a file re-exported in place another), so a restart reads it back — memory-mapped, one copy in the page cache for the ranks of a node (a cache of an
+older file format is rebuilt): ``cache_dir`` argument, else ``$MIMO_ACCEL_CACHE_DIR``, else
 ``$XDG_CACHE_HOME/mimo_accel`` (``~/.cache/mimo_accel``). ``mimo-accel index --dataset
 MODULE:FACTORY`` builds the same cache offline.
 
@@ -244,8 +244,6 @@ def derive_cost_index(dataset: Any, *, group: Any = None, cache_dir: CacheDir = 
     if cached is not None and len(digests) == 1:
         if rank == 0:
             logger.info("mimo_accel: cost index of %s read from the cache %s", source.describe(), path)
-        if not cached.mapped and writer[(mine[1], mine[2])] == rank:
-            _save(cached, path, source, key)  # an older format's cache, rewritten to be memory-mapped next time
         return cached.with_identity(**identity)
 
     # 3. Probe this rank's share; one gather assembles the whole index everywhere.

@@ -85,7 +85,7 @@ class Probed:
             take = np.arange(length) % max(len(self), 1)
         if not isinstance(rules, Mapping):
             rules = {name: rules for name in self.encoders}
-        return CostIndex.from_modules(self.tokens[take], {
+        return CostIndex(self.tokens[take], {
             n: (items[take], rows[take], sq[take], rules[n]) for n, (items, rows, sq) in self.encoders.items()})
 
 

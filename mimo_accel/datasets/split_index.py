@@ -86,7 +86,7 @@ def _check_describes(index: CostIndex, file: str, dataset, split: str, group, no
     if theirs is None:
         if notify is not None:
             why = ("records its files in a form this mimo_accel does not read (a newer version's?)" if "contents" in recorded else
-                   "records no fingerprint of its files (built by an older mimo_accel, by hand, or from a manifest "
+                   "records no fingerprint of its files (built by hand, or from a manifest "
                    "that gives image sizes rather than files)")
             notify(f"index-identity:{file}", f"mimo_accel reorder: the cost index {file} {why}, so only its length "
                    f"could be checked against the {split} dataset; `mimo-accel index` records one")

@@ -35,10 +35,10 @@ step line, null when it was not timed that step; any other region only in the st
 The counters ``COUNTERS`` are always present (0 if unset); an encoder module's counters
 ``<module>_items`` / ``<module>_rows`` / ``<module>_sq_rows`` (``MODULE_COUNTERS``) from the first
 step they were declared or added in (0 when unset). ``micro`` (older files lack it): each call of
-a module's region in the step, ``{"<module>_fwd": [seconds, ...]}`` in call order, one a micro-batch. The header lists what was declared at creation
-(``regions``, ``counters``). Format 1 (``FORMAT_V1``, before per-module timing) wrote
-``vision_fwd_s`` / ``vision_bwd_s`` in every line and knew no other module region;
-:func:`mimo_accel.profiler.read_run` reads both.
+a module's region in the step, ``{"<module>_fwd": [seconds, ...]}`` in call order, one a
+micro-batch. The header lists what was declared at creation (``regions``, ``counters``).
+:func:`mimo_accel.profiler.read_run` refuses a file of an older format (``FORMAT_V1``), naming the
+rerun that records this one.
 
 The recorder does no collective communication and imports torch only when a CUDA clock or the
 module timer needs it, so ``mimo_accel.tools.report`` can load runs without importing torch.
@@ -61,12 +61,10 @@ from typing import Any
 from mimo_accel import nvtx
 
 FORMAT = "mimo-accel-profile/2"
-#: The format before per-module timing: ``vision_fwd_s`` / ``vision_bwd_s`` in every step line.
+#: The format before per-module timing, which :func:`mimo_accel.profiler.read_run` refuses.
 FORMAT_V1 = "mimo-accel-profile/1"
-#: The formats :func:`mimo_accel.profiler.read_run` reads.
-READABLE_FORMATS = (FORMAT_V1, FORMAT)
 #: Counters that :meth:`Recorder.add` accumulates per step; always present in a step line (0 if unset).
-#: ``images`` / ``patches`` / ``sq_patches``: the patch-packed image encoder's (as in format 1);
+#: ``images`` / ``patches`` / ``sq_patches``: the patch-packed image encoder's;
 #: ``tokens`` / ``sq_tokens``: the batch's real tokens, Σ L and Σ L² over its samples.
 COUNTERS = ("samples", "images", "patches", "sq_patches", "tokens", "sq_tokens", "samples_read", "bytes_read",
             "bytes_exchanged")

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from mimo_accel.modules import LANGUAGE
-from mimo_accel.profiler.recorder import FORMAT, FORMAT_V1, READABLE_FORMATS, REGIONS, module_regions
+from mimo_accel.profiler.recorder import FORMAT, FORMAT_V1, REGIONS, module_regions
 
 _RANK_FILE = re.compile(r"^rank(\d+)\.jsonl$")
 
@@ -64,11 +64,8 @@ class RankLog:
     @property
     def regions(self) -> tuple[str, ...]:
         """The regions this rank's file names: declared in its header or timed in a step (its
-        ``timed_calls``). Format 1 files: the ``vision_fwd`` / ``vision_bwd`` they always carry,
-        and any other timed region."""
+        ``timed_calls``)."""
         found: dict[str, None] = {}
-        if self.format == FORMAT_V1:
-            found.update(dict.fromkeys(REGIONS))
         for r in (self.header or {}).get("regions") or ():
             if isinstance(r, str):
                 found[r] = None
@@ -81,13 +78,13 @@ class RankLog:
     @property
     def module_regions(self) -> tuple[str, str]:
         """The regions this rank's module's forward and backward are timed under:
-        ``(<module>_fwd, <module>_bwd)``. A file without them (format 1, where every encoder was
-        timed as "vision") whose rank timed ``vision_fwd`` / ``vision_bwd``: those."""
+        ``(<module>_fwd, <module>_bwd)``. A file without them whose rank timed ``vision_fwd`` /
+        ``vision_bwd`` (a module the recorder could not name is timed as "vision"): those."""
         own = module_regions(self.module)
         have = self.regions
         if own[0] in have or own[1] in have or self.module == LANGUAGE:
             return own
-        if self.format == FORMAT_V1 or REGIONS[0] in have or REGIONS[1] in have:
+        if REGIONS[0] in have or REGIONS[1] in have:
             legacy = tuple(r for r in REGIONS if r in have)
             if legacy and any(module_seconds(rec, REGIONS) is not None for rec in self.steps):
                 return REGIONS  # type: ignore[return-value]
@@ -244,7 +241,10 @@ def _read_rank_file(rank: int, path: Path, warnings: list[str]) -> RankLog | Non
         if kind == "header":
             headers += 1
             fmt = rec.get("format")
-            if fmt not in READABLE_FORMATS:
+            if fmt == FORMAT_V1:
+                raise ProfileError(f"{path}: profile format {fmt!r} is no longer read; rerun the job with --profile "
+                                   f"to record format {FORMAT!r}")
+            if fmt != FORMAT:
                 warnings.append(f"rank {rank}: {path.name} has format {fmt!r}, expected {FORMAT!r}; reading it anyway")
             if log.header is None:
                 log.header = rec

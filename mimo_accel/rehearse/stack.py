@@ -214,11 +214,11 @@ class SyntheticVLMDataset(torch.utils.data.Dataset):
             specs = [self.spec_fn(i) for i in range(self.num_samples)]
             per_image = [[h * w for h, w in s.images] for s in specs]
             self._cost_index = CostIndex(
-                patches=[sum(p) for p in per_image], sq_patches=[sum(x * x for x in p) for p in per_image],
-                tokens=[sum(image_rows(h, w, self.merge) for h, w in s.images) + s.text_tokens for s in specs],
-                images=[len(s.images) for s in specs],
-                # sides are given in patches already: a 1-pixel "patch" rule leaves them as they are
-                rule=ResizeRule(patch_size=1, merge_size=self.merge, min_pixels=1, max_pixels=1 << 40))
+                [sum(image_rows(h, w, self.merge) for h, w in s.images) + s.text_tokens for s in specs],
+                {"vision": ([len(s.images) for s in specs], [sum(p) for p in per_image],
+                            [sum(x * x for x in p) for p in per_image],
+                            # sides are given in patches already: a 1-pixel "patch" rule leaves them as they are
+                            ResizeRule(patch_size=1, merge_size=self.merge, min_pixels=1, max_pixels=1 << 40))})
         return self._cost_index
 
     def __getitem__(self, idx: int) -> dict:

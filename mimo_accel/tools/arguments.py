@@ -12,8 +12,6 @@ A bad value ends in one ``mimo-accel <cmd>: error: ...`` line that names the fix
   every command: a missing directory above an output is refused, never made; a directory option
   names a directory that is made if missing;
 - optional packages: :func:`require_extra` names the package and the extra that installs it;
-- renamed flags: :class:`Renamed` keeps an old spelling working, hidden from ``--help``, and says
-  once that it is renamed;
 - :func:`fail` prints the one line (:func:`one_line`: any message or exception on one line); with
   ``MIMO_ACCEL_TRACEBACK=1`` the traceback before it.
 """
@@ -28,7 +26,7 @@ from typing import Optional, Union
 
 from mimo_accel.config import ENV_TRACEBACK
 
-__all__ = ["TRACEBACK_ENV", "UsageError", "Renamed", "fail", "nonnegative_int", "one_line", "output_dir", "output_file",
+__all__ = ["TRACEBACK_ENV", "UsageError", "fail", "nonnegative_int", "one_line", "output_dir", "output_file",
            "parse", "peak_tflops", "positive_int", "require_extra", "add_peak_option"]
 
 TRACEBACK_ENV = ENV_TRACEBACK  # 1: an error's traceback too, not only its one line (debugging)
@@ -79,25 +77,6 @@ def add_peak_option(p: argparse.ArgumentParser) -> None:
     p.add_argument("--peak-tflops", metavar="T", type=peak_tflops, default=None,
                    help="the GPU's dense BF16 peak, TFLOP/s per GPU, for each module's MFU (default: from the "
                         "device table, by the GPU the profile names; a CPU run has no MFU)")
-
-
-class Renamed(argparse.Action):
-    """An old flag spelling, hidden from ``--help``: still works, and says once it is renamed.
-
-    ``p.add_argument("--cost", action=Renamed, new="--cost-model", dest="cost_model", help=argparse.SUPPRESS)``
-    """
-
-    def __init__(self, option_strings, dest, new: str, **kwargs):
-        kwargs.setdefault("help", argparse.SUPPRESS)
-        super().__init__(option_strings, dest, **kwargs)
-        self.new, self.said = new, False
-
-    def __call__(self, parser, namespace, values, option_string=None):
-        if not self.said:
-            print(f"{parser.prog}: warning: {option_string} is renamed {self.new}; the old spelling still "
-                  "works for now", file=sys.stderr)
-            self.said = True
-        setattr(namespace, self.dest, values)
 
 
 def parse(parser: argparse.ArgumentParser, argv) -> Union[argparse.Namespace, int]:

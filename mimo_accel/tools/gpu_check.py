@@ -593,8 +593,7 @@ def _exercise_ranges(setup: _Setup) -> None:
     n, batch_size = 16, 4
     rng = np.random.default_rng(0)
     patches = rng.integers(1, 50, n)
-    index = CostIndex(patches=patches, sq_patches=patches * patches, tokens=rng.integers(1, 9, n),
-                      images=np.ones(n, int), rule=ResizeRule())
+    index = CostIndex(rng.integers(1, 9, n), {"vision": (np.ones(n, int), patches, patches * patches, ResizeRule())})
     sizes = {VISION: 2, LANGUAGE: 1}
     ctx = ShardContext(VISION, 0, 2, canonical_grid(list(sizes.values())), sizes)
 

@@ -236,7 +236,7 @@ class _Columns:
             whole[key] = np.concatenate(parts) if parts else np.zeros(0, np.uint8)  # the widest part's type
             whole[key].setflags(write=False)  # ours alone: the index keeps it without a copy
             parts.clear()
-        return CostIndex.from_modules(whole["tokens"], {module: (whole["items"], whole["rows"], whole["sq_rows"],
+        return CostIndex(whole["tokens"], {module: (whole["items"], whole["rows"], whole["sq_rows"],
                                                                  rule)})
 
 

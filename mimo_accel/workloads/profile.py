@@ -109,7 +109,7 @@ class SampleTable:
     def cost_index(self) -> CostIndex:
         """The samples as a cost index of every encoder: what the planner prices at run time
         (:meth:`~mimo_accel.costs.CostIndex.module_costs`)."""
-        return CostIndex.from_modules(self.tokens, self.encoders)
+        return CostIndex(self.tokens, self.encoders)
 
     def costs(self, model: CostModel | None = None) -> np.ndarray:
         """The vision cost of each sample under the single-cost model (``a·Σp + b·Σp² + c·tokens``,

@@ -19,7 +19,7 @@ model (``language``):
   ``vision_time_mean``, ``vision_max_mean``, ``vision_per_rank``, ``slowest`` and the series'
   ``vision_step`` / ``vision_max_over_mean`` are aliases (``STABLE_KEYS``), kept for one release
   (docs/compatibility.md): the figures of the module ``vision_module`` names — the module named
-  ``vision``; else the module whose ranks timed format 1's ``vision_*`` regions, or the only
+  ``vision``; else the module whose ranks timed the ``vision_*`` regions, or the only
   encoder (said in a warning). ``vision_module`` is null where those ranks are in no module.
 * **predicted spread** (``predicted_spreads_mean``): the mean over step lines of what the plan
   predicted for each module (the lines' ``predicted_spreads``; format 1's single
@@ -51,7 +51,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from mimo_accel.modules import LANGUAGE
-from mimo_accel.profiler import FORMAT_V1, REGIONS, Run, json_safe, module_seconds
+from mimo_accel.profiler import REGIONS, Run, json_safe, module_seconds
 from mimo_accel.profiler import record_number as _num
 from mimo_accel.profiler.recorder import FORMAT_V1_ENCODER
 from mimo_accel.tools.report.replayed import replayed_steps
@@ -305,10 +305,7 @@ def summarize(run: Run, *, warmup: int = 1, peak_tflops: float | None = None) ->
     per_module: dict[str, Any] = {}
     for name in order:
         ranks = modules[name]
-        v1 = all(run.ranks[r].format == FORMAT_V1 for r in ranks)
-        # format 1 timed every encoder (as "vision") and the language model not at all
-        per_module[name] = _module_time(run, steps_of, name, ranks, own_regions, warnings,
-                                        warn_untimed=not v1 or name != LANGUAGE)
+        per_module[name] = _module_time(run, steps_of, name, ranks, own_regions, warnings, warn_untimed=True)
 
     # ---- the vision_* keys every version of this report has had (STABLE_KEYS): aliases of a module's
     vision_ranks = list(modules.get("vision", []))

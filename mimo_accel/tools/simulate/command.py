@@ -11,7 +11,7 @@ from pathlib import Path
 from rich.console import Console
 
 from mimo_accel.costs import CostModel
-from mimo_accel.tools.arguments import (Renamed, UsageError, fail, nonnegative_int, output_file, parse, positive_int,
+from mimo_accel.tools.arguments import (UsageError, fail, nonnegative_int, output_file, parse, positive_int,
                                         require_extra)
 from mimo_accel.tools.simulate.charts import write_png
 from mimo_accel.tools.simulate.console import render
@@ -49,7 +49,6 @@ def _parser() -> argparse.ArgumentParser:
                    help="global micro-batches per step planned together (AccelConfig's reorder_window, "
                         "MIMO_ACCEL_REORDER_WINDOW); default 1: each micro-batch alone. Above 1 adds the "
                         "window table")
-    p.add_argument("--window", action=Renamed, new="--reorder-window", dest="reorder_window", type=positive_int)
     p.add_argument("--per-replica", type=positive_int, default=None, metavar="K",
                    help="samples per replica of the first encoder (default: the workload's micro_batch_size / "
                         "that encoder's dp)")
@@ -57,7 +56,6 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--cost-model", metavar="FILE",
                    help="cost-model file from `mimo-accel calibrate` (AccelConfig's cost_model, "
                         "MIMO_ACCEL_COST_MODEL; default: built-in)")
-    p.add_argument("--cost", action=Renamed, new="--cost-model", dest="cost_model")
     p.add_argument("--language-dp", default=None, metavar="ratio|equal|R",
                    help="language DP per first-encoder DP: the workload's ratio (default), equal, or R language "
                         "replicas per first-encoder replica (0.5: fan-in, 2: fan-out)")
