@@ -114,9 +114,10 @@ def test_a_steps_observations_are_each_replicas_longest_rank_and_its_counts():
     assert x.tolist() == [[100, 5000, 1], [60, 1800, 2]] and y.tolist() == [0.4, 0.2]
     x, y = out["language"]
     assert x.tolist() == [[310, 48100], [300, 45000]] and y.tolist() == [0.6, 0.5]
-    # a replica without a time, or a module of one replica: nothing to learn from this step
+    # a replica without a time: nothing to learn from this step; one replica: its scale only
     assert "vision" not in step_observations(figures[:2] + [dict(figures[2], time_s=None)])
-    assert step_observations(figures[4:5]) == {}
+    x, y = step_observations(figures[4:5])["language"]
+    assert x.tolist() == [[300, 45000]] and y.tolist() == [0.5]
 
 
 @pytest.mark.parametrize("window,step_micro_batches,depth,lead", [(1, 1, 3, 7), (1, 4, 3, 4), (4, 8, 3, 5),

@@ -303,16 +303,23 @@ def test_a_coefficient_the_plan_equalised_takes_the_time_the_others_leave():
     assert refit.coefficients.b == pytest.approx(truth.b, rel=0.05)
 
 
-def test_one_replica_cannot_teach_anything_and_says_so():
+def test_one_replica_teaches_only_its_scale_once_and_says_so():
+    """Nothing differs within a step: the coefficients are put in seconds once, in the proportions
+    they have (the step plan weighs modules against each other), and nothing more is learnt."""
     said = []
     cal = OnlineCalibration(CostModel(), [VISION], min_steps=6, every=1,
                             notify=lambda key, message: said.append((key, message)))
+    accepted = []
     for step in range(10):
         _observations(cal, 1, TRUE, start=step, seed=step, replicas=1)
-        assert cal.refit(step + 1) == ()
-    assert cal.model == CostModel() and cal.attempts == ()
+        accepted += cal.refit(step + 1)
+    [scaled] = accepted
+    start, now = CostModel().of(VISION), cal.model.of(VISION)
+    assert scaled.step == 6 and scaled.reason == "in seconds: only the scale can be learnt"
+    assert now.b / now.a == pytest.approx(start.b / start.a) and now.k == start.k == 0
+    assert 1e-6 < now.a < 1e-3  # seconds per row now, not the default's 1 (TRUE's a is 2e-5 s)
     assert len(said) == 5 and len(set(said)) == 1  # at every attempt from min_steps on, under one key
-    assert "cost cannot be learnt" in said[0][1]
+    assert "only its scale is learnt" in said[0][1]
 
 
 def test_a_fit_that_is_worse_on_the_held_out_steps_is_not_taken():

@@ -235,6 +235,7 @@ class OnlineCalibration:
         self._level: dict[str, tuple[float, float]] = {}
         self._attempts: list[Refit] = []
         self._accepted: list[Refit] = []
+        self._in_seconds: set[str] = set()  # modules whose coefficients an accepted refit put in seconds
 
     # ---------------------------------------------------------------------------- what it holds
 
@@ -357,9 +358,14 @@ class OnlineCalibration:
         if not varying.any():
             self._say(f"online:{module}:nothing-varies",
                       f"mimo_accel online calibration: {module}: no feature ({', '.join(names)}) differs between its "
-                      "replicas within a step (one replica, or equal work on every one), so its cost cannot be learnt "
-                      "from the step times; its model stays as it is")
-            return None
+                      "replicas within a step (one replica, or equal work on every one), so only its scale is learnt "
+                      "from the step times, once: its coefficients in seconds, in the proportions they have")
+            if module in self._in_seconds:
+                return None
+            # one module in seconds and another in its start's units would mislead the step plan,
+            # which weighs the pipeline's modules against each other
+            return Refit(step, module, ModuleCost(*(float(v) for v in scale * current)), overhead, before, math.nan,
+                         test_steps, True, "in seconds: only the scale can be learnt")
         if not varying.all():
             held = [f"{names[j]} ({_COEFFICIENTS[j]})" for j in np.flatnonzero(~varying)]
             self._say(f"online:{module}:held:{','.join(held)}",
@@ -420,6 +426,7 @@ class OnlineCalibration:
         online[module] = refit.step
         self._model = replace(self._model, modules=modules, fit={**self._model.fit, "online": online})
         self._level[module] = (1.0, refit.overhead_s)
+        self._in_seconds.add(module)
 
     def _say(self, key: str, message: str) -> None:
         if self._notify is not None:

@@ -411,7 +411,8 @@ class Calibration:
 def step_observations(figures: list) -> dict:
     """Per module, one step's ``(features [replicas, n], seconds [replicas])`` from every rank's
     figures: a replica's time is the longest of its ranks' (TP, PP), its features the largest any
-    of its ranks counted. A module with a replica that has no time is left out of that step."""
+    of its ranks counted. A module with a replica that has no time is left out of that step; one of a
+    single replica teaches only its scale (:class:`~mimo_accel.costs.online.OnlineCalibration`)."""
     import numpy as np
 
     from mimo_accel.costs.online import features_of
@@ -430,7 +431,7 @@ def step_observations(figures: list) -> dict:
                                       [max(a, b) for a, b in zip(seen[1], x)])
     out = {}
     for module, replicas in by_module.items():
-        if len(replicas) < 2 or any(t is None for t, _ in replicas.values()):
+        if any(t is None for t, _ in replicas.values()):
             continue
         order = sorted(replicas)
         features = np.array([replicas[d][1] for d in order], dtype=np.float64)
