@@ -116,17 +116,14 @@ def test_plans_agree_at_every_window_while_refits_take_effect(workdir, vdp, ldp)
     assert len({models[it] for it in range(1, first)}) == 1  # the configured model until the first announcement
     # the cold start: the first refit learns from iterations 2-4 (the first left out) and plans from 6,
     # every planner having waited for it there rather than the refit waiting out the queue (fan-out's
-    # one vision replica teaches its scale: in seconds like the language model's)
+    # one vision replica leaves the language model alone to learn, whose first refit is not accepted)
     cold = [a for a in announced if a["learnt_through"] == first_refit(0) == 4]
-    assert [a["step"] for a in cold] == [FIRST_CALIBRATED]
+    assert [a["step"] for a in cold] == ([FIRST_CALIBRATED] if vdp > 1 else [])
     assert models[first] != models[first - 1]
     _assert_every_sample_once(run["records"], range(1, ITERS + 1))
     refits = [r for log in run["profile"].ranks.values() for line in log.steps for r in line.get("online_refits", ())]
-    # a module of one replica teaches its scale alone (nothing to judge on held-out shares)
-    learnt = [r for r in refits if r["reason"] != "in seconds: only the scale can be learnt"]
-    assert learnt and all(r["held_out_error_after"] < r["held_out_error_before"] for r in learnt)
-    assert all(r["module"] == "vision" and vdp == 1 or r["module"] == "language" and ldp == 1
-               for r in refits if r not in learnt)
+    # from a start in seconds (a file), every refit taken is a fit judged better (no scale-only one)
+    assert refits and all(r["held_out_error_after"] < r["held_out_error_before"] for r in refits)
     assert any(r["coefficients"]["k"] > 0 for r in refits if r["module"] == "vision") or vdp == 1
 
 

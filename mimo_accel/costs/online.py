@@ -86,6 +86,7 @@ _VARIES = 1e-9  # a feature varies within steps if its within-step rms exceeds t
 # information, and without the floor its prior would carry as little, leaving its coefficient to
 # the noise (in simulation: fits dropped as implausible from starts only 3-10x off).
 _PRIOR_FLOOR = 0.05
+SCALE_ONLY = "in seconds"  # the reason of a refit that only scaled the model in use to seconds
 _RECENTRE = 16  # fits with the prior's centre moved to the candidate (see _within_step_fit)
 
 
@@ -158,6 +159,11 @@ class Refit:
     held_out_steps: tuple[int, ...]
     accepted: bool
     reason: str
+
+    @property
+    def scale_only(self) -> bool:
+        """Whether it only put the model in use in seconds (its shape not learnt: not judged better)."""
+        return self.reason.startswith(SCALE_ONLY)
 
     def to_dict(self) -> dict[str, Any]:
         """The report's record: step, module, coefficients, the held-out errors (and the rest)."""
@@ -235,7 +241,9 @@ class OnlineCalibration:
         self._level: dict[str, tuple[float, float]] = {}
         self._attempts: list[Refit] = []
         self._accepted: list[Refit] = []
-        self._in_seconds: set[str] = set()  # modules whose coefficients an accepted refit put in seconds
+        # a start in FLOPs (costs.prior) is not in seconds: each module's first attempt puts it there,
+        # its shape learnt or not, so a step plan weighs every module in one unit
+        self._to_seconds: set[str] = set(names) if start.fit.get("start") == "flops" else set()
 
     # ---------------------------------------------------------------------------- what it holds
 
@@ -332,6 +340,8 @@ class OnlineCalibration:
             attempt = self._attempt(int(step), module, [steps[s] for s in sorted(steps)], sorted(steps))
             if attempt is None:
                 continue
+            if not attempt.accepted and module in self._to_seconds and module in self._level:
+                attempt = self._scaled(attempt)
             self._attempts.append(attempt)
             if attempt.accepted:
                 self._adopt(attempt)
@@ -358,14 +368,14 @@ class OnlineCalibration:
         if not varying.any():
             self._say(f"online:{module}:nothing-varies",
                       f"mimo_accel online calibration: {module}: no feature ({', '.join(names)}) differs between its "
-                      "replicas within a step (one replica, or equal work on every one), so only its scale is learnt "
-                      "from the step times, once: its coefficients in seconds, in the proportions they have")
-            if module in self._in_seconds:
+                      "replicas within a step (one replica, or equal work on every one), so its cost cannot be learnt "
+                      "from the step times; its model stays as it is (a start in FLOPs is put in seconds, once)")
+            if module not in self._to_seconds:
                 return None
             # one module in seconds and another in its start's units would mislead the step plan,
             # which weighs the pipeline's modules against each other
             return Refit(step, module, ModuleCost(*(float(v) for v in scale * current)), overhead, before, math.nan,
-                         test_steps, True, "in seconds: only the scale can be learnt")
+                         test_steps, True, f"{SCALE_ONLY}: only the scale can be learnt")
         if not varying.all():
             held = [f"{names[j]} ({_COEFFICIENTS[j]})" for j in np.flatnonzero(~varying)]
             self._say(f"online:{module}:held:{','.join(held)}",
@@ -393,6 +403,15 @@ class OnlineCalibration:
                          "better on the held-out steps")
         return Refit(step, module, candidate, new_overhead, before, after, test_steps, False,
                      f"not better on the held-out steps by {self.min_gain:.0%}")
+
+    def _scaled(self, attempt: Refit) -> Refit:
+        """A first attempt not taken: the model in use, put in seconds (its fitted scale), so that
+        every module of a step plan is priced in one unit whether or not its shape was learnt."""
+        scale, overhead = self._level[attempt.module]
+        current = self._coefficients(attempt.module)
+        return replace(attempt, coefficients=ModuleCost(*(float(v) for v in scale * current)), overhead_s=overhead,
+                       held_out_error_after=attempt.held_out_error_before, accepted=True,
+                       reason=f"{SCALE_ONLY}: the model in use, scaled ({attempt.reason})")
 
     def _implausible(self, module: str, w: np.ndarray, centre: np.ndarray, x: np.ndarray) -> Optional[str]:
         names = features_of(module)
@@ -426,7 +445,7 @@ class OnlineCalibration:
         online[module] = refit.step
         self._model = replace(self._model, modules=modules, fit={**self._model.fit, "online": online})
         self._level[module] = (1.0, refit.overhead_s)
-        self._in_seconds.add(module)
+        self._to_seconds.discard(module)
 
     def _say(self, key: str, message: str) -> None:
         if self._notify is not None:
