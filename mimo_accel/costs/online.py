@@ -43,6 +43,9 @@ observed steps, the newest ``held_out`` share of them held out:
    ``|max(p)/mean(p) − max(m)/mean(m)|`` (:func:`spread_error`), and also sees a prediction that
    has the right spread on the wrong replica. The refit is accepted only if its mean held-out
    error is below the current model's by at least ``min_gain`` (relative).
+   A start in FLOPs (:mod:`~mimo_accel.costs.prior`) is put in seconds at each module's first
+   attempt, its shape learnt or not (one replica: its scale alone), so that a step plan weighs
+   every module in one unit (``Refit.scale_only``).
 6. **Implausible fits are dropped.** A candidate with a non-finite or negative coefficient, with
    every coefficient 0, with a coefficient outside ``[1/bound, bound]`` times its current
    (scaled) value while its term carries at least 1 % of the predicted work in both models (a
