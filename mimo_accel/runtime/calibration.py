@@ -304,7 +304,9 @@ class Calibration:
         from mimo_accel.runtime.plan_inputs import digest
 
         ahead = -(-max(0, prefetched) // max(1, step_micro_batches))
-        self.first_planned = first_refit(self.start_iteration) + 2 + ahead
+        # a run resumed with models learnt before its checkpoint is no cold start: its refits wait out
+        # the lead, as the uninterrupted run's did
+        self.first_planned = None if self._restored else first_refit(self.start_iteration) + 2 + ahead
 
         def of_window(first_micro_batch: int) -> WindowModel:
             iteration = first_micro_batch // step_micro_batches + 1
@@ -336,7 +338,7 @@ class Calibration:
         (:func:`~mimo_accel.runtime.metrics.rank_figures` of every rank), and announce an accepted
         refit for iteration ``current_iteration + lead`` (the first refit: for the iteration every
         planner waits at, then say that it was made, accepted or not). Returns the accepted refits."""
-        cold = not self._first_said and iteration >= first_refit(self.start_iteration)
+        cold = not self._first_said and not self._restored and iteration >= first_refit(self.start_iteration)
         try:
             accepted = self._learn(iteration, figures)
             if accepted:
