@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""What online calibration costs the training thread (mimo_accel.runtime.calibration).
+"""What online calibration costs the training thread (mimo_accel.runtime.measuring.calibration).
 
 The writing (fitting) rank's optimizer-step hook, as in a job of N ranks on a real TCPStore on
 loopback: before each step the other N-1 ranks' step figures are in the store (as when the last of
@@ -33,8 +33,8 @@ from bench_metrics import _State  # noqa: E402  (Bridge's GlobalState as the wri
 from bench_plan_ahead import busy, calibrate  # noqa: E402
 
 from mimo_accel.costs import CostModel  # noqa: E402
-from mimo_accel.runtime.calibration import Calibration  # noqa: E402
-from mimo_accel.runtime.metrics import Metrics, rank_figures  # noqa: E402
+from mimo_accel.runtime.measuring.calibration import Calibration  # noqa: E402
+from mimo_accel.runtime.measuring.metrics import Metrics, rank_figures  # noqa: E402
 
 TRUE = {"vision": np.array([2e-5, 1e-9, 5e-3]), "language": np.array([1e-5, 5e-7])}
 

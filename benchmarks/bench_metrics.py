@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """What gathering the TensorBoard/W&B figures costs the writing rank's training thread per logged
-iteration (mimo_accel.runtime.metrics), from 8 to 4,096 simulated ranks: a real TCPStore on loopback,
+iteration (mimo_accel.runtime.measuring.metrics), from 8 to 4,096 simulated ranks: a real TCPStore on loopback,
 every other rank's step figures already set (as they are when the last of them arrives).
 
 Before: the writing rank's hook waited for the others' keys, read them (`multi_get`), marked the
@@ -28,7 +28,7 @@ import time
 
 import torch.distributed as dist
 
-from mimo_accel.runtime.metrics import Metrics, rank_figures
+from mimo_accel.runtime.measuring.metrics import Metrics, rank_figures
 
 
 class _State:

@@ -35,7 +35,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from mimo_accel.runtime.packing import pack_language_shard, plan_packing  # noqa: E402
+from mimo_accel.packing import pack_language_shard, plan_packing  # noqa: E402
 
 ALIGNED = {"pad_multiple": 4, "tp_size": 8}  # cp=2 -> 2*cp; SP: tp*cp = 4*2
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""What planning costs the training thread (mimo_accel.runtime.plan_ahead).
+"""What planning costs the training thread (mimo_accel.runtime.reading.plan_ahead).
 
 One data rank's sharded sampler over Megatron Bridge's own ``MegatronPretrainingSampler``, at
 4096 samples per global micro-batch on a canonical grid of 512 groups, ``reorder_window`` 8 (a
@@ -100,7 +100,7 @@ class _Serial:
     """The sampler as it planned before: each window inside ``next()``."""
 
     def __init__(self, sampler_args, planner, ctx):
-        from mimo_accel.runtime.sampler import ShareRules
+        from mimo_accel.runtime.reading.sampler import ShareRules
 
         self.source, self.planner, self.rules = _global_sampler(*sampler_args), planner, ShareRules(ctx, WINDOW)
 
@@ -117,8 +117,8 @@ def _global_sampler(n: int, mbs: int):
 
 
 def run_mode(mode: str, dps: dict, index: CostIndex, windows: int, units: int, mbs: int) -> dict:
-    from mimo_accel.runtime.sampler import ShardedBatchSampler
-    from mimo_accel.runtime.shard import ShardContext
+    from mimo_accel.runtime.reading.sampler import ShardedBatchSampler
+    from mimo_accel.runtime.reading.shard import ShardContext
 
     ctx = ShardContext("vision", 0, dps["vision"], Modules.from_dp_sizes(dps).grid, dps)
     n = windows * WINDOW * mbs

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""What agreeing every window's plan costs (mimo_accel.runtime.plan_check.WindowCheck), from 8 to
+"""What agreeing every window's plan costs (mimo_accel.runtime.reading.plan_check.WindowCheck), from 8 to
 4,096 simulated data ranks, on a real TCPStore on loopback.
 
 Per window, the other N-1 ranks' posts (one ``compare_set`` and one ``add`` each) go into the
@@ -7,7 +7,7 @@ store first, as they do when the rank measured is the last to arrive; then the m
 whole ``agree()`` is timed: its post, the verdict it writes as the last arrival, the deletion of
 the window before, and its wait and read of the verdict: the most store work any rank does for a
 window. The store operations per window are counted over all ranks. The check runs on each rank's
-planner thread (mimo_accel.runtime.plan_ahead), so none of this is on the training thread's path;
+planner thread (mimo_accel.runtime.reading.plan_ahead), so none of this is on the training thread's path;
 the figure says what it would cost there.
 
     python benchmarks/bench_plan_check.py [--ranks 8,64,512,4096] [--windows 20]
@@ -26,7 +26,7 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from mimo_accel.runtime.plan_check import WindowCheck, plan_digest  # noqa: E402
+from mimo_accel.runtime.reading.plan_check import WindowCheck, plan_digest  # noqa: E402
 
 
 def main(argv=None) -> int:

@@ -109,7 +109,7 @@ class AccelConfig:
         each language replica's loss is a mean over its own tokens. Off: said once.
     calibrate_online: with ``reorder`` (plan mode), the cost model refits itself from the job's own
         step times while it trains, starting from ``cost_model`` or each module's FLOPs
-        (:mod:`mimo_accel.runtime.calibration`); False pins it. No effect without reorder.
+        (:mod:`mimo_accel.runtime.measuring.calibration`); False pins it. No effect without reorder.
     """
 
     sharded_reads: bool = False

@@ -1,4 +1,4 @@
-"""Online calibration in the runtime (mimo_accel.runtime.calibration), without ranks: the schedule
+"""Online calibration in the runtime (mimo_accel.runtime.measuring.calibration), without ranks: the schedule
 of models by iteration, announcements through a real TCPStore from the fitting rank to a planner
 (one store value per refit, a step ahead of every plan made), the step's observations from every
 rank's figures, the schedule beside the checkpoints and what a resume replays from it, and the
@@ -14,7 +14,7 @@ import pytest
 import torch.distributed as dist
 
 from mimo_accel.costs import CostModel, ModuleCost
-from mimo_accel.runtime.calibration import (FILE, Announcement, Calibration, Schedule, first_refit, lead_steps,
+from mimo_accel.runtime.measuring.calibration import (FILE, Announcement, Calibration, Schedule, first_refit, lead_steps,
                                             read_saved, step_observations)
 
 START = CostModel()

@@ -1,5 +1,5 @@
 """The cost model a job starts from without one (mimo_accel.costs.prior, and the runtime's choice in
-mimo_accel.runtime.model_flops.start_cost_model): each module's step FLOPs from its Megatron config,
+mimo_accel.runtime.measuring.model_flops.start_cost_model): each module's step FLOPs from its Megatron config,
 a module whose FLOPs are not counted at the default coefficients (said), a configured file first."""
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ def _provider(*encoder_configs):
 
 
 def test_the_runtime_starts_from_a_file_then_the_providers_flops_then_the_defaults(tmp_path):
-    from mimo_accel.runtime.model_flops import start_cost_model
+    from mimo_accel.runtime.measuring.model_flops import start_cost_model
 
     said = {}
     vit = _config(4, 64, 256)

@@ -33,8 +33,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from mimo_accel.runtime import step
-from mimo_accel.runtime.packing import pack_language_shard
+from mimo_accel.runtime import local_batch
+from mimo_accel.packing import pack_language_shard
 from mimo_accel.runtime.state import Runtime
 from mimo_accel.config import AccelConfig
 from mimo_accel.rehearse.ranks import RankFailure, run_ranks
@@ -142,13 +142,13 @@ def _language_model(cp: int, tp: int = 1, sequence_parallel: bool = False):
 
 
 def test_the_step_derives_cp_from_the_language_grid_and_refuses_misaligned_packing():
-    role = step.role_of(_language_model(cp=2, tp=2, sequence_parallel=True))
+    role = local_batch.role_of(_language_model(cp=2, tp=2, sequence_parallel=True))
     assert (role.context_parallel_size, role.sequence_parallel_size) == (2, 4)
-    assert step.role_of(_language_model(cp=2)).context_parallel_size == 2
+    assert local_batch.role_of(_language_model(cp=2)).context_parallel_size == 2
     runtime = Runtime(AccelConfig(packing=True))
     with pytest.raises(ValueError, match=r"Set pad_multiple=4"):
-        step.pack_for_language_model(_batch(), role, 1, runtime.say_once)
-    packed = step.pack_for_language_model(_batch(), role, 4, runtime.say_once)
+        local_batch.pack_for_language_model(_batch(), role, 1, runtime.say_once)
+    packed = local_batch.pack_for_language_model(_batch(), role, 4, runtime.say_once)
     cu_padded = packed["packing_kwargs"]["cu_seqlens_q_padded"].tolist()
     assert all((b - a) % 4 == 0 for a, b in zip(cu_padded, cu_padded[1:])) and cu_padded[-1] % 4 == 0
 

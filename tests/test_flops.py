@@ -1,6 +1,6 @@
 """Model FLOPs per module (mimo_accel.costs.flops): a ViT layer counted by hand, the language model
 against Megatron-Bridge's own count for the same config, the device peak table, the per-step
-figures, and the shapes read from a MegatronMIMOProvider's configs (mimo_accel.runtime.model_flops)."""
+figures, and the shapes read from a MegatronMIMOProvider's configs (mimo_accel.runtime.measuring.model_flops)."""
 
 from __future__ import annotations
 
@@ -146,7 +146,7 @@ def test_the_provider_gives_each_modules_shape_ranks_and_training():
     _bridge()
     from megatron.core.transformer.transformer_config import TransformerConfig
 
-    from mimo_accel.runtime.model_flops import flops_layout
+    from mimo_accel.runtime.measuring.model_flops import flops_layout
 
     def config(layers, hidden):
         return TransformerConfig(num_layers=layers, hidden_size=hidden, num_attention_heads=4,

@@ -111,7 +111,7 @@ def test_a_broken_pack_fails_check_a(tmp_path, monkeypatch):
     position off in the pack) is caught by the parity comparison; exit 1."""
     import torch
 
-    from mimo_accel.runtime import packing
+    from mimo_accel import packing
 
     real = packing.pack_language_shard
 

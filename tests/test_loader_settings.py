@@ -10,8 +10,8 @@ import multiprocessing
 import torch
 from torch.utils.data import BatchSampler, DataLoader, SequentialSampler
 
-from mimo_accel.runtime.sampler import loader_settings, tagged_loader
-from mimo_accel.runtime.shard import SHARD_TAG_KEY, ShardContext
+from mimo_accel.runtime.reading.sampler import loader_settings, tagged_loader
+from mimo_accel.runtime.reading.shard import SHARD_TAG_KEY, ShardContext
 
 CTX = ShardContext("vision", 0, 1, 1, {"vision": 1, "language": 1})
 

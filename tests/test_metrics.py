@@ -1,4 +1,4 @@
-"""mimo_accel's per-step figures in Bridge's writers (mimo_accel.runtime.metrics), without ranks:
+"""mimo_accel's per-step figures in Bridge's writers (mimo_accel.runtime.measuring.metrics), without ranks:
 the figures from real Recorder step lines, the gather through a real torch.distributed store, the
 scalars read back from a real TensorBoard event file with tensorboard's own reader."""
 
@@ -11,7 +11,7 @@ import pytest
 import torch.distributed as dist
 
 from mimo_accel.profiler import Recorder
-from mimo_accel.runtime.metrics import Metrics, rank_figures, step_scalars
+from mimo_accel.runtime.measuring.metrics import Metrics, rank_figures, step_scalars
 
 
 def _line(tmp_path, rank, module, dp_rank, fwd, bwd, *, read=4, nbytes=1000, tokens=0, spreads=None):
@@ -77,7 +77,7 @@ def test_the_longest_wait_for_a_plan_is_the_steps(tmp_path):
 def test_no_tag_grows_with_the_data_parallel_size(tmp_path):
     """DP 512: as many tags as at DP 2 (the tokens per replica are one histogram), written through a
     stand-in of Bridge's writers."""
-    from mimo_accel.runtime.metrics import step_histograms
+    from mimo_accel.runtime.measuring.metrics import step_histograms
 
     def tags(dp):
         figures = [rank_figures({"rank": r, "module": "language", "dp_rank": r},
@@ -328,7 +328,8 @@ def test_scalars_in_a_real_event_file_read_back_by_tensorboard(tmp_path):
 
 def test_the_train_entry_hands_global_state_to_the_profiler(tmp_path, monkeypatch):
     from mimo_accel.config import AccelConfig
-    from mimo_accel.runtime.profiling import Profiling, wrap_train_entry
+    from mimo_accel.runtime.measuring.profiling import Profiling
+    from mimo_accel.runtime.patches.profiler import wrap_train_entry
     from mimo_accel.runtime.state import Runtime
 
     seen = []

@@ -14,9 +14,10 @@ from mimo_accel.costs.resize import ResizeRule
 from mimo_accel.grid import canonical_grid
 from mimo_accel.planner import CostIndexPlanner
 from mimo_accel.profiler import Recorder, attach_module_timer
-from mimo_accel.runtime.sampler import shard_loader
-from mimo_accel.runtime.shard import SHARD_TAG_KEY, ShardContext
-from mimo_accel.runtime.step import StepRole, pack_for_language_model
+from mimo_accel.runtime.reading.sampler import shard_loader
+from mimo_accel.runtime.reading.shard import SHARD_TAG_KEY, ShardContext
+from mimo_accel.runtime.local_batch import pack_for_language_model
+from mimo_accel.runtime.reading.shard import StepRole
 
 N, MBS = 16, 4
 

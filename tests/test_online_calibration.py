@@ -391,7 +391,7 @@ def test_a_solver_result_that_is_nan_or_negative_is_dropped(monkeypatch, bad):
 
 
 def test_the_same_observations_give_bit_identical_models_whatever_the_order_of_modules():
-    from mimo_accel.runtime.plan_inputs import digest
+    from mimo_accel.runtime.reading.plan_inputs import digest
 
     rng = np.random.default_rng(5)
     steps = []

@@ -24,7 +24,7 @@ import pytest
 from mimo_accel.costs import CostModel, ModuleCost
 from mimo_accel.profiler import read_run
 from mimo_accel.rehearse.ranks import run_ranks
-from mimo_accel.runtime.calibration import FILE, first_refit
+from mimo_accel.runtime.measuring.calibration import FILE, first_refit
 
 from ._example import steps_from_trace, train_rank
 
@@ -54,7 +54,7 @@ def _known_times(rank, world, argv, features, env):
     """A rank whose fitting thread learns from TRUE's times of what each replica computed."""
     import numpy as np
 
-    from mimo_accel.runtime import calibration
+    from mimo_accel.runtime.measuring import calibration
 
     observations = calibration.step_observations
 

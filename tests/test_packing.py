@@ -1,4 +1,4 @@
-"""Tests of mimo_accel.runtime.packing: THD packing of a MegatronMIMO language shard."""
+"""Tests of mimo_accel.packing: THD packing of a MegatronMIMO language shard."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mimo_accel.runtime.packing import LABEL_PAD, PackingStats, pack_language_shard, plan_packing
+from mimo_accel.packing import LABEL_PAD, PackingStats, pack_language_shard, plan_packing
 
 PLACEHOLDER = 99  # an image-placeholder token id; never used as padding here
 

@@ -252,7 +252,7 @@ def test_enable_logs_one_line_naming_what_is_on(logging_setup):
 def test_the_registry_builds_what_each_feature_keeps_in_the_runtime(tmp_path, kwargs, profiled):
     from mimo_accel.patching import registry
     from mimo_accel.patching.targets import SHAPES
-    from mimo_accel.runtime.profiling import Profiling
+    from mimo_accel.runtime.measuring.profiling import Profiling
 
     cfg = AccelConfig(**{k: v.format(d=tmp_path) if isinstance(v, str) else v for k, v in kwargs.items()})
     for shape in SHAPES:

@@ -5,7 +5,7 @@ Every rank derives its plan alone from the same inputs (checked by digest before
 so nothing but the arithmetic could make two ranks plan differently, and then text would be
 paired with another sample's encoder rows whenever the placeholder counts happen to match. The
 planner thread of each rank agrees each window with the others through the job's store before
-handing it to training (:mod:`mimo_accel.runtime.plan_check`); a rank whose plan differs at any
+handing it to training (:mod:`mimo_accel.runtime.reading.plan_check`); a rank whose plan differs at any
 window stops every rank before that window is read, naming the ranks on each side. Real gloo
 ranks, Bridge's own loaders; Bridge's own training loop: tests/test_pretrain_loop.py.
 """
@@ -42,7 +42,7 @@ def _train_loader(layout, grids):
 def _read(rank, world, vision_dp, differ_on):
     import mimo_accel
     from mimo_accel import planner
-    from mimo_accel.runtime.plan_check import PlanMismatch
+    from mimo_accel.runtime.reading.plan_check import PlanMismatch
 
     layout = layout_of(vision_dp, 1)
     grids = build_grids(layout)
@@ -138,8 +138,8 @@ def _read_exchanged(rank, world, differ_on):
     import dataclasses
 
     import mimo_accel
-    from mimo_accel.runtime.exchange import reorder
-    from mimo_accel.runtime.plan_check import PlanMismatch
+    from mimo_accel.runtime.reading.exchange import reorder
+    from mimo_accel.runtime.reading.plan_check import PlanMismatch
 
     layout = layout_of(2, 1)
     grids = build_grids(layout)

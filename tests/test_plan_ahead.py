@@ -1,4 +1,4 @@
-"""Plans made ahead (mimo_accel.runtime.plan_ahead) behind the sharded sampler, in one process:
+"""Plans made ahead (mimo_accel.runtime.reading.plan_ahead) behind the sharded sampler, in one process:
 the shares equal the serial plan's bit for bit (windows, a short last micro-batch, the arithmetic
 on the planner thread or in a forked child), upstream's sampler state moves as it would without
 planning ahead, a planner error surfaces at the batch it belongs to with its own message, the
@@ -26,8 +26,8 @@ from mimo_accel.costs import CostIndex, CostModel
 from mimo_accel.costs.resize import FixedPatches
 from mimo_accel.modules import Modules
 from mimo_accel.planner import CostIndexPlanner
-from mimo_accel.runtime.sampler import ShardedBatchSampler, ShareRules, tagged_loader
-from mimo_accel.runtime.shard import SHARD_TAG_KEY, ShardContext
+from mimo_accel.runtime.reading.sampler import ShardedBatchSampler, ShareRules, tagged_loader
+from mimo_accel.runtime.reading.shard import SHARD_TAG_KEY, ShardContext
 
 DPS = {"vision": 2, "language": 4}
 CTX = ShardContext("vision", 1, 2, 4, DPS)

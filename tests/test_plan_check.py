@@ -13,7 +13,7 @@ import threading
 import pytest
 import torch.distributed as dist
 
-from mimo_accel.runtime.plan_check import FirstPlanCheck, PlanMismatch, WindowCheck, plan_digest
+from mimo_accel.runtime.reading.plan_check import FirstPlanCheck, PlanMismatch, WindowCheck, plan_digest
 
 WINDOWS = 10
 _serials = itertools.count(1)  # one store for the module: each check's keys of its own

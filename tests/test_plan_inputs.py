@@ -14,12 +14,12 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from mimo_accel.runtime import plan_inputs
+from mimo_accel.runtime.reading import plan_inputs
 from mimo_accel.rehearse import stack as st
 from mimo_accel.costs import CostIndex, ResizeRule
 from mimo_accel.datasets.split_index import cost_index_for, index_digest
-from mimo_accel.runtime.sampler import ShardedBatchSampler, check_window
-from mimo_accel.runtime.shard import ShardContext
+from mimo_accel.runtime.reading.sampler import ShardedBatchSampler, check_window
+from mimo_accel.runtime.reading.shard import ShardContext
 from mimo_accel.rehearse.ranks import RankFailure, build_grids, layout_of, loader_config, run_ranks
 
 
@@ -136,7 +136,7 @@ def test_a_rank_with_another_cost_index_stops_the_job_naming_the_ranks(tmp_path)
 
 def _plan(tmp_path, index: CostIndex, dp_sizes: dict):
     from mimo_accel.config import AccelConfig
-    from mimo_accel.runtime.loaders import plan_for
+    from mimo_accel.runtime.patches.loaders import plan_for
     from mimo_accel.runtime.state import Runtime
 
     path = tmp_path / "costs.npz"

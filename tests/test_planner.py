@@ -20,8 +20,8 @@ from mimo_accel.costs.index import IndexModulesError
 from mimo_accel.grid import canonical_grid
 from mimo_accel.modules import Modules
 from mimo_accel.planner import CostIndexPlanner
-from mimo_accel.runtime.sampler import ShardedBatchSampler
-from mimo_accel.runtime.shard import ShardContext
+from mimo_accel.runtime.reading.sampler import ShardedBatchSampler
+from mimo_accel.runtime.reading.shard import ShardContext
 from mimo_accel.workloads import load_profile
 
 AUDIO = AudioRule(sampling_rate=16000, hop_length=160, max_samples=480000)  # variable length up to 30 s

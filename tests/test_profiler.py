@@ -502,8 +502,8 @@ class _Clips(torch.nn.Module):
 
 def _profiling(tmp_path, module: str, dp_sizes: dict, dp_rank: int = 0):
     from mimo_accel.config import AccelConfig
-    from mimo_accel.runtime.profiling import Profiling
-    from mimo_accel.runtime.shard import ShardContext
+    from mimo_accel.runtime.measuring.profiling import Profiling
+    from mimo_accel.runtime.reading.shard import ShardContext
     from mimo_accel.runtime.state import Runtime
 
     runtime = Runtime(AccelConfig(profile=str(tmp_path)))
@@ -523,7 +523,7 @@ def test_each_module_is_timed_and_counted_under_its_own_name(tmp_path):
     from megatron.core.models.mimo.submodules.base import ModalitySubmodules
     from megatron.core.models.mimo.submodules.vision import VisionModalitySubmodules
 
-    from mimo_accel.runtime.profiling import wrap_encode
+    from mimo_accel.runtime.patches.profiler import wrap_encode
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "ModalitySubmodules is experimental"
@@ -568,7 +568,7 @@ def test_each_module_is_timed_and_counted_under_its_own_name(tmp_path):
 
 
 def test_what_an_encoder_counts():
-    from mimo_accel.runtime.profiling import encoder_counts
+    from mimo_accel.runtime.measuring.profiling import encoder_counts
 
     def ints(c):
         return tuple(int(v) for v in c[:3]) + (c[3],)
@@ -589,7 +589,7 @@ def test_what_an_encoder_counts():
 
 
 def test_the_wait_for_plans_is_summed_per_step_from_the_batches_tags(tmp_path):
-    from mimo_accel.runtime.shard import ReplicaShare, ShardContext, tag_for
+    from mimo_accel.runtime.reading.shard import ReplicaShare, ShardContext, tag_for
 
     runtime = _profiling(tmp_path, "vision", {"vision": 2, "language": 2})
     ctx = ShardContext("vision", 0, 2, 2, {"vision": 2, "language": 2})

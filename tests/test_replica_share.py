@@ -18,10 +18,10 @@ from mimo_accel.costs.resize import FixedPatches
 from mimo_accel.modules import Modules
 from mimo_accel.planner import CostIndexPlanner
 from mimo_accel.profiler import read_run
-from mimo_accel.runtime.calibration import WindowModel
-from mimo_accel.runtime.profiling import Profiling, planned_spreads
-from mimo_accel.runtime.sampler import ShardedBatchSampler, ShareRules, tagged_loader
-from mimo_accel.runtime.shard import SHARD_TAG_KEY, ReplicaShare, ShardContext, tag_for
+from mimo_accel.runtime.measuring.calibration import WindowModel
+from mimo_accel.runtime.measuring.profiling import Profiling, planned_spreads
+from mimo_accel.runtime.reading.sampler import ShardedBatchSampler, ShareRules, tagged_loader
+from mimo_accel.runtime.reading.shard import SHARD_TAG_KEY, ReplicaShare, ShardContext, tag_for
 from mimo_accel.runtime.state import Runtime
 
 DPS = {"vision": 2, "language": 4}

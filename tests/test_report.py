@@ -408,7 +408,7 @@ def test_notices_reach_the_step_lines_once_and_the_report_shows_them(tmp_path):
     step line by the profiler hook, once per process, and the report lists it."""
     from mimo_accel.config import AccelConfig
     from mimo_accel.profiler import Recorder
-    from mimo_accel.runtime.profiling import Profiling
+    from mimo_accel.runtime.measuring.profiling import Profiling
     from mimo_accel.runtime.state import Runtime
 
     runtime = Runtime(AccelConfig(packing=True, profile=str(tmp_path)))

@@ -71,7 +71,7 @@ def test_the_package_the_planner_and_the_patches_load_no_tool_kit_or_profile():
     assert proc.returncode == 0, proc.stderr[-3000:]
     line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT "))
     loaded = json.loads(line[len("RESULT "):])
-    assert {"mimo_accel.planner", "mimo_accel.patching.registry", "mimo_accel.runtime.step"} <= set(loaded), loaded
+    assert {"mimo_accel.planner", "mimo_accel.patching.registry", "mimo_accel.runtime.patches.step"} <= set(loaded), loaded
     assert not [m for m in loaded if _outside_the_product(m)], loaded
 
 _JOB = r"""
@@ -105,6 +105,6 @@ def test_enable_on_a_training_job_never_imports_the_rehearsal_kit():
     result = json.loads(line[len("RESULT "):])
     assert result["patched"] > 0 and result["waiting"] == [], result  # the job path was really patched
     loaded = set(result["new"])
-    assert {"mimo_accel.patching.engine", "mimo_accel.runtime.scope", "mimo_accel.runtime.step"} <= loaded, loaded
+    assert {"mimo_accel.patching.engine", "mimo_accel.runtime.reading.scope", "mimo_accel.runtime.patches.step"} <= loaded, loaded
     kit = sorted(m for m in loaded if _outside_the_product(m))
     assert not kit, f"a training job imported {kit}"

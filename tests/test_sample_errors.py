@@ -16,8 +16,8 @@ import pytest
 from torch.utils.data import DataLoader
 
 from mimo_accel.rehearse import stack as st
-from mimo_accel.runtime.sampler import ReadsOf, SamplesRead, ShardedBatchSampler, tagged_loader
-from mimo_accel.runtime.shard import ShardContext
+from mimo_accel.runtime.reading.sampler import ReadsOf, SamplesRead, ShardedBatchSampler, tagged_loader
+from mimo_accel.runtime.reading.shard import ShardContext
 
 N = 8
 

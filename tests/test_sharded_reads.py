@@ -191,7 +191,7 @@ def _as_setup_runs_it(build_data_iterators):
     pretrain_megatron_mimo: inside its loader scope (the replacement's own code, over a setup that
     does nothing else — the rest of Bridge's setup is not needed to build loaders)."""
     from mimo_accel.patching import engine
-    from mimo_accel.runtime.scope import wrap_setup
+    from mimo_accel.runtime.patches.setup import wrap_setup
 
     def setup_that_only_builds(state, build_data_iterators_fn=None):
         return build_data_iterators_fn()
@@ -239,7 +239,7 @@ def _only_loaders_built_in_a_scope_are_sharded(rank, world):
     build_megatron_mimo_data_loaders, a script's build_data_iterators under pretrain), and a
     lookup or loader outside every scope — a unit test, a tool — is left to upstream."""
     import mimo_accel
-    from mimo_accel.runtime.sampler import ShardedBatchSampler
+    from mimo_accel.runtime.reading.sampler import ShardedBatchSampler
 
     mimo_accel.enable(sharded_reads=True)
     from megatron.bridge.data.megatron_mimo.dp_utils import get_megatron_mimo_sampling_info
@@ -278,7 +278,8 @@ def test_the_split_of_a_loader_is_the_dataset_the_builders_provider_built():
     validation, and plan it with the validation cost index. The scope of Bridge's builder learns
     each dataset's split from what the provider's build_datasets returned to it."""
     from mimo_accel.config import AccelConfig
-    from mimo_accel.runtime import scope
+    from mimo_accel.runtime.patches import loader_scope
+    from mimo_accel.runtime.reading import scope
     from mimo_accel.runtime.state import Runtime
 
     runtime = Runtime(AccelConfig(sharded_reads=True))
@@ -295,7 +296,7 @@ def test_the_split_of_a_loader_is_the_dataset_the_builders_provider_built():
         train_ds, valid_ds, test_ds = megatron_mimo_provider.build_datasets(None)
         return [scope.current().split_of(ds) for ds in (train_ds, test_ds)]
 
-    builder = scope.wrap_loader_builder(build_megatron_mimo_data_loaders, runtime)
+    builder = loader_scope.wrap_loader_builder(build_megatron_mimo_data_loaders, runtime)
     provider = Provider((train, None, test))
     assert builder(None, None, provider) == ["train", "test"]
     assert "build_datasets" not in vars(provider)  # the provider is left as it was
@@ -305,7 +306,7 @@ def test_the_split_of_a_loader_is_the_dataset_the_builders_provider_built():
         datasets = megatron_mimo_provider.build_datasets(None)
         return [scope.current().split_of(ds) for ds in datasets]
 
-    assert scope.wrap_loader_builder(same_dataset_twice, runtime)(None, None, Provider((train, test, test))) == \
+    assert loader_scope.wrap_loader_builder(same_dataset_twice, runtime)(None, None, Provider((train, test, test))) == \
         ["train", "validation", "test"]
     with scope.loader_scope(runtime) as open_scope:  # a script's own builder: the build order decides
         assert [open_scope.split_of(ds) for ds in (train, test)] == ["train", "validation"]

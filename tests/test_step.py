@@ -13,9 +13,9 @@ import torch
 import mimo_accel
 from mimo_accel.config import AccelConfig
 from mimo_accel.patching import engine
-from mimo_accel.runtime import step
-from mimo_accel.runtime.profiling import Profiling
-from mimo_accel.runtime.shard import SHARD_TAG_KEY, ShardContext, ShardTag
+from mimo_accel.runtime.patches import step
+from mimo_accel.runtime.measuring.profiling import Profiling
+from mimo_accel.runtime.reading.shard import SHARD_TAG_KEY, ShardContext, ShardTag, StepRole
 from mimo_accel.runtime.state import Runtime
 
 
@@ -31,7 +31,7 @@ def test_nested_dicts_reach_upstream_and_the_step_work_runs_once(tmp_path, monke
     # pack_language_shard, not in the slice: the slice must then not pack at all.
     native_packing = engine._state.shape.native_packing
     try:
-        engine._state.runtime.step_role = step.StepRole(True, True, True, 1)  # what _get_module_dp_info learnt
+        engine._state.runtime.step_role = StepRole(True, True, True, 1)  # what _get_module_dp_info learnt
         batch = {"input_ids": torch.arange(32).view(4, 8), "attention_mask": torch.ones(4, 8),
                  "modality_inputs": {"vision": {"clip": {"x": torch.zeros(4, 3)}}}}
         out = dp_utils.slice_batch_for_megatron_mimo(batch, 1, 2)
@@ -46,7 +46,7 @@ def test_nested_dicts_reach_upstream_and_the_step_work_runs_once(tmp_path, monke
 
 
 def test_the_module_dp_info_answers_upstreams_values_and_the_step_learns_the_models_role():
-    role = step.StepRole(True, False, True, 2)
+    role = StepRole(True, False, True, 2)
     runtime = Runtime(AccelConfig(packing=True))
     model = type("Model", (), {"role": None})()
     dp_info = step.wrap_module_dp_info(lambda megatron_mimo_model: (3, 4), runtime)
@@ -64,18 +64,18 @@ def test_where_upstream_packs_the_slice_returns_upstreams_batch_and_the_packer_r
     # main's step packs (native packing): the slice hands back exactly what upstream's slice returned
     # (upstream's own dp_size-1 test: the same object, no copy), and main's packer, next in the same
     # step, finds the role _get_module_dp_info learnt
-    from mimo_accel.runtime import upstream_packing
+    from mimo_accel.runtime.patches import native_packing
 
     runtime = Runtime(AccelConfig(packing=True))
     runtime.native_packing = True
     local_batch = step.wrap_slice(lambda batch, dp_rank, dp_size: batch, runtime)
-    pack = upstream_packing.wrap_pack_language_shard(lambda data_batch, lengths=None: None, runtime)
+    pack = native_packing.wrap_pack_language_shard(lambda data_batch, lengths=None: None, runtime)
     mask = torch.tensor([[1, 1, 0], [1, 1, 1]])
     batch = {"input_ids": torch.arange(6).view(2, 3), "labels": torch.arange(6).view(2, 3),
              "loss_mask": mask.float(), "attention_mask": mask, "position_ids": None}
-    runtime.step_role = step.StepRole(False, True, True, 1)  # an encoder rank
+    runtime.step_role = StepRole(False, True, True, 1)  # an encoder rank
     assert local_batch(batch, 0, 1) is batch
-    runtime.step_role = step.StepRole(True, True, True, 1)
+    runtime.step_role = StepRole(True, True, True, 1)
     assert local_batch(batch, 0, 1) is batch and type(batch) is dict
     packed, kwargs = pack(batch)
     assert kwargs["cu_seqlens_q"].tolist() == [0, 2, 5] and packed["input_ids"].tolist() == [[0, 1, 3, 4, 5]]

@@ -10,9 +10,9 @@ import mimo_accel
 from mimo_accel.costs import CostModel
 from mimo_accel.patching import engine
 from mimo_accel.planner import CostIndexPlanner
-from mimo_accel.runtime import scope
-from mimo_accel.runtime.scope import frozen_encoders
-from mimo_accel.runtime.shard import ShardContext
+from mimo_accel.runtime.patches import setup
+from mimo_accel.runtime.provider import frozen_encoders
+from mimo_accel.runtime.reading.shard import ShardContext
 
 from .test_planner import _index
 
@@ -42,7 +42,7 @@ def test_setup_reads_the_frozen_encoders(monkeypatch):
         def setup_megatron_mimo(state, build_data_iterators_fn=None):
             return build_data_iterators_fn()
 
-        got = scope.wrap_setup(setup_megatron_mimo, runtime)(types.SimpleNamespace(cfg=cfg),
+        got = setup.wrap_setup(setup_megatron_mimo, runtime)(types.SimpleNamespace(cfg=cfg),
                                                              build_data_iterators_fn=lambda: runtime.frozen)
         assert got == ("images",)
     finally:

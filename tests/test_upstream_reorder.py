@@ -20,7 +20,7 @@ import pytest
 
 import mimo_accel
 from mimo_accel.patching import engine
-from mimo_accel.runtime import scope
+from mimo_accel.runtime.patches import loader_scope, setup
 from mimo_accel.runtime.upstream_reorder import (BUFFER_CLASS, BUFFER_MODULE, MERGED_REORDERS, STEPPED_ASIDE,
                                                  merged_reorder, upstream_reorder)
 
@@ -68,7 +68,7 @@ def _setup_with(cfg):
     def setup_megatron_mimo(state, build_data_iterators_fn=None):
         return build_data_iterators_fn()
 
-    return scope.wrap_setup(setup_megatron_mimo, engine._state.runtime)(
+    return setup.wrap_setup(setup_megatron_mimo, engine._state.runtime)(
         types.SimpleNamespace(cfg=cfg), build_data_iterators_fn=lambda: engine._state.runtime.reorders)
 
 
@@ -89,7 +89,7 @@ def test_mimo_accel_reorder_steps_aside_with_one_notice(enabled, caplog):
     cfg = _container(MegatronMIMOFeatureConfig(scalable_dp=True))
     with caplog.at_level(logging.WARNING, logger="mimo_accel"):
         assert _setup_with(cfg) is False  # the loaders are built with mimo_accel's reorder off
-        scope.wrap_loader_builder(lambda cfg, megatron_mimo_provider: runtime.reorders, runtime)(
+        loader_scope.wrap_loader_builder(lambda cfg, megatron_mimo_provider: runtime.reorders, runtime)(
             cfg, types.SimpleNamespace())
     assert runtime.reorders is False and runtime.features() == ["sharded_reads", "packing"]
     assert runtime.config.reorder and runtime.config is mimo_accel.status()["config"]  # the config is never replaced
@@ -170,7 +170,7 @@ def _setup_reading_the_flag(cfg):
         data = cfg.dataset
         return data.megatron_mimo_scalable_dp and data.megatron_mimo_intra_microbatch_reorder
 
-    return scope.wrap_setup(setup_megatron_mimo, engine._state.runtime)(
+    return setup.wrap_setup(setup_megatron_mimo, engine._state.runtime)(
         types.SimpleNamespace(cfg=cfg), build_data_iterators_fn=build_data_iterators)
 
 
@@ -188,7 +188,7 @@ def test_mimo_accel_reorder_replaces_bridges_with_one_notice(enabled, caplog):
     cfg = _merged()
     with caplog.at_level(logging.WARNING, logger="mimo_accel"):
         assert _setup_reading_the_flag(cfg) is False  # the script builds no buffer
-        scope.wrap_loader_builder(lambda cfg, megatron_mimo_provider: None, runtime)(cfg, types.SimpleNamespace())
+        loader_scope.wrap_loader_builder(lambda cfg, megatron_mimo_provider: None, runtime)(cfg, types.SimpleNamespace())
     assert cfg.dataset.megatron_mimo_intra_microbatch_reorder is False and cfg.dataset.megatron_mimo_scalable_dp
     assert runtime.reorders and runtime.upstream_moves_samples is None
     said = [r.getMessage() for r in caplog.records if "replaces Bridge's own" in r.getMessage()]
@@ -197,7 +197,7 @@ def test_mimo_accel_reorder_replaces_bridges_with_one_notice(enabled, caplog):
 
 
 def test_without_mimo_accel_reorder_bridges_runs_and_the_loader_is_left_untagged(enabled):
-    from mimo_accel.runtime import loaders
+    from mimo_accel.runtime.patches import loaders
 
     runtime = enabled(sharded_reads=True, packing=True)
     cfg = _merged()
@@ -214,7 +214,7 @@ def test_a_script_that_wraps_bridges_buffer_anyway_is_refused_before_the_first_b
     def setup_megatron_mimo(state, build_data_iterators_fn=None):
         return build_data_iterators_fn()
 
-    wrapped = scope.wrap_setup(setup_megatron_mimo, runtime)
+    wrapped = setup.wrap_setup(setup_megatron_mimo, runtime)
     with pytest.raises(RuntimeError, match="two reorders must not run on one micro-batch"):
         wrapped(types.SimpleNamespace(cfg=_merged(reorder=False)), build_data_iterators_fn=lambda: (buffer, None))
     # the same object is no concern where mimo_accel does not reorder

@@ -24,9 +24,10 @@ import mimo_accel
 from mimo_accel.patching import engine, registry
 from mimo_accel.patching import targets as T
 from mimo_accel.patching.engine import PatchError
-from mimo_accel.runtime import fanin, scope
-from mimo_accel.runtime.shard import SHARD_TAG_KEY, ShardContext
-from mimo_accel.runtime.step import StepRole
+from mimo_accel.runtime.patches import fanin
+from mimo_accel.runtime.reading import scope
+from mimo_accel.runtime.reading.shard import SHARD_TAG_KEY, ShardContext
+from mimo_accel.runtime.reading.shard import StepRole
 
 EXTRA = "extra"
 MARK = "upstream-only value"

@@ -1,7 +1,7 @@
 """Model FLOPs of each module of a MegatronMIMO job, from its Megatron ``TransformerConfig``, the
 device's dense BF16 peak, and the per-step throughput figures computed from them (samples/s,
 tokens/s per GPU, TFLOP/s per GPU, MFU): one definition for the training job's TensorBoard / W&B
-figures (:mod:`mimo_accel.runtime.metrics`) and the report (:mod:`mimo_accel.tools.report`).
+figures (:mod:`mimo_accel.runtime.measuring.metrics`) and the report (:mod:`mimo_accel.tools.report`).
 
 A module's forward over a step's work is linear in two counts the profiler records per step:
 ``tokens`` = Σ L and ``sq_tokens`` = Σ L² over the sequences it computed (the language model: each

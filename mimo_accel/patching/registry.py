@@ -4,7 +4,7 @@ The way Liger-Kernel maps a model to its apply function: to see what a feature t
 row in :data:`FEATURES` (and what it keeps in the runtime, in :data:`KEEPS`); to see what one
 upstream name becomes, read its :class:`Patch` in :data:`PATCHES`. The engine reads this table
 and nothing else; the replacements themselves live in
-the runtime modules (this file only wires). A replacement is made by ``replace(original,
+the runtime's patch modules, :mod:`mimo_accel.runtime.patches` (this file only wires). A replacement is made by ``replace(original,
 runtime)``: the original upstream function and the :class:`~mimo_accel.runtime.state.Runtime`
 it works with, passed explicitly.
 
@@ -19,7 +19,8 @@ from typing import Callable, Optional
 
 from mimo_accel.config import AccelConfig
 from mimo_accel.patching import targets as T
-from mimo_accel.runtime import fanin, loaders, profiling, scope, step, upstream_packing
+from mimo_accel.runtime.measuring import profiling
+from mimo_accel.runtime.patches import fanin, loader_scope, loaders, native_packing, profiler, setup, step
 from mimo_accel.runtime.state import Runtime
 
 
@@ -45,9 +46,9 @@ def _scalable_reads(shape: T.Shape) -> bool:
 
 PATCHES = {
     # the loader scope: which MIMO loaders are built now, for which split, on which layout
-    "loader builder": Patch(T.LOADER_BUILDER, scope.wrap_loader_builder),
-    "setup": Patch(T.SETUP_ENTRY, scope.wrap_setup),
-    "sampling info": Patch(T.SAMPLING_INFO, scope.wrap_sampling_info),
+    "loader builder": Patch(T.LOADER_BUILDER, loader_scope.wrap_loader_builder),
+    "setup": Patch(T.SETUP_ENTRY, setup.wrap_setup),
+    "sampling info": Patch(T.SAMPLING_INFO, loader_scope.wrap_sampling_info),
     # this rank's share of every global micro-batch (planned with reorder)
     "pretraining loader": Patch(T.PRETRAINING_LOADER, loaders.wrap_pretraining_loader),
     "canonical loader": Patch(T.CANONICAL_LOADER, loaders.wrap_canonical_loader, when=_scalable_reads),
@@ -60,14 +61,14 @@ PATCHES = {
     "communicate shapes": Patch(T.FAN_IN[1:2], fanin.wrap_communicate_shapes),
     "split at batch dim": Patch(T.FAN_IN[2:], fanin.wrap_split_at_batch_dim),
     # upstream main's step packing, with mimo_accel's packer
-    "pack language shard": Patch(T.NATIVE_PACK[:1], upstream_packing.wrap_pack_language_shard,
+    "pack language shard": Patch(T.NATIVE_PACK[:1], native_packing.wrap_pack_language_shard,
                                  when=_native_packing),
-    "resolve step packing": Patch(T.NATIVE_PACK[1:], upstream_packing.wrap_resolve_step_packing,
+    "resolve step packing": Patch(T.NATIVE_PACK[1:], native_packing.wrap_resolve_step_packing,
                                   when=_native_packing),
     # the profiler's hooks
-    "encode": Patch(T.ENCODE, profiling.wrap_encode),
-    "optimizer step": Patch(T.OPTIMIZER_STEP, profiling.wrap_optimizer_step),
-    "train entry": Patch(T.TRAIN_ENTRY, profiling.wrap_train_entry),
+    "encode": Patch(T.ENCODE, profiler.wrap_encode),
+    "optimizer step": Patch(T.OPTIMIZER_STEP, profiler.wrap_optimizer_step),
+    "train entry": Patch(T.TRAIN_ENTRY, profiler.wrap_train_entry),
 }
 
 # Every feature needs the loader scope and the rank's layout, the step's role and local batch,

@@ -105,7 +105,7 @@ from megatron.bridge.training.tokenizers.config import TokenizerConfig
 from mimo_accel.rehearse import merged_reorder, stack
 from mimo_accel.modules import Modules
 from mimo_accel.workloads import VISION
-from mimo_accel.runtime.shard import SHARD_TAG_KEY
+from mimo_accel.runtime.reading.shard import SHARD_TAG_KEY
 from mimo_accel.rehearse.bridge_trace import KILL_ENV, TracedForwardStep, _kill_switch, _Trace  # noqa: F401
 from mimo_accel.rehearse.bridge_args import (  # noqa: F401  (re-exported: the script's in-process use)
     AUDIO,

@@ -94,7 +94,7 @@ class MergedReorderStandIn:
         return self
 
     def __next__(self) -> dict:
-        from mimo_accel.runtime.shard import SHARD_TAG_KEY
+        from mimo_accel.runtime.reading.shard import SHARD_TAG_KEY
 
         batch = next(self.batches)
         if SHARD_TAG_KEY in batch:

@@ -131,7 +131,7 @@ def _rank(rank, world, layout, features, spec, steps, micro_batch, seq_length, p
 def _as_replica(dp_rank, dp_size, view):
     from megatron.bridge.data.megatron_mimo import dp_utils
 
-    from mimo_accel.runtime.shard import SHARD_TAG_KEY
+    from mimo_accel.runtime.reading.shard import SHARD_TAG_KEY
 
     if SHARD_TAG_KEY in view:
         return view

@@ -275,7 +275,7 @@ def model_batches(batches, *, keep_attention_mask: bool = False, seen_ids: Optio
     is cut exactly as the step will cut it. The ``[B, S]`` padding mask is dropped (causal
     attention + loss_mask already ignore right padding) unless a packer needs it.
     """
-    from mimo_accel.runtime.shard import SHARD_TAG_KEY
+    from mimo_accel.runtime.reading.shard import SHARD_TAG_KEY
 
     for batch in batches:
         ids = batch.pop(SAMPLE_ID_KEY, None)

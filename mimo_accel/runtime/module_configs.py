@@ -1,7 +1,7 @@
 """The ``TransformerConfig`` of every module a ``MegatronMIMOProvider`` builds, read off its specs.
 
 Read by the checks before training (:mod:`mimo_accel.runtime.preflight`) and by the profiler's
-FLOPs shapes (:mod:`mimo_accel.runtime.model_flops`); it holds no runtime state, so neither
+FLOPs shapes (:mod:`mimo_accel.runtime.measuring.model_flops`); it holds no runtime state, so neither
 reaches the other through it.
 """
 

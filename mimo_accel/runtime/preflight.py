@@ -1,7 +1,7 @@
 """What the model's and the layout's configs must agree on before mimo_accel trains with them.
 
 Run where Bridge hands over its ``MegatronMIMOProvider`` (``cfg.model``): before the model is built
-(``setup_megatron_mimo``, :func:`mimo_accel.runtime.scope.wrap_setup`) and when the MIMO loaders
+(``setup_megatron_mimo``, :func:`mimo_accel.runtime.patches.setup.wrap_setup`) and when the MIMO loaders
 are built (``build_megatron_mimo_data_loaders``). Every check reads configs only; nothing is
 collective.
 
@@ -15,7 +15,7 @@ collective.
   config is passed as ``transformer_config`` has its TP size set from the grid by Bridge itself
   (``MegatronMIMOProvider._inject_pg_collection_into_modality_spec``): only its PP size is checked.
 - **Packing under context parallelism**: ``pad_multiple`` must be a multiple of the language
-  grid's ``2 * cp`` (:func:`mimo_accel.runtime.packing.check_alignment`).
+  grid's ``2 * cp`` (:func:`mimo_accel.packing.check_alignment`).
 - **Reorder under per-replica loss normalisation**: with the language model's
   ``calculate_per_token_loss=False`` (megatron-core's default), each language replica's loss is a
   mean over its own tokens per micro-batch, so moving samples between language replicas (or
@@ -121,7 +121,7 @@ def check_provider(provider: Any, runtime: Runtime) -> None:
     if cfg.any_feature:
         check_sizes(provider)
     if cfg.packing:
-        from mimo_accel.runtime.packing import check_alignment
+        from mimo_accel.packing import check_alignment
 
         check_alignment(cfg.pad_multiple, language_cp(provider))
     check_loss_normalisation(provider, runtime)

@@ -23,12 +23,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Optional
 
 from mimo_accel.config import AccelConfig
-from mimo_accel.runtime.shard import ShardContext, StepRole, context_from_grids
+from mimo_accel.runtime.reading.shard import ShardContext, StepRole, context_from_grids
 
 if TYPE_CHECKING:
     from mimo_accel.costs import CostModel
-    from mimo_accel.runtime.calibration import Calibration
-    from mimo_accel.runtime.profiling import Profiling
+    from mimo_accel.runtime.measuring.calibration import Calibration
+    from mimo_accel.runtime.measuring.profiling import Profiling
 
 logger = logging.getLogger("mimo_accel")
 

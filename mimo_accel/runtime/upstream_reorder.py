@@ -18,7 +18,7 @@ line at setup (``mimo_accel.status()["notes"]`` keeps it):
     the same (a script that decides from its own flags), setup refuses before the first batch.
   * mimo_accel's reorder off: upstream's reorder runs. mimo_accel's batch tag could not describe
     a batch whose samples the buffer exchanged (upstream keeps one sample's non-tensor fields), so
-    the canonical loader is left untagged (:mod:`mimo_accel.runtime.loaders`): packing works as
+    the canonical loader is left untagged (:mod:`mimo_accel.runtime.patches.loaders`): packing works as
     enabled; the step's replica check and the profiler's per-sample counts are off, said once.
 
 - **PR #4608** (``MegatronMIMOFeatureConfig`` on ``ConfigContainer.mimo``, training/config.py at

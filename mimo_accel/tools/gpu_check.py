@@ -16,7 +16,7 @@ The checks (``--only`` picks some):
 - **(a) packing parity under Transformer Engine.** A megatron-core ``GPTModel`` with the
   Transformer Engine layer spec (bf16, RoPE, GQA) computes the loss and gradients of a right-padded
   ``[B, S]`` language shard (TE causal attention), then of the same shard THD-packed by
-  :func:`mimo_accel.runtime.packing.pack_language_shard` with ``PackedSeqParams`` (TE's
+  :func:`mimo_accel.packing.pack_language_shard` with ``PackedSeqParams`` (TE's
   ``padding_causal`` THD attention over ``cu_seqlens``), for ``pad_multiple`` 1 (tight) and 8
   (padded THD, ``pad_between_seqs``). Passes when, for both, the per-token loss of the real
   tokens, the masked mean loss and the whole gradient agree with the padded batch's within rel
@@ -234,7 +234,7 @@ def check_packing(setup: _Setup) -> Check:
     import torch
     from megatron.core.packed_seq_params import PackedSeqParams
 
-    from mimo_accel.runtime.packing import pack_language_shard
+    from mimo_accel.packing import pack_language_shard
 
     title = "packing parity under Transformer Engine"
     te_version = _transformer_engine() if setup.cuda else None
@@ -586,9 +586,10 @@ def _exercise_ranges(setup: _Setup) -> None:
     from mimo_accel.grid import canonical_grid
     from mimo_accel.planner import CostIndexPlanner
     from mimo_accel.profiler import Recorder, attach_module_timer
-    from mimo_accel.runtime.sampler import shard_loader
-    from mimo_accel.runtime.shard import SHARD_TAG_KEY, ShardContext
-    from mimo_accel.runtime.step import StepRole, pack_for_language_model
+    from mimo_accel.runtime.reading.sampler import shard_loader
+    from mimo_accel.runtime.reading.shard import SHARD_TAG_KEY, ShardContext
+    from mimo_accel.runtime.local_batch import pack_for_language_model
+    from mimo_accel.runtime.reading.shard import StepRole
 
     n, batch_size = 16, 4
     rng = np.random.default_rng(0)

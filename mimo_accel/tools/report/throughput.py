@@ -7,7 +7,7 @@ job's TensorBoard figures use), reported as p50 over the steps in the side's ``p
   ``sq_tokens`` = Σ L²) or an encoder's rows (``<m>_rows``, ``<m>_sq_rows``);
 - the step's time: the report's step time (the longest ``step_time_s`` of any rank);
 - per GPU: over the module's ranks, tp·cp·pp·dp as the profile header's ``layout["flops"]`` has
-  them (:mod:`mimo_accel.runtime.model_flops`), else the ranks whose files name the module;
+  them (:mod:`mimo_accel.runtime.measuring.model_flops`), else the ranks whose files name the module;
 - FLOPs: from the module's FLOPs shape in that header (null without one: a profile of a job that
   did not start through Bridge's ``train_megatron_mimo``, or a model the count leaves out, its
   reason in ``per_module.<m>.flops_note``); trained 3× forward, frozen 1×;

@@ -20,7 +20,7 @@ own check still runs, so collate-time packing is still refused), and
 ``position_ids`` generated when absent, and ``pad_between_seqs`` in the kwargs (a
 ``PackedSeqParams`` field in megatron-core 0.19.2 and at the 0.20.0 pin). It returns what
 upstream's does, ``(packed_batch, packing_kwargs)`` with ``attention_mask=None``. On 0.6 the step
-packs nothing, and mimo_accel packs in its slice replacement instead (:mod:`mimo_accel.runtime.step`).
+packs nothing, and mimo_accel packs in its slice replacement instead (:mod:`mimo_accel.runtime.patches.step`).
 
 The packer needs the rank's pipeline stage: the role of the model upstream's step asked
 ``_get_module_dp_info`` about earlier in the same step (``Runtime.step_role``), with or without a
@@ -32,7 +32,7 @@ from __future__ import annotations
 from typing import Callable
 
 from mimo_accel.runtime.state import Runtime
-from mimo_accel.runtime.upstream_call import UpstreamCall, replacing, unknown
+from mimo_accel.runtime.patches.upstream_call import UpstreamCall, replacing, unknown
 
 
 def wrap_resolve_step_packing(original: Callable, runtime: Runtime) -> Callable:
@@ -51,7 +51,7 @@ def wrap_pack_language_shard(original: Callable, runtime: Runtime) -> Callable:
     in upstream's place (upstream's packer is not called), and says once which arguments upstream's
     step passed that it does not use.
 
-    Packs as mimo_accel does on 0.6 (:func:`mimo_accel.runtime.step.pack_for_language_model`): the
+    Packs as mimo_accel does on 0.6 (:func:`mimo_accel.runtime.local_batch.pack_for_language_model`): the
     caller's ``lengths`` are the row sums of the batch's ``attention_mask``, which that function
     derives itself, checking right padding, and replaces by ``loss_mask`` + placeholder lengths
     when the mask marks no padding (all ones), saying so once.
@@ -60,7 +60,7 @@ def wrap_pack_language_shard(original: Callable, runtime: Runtime) -> Callable:
 
     @replacing(original)
     def pack_language_shard(call: UpstreamCall):
-        from mimo_accel.runtime.step import pack_for_language_model
+        from mimo_accel.runtime.local_batch import pack_for_language_model
 
         ignored = unknown(call, ("data_batch", "lengths"))
         if ignored:

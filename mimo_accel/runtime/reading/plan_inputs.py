@@ -5,7 +5,7 @@ dataset that differs between nodes would silently pair one replica's text with a
 whenever the placeholder counts happen to match. Before the first batch, the data-loading ranks
 exchange short digests of their plan inputs once per loader; a mismatch is an error that names
 the ranks on each side. Equal inputs do not guarantee equal plans on different hardware, so the
-plans themselves are agreed too, at every window (:mod:`mimo_accel.runtime.plan_check`).
+plans themselves are agreed too, at every window (:mod:`mimo_accel.runtime.reading.plan_check`).
 """
 
 from __future__ import annotations

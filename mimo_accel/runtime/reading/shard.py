@@ -33,7 +33,7 @@ class ShardContext:
     stages: dict = field(default_factory=dict)  # every module's pipeline-parallel size (the step plan's stages)
     data_ranks: tuple = ()  # every rank that builds data loaders in this layout
     # False under upstream's scalable reads (megatron_mimo_scalable_dp): the step skips its slice,
-    # so the batch's tag is taken off by the step's get_batch instead (mimo_accel.runtime.step).
+    # so the batch's tag is taken off by the step's get_batch instead (mimo_accel.runtime.patches.step).
     sliced_in_step: bool = True
 
     @property
@@ -50,7 +50,7 @@ class ShardContext:
 class ReplicaShare:
     """This replica's share of one global micro-batch and what the plan predicted for it.
 
-    The sampler yields it; the read (:class:`~mimo_accel.runtime.sampler.ReadsOf`) and the tag carry
+    The sampler yields it; the read (:class:`~mimo_accel.runtime.reading.sampler.ReadsOf`) and the tag carry
     it to the step, where the profiler reads it. Without a plan only ``indices`` are set."""
 
     indices: tuple = ()  # the samples, in order; () where the exchange brought them, not an index

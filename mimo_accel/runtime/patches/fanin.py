@@ -28,7 +28,7 @@ from typing import Callable
 
 from mimo_accel.modules import LANGUAGE
 from mimo_accel.runtime.state import Runtime
-from mimo_accel.runtime.upstream_call import UpstreamCall, replacing
+from mimo_accel.runtime.patches.upstream_call import UpstreamCall, replacing
 
 
 def _queue(runtime: Runtime, bridge) -> collections.deque:

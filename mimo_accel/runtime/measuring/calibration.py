@@ -1,7 +1,7 @@
 """The cost model learnt while training, the same on every data rank at every step.
 
 One rank fits: the job's last rank, which already gathers every rank's step figures for Bridge's
-writers (:mod:`mimo_accel.runtime.metrics`; while calibrating it gathers every step, on its own
+writers (:mod:`mimo_accel.runtime.measuring.metrics`; while calibrating it gathers every step, on its own
 thread). An :class:`~mimo_accel.costs.online.OnlineCalibration` there refits each module from
 its replicas' step times and what they computed, and an accepted refit is *announced*: one store
 value holding the new model and the first iteration to be planned with it, far enough ahead that
@@ -50,7 +50,7 @@ _PREFIX = "mimo_accel/calibration"
 @dataclass(frozen=True)
 class WindowModel:
     """The cost model a window is planned with: the model, its digest (in the window's plan digest
-    and each share's :class:`~mimo_accel.runtime.shard.ReplicaShare`), and per module the
+    and each share's :class:`~mimo_accel.runtime.reading.shard.ReplicaShare`), and per module the
     per-replica seconds per step it leaves over (in the predicted straggler, never in a plan)."""
 
     model: CostModel
@@ -211,8 +211,8 @@ class Calibration:
     @property
     def lead(self) -> int:
         """How many iterations past the fitting rank's own an announcement takes effect."""
-        from mimo_accel.runtime.schedule import micro_batches_per_step
-        from mimo_accel.runtime.plan_ahead import DEPTH
+        from mimo_accel.runtime.reading.schedule import micro_batches_per_step
+        from mimo_accel.runtime.reading.plan_ahead import DEPTH
 
         steps = micro_batches_per_step()
         window = (steps or 1) if self.window == STEP_WINDOW else self.window
@@ -301,7 +301,7 @@ class Calibration:
         :class:`WindowModel` of the iteration it belongs to. ``prefetched``: the micro-batches the
         loader's workers take from its sampler ahead of training (a planner that waited for the
         first refit there would hold up the step that refit learns from)."""
-        from mimo_accel.runtime.plan_inputs import digest
+        from mimo_accel.runtime.reading.plan_inputs import digest
 
         ahead = -(-max(0, prefetched) // max(1, step_micro_batches))
         # a run resumed with models learnt before its checkpoint is no cold start: its refits wait out
@@ -326,7 +326,7 @@ class Calibration:
 
     def digest(self) -> str:
         """What the plan-input check compares: the start model and every announcement known now."""
-        from mimo_accel.runtime.plan_inputs import digest
+        from mimo_accel.runtime.reading.plan_inputs import digest
 
         with self._lock:
             return digest(self.schedule.to_doc())
@@ -335,7 +335,7 @@ class Calibration:
 
     def observe(self, iteration: int, figures: list, store, current_iteration: int, lead: int) -> list:
         """The fitting rank's part, on its metrics thread: learn from one step's gathered figures
-        (:func:`~mimo_accel.runtime.metrics.rank_figures` of every rank), and announce an accepted
+        (:func:`~mimo_accel.runtime.measuring.metrics.rank_figures` of every rank), and announce an accepted
         refit for iteration ``current_iteration + lead`` (the first refit: for the iteration every
         planner waits at, then say that it was made, accepted or not). Returns the accepted refits."""
         cold = not self._first_said and not self._restored and iteration >= first_refit(self.start_iteration)

@@ -6,13 +6,13 @@ global micro-batch. Here the upstream sampler is kept exactly as it is — it st
 ``drop_last`` behave as upstream, identically on every module) — and a wrapper yields only the
 share of each global micro-batch that this rank's module replica owns on the canonical grid.
 With a planner (reordering), the share is taken from the planned order instead of the loaded one,
-planned ahead off the training thread (:mod:`mimo_accel.runtime.plan_ahead`), and every window's
+planned ahead off the training thread (:mod:`mimo_accel.runtime.reading.plan_ahead`), and every window's
 plan is agreed by every data-loading rank before it is yielded (``check``).
 
 Data flows one way: the sampler decides what a rank reads → the loader reads it → the step packs it.
-The sampler yields a :class:`~mimo_accel.runtime.shard.ReplicaShare` (the indices and what the plan
+The sampler yields a :class:`~mimo_accel.runtime.reading.shard.ReplicaShare` (the indices and what the plan
 predicted for them); the read keeps it beside the samples (:class:`SamplesRead`) and the collate puts
-it in the batch's :class:`~mimo_accel.runtime.shard.ShardTag`, through the loader's workers too, so
+it in the batch's :class:`~mimo_accel.runtime.reading.shard.ShardTag`, through the loader's workers too, so
 nothing has to pair figures with batches afterwards.
 """
 
@@ -28,7 +28,7 @@ import numpy as np
 from mimo_accel.grid import check_micro_batch
 from mimo_accel.nvtx import ranged
 from mimo_accel.planner import Prediction
-from mimo_accel.runtime.shard import SHARD_TAG_KEY, ReplicaShare, ShardContext, tag_for
+from mimo_accel.runtime.reading.shard import SHARD_TAG_KEY, ReplicaShare, ShardContext, tag_for
 
 # planner(global_indices, micro_batches) -> (the same indices in canonical-group order, what the plan
 # predicts: a planner.Prediction, or each module's spread, one number, or None); with
@@ -207,9 +207,9 @@ class ShareRules:
 
     def plan(self, planner, batches: list[list], model=None) -> tuple[list[ReplicaShare], str, int]:
         """One window's shares for this replica, the digest of its plan, and its first global index.
-        ``model``: the :class:`~mimo_accel.runtime.calibration.WindowModel` the window is planned
+        ``model``: the :class:`~mimo_accel.runtime.measuring.calibration.WindowModel` the window is planned
         with (online calibration), or None (the planner's own)."""
-        from mimo_accel.runtime.plan_check import plan_digest
+        from mimo_accel.runtime.reading.plan_check import plan_digest
 
         for b in batches:
             check_micro_batch(len(b), self.ctx.grid, "global micro-batch size")
@@ -263,9 +263,9 @@ class ShardedBatchSampler:
     (a resume starts at a step), so a window never spans two training steps.
 
     With a planner, each pass (each ``iter()``) is planned ahead on a thread of its own
-    (:class:`~mimo_accel.runtime.plan_ahead.PlannedPass`), and each window's plan is agreed by every
+    (:class:`~mimo_accel.runtime.reading.plan_ahead.PlannedPass`), and each window's plan is agreed by every
     data-loading rank before it is yielded (``check``: a
-    :class:`~mimo_accel.runtime.plan_check.WindowCheck`). The first pass starts planning when the
+    :class:`~mimo_accel.runtime.reading.plan_check.WindowCheck`). The first pass starts planning when the
     sampler is built, so a rank whose iterator is made lazily (a generator over the loader, as
     Bridge's examples write) has its first windows planned before its first batch is asked for: the
     ranks upstream in the pipeline wait for its plans before they train.
@@ -294,7 +294,7 @@ class ShardedBatchSampler:
         self._ready = self._start_pass() if planner is not None else None
 
     def _start_pass(self):
-        from mimo_accel.runtime.plan_ahead import PassSpec, PlannedPass, detached
+        from mimo_accel.runtime.reading.plan_ahead import PassSpec, PlannedPass, detached
 
         source, carry, state, base = detached(self.global_sampler)
         rules = self.rules

@@ -10,7 +10,7 @@ replaces the third with :func:`wrap_slice`'s function, which
 - passes a batch that sharded reads already made local straight through (checking that it was
   read for this very replica — never a silent mis-pairing), or slices a global batch as upstream;
 - THD-packs the language shard when packing is on (on upstream main the step packs itself, in
-  mimo_accel's packer: :mod:`mimo_accel.runtime.upstream_packing`).
+  mimo_accel's packer: :mod:`mimo_accel.runtime.patches.native_packing`).
 
 Under upstream's scalable reads (Megatron-Bridge #5525, ``dataset.megatron_mimo_scalable_dp``) the
 step skips the slice: the loader already delivered the shard. There :func:`wrap_get_batch` takes
@@ -25,37 +25,11 @@ import warnings
 from typing import Callable, Optional
 
 from mimo_accel.modules import LANGUAGE
-from mimo_accel.nvtx import ranged
-from mimo_accel.runtime.shard import SHARD_TAG_KEY, ShardTag, StepRole
+from mimo_accel.runtime.local_batch import (batch_size, check_replica, pack_for_language_model, role_of_rank,
+                                            tensor_bytes)
+from mimo_accel.runtime.reading.shard import SHARD_TAG_KEY, ShardTag
 from mimo_accel.runtime.state import Runtime
-from mimo_accel.runtime.upstream_call import UpstreamCall, replacing
-
-
-def role_of(mimo_model) -> Optional[StepRole]:
-    role = getattr(mimo_model, "role", None)
-    if role is None or not role.has_language_module:
-        return StepRole(False, True, True, 1) if role is not None else None
-    sp = 1
-    grids = getattr(getattr(mimo_model, "mimo_config", None), "module_to_grid_map", None) or {}
-    grid = grids.get(LANGUAGE)
-    tokens = tuple((getattr(mimo_model, "special_token_ids", None) or {}).values())
-    lm = getattr(mimo_model, "language_model", None)
-    lm_config = getattr(lm, "config", None)
-    dims = dict(zip(grid.dim_names, grid.shape)) if grid is not None else {}
-    cp = int(dims.get("cp", 1))
-    if grid is not None and getattr(lm_config, "sequence_parallel", False):
-        sp = dims.get("tp", 1) * cp
-    return StepRole(True, role.is_first_stage(LANGUAGE), role.is_last_stage(LANGUAGE), sp, tokens, cp)
-
-
-def role_of_rank(runtime: Runtime, mimo_model) -> Optional[StepRole]:
-    """The role of ``mimo_model``, worked out once per model (a model's role never changes)."""
-    if mimo_model in runtime.roles:
-        return runtime.roles[mimo_model]
-    role = runtime.roles[mimo_model] = role_of(mimo_model)
-    if runtime.profiling is not None:  # the model this rank runs, seen once: what to time and by which name
-        runtime.profiling.saw_model(mimo_model)
-    return role
+from mimo_accel.runtime.patches.upstream_call import UpstreamCall, replacing
 
 
 def wrap_module_dp_info(original: Callable, runtime: Runtime) -> Callable:
@@ -68,15 +42,6 @@ def wrap_module_dp_info(original: Callable, runtime: Runtime) -> Callable:
         return call.to(original)
 
     return _get_module_dp_info
-
-
-def check_replica(tag: ShardTag, dp_rank: int, dp_size: int) -> None:
-    if (tag.dp_rank, tag.dp_size) != (dp_rank, dp_size):
-        raise RuntimeError(
-            f"mimo_accel: this batch was read for {tag.module} replica {tag.dp_rank}/{tag.dp_size} "
-            f"but the forward step runs as replica {dp_rank}/{dp_size}. The data loader and the "
-            "model disagree on the layout; build the loaders after the model (with the same "
-            "MegatronMIMOParallelismConfig).")
 
 
 def wrap_get_batch(original: Callable, runtime: Runtime) -> Callable:
@@ -137,7 +102,7 @@ def wrap_slice(original: Callable, runtime: Runtime) -> Callable:
         else:
             if cfg.sharded_reads and dp_size > 1:
                 _warn_whole_batch_once(runtime)
-            local, read = call.to(original), _batch_size(batch)
+            local, read = call.to(original), batch_size(batch)
         # dp_rank stays upstream's plain int (its slice computes offsets from it): the role comes by the runtime
         role = runtime.step_role
         packs = cfg.packing and role is not None and role.is_language  # here, or in main's step next
@@ -163,44 +128,3 @@ def _warn_whole_batch_once(runtime: Runtime) -> None:
         warnings.warn(message, RuntimeWarning, stacklevel=4)
 
 
-def tensor_bytes(obj) -> int:
-    """Bytes of the tensors in a (nested) batch: what this rank loaded for the step (metadata only)."""
-    if hasattr(obj, "element_size") and hasattr(obj, "numel"):
-        return obj.numel() * obj.element_size()
-    if isinstance(obj, dict):
-        return sum(tensor_bytes(v) for v in obj.values())
-    if isinstance(obj, (list, tuple)):
-        return sum(tensor_bytes(v) for v in obj)
-    return 0
-
-
-def _batch_size(batch: dict) -> int:
-    ids = batch.get("input_ids") if isinstance(batch, dict) else None
-    return int(ids.size(0)) if ids is not None and ids.dim() == 2 else 0
-
-
-@ranged("mimo_accel/pack")  # NVTX on CUDA only (mimo_accel.nvtx)
-def pack_for_language_model(batch: dict, role: StepRole, pad_multiple: int,
-                            say_once: Callable[[str, str], object]) -> dict:
-    """THD-pack the language shard. Lengths come from the padding ``attention_mask``; when it is all
-    ones (Bridge 0.6.2's MegatronMIMODataset), from ``loss_mask`` and the placeholder tokens."""
-    from mimo_accel.runtime.packing import lengths_from_loss_mask, pack_language_shard
-
-    mask = batch.get("attention_mask")
-    if mask is None:
-        raise ValueError(
-            "mimo_accel packing needs the batch's [batch, seq] attention_mask (1 = real token) as "
-            "its length source on every language pipeline stage, but it is None. Keep the padding "
-            "mask in the batch (Bridge's Qwen3.5-VL example keeps it when packing is on); the "
-            "packer drops it before the model.")
-    lengths = None
-    if bool((mask != 0).all()):
-        lengths = lengths_from_loss_mask(batch, role.placeholder_ids)
-        say_once("packing:length-source", "mimo_accel packing: the attention_mask marks no padding "
-                 "(all ones), so sample lengths come from loss_mask and the placeholder tokens")
-    packed, kwargs = pack_language_shard(batch, lengths, pad_multiple=pad_multiple,
-                                         tp_size=role.sequence_parallel_size,
-                                         cp_size=role.context_parallel_size,
-                                         is_first_stage=role.is_first_stage)
-    packed["packing_kwargs"] = kwargs
-    return packed

@@ -27,13 +27,13 @@ costs must be computed from what every module decodes: the default :class:`Decod
 prices each encoder from its images' ``grid_thw`` and the language model from the real-token
 count, which encoder and language ranks all see. With a ``check``, each micro-batch's plan is
 compared across every data-loading rank before this rank trains it
-(:class:`~mimo_accel.runtime.plan_check.FirstPlanCheck`).
+(:class:`~mimo_accel.runtime.reading.plan_check.FirstPlanCheck`).
 
-Layering: the planning (:mod:`~mimo_accel.runtime.exchange.plan`: :func:`plan_exchange`,
-:class:`ExchangePlan`), the sample codec (:mod:`~mimo_accel.runtime.exchange.wire`: :func:`encode_sample`,
-:func:`decode_sample`) and the cost of a decoded sample (:mod:`~mimo_accel.runtime.exchange.cost`) are pure
-and testable without processes; only :class:`ExchangeReorder` (:mod:`~mimo_accel.runtime.exchange.reorder`)
-talks to ``torch.distributed``, and :mod:`~mimo_accel.runtime.exchange.loader` puts it behind loaders.
+Layering: the planning (:mod:`~mimo_accel.runtime.reading.exchange.plan`: :func:`plan_exchange`,
+:class:`ExchangePlan`), the sample codec (:mod:`~mimo_accel.runtime.reading.exchange.wire`: :func:`encode_sample`,
+:func:`decode_sample`) and the cost of a decoded sample (:mod:`~mimo_accel.runtime.reading.exchange.cost`) are pure
+and testable without processes; only :class:`ExchangeReorder` (:mod:`~mimo_accel.runtime.reading.exchange.reorder`)
+talks to ``torch.distributed``, and :mod:`~mimo_accel.runtime.reading.exchange.loader` puts it behind loaders.
 Sample bytes are host memory and travel over a gloo group (the module's DP group when it is gloo,
 else a dedicated gloo group over the same ranks); the codec uses pickle for the non-tensor skeleton
 of a sample, as torch.distributed's object collectives do — peers are ranks of the same job.
@@ -47,11 +47,11 @@ there).
 
 from __future__ import annotations
 
-from mimo_accel.runtime.exchange.cost import DecodedModuleCosts, DecodedSampleCost
-from mimo_accel.runtime.exchange.loader import ExchangeLoader, exchange_loader, exchange_shard_loader
-from mimo_accel.runtime.exchange.plan import ExchangePlan, plan_exchange
-from mimo_accel.runtime.exchange.reorder import OVERLAP_ENV, ExchangeError, ExchangeReorder, ExchangeStats
-from mimo_accel.runtime.exchange.wire import EncodedSample, decode_sample, encode_sample, serialized_size
+from mimo_accel.runtime.reading.exchange.cost import DecodedModuleCosts, DecodedSampleCost
+from mimo_accel.runtime.reading.exchange.loader import ExchangeLoader, exchange_loader, exchange_shard_loader
+from mimo_accel.runtime.reading.exchange.plan import ExchangePlan, plan_exchange
+from mimo_accel.runtime.reading.exchange.reorder import OVERLAP_ENV, ExchangeError, ExchangeReorder, ExchangeStats
+from mimo_accel.runtime.reading.exchange.wire import EncodedSample, decode_sample, encode_sample, serialized_size
 
 __all__ = [
     "DecodedModuleCosts",

@@ -3,7 +3,7 @@
 torch iterates a DataLoader's batch sampler on the training thread, so a plan computed inside
 ``next()`` is paid on the step's critical path. Here each pass over a reordering loader has a
 planner thread of its own: it reads upstream's sampler window by window, has the window planned,
-agrees the plan with every data-loading rank (:class:`~mimo_accel.runtime.plan_check.WindowCheck`)
+agrees the plan with every data-loading rank (:class:`~mimo_accel.runtime.reading.plan_check.WindowCheck`)
 and queues this replica's share, up to :data:`DEPTH` windows ahead of training. ``next()`` only
 takes the next share off the queue; if the plan is not ready, it waits for it (never another plan)
 and the wait travels with the batch to the profiler (``plan_wait_s``).
@@ -169,7 +169,7 @@ class InlinePlanner:
 class PassSpec:
     """What one pass plans: ``windows()`` yields ``(ordinal, micro-batches, sampler state, first
     micro-batch)`` of upstream's sampler copy; ``plan(worker, batches, model)`` gives a window's
-    shares (a list of :class:`~mimo_accel.runtime.shard.ReplicaShare`), its digest and its first
+    shares (a list of :class:`~mimo_accel.runtime.reading.shard.ReplicaShare`), its digest and its first
     global index."""
 
     windows: Callable[[], Iterator]

@@ -27,7 +27,7 @@ the interval of Bridge's own MIMO ``iteration-time`` scalar) adds, under ``mimo_
 These are the report's definitions (:mod:`mimo_accel.tools.report`), for one step.
 
 How the figures reach the logging rank: every rank reaches the optimizer-step hook once per
-iteration (:func:`mimo_accel.runtime.profiling.wrap_optimizer_step`). On a logged iteration each
+iteration (:func:`mimo_accel.runtime.patches.profiler.wrap_optimizer_step`). On a logged iteration each
 rank puts its step figures (a few numbers, JSON) under its own key in the job's rendezvous store —
 a ``set`` that does not wait for anyone. The writing rank hands the rest to a thread of its own,
 over its own connection to the store (a clone), so its training thread never waits there: the
@@ -138,7 +138,7 @@ def _ratio(values: list) -> Optional[float]:
 
 def step_scalars(figures: Iterable[dict], flops: Optional[dict] = None) -> dict[str, float]:
     """The scalars of one step from every rank's :func:`rank_figures` (see the module docstring);
-    ``flops``: the profile header's ``layout["flops"]`` (:mod:`mimo_accel.runtime.model_flops`)."""
+    ``flops``: the profile header's ``layout["flops"]`` (:mod:`mimo_accel.runtime.measuring.model_flops`)."""
     figures = sorted(figures, key=lambda f: f["rank"])
     by_module: dict[str, list[dict]] = defaultdict(list)
     for f in figures:

@@ -1,12 +1,12 @@
-"""The profiler's hooks into a real MegatronMIMO run (installed by the patch engine only when
-``profile`` is on; when it is off, none of this is installed).
+"""The profiler's hooks into a real MegatronMIMO run (installed at upstream's sites by
+:mod:`mimo_accel.runtime.patches.profiler` only when ``profile`` or online calibration is on).
 
 Every module is timed under its own name (:mod:`mimo_accel.modules`): regions ``<module>_fwd`` /
 ``<module>_bwd`` for each encoder on its ranks (``vision_fwd``, ``audios_bwd``, ...) and
 ``language_fwd`` / ``language_bwd`` for the language model on the language ranks.
 
 - the step's first look at this rank's MimoModel (:meth:`Profiling.saw_model`, from
-  ``runtime.step.role_of_rank``): which ``ModalitySubmodules`` is which module (the model's
+  ``runtime.local_batch.role_of_rank``): which ``ModalitySubmodules`` is which module (the model's
   ``modality_submodules`` maps module name -> submodule), and a timer on the language model.
 - ``ModalitySubmodules.encode``: on first use, a forward/backward timer and a counting hook are
   attached to each real encoder of the submodule, named by the submodule's module; the counts
@@ -17,7 +17,7 @@ Every module is timed under its own name (:mod:`mimo_accel.modules`): regions ``
   ``sq_tokens`` = Σ L² over the batch's samples, L = a sample's attention-mask row sum), samples
   and bytes read by this rank, and what the plan predicted for the batch (from its tag).
 - ``MimoOptimizer.step``: closes the step line (one line per training iteration) and, where
-  Bridge's logger writes to TensorBoard / W&B, hands it to :mod:`mimo_accel.runtime.metrics`.
+  Bridge's logger writes to TensorBoard / W&B, hands it to :mod:`mimo_accel.runtime.measuring.metrics`.
 - ``train_megatron_mimo`` (via ``pretrain_megatron_mimo``): takes Bridge's ``global_state`` (its
   logger config and writers) for the run's metrics and its provider's module configs for the
   header's FLOPs shapes, and closes the file when training ends.
@@ -32,17 +32,16 @@ import functools
 import os
 import threading
 import weakref
-from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol
+from typing import TYPE_CHECKING, Any, Optional, Protocol
 
 import numpy as np
 
 from mimo_accel.config import AccelConfig
 from mimo_accel.modules import LANGUAGE
-from mimo_accel.runtime.shard import ShardContext
-from mimo_accel.runtime.upstream_call import UpstreamCall, replacing
+from mimo_accel.runtime.reading.shard import ShardContext
 
 if TYPE_CHECKING:
-    from mimo_accel.runtime.calibration import Calibration
+    from mimo_accel.runtime.measuring.calibration import Calibration
 
 
 class Host(Protocol):
@@ -272,10 +271,10 @@ class Profiling:
 
     def start_run(self, global_state) -> None:
         """Bridge's training loop starts with ``global_state``: its figures go to Bridge's writers
-        when its logger has any (:meth:`mimo_accel.runtime.metrics.Metrics.for_run`); each module's
-        FLOPs shape is read from its provider for the profile header (:mod:`~mimo_accel.runtime.model_flops`)."""
-        from mimo_accel.runtime.metrics import Metrics
-        from mimo_accel.runtime.model_flops import flops_layout
+        when its logger has any (:meth:`mimo_accel.runtime.measuring.metrics.Metrics.for_run`); each module's
+        FLOPs shape is read from its provider for the profile header (:mod:`~mimo_accel.runtime.measuring.model_flops`)."""
+        from mimo_accel.runtime.measuring.metrics import Metrics
+        from mimo_accel.runtime.measuring.model_flops import flops_layout
 
         self._flops = flops_layout(getattr(getattr(global_state, "cfg", None), "model", None))
 
@@ -302,7 +301,7 @@ class Profiling:
         """Called by the step with the local batch of this step. ``read_bytes``: tensor bytes of the
         batch as it reached the step (the whole micro-batch upstream, the share when sharded); on
         language ranks upstream has already dropped the raw images by then. ``tag``: the batch's
-        :class:`~mimo_accel.runtime.shard.ShardTag` when sharded reads delivered it. ``count_tokens``:
+        :class:`~mimo_accel.runtime.reading.shard.ShardTag` when sharded reads delivered it. ``count_tokens``:
         False where the batch is packed next (:meth:`record_packed` then counts what the language
         model computes)."""
         rec = self.recorder()
@@ -451,48 +450,3 @@ def planned_spreads(loads: dict, overheads: dict) -> dict:
         mean = float(totals.mean()) if totals.size else 0.0
         out[module] = float(totals.max()) / mean if mean > 0 else 1.0
     return out
-
-
-def wrap_encode(original: Callable, runtime: Host) -> Callable:
-    @replacing(original)
-    def encode(call: UpstreamCall):
-        profiling = runtime.profiling
-        if profiling is not None and evaluating():
-            with profiling.paused_timers():  # an evaluation pass is not part of a training step
-                return call.to(original)
-        encoders_data_batch = call["encoders_data_batch"]
-        if profiling is not None and encoders_data_batch:
-            profiling.time_encoders(call["self"], encoders_data_batch)
-        return call.to(original)
-
-    return encode
-
-
-def wrap_optimizer_step(original: Callable, runtime: Host) -> Callable:
-    @replacing(original)
-    def step(call: UpstreamCall):
-        result = call.to(original)
-        if runtime.profiling is not None:
-            runtime.profiling.end_step()
-        return result
-
-    return step
-
-
-def wrap_train_entry(original: Callable, runtime: Host) -> Callable:
-    @replacing(original)
-    def train_megatron_mimo(call: UpstreamCall):
-        profiling: Optional[Profiling] = runtime.profiling
-        if profiling is not None:
-            profiling.start_run(call["global_state"])
-        failed = True
-        try:
-            out = call.to(original)
-            failed = False
-            return out
-        finally:
-            profiling: Optional[Profiling] = runtime.profiling
-            if profiling is not None:
-                profiling.finish(failed=failed)
-
-    return train_megatron_mimo

@@ -16,11 +16,11 @@ import numpy as np
 import torch
 
 from mimo_accel.costs import CostModel
-from mimo_accel.runtime.exchange.cost import DecodedModuleCosts
-from mimo_accel.runtime.exchange.plan import ExchangePlan, plan_exchange
-from mimo_accel.runtime.exchange.wire import EncodedSample, decode_sample
-from mimo_accel.runtime.sampler import SamplesRead, TaggingCollate
-from mimo_accel.runtime.shard import SHARD_TAG_KEY, ReplicaShare, ShardContext
+from mimo_accel.runtime.reading.exchange.cost import DecodedModuleCosts
+from mimo_accel.runtime.reading.exchange.plan import ExchangePlan, plan_exchange
+from mimo_accel.runtime.reading.exchange.wire import EncodedSample, decode_sample
+from mimo_accel.runtime.reading.sampler import SamplesRead, TaggingCollate
+from mimo_accel.runtime.reading.shard import SHARD_TAG_KEY, ReplicaShare, ShardContext
 from mimo_accel.runtime.state import notify_with
 
 OVERLAP_ENV = "CUDA_DEVICE_MAX_CONNECTIONS"
@@ -111,7 +111,7 @@ class ExchangeReorder:
     construct it, in the same order relative to other group creations.
 
     group: the module's DP process group (defines the ranks, in DP-rank order).
-    ctx: this rank's :class:`~mimo_accel.runtime.shard.ShardContext` (its ``dp_rank``/``dp_size`` must
+    ctx: this rank's :class:`~mimo_accel.runtime.reading.shard.ShardContext` (its ``dp_rank``/``dp_size`` must
         match ``group``; ``grid`` is G).
     cost_fn: ``sample -> {module: cost}`` for every module of the layout, or one number that prices
         every module alike (finite, >= 0), computed from the decoded sample; default
@@ -121,7 +121,7 @@ class ExchangeReorder:
     overlap: exchange the next micro-batch on a side thread (uses a dedicated group).
     comm_group: a ready gloo group over the same ranks to use instead of creating one.
     notify: ``say_once(key, message)`` for what the exchange could not act on (default: log once).
-    check: a :class:`~mimo_accel.runtime.plan_check.FirstPlanCheck` over every data-loading rank: each
+    check: a :class:`~mimo_accel.runtime.reading.plan_check.FirstPlanCheck` over every data-loading rank: each
         micro-batch's plan compared across the modules before this rank trains it (None: unchecked).
     """
 
@@ -292,7 +292,7 @@ class ExchangeReorder:
                     received[p], offset = decode_sample(recv, offset)
         out = [samples[p - me * n_local] if p // n_local == me else received[p] for p in plan.local_after(me)]
         if self.check is not None:  # after the collective (no replica is left inside it), before training
-            from mimo_accel.runtime.plan_check import plan_digest
+            from mimo_accel.runtime.reading.plan_check import plan_digest
 
             self.check(self.micro_batches, plan_digest(range(len(plan.order)), plan.order))
         self.micro_batches += 1

@@ -1,11 +1,11 @@
 """Same plan everywhere, at every window, before it trains.
 
 Every data-loading rank plans alone (no plan is broadcast), and equal inputs
-(:mod:`mimo_accel.runtime.plan_inputs`) do not make equal plans where the arithmetic differs
+(:mod:`mimo_accel.runtime.reading.plan_inputs`) do not make equal plans where the arithmetic differs
 between nodes: a rank whose plan differs would pair one sample's text with another's encoder rows,
 silently whenever the placeholder counts happen to match. So every window's plan is agreed by
 every data-loading rank before any of them trains it (:class:`WindowCheck`, used by the planner
-thread that plans ahead: :mod:`mimo_accel.runtime.plan_ahead`), and exchange mode, which plans
+thread that plans ahead: :mod:`mimo_accel.runtime.reading.plan_ahead`), and exchange mode, which plans
 each micro-batch where it is read, compares each rank's plan with the first one posted
 (:class:`FirstPlanCheck`).
 

@@ -8,9 +8,9 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Optional
 
 from mimo_accel.costs import CostModel
-from mimo_accel.runtime.exchange.reorder import ExchangeReorder, ExchangeStats
+from mimo_accel.runtime.reading.exchange.reorder import ExchangeReorder, ExchangeStats
 from mimo_accel.grid import check_micro_batch
-from mimo_accel.runtime.shard import ShardContext
+from mimo_accel.runtime.reading.shard import ShardContext
 
 
 def _as_list(read):
@@ -117,13 +117,13 @@ def exchange_shard_loader(loader, ctx: ShardContext, micro_batch_size: int, grou
     reads), decode it in the loader's workers, exchange, then collate with the loader's collate_fn.
     ``local_batch_sampler``: a sampler that already yields this replica's share (upstream's scalable
     reads); by default the share is cut from the loader's global batch sampler. ``check``: the
-    exchange plans compared across the data-loading ranks (:class:`~mimo_accel.runtime.plan_check.FirstPlanCheck`).
+    exchange plans compared across the data-loading ranks (:class:`~mimo_accel.runtime.reading.plan_check.FirstPlanCheck`).
 
     Collective (builds an :class:`ExchangeReorder`): every rank of ``group`` calls it.
     """
     from torch.utils.data import DataLoader
 
-    from mimo_accel.runtime.sampler import ReadsOf, ShardedBatchSampler, loader_settings
+    from mimo_accel.runtime.reading.sampler import ReadsOf, ShardedBatchSampler, loader_settings
 
     check_micro_batch(micro_batch_size, ctx.grid)
     if getattr(loader, "batch_sampler", None) is None:
