@@ -61,3 +61,4 @@ def test_the_derived_index_cache_takes_the_umask_mode(tmp_path, process_umask):
     assert {f.suffix for f in files} == {".npz", ".json"}
     for f in files:
         assert _mode(f) == 0o666 & ~process_umask, f"{f.name}: {oct(_mode(f))}"
+

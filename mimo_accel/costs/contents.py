@@ -26,16 +26,16 @@ import hashlib
 import os
 import re
 from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
+
+from mimo_accel.costs.files import map_reads
 
 __all__ = ["HEAD_BYTES", "SCHEME", "Contents", "file_stamp", "file_stamps"]
 
 SCHEME = "mimo-accel-contents/1"  # base name, size, SHA-256 of the first HEAD_BYTES, per sample position
 HEAD_BYTES = 4096  # one page: reading it costs what opening the file costs
 _MODULUS = 1 << 256
-_THREADS_FROM = 64  # files from which a thread pool reads the heads (a network file system's latency)
 
 
 def file_stamp(path: str | os.PathLike[str]) -> bytes:
@@ -57,11 +57,7 @@ def _stamp_or_error(path: str) -> bytes | OSError:
 def file_stamps(paths: Sequence[str], workers: Optional[int] = None) -> list[bytes | OSError]:
     """:func:`file_stamp` of each path, in order (an unreadable file: its OSError); a thread pool
     reads many files at once unless ``workers`` is 1."""
-    if len(paths) < _THREADS_FROM or workers == 1:
-        return [_stamp_or_error(p) for p in paths]
-    with ThreadPoolExecutor(max_workers=workers or min(8, (os.cpu_count() or 1) + 4),
-                            thread_name_prefix="mimo-accel-contents") as pool:
-        return list(pool.map(_stamp_or_error, paths, chunksize=16))
+    return map_reads(_stamp_or_error, paths, workers, "mimo-accel-contents")
 
 
 @dataclass

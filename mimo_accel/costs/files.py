@@ -1,11 +1,16 @@
-"""Files other ranks may read while one rank rewrites them."""
+"""Files other ranks may read while one rank rewrites them, and reading many files' heads at once."""
 
 from __future__ import annotations
 
 import os
 import tempfile
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Callable, Optional, Sequence, TypeVar
+
+T = TypeVar("T")
+R = TypeVar("R")
 
 _umask_lock = threading.Lock()  # the umask is the process's: two threads setting it must not interleave
 
@@ -42,3 +47,24 @@ def atomic_write(path: Path, data: bytes) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+# Reading a file's head waits on storage (a network file system's latency), not on the CPU: from this
+# many files, a pool of a few threads more than the cores, at most 8 (more only queue on the server).
+READ_THREADS_FROM = 64
+
+
+def read_threads(workers: Optional[int] = None) -> int:
+    """The threads that read files' heads: ``workers`` where given, else the rule above."""
+    return workers or min(8, (os.cpu_count() or 1) + 4)
+
+
+def map_reads(read: Callable[[T], R], items: Sequence[T], workers: Optional[int] = None,
+              name: str = "mimo-accel-read") -> list[R]:
+    """``[read(item) for item in items]``, through a thread pool from :data:`READ_THREADS_FROM`
+    items unless ``workers`` is 1. The results keep the items' order, so the error raised is the
+    earliest item's."""
+    if len(items) < READ_THREADS_FROM or workers == 1:
+        return [read(item) for item in items]
+    with ThreadPoolExecutor(max_workers=read_threads(workers), thread_name_prefix=name) as pool:
+        return list(pool.map(read, items))

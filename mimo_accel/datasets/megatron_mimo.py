@@ -24,13 +24,13 @@ truncated text tokens.
 from __future__ import annotations
 
 import os
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Iterator, Mapping, Optional
 
 import numpy as np
 
 from mimo_accel.costs import AudioRule, FixedPatches, ResizeRule
 from mimo_accel.costs.audio import AudioSizeError, audio_clips_in, audio_samples_of
+from mimo_accel.costs.files import map_reads
 from mimo_accel.costs.images import ImageSizeError, images_in, is_pil, image_size_of
 from mimo_accel.datasets.fingerprints import (
     callable_name,
@@ -49,7 +49,6 @@ from mimo_accel.datasets.processors import (
 )
 from mimo_accel.datasets.sources import (
     CHUNK,
-    THREADS_FROM,
     WAYS_OUT,
     DeriveError,
     Probed,
@@ -266,12 +265,8 @@ def _audio_columns(n: int, clips: list[_Clip], rule: AudioRule,
     not in the middle of training)."""
     rate = rule.sampling_rate
     files = [c for c in clips if _is_audio_file(c.obj)]
-    if len(files) >= THREADS_FROM and workers != 1:
-        with ThreadPoolExecutor(max_workers=workers or min(8, (os.cpu_count() or 1) + 4),
-                                thread_name_prefix="mimo-accel-probe") as pool:
-            # map() yields in order: the error raised is the earliest clip's.
-            for c, length in zip(files, pool.map(_clip_length, [(c, rate) for c in files])):
-                c.samples = length
+    for c, length in zip(files, map_reads(_clip_length, [(c, rate) for c in files], workers, "mimo-accel-probe")):
+        c.samples = length
     lengths = [c.samples if c.samples is not None else _clip_length((c, rate)) for c in clips]
     per_clip = rule.rows_many(np.asarray(lengths, dtype=np.int64))
     return _sums(n, [c.sample for c in clips], per_clip, per_clip * per_clip)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
 
@@ -18,6 +17,7 @@ import numpy as np
 
 from mimo_accel.costs import CostIndex, FixedPatches, ResizeRule
 from mimo_accel.costs.contents import Contents, file_stamps
+from mimo_accel.costs.files import map_reads
 from mimo_accel.costs.images import ImageSizeError, RemoteImageError, is_local_file, image_size_of
 from mimo_accel.costs.index import DEFAULT_ENCODER
 from mimo_accel.datasets.fingerprints import sha256_hex
@@ -33,7 +33,6 @@ WAYS_OUT = (
     "they are decoded and needs no index."
 )
 CHUNK = 512  # samples read, tokenized and reported per step
-THREADS_FROM = 64  # image files per chunk from which header reads go to a thread pool
 _CONTENTS_CHUNK = 4096  # base samples whose files' heads are read at a time
 
 
@@ -113,12 +112,8 @@ def read_sizes(images: list[ImageItem], workers: Optional[int]) -> None:
     """Fill ``size`` of every image that needs one; files through a thread pool when many."""
     todo = [im for im in images if im.size is None and im.patches is None]
     files = [im for im in todo if is_local_file(im.obj)]
-    if len(files) >= THREADS_FROM and workers != 1:
-        with ThreadPoolExecutor(max_workers=workers or min(8, (os.cpu_count() or 1) + 4),
-                                thread_name_prefix="mimo-accel-probe") as pool:
-            # map() yields in order: the error raised is the earliest image's.
-            for im, size in zip(files, pool.map(_size_of, files)):
-                im.size = size
+    for im, size in zip(files, map_reads(_size_of, files, workers, "mimo-accel-probe")):
+        im.size = size
     for im in todo:
         if im.size is None:
             im.size = _size_of(im)
