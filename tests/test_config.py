@@ -266,7 +266,9 @@ def test_check_environment_checks_every_value(env, words):
 def test_enable_warns_an_unknown_variable_once_with_the_closest_name(clean_engine, monkeypatch, caplog):
     from mimo_accel.patching import engine
 
-    monkeypatch.setattr(engine, "_warned_variables", set())
+    from mimo_accel.notices import Notices
+
+    monkeypatch.setattr(engine, "_said", Notices(engine.logger))
     monkeypatch.setenv("MIMO_ACCEL_REODER_WINDOW", "2")
     with caplog.at_level(logging.WARNING, logger="mimo_accel"):
         mimo_accel.enable(sharded_reads=True)

@@ -171,4 +171,4 @@ def test_a_layout_encoder_the_index_cannot_price_stops_the_plan_naming_both_side
     # one encoder on each side: used for it, said once
     plan, runtime = _plan(tmp_path, _index(16, 0), {"images": 2, "language": 4})
     assert set(plan.planner(list(range(16)))[1].spreads) == {"images", "language"}
-    assert any("'vision' prices the layout's one encoder 'images'" in m for m in runtime.said.values())
+    assert any("'vision' prices the layout's one encoder 'images'" in m for m in runtime.notices().values())

@@ -15,6 +15,7 @@ import torch
 import mimo_accel
 from mimo_accel.tools import doctor
 from mimo_accel.config import ConfigError
+from mimo_accel.notices import Notices
 from mimo_accel.patching import engine
 from mimo_accel.patching import targets as T
 from mimo_accel.patching.engine import PatchError
@@ -28,7 +29,7 @@ def guard(monkeypatch):
     """Fake installed versions through the engine's one reader; a clean engine around the test."""
     mimo_accel.disable()
     monkeypatch.delenv(ENV, raising=False)
-    monkeypatch.setattr(engine, "_warned_untested", set())
+    monkeypatch.setattr(engine, "_said", Notices(engine.logger))
 
     def fake(bridge, core):
         monkeypatch.setattr(engine, "installed_versions", lambda: (bridge, core))

@@ -33,6 +33,7 @@ import wrapt
 
 from mimo_accel.config import AccelConfig
 from mimo_accel.config import allow_untested as config_allow_untested
+from mimo_accel.notices import Notices
 from mimo_accel.patching import registry
 from mimo_accel.patching import targets as T
 from mimo_accel.patching.swaps import SwapSet
@@ -63,10 +64,10 @@ class _State:
 _lock = threading.RLock()  # enable(), disable() and the import hooks may run on any thread
 _swaps = SwapSet()  # every patched attribute with its original, for disable()'s exact undo
 _state = _State()  # the enable in force, its Runtime included
-# Said once per process whatever enable()/disable() come between (a Runtime lives one enable):
-_warned_untested: set = set()  # (bridge, core) pairs already warned about (untested, patch)
-_warned_variables: set = set()  # unknown MIMO_ACCEL* names already warned about
 logger = logging.getLogger("mimo_accel")
+# Said once per process whatever enable()/disable() come between (a Runtime lives one enable): a
+# (bridge, core) pair untested or a newer patch release, an unknown MIMO_ACCEL* name
+_said = Notices(logger)
 
 
 def installed_versions() -> tuple[Optional[str], Optional[str]]:
@@ -101,25 +102,21 @@ def check_versions(m: T.Match) -> T.Shape:
                 f"({'; '.join(m.problems)}). Tested: {T.SUPPORTED}. Nothing was patched. Install a tested "
                 f"pair, or set {T.ALLOW_UNTESTED_ENV}=1 to patch it anyway as the nearest shape "
                 f"('{m.shape.name}'); every patch target is still checked before anything is patched.")
-        key = (m.bridge, m.core)
-        if key not in _warned_untested:
-            _warned_untested.add(key)
-            logger.warning("mimo_accel: %s is untested (%s); %s=1 is set, so patching it as the nearest "
-                           "shape '%s'. Tested: %s", m.installed, "; ".join(m.problems),
-                           T.ALLOW_UNTESTED_ENV, m.shape.name, T.SUPPORTED)
+        _said.say_once((m.bridge, m.core), (
+            f"mimo_accel: {m.installed} is untested ({'; '.join(m.problems)}); {T.ALLOW_UNTESTED_ENV}=1 is set, "
+            f"so patching it as the nearest shape '{m.shape.name}'. Tested: {T.SUPPORTED}"))
     return m.shape
 
 
 def _say_patch_release_once(m: T.Match) -> None:
     """A newer patch release whose imported targets were all checked: one notice per process."""
-    key = (m.bridge, m.core)
-    if m.status != "patch" or key in _warned_untested:
+    if m.status != "patch":
         return
-    _warned_untested.add(key)
-    logger.warning("mimo_accel: %s: %s; accepted as shape '%s' (%s, not this release) because every target "
-                   "mimo_accel patches has that shape, each checked before it is patched (a site imported "
-                   "later is checked at its import). mimo-accel doctor lists the targets.", m.installed,
-                   "; ".join(m.problems), m.shape.name, m.shape.support)
+    _said.say_once((m.bridge, m.core), (
+        f"mimo_accel: {m.installed}: {'; '.join(m.problems)}; accepted as shape '{m.shape.name}' "
+        f"({m.shape.support}, not this release) because every target mimo_accel patches has that shape, each "
+        "checked before it is patched (a site imported later is checked at its import). mimo-accel doctor "
+        "lists the targets."))
 
 
 def find_attribute(site_module, name: str):
@@ -258,9 +255,7 @@ def _warn_unknown_variables() -> None:
 
     for line in unknown_variables(os.environ):
         name = line.split(" ", 1)[0]
-        if name not in _warned_variables:
-            _warned_variables.add(name)
-            logger.warning("mimo_accel: %s; it is ignored", line)
+        _said.say_once(("variable", name), f"mimo_accel: {line}; it is ignored")
 
 
 def _warn_changes(previous: AccelConfig, cfg: AccelConfig) -> None:

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Optional
 
 from mimo_accel.config import AccelConfig
+from mimo_accel.notices import Notices
 from mimo_accel.runtime.reading.shard import ShardContext, StepRole, context_from_grids
 
 if TYPE_CHECKING:
@@ -64,7 +65,7 @@ class Runtime:
     reorder_stepped_aside: Optional[str] = None
     profiling: Optional[Profiling] = None  # while the profiler (or online calibration) is on
     calibration: Optional[Calibration] = None  # of the training run under way
-    said: dict[str, str] = field(default_factory=dict)  # notice key -> message, in the order said
+    said: Notices = field(default_factory=lambda: Notices(logger))  # this run's notices, each said once
     lock: threading.RLock = field(default_factory=threading.RLock, repr=False)
 
     @property
@@ -83,12 +84,7 @@ class Runtime:
 
     def say_once(self, key: str, message: str) -> bool:
         """Log ``message`` the first time ``key`` is seen while this runtime lives; True when logged."""
-        with self.lock:
-            if key in self.said:
-                return False
-            self.said[key] = message
-        logger.warning(message)
-        return True
+        return self.said.say_once(key, message)
 
     def shard_context(self) -> Optional[ShardContext]:
         """This rank's ShardContext (None before any lookup in a loader scope, or off every module)."""
@@ -98,8 +94,7 @@ class Runtime:
         return self.context
 
     def notices(self) -> dict[str, str]:
-        with self.lock:
-            return dict(self.said)
+        return self.said.said()
 
     def close(self) -> None:
         """Release what the features hold (the profiler's file and timers); the runtime is dropped after."""
@@ -117,21 +112,10 @@ class Runtime:
             self.start_model = None
             self.context = None
             self.layout = None
-            self.said.clear()
+        self.said.clear()
 
 
 def notify_with(runtime: Optional[Runtime]):
     """``say_once`` of ``runtime``, or a plain once-only logger when there is none (pure callers
     used outside an enabled process, e.g. by the offline tools)."""
-    if runtime is not None:
-        return runtime.say_once
-    said: set = set()
-
-    def say_once(key: str, message: str) -> bool:
-        if key in said:
-            return False
-        said.add(key)
-        logger.warning(message)
-        return True
-
-    return say_once
+    return runtime.say_once if runtime is not None else Notices(logger).say_once
