@@ -101,7 +101,7 @@ class _Group:
 
     def __init__(self, group: Any):
         self.group = group
-        # a runtime.rank_set.RankSet gathers through the job's store (a ProcessGroup has .gather too)
+        # a runtime.store.RankSet gathers through the job's store (a ProcessGroup has .gather too)
         self.through_store = bool(getattr(group, "through_store", False))
         if group is None:
             self.rank, self.world = 0, 1

@@ -197,7 +197,7 @@ INTERNALS = (
     Internal("megatron.core.num_microbatches_calculator", "_GLOBAL_NUM_MICROBATCHES_CALCULATOR",
              "reorder windows: the micro-batches of a training step (runtime/loaders.py)", ("reorder",)),
     Internal("torch.distributed.distributed_c10d", "_get_default_store",
-             "plan-input checks and derived cost indexes gather through the job's store (runtime/rank_set.py)",
+             "plan-input checks and derived cost indexes gather through the job's store (runtime/store.py)",
              ("sharded_reads",)),
     Internal("torch.distributed.distributed_c10d", "_world.pg_names",
              "exchange mode: members agree on their group count before making a gloo group (runtime/exchange/reorder.py)",

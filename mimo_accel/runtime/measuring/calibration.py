@@ -28,7 +28,6 @@ checkpoint without the file starts from the configured model.
 
 from __future__ import annotations
 
-import itertools
 import json
 import logging
 import math
@@ -39,12 +38,12 @@ from typing import Any, Optional
 
 from mimo_accel.config import STEP_WINDOW
 from mimo_accel.costs import CostModel
+from mimo_accel.runtime.store import next_round, store_key
 
 logger = logging.getLogger("mimo_accel")
 
 FORMAT = "mimo-accel-cost-models/1"
 FILE = Path("mimo_accel") / "cost-models.json"  # under checkpoint.save / checkpoint.load
-_PREFIX = "mimo_accel/calibration"
 
 
 @dataclass(frozen=True)
@@ -156,18 +155,6 @@ def first_refit(start: int) -> int:
     return start + WARMUP + FIRST_STEPS
 
 
-_serials = itertools.count(1)
-_serials_lock = threading.Lock()
-# Bridge setups this process ran, the same count on every rank (each rank runs the same setups):
-# two runs' announcements in one job never meet. Process-lifetime on purpose: the job's store
-# outlives enable/disable.
-
-
-def next_serial() -> int:
-    with _serials_lock:
-        return next(_serials)
-
-
 class Calibration:
     """One training run's online calibration (made at Bridge's setup, on every rank).
 
@@ -179,7 +166,7 @@ class Calibration:
     def __init__(self, start: CostModel, serial: int, *, save_dir: Optional[str] = None,
                  load_dir: Optional[str] = None, notify=None, state: Any = None, window: int = 1):
         self.state, self.window = state, window
-        self.prefix = f"{_PREFIX}/{serial}"
+        self.prefix = store_key("calibration", serial)
         self.schedule = Schedule(start)
         self.save_dir, self.load_dir = save_dir, load_dir
         self.notify = notify
@@ -204,7 +191,7 @@ class Calibration:
         from mimo_accel.planner import cost_model_for
 
         checkpoint = getattr(getattr(state, "cfg", None), "checkpoint", None)
-        return cls(start if start is not None else cost_model_for(cfg.cost_model), next_serial(), save_dir=getattr(checkpoint, "save", None),
+        return cls(start if start is not None else cost_model_for(cfg.cost_model), next_round("calibration"), save_dir=getattr(checkpoint, "save", None),
                    load_dir=getattr(checkpoint, "load", None), notify=notify, state=state,
                    window=cfg.reorder_window)
 
@@ -320,7 +307,7 @@ class Calibration:
 
         if not dist.is_initialized():
             return None
-        from mimo_accel.runtime.rank_set import background_store
+        from mimo_accel.runtime.store import background_store
 
         return background_store()
 

@@ -49,7 +49,6 @@ its read counts); without ``profile`` none of them exist and nothing here is ins
 from __future__ import annotations
 
 import datetime
-import itertools
 import json
 import logging
 import queue
@@ -64,27 +63,15 @@ from mimo_accel.costs.flops import FlopsShape, peak_tflops_of, throughput
 from mimo_accel.modules import LANGUAGE
 from mimo_accel.profiler.recorder import FORMAT_V1_ENCODER, module_regions
 from mimo_accel.profiler.run import module_seconds, record_number
+from mimo_accel.runtime.store import next_round, store_key
 
 logger = logging.getLogger("mimo_accel")
 
 PREFIX = "mimo_accel"
-_STORE_PREFIX = "mimo_accel/metrics"
 # The metrics thread waits in the store this long at a time, so a failed run's stop is seen that
 # soon (a thread still in a store call when the interpreter exits can abort the process); each
 # wait that times out (a rank over a second late) logs a c10d socket warning.
 _POLL_S = 1.0
-
-_lock = threading.Lock()
-# Training runs (train entries) this process made, the same count on every rank of the job: the
-# store keys of two runs in one job never meet. Process-lifetime on purpose (the job's store
-# outlives enable/disable), as the rounds of runtime.rank_set.
-_runs = itertools.count()
-
-
-def _next_run() -> int:
-    with _lock:
-        return next(_runs)
-
 
 # ------------------------------------------------------------------------------ pure figures
 
@@ -247,7 +234,7 @@ def model_scalars(model, figures: Iterable[dict]) -> dict[str, float]:
 
 
 def _store():
-    from mimo_accel.runtime.rank_set import default_store
+    from mimo_accel.runtime.store import default_store
 
     return default_store()
 
@@ -269,7 +256,7 @@ class Metrics:
             calibration.gathers = True
         self.writes = writes  # whether the logged iterations go to Bridge's writers
         self.writer_rank = world - 1  # GlobalState makes its writers on rank N-1 only
-        self.run = _next_run()
+        self.run = next_round("metrics")  # a train entry: two runs' keys in one job never meet
         self._store = store
         self._pending: list[int] = []  # logged iterations whose key this rank set and has not deleted
         self._worker: Optional[_Worker] = None  # the writing rank's metrics thread
@@ -373,10 +360,10 @@ class Metrics:
         return self._store if self._store is not None else _store()
 
     def _key(self, iteration: int, rank: int) -> str:
-        return f"{_STORE_PREFIX}/{self.run}/{iteration}/{rank}"
+        return store_key("metrics", self.run, iteration, rank)
 
     def _done_key(self) -> str:
-        return f"{_STORE_PREFIX}/{self.run}/done"
+        return store_key("metrics", self.run, "done")
 
     def _delete_consumed(self, store) -> None:
         """Delete this rank's keys of the iterations the writing rank has read (no waiting)."""

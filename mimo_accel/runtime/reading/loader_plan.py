@@ -18,7 +18,7 @@ def _data_ranks(ctx):
     """The data-loading ranks as a gather group (None in a single process)."""
     import torch.distributed as dist
 
-    from mimo_accel.runtime.rank_set import RankSet
+    from mimo_accel.runtime.store import RankSet
 
     return RankSet(ctx.data_ranks) if dist.is_initialized() and len(ctx.data_ranks) > 1 else None
 

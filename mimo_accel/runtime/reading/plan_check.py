@@ -16,7 +16,7 @@ itself in with one ``add``, and the rank that completes the count writes the win
 which every rank waits for. Only when the verdict is not "agreed" does every rank post its own
 digest, so that the error can name the ranks on each side.
 
-Waits run on a clone of the store's client (:func:`~mimo_accel.runtime.rank_set.background_store`):
+Waits run on a clone of the store's client (:func:`~mimo_accel.runtime.store.background_store`):
 a client's operations are serialised, so a wait on the training thread's client would hold up
 every store call the training thread makes meanwhile.
 """
@@ -24,12 +24,11 @@ every store call the training thread makes meanwhile.
 from __future__ import annotations
 
 import hashlib
-import threading
 from typing import Optional, Sequence
 
 import numpy as np
 
-from mimo_accel.runtime.rank_set import background_store, ranks_key
+from mimo_accel.runtime.store import background_store, next_round, ranks_key, store_key
 
 AGREED = "agreed"
 DIFFER = "differ"
@@ -50,19 +49,6 @@ def plan_digest(window: Sequence[int], order: Sequence[int], model: str = "") ->
     h.update(np.asarray(order, dtype="<i8").tobytes())
     h.update(f"/{model}".encode())
     return h.hexdigest()[:16]
-
-
-_lock = threading.Lock()
-# (ranks, what) -> checks built so far, the same count on every rank (they build their loaders in
-# the same order), so a loader built again in the same job agrees under keys of its own.
-# Process-lifetime on purpose: the job's store outlives mimo_accel's enable/disable.
-_serials: dict = {}
-
-
-def _serial(ranks: tuple, what: str) -> int:
-    with _lock:
-        n = _serials[(ranks, what)] = _serials.get((ranks, what), 0) + 1
-    return n
 
 
 def _sides(outcomes: dict[int, str]) -> str:
@@ -99,8 +85,9 @@ class WindowCheck:
         self.what = what
         self.me = me
         self._store = store
-        serial = _serial(self.ranks, what) if serial is None else serial
-        self.prefix = f"mimo_accel/plan/{ranks_key(self.ranks)}/{what}/{serial}"
+        # a loader built again in the same job agrees under keys of its own (ranks build loaders alike)
+        serial = next_round(("plan", self.ranks, what)) if serial is None else serial
+        self.prefix = store_key("plan", ranks_key(self.ranks), what, serial)
         self.agreed = 0  # windows agreed so far (all passes)
 
     def store(self):

@@ -14,7 +14,7 @@ import hashlib
 import json
 from typing import Mapping, Sequence
 
-from mimo_accel.runtime.rank_set import RankSet
+from mimo_accel.runtime.store import RankSet
 
 
 def digest(value) -> str:

@@ -1,7 +1,10 @@
-"""A set of ranks that gathers Python objects through the job's rendezvous store.
+"""The job's rendezvous store, as every part of mimo_accel uses it: one namespace for its keys, one
+count of the rounds each part has run, a client per background thread, and a set of ranks that
+gathers Python objects through it.
 
 Bridge builds MIMO data loaders on the data-loading ranks only, so nothing collective over all
-ranks can run there; the store every rank already shares can carry a gather among any subset.
+ranks can run there; the store every rank already shares can carry a gather among any subset, a
+plan check, the calibration's announcements and the metrics' step figures.
 """
 
 from __future__ import annotations
@@ -10,11 +13,26 @@ import pickle
 import threading
 from typing import Sequence
 
+ROOT = "mimo_accel"  # every key mimo_accel sets in the job's store starts here
+
 _lock = threading.Lock()
-# ranks -> gathers these ranks have made (the same count on each of them). Process-lifetime on
-# purpose: the job's store outlives mimo_accel's enable/disable, so a count that restarted would
-# read another round's values under the same keys.
+# what -> rounds of it this process has run (the same count on every rank taking part: they run
+# alike). Process-lifetime on purpose: the job's store outlives mimo_accel's enable/disable, so a
+# count that restarted would read another round's values under the same keys.
 _rounds: dict = {}
+
+
+def next_round(what) -> int:
+    """The next round (1, 2, ...) of ``what`` in this process: a hashable naming a part and, where
+    it has several, which (a plan check over some ranks, the gathers of a set of ranks)."""
+    with _lock:
+        n = _rounds[what] = _rounds.get(what, 0) + 1
+    return n
+
+
+def store_key(*parts) -> str:
+    """A key in mimo_accel's namespace of the job's store: ``mimo_accel/<part>/<part>/...``."""
+    return "/".join((ROOT, *map(str, parts)))
 
 
 def ranks_key(ranks) -> str:
@@ -72,10 +90,9 @@ class RankSet:
         self.rank, self.world = self.ranks.index(me), len(self.ranks)
 
     def gather(self, obj) -> list:
-        with _lock:
-            n = _rounds[self.ranks] = _rounds.get(self.ranks, 0) + 1
+        n = next_round(("gather", self.ranks))
         store = default_store()
-        prefix = f"mimo_accel/gather/{ranks_key(self.ranks)}/{n}"
+        prefix = store_key("gather", ranks_key(self.ranks), n)
         keys = [f"{prefix}/{r}" for r in self.ranks]
         store.set(keys[self.rank], pickle.dumps(obj))
         try:
