@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mimo_accel.balance import equal_size as balance
+from mimo_accel.balance import partition as balance
 from mimo_accel.balance import (
     balanced_order,
     contiguous_order,
@@ -529,33 +529,33 @@ def module_batches(draw):
 @given(module_batches(), st.integers(1, 3))
 def test_swaps_searched_a_block_of_pairs_at_a_time_give_the_same_plan(batch, block):
     from mimo_accel.balance import balance_modules
-    from mimo_accel.balance import every_module
+    from mimo_accel.balance import joint
 
     costs, dps, micro_batches = batch
     whole = balance_modules(costs, dps, micro_batches)
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(every_module, "_PAIRS_PER_BLOCK", block)  # these small grids have a few pairs
+        mp.setattr(joint, "_PAIRS_PER_BLOCK", block)  # these small grids have a few pairs
         assert balance_modules(costs, dps, micro_batches) == whole
 
 
 def test_swaps_in_blocks_at_the_size_that_blocks_give_the_same_plan():
     from mimo_accel.balance import balance_modules
-    from mimo_accel.balance import every_module
+    from mimo_accel.balance import joint
 
     rng = np.random.default_rng(7)
     dps, micro_batches = {"vision": 64, "language": 32}, 4  # 256 groups: over a block of pairs
     costs = {m: (rng.pareto(1.5, 256 * 8) + 0.1).tolist() for m in dps}
     whole = balance_modules(costs, dps, micro_batches)
     searched = []
-    original = every_module._best_swaps
+    original = joint._best_swaps
 
     def counting(q, groups, under, reps, g, h, shift):
         searched.append(len(g))
         return original(q, groups, under, reps, g, h, shift)
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(every_module, "_PAIRS_PER_BLOCK", 16)
-        mp.setattr(every_module, "_best_swaps", counting)
+        mp.setattr(joint, "_PAIRS_PER_BLOCK", 16)
+        mp.setattr(joint, "_best_swaps", counting)
         assert balance_modules(costs, dps, micro_batches) == whole
     assert max(searched) > 16  # some searches did run in several blocks
 

@@ -31,7 +31,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from mimo_accel.balance.every_module import _validate, balance_modules
+from mimo_accel.balance.joint import _validate, balance_modules
 from mimo_accel.modules import LANGUAGE
 
 __all__ = ["step_time", "plan_step"]

@@ -11,7 +11,7 @@ How (all in integers, so every rank computes the same plan on any hardware):
 
 1. Each module's costs are scaled so that its mean replica load is ``2**20`` units; modules with
    one replica or no cost in this micro-batch constrain nothing and are left out.
-2. Start: the equal-size partitioner (:func:`mimo_accel.balance.equal_size.balanced_order`) cuts
+2. Start: the equal-size partitioner (:func:`mimo_accel.balance.partition.balanced_order`) cuts
    the samples into G groups by the summed cost of the modules whose replicas *are* groups (DP =
    G); where the DPs form a chain (each divides the next), the groups are then dealt into every
    coarser module's replicas, coarsest last, so that each coarser module starts balanced too.
@@ -34,7 +34,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from mimo_accel.balance.equal_size import unchecked_lower_bound, balanced_order
+from mimo_accel.balance.partition import unchecked_lower_bound, balanced_order
 from mimo_accel.grid import canonical_grid
 from mimo_accel.modules import LANGUAGE
 
