@@ -55,7 +55,7 @@ def missing_packages(torch, bridge: Optional[str], core: Optional[str]) -> list[
 
 def collect() -> dict:
     from mimo_accel.patching import engine, registry, targets
-    from mimo_accel.rehearse import cpu
+    from mimo_accel.tools.devkit import STAND_IN_MARKER
 
     from mimo_accel._version import __version__
 
@@ -71,7 +71,7 @@ def collect() -> dict:
         "nccl_available": bool(torch is not None and torch.distributed.is_available()
                                and torch.distributed.is_nccl_available()),
         "transformer_engine": importlib.util.find_spec("transformer_engine") is not None
-        and not getattr(sys.modules.get("transformer_engine"), cpu.STAND_IN_MARKER, False),
+        and not getattr(sys.modules.get("transformer_engine"), STAND_IN_MARKER, False),
     }
     m = targets.match(bridge, core)
     shape = m.shape
@@ -146,7 +146,7 @@ def main(log_path: Optional[str] = None) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from mimo_accel.rehearse.quiet import output_to
+    from mimo_accel.tools.quiet import output_to
 
     log = Path(log_path or default_log_path())
     log.parent.mkdir(parents=True, exist_ok=True)
