@@ -55,6 +55,7 @@ def missing_packages(torch, bridge: Optional[str], core: Optional[str]) -> list[
 
 def collect() -> dict:
     from mimo_accel.patching import engine, registry, targets
+    from mimo_accel.tools import devkit
     from mimo_accel.tools.devkit import STAND_IN_MARKER
 
     from mimo_accel._version import __version__
@@ -81,7 +82,7 @@ def collect() -> dict:
     info["refused"] = bool(info["missing"]) or m.status == "missing" or (m.status == "untested" and not _allowed())
     rows, internals = [], []
     if shape is not None and torch is not None:
-        cpu.prepare_imports()  # import-time compatibility only (3.11 back-port, stand-ins where absent)
+        devkit.prepare_imports()  # import-time compatibility only (3.11 back-port, stand-ins where absent)
         for name, patch in registry.PATCHES.items():
             if not patch.applies_to(shape):
                 continue
