@@ -33,7 +33,9 @@ $(STAMP): pyproject.toml requirements/constraints.txt requirements/megatron-runt
 	$(PIP) install -q --no-deps --ignore-requires-python $(MEGATRON_PKGS)
 	# mimo-accel declares Requires-Python >= 3.12 like Megatron; the CPU venv may be 3.11 (the rehearsal back-ports).
 	$(PIP) install -q --no-deps --ignore-requires-python -e .
-	$(PY) -c "import mimo_accel.rehearse.cpu as c; c.check_megatron_importable()"
+	# The development kit (mimo_accel_dev: rehearse, gpu-check) on the venv's path; the wheel leaves it out.
+	$(PY) -m mimo_accel_dev.on_path
+	$(PY) -c "import mimo_accel_dev.rehearse.cpu as c; c.check_megatron_importable()"
 	@touch $(STAMP)
 
 # The main job: the user's path rehearsed on CPU ranks -- examples/train_mimo.py (Bridge's own

@@ -139,7 +139,7 @@ def _total_memory_gb() -> float:
 
 
 def _probe(args, console) -> None:
-    from mimo_accel.rehearse import cpu
+    from mimo_accel_dev.rehearse import cpu
 
     cpu.prepare_imports()  # Bridge's dataset imports megatron.bridge
     from PIL import Image

@@ -70,7 +70,7 @@ def _record_optimizer(out: Path) -> None:
 
 def _loss_tokens(indices) -> "list[int]":
     """Loss tokens of the --varied synthetic samples (what the per-replica normaliser counts)."""
-    from mimo_accel.rehearse import stack as st
+    from mimo_accel_dev.rehearse import stack as st
 
     spec = st.VariedSpec()
     out = []
@@ -137,7 +137,7 @@ def main(argv=None) -> int:
 
     import torch
 
-    from mimo_accel.rehearse.ranks import run_ranks
+    from mimo_accel_dev.rehearse.ranks import run_ranks
 
     micro_batches = args.gbs // args.mbs
     work = Path(tempfile.mkdtemp(prefix="bench-loss-norm-"))

@@ -203,7 +203,7 @@ def main(argv=None) -> int:
     p.add_argument("--samples", type=int, default=4096, help="samples per global micro-batch")
     p.add_argument("--groups", type=int, default=512, help="the canonical grid (the largest module DP)")
     args = p.parse_args(argv)
-    from mimo_accel.rehearse import cpu
+    from mimo_accel_dev.rehearse import cpu
 
     cpu.check_megatron_importable()  # Bridge's samplers (and the 3.11 back-port they need here)
     print(machine())

@@ -20,8 +20,8 @@ def _reads(rank, world, dp, steps, micro_batch, sharded):
     import mimo_accel
     from megatron.bridge.data.megatron_mimo.loaders import build_megatron_mimo_data_loaders
 
-    from mimo_accel.rehearse import stack as st
-    from mimo_accel.rehearse.ranks import build_grids, layout_of, loader_config
+    from mimo_accel_dev.rehearse import stack as st
+    from mimo_accel_dev.rehearse.ranks import build_grids, layout_of, loader_config
 
     if sharded:
         mimo_accel.enable(sharded_reads=True)
@@ -54,7 +54,7 @@ def main(argv=None) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from mimo_accel.rehearse.ranks import run_ranks
+    from mimo_accel_dev.rehearse.ranks import run_ranks
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--dp", default="1,2,4,8")

@@ -1,13 +1,13 @@
 #!/usr/bin/env python3
 """A complete MegatronMIMO training script on Megatron Bridge's own entry point.
 
-The script's body is mimo_accel.rehearse.bridge_script (its docstring: the data, the vision
+The script's body is mimo_accel_dev.rehearse.bridge_script (its docstring: the data, the vision
 encoders, the flags); this file is what a user runs.
 
 GPUs (NCCL), with or without mimo_accel:
     torchrun --nproc-per-node 8 examples/train_mimo.py --vision-dp 4 --language-dp 4
     MIMO_ACCEL=all mimo-accel run -- torchrun --nproc-per-node 8 examples/train_mimo.py ...
-CPU rehearsal (gloo ranks through mimo_accel.rehearse.cpu; no GPU needed):
+CPU rehearsal (gloo ranks through mimo_accel_dev.rehearse.cpu; no GPU needed):
     MIMO_ACCEL=all mimo-accel run -- torchrun --nproc-per-node 4 examples/train_mimo.py \\
         --cpu --vision-dp 2 --language-dp 2
     MIMO_ACCEL=all mimo-accel run -- torchrun --nproc-per-node 3 examples/train_mimo.py \\
@@ -24,11 +24,11 @@ over real image and WAV files:
 
 import sys
 
-from mimo_accel.rehearse import cpu as _cpu
+from mimo_accel_dev.rehearse import cpu as _cpu
 
 _cpu.prepare_imports_if_cpu(sys.argv[1:])  # --cpu: before anything imports megatron.bridge
 
-from mimo_accel.rehearse.bridge_script import main, parse_args  # noqa: E402,F401  (parse_args: in-process use)
+from mimo_accel_dev.rehearse.bridge_script import main, parse_args  # noqa: E402,F401  (parse_args: in-process use)
 
 if __name__ == "__main__":
     sys.exit(main())

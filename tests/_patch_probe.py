@@ -11,7 +11,7 @@ import sys
 mode = sys.argv[1]
 out = {"mimo_accel_imported_at_start": "mimo_accel" in sys.modules}
 
-from mimo_accel.rehearse import cpu# noqa: E402
+from mimo_accel_dev.rehearse import cpu# noqa: E402
 
 cpu.prepare_imports()  # only so megatron.bridge imports on this CPU machine
 import mimo_accel  # noqa: E402

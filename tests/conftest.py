@@ -19,8 +19,8 @@ from importlib import metadata
 import pytest
 
 from tests import _early
-from mimo_accel.rehearse import cpu
-from mimo_accel.rehearse import ranks as _ranks
+from mimo_accel_dev.rehearse import cpu
+from mimo_accel_dev.rehearse import ranks as _ranks
 
 
 MEGATRON_DISTRIBUTIONS = ("megatron-core", "megatron-bridge")

@@ -14,8 +14,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from mimo_accel.rehearse import stack as st
-from mimo_accel.rehearse.ranks import LANGUAGE, VISION, layout_of, loader_config, module_of_rank, run_ranks, step_state
+from mimo_accel_dev.rehearse import stack as st
+from mimo_accel_dev.rehearse.ranks import LANGUAGE, VISION, layout_of, loader_config, module_of_rank, run_ranks, step_state
 
 MICRO_BATCH = 8
 MICRO_BATCHES = 2
@@ -110,7 +110,7 @@ def test_upstream_fan_in_refuses_uneven_rows_that_mimo_accel_handles():
     # Without mimo_accel, the same data in fan-in fails upstream: the image-count slice of the
     # patch-packed input, the fan-in assertion, or (as megatron-core 0.19.2 does here) the equal
     # split of the gradient back to the vision replicas ("Mismatch in shape").
-    from mimo_accel.rehearse.ranks import RankFailure
+    from mimo_accel_dev.rehearse.ranks import RankFailure
 
     with pytest.raises(RankFailure, match="Mismatch in shape|Fan-in with variable|does not match|divisible"):
         run_ranks(_train, 3, 2, 1, {}, SPEC, deadline_s=300)

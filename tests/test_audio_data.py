@@ -18,7 +18,7 @@ from mimo_accel.workloads import VISION
 def test_clips_are_real_wav_files_written_once_and_deterministic(tmp_path):
     import soundfile
 
-    from mimo_accel.rehearse import audio
+    from mimo_accel_dev.rehearse import audio
 
     mix = audio.AudioMix()
     clips = audio.audio_clips(tmp_path, 40, seed=3, mix=mix)
@@ -45,7 +45,7 @@ def test_clips_are_real_wav_files_written_once_and_deterministic(tmp_path):
 def test_features_keep_each_clip_its_own_length(tmp_path):
     import soundfile
 
-    from mimo_accel.rehearse import audio
+    from mimo_accel_dev.rehearse import audio
 
     path = next(c for c in audio.audio_clips(tmp_path, 10) if c is not None)
     samples = soundfile.info(path).frames
@@ -63,7 +63,7 @@ def test_features_keep_each_clip_its_own_length(tmp_path):
 
 @pytest.fixture(scope="module")
 def media(tmp_path_factory):
-    from mimo_accel.rehearse import stack
+    from mimo_accel_dev.rehearse import stack
 
     return stack.media_dataset(tmp_path_factory.mktemp("media"), 24, seq_length=64, image_rows=4)
 
@@ -71,7 +71,7 @@ def media(tmp_path_factory):
 def test_every_clip_gets_as_many_placeholders_as_the_encoder_gives_rows(media):
     import soundfile
 
-    from mimo_accel.rehearse import audio, stack
+    from mimo_accel_dev.rehearse import audio, stack
 
     assert media.encoder_seq_lengths == {VISION: 4, "audio": audio.AudioMix().max_rows}
     kinds = set()
@@ -94,7 +94,7 @@ def test_every_clip_gets_as_many_placeholders_as_the_encoder_gives_rows(media):
 
 
 def test_the_collate_packs_images_and_clips_in_sample_order(media):
-    from mimo_accel.rehearse import audio, stack
+    from mimo_accel_dev.rehearse import audio, stack
 
     items = [media[i] for i in range(8)]
     batch = stack.collate_mimo_media(items)
@@ -113,7 +113,7 @@ def test_the_collate_packs_images_and_clips_in_sample_order(media):
 
 
 def test_modalities_are_named_by_the_user(tmp_path):
-    from mimo_accel.rehearse import stack
+    from mimo_accel_dev.rehearse import stack
 
     ds = stack.media_dataset(tmp_path, 6, seq_length=64, image_rows=4, vision="images", audio="audios")
     assert ds.modality_columns == {"images": "image", "audios": "audio"}
@@ -127,7 +127,7 @@ def test_modalities_are_named_by_the_user(tmp_path):
 # The example's flags ---------------------------------------------------------------------------------
 
 def test_the_example_names_modalities_and_lays_them_out_in_order():
-    from mimo_accel.rehearse import bridge_script as script
+    from mimo_accel_dev.rehearse import bridge_script as script
 
     assert script.parse_modalities("vision") == {"vision": "image"}
     assert script.parse_modalities("vision,audio") == {"vision": "image", "audio": "audio"}
@@ -157,7 +157,7 @@ def test_the_example_names_modalities_and_lays_them_out_in_order():
     (["--modalities", "vision,video:movie"], "kind must be"),
 ])
 def test_the_example_refuses_audio_flags_that_cannot_apply(argv, message, capsys):
-    from mimo_accel.rehearse import bridge_script as script
+    from mimo_accel_dev.rehearse import bridge_script as script
 
     with pytest.raises(SystemExit):
         script.parse_args(argv)
@@ -172,7 +172,7 @@ def test_the_derived_index_counts_the_real_tokens_of_every_sample(media):
     import torch
 
     from mimo_accel.datasets import derive_cost_index
-    from mimo_accel.rehearse import stack
+    from mimo_accel_dev.rehearse import stack
     from mimo_accel.packing import lengths_from_loss_mask
 
     assert media.mimo_accel_rows_per_placeholder == {"audio": 1}

@@ -3,7 +3,7 @@
 ``examples/train_mimo.py --bridge-reorder`` puts the merged settings on ``cfg.dataset``
 (``megatron_mimo_scalable_dp``, ``megatron_mimo_intra_microbatch_reorder``) and wires them as
 upstream's Qwen3.5-VL example does: when it builds its iterators it reads the flags and wraps the
-train iterator in a reorder buffer. The buffer is a stand-in (``mimo_accel.rehearse.merged_reorder``:
+train iterator in a reorder buffer. The buffer is a stand-in (``mimo_accel_dev.rehearse.merged_reorder``:
 no installable Bridge has the merged reorder), written from upstream's code: costs all-gathered over
 the module's DP group, each micro-batch planned alone by equal-size LPT over lcm(DPs) groups. On the
 installed Bridge every rank reads the whole micro-batch, so its exchange is the micro-batch laid out
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from mimo_accel.rehearse.ranks import run_ranks
+from mimo_accel_dev.rehearse.ranks import run_ranks
 
 from ._example import run_example, steps_from_trace
 

@@ -259,7 +259,7 @@ def no_work(tmp_path, monkeypatch):
     refused before either."""
     import tempfile
 
-    from mimo_accel.rehearse import rehearsal
+    from mimo_accel_dev.rehearse import rehearsal
 
     tmp = tmp_path / "tmp"
     tmp.mkdir()

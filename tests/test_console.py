@@ -12,10 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from mimo_accel.rehearse import quiet, rehearsal
-from mimo_accel.tools import rehearsing
+from mimo_accel.tools import quiet
+from mimo_accel_dev.rehearse import rehearsal
+from mimo_accel_dev.commands import rehearse as rehearsing
 from mimo_accel.tools.report import STABLE_KEYS
-from mimo_accel.rehearse.ranks import RankFailure
+from mimo_accel_dev.rehearse.ranks import RankFailure
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -44,7 +45,7 @@ def test_python_m_mimo_accel_is_the_cli():
 
 _NOISY_IMPORT = """
 import logging, os, sys, warnings
-from mimo_accel.rehearse import quiet
+from mimo_accel.tools import quiet
 with quiet.output_to(sys.argv[1]):
     os.write(2, b"c-level stderr\\n")
     print("python stdout")

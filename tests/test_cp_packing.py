@@ -37,7 +37,7 @@ from mimo_accel.runtime import local_batch
 from mimo_accel.packing import pack_language_shard
 from mimo_accel.runtime.state import Runtime
 from mimo_accel.config import AccelConfig
-from mimo_accel.rehearse.ranks import RankFailure, run_ranks
+from mimo_accel_dev.rehearse.ranks import RankFailure, run_ranks
 
 LENGTHS = [5, 11, 3, 8]
 SEQ = 16
@@ -159,8 +159,8 @@ def _provider(language_cp: int):
         ModuleParallelismConfig,
     )
 
-    from mimo_accel.rehearse import stack as st
-    from mimo_accel.rehearse.ranks import layout_of
+    from mimo_accel_dev.rehearse import stack as st
+    from mimo_accel_dev.rehearse.ranks import layout_of
 
     provider = st.build_provider(st.StackConfig(layout=layout_of(1, 1)))
     parallelism = MegatronMIMOParallelismConfig(module_parallelisms={
@@ -196,7 +196,7 @@ def _bridge_loop_cp2(rank, world, features):
 
     mimo_accel.enable(**features)
     try:
-        from mimo_accel.rehearse import bridge_script as bs
+        from mimo_accel_dev.rehearse import bridge_script as bs
 
         args = bs.parse_args(["--cpu", "--train-iters", "1", "--eval-interval", "0", "--mbs", "2", "--gbs", "2"])
         cfg = bs.build_config(args, bs.build_layout(args))
@@ -225,7 +225,7 @@ def _communicator_cp2(rank, world):
     from megatron.bridge.models.megatron_mimo.megatron_mimo_builder import build_hypercomm_grids
     from megatron.core.pipeline_parallel.multimodule_communicator import MultiModulePipelineCommunicator
 
-    from mimo_accel.rehearse import stack as st
+    from mimo_accel_dev.rehearse import stack as st
 
     grids = build_hypercomm_grids(_provider(2).megatron_mimo_parallelism_config)
     config = st._transformer_config(1, 32, 4)

@@ -1,4 +1,4 @@
-"""mimo_accel.rehearse.cpu: the CPU/gloo layer is opt-in, refuses CUDA machines unless forced, and undoes
+"""mimo_accel_dev.rehearse.cpu: the CPU/gloo layer is opt-in, refuses CUDA machines unless forced, and undoes
 itself exactly. (Its real use — the MIMO stack on gloo ranks — is exercised by every
 distributed test, whose ranks activate it.)"""
 
@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
-from mimo_accel.rehearse import cpu
+from mimo_accel_dev.rehearse import cpu
 
 
 @pytest.fixture
@@ -175,7 +175,7 @@ def _groups_rank(rank, world):
 @pytest.mark.distributed
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="counts threads through /proc")
 def test_gloo_groups_share_one_device_and_its_event_loop_thread():
-    from mimo_accel.rehearse.ranks import run_ranks
+    from mimo_accel_dev.rehearse.ranks import run_ranks
 
     for sums, loops, isinstance_ok in run_ranks(_groups_rank, 3, deadline_s=120):
         assert sums == [6.0] * 6  # 1 + 2 + 3 on every group

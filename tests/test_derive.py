@@ -23,7 +23,7 @@ from mimo_accel.costs.contents import Contents, file_stamps
 from mimo_accel.costs.images import image_size_of
 from mimo_accel.datasets import DeriveError, MimoDatasetSource, Probed, QwenFetchResize, qwen_resize_rule, shared_index
 from mimo_accel.datasets.megatron_mimo import _mimo_real_tokens
-from mimo_accel.rehearse.stack import offline_tokenizer
+from mimo_accel_dev.rehearse.stack import offline_tokenizer
 
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
@@ -582,7 +582,7 @@ def _two_ranks(rank, world, root, cache):
 
 @pytest.mark.distributed
 def test_two_ranks_derive_the_identical_index_each_probing_its_half(tmp_path):
-    from mimo_accel.rehearse.ranks import run_ranks
+    from mimo_accel_dev.rehearse.ranks import run_ranks
 
     single = shared_index.derive_cost_index(mimo_dataset(all_kinds_of_examples(tmp_path), qwen_processor()),
                                       cache_dir=False)

@@ -128,11 +128,11 @@ def test_every_script_flag_and_make_target_exists(page):
 
 
 def _literals() -> list[str]:
-    """Every string literal of the package, f-strings with each placeholder as a NUL."""
+    """Every string literal of the package and the development kit, f-strings with each placeholder as a NUL."""
     import ast
 
     out = []
-    for path in (ROOT / "mimo_accel").rglob("*.py"):
+    for path in [*(ROOT / "mimo_accel").rglob("*.py"), *(ROOT / "mimo_accel_dev").rglob("*.py")]:
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.Constant) and isinstance(node.value, str):
                 out.append(node.value)

@@ -18,13 +18,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as hs
 
 from mimo_accel.runtime.reading import exchange as ex
-from mimo_accel.rehearse import stack as st
+from mimo_accel_dev.rehearse import stack as st
 from mimo_accel.costs import CostIndex, CostModel
 from mimo_accel.costs.resize import FixedPatches
 from mimo_accel.planner import CostIndexPlanner, plan_costs
 from mimo_accel.grid import owned_groups, replica_samples
 from mimo_accel.runtime.reading.shard import SHARD_TAG_KEY, ShardContext
-from mimo_accel.rehearse.ranks import LANGUAGE, VISION, Modules, layout_of, module, run_ranks
+from mimo_accel_dev.rehearse.ranks import LANGUAGE, VISION, Modules, layout_of, module, run_ranks
 
 MICRO_BATCH = 16
 STEPS = 3
@@ -102,7 +102,7 @@ def _expect_error(fn):
 
 def _exchange_scenarios(rank, world, layouts):
     from mimo_accel.runtime.reading.shard import context_from_grids
-    from mimo_accel.rehearse.ranks import build_grids, parallelism_config
+    from mimo_accel_dev.rehearse.ranks import build_grids, parallelism_config
 
     ds = _dataset()
     out = {}

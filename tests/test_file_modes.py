@@ -16,7 +16,7 @@ import pytest
 from mimo_accel.costs import CostIndex, CostModel, ResizeRule
 from mimo_accel.costs.files import atomic_write
 from mimo_accel.datasets import shared_index
-from mimo_accel.rehearse import stack as st
+from mimo_accel_dev.rehearse import stack as st
 
 
 @pytest.fixture(params=[0o022, 0o027, 0o002], ids=["umask022", "umask027", "umask002"])

@@ -93,7 +93,7 @@ def test_a_device_not_in_the_table_has_no_peak(name):
 
 
 def _bridge():
-    from mimo_accel.rehearse import cpu
+    from mimo_accel_dev.rehearse import cpu
 
     cpu.prepare_imports()  # Python 3.11: the typing.override back-port megatron.training needs
     from megatron.bridge.training.utils import flop_utils
@@ -130,7 +130,7 @@ def test_a_qwen_vision_encoder_counts_as_megatron_bridges_vit_count():
     """Bridge's ``vit_flops`` (layers and the patch merger) for images of equal size (it squares the
     mean patches per image; here each image's own), from Bridge's Qwen3-VL vision config."""
     flop_utils = _bridge()
-    from mimo_accel.rehearse import qwen3vl
+    from mimo_accel_dev.rehearse import qwen3vl
 
     config = qwen3vl.vision_config(hidden=64, layers=2, heads=4, out_hidden=96, merge=2)
     shape, why = shape_of(config, causal=False)

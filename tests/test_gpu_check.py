@@ -14,7 +14,7 @@ import pytest
 from rich.console import Console
 
 from mimo_accel.tools import cli
-from mimo_accel.tools import gpu_check as gc
+from mimo_accel_dev.commands import gpu_check as gc
 
 ERROR = "mimo-accel gpu-check: error:"
 # the checks run in an in-process 1-rank gloo world on real megatron-core

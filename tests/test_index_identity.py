@@ -272,7 +272,7 @@ def _two_ranks_check(rank, world, root):
 
 @pytest.mark.distributed
 def test_two_ranks_accept_the_copied_files_and_refuse_others_alike(tmp_path):
-    from mimo_accel.rehearse.ranks import run_ranks
+    from mimo_accel_dev.rehearse.ranks import run_ranks
 
     heights = [56, 112, 224, 56, 448]
     examples = _examples(tmp_path / "a", heights)

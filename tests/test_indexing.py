@@ -485,7 +485,7 @@ def test_verify_names_a_missing_file_with_the_others(tmp_path, capsys, monkeypat
 
 MEDIA_FACTORY = '''
 from pathlib import Path
-from mimo_accel.rehearse import stack
+from mimo_accel_dev.rehearse import stack
 
 def build():
     return stack.media_dataset(Path(__file__).parent / "media", 8, seq_length=64, image_rows=4)
@@ -495,7 +495,7 @@ def build():
 def test_verify_decodes_a_dataset_s_images_and_audio_before_anything_is_cached(factory, tmp_path, capsys):
     import soundfile
 
-    from mimo_accel.rehearse import stack
+    from mimo_accel_dev.rehearse import stack
 
     cache = tmp_path / "cache"
     cut = _cut(factory.parent / "images" / "1.jpg", 0.6)

@@ -1,6 +1,7 @@
 """What a user installs: a wheel built from a copy of the tree (as from a fresh clone, no network),
 installed with pip into a scratch target, and its CLI run from there in a fresh interpreter — the
-version, a simulation of a shipped workload, the bootstrap directory `mimo-accel env` exports."""
+version, a simulation of a shipped workload, the bootstrap directory `mimo-accel env` exports. The
+development kit beside the package (mimo_accel_dev) is not in the wheel, and enable() never loads it."""
 
 from __future__ import annotations
 
@@ -68,6 +69,8 @@ def test_the_wheel_holds_the_package_its_data_and_the_license(installed):
         meta = z.read(meta_name).decode()
     package = [f for f in files if f.startswith("mimo_accel/") and "__pycache__" not in f]
     assert set(package) <= names, sorted(set(package) - names)
+    assert any(f.startswith("mimo_accel_dev/") for f in files)  # the checkout has the kit ...
+    assert not [n for n in names if n.startswith("mimo_accel_dev")], sorted(names)  # ... the wheel does not
     assert any(f.endswith(".toml") for f in package)  # the shipped workloads are package data
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
     from mimo_accel import __version__
@@ -109,10 +112,14 @@ def test_the_installed_cli_runs_from_the_target(installed):
     assert env.returncode == 0, env.stderr
     assert f"export PYTHONPATH={target / 'mimo_accel' / '_bootstrap'}{os.pathsep}{target}" in env.stdout
     assert (target / "mimo_accel" / "_bootstrap" / "sitecustomize.py").is_file()
-    # what `rehearse --loop bridge` runs by default is a module of the package
-    spec = _from_target(target, "-c", "import importlib.util as u; "
-                                      "print(u.find_spec('mimo_accel.rehearse.bridge_script').origin)")
-    assert spec.returncode == 0 and Path(spec.stdout.strip()).is_relative_to(target), spec.stderr
+    assert not (target / "mimo_accel_dev").exists()
+    # enable() loads none of the kit, even where a checkout's install would let it (this test's venv)
+    job = _from_target(target, "-c", "import sys, mimo_accel; mimo_accel.enable(sharded_reads=True, reorder=True, "
+                                     "packing=True); print(mimo_accel.__file__); "
+                                     "print(sorted(m for m in sys.modules if m.startswith('mimo_accel_dev')))")
+    assert job.returncode == 0, job.stderr[-3000:]
+    package, kit = job.stdout.splitlines()[-2:]
+    assert Path(package).is_relative_to(target) and kit == "[]", job.stdout
 
 
 # -- a fresh environment: the wheel and its declared dependencies beside torch, and nothing else --
@@ -193,6 +200,11 @@ def test_a_fresh_environment_runs_the_cli_and_names_the_missing_megatron(fresh):
     assert version.returncode == 0 and version.stdout.strip() == f"mimo-accel {__version__}", version.stderr
     sim = _in_fresh(venv, cli, "simulate", "--workload", "receipts", "--dp", "2,4", "--steps", "3")
     assert sim.returncode == 0 and "simulated in" in sim.stdout, sim.stderr[-3000:]
+    for command in ("rehearse", "gpu-check"):  # the development commands: one line saying how to get them
+        dev = _in_fresh(venv, cli, command, "--help")
+        assert dev.returncode == 2 and not dev.stdout and "Traceback" not in dev.stderr, dev.stderr[-3000:]
+        (line,) = dev.stderr.splitlines()
+        assert line.startswith(f"mimo-accel {command}: error: this development command") and "make setup" in line
     doctor = _in_fresh(venv, cli, "doctor")
     assert doctor.returncode == 1 and "Traceback" not in doctor.stderr + doctor.stdout, doctor.stderr[-3000:]
     missing = [l for l in doctor.stdout.splitlines() if l.startswith("missing:")]

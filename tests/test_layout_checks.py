@@ -18,8 +18,8 @@ import pytest
 
 import mimo_accel
 from mimo_accel.config import AccelConfig, ConfigError
-from mimo_accel.rehearse import stack as st
-from mimo_accel.rehearse.ranks import LANGUAGE, VISION, Modules, loader_config, module
+from mimo_accel_dev.rehearse import stack as st
+from mimo_accel_dev.rehearse.ranks import LANGUAGE, VISION, Modules, loader_config, module
 
 
 def _provider(layout=Modules.of(module(VISION, 1), module(LANGUAGE, 1, pp=2)), encoder="native"):
@@ -173,7 +173,7 @@ _LOOP = ["--cpu", "--vision-dp", "2", "--language-dp", "2", "--mbs", "4", "--gbs
 @pytest.mark.distributed
 def test_on_bridges_loop_the_note_reaches_status_and_the_profilers_step_line(tmp_path):
     from mimo_accel.profiler import read_run
-    from mimo_accel.rehearse.ranks import run_ranks
+    from mimo_accel_dev.rehearse.ranks import run_ranks
 
     notes = run_ranks(_train, 4, _LOOP, dict(sharded_reads=True, reorder=True, profile=str(tmp_path)),
                       deadline_s=150)
@@ -187,7 +187,7 @@ def test_on_bridges_loop_the_note_reaches_status_and_the_profilers_step_line(tmp
 
 @pytest.mark.distributed
 def test_on_bridges_loop_strict_gradients_stops_before_the_model_is_built():
-    from mimo_accel.rehearse.ranks import RankFailure, run_ranks
+    from mimo_accel_dev.rehearse.ranks import RankFailure, run_ranks
 
     with pytest.raises(RankFailure, match=r"(?s)in setup_megatron_mimo.*mimo_accel reorder with strict_gradients"):
         run_ranks(_train, 4, _LOOP, dict(sharded_reads=True, reorder=True, strict_gradients=True), deadline_s=150)

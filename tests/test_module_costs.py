@@ -22,7 +22,7 @@ from mimo_accel.costs.index import IndexModulesError
 from mimo_accel.datasets import DeriveError, shared_index
 from mimo_accel.datasets.processors import audio_rule, qwen_video_rule
 from mimo_accel.modules import Modules
-from mimo_accel.rehearse.stack import offline_tokenizer
+from mimo_accel_dev.rehearse.stack import offline_tokenizer
 from tests.test_derive import VISION_TOKEN, qwen_processor, write_image
 
 AUDIO_TOKEN = 4

@@ -23,7 +23,7 @@ import pytest
 
 from mimo_accel.costs import CostModel, ModuleCost
 from mimo_accel.profiler import read_run
-from mimo_accel.rehearse.ranks import run_ranks
+from mimo_accel_dev.rehearse.ranks import run_ranks
 from mimo_accel.runtime.measuring.calibration import FILE, first_refit
 
 from ._example import steps_from_trace, train_rank

@@ -460,8 +460,8 @@ def megatron_cpu(monkeypatch, tmp_path):
 
 
 def _segmented_core_attention():
-    """The packed-THD local attention the CPU stack uses (mimo_accel.rehearse.stack.packed_local_attention)."""
-    from mimo_accel.rehearse.stack import packed_local_attention
+    """The packed-THD local attention the CPU stack uses (mimo_accel_dev.rehearse.stack.packed_local_attention)."""
+    from mimo_accel_dev.rehearse.stack import packed_local_attention
 
     def causal(n):
         return torch.triu(torch.ones(n, n, dtype=torch.bool), 1)[None, None]

@@ -16,7 +16,7 @@ from mimo_accel.balance import lpt_order
 from mimo_accel.balance.peers import merged_reorder_costs, merged_reorder_order
 from mimo_accel.costs import CostIndex, CostModel, ResizeRule
 from mimo_accel.modules import Modules
-from mimo_accel.rehearse import peers
+from mimo_accel_dev.rehearse import peers
 from mimo_accel.tools.report import sides
 
 N = 64

@@ -18,8 +18,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from mimo_accel.rehearse import stack as st
-from mimo_accel.rehearse.ranks import RankFailure, build_grids, layout_of, loader_config, run_ranks
+from mimo_accel_dev.rehearse import stack as st
+from mimo_accel_dev.rehearse.ranks import RankFailure, build_grids, layout_of, loader_config, run_ranks
 
 BATCHES = 8
 MBS = 4

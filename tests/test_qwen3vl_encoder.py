@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from mimo_accel.rehearse.ranks import run_ranks
+from mimo_accel_dev.rehearse.ranks import run_ranks
 
 from ._example import load_example, run_example, steps_from_trace
 
@@ -39,7 +39,7 @@ def _encoder_alone(rank, world):
     from megatron.core import parallel_state
     from megatron.core.process_groups_config import ProcessGroupCollection
 
-    from mimo_accel.rehearse import cpu, qwen3vl
+    from mimo_accel_dev.rehearse import cpu, qwen3vl
 
     # What build_megatron_mimo_model provides inside MIMO (bridge/models/megatron_mimo/build_model.py).
     parallel_state._set_global_memory_buffer()
@@ -87,8 +87,8 @@ def test_encoder_forward_backward_on_two_images_of_different_sizes():
 
 
 def test_stack_config_refuses_what_qwen3vl_cannot_take():
-    from mimo_accel.rehearse.stack import StackConfig
-    from mimo_accel.rehearse.ranks import layout_of
+    from mimo_accel_dev.rehearse.stack import StackConfig
+    from mimo_accel_dev.rehearse.ranks import layout_of
 
     layout = layout_of(1, 1)
     assert StackConfig(layout=layout, encoder="qwen3vl").patch_dim == 3 * 2 * 16 * 16
@@ -114,7 +114,7 @@ def test_equal_work_gives_every_replica_the_same_samples(capsys):
     """``--equal-work`` (the rehearsal's floor run): each global micro-batch is one block repeated on
     every canonical group, so with sharded reads every replica of vision dp4 and language dp2
     computes the same samples."""
-    from mimo_accel.rehearse.bridge_script import EqualWork
+    from mimo_accel_dev.rehearse.bridge_script import EqualWork
 
     data = EqualWork(list(range(100, 132)), micro_batch=16, groups=4)
     batches = [[data[i] for i in range(mb * 16, (mb + 1) * 16)] for mb in range(2)]
@@ -129,7 +129,7 @@ def test_equal_work_gives_every_replica_the_same_samples(capsys):
 
 
 def test_grid_placeholders_follow_each_image(tmp_path):
-    from mimo_accel.rehearse import qwen3vl, stack
+    from mimo_accel_dev.rehearse import qwen3vl, stack
 
     ds = stack.images_dataset(tmp_path, 12, seq_length=SEQ, image_rows=MAX_ROWS, placeholders="grid",
                               processor=qwen3vl.image_processor(max_rows=MAX_ROWS), merge=qwen3vl.MERGE)
@@ -160,7 +160,7 @@ def test_receipts_mix_one_tall_image_per_sample_as_the_bridge_rehearsal_reads_it
     (upstream can then split any micro-batch by image count), narrow, heights lognormal with a
     tall tail; Qwen3-VL's processor keeps every image within the rehearsal's row cap and its
     sequence, and a few images carry a large share of the patches."""
-    from mimo_accel.rehearse import qwen3vl, rehearsal, stack
+    from mimo_accel_dev.rehearse import qwen3vl, rehearsal, stack
 
     mix = stack.IMAGE_MIXES["receipts"]
     examples = stack.image_examples(tmp_path, 96, mix=mix)
@@ -186,7 +186,7 @@ def test_receipts_mix_one_tall_image_per_sample_as_the_bridge_rehearsal_reads_it
 def _train(rank, world, argv, features, env):
     """One rank: the example's own main(), with mimo_accel enabled first when asked; also records
     which encoder class the example registered."""
-    from mimo_accel.rehearse import stack
+    from mimo_accel_dev.rehearse import stack
 
     encoders = []
     build_provider = stack.build_provider
@@ -259,7 +259,7 @@ def test_bridge_loop_with_qwen3vl_matches_upstream_under_fan_in(runs):
 def test_rehearse_bridge_loop_runs_the_example_with_qwen3vl_and_reports(tmp_path):
     from rich.console import Console
 
-    from mimo_accel.tools import rehearsing
+    from mimo_accel_dev.commands import rehearse as rehearsing
     from mimo_accel.tools.report import REPORT_FORMAT, STABLE_KEYS
 
     console = Console(file=open(tmp_path / "out.txt", "w"), width=120)
@@ -300,8 +300,8 @@ def test_rehearse_bridge_loop_runs_the_example_with_qwen3vl_and_reports(tmp_path
 
 
 def test_rehearse_refuses_options_of_the_other_loop(capsys):
-    from mimo_accel.rehearse import rehearsal
-    from mimo_accel.tools import rehearsing
+    from mimo_accel_dev.rehearse import rehearsal
+    from mimo_accel_dev.commands import rehearse as rehearsing
 
     assert rehearsing.main(["--loop", "bridge", "--workload", "receipts"]) == 2
     assert "mimo-accel rehearse: error: --workload applies to --loop stack" in capsys.readouterr().err

@@ -9,14 +9,14 @@ import json
 
 import pytest
 
-from mimo_accel.tools import rehearsing
+from mimo_accel_dev.commands import rehearse as rehearsing
 
 
 @pytest.mark.distributed
 def test_the_reference_layout_trains_upstreams_validated_shape_before_and_after(tmp_path):
     from rich.console import Console
 
-    from mimo_accel.tools.rehearse_reference import rehearse_reference
+    from mimo_accel_dev.commands.rehearse_reference import rehearse_reference
 
     console = Console(file=open(tmp_path / "out.txt", "w"), width=140)
     result = rehearse_reference(steps=2, workloads=("receipts",), out_dir=str(tmp_path / "runs"),

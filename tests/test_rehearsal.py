@@ -10,7 +10,7 @@ import os
 import pytest
 from rich.console import Console
 
-from mimo_accel.tools import rehearsing
+from mimo_accel_dev.commands import rehearse as rehearsing
 from mimo_accel.workloads import list_profiles
 from mimo_accel.tools.report import REPORT_FORMAT, STABLE_KEYS
 

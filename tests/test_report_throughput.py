@@ -105,7 +105,7 @@ def test_a_peak_that_is_not_positive_is_refused_naming_the_fix(tmp_path, capsys,
         run = _run(tmp_path / "run", _flops())
         code = main([str(run.directory), f"--peak-tflops={value}"])
     else:
-        from mimo_accel.tools.rehearsing import main as rehearse
+        from mimo_accel_dev.commands.rehearse import main as rehearse
 
         code = rehearse([f"--peak-tflops={value}"])
     assert code == 2

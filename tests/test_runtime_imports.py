@@ -1,12 +1,13 @@
-"""A training job imports the runtime only, never the CPU rehearsal kit, the offline tools or the
-workload profiles.
+"""A training job imports the runtime only, never the development kit (``mimo_accel_dev``: the
+CPU rehearsal, gpu-check), the offline tools or the workload profiles.
 
-No module of the product (everything under ``mimo_accel/`` but ``tools/``, ``rehearse/``,
-``workloads/`` and ``__main__``, the CLI's entry) names one of those in an import, even inside a
-function. ``import mimo_accel``, the planner and the patch table load none of them, without
+No module of the product (everything under ``mimo_accel/`` but ``tools/``, ``workloads/`` and
+``__main__``, the CLI's entry) names one of those in an import, even inside a function; no module of
+``mimo_accel/`` at all names the kit in an import (the tools reach it through
+``mimo_accel.tools.devkit``, lazily). ``import mimo_accel``, the planner and the patch table load none of them, without
 Megatron. What a GPU job runs — ``import mimo_accel; mimo_accel.enable(...)`` and upstream's MIMO modules,
 patched as they are imported — is checked in a fresh interpreter. The only rehearsal-kit module
-allowed in is ``mimo_accel.rehearse.cpu``, loaded *before* the snapshot because megatron.bridge does not
+allowed in is ``mimo_accel_dev.rehearse.cpu``, loaded *before* the snapshot because megatron.bridge does not
 import on this CPU machine without its stand-ins (a GPU machine imports it directly).
 """
 
@@ -21,9 +22,10 @@ import pytest
 
 from tests import _early
 
-# The CPU rehearsal kit, the offline tools and the workload profiles (their own subpackages):
-# nothing a training job needs.
-NOT_PRODUCT = ("mimo_accel.rehearse", "mimo_accel.tools", "mimo_accel.workloads")
+# The development kit, the offline tools and the workload profiles (their own packages): nothing a
+# training job needs.
+KIT = "mimo_accel_dev"
+NOT_PRODUCT = (KIT, "mimo_accel.tools", "mimo_accel.workloads")
 PACKAGE = Path(__file__).resolve().parents[1] / "mimo_accel"
 
 
@@ -32,9 +34,9 @@ def _outside_the_product(name: str) -> bool:
 
 
 def _product_files() -> list[Path]:
-    kit = {PACKAGE / p.split(".")[1] for p in NOT_PRODUCT}
+    offline = {PACKAGE / p.split(".")[1] for p in NOT_PRODUCT if p.startswith("mimo_accel.")}
     return [f for f in sorted(PACKAGE.rglob("*.py"))
-            if not any(d in f.parents for d in kit) and f != PACKAGE / "__main__.py"]
+            if not any(d in f.parents for d in offline) and f != PACKAGE / "__main__.py"]
 
 
 def _imported_names(tree: ast.AST) -> list[tuple[int, str]]:
@@ -52,6 +54,15 @@ def test_no_product_module_imports_the_kit_the_tools_or_the_profiles():
     assert PACKAGE / "planner.py" in files and PACKAGE / "patching" / "engine.py" in files  # the scan sees the product
     found = [f"{f.relative_to(PACKAGE.parent)}:{line} imports {name}" for f in files
              for line, name in _imported_names(ast.parse(f.read_text(), str(f))) if _outside_the_product(name)]
+    assert not found, found
+
+
+def test_no_module_of_the_package_imports_the_development_kit():
+    files = sorted(PACKAGE.rglob("*.py"))
+    assert PACKAGE / "tools" / "doctor.py" in files and PACKAGE / "tools" / "cli.py" in files  # the tools too
+    found = [f"{f.relative_to(PACKAGE.parent)}:{line} imports {name}" for f in files
+             for line, name in _imported_names(ast.parse(f.read_text(), str(f)))
+             if name == KIT or name.startswith(KIT + ".")]
     assert not found, found
 
 
@@ -76,7 +87,7 @@ def test_the_package_the_planner_and_the_patches_load_no_tool_kit_or_profile():
 
 _JOB = r"""
 import json, sys
-from mimo_accel.rehearse import cpu
+from mimo_accel_dev.rehearse import cpu
 cpu.prepare_imports()                      # this machine only: see the module docstring
 before = {m for m in sys.modules if m.startswith("mimo_accel")}
 import mimo_accel

@@ -15,7 +15,7 @@ import re
 import pytest
 from torch.utils.data import DataLoader
 
-from mimo_accel.rehearse import stack as st
+from mimo_accel_dev.rehearse import stack as st
 from mimo_accel.runtime.reading.sampler import ReadsOf, SamplesRead, ShardedBatchSampler, tagged_loader
 from mimo_accel.runtime.reading.shard import ShardContext
 

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from mimo_accel.rehearse.ranks import RankFailure, run_ranks
+from mimo_accel_dev.rehearse.ranks import RankFailure, run_ranks
 
 from ._example import run_example, steps_from_trace
 

@@ -10,9 +10,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from mimo_accel.rehearse import stack as st
+from mimo_accel_dev.rehearse import stack as st
 from mimo_accel.grid import canonical_grid, owned_groups
-from mimo_accel.rehearse.ranks import (LANGUAGE, VISION, build_grids, layout_of, loader_config, module_of_rank,
+from mimo_accel_dev.rehearse.ranks import (LANGUAGE, VISION, build_grids, layout_of, loader_config, module_of_rank,
                                        parallelism_config, run_ranks)
 
 LAYOUTS = [(1, 2), (2, 1), (2, 2), (2, 4), (4, 2), (1, 4), (4, 4)]

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from mimo_accel.rehearse.ranks import run_ranks
+from mimo_accel_dev.rehearse.ranks import run_ranks
 
 from ._example import train_rank
 

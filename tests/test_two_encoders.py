@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from mimo_accel.rehearse.ranks import run_ranks
+from mimo_accel_dev.rehearse.ranks import run_ranks
 
 from ._example import steps_from_trace, train_rank
 
@@ -234,8 +234,8 @@ def _audio_step(rank, world, root):
     on the audio rank, the encoder on packed clips vs each clip alone."""
     import torch
 
-    from mimo_accel.rehearse import audio, stack
-    from mimo_accel.rehearse.ranks import layout_of, module_of_rank
+    from mimo_accel_dev.rehearse import audio, stack
+    from mimo_accel_dev.rehearse.ranks import layout_of, module_of_rank
 
     layout = layout_of(1, 1, audio=1)
     st = stack.build_stack(stack.StackConfig(layout=layout, audio_module="audio", patch_dim=stack.QWEN2_PATCH_DIM,

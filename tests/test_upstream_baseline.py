@@ -13,8 +13,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from mimo_accel.rehearse import stack as st
-from mimo_accel.rehearse.ranks import LANGUAGE, VISION, build_grids, layout_of, loader_config, module_of_rank, run_ranks
+from mimo_accel_dev.rehearse import stack as st
+from mimo_accel_dev.rehearse.ranks import LANGUAGE, VISION, build_grids, layout_of, loader_config, module_of_rank, run_ranks
 
 DP_SIZES = (1, 2, 4)
 LAYOUTS = [(v, l) for v, l in itertools.product(DP_SIZES, DP_SIZES)]

@@ -198,7 +198,8 @@ def build(venv: Path, python: str, bridge: Path, core: Path, modelopt: str, forc
         # Rebuild from a clean slate: stale build/ or *.egg-info in the tree must not leak in.
         run([*pip, "install", "-q", "--no-deps", "--ignore-requires-python", "--no-build-isolation",
              "--force-reinstall", tree], env=env)
-    run([py, "-c", "import mimo_accel.rehearse.cpu as c; c.check_megatron_importable()"], cwd=ROOT)
+    run([py, "-m", "mimo_accel_dev.on_path"], cwd=ROOT)  # the development kit, as `make setup`
+    run([py, "-c", "import mimo_accel_dev.rehearse.cpu as c; c.check_megatron_importable()"], cwd=ROOT)
     stamp.write_text(json.dumps({**want, "from": {"bridge": str(bridge), "core": str(core)}},
                                 indent=1, sort_keys=True) + "\n")
     log(f"built {venv}")

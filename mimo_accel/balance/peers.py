@@ -11,7 +11,7 @@ position; each to the cheapest group with room, ties by group id). Group g goes 
 order (the canonical position). Its window only batches the exchange: no sample changes
 micro-batch.
 
-Written here from that description (not copied); ``mimo_accel.rehearse`` and ``mimo-accel simulate``
+Written here from that description (not copied); ``mimo_accel_dev.rehearse`` and ``mimo-accel simulate``
 run it as the peer named ``upstream``.
 """
 

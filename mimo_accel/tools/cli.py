@@ -1,4 +1,5 @@
-"""`mimo-accel`: doctor, run, env, report, rehearse, simulate, index, calibrate, calibrate-gpu, gpu-check."""
+"""`mimo-accel`: doctor, run, env, report, simulate, index, calibrate, calibrate-gpu; from a checkout's
+`make setup` also the development commands rehearse and gpu-check (mimo_accel_dev)."""
 
 from __future__ import annotations
 
@@ -154,15 +155,17 @@ def _doctor(args) -> int:
 # Subcommands whose module parses its own arguments.
 DELEGATED = {
     "report": ("mimo_accel.tools.report", "before/after straggler report from profiler runs"),
-    "rehearse": ("mimo_accel.tools.rehearsing", "CPU rehearsal of a real MegatronMIMO layout, baseline vs accelerated"),
+    "rehearse": ("mimo_accel_dev.commands.rehearse", "CPU rehearsal of a real MegatronMIMO layout, baseline vs accelerated"),
     "simulate": ("mimo_accel.tools.simulate", "the planners at cluster scale, no processes"),
     "index": ("mimo_accel.tools.indexing", "build a per-sample cost index from a manifest or the training dataset"),
     "calibrate": ("mimo_accel.tools.calibrate", "fit the cost model from profiler logs"),
     "calibrate-gpu": ("mimo_accel.tools.measure_costs", "measure each module's cost curve on this machine's GPU "
                       "(Qwen3-VL vision, Qwen3-8B layers) and write the cost-model file"),
-    "gpu-check": ("mimo_accel.tools.gpu_check", "check on one GPU: packing under Transformer Engine, CUDA-event "
+    "gpu-check": ("mimo_accel_dev.commands.gpu_check", "check on one GPU: packing under Transformer Engine, CUDA-event "
                   "timers, calibrate-gpu, online calibration, NVTX ranges"),
 }
+# Their modules are the development kit's (mimo_accel.tools.devkit): a wheel does not ship them.
+DEV_COMMANDS = ("rehearse", "gpu-check")
 
 _CONFIG_HELP = ("a YAML file whose mimo_accel: section is the job's config (instead of the MIMO_ACCEL* "
                 "environment)")
@@ -214,7 +217,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.set_defaults(func=_run, command=[])
     env.set_defaults(func=_env)
     for name, (_, help_) in DELEGATED.items():
-        sub.add_parser(name, help=help_ + f" (mimo-accel {name} --help)")
+        dev = "; a development command: a checkout's make setup" if name in DEV_COMMANDS else ""
+        sub.add_parser(name, help=help_ + f" (mimo-accel {name} --help{dev})")
     return p
 
 
@@ -225,6 +229,7 @@ def _subparser(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentP
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     from mimo_accel.config import ConfigError
+    from mimo_accel.tools.devkit import DevKitMissing, import_dev
 
     argv = list(sys.argv[1:] if argv is None else argv)
     cmd = argv[0] if argv and not argv[0].startswith("-") else None
@@ -232,7 +237,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if cmd in DELEGATED:
             import importlib
 
-            return int(importlib.import_module(DELEGATED[cmd][0]).main(argv[1:]) or 0)
+            module = (import_dev(DELEGATED[cmd][0], "this development command") if cmd in DEV_COMMANDS
+                      else importlib.import_module(DELEGATED[cmd][0]))
+            return int(module.main(argv[1:]) or 0)
         parser = build_parser()
         if cmd in ("doctor", "run", "env"):  # options and key=value in any order (run: the command after --)
             words, command = _split_command(argv[1:]) if cmd == "run" else (argv[1:], [])
@@ -241,7 +248,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         else:
             args = parser.parse_args(argv)
         return int(args.func(args) or 0)
-    except (UsageError, ConfigError, ValueError, OSError) as exc:
+    except (UsageError, ConfigError, ValueError, OSError, DevKitMissing) as exc:
         if os.environ.get(TRACEBACK_ENV) == "1":
             raise
         print(f"mimo-accel {cmd or ''}: error: {one_line(exc)}".replace("mimo-accel : ", "mimo-accel: "),

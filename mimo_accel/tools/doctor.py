@@ -55,7 +55,8 @@ def missing_packages(torch, bridge: Optional[str], core: Optional[str]) -> list[
 
 def collect() -> dict:
     from mimo_accel.patching import engine, registry, targets
-    from mimo_accel.rehearse import cpu
+    from mimo_accel.tools import devkit
+    from mimo_accel.tools.devkit import STAND_IN_MARKER
 
     from mimo_accel._version import __version__
 
@@ -71,7 +72,7 @@ def collect() -> dict:
         "nccl_available": bool(torch is not None and torch.distributed.is_available()
                                and torch.distributed.is_nccl_available()),
         "transformer_engine": importlib.util.find_spec("transformer_engine") is not None
-        and not getattr(sys.modules.get("transformer_engine"), cpu.STAND_IN_MARKER, False),
+        and not getattr(sys.modules.get("transformer_engine"), STAND_IN_MARKER, False),
     }
     m = targets.match(bridge, core)
     shape = m.shape
@@ -81,7 +82,7 @@ def collect() -> dict:
     info["refused"] = bool(info["missing"]) or m.status == "missing" or (m.status == "untested" and not _allowed())
     rows, internals = [], []
     if shape is not None and torch is not None:
-        cpu.prepare_imports()  # import-time compatibility only (3.11 back-port, stand-ins where absent)
+        devkit.prepare_imports()  # import-time compatibility only (3.11 back-port, stand-ins where absent)
         for name, patch in registry.PATCHES.items():
             if not patch.applies_to(shape):
                 continue
@@ -146,7 +147,7 @@ def main(log_path: Optional[str] = None) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from mimo_accel.rehearse.quiet import output_to
+    from mimo_accel.tools.quiet import output_to
 
     log = Path(log_path or default_log_path())
     log.parent.mkdir(parents=True, exist_ok=True)

@@ -485,9 +485,9 @@ def load_dataset_spec(spec: str) -> Any:
     module_name, _ = check_dataset_spec(spec)
     name = spec.rpartition(":")[2]
     try:  # a Bridge dataset factory on a machine without Transformer Engine (a login node)
-        from mimo_accel.rehearse import cpu
+        from mimo_accel.tools import devkit
 
-        cpu.prepare_imports()
+        devkit.prepare_imports()
     except ImportError:
         pass
     if module_name.endswith(".py") or os.sep in module_name:
@@ -517,7 +517,7 @@ def _load_dataset_quietly(spec: str, log: Path) -> Any:
     traceback goes to ``log``, named in that line."""
     import traceback
 
-    from mimo_accel.rehearse.quiet import output_to
+    from mimo_accel.tools.quiet import output_to
 
     log.write_text(f"mimo-accel index --dataset {spec}, {time.strftime('%Y-%m-%d %H:%M:%S')}: third-party "
                    "output\n", encoding="utf-8")

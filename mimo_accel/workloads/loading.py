@@ -176,7 +176,8 @@ class _Checker:
             )
         missing = sorted(required - set(doc))
         if missing:
-            raise self.fail(f"{key}.{missing[0]}" if key else missing[0], "missing", "add it (see mimo_accel/rehearse/profiles.py)")
+            raise self.fail(f"{key}.{missing[0]}" if key else missing[0], "missing",
+                            "add it (see the shipped profiles, mimo_accel/workloads/*.toml)")
         return doc
 
     def integer(self, value: Any, key: str, minimum: int = 0) -> int:

@@ -26,7 +26,7 @@ VISION, AUDIO, VIDEO = "vision", "audio", "video"
 class RehearsalSample:
     """One rehearsal sample: image grids ``(h, w)`` in patches and its text tokens.
 
-    Field names match :class:`mimo_accel.rehearse.stack.SampleSpec`, so ``SampleSpec(s.images,
+    Field names match :class:`mimo_accel_dev.rehearse.stack.SampleSpec`, so ``SampleSpec(s.images,
     s.text_tokens)`` converts one.
     """
 

@@ -2,7 +2,7 @@
 
 Before any conftest or test module is imported it
 
-1. calls ``mimo_accel.rehearse.cpu.prepare_imports()`` (in *every* mode, the baseline included): the
+1. calls ``mimo_accel_dev.rehearse.cpu.prepare_imports()`` (in *every* mode, the baseline included): the
    Python 3.11 ``typing.override`` back-port and stand-ins for transformer_engine /
    nvidia_resiliency_ext, without which ``megatron.bridge`` does not import on a CPU machine;
 2. in modes ``b`` and ``c`` imports mimo_accel and calls ``mimo_accel.enable(...)``;
@@ -44,9 +44,9 @@ def _mode() -> str:
 @pytest.hookimpl(tryfirst=True)
 def pytest_load_initial_conftests(early_config, parser, args):
     mode = _mode()
-    import mimo_accel.rehearse.cpu
+    import mimo_accel_dev.rehearse.cpu
 
-    mimo_accel.rehearse.cpu.prepare_imports()
+    mimo_accel_dev.rehearse.cpu.prepare_imports()
     _setup_info.update(mode=mode, prepare_imports=True, enable_kwargs=MODES[mode])
     if MODES[mode] is not None:
         import mimo_accel

@@ -12,7 +12,7 @@ per mode, each in its own pytest process and scratch working directory:
     c  ``mimo_accel.enable(sharded_reads=True, reorder=True, packing=True)``
 
 In every mode, the baseline included, the plugin (peer_plugin.py, next to this file) first calls
-``mimo_accel.rehearse.cpu.prepare_imports()``: without its typing.override back-port and its
+``mimo_accel_dev.rehearse.cpu.prepare_imports()``: without its typing.override back-port and its
 transformer_engine / nvidia_resiliency_ext stand-ins, megatron.bridge does not import on a CPU
 machine. Prints a per-test table, a summary per mode, the tests whose outcome differs between
 modes (with the last lines of the failure), and the baseline's own failures, classified.
@@ -291,7 +291,7 @@ def main(argv=None) -> int:
         if (root / "src/megatron/bridge").is_dir():
             print("MIMO sources vs installed: " + (f"{len(drift)} file(s) differ: {', '.join(drift)}"
                                                   if drift else "identical"))
-        print("note: every mode, the baseline (a) included, calls mimo_accel.rehearse.cpu.prepare_imports() before "
+        print("note: every mode, the baseline (a) included, calls mimo_accel_dev.rehearse.cpu.prepare_imports() before "
               "any test is imported\n      (typing.override back-port + transformer_engine / "
               "nvidia_resiliency_ext stand-ins):\n      without it megatron.bridge does not import on this "
               "CPU machine.")

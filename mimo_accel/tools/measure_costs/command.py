@@ -24,7 +24,7 @@ What it measures (``--size real``):
   27, hidden 1152, 16 heads, MLP 4304, patch 16, temporal patch 2, spatial merge 2, 3 input
   channels, 2304 position embeddings, merger output 4096 (Qwen3-VL-8B's language width).
   ``deepstack_visual_indexes`` is empty, as MIMO's vision encoder has it
-  (:mod:`mimo_accel.rehearse.qwen3vl`: MIMO keeps the model's first output only).
+  (:mod:`mimo_accel_dev.rehearse.qwen3vl`: MIMO keeps the model's first output only).
 - **language**: 4 decoder layers of Qwen3-8B's shape (megatron-core ``TransformerBlock``, local
   GPT layer spec): hidden 4096, 32 heads in 8 KV groups (head dim 128), SwiGLU FFN 12288, RMSNorm,
   QK-norm, RoPE (base 1e6), no biases. Every layer does the same work, so the curve's shape — all a
@@ -63,7 +63,7 @@ one call over every ``cu_seqlens`` segment, as TE's THD attention) where this to
 a self-check at the module's heads and dtype (forward, backward, agreement with the fallback)
 passes; otherwise, and always on CPU, ``torch.nn.functional.scaled_dot_product_attention`` once
 per segment (torch picks its flash or memory-efficient kernel for bf16 on CUDA). Which one ran
-is printed and stored (``fit.device.attention``). On CPU :func:`mimo_accel.rehearse.cpu.activate`
+is printed and stored (``fit.device.attention``). On CPU :func:`mimo_accel_dev.rehearse.cpu.activate`
 redirects megatron's CUDA hard-codes and torch runs one thread (a second thread on a shared CPU
 makes timings swing several-fold); on CUDA the CPU layer is never activated.
 
@@ -195,7 +195,7 @@ def _measure_all(args, console, log_path: str,
     vision_shape, language_shape = shapes(args)
     iterations = args.warmup + args.repeats
     collections: dict[str, Collection] = {}
-    from mimo_accel.rehearse import quiet
+    from mimo_accel.tools import quiet
 
     with session(args.device, log_path) as pg:
         import torch

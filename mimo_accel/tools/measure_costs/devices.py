@@ -147,12 +147,18 @@ def core_attention(kernel):
 @contextlib.contextmanager
 def session(device: str, log_path: str) -> Iterator[Any]:
     """One process as one rank of world size 1: the process group, megatron's global memory
-    buffer and RNG tracker; on CPU the CPU layer (:func:`mimo_accel.rehearse.cpu.activate`),
+    buffer and RNG tracker; on CPU the CPU layer (:func:`mimo_accel_dev.rehearse.cpu.activate`),
     never on CUDA. Yields the ``ProcessGroupCollection``; undoes what it set up."""
-    from mimo_accel.rehearse import cpu, quiet
+    from mimo_accel.tools import devkit, quiet
 
+    cpu = None
+    if device == "cpu":  # megatron's CUDA paths run on CPU through the development kit's CPU layer
+        try:
+            cpu = devkit.import_dev(f"{devkit.DEV_PACKAGE}.rehearse.cpu", "--device cpu")
+        except devkit.DevKitMissing as exc:
+            raise MeasureError(str(exc)) from None
     with quiet.output_to(log_path):
-        cpu.prepare_imports()  # the 3.11 back-port; stand-ins only for packages not installed
+        devkit.prepare_imports()  # the 3.11 back-port; stand-ins only for packages not installed
         import torch
         import torch.distributed as dist
         from megatron.core import parallel_state

@@ -9,7 +9,7 @@ Whisper-shaped megatron-core encoder.
 - :class:`AudioEncoder`: Whisper's front (two 1-D convolutions over the mel frames, the second
   with stride 2, sinusoidal positions), then a megatron-core ``TransformerBlock`` with the local
   ViT layer spec (bidirectional) attending within each clip only (THD packed params through
-  :func:`mimo_accel.rehearse.qwen3vl.segmented_core_attention`), then a projection to the
+  :func:`mimo_accel_dev.rehearse.qwen3vl.segmented_core_attention`), then a projection to the
   language model's hidden size. A clip of ``f`` mel frames becomes :func:`clip_rows` ``(f) =
   (f - 1) // 2 + 1`` rows, so its cost grows with its length (attention: with its square).
 
@@ -231,7 +231,7 @@ def audio_layer_spec():
     stays within each clip (THD segments)."""
     from megatron.core.models.vision.vit_layer_specs import get_vit_layer_with_local_spec
 
-    from mimo_accel.rehearse.qwen3vl import segmented_core_attention
+    from mimo_accel_dev.rehearse.qwen3vl import segmented_core_attention
 
     layer = get_vit_layer_with_local_spec()
     layer.submodules.self_attention.submodules.core_attention = segmented_core_attention()

@@ -19,7 +19,7 @@ notes/qwen3vl-vision-on-cpu.md):
 The model takes Qwen's patch-packed input — ``hidden_states`` ``[Σ t·h·w, 3·2·16²]`` and
 ``grid_thw`` ``[images, 3]`` — and returns ``t·h·w / 4`` rows per image (2×2 spatial merge),
 which is how many image placeholders the language sequence must hold for that image
-(:func:`mimo_accel.rehearse.stack.images_dataset` with ``placeholders="grid"``).
+(:func:`mimo_accel_dev.rehearse.stack.images_dataset` with ``placeholders="grid"``).
 """
 
 from __future__ import annotations
@@ -170,7 +170,7 @@ def image_processor(*, max_rows: int, min_rows: int = 1, **kwargs: Any):
     """Qwen3-VL's image processing (transformers' Qwen2-VL processor with Qwen3-VL's settings:
     16 px patches, 2×2 merge, mean/std 0.5), pixel bounds in encoder rows: every image becomes
     ``min_rows``..``max_rows`` rows of 32×32 px (4 patches each)."""
-    from mimo_accel.rehearse.qwen_processor import qwen_image_processor
+    from mimo_accel_dev.rehearse.qwen_processor import qwen_image_processor
 
     if not 1 <= min_rows <= max_rows:
         raise ValueError(f"qwen3vl image processor: need 1 <= min_rows <= max_rows, got {min_rows}, {max_rows}")

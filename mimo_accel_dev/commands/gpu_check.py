@@ -156,7 +156,7 @@ def _transformer_engine() -> Optional[str]:
     """TE's version where the real package is importable, else None (a CPU stand-in is not it)."""
     from importlib import metadata
 
-    from mimo_accel.rehearse.cpu import STAND_IN_MARKER
+    from mimo_accel_dev.rehearse.cpu import STAND_IN_MARKER
 
     try:
         import transformer_engine
@@ -206,7 +206,7 @@ def _gpt(setup: _Setup, te: bool):
     if te:
         spec = get_gpt_layer_with_transformer_engine_spec()
     else:
-        from mimo_accel.rehearse.stack import packed_local_attention
+        from mimo_accel_dev.rehearse.stack import packed_local_attention
 
         spec = get_gpt_layer_local_spec()
         spec.submodules.self_attention.submodules.core_attention = packed_local_attention()
@@ -666,7 +666,7 @@ CHECKS: tuple[tuple[str, str, Callable[[_Setup], Check]], ...] = (
 
 def _run_check(key: str, title: str, fn: Callable[[_Setup], Check], setup: _Setup) -> Check:
     """One check; an exception is the check's failure, named in one line (its traceback in the log)."""
-    from mimo_accel.rehearse import quiet
+    from mimo_accel.tools import quiet
 
     t0 = time.perf_counter()
     try:

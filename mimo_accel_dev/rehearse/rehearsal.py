@@ -1,4 +1,4 @@
-"""The runs `mimo-accel rehearse` compares (:mod:`mimo_accel.tools.rehearsing` drives them and
+"""The runs `mimo-accel rehearse` compares (:mod:`mimo_accel_dev.commands.rehearse` drives them and
 reports): a real non-colocated MegatronMIMO layout trained on gloo ranks of this machine.
 
 - :func:`run_stack`: each rank trains the tiny stack's train step over a table of sample shapes
@@ -6,7 +6,7 @@ reports): a real non-colocated MegatronMIMO layout trained on gloo ranks of this
   schedule), profiler on; :func:`check_invariants` then checks that each module processed every
   sample of every global micro-batch once.
 - :func:`run_bridge`: each rank runs the example's ``main(argv)`` (``examples/train_mimo.py``,
-  i.e. :mod:`mimo_accel.rehearse.bridge_script`: Bridge's ``pretrain_megatron_mimo``) with
+  i.e. :mod:`mimo_accel_dev.rehearse.bridge_script`: Bridge's ``pretrain_megatron_mimo``) with
   Bridge's Qwen3-VL vision model on image files; :func:`bridge_steps` checks its ``--trace``.
 
 :func:`upstream_limit` tells a failure of upstream as shipped on the data (which falls back to a
@@ -43,7 +43,7 @@ class TableSpec:
     samples: tuple  # of (images ((h, w), ...), text_tokens)
 
     def __call__(self, idx: int):
-        from mimo_accel.rehearse.stack import SampleSpec
+        from mimo_accel_dev.rehearse.stack import SampleSpec
 
         images, text = self.samples[idx]
         return SampleSpec(tuple(tuple(i) for i in images), int(text))
@@ -94,8 +94,8 @@ def _rank(rank, world, layout, features, spec, steps, micro_batch, seq_length, p
     from functools import partial
     from types import SimpleNamespace
 
-    from mimo_accel.rehearse import stack as st
-    from mimo_accel.rehearse.ranks import loader_config, module_of_rank, report_progress, step_state
+    from mimo_accel_dev.rehearse import stack as st
+    from mimo_accel_dev.rehearse.ranks import loader_config, module_of_rank, report_progress, step_state
 
     mimo_accel.enable(profile=profile_dir, **features)
     # after enable(): Bridge's loader builder is bound by value here
@@ -168,7 +168,7 @@ def _modules_of(records: list[dict]) -> list[str]:
 def run_stack(label, features, layout, spec, steps, micro_batch, seq_length, profile_dir, model_kw, progress,
               task, log_path, cpus=None):
     """One run of the stack on the layout's ranks; returns each rank's record (module, seen, patches, losses)."""
-    from mimo_accel.rehearse.ranks import run_ranks
+    from mimo_accel_dev.rehearse.ranks import run_ranks
 
     shutil.rmtree(profile_dir, ignore_errors=True)
     with open(log_path, "a", encoding="utf-8") as log:
@@ -226,7 +226,7 @@ BRIDGE_MODEL = ("--encoder", "qwen3vl", "--vision-hidden", "64", "--vision-layer
 
 
 #: The default ``--loop bridge`` training script (the body of ``examples/train_mimo.py``).
-BRIDGE_SCRIPT = "mimo_accel.rehearse.bridge_script"
+BRIDGE_SCRIPT = "mimo_accel_dev.rehearse.bridge_script"
 
 
 def example_script(path: Optional[str] = None) -> Optional[Path]:
@@ -243,7 +243,7 @@ def example_script(path: Optional[str] = None) -> Optional[Path]:
 def _load_example(script: Optional[str]):
     """The training script as a module: :data:`BRIDGE_SCRIPT`, or the file ``script``."""
     if script is None:
-        from mimo_accel.rehearse import bridge_script
+        from mimo_accel_dev.rehearse import bridge_script
 
         return bridge_script
     import importlib.util
@@ -262,8 +262,8 @@ def _bridge_rank(rank, world, script, argv, features, profile_dir, label, steps,
     _keep_freed_memory()
     os.environ.update(env, MIMO_ACCEL_PROFILE_LABEL=label)
     import mimo_accel
-    from mimo_accel.rehearse import peers
-    from mimo_accel.rehearse.ranks import report_progress
+    from mimo_accel_dev.rehearse import peers
+    from mimo_accel_dev.rehearse.ranks import report_progress
 
     peers.install_from_env()  # a peer's planner in place of the joint plan, where the run names one
 
@@ -293,7 +293,7 @@ def run_bridge(label, features, vdp, ldp, steps, micro_batch, out: Path, image_d
     """One run of the example (``script``, or :data:`BRIDGE_SCRIPT` when None) on vdp + ldp ranks (each
     language replica on ``language_ranks``: its TP x PP), with ``extra_argv`` after the rehearsal's own
     flags; returns its trace records."""
-    from mimo_accel.rehearse.ranks import run_ranks
+    from mimo_accel_dev.rehearse.ranks import run_ranks
 
     profile_dir, trace = out / label, out / f"{label}-trace.jsonl"
     shutil.rmtree(profile_dir, ignore_errors=True)
@@ -325,7 +325,7 @@ def run_floor(console, progress, vdp, ldp, mbs, out: Path, image_dir: Path, scri
     """The machine's floor: the accelerated run's reads and packing over equal work on every replica
     (``--equal-work``), :data:`FLOOR_STEPS` steps; its profile directory, or None (said) where the
     example cannot run it."""
-    from mimo_accel.rehearse.ranks import RankFailure
+    from mimo_accel_dev.rehearse.ranks import RankFailure
 
     task = progress.add_task("floor: the same samples on every replica", total=FLOOR_STEPS)
     try:

@@ -1,5 +1,5 @@
 """The training script's ``--trace`` record and its ``TRAIN_MIMO_KILL`` switch
-(:mod:`mimo_accel.rehearse.bridge_script`'s docstring describes both)."""
+(:mod:`mimo_accel_dev.rehearse.bridge_script`'s docstring describes both)."""
 
 from __future__ import annotations
 

@@ -16,7 +16,7 @@ Two things are the project's own, because nothing upstream fits on a CPU:
   placeholder count Bridge 0.6.2's ``MegatronMIMODataset`` inserts, while the cost still grows
   with each image's patches.
   ``StackConfig(encoder="qwen3vl")`` registers Bridge's own Qwen3-VL vision model instead
-  (:mod:`mimo_accel.rehearse.qwen3vl`: megatron-core local specs, no Transformer Engine), whose rows per
+  (:mod:`mimo_accel_dev.rehearse.qwen3vl`: megatron-core local specs, no Transformer Engine), whose rows per
   image follow the image's grid (``t·h·w / 4``).
 - :class:`SyntheticVLMDataset` / :class:`SyntheticMIMOProvider`: deterministic samples with 0/1/N
   images, each sample carrying its id so tests can check pairing end to end.
@@ -26,7 +26,7 @@ Two things are the project's own, because nothing upstream fits on a CPU:
   variable-size ``pixel_values``, and ``IdentifiedMIMODataset`` adds each item's ``sample_id``;
   ``GridPlaceholderMIMODataset`` places as many placeholders per image as the image's grid gives
   encoder rows (Bridge 0.6.2 places a fixed count).
-- A second encoder: ``StackConfig(audio_module=NAME)`` adds :mod:`mimo_accel.rehearse.audio`'s
+- A second encoder: ``StackConfig(audio_module=NAME)`` adds :mod:`mimo_accel_dev.rehearse.audio`'s
   Whisper-shaped ``AudioEncoder`` on its own grid; :func:`media_dataset` gives Bridge's
   ``MegatronMIMODataset`` over real image and WAV files (0/1 of each per sample), one placeholder
   per encoder row of each item (``ItemPlaceholderMIMODataset``), :func:`collate_mimo_media` packs
@@ -44,11 +44,11 @@ from megatron.core.transformer.module import MegatronModule
 from torch import nn
 from torch.nn import functional as F
 
-from mimo_accel.rehearse import audio as audio_mod
-from mimo_accel.rehearse.audio import AUDIO_ENCODER_NAME, AUDIO_TOKEN_ID, MEL_BINS, AudioMix  # noqa: F401
-from mimo_accel.rehearse.qwen_processor import qwen_image_processor
+from mimo_accel_dev.rehearse import audio as audio_mod
+from mimo_accel_dev.rehearse.audio import AUDIO_ENCODER_NAME, AUDIO_TOKEN_ID, MEL_BINS, AudioMix  # noqa: F401
+from mimo_accel_dev.rehearse.qwen_processor import qwen_image_processor
 from mimo_accel.modules import LANGUAGE, Module, Modules
-from mimo_accel.rehearse.ranks import VISION, parallelism_config, step_state
+from mimo_accel_dev.rehearse.ranks import VISION, parallelism_config, step_state
 
 IMAGE_TOKEN_ID = 2047  # the vision placeholder token in input_ids (the last id of the vocabulary)
 AUDIO = "audio"  # the audio modality's default name (the user names modalities; see StackConfig)
@@ -451,7 +451,7 @@ def collate_mimo_media(samples: Sequence[dict], *, vision: str = VISION, audio: 
                        patch_dim: int = QWEN2_PATCH_DIM, mel_bins: int = MEL_BINS) -> dict:
     """:func:`collate_mimo_images` for items carrying images (modality ``vision``) and audio clips
     (modality ``audio``): the images patch-packed as there, the clips clip-packed
-    (:func:`mimo_accel.rehearse.audio.collate_clips`: ``input_features [Σ frames, mel bins]`` and
+    (:func:`mimo_accel_dev.rehearse.audio.collate_clips`: ``input_features [Σ frames, mel bins]`` and
     ``frames [clips]``), both in sample order."""
     batch = collate_mimo_images(samples, patch_dim=patch_dim, vision=vision)
     batch["modality_inputs"][audio] = audio_mod.collate_clips(samples, audio, mel_bins)
@@ -491,7 +491,7 @@ def _identified_mimo_dataset_class():
             item["sample_id"] = idx
             return item
 
-    # picklable (DataLoader workers) as mimo_accel.rehearse.stack.IdentifiedMIMODataset, through __getattr__
+    # picklable (DataLoader workers) as mimo_accel_dev.rehearse.stack.IdentifiedMIMODataset, through __getattr__
     IdentifiedMIMODataset.__module__ = __name__
     IdentifiedMIMODataset.__qualname__ = "IdentifiedMIMODataset"
     return IdentifiedMIMODataset
@@ -537,7 +537,7 @@ def _item_placeholder_dataset_class():
         one (Whisper padding every clip to 30 s), wrong for a native-resolution image encoder or an
         audio encoder over clips of their own length (the language side raises when counts differ).
         ``rows_rules[modality](modality, inputs, cap)`` gives an item's rows from its processed
-        inputs (:class:`GridRows`, :class:`mimo_accel.rehearse.audio.ClipRows`; None: Bridge's
+        inputs (:class:`GridRows`, :class:`mimo_accel_dev.rehearse.audio.ClipRows`; None: Bridge's
         fixed count); this thin subclass inserts that many, and keeps Bridge's placement,
         truncation and padding by calling the parent with the item's own count.
         ``encoder_seq_lengths[modality]`` stays the most rows one item can become: the parent
@@ -651,7 +651,7 @@ def images_dataset(root, num_samples: int, *, seq_length: int, image_rows: int, 
 def media_examples(root, num_samples: int, *, seed: int = 0, mix: ImageMix = ImageMix(),
                    audio_mix: AudioMix = AudioMix()) -> list[dict]:
     """:func:`image_examples` (0/1 image per sample, the text) with an ``"audio"`` column: the path of
-    a real WAV file (0/1 clip per sample, variable length, :func:`mimo_accel.rehearse.audio.audio_clips`)
+    a real WAV file (0/1 clip per sample, variable length, :func:`mimo_accel_dev.rehearse.audio.audio_clips`)
     or None. All files under ``root``, written once, deterministic in (seed, sample, mixes)."""
     examples = image_examples(root, num_samples, seed=seed, mix=mix)
     clips = audio_mod.audio_clips(root, num_samples, seed=seed, mix=audio_mix)
@@ -666,7 +666,7 @@ def media_dataset(root, num_samples: int, *, seq_length: int, image_rows: int, s
     (``vision``: ``processor``, default Qwen2-VL's, and ``placeholders`` per image as in
     :func:`images_dataset`) and audio clips (``audio``: read with ``soundfile``, log-mel features
     from transformers' ``WhisperFeatureExtractor`` without its 30 s padding — see
-    :class:`~mimo_accel.rehearse.audio.AudioFileFeatures` — and as many placeholders
+    :class:`~mimo_accel_dev.rehearse.audio.AudioFileFeatures` — and as many placeholders
     (:data:`AUDIO_TOKEN_ID`) per clip as the audio encoder gives rows). An
     :class:`ItemPlaceholderMIMODataset`; ``cost_index``: the ``mimo_accel_cost_index`` it carries
     (None: mimo_accel derives one when reorder needs it)."""
@@ -719,12 +719,12 @@ class StackConfig:
     # row). R: it ends with a per-image resampler to exactly R rows (Bridge 0.6.2's
     # MegatronMIMODataset inserts a fixed encoder_seq_lengths[vision] placeholders per image).
     resample_rows: Optional[int] = None
-    # "native": the project's NativeViT; "qwen3vl": Bridge's Qwen3VLVisionModel (mimo_accel.rehearse.qwen3vl),
+    # "native": the project's NativeViT; "qwen3vl": Bridge's Qwen3VLVisionModel (mimo_accel_dev.rehearse.qwen3vl),
     # vision_hidden / vision_layers / heads / merge sized, rows per image = t·h·w / merge².
     encoder: str = "native"
     # The modules are the layout's encoders (named by the user) and the language model. The image
     # encoder's name: None = the layout's encoder that is not ``audio_module`` (with one encoder:
-    # that one). ``audio_module``: the name of an audio encoder (mimo_accel.rehearse.audio's
+    # that one). ``audio_module``: the name of an audio encoder (mimo_accel_dev.rehearse.audio's
     # AudioEncoder, audio_hidden / audio_layers / audio_heads sized, over mel_bins log-mel bins);
     # None: no audio encoder.
     vision_module: Optional[str] = None
@@ -751,7 +751,7 @@ class StackConfig:
         if self.encoder not in ENCODERS:
             raise ValueError(f"StackConfig: unknown encoder {self.encoder!r}; choose one of {ENCODERS}")
         if self.encoder == "qwen3vl":
-            from mimo_accel.rehearse.qwen3vl import PATCH_DIM
+            from mimo_accel_dev.rehearse.qwen3vl import PATCH_DIM
 
             if self.patch_dim not in (None, PATCH_DIM):
                 raise ValueError(f"StackConfig: the qwen3vl encoder takes patch_dim {PATCH_DIM} (3·2·16²: "
@@ -819,7 +819,7 @@ def build_provider(cfg: StackConfig):
     from megatron.bridge.models.megatron_mimo.megatron_mimo_provider import MegatronMIMOProvider
 
     if cfg.encoder == "qwen3vl":
-        from mimo_accel.rehearse import qwen3vl
+        from mimo_accel_dev.rehearse import qwen3vl
 
         encoder = qwen3vl.encoder_spec(hidden=cfg.vision_hidden, layers=cfg.vision_layers,
                                        heads=cfg.vision_heads or cfg.heads,

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from mimo_accel.rehearse import rehearsal
+from mimo_accel_dev.rehearse import rehearsal
 
 
 def cpus_for_ranks(pin_one_cpu: bool, console) -> Optional[tuple[int, ...]]:

@@ -42,6 +42,7 @@ import typing
 from typing import Optional, Sequence
 
 from mimo_accel.patching.swaps import SwapSet
+from mimo_accel.tools.devkit import STAND_IN_MARKER
 
 __all__ = ["activate", "deactivate", "is_active", "prepare_imports", "prepare_imports_if_cpu",
            "check_megatron_importable"]
@@ -51,8 +52,6 @@ _swaps = SwapSet()
 _stub_modules: list[str] = []
 _mode = None  # the entered TorchFunctionMode
 _active = False
-
-STAND_IN_MARKER = "__mimo_accel_stand_in__"
 
 
 # ----------------------------------------------------------------------------------------------
@@ -72,7 +71,7 @@ class _StandInMeta(type):
 def _stand_in_class(qualname: str) -> type:
     def _refuse(self, *args, **kwargs):
         raise RuntimeError(
-            f"{qualname} was called, but its package is not installed: mimo_accel.rehearse.cpu registered a "
+            f"{qualname} was called, but its package is not installed: mimo_accel_dev.rehearse.cpu registered a "
             "stand-in module only so that megatron.bridge imports on a machine without CUDA. Use "
             "megatron-core's local layer specs (not Transformer Engine) when rehearsing on CPU."
         )
@@ -177,7 +176,7 @@ def check_megatron_importable(log_path: Optional[str] = None) -> dict[str, str]:
     """
     from importlib import metadata
 
-    from mimo_accel.rehearse import quiet
+    from mimo_accel.tools import quiet
 
     if log_path is None:
         fd, log_path = tempfile.mkstemp(prefix="mimo-accel-imports-", suffix=".log")
@@ -560,7 +559,7 @@ def activate(*, force: bool = False) -> None:
             return
         if torch.cuda.is_available() and not force:
             raise RuntimeError(
-                "mimo_accel.rehearse.cpu.activate() refused: CUDA is available on this machine, and the CPU "
+                "mimo_accel_dev.rehearse.cpu.activate() refused: CUDA is available on this machine, and the CPU "
                 "layer would move the real run off the GPUs. Train on the GPUs as usual, or pass "
                 "force=True to rehearse on CPU anyway."
             )

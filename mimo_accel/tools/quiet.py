@@ -26,8 +26,8 @@ from typing import Iterator, Optional, TextIO, Union
 
 __all__ = ["IMPORT_LOG_ENV", "output_to"]
 
-# Set by the parent for the forkserver it starts (mimo_accel.rehearse.ranks): where the forkserver's
-# preload import of megatron (mimo_accel.rehearse._preload) writes its output.
+# Set by the parent for the forkserver it starts (mimo_accel_dev.rehearse.ranks): where the forkserver's
+# preload import of megatron (mimo_accel_dev.rehearse._preload) writes its output.
 IMPORT_LOG_ENV = "MIMO_ACCEL_IMPORT_LOG"
 
 

@@ -1,7 +1,7 @@
-"""The command line of the MegatronMIMO training script (:mod:`mimo_accel.rehearse.bridge_script`).
+"""The command line of the MegatronMIMO training script (:mod:`mimo_accel_dev.rehearse.bridge_script`).
 
 Its flags, their checks, the modalities they name and the layout they give. Imports no
-megatron.bridge module: the script runs ``mimo_accel.rehearse.cpu.prepare_imports_if_cpu`` first.
+megatron.bridge module: the script runs ``mimo_accel_dev.rehearse.cpu.prepare_imports_if_cpu`` first.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import importlib.util
 from typing import Optional
 
 from mimo_accel.modules import LANGUAGE, Modules, module
-from mimo_accel.rehearse import stack
+from mimo_accel_dev.rehearse import stack
 from mimo_accel.workloads import VISION
 
 DESCRIPTION = "A complete MegatronMIMO training script on Megatron Bridge's own entry point."
@@ -69,7 +69,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=DESCRIPTION,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--cpu", action="store_true",
-                   help="rehearse on CPU: gloo ranks through mimo_accel.rehearse.cpu (refused where CUDA exists)")
+                   help="rehearse on CPU: gloo ranks through mimo_accel_dev.rehearse.cpu (refused where CUDA exists)")
     p.add_argument("--vision-dp", type=int, default=1)
     p.add_argument("--language-dp", type=int, default=1)
     p.add_argument("--vision-tp", type=int, default=1)
@@ -144,7 +144,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--bridge-reorder", action="store_true",
                    help="Bridge 0.7's merged reorder settings on cfg.dataset (megatron_mimo_scalable_dp, "
                         "megatron_mimo_intra_microbatch_reorder), wired as its example wires them, with "
-                        "mimo_accel.rehearse.merged_reorder standing in for its ReorderingBuffer")
+                        "mimo_accel_dev.rehearse.merged_reorder standing in for its ReorderingBuffer")
     p.add_argument("--upstream-packing", action="store_true",
                    help="upstream's own step packing (dataset.enable_in_batch_packing; Megatron-Bridge main)")
     p.add_argument("--trace", default=None, help="append one JSON line per rank and training iteration")

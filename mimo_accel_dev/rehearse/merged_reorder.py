@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 
 from mimo_accel.balance.peers import merged_reorder_costs, merged_reorder_order
-from mimo_accel.rehearse import stack
+from mimo_accel_dev.rehearse import stack
 
 
 def wanted(cfg, dp_sizes) -> bool:

@@ -1,5 +1,5 @@
 """Qwen-VL image processing without downloads: the stack's default processor (Qwen2-VL settings)
-and the base of :func:`mimo_accel.rehearse.qwen3vl.image_processor` (Qwen3-VL settings)."""
+and the base of :func:`mimo_accel_dev.rehearse.qwen3vl.image_processor` (Qwen3-VL settings)."""
 
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ The shape of upstream's Qwen3.5-VL MegatronMIMO example
 after it), a ``MegatronMIMOProvider``, ``build_data_iterators`` through Bridge's
 ``build_megatron_mimo_data_loaders``, Bridge's MIMO ``forward_step`` imported by value at the
 top, and ``pretrain_megatron_mimo`` — training, interval evaluation, torch_dist checkpoints and
-resume. The model is mimo_accel's tiny stack (``mimo_accel.rehearse.stack``: a native-resolution ViT and
+resume. The model is mimo_accel's tiny stack (``mimo_accel_dev.rehearse.stack``: a native-resolution ViT and
 a GPT language model, local layer specs). Data (--dataset):
   synthetic (default)  mimo_accel's synthetic VLM dataset, whose per-sample cost index lets
                        ``reorder`` plan before reading;
@@ -18,8 +18,8 @@ a GPT language model, local layer specs). Data (--dataset):
                        --image-mix receipts: one narrow image per sample instead, heights
                        lognormal with a tall tail (what `mimo-accel rehearse --loop bridge` uses).
 The vision encoder (--encoder):
-  native (default)     mimo_accel's NativeViT (mimo_accel.rehearse.stack);
-  qwen3vl              Bridge's own Qwen3-VL vision model (mimo_accel.rehearse.qwen3vl, local specs, no
+  native (default)     mimo_accel's NativeViT (mimo_accel_dev.rehearse.stack);
+  qwen3vl              Bridge's own Qwen3-VL vision model (mimo_accel_dev.rehearse.qwen3vl, local specs, no
                        Transformer Engine needed): 16 px patches, 2x2 merge, t*h*w/4 rows per
                        image. With --dataset images: Qwen3-VL's image processing (at most
                        --max-image-rows rows per image) and as many placeholders per image as its
@@ -28,7 +28,7 @@ The vision encoder (--encoder):
 The modalities (--modalities, default ``vision``): each one an encoder module on its own grid, in
 the order given, the language module after them; the names are the user's (the config keys, the
 grid names, the ``--trace`` module field). ``--modalities vision,audio`` (upstream's names:
-``images,audios``) adds an audio encoder (mimo_accel.rehearse.audio: a Whisper-shaped
+``images,audios``) adds an audio encoder (mimo_accel_dev.rehearse.audio: a Whisper-shaped
 megatron-core encoder over log-mel frames, a stride-2 convolution front) sized by --audio-dp /
 --audio-tp / --audio-hidden / --audio-layers, trained next to the vision encoder into the language
 model as upstream's examples/megatron_mimo/llava/megatron_mimo_training_llava_audio.py does; its
@@ -37,7 +37,7 @@ varied lengths written at startup, Whisper's feature extractor without the 30 s 
 placeholder per encoder row (so the audio load per sample varies).
 
 Run as ``examples/train_mimo.py`` (its docstring shows the torchrun commands) or as
-``python -m mimo_accel.rehearse.bridge_script``, with the same arguments.
+``python -m mimo_accel_dev.rehearse.bridge_script``, with the same arguments.
 
 In-process use (tests): ``main(argv)`` initialises the process group from the torchrun
 environment unless one is initialised already, and leaves an existing one alone.
@@ -48,7 +48,7 @@ environment unless one is initialised already, and leaves an existing one alone.
 
 --bridge-reorder: Bridge 0.7's merged reorder settings on ``cfg.dataset`` (scalable reads and
     ``megatron_mimo_intra_microbatch_reorder``), wired as upstream's Qwen3.5-VL example wires them
-    (read when the iterators are built), ``mimo_accel.rehearse.merged_reorder`` standing in for its
+    (read when the iterators are built), ``mimo_accel_dev.rehearse.merged_reorder`` standing in for its
     ``ReorderingBuffer``. The trace's ``bridge_reorder`` says whether the stand-in wrapped the iterator.
 
 --upstream-packing: upstream's own in-batch packing in the forward step (Megatron-Bridge main:
@@ -79,7 +79,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Optional
 
-from mimo_accel.rehearse import cpu as _cpu
+from mimo_accel_dev.rehearse import cpu as _cpu
 
 _cpu.prepare_imports_if_cpu(sys.argv[1:])  # --cpu: before any megatron.bridge import
 
@@ -102,12 +102,12 @@ from megatron.bridge.training.pretrain_megatron_mimo import pretrain_megatron_mi
 from megatron.bridge.training.state import TrainState
 from megatron.bridge.training.tokenizers.config import TokenizerConfig
 
-from mimo_accel.rehearse import merged_reorder, stack
+from mimo_accel_dev.rehearse import merged_reorder, stack
 from mimo_accel.modules import Modules
 from mimo_accel.workloads import VISION
 from mimo_accel.runtime.reading.shard import SHARD_TAG_KEY
-from mimo_accel.rehearse.bridge_trace import KILL_ENV, TracedForwardStep, _kill_switch, _Trace  # noqa: F401
-from mimo_accel.rehearse.bridge_args import (  # noqa: F401  (re-exported: the script's in-process use)
+from mimo_accel_dev.rehearse.bridge_trace import KILL_ENV, TracedForwardStep, _kill_switch, _Trace  # noqa: F401
+from mimo_accel_dev.rehearse.bridge_args import (  # noqa: F401  (re-exported: the script's in-process use)
     AUDIO,
     HAS_SCALABLE_READS,
     IMAGE,
@@ -190,7 +190,7 @@ class ImageMIMOProvider(MegatronMIMODatasetProvider):
         if self.audio is not None:
             grid = {}
             if self.encoder == "qwen3vl":
-                from mimo_accel.rehearse import qwen3vl
+                from mimo_accel_dev.rehearse import qwen3vl
 
                 grid = dict(placeholders="grid", processor=qwen3vl.image_processor(max_rows=self.image_rows),
                             merge=qwen3vl.MERGE)
@@ -198,7 +198,7 @@ class ImageMIMOProvider(MegatronMIMODatasetProvider):
                                        image_rows=self.image_rows, seed=seed, mix=mix, vision=self.vision,
                                        audio=self.audio, **grid)
         if self.encoder == "qwen3vl":
-            from mimo_accel.rehearse import qwen3vl
+            from mimo_accel_dev.rehearse import qwen3vl
 
             return stack.images_dataset(self.image_dir, num_samples, seq_length=self.seq_length,
                                         image_rows=self.image_rows, seed=seed, placeholders="grid",
@@ -219,7 +219,7 @@ class ImageMIMOProvider(MegatronMIMODatasetProvider):
 
         patch_dim = {}
         if self.encoder == "qwen3vl":
-            from mimo_accel.rehearse import qwen3vl
+            from mimo_accel_dev.rehearse import qwen3vl
 
             patch_dim = dict(patch_dim=qwen3vl.PATCH_DIM)
         if self.audio is not None:
@@ -323,7 +323,7 @@ def make_build_data_iterators(args, trace: _Trace):
 
 
 # ----------------------------------------------------------------------------------------------
-# Config (the flags, the modalities and the layout: mimo_accel.rehearse.bridge_args)
+# Config (the flags, the modalities and the layout: mimo_accel_dev.rehearse.bridge_args)
 # ----------------------------------------------------------------------------------------------
 
 
@@ -419,7 +419,7 @@ def run(args: argparse.Namespace) -> None:
     """Train on this rank. Initialises the process group from the torchrun environment unless
     one exists (then it is left as it is)."""
     if args.cpu:
-        from mimo_accel.rehearse import cpu
+        from mimo_accel_dev.rehearse import cpu
 
         cpu.activate()
     owns_group = not dist.is_initialized()

@@ -27,7 +27,7 @@ from typing import Any, Callable
 from mimo_accel.modules import LANGUAGE, Modules, module  # noqa: F401  (re-exported for the tests)
 from mimo_accel.workloads import VISION
 
-_PRELOAD = "mimo_accel.rehearse._preload"
+_PRELOAD = "mimo_accel_dev.rehearse._preload"
 _progress = None  # in a rank: the parent's queue, for report_progress()
 
 
@@ -165,7 +165,7 @@ def _rank_main(fn, rank, world_size, port, args, results, log_path, deadline_s, 
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
                           RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank))
         if cpu_layer:
-            from mimo_accel.rehearse import cpu
+            from mimo_accel_dev.rehearse import cpu
 
             cpu.activate()
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
@@ -224,7 +224,7 @@ def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any, deadline_s: f
     """Run ``fn(rank, world_size, *args)`` on ``world_size`` gloo ranks; return each rank's result.
 
     ``fn`` and ``args`` must be picklable (a module-level function). With ``cpu_layer`` each rank
-    activates :mod:`mimo_accel.rehearse.cpu` before ``init_process_group``.
+    activates :mod:`mimo_accel_dev.rehearse.cpu` before ``init_process_group``.
     Raises :class:`RankFailure` naming the first failing rank with its traceback.
 
     Each rank's stdout/stderr goes to a log of its own. With ``log_file`` those logs are appended
@@ -308,7 +308,7 @@ def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any, deadline_s: f
 def _start(procs, log_file) -> None:
     """Start the ranks; the first start also starts the forkserver, which inherits the environment
     (the import log's path) now."""
-    from mimo_accel.rehearse.quiet import IMPORT_LOG_ENV
+    from mimo_accel.tools.quiet import IMPORT_LOG_ENV
 
     previous = os.environ.get(IMPORT_LOG_ENV)
     if log_file is not None:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import time
 from typing import Optional, Sequence
 
-from mimo_accel.rehearse import rehearsal
+from mimo_accel_dev.rehearse import rehearsal
 
 #: The tutorial's shape, with TP 2 for its TP 4. As there, each language stage outweighs the encoder
 #: (its 27B language model against a ViT of about 0.5B): the language model takes 8 layers (4 a
@@ -53,7 +53,7 @@ def rehearse_reference(*, steps: Optional[int] = None, out_dir: Optional[str] = 
 
     from mimo_accel.modules import LANGUAGE, Modules, module
     from mimo_accel.tools import report
-    from mimo_accel.tools.rehearsal_output import compare_and_report, cpus_for_ranks, progress_bar, start_output
+    from mimo_accel_dev.commands.rehearsal_output import compare_and_report, cpus_for_ranks, progress_bar, start_output
 
     s = SHAPE
     steps = STEPS if steps is None else steps

@@ -2,7 +2,7 @@
 
 Both runs train the same global samples with the real upstream stack (Bridge's loaders, provider,
 forward step; megatron-core's BridgeCommunicator and pipeline schedule; forward, backward,
-optimizer step), profiler on, on gloo ranks of this machine (``mimo_accel.rehearse.cpu``):
+optimizer step), profiler on, on gloo ranks of this machine (``mimo_accel_dev.rehearse.cpu``):
 
 - **baseline**: upstream as shipped (every data rank reads the whole micro-batch, contiguous
   slices, no packing). Where upstream cannot run the workload's data at all (megatron-bridge 0.6.2
@@ -34,8 +34,8 @@ from typing import Any, Optional, Sequence
 
 from mimo_accel.grid import canonical_grid
 from mimo_accel.modules import LANGUAGE, Modules
-from mimo_accel.rehearse import peers, rehearsal
-from mimo_accel.tools.rehearsal_output import compare_and_report, cpus_for_ranks, progress_bar, start_output
+from mimo_accel_dev.rehearse import peers, rehearsal
+from mimo_accel_dev.commands.rehearsal_output import compare_and_report, cpus_for_ranks, progress_bar, start_output
 from mimo_accel.tools.arguments import (UsageError, add_peak_option, fail, nonnegative_int, output_dir, output_file,
                                         parse, positive_int)
 
@@ -113,7 +113,7 @@ def rehearse(profile_name: str, *, steps: Optional[int] = None, out_dir: Optiona
     """
     from rich.console import Console
 
-    from mimo_accel.rehearse.ranks import RankFailure
+    from mimo_accel_dev.rehearse.ranks import RankFailure
     from mimo_accel.tools import report
 
     profile, layout, steps = stack_plan(profile_name, steps, vision_dp, language_dp)
@@ -233,13 +233,13 @@ def rehearse_bridge(*, steps: Optional[int] = None, vision_dp: Optional[int] = N
     then accelerated (sharded reads + reorder + packing, planned from ``cost_model`` or the default
     coefficients, learnt while training unless ``calibrate_online`` is False), profiler on; with
     ``peer`` (``"upstream"``: Bridge 0.7's merged reorder; ``"4608"``: upstream PR #4608) a run
-    between them plans as that peer does (:mod:`mimo_accel.rehearse.peers`). Checks the
+    between them plans as that peer does (:mod:`mimo_accel_dev.rehearse.peers`). Checks the
     invariants on the traces and prints the report. One micro-batch of ``micro_batch`` samples per
     iteration."""
     from rich.console import Console
 
     from mimo_accel.profiler import read_run
-    from mimo_accel.rehearse.ranks import RankFailure
+    from mimo_accel_dev.rehearse.ranks import RankFailure
     from mimo_accel.tools import report
     from mimo_accel.tools.report import sides
 
@@ -350,7 +350,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--layout", choices=("reference",),
                    help="--loop bridge: reference = upstream's validated layout (images dp1 -> language pp2 dp2, "
                         "TP 2 for its 4; 2-sample micro-batches, 32 a step), reorder_window=step, over receipt-like "
-                        "and fixed-size images (mimo_accel.tools.rehearse_reference)")
+                        "and fixed-size images (mimo_accel_dev.commands.rehearse_reference)")
     p.add_argument("--all-cpus", action="store_true",
                    help="spread the ranks over every CPU (faster, but thread-CPU times then differ by which "
                         "CPU a rank ran on: noisier straggler figures); default: all ranks on one CPU")
@@ -407,13 +407,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         _check(args)
     except UsageError as exc:
         return fail(PROG, exc)
-    from mimo_accel.rehearse.ranks import RankFailure
+    from mimo_accel_dev.rehearse.ranks import RankFailure
 
     out = args.out or tempfile.mkdtemp(prefix="mimo-accel-rehearsal-")
     log = Path(out) / "rehearsal.log"
     try:
         if args.layout == "reference":
-            from mimo_accel.tools.rehearse_reference import rehearse_reference
+            from mimo_accel_dev.commands.rehearse_reference import rehearse_reference
 
             rehearse_reference(steps=args.steps, out_dir=out, json_path=args.json, seed=args.seed, log_path=str(log),
                                pin_one_cpu=not args.all_cpus, peak_tflops=args.peak_tflops)
