@@ -412,16 +412,16 @@ class Calibration:
 
 def step_observations(figures: list) -> dict:
     """Per module, one step's ``(features [replicas, n], seconds [replicas])`` from every rank's
-    figures: a replica's time is the sum over its PP stages of each stage's longest rank (TP, CP),
-    what a sample costs the whole module, as the step model and a FLOPs start price it (the step
-    model spreads it over the stages again); its features the largest any of its ranks counted. A
-    rank's stage: its place among its replica's ranks, pp slowest (Bridge's grids order tp, cp, dp,
-    pp), ``stages`` from its figure (1 where absent). A module with a replica that has no time is
-    left out of that step; one of a single replica teaches only its scale
+    figures: a replica's time is its PP stages summed, each its slowest rank
+    (:func:`~mimo_accel.modules.replica_seconds`; ``stages`` from a figure, 1 where absent), what
+    a sample costs the whole module as the step model and a FLOPs start price it; its features the
+    largest any of its ranks counted. A module with a replica that has no time is left out of that
+    step; one of a single replica teaches only its scale
     (:class:`~mimo_accel.costs.online.OnlineCalibration`)."""
     import numpy as np
 
     from mimo_accel.costs.online import features_of
+    from mimo_accel.modules import replica_seconds
 
     by_module: dict = {}
     for i, f in enumerate(figures):
@@ -433,18 +433,9 @@ def step_observations(figures: list) -> dict:
     for module, replicas in by_module.items():
         times, feats = {}, {}
         for d, members in replicas.items():
-            members.sort(key=lambda m: m[0])
             feats[d] = [max(col) for col in zip(*(m[2] for m in members))]
-            if any(m[1] is None for m in members):
-                times[d] = None
-                continue
-            stages = max(1, min(members[0][3], len(members)))
-            per = max(1, len(members) // stages)
-            longest: dict = {}
-            for k, m in enumerate(members):
-                p = min(k // per, stages - 1)
-                longest[p] = max(longest.get(p, -math.inf), float(m[1]))
-            times[d] = math.fsum(longest[p] for p in sorted(longest))
+            untimed = any(m[1] is None for m in members)
+            times[d] = None if untimed else replica_seconds({m[0]: m[1] for m in members}, members[0][3])
         if any(t is None for t in times.values()):
             continue
         order = sorted(times)
