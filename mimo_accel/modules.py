@@ -15,6 +15,7 @@ Pure: no torch, no megatron (the parallelism config is read by attribute only).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Iterator, Mapping, Optional
 
@@ -57,6 +58,21 @@ class Module:
 
     def __str__(self) -> str:
         return f"{self.name}(tp{self.tp},pp{self.pp},dp{self.dp})"
+
+
+def replica_seconds(times: Mapping[int, float], stages: int) -> float:
+    """A replica's time from its ranks' (``rank -> seconds``): its PP stages summed, each its
+    slowest rank (TP, CP), what a sample costs the whole module, as the step model prices it before
+    spreading it over the stages. A rank's stage is its place among the replica's ranks, pp
+    slowest (Bridge's grids order tp, cp, dp, pp)."""
+    ranks = sorted(times)
+    stages = max(1, min(int(stages), len(ranks)))
+    per = max(1, len(ranks) // stages)
+    slowest: dict[int, float] = {}
+    for i, rank in enumerate(ranks):
+        p = min(i // per, stages - 1)
+        slowest[p] = max(slowest.get(p, float("-inf")), float(times[rank]))
+    return math.fsum(slowest[p] for p in sorted(slowest))
 
 
 def module(name: str, dp: int, *, kind: Optional[str] = None, tp: int = 1, pp: int = 1) -> Module:

@@ -335,3 +335,38 @@ def test_old_vision_only_runs_still_calibrate_as_before(tmp_path):
     model, stats = cal.fit_modules(run)
     ref, _ = cal.fit(run)
     assert model == ref and set(stats) == {"vision"}
+
+
+def test_a_module_of_pp_stages_is_fitted_on_its_replicas_stages_summed(tmp_path):
+    """Language tp 2 pp 2 dp 2 (ranks 0-7, pp slowest): each stage computes half of a replica's
+    cost; the fit learns the whole module's (a sample's cost before the step model spreads it over
+    the stages), not one stage's. One TP rank of each stage runs 5 % slower: the slowest counts."""
+    true = TRUE_MODULES["language"]
+    rng = np.random.default_rng(3)
+    steps = 20
+    work = {(r, s): rng.integers(50, 4000, size=int(rng.integers(2, 8))) for r in range(2) for s in range(steps)}
+    layout = {"dp": {"language": 2}, "pp": {"language": 2}}
+    for rank in range(8):
+        tp, dp, stage = rank % 2, rank // 2 % 2, rank // 4
+        rec = Recorder(tmp_path, rank=rank, world_size=8, module="language", dp_rank=dp, dp_size=2, clock="wall",
+                       layout=layout)
+        clock = _Clock()
+        rec._clock._fn = clock
+        for s in range(steps):
+            lengths = work[dp, s]
+            t, q = int(lengths.sum()), int((lengths ** 2).sum())
+            seconds = (true["a"] * t + true["b"] * q) * (0.4 if stage == 0 else 0.6) * (1.05 if tp else 1.0)
+            rec.add(tokens=t)
+            _count(rec, sq_tokens=q)
+            rec.start("language_fwd")
+            clock.now += seconds / 3
+            rec.stop("language_fwd")
+            rec.start("language_bwd")
+            clock.now += seconds - seconds / 3
+            rec.stop("language_bwd")
+            rec.end_step()
+        rec.close()
+    model, stats = cal.fit_modules(read_run(tmp_path), intercept=False)
+    got = model.of("language")
+    assert _rel(got.a, 1.05 * true["a"]) < 0.02 and _rel(got.b, 1.05 * true["b"]) < 0.02
+    assert stats["language"]["n"] == 2 * (steps - 1)  # one observation per replica and step (warm-up left out)

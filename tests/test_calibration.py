@@ -11,6 +11,8 @@ import json
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 import torch.distributed as dist
 
 from mimo_accel.costs import CostModel, ModuleCost
@@ -118,6 +120,34 @@ def test_a_steps_observations_are_each_replicas_longest_rank_and_its_counts():
     assert "vision" not in step_observations(figures[:2] + [dict(figures[2], time_s=None)])
     x, y = step_observations(figures[4:5])["language"]
     assert x.tolist() == [[300, 45000]] and y.tolist() == [0.5]
+
+
+def test_a_pipelined_replicas_time_is_its_stages_summed_each_its_longest_rank():
+    # language tp 2 pp 2 dp 2 (ranks 1-8, pp slowest): a sample's cost is the whole model's, as the
+    # step model prices it before spreading it over the stages again; a rank's stage from its place
+    figures = [{"module": "vision", "dp_rank": 0, "rank": 0, "stages": 1, "time_s": 0.9, "features": [50, 900, 2]}]
+    times = {1: 0.50, 2: 0.52, 3: 0.40, 4: 0.41, 5: 0.56, 6: 0.55, 7: 0.47, 8: 0.45}
+    for rank in (8, 3, 5, 1, 6, 2, 7, 4):  # any order of arrival
+        figures.append({"module": "language", "dp_rank": (rank - 1) // 2 % 2, "rank": rank, "stages": 2,
+                        "time_s": times[rank], "features": [300 + rank % 2, 45000]})
+    out = step_observations(figures)
+    assert out["language"][1].tolist() == pytest.approx([0.52 + 0.56, 0.41 + 0.47])
+    assert out["language"][0].tolist() == [[301, 45000], [301, 45000]]
+    assert out["vision"][1].tolist() == [0.9]
+
+
+@given(stages=st.integers(1, 4), tp=st.integers(1, 3), seed=st.integers(0, 2**16))
+@settings(max_examples=60, deadline=None)
+def test_a_replicas_time_is_the_sum_of_its_stages_maxima_whatever_the_order(stages, tp, seed):
+    rng = np.random.default_rng(seed)
+    t = rng.uniform(0.01, 1.0, size=(stages, tp))  # [stage, tp rank] of one replica
+    figures = [{"module": "language", "dp_rank": 0, "rank": 10 + p * tp + k, "stages": stages,
+                "time_s": float(t[p, k]), "features": [100, 1000]} for p in range(stages) for k in range(tp)]
+    shuffled = [figures[i] for i in rng.permutation(len(figures))]
+    assert step_observations(shuffled)["language"][1][0] == pytest.approx(t.max(axis=1).sum())
+    # a figure without its stages (one stage): the replica's longest rank, as before
+    flat = [{k: v for k, v in f.items() if k != "stages"} for f in shuffled]
+    assert step_observations(flat)["language"][1][0] == pytest.approx(t.max())
 
 
 @pytest.mark.parametrize("window,step_micro_batches,depth,lead", [(1, 1, 3, 7), (1, 4, 3, 4), (4, 8, 3, 5),

@@ -361,3 +361,11 @@ def test_the_gather_benchmark_runs(monkeypatch, capsys):
     # in this process: a process of its own would spend its time importing torch
     run_here("bench_metrics.py", ["--ranks", "4", "--repeat", "1", "--step", "0.05"], monkeypatch)
     assert capsys.readouterr().out.splitlines()[-1].split()[0] == "4"
+
+
+def test_a_ranks_figures_carry_its_modules_pp_stages_from_the_header(tmp_path):
+    # the online calibration sums a replica's stages (runtime.calibration.step_observations)
+    header, record = _line(tmp_path, 2, "language", 0, 0.5, 0.5, tokens=300)
+    assert rank_figures(header, record)["stages"] == 1  # a header without a layout: one stage
+    staged = dict(header, layout={"dp": {"language": 4}, "pp": {"language": 2, "vision": 1}})
+    assert rank_figures(staged, record)["stages"] == 2

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import pickle
 
+import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from mimo_accel.modules import KINDS, LANGUAGE, Modules, kind_of, module
+from mimo_accel.modules import KINDS, LANGUAGE, Modules, kind_of, module, replica_seconds
 
 
 def test_every_module_has_its_name_its_kind_and_its_sizes():
@@ -57,3 +60,14 @@ def test_bad_modules_are_refused():
         Modules.from_dp_sizes({})
     with pytest.raises(ValueError, match="vision appears twice"):
         Modules.of(module("vision", 1), module("vision", 2))
+
+
+@given(stages=st.integers(1, 4), tp=st.integers(1, 4), seed=st.integers(0, 2**16))
+@settings(max_examples=60, deadline=None)
+def test_a_replicas_seconds_are_its_stages_summed_each_its_slowest_rank(stages, tp, seed):
+    rng = np.random.default_rng(seed)
+    t = rng.uniform(0.0, 2.0, size=(stages, tp))  # [stage, tp rank]: ranks numbered tp fastest, pp slowest
+    first = int(rng.integers(0, 100))
+    times = {first + 7 * (p * tp + k): float(t[p, k]) for p in range(stages) for k in range(tp)}
+    assert replica_seconds(times, stages) == pytest.approx(t.max(axis=1).sum())
+    assert replica_seconds(times, 1) == pytest.approx(t.max())  # one stage: its slowest rank

@@ -198,9 +198,9 @@ def test_property_converges_never_accepts_worse_and_stays_finite(scenario):
     for attempt in cal.attempts:
         if not attempt.accepted:
             continue
-        # a first attempt not taken still puts the model in use in seconds: its shape, judged as it was
+        # a first attempt not taken still puts the model in use in seconds: its shape, its own error
         assert (attempt.held_out_error_after < attempt.held_out_error_before * (1 - cal.min_gain)
-                or attempt.scale_only and attempt.held_out_error_after == attempt.held_out_error_before)
+                or attempt.scale_only and attempt.overhead_s == 0.0)
         # the reported error is the candidate's real error on those steps (recomputed here)
         w = np.array(list(attempt.coefficients.to_dict().values())[:len(features_of(attempt.module))])
         again = np.mean([replica_share_error(trace.observed[attempt.module, s][0] @ w + attempt.overhead_s,
@@ -334,6 +334,12 @@ def test_a_start_in_flops_is_put_in_seconds_once_even_from_one_replica():
     assert scaled.step == 6 and scaled.scale_only and scaled.reason == "in seconds: only the scale can be learnt"
     assert now.b / now.a == pytest.approx(start.b / start.a) and now.k == start.k == 0
     assert 1e-6 < now.a < 1e-3  # seconds per row now, not the start's 1 (TRUE's a is 2e-5 s)
+    # its work totals the measured time of the steps it learnt from: a plan prices no overhead
+    train = range(min(scaled.held_out_steps))  # the steps before the held-out ones
+    x = np.concatenate([cal._steps[VISION][s].features for s in train])
+    y = np.concatenate([cal._steps[VISION][s].seconds for s in train])
+    assert scaled.overhead_s == 0.0
+    assert float((x @ np.array([now.a, now.b, now.k])).sum()) == pytest.approx(float(y.sum()), rel=1e-9)
     assert len(said) == 5 and len(set(said)) == 1  # at every attempt from min_steps on, under one key
     assert "a start in FLOPs is put in seconds, once" in said[0][1]
 

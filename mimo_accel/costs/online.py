@@ -45,7 +45,8 @@ observed steps, the newest ``held_out`` share of them held out:
    error is below the current model's by at least ``min_gain`` (relative).
    A start in FLOPs (:mod:`~mimo_accel.costs.prior`) is put in seconds at each module's first
    attempt, its shape learnt or not (one replica: its scale alone), so that a step plan weighs
-   every module in one unit (``Refit.scale_only``).
+   every module in one unit (``Refit.scale_only``): scaled so that its work totals the measured
+   time, with no overhead set aside (a plan prices none).
 6. **Implausible fits are dropped.** A candidate with a non-finite or negative coefficient, with
    every coefficient 0, with a coefficient outside ``[1/bound, bound]`` times its current
    (scaled) value while its term carries at least 1 % of the predicted work in both models (a
@@ -242,6 +243,9 @@ class OnlineCalibration:
         self._new = dict.fromkeys(names, 0)
         # the current model of each module in seconds per its own unit, and its per-replica overhead
         self._level: dict[str, tuple[float, float]] = {}
+        # a start in FLOPs put in seconds: the factor that makes its work total the measured time, and
+        # that model's held-out error
+        self._in_seconds: dict[str, tuple[float, float]] = {}
         self._attempts: list[Refit] = []
         self._accepted: list[Refit] = []
         # a start in FLOPs (costs.prior) is not in seconds: each module's first attempt puts it there,
@@ -343,7 +347,7 @@ class OnlineCalibration:
             attempt = self._attempt(int(step), module, [steps[s] for s in sorted(steps)], sorted(steps))
             if attempt is None:
                 continue
-            if not attempt.accepted and module in self._to_seconds and module in self._level:
+            if not attempt.accepted and module in self._to_seconds and module in self._in_seconds:
                 attempt = self._scaled(attempt)
             self._attempts.append(attempt)
             if attempt.accepted:
@@ -365,7 +369,9 @@ class OnlineCalibration:
             before = test.share_error(scale * current, overhead)
             # ... and held to as priced so that its work is the measured time (the fitted split of
             # scale and overhead is loose while the plan keeps the model's own costs even)
-            centre = _in_seconds(x @ current, y) * current
+            factor = _in_seconds(x @ current, y)
+            centre = factor * current
+            self._in_seconds[module] = (factor, test.share_error(centre, 0.0))
             w, varying = _within_step_fit(train, centre, self.prior, x, y)
         names = features_of(module)
         if not varying.any():
@@ -377,8 +383,8 @@ class OnlineCalibration:
                 return None
             # one module in seconds and another in its start's units would mislead the step plan,
             # which weighs the pipeline's modules against each other
-            return Refit(step, module, ModuleCost(*(float(v) for v in scale * current)), overhead, before, math.nan,
-                         test_steps, True, f"{SCALE_ONLY}: only the scale can be learnt")
+            return self._scaled(Refit(step, module, self._model.of(module), overhead, before, math.nan, test_steps,
+                                      False, "only the scale can be learnt"))
         if not varying.all():
             held = [f"{names[j]} ({_COEFFICIENTS[j]})" for j in np.flatnonzero(~varying)]
             self._say(f"online:{module}:held:{','.join(held)}",
@@ -408,13 +414,14 @@ class OnlineCalibration:
                      f"not better on the held-out steps by {self.min_gain:.0%}")
 
     def _scaled(self, attempt: Refit) -> Refit:
-        """A first attempt not taken: the model in use, put in seconds (its fitted scale), so that
-        every module of a step plan is priced in one unit whether or not its shape was learnt."""
-        scale, overhead = self._level[attempt.module]
+        """A first attempt not taken: the model in use, put in seconds (its work totals the measured
+        time: a plan prices no overhead), so every module of a step plan has one unit."""
+        factor, error = self._in_seconds[attempt.module]
         current = self._coefficients(attempt.module)
-        return replace(attempt, coefficients=ModuleCost(*(float(v) for v in scale * current)), overhead_s=overhead,
-                       held_out_error_after=attempt.held_out_error_before, accepted=True,
-                       reason=f"{SCALE_ONLY}: the model in use, scaled ({attempt.reason})")
+        reason = (f"{SCALE_ONLY}: {attempt.reason}" if attempt.reason == "only the scale can be learnt"
+                  else f"{SCALE_ONLY}: the model in use, scaled ({attempt.reason})")
+        return replace(attempt, coefficients=ModuleCost(*(float(v) for v in factor * current)), overhead_s=0.0,
+                       held_out_error_after=error, accepted=True, reason=reason)
 
     def _implausible(self, module: str, w: np.ndarray, centre: np.ndarray, x: np.ndarray) -> Optional[str]:
         names = features_of(module)

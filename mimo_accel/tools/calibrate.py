@@ -3,7 +3,8 @@
 ``mimo-accel calibrate RUN_DIR [--out cost.json] [--warmup N] [--no-intercept | --per-step] [--json PATH]``
 
 Every module is fitted from its own measured times, per step and replica (one rank-step is one
-observation), with the profiler's per-module names:
+observation; a module of PP stages, one replica-step: its stages summed, each its slowest rank),
+with the profiler's per-module names:
 
 - an encoder ``m``: ``<m>_fwd_s + <m>_bwd_s`` against ``<m>_rows`` (its encoder rows),
   ``<m>_sq_rows`` (Σ rows² over its items: the attention term) and ``<m>_items``, giving
@@ -71,7 +72,7 @@ from rich.table import Table
 
 from mimo_accel.costs import CostModel, ModuleCost
 from mimo_accel.costs.nnls import nnls
-from mimo_accel.modules import LANGUAGE
+from mimo_accel.modules import LANGUAGE, replica_seconds
 from mimo_accel.profiler import NoProfileData, Run, read_run
 from mimo_accel.tools.arguments import UsageError, fail, nonnegative_int, output_file, parse
 from mimo_accel.profiler import record_number as _num
@@ -156,6 +157,7 @@ def _observe(run: Run, spec: _Spec, *, warmup: int = 1) -> dict[str, Any]:
             f"{' encoder' if spec.what != LANGUAGE else ' model'} timed"
             f" (mimo_accel profiler on the {spec.what} ranks)"
         )
+    timed = _stages_summed(run, spec, timed)
     numbers = sorted({int(rec["step"]) for _, rec in timed})
     skipped = numbers[:warmup] if warmup > 0 and len(numbers) > warmup else []
     skip = set(skipped)
@@ -182,6 +184,28 @@ def _observe(run: Run, spec: _Spec, *, warmup: int = 1) -> dict[str, Any]:
     out = {f: (np.asarray(v, dtype=np.float64) if f != spec.optional else v) for f, v in columns.items()}
     out.update({"y": np.asarray(y, dtype=np.float64), "steps": np.asarray(steps, dtype=np.int64),
                 "ranks": sorted(ranks), "skipped_warmup": skipped, "dropped": dropped})
+    return out
+
+
+def _stages_summed(run: Run, spec: _Spec, timed: list) -> list:
+    """Where the module runs PP stages (the header's ``layout["pp"]``), one observation per replica
+    and step (:func:`~mimo_accel.modules.replica_seconds`), its features the largest any of its
+    ranks counted. Without PP stages, one observation per rank-step."""
+    stages = int((run.layout.get("pp") or {}).get(spec.module) or 1) if spec.module else 1
+    if stages <= 1:
+        return timed
+    fwd_key, bwd_key = spec.regions
+    members: dict = {}
+    for rank, rec in timed:
+        members.setdefault((run.ranks[rank].dp_rank, int(rec["step"])), []).append((rank, rec))
+    out = []
+    for (_, step), group in sorted(members.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        times = {rank: (_num(rec, fwd_key) or 0.0) + (_num(rec, bwd_key) or 0.0) for rank, rec in group}
+        rec = {"step": step, fwd_key: replica_seconds(times, stages)}
+        for f, _ in spec.features:
+            values = [v for _, r in group if (v := _num(r, f)) is not None]
+            rec[f] = max(values) if len(values) == len(group) else None
+        out.append((min(times), rec))
     return out
 
 

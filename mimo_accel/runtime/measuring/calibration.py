@@ -399,32 +399,35 @@ class Calibration:
 
 def step_observations(figures: list) -> dict:
     """Per module, one step's ``(features [replicas, n], seconds [replicas])`` from every rank's
-    figures: a replica's time is the longest of its ranks' (TP, PP), its features the largest any
-    of its ranks counted. A module with a replica that has no time is left out of that step; one of a
-    single replica teaches only its scale (:class:`~mimo_accel.costs.online.OnlineCalibration`)."""
+    figures: a replica's time is its PP stages summed, each its slowest rank
+    (:func:`~mimo_accel.modules.replica_seconds`; ``stages`` from a figure, 1 where absent), what
+    a sample costs the whole module as the step model and a FLOPs start price it; its features the
+    largest any of its ranks counted. A module with a replica that has no time is left out of that
+    step; one of a single replica teaches only its scale
+    (:class:`~mimo_accel.costs.online.OnlineCalibration`)."""
     import numpy as np
 
     from mimo_accel.costs.online import features_of
+    from mimo_accel.modules import replica_seconds
 
     by_module: dict = {}
-    for f in figures:
+    for i, f in enumerate(figures):
         if f.get("module") in (None, "unknown") or f.get("features") is None:
             continue
-        replicas = by_module.setdefault(f["module"], {})
-        t, x = f.get("time_s"), f["features"]
-        seen = replicas.get(f["dp_rank"])
-        if seen is None:
-            replicas[f["dp_rank"]] = (t, list(x))
-        else:
-            replicas[f["dp_rank"]] = (None if seen[0] is None or t is None else max(seen[0], t),
-                                      [max(a, b) for a, b in zip(seen[1], x)])
+        ranks = by_module.setdefault(f["module"], {}).setdefault(f["dp_rank"], [])
+        ranks.append((int(f.get("rank", i)), f.get("time_s"), list(f["features"]), int(f.get("stages") or 1)))
     out = {}
     for module, replicas in by_module.items():
-        if any(t is None for t, _ in replicas.values()):
+        times, feats = {}, {}
+        for d, members in replicas.items():
+            feats[d] = [max(col) for col in zip(*(m[2] for m in members))]
+            untimed = any(m[1] is None for m in members)
+            times[d] = None if untimed else replica_seconds({m[0]: m[1] for m in members}, members[0][3])
+        if any(t is None for t in times.values()):
             continue
-        order = sorted(replicas)
-        features = np.array([replicas[d][1] for d in order], dtype=np.float64)
+        order = sorted(times)
+        features = np.array([feats[d] for d in order], dtype=np.float64)
         if features.shape[1] != len(features_of(module)):
             continue
-        out[module] = (features, np.array([replicas[d][0] for d in order], dtype=np.float64))
+        out[module] = (features, np.array([times[d] for d in order], dtype=np.float64))
     return out

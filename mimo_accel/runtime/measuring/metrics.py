@@ -93,6 +93,8 @@ def rank_figures(header: dict, record: dict) -> dict:
         "rank": int(header.get("rank", 0)),
         "module": module,
         "dp_rank": int(header.get("dp_rank", 0)),
+        # the module's PP stages: the online calibration sums a replica's stages
+        "stages": int(((header.get("layout") or {}).get("pp") or {}).get(module) or 1),
         "time_s": module_seconds(record, module_regions(module)),
         "samples_read": record_number(record, "samples_read") or 0,
         "bytes_read": record_number(record, "bytes_read") or 0,
