@@ -73,6 +73,7 @@ from typing import Any, Optional
 import numpy as np
 
 from mimo_accel.costs.model import LANGUAGE, CostModel, ModuleCost
+from mimo_accel.notices import Notices
 from mimo_accel.costs.fit import fit_near, in_seconds, mean_overhead, scale_and_overhead, step_means
 
 __all__ = ["OnlineCalibration", "Refit", "features_of", "replica_share_error", "spread_error"]
@@ -228,8 +229,7 @@ class OnlineCalibration:
         self.min_steps, self.every, self.window, self.warmup = min_steps, every, window, warmup
         self.held_out, self.prior = float(held_out), float(prior)
         self.min_gain, self.bound = float(min_gain), float(bound)
-        self._said: set[str] = set()
-        self._notify = notify
+        self._notify = notify if notify is not None else Notices(logger).say_once
         self._steps: dict[str, dict[int, _Observation]] = {m: {} for m in names}
         self._last_step: dict[str, int] = {}
         self._skipped = dict.fromkeys(names, 0)
@@ -451,11 +451,7 @@ class OnlineCalibration:
         self._to_seconds.discard(module)
 
     def _say(self, key: str, message: str) -> None:
-        if self._notify is not None:
-            self._notify(key, message)
-        elif key not in self._said:
-            self._said.add(key)
-            logger.warning(message)
+        self._notify(key, message)
 
 
 # ------------------------------------------------------------------------------------ the fit
