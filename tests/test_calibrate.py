@@ -12,6 +12,7 @@ from rich.console import Console
 
 from mimo_accel.tools import calibrate as cal
 from mimo_accel.costs import CostModel
+from mimo_accel.costs.fit import nnls
 from mimo_accel.profiler import Recorder, read_run
 
 TRUE = {"a": 2e-5, "b": 3e-9, "c": 4e-6}
@@ -198,7 +199,7 @@ def test_nnls_matches_scipy():
     for _ in range(30):
         x = rng.standard_normal((20, 4))
         y = rng.standard_normal(20)
-        ours = cal.nnls(x, y)
+        ours = nnls(x, y)
         ref, _ = scipy_nnls(x, y)
         assert (ours >= 0).all()
         assert np.linalg.norm(x @ ours - y) == pytest.approx(np.linalg.norm(x @ ref - y), rel=1e-9, abs=1e-12)

@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 
 from mimo_accel.balance import balance_modules
 from mimo_accel.costs import CostModel, ModuleCost
+from mimo_accel.costs import fit as cost_fit
 from mimo_accel.costs import online
 from mimo_accel.costs.online import OnlineCalibration, Refit, features_of, replica_share_error, spread_error
 
@@ -385,7 +386,7 @@ def test_a_solver_result_that_is_nan_or_negative_is_dropped(monkeypatch, bad):
     """The solver cannot return these (NNLS is non-negative, the input is checked finite): the
     guard is tested with a stand-in for it."""
     said = []
-    monkeypatch.setattr(online, "nnls", lambda x, y: np.full(x.shape[1], bad))
+    monkeypatch.setattr(cost_fit, "nnls", lambda x, y: np.full(x.shape[1], bad))
     cal = OnlineCalibration(CostModel(), [VISION], notify=lambda key, message: said.append(message))
     _observations(cal, 8, TRUE)
     assert cal.refit(8) == ()

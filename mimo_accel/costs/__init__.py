@@ -12,7 +12,7 @@ sample without talking to any other rank.
 - :mod:`~mimo_accel.costs.model`: what a sample costs each module (``CostModel``, ``ModuleCost``, its JSON file)
 - :mod:`~mimo_accel.costs.index`: a whole dataset's cost ingredients per module (``CostIndex`` and its ``.npz`` file)
 - :mod:`~mimo_accel.costs.index_file`: that file's arrays, memory-mapped where they lie
-- :mod:`~mimo_accel.costs.nnls`: the exact non-negative least squares every cost fit uses
+- :mod:`~mimo_accel.costs.fit`: the one cost-model fitter (exact non-negative least squares) every calibration calls
 - :mod:`~mimo_accel.costs.online`: each module's model learnt from the job's own step times (``OnlineCalibration``)
 - :mod:`~mimo_accel.costs.flops`: a module's model FLOPs from its TransformerConfig (``FlopsShape``), the GPU
   peak table, and the per-step throughput figures (samples/s, tokens/s and TFLOP/s per GPU, MFU)

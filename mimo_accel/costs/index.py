@@ -48,6 +48,7 @@ from mimo_accel.costs.packed import PackedColumn, bits_for
 from mimo_accel.costs.resize import FixedPatches, ResizeRule
 from mimo_accel.costs.rules import rule_from_dict
 from mimo_accel.modules import LANGUAGE
+from mimo_accel.notices import Notices
 
 __all__ = ["CostIndex", "EncoderColumns", "IndexModulesError", "SampleShape"]
 
@@ -65,7 +66,7 @@ _WIDTHS = tuple(np.dtype(t) for t in (np.uint8, np.uint16, np.uint32, np.uint64)
 _CHUNK = 1 << 22  # samples checked at a time (bounds the temporaries of a check at any length)
 
 logger = logging.getLogger(__name__)
-_said: set = set()  # what module_costs and load said once per process (without a notify)
+_said = Notices(logger)  # what module_costs and load say once per process (without a notify)
 
 
 class IndexModulesError(ValueError):
@@ -303,11 +304,7 @@ class CostIndex:
             key = f"cost-index:encoder:{ours[0]}->{module}"
             message = (f"mimo_accel reorder: the cost index's one encoder {ours[0]!r} prices the layout's one "
                        f"encoder {module!r} (their names differ)")
-            if notify is not None:
-                notify(key, message)
-            elif key not in _said:
-                _said.add(key)
-                logger.warning(message)
+            (notify or _said.say_once)(key, message)
             return ours[0]
         missing = [m for m in layout_encoders if m not in self._encoders]
         raise IndexModulesError(

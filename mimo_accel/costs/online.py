@@ -19,8 +19,8 @@ observed steps, the newest ``held_out`` share of them held out:
    training steps' measured time: the same model for a plan, now comparable with the candidate
    (the centre of the prior and of the plausibility bound below). It is judged at its best
    level: a scale and a per-replica overhead fitted non-negatively to those times.
-3. **Non-negative, near the current model.** Non-negative least squares (:func:`~mimo_accel.costs.nnls.nnls`)
-   with a ridge prior towards the scaled current model: the prior counts as much as ``prior``
+3. **Non-negative, near the current model.** Non-negative least squares with a ridge prior towards the scaled
+   current model (:func:`~mimo_accel.costs.fit.fit_near`): the prior counts as much as ``prior``
    steps' observations that the current model explains exactly (per feature, its mean
    within-step energy per step, and at least as much as if the feature varied by 5 % of its
    mean: one the plan has all but equalised tells little, and its coefficient stays put rather
@@ -73,7 +73,8 @@ from typing import Any, Optional
 import numpy as np
 
 from mimo_accel.costs.model import LANGUAGE, CostModel, ModuleCost
-from mimo_accel.costs.nnls import nnls
+from mimo_accel.notices import Notices
+from mimo_accel.costs.fit import fit_near, in_seconds, mean_overhead, scale_and_overhead, step_means
 
 __all__ = ["OnlineCalibration", "Refit", "features_of", "replica_share_error", "spread_error"]
 
@@ -84,14 +85,7 @@ LANGUAGE_FEATURES = ("tokens", "sq_tokens")
 _COEFFICIENTS = ("a", "b", "k")
 BOUND = 100.0  # a refit may move a coefficient (or the predicted work) at most this factor either way
 NEGLIGIBLE = 0.01  # a term below this share of the predicted work may fall to 0 (or grow from it)
-_VARIES = 1e-9  # a feature varies within steps if its within-step rms exceeds this × its mean size
-# The prior weighs a feature as if it varied within steps by at least this share of its mean size:
-# a feature the plan has all but equalised (tokens under a tokens-only model) carries little
-# information, and without the floor its prior would carry as little, leaving its coefficient to
-# the noise (in simulation: fits dropped as implausible from starts only 3-10x off).
-_PRIOR_FLOOR = 0.05
 SCALE_ONLY = "in seconds"  # the reason of a refit that only scaled the model in use to seconds
-_RECENTRE = 16  # fits with the prior's centre moved to the candidate (see _within_step_fit)
 
 
 def features_of(module: str) -> tuple[str, ...]:
@@ -235,8 +229,7 @@ class OnlineCalibration:
         self.min_steps, self.every, self.window, self.warmup = min_steps, every, window, warmup
         self.held_out, self.prior = float(held_out), float(prior)
         self.min_gain, self.bound = float(min_gain), float(bound)
-        self._said: set[str] = set()
-        self._notify = notify
+        self._notify = notify if notify is not None else Notices(logger).say_once
         self._steps: dict[str, dict[int, _Observation]] = {m: {} for m in names}
         self._last_step: dict[str, int] = {}
         self._skipped = dict.fromkeys(names, 0)
@@ -364,15 +357,15 @@ class OnlineCalibration:
         with np.errstate(all="ignore"):
             current = self._coefficients(module)
             # judged with its best level (scale and overhead fitted to the training steps' times) ...
-            scale, overhead = _scale_and_overhead(x @ current, y)
+            scale, overhead = scale_and_overhead(x @ current, y)
             self._level[module] = (scale, overhead)
             before = test.share_error(scale * current, overhead)
             # ... and held to as priced so that its work is the measured time (the fitted split of
             # scale and overhead is loose while the plan keeps the model's own costs even)
-            factor = _in_seconds(x @ current, y)
+            factor = in_seconds(x @ current, y)
             centre = factor * current
             self._in_seconds[module] = (factor, test.share_error(centre, 0.0))
-            w, varying = _within_step_fit(train, centre, self.prior, x, y)
+            w, varying = fit_near(x, y, train.labels, centre, self.prior)
         names = features_of(module)
         if not varying.any():
             self._say(f"online:{module}:nothing-varies",
@@ -402,7 +395,7 @@ class OnlineCalibration:
                          f"dropped: {problem}")
         candidate = ModuleCost(*(float(v) for v in w))
         with np.errstate(all="ignore"):
-            new_overhead = _overhead(x @ w, y)
+            new_overhead = mean_overhead(x @ w, y)
             after = test.share_error(w, new_overhead)
         if not math.isfinite(before) or not math.isfinite(after):
             return Refit(step, module, candidate, new_overhead, before, after, test_steps, False,
@@ -458,11 +451,7 @@ class OnlineCalibration:
         self._to_seconds.discard(module)
 
     def _say(self, key: str, message: str) -> None:
-        if self._notify is not None:
-            self._notify(key, message)
-        elif key not in self._said:
-            self._said.add(key)
-            logger.warning(message)
+        self._notify(key, message)
 
 
 # ------------------------------------------------------------------------------------ the fit
@@ -473,98 +462,25 @@ def _check_int(name: str, value: Any, low: int) -> None:
         raise ValueError(f"OnlineCalibration: {name} must be an integer >= {low}, got {value!r}")
 
 
-def _scale_and_overhead(predicted: np.ndarray, seconds: np.ndarray) -> tuple[float, float]:
-    """``(λ, o) >= 0`` with ``seconds ≈ λ·predicted + o`` (least squares): a model in any unit at
-    its best level in seconds, and the per-replica time it leaves over. Where the times do not
-    grow with the prediction at all (λ = 0), the ratio of the totals and no overhead."""
-    total = float(predicted.sum())
-    if not total > 0 or not math.isfinite(total):
-        return 1.0, max(0.0, float(seconds.mean()))
-    design = np.column_stack([predicted, np.ones_like(predicted)])
-    norms = np.linalg.norm(design, axis=0)
-    lam, o = _small_nnls(design / norms, seconds) / norms
-    if not lam > 0:
-        return _in_seconds(predicted, seconds), 0.0
-    return float(lam), _overhead(lam * predicted, seconds)
-
-
-def _in_seconds(predicted: np.ndarray, seconds: np.ndarray) -> float:
-    """The factor that makes a model's predicted work total the measured time."""
-    total = float(predicted.sum())
-    return float(seconds.sum()) / total if total > 0 and math.isfinite(total) else 1.0
-
-
-def _overhead(predicted: np.ndarray, seconds: np.ndarray) -> float:
-    return max(0.0, float((seconds - predicted).mean()))
-
-
 class _Steps:
-    """Consecutive steps' observations stacked: ``features`` [N, F], ``seconds`` [N], each step's
-    rows from ``starts[i]`` (for the per-step means and maxima, without a loop over steps)."""
+    """Consecutive steps' observations stacked: ``features`` [N, F], ``seconds`` [N], each row's
+    step in ``labels``, each step's rows from ``starts[i]`` (for the per-step maxima, without a
+    loop over steps)."""
 
     def __init__(self, obs: list[_Observation]) -> None:
         self.features = np.concatenate([o.features for o in obs])
         self.seconds = np.concatenate([o.seconds for o in obs])
         self.counts = np.array([o.seconds.size for o in obs])
         self.starts = np.concatenate([[0], np.cumsum(self.counts)[:-1]])
-        self.steps = len(obs)
-
-    def step_means(self, values: np.ndarray) -> np.ndarray:
-        """Each row's step mean of ``values`` ([N] or [N, F])."""
-        counts = self.counts if values.ndim == 1 else self.counts[:, None]
-        means = np.add.reduceat(values, self.starts, axis=0) / counts
-        return np.repeat(means, self.counts, axis=0)
+        self.labels = np.repeat(np.arange(len(obs)), self.counts)
 
     def share_error(self, w: np.ndarray, overhead: float) -> float:
         """The mean over the steps of :func:`replica_share_error` of the prediction ``x·w + o``
         (steps where either side has no work left out; NaN if all are)."""
         predicted = self.features @ w + overhead
-        p_mean, m_mean = self.step_means(predicted), self.step_means(self.seconds)
+        p_mean, m_mean = step_means(predicted, self.labels), step_means(self.seconds, self.labels)
         error = np.abs(predicted / p_mean - self.seconds / m_mean)
         worst = np.maximum.reduceat(error, self.starts)
         worst = worst[np.isfinite(worst) & (np.add.reduceat(predicted, self.starts) > 0)
                       & (np.add.reduceat(self.seconds, self.starts) > 0)]
         return float(worst.mean()) if worst.size else math.nan
-
-
-def _within_step_fit(train: _Steps, centre: np.ndarray, prior: float, x: np.ndarray,
-                     y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The candidate coefficients and which features varied within steps (the others held).
-
-    The prior's centre is then moved to the candidate, scaled so that its work totals the measured
-    time, and the fit made again (:data:`_RECENTRE` times): what the steps tell (a coefficient
-    whose feature varies) stays as they tell it, and what they cannot tell (a feature the plan has
-    equalised) takes the share of the time the rest leaves, rather than keep the share a wrong
-    current model gave it (all of it, when that model has no term for the rest)."""
-    xt = train.features - train.step_means(train.features)
-    yt = train.seconds - train.step_means(train.seconds)
-    size = np.abs(train.features).mean(axis=0)
-    energy = (xt * xt).sum(axis=0) / train.steps  # within-step energy of each feature, per step
-    varying = (size > 0) & (np.sqrt(energy) > _VARIES * size)
-    w = centre.copy()
-    if not varying.any():
-        return w, varying
-    s = np.sqrt(energy[varying])
-    z = xt[:, varying] / s
-    root = math.sqrt(prior) * np.maximum(1.0, _PRIOR_FLOOR * size[varying] / s)
-    # ||A·v − b||² = ||R·v − Qᵀb||² + const: A = [z; diag(root)] is factored once, and each fit
-    # is a k × k problem whatever the number of rows
-    q, r = np.linalg.qr(np.vstack([z, np.diag(root)]))
-    q_data, q_prior = q[:z.shape[0]], q[z.shape[0]:]
-    # recentred only from a model without a term the steps tell: a model that prices every such term
-    # is the prior, and moving its centre to each fit would leave a few noisy steps unopposed
-    rounds = _RECENTRE + 1 if (centre[varying] <= 0).any() else 1
-    for i in range(rounds):
-        if i:
-            centre = _in_seconds(x @ w, y) * w
-            w = centre.copy()
-        target = q_data.T @ (yt - xt[:, ~varying] @ centre[~varying]) + q_prior.T @ (root * centre[varying] * s)
-        w[varying] = nnls(r, target) / s
-    return w, varying
-
-
-def _small_nnls(design: np.ndarray, target: np.ndarray) -> np.ndarray:
-    """NNLS of a tall, few-column system through its QR factors: ``||A·v − b||² = ||R·v − Qᵀb||²
-    + const``, so the k × k problem has the same solution, whatever the number of rows."""
-    q, r = np.linalg.qr(design)
-    return nnls(r, q.T @ target)

@@ -43,7 +43,6 @@ import math
 import os
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional, Sequence
@@ -51,6 +50,7 @@ from typing import Any, Callable, Iterator, Optional, Sequence
 import numpy as np
 
 from mimo_accel.costs import CostIndex, ResizeRule, SampleShape, image_size_from_header
+from mimo_accel.costs.files import map_reads
 from mimo_accel.costs.contents import Contents, file_stamp
 from mimo_accel.tools.arguments import UsageError, fail, one_line, output_dir, output_file, parse, positive_int
 
@@ -71,8 +71,6 @@ DEFAULT_MODULE = "vision"  # the encoder module a manifest's images price (--mod
 CHARS_PER_TOKEN = 4
 CHUNK_LINES = 1 << 16  # manifest lines parsed, sized and indexed at a time
 DEFAULT_WORKERS = 1  # header-reading threads (benchmarks/bench_index.py --manifest: see docs/measurements.md)
-# Below this many distinct image files in a chunk, a thread pool costs more than it saves.
-_PARALLEL_FROM = 64
 
 
 class ManifestError(ValueError):
@@ -191,12 +189,7 @@ def _read_sizes(entries: Sequence[_Entry], where: str,
         for image in e.images:
             first_use.setdefault(image, e.line)
     items = [(where, line, image) for image, line in first_use.items()]
-    if len(items) < _PARALLEL_FROM or workers == 1:
-        sizes = [_header_size(item) for item in items]
-    else:
-        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="mimo-accel-index") as pool:
-            # map() yields in order, so the error raised is the one of the earliest line.
-            sizes = list(pool.map(_header_size, items, chunksize=16))
+    sizes = map_reads(_header_size, items, workers, "mimo-accel-index")
     return dict(zip(first_use, sizes))
 
 

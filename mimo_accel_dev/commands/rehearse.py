@@ -194,7 +194,8 @@ def _calibrated(run_dir: Path, out_file: Path) -> tuple[Optional[str], str]:
     on every replica, so they tell nothing of the cost of real tokens), said in the note."""
     from mimo_accel.costs import CostModel
     from mimo_accel.profiler import read_run
-    from mimo_accel.tools.calibrate import CalibrationError, fit_modules, modules_in
+    from mimo_accel.tools.calibrate.fitting import fit_modules
+    from mimo_accel.tools.calibrate.observations import CalibrationError, modules_in
 
     run = read_run(run_dir)
     table, notes = {}, []

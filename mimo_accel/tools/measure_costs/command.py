@@ -67,7 +67,7 @@ is printed and stored (``fit.device.attention``). On CPU :func:`mimo_accel_dev.r
 redirects megatron's CUDA hard-codes and torch runs one thread (a second thread on a shared CPU
 makes timings swing several-fold); on CUDA the CPU layer is never activated.
 
-Fit. Per module a non-negative least-squares fit (:func:`mimo_accel.costs.nnls.nnls`) of
+Fit. Per module a non-negative least-squares fit (:func:`mimo_accel.costs.fit.fit_costs`) of
 the median times on ``rows, Σrows², items`` (vision) or ``tokens, Σtokens²`` (language) plus a
 fixed overhead per call (not in the model, as in ``mimo-accel calibrate``), each point weighted
 by 1/time so that small points count as much as large ones. The language fit has one more term

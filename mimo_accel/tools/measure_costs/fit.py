@@ -10,11 +10,9 @@ from typing import Any, Optional
 import numpy as np
 
 from mimo_accel.costs import CostModel, ModuleCost
+from mimo_accel.costs.fit import SingularDesign, fit_costs
 from mimo_accel.modules import LANGUAGE
 from mimo_accel.tools.measure_costs.points import LanguagePoint, MeasureError, PROG, VISION, VisionPoint
-
-_MAX_CONDITION = 1e10  # of the column-normalised, weighted design (as mimo-accel calibrate)
-
 
 # --------------------------------------------------------------------------------------- fit
 
@@ -56,8 +54,6 @@ class ModuleFit:
 def _fit_curve(module: str, x: np.ndarray, y: np.ndarray, terms, nuisance=()) -> ModuleFit:
     """NNLS of ``y ≈ x·w + overhead`` on relative error (rows weighted 1/y); ``x``'s columns are
     ``terms`` then ``nuisance``."""
-    from mimo_accel.costs.nnls import nnls
-
     names = [t[0] for t in (*terms, *nuisance)]
     n = y.size
     if n < len(names) + 2:
@@ -65,23 +61,17 @@ def _fit_curve(module: str, x: np.ndarray, y: np.ndarray, terms, nuisance=()) ->
                            f"need at least {len(names) + 2}")
     if not (np.isfinite(y).all() and (y > 0).all()):
         raise MeasureError(f"{module}: every measured time must be finite and > 0, got {y.tolist()}")
-    design = np.column_stack([x[:, :len(names)], np.ones(n)])
-    weighted = design / y[:, None]
-    scale = np.linalg.norm(weighted, axis=0)
-    scale[scale == 0] = 1.0
-    xs = weighted / scale
-    sv = np.linalg.svd(xs, compute_uv=False)
-    if sv[-1] <= sv[0] / _MAX_CONDITION:
-        raise MeasureError(f"{module}: the points cannot separate {', '.join(t[1] for t in (*terms, *nuisance))} "
-                           "and the overhead (a singular design); measure points that vary them independently")
-    w = nnls(xs, np.ones(n)) / scale
-    pred = design @ w
-    rss = float(((y - pred) ** 2).sum())
-    tss = float(((y - y.mean()) ** 2).sum())
+    try:
+        fit = fit_costs(x[:, :len(names)], y, relative=True)
+    except SingularDesign:
+        features = ", ".join(t[1] for t in (*terms, *nuisance))
+        raise MeasureError(f"{module}: the points cannot separate {features} and the overhead (a singular design); "
+                           "measure points that vary them independently") from None
+    w, pred = fit.coefficients, fit.predicted
     rel = (pred - y) / y
     return ModuleFit(module=module, coefficients={t[0]: float(v) for t, v in zip(terms, w)},
-                     nuisance={t[0]: float(v) for t, v in zip(nuisance, w[len(terms):-1])},
-                     overhead_s=float(w[-1]), r2=1.0 - rss / tss if tss > 0 else 1.0,
+                     nuisance={t[0]: float(v) for t, v in zip(nuisance, w[len(terms):])},
+                     overhead_s=fit.overhead, r2=fit.r2,
                      rel_rmse=float(np.sqrt((rel ** 2).mean())), max_rel_err=float(np.abs(rel).max()), n=n,
                      predicted=tuple(float(p) for p in pred))
 
