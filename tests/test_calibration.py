@@ -234,3 +234,25 @@ def test_the_first_refit_plans_past_what_the_loaders_workers_prefetch():
     # 4 batches prefetched at 2 micro-batches a step: a planner waiting at iteration 6 would hold up
     # iteration 4, whose figures the first refit learns from
     assert _cold(Calibration(START, 1), prefetched=4).first_planned == 8
+
+
+@pytest.mark.parametrize("window, follows", [("step", True), (1, False)])
+def test_a_step_plans_models_follow_the_machines_pace_and_a_per_micro_batch_plans_do_not(store, window, follows):
+    """One vision replica (upstream's reference layout), a FLOPs start, the first steps 40 % slower
+    than the rest: with reorder_window="step" (a plan that weighs the modules in seconds) the model
+    announced last prices the newest steps at their measured time; a per-micro-batch window keeps
+    the first scale (its plans compare replicas within a module only)."""
+    rng = np.random.default_rng(1)
+    fitter, s = Calibration(CostModel(fit={"start": "flops"}), 1, window=window), store()
+    true = ModuleCost(2e-5, 1e-8, 0.0)
+    times = {}
+    for it in range(1, 14):
+        rows, pace = int(rng.integers(2000, 9000)), 1.4 if it <= 5 else 1.0
+        sq = rows * 300
+        times[it] = (np.array([rows, sq, 4.0]), pace * float(true.encoder_costs([rows], [sq], [4])[0]))
+        figures = [{"module": "vision", "dp_rank": 0, "time_s": times[it][1], "features": list(times[it][0])}]
+        fitter.observe(it, figures, s, current_iteration=it + 1, lead=4)
+    cost = fitter.schedule.announcements[-1].model.of("vision")
+    w = np.array([cost.a, cost.b, cost.k])
+    ratio = sum(times[it][0] @ w for it in (11, 12, 13)) / sum(times[it][1] for it in (11, 12, 13))
+    assert (abs(ratio - 1.0) <= 0.05) == follows

@@ -24,7 +24,8 @@ from mimo_accel.balance import balance_modules
 from mimo_accel.costs import CostModel, ModuleCost
 from mimo_accel.costs import fit as cost_fit
 from mimo_accel.costs import online
-from mimo_accel.costs.online import OnlineCalibration, Refit, features_of, replica_share_error, spread_error
+from mimo_accel.costs.online import OnlineCalibration, Refit, features_of
+from mimo_accel.costs.share_error import replica_share_error, spread_error
 
 VISION, LANGUAGE = "vision", "language"
 DPS = {VISION: 4, LANGUAGE: 2}

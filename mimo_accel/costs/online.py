@@ -39,8 +39,8 @@ observed steps, the newest ``held_out`` share of them held out:
 5. **Better on held-out steps, or not at all.** Both models (each with its fitted overhead)
    predict every held-out step's replica times; the error of a step is the largest error in a
    replica's share of the step's mean time, ``max_r |p_r/mean(p) − m_r/mean(m)|``
-   (:func:`replica_share_error`). It bounds the error of the predicted straggler,
-   ``|max(p)/mean(p) − max(m)/mean(m)|`` (:func:`spread_error`), and also sees a prediction that
+   (:mod:`~mimo_accel.costs.share_error`). It bounds the error of the predicted straggler,
+   ``|max(p)/mean(p) − max(m)/mean(m)|``, and also sees a prediction that
    has the right spread on the wrong replica. The refit is accepted only if its mean held-out
    error is below the current model's by at least ``min_gain`` (relative).
    A start in FLOPs (:mod:`~mimo_accel.costs.prior`) is put in seconds at each module's first
@@ -55,6 +55,11 @@ observed steps, the newest ``held_out`` share of them held out:
    observations) is outside ``[1/bound, bound]`` times the current model's (``bound`` = 100),
    is dropped; the model in use is kept and the reason said once per module
    (``notify(key, message)``).
+7. **At the machine's pace** (``keep_pace``, for a step plan). Once in seconds, a module whose
+   predicted work is off the newest ``pace_steps`` steps' measured time by more than
+   ``keep_pace`` (relative) is rescaled to it, its shape kept: a step plan weighs the modules
+   against each other in seconds, and a machine's pace drifts from the first steps a model was
+   learnt from.
 
 Determinism: observations are kept per step and fitted in step order, the solver tries its
 supports in a fixed order, and nothing is random, so the same observations give bit-identical
@@ -76,7 +81,7 @@ from mimo_accel.costs.model import LANGUAGE, CostModel, ModuleCost
 from mimo_accel.notices import Notices
 from mimo_accel.costs.fit import fit_near, in_seconds, mean_overhead, scale_and_overhead, step_means
 
-__all__ = ["OnlineCalibration", "Refit", "features_of", "replica_share_error", "spread_error"]
+__all__ = ["OnlineCalibration", "Refit", "features_of"]
 
 logger = logging.getLogger(__name__)
 
@@ -94,46 +99,6 @@ def features_of(module: str) -> tuple[str, ...]:
     return LANGUAGE_FEATURES if module == LANGUAGE else ENCODER_FEATURES
 
 
-def _shares(x: np.ndarray) -> Optional[np.ndarray]:
-    top = float(x.max()) if x.size else 0.0
-    if not (top > 0 and math.isfinite(top)):
-        return None
-    y = x / top  # scaled first: a mean of subnormal times would round to nothing
-    return y / float(y.mean())
-
-
-def replica_share_error(predicted: Any, measured: Any) -> float:
-    """``max_r |p_r/mean(p) − m_r/mean(m)|``: the largest error in a replica's share of the step's
-    mean time (predicted against measured seconds of one step's replicas). NaN when either side
-    has no work (mean 0): such a step says nothing about the split."""
-    p, m = _pair(predicted, measured)
-    sp, sm = _shares(p), _shares(m)
-    if sp is None or sm is None:
-        return math.nan
-    return float(np.abs(sp - sm).max())
-
-
-def spread_error(predicted: Any, measured: Any) -> float:
-    """``|max(p)/mean(p) − max(m)/mean(m)|``: how far the predicted straggler (replica spread)
-    is from the measured one; at most :func:`replica_share_error`. NaN when either side has no
-    work."""
-    p, m = _pair(predicted, measured)
-    sp, sm = _shares(p), _shares(m)
-    if sp is None or sm is None:
-        return math.nan
-    return float(abs(sp.max() - sm.max()))
-
-
-def _pair(predicted: Any, measured: Any) -> tuple[np.ndarray, np.ndarray]:
-    p = np.asarray(predicted, dtype=np.float64).reshape(-1)
-    m = np.asarray(measured, dtype=np.float64).reshape(-1)
-    if p.shape != m.shape or p.size == 0:
-        raise ValueError(f"predicted and measured need one time per replica each, got {p.size} and {m.size}")
-    if not (np.isfinite(p).all() and np.isfinite(m).all()) or (p < 0).any() or (m < 0).any():
-        raise ValueError("predicted and measured replica times must be finite and >= 0")
-    return p, m
-
-
 @dataclass(frozen=True)
 class Refit:
     """One refit attempt of one module at a step boundary.
@@ -142,7 +107,8 @@ class Refit:
     token², ``k`` per item); ``overhead_s`` the per-replica time per step the coefficients leave
     over (the same on every replica, so not in the model: a plan cannot change it, but a
     predicted spread includes it). ``held_out_error_before`` / ``_after``: the mean over
-    ``held_out_steps`` of :func:`replica_share_error` of the current model and of the candidate.
+    ``held_out_steps`` of :func:`~mimo_accel.costs.share_error.replica_share_error` of the
+    current model and of the candidate.
     ``accepted``: whether the model in use now has these coefficients; ``reason`` says why or why
     not. A dropped candidate (``reason`` "dropped: ...") is not kept: ``coefficients`` are then the
     model in use, and ``held_out_error_after`` is NaN.
@@ -197,7 +163,9 @@ class OnlineCalibration:
     ``prior`` the weight of the current model, in steps; ``warmup`` the first steps of each
     module left out (they pay for allocation and compilation); ``min_gain`` how much lower
     (relative) the held-out error must be; ``bound`` the plausibility factor (point 6 of the
-    module doc). The plans need not have been made with :attr:`model`: the fit only reads what
+    module doc); ``keep_pace`` (None: off) the relative drift past which a module in seconds is
+    rescaled to the pace of its newest ``pace_steps`` steps (point 7). The plans need not have
+    been made with :attr:`model`: the fit only reads what
     each replica did and how long it took. ``notify(key,
     message)`` is told of what the calibration cannot act on, at every attempt that meets it,
     under a key per module and kind, so that a say-once notifier (the runtime's) says each once
@@ -206,8 +174,8 @@ class OnlineCalibration:
 
     def __init__(self, start: CostModel, modules: Sequence[str], *, min_steps: int = 4, every: int = 1,
                  window: int = 32, held_out: float = 0.25, prior: float = 2.0, warmup: int = 0,
-                 min_gain: float = 0.02, bound: float = BOUND,
-                 notify: Optional[Callable[[str, str], object]] = None) -> None:
+                 min_gain: float = 0.02, bound: float = BOUND, keep_pace: Optional[float] = None,
+                 pace_steps: int = 3, notify: Optional[Callable[[str, str], object]] = None) -> None:
         if not isinstance(start, CostModel):
             raise ValueError(f"OnlineCalibration: start must be a CostModel, got {type(start).__name__}")
         names = list(modules)
@@ -222,6 +190,10 @@ class OnlineCalibration:
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value < high \
                     or not math.isfinite(value):
                 raise ValueError(f"OnlineCalibration: {name} must be a number in [{low:g}, {high:g}), got {value!r}")
+        _check_int("pace_steps", pace_steps, 1)
+        if keep_pace is not None and (isinstance(keep_pace, bool) or not isinstance(keep_pace, (int, float))
+                                      or not 0.0 <= keep_pace < 1.0):
+            raise ValueError(f"OnlineCalibration: keep_pace must be None or a number in [0, 1), got {keep_pace!r}")
         if held_out <= 0:
             raise ValueError("OnlineCalibration: held_out must be > 0 (a refit is judged on held-out steps)")
         self._model = start
@@ -229,6 +201,7 @@ class OnlineCalibration:
         self.min_steps, self.every, self.window, self.warmup = min_steps, every, window, warmup
         self.held_out, self.prior = float(held_out), float(prior)
         self.min_gain, self.bound = float(min_gain), float(bound)
+        self.keep_pace, self.pace_steps = keep_pace, pace_steps
         self._notify = notify if notify is not None else Notices(logger).say_once
         self._steps: dict[str, dict[int, _Observation]] = {m: {} for m in names}
         self._last_step: dict[str, int] = {}
@@ -337,11 +310,15 @@ class OnlineCalibration:
             if len(steps) < self.min_steps or self._new[module] < self.every:
                 continue
             self._new[module] = 0
-            attempt = self._attempt(int(step), module, [steps[s] for s in sorted(steps)], sorted(steps))
+            numbers = sorted(steps)
+            attempt = self._attempt(int(step), module, [steps[s] for s in numbers], numbers)
+            if attempt is not None and not attempt.accepted and module in self._to_seconds \
+                    and module in self._in_seconds:
+                attempt = self._scaled(attempt)
+            if self.keep_pace is not None:
+                attempt = self._at_pace(int(step), module, attempt, [steps[s] for s in numbers], numbers)
             if attempt is None:
                 continue
-            if not attempt.accepted and module in self._to_seconds and module in self._in_seconds:
-                attempt = self._scaled(attempt)
             self._attempts.append(attempt)
             if attempt.accepted:
                 self._adopt(attempt)
@@ -416,6 +393,33 @@ class OnlineCalibration:
         return replace(attempt, coefficients=ModuleCost(*(float(v) for v in factor * current)), overhead_s=0.0,
                        held_out_error_after=error, accepted=True, reason=reason)
 
+    def _at_pace(self, step: int, module: str, attempt: Optional[Refit], obs: list[_Observation],
+                 numbers: list[int]) -> Optional[Refit]:
+        """``keep_pace``: the module's model (the refit just accepted, or the one in use), once in
+        seconds, scaled so that its work totals the newest ``pace_steps`` steps' measured time,
+        where it is off by more than ``keep_pace`` (relative). A step plan prices every module in
+        seconds and no overhead, so a machine whose pace drifts from the steps a model was learnt
+        from would otherwise mislead the predicted step, while the plan's proportions hold."""
+        taken = attempt is not None and attempt.accepted
+        if module in self._to_seconds and not taken:
+            return attempt  # not in seconds yet: its first attempt puts it there
+        base = attempt.coefficients if taken else self._model.of(module)
+        w = np.array([getattr(base, c) for c in _COEFFICIENTS[:len(features_of(module))]], dtype=np.float64)
+        recent = _Steps(obs[-self.pace_steps:])
+        with np.errstate(all="ignore"):
+            factor = in_seconds(recent.features @ w, recent.seconds)
+        # the drift is the model's predicted work over the measured time, less one (none measured: none)
+        if not (math.isfinite(factor) and factor > 0) or abs(1.0 / factor - 1.0) <= self.keep_pace:
+            return attempt
+        coefficients = ModuleCost(*(float(v) for v in factor * w))
+        why = f"{SCALE_ONLY}: at the pace of steps {numbers[-len(recent.counts)]}-{numbers[-1]} (x{factor:.3f})"
+        if attempt is None:
+            error = recent.share_error(w, 0.0)
+            return Refit(step, module, coefficients, 0.0, error, error, tuple(numbers[-len(recent.counts):]), True,
+                         why)
+        return replace(attempt, coefficients=coefficients, overhead_s=0.0, accepted=True,
+                       reason=f"{why}; {attempt.reason}")
+
     def _implausible(self, module: str, w: np.ndarray, centre: np.ndarray, x: np.ndarray) -> Optional[str]:
         names = features_of(module)
         if not np.isfinite(w).all():
@@ -475,7 +479,7 @@ class _Steps:
         self.labels = np.repeat(np.arange(len(obs)), self.counts)
 
     def share_error(self, w: np.ndarray, overhead: float) -> float:
-        """The mean over the steps of :func:`replica_share_error` of the prediction ``x·w + o``
+        """The mean over the steps of the replica share error of the prediction ``x·w + o``
         (steps where either side has no work left out; NaN if all are)."""
         predicted = self.features @ w + overhead
         p_mean, m_mean = step_means(predicted, self.labels), step_means(self.seconds, self.labels)

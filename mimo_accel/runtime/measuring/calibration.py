@@ -147,6 +147,7 @@ def lead_steps(window: int, step_micro_batches: Optional[int], depth: int) -> in
 WARMUP = 1  # the first step a run measures pays for allocation and compilation: left out of every fit
 FIRST_STEPS = 3  # measured steps the first refit is made from (two fitted, one held out)
 PRIOR_STEPS = 16.0  # the model in use weighs as much as this many steps the fit learns from
+PACE_TOLERANCE = 0.05  # a step plan's module off the newest steps' pace by more than this is rescaled
 
 
 def first_refit(start: int) -> int:
@@ -347,8 +348,12 @@ class Calibration:
         if self.fitter is None:
             if not observations:
                 return ()
+            # a step plan weighs the modules against each other in seconds: each is kept at the pace
+            # of the newest steps, not of the first ones it was learnt from
+            pace = PACE_TOLERANCE if self.window == STEP_WINDOW else None
             self.fitter = OnlineCalibration(self.schedule.model_for(iteration), list(observations), warmup=WARMUP,
-                                            min_steps=FIRST_STEPS, prior=PRIOR_STEPS, notify=self.notify)
+                                            min_steps=FIRST_STEPS, prior=PRIOR_STEPS, keep_pace=pace,
+                                            pace_steps=FIRST_STEPS, notify=self.notify)
         for module, (features, seconds) in observations.items():
             if module in self.fitter.modules:
                 self.fitter.observe(iteration, module, features, seconds)

@@ -1,0 +1,114 @@
+"""The online calibration keeps a step plan's modules at the machine's current pace (``keep_pace``).
+
+A step plan prices every module in seconds and no overhead: a module learnt from early steps that
+ran slower (or faster) than the later ones would mislead the predicted step. With ``keep_pace``, a
+module already in seconds is rescaled, its shape kept, so that its work totals the newest steps'
+measured time whenever it drifts past the tolerance (pure: no torch, no megatron).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mimo_accel.costs import CostModel, ModuleCost
+from mimo_accel.costs.online import OnlineCalibration
+
+VISION, LANGUAGE = "vision", "language"
+FLOPS = CostModel(fit={"start": "flops"})
+# the one-replica tests: the start's own shape in seconds (only the pace is to be followed); the
+# language model's shape, unlike its start's, is learnt from its replicas
+TRUTH = {VISION: ModuleCost(*(2e-5 * v for v in (FLOPS.of(VISION).a, FLOPS.of(VISION).b, FLOPS.of(VISION).k))),
+         LANGUAGE: ModuleCost(3e-5, 4e-9)}
+
+
+def _step(cal, step, pace, rng, replicas):
+    """One step of every module, its true time multiplied by the machine's ``pace`` then."""
+    for module in cal.modules:
+        rows = rng.integers(200, 4000, replicas).astype(float)
+        f = np.column_stack([rows, rows * rng.uniform(50, 900, replicas), rng.integers(1, 20, replicas)])
+        f = f[:, :2] if module == LANGUAGE else f
+        c = TRUTH[module]
+        seconds = f[:, 0] * c.a + f[:, 1] * c.b + (f[:, 2] * c.k if module != LANGUAGE else 0.0)
+        cal.observe(step, module, f, pace * seconds)
+
+
+def _run(paces, *, keep_pace, replicas=1, modules=(VISION,), seed=0):
+    cal = OnlineCalibration(FLOPS, list(modules), min_steps=3, keep_pace=keep_pace, pace_steps=3)
+    rng = np.random.default_rng(seed)
+    for step, pace in enumerate(paces):
+        _step(cal, step, pace, rng, replicas)
+        cal.refit(step + 1)
+    return cal
+
+
+def _work_over_time(cal, module, steps):
+    """The model in use's work over the measured time of ``steps`` (1: in step with the machine)."""
+    cost = cal.model.of(module)
+    w = np.array([cost.a, cost.b, cost.k][:2 if module == LANGUAGE else 3])
+    x = np.concatenate([cal._steps[module][s].features for s in steps])
+    y = np.concatenate([cal._steps[module][s].seconds for s in steps])
+    return float((x @ w).sum() / y.sum())
+
+
+def test_one_replica_follows_the_machine_when_its_pace_drifts():
+    # the first steps ran 30 % slower than the later ones (a CPU warming up, a neighbour leaving)
+    paces = [1.3] * 4 + [1.0] * 8
+    kept, pinned = _run(paces, keep_pace=0.05), _run(paces, keep_pace=None)
+    assert _work_over_time(pinned, VISION, range(9, 12)) == pytest.approx(1.3, rel=0.02)
+    assert _work_over_time(kept, VISION, range(9, 12)) == pytest.approx(1.0, abs=0.05)
+    start, now = FLOPS.of(VISION), kept.model.of(VISION)
+    assert now.b / now.a == pytest.approx(start.b / start.a)  # the shape is the start's: only the pace moved
+    rescaled = [r for r in kept.refits if "at the pace of steps" in r.reason]
+    assert rescaled and all(r.scale_only and r.overhead_s == 0.0 for r in rescaled)
+
+
+def test_a_steady_machine_is_not_rescaled_at_every_step():
+    cal = _run([1.0] * 12, keep_pace=0.05)
+    # the first attempt puts the FLOPs start in seconds; the pace never drifts past 5 % after it
+    assert [r.step for r in cal.refits] == [3]
+
+
+def test_a_learnt_shape_is_kept_while_its_level_follows_the_pace():
+    paces = [1.4] * 5 + [1.0] * 10
+    cal = OnlineCalibration(FLOPS, [VISION, LANGUAGE], min_steps=3, keep_pace=0.05, pace_steps=3)
+    rng = np.random.default_rng(2)
+    rescaled = 0
+    for step, pace in enumerate(paces):
+        _step(cal, step, pace, rng, 4)
+        before = {m: cal.model.of(m) for m in cal.modules}
+        for refit in cal.refit(step + 1):
+            pace, _, attempt = refit.reason.partition("; ")
+            if pace.startswith("in seconds: at the pace of steps") and not attempt.startswith("better"):
+                rescaled += 1  # no new shape taken, the level alone moved: the shape is the one before
+                was, now = before[refit.module], refit.coefficients
+                assert now.b / now.a == pytest.approx(was.b / was.a, rel=1e-9)
+    assert rescaled
+    for module in (VISION, LANGUAGE):
+        assert _work_over_time(cal, module, range(12, 15)) == pytest.approx(1.0, abs=0.05)
+
+
+@settings(max_examples=30, deadline=None)
+@given(paces=st.lists(st.floats(0.5, 2.0), min_size=4, max_size=10), tolerance=st.floats(0.0, 0.3))
+def test_property_after_every_refit_a_module_is_within_the_tolerance_of_its_newest_steps(paces, tolerance):
+    cal = OnlineCalibration(FLOPS, [VISION], min_steps=3, keep_pace=tolerance, pace_steps=3)
+    rng = np.random.default_rng(0)
+    for step, pace in enumerate(paces):
+        _step(cal, step, pace, rng, 1)
+        cal.refit(step + 1)
+        if step >= 2:
+            newest = sorted(cal._steps[VISION])[-3:]
+            assert abs(_work_over_time(cal, VISION, newest) - 1.0) <= tolerance + 1e-9
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"keep_pace": 1.0}, "keep_pace must be None or a number in"),
+    ({"keep_pace": -0.1}, "keep_pace must be None or a number in"),
+    ({"keep_pace": True}, "keep_pace must be None or a number in"),
+    ({"pace_steps": 0}, "pace_steps must be an integer >= 1"),
+])
+def test_bad_pace_options_are_clear_errors(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        OnlineCalibration(CostModel(), [VISION], **kwargs)
