@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 import torch.distributed as dist
 
 from mimo_accel.costs import CostModel, ModuleCost
+from mimo_accel.costs.share_error import replica_share_error
 from mimo_accel.runtime.measuring.calibration import (FILE, Announcement, Calibration, Schedule, first_refit, lead_steps,
                                             read_saved, step_observations)
 
@@ -256,3 +257,65 @@ def test_a_step_plans_models_follow_the_machines_pace_and_a_per_micro_batch_plan
     w = np.array([cost.a, cost.b, cost.k])
     ratio = sum(times[it][0] @ w for it in (11, 12, 13)) / sum(times[it][1] for it in (11, 12, 13))
     assert (abs(ratio - 1.0) <= 0.05) == follows
+
+
+def _micro(rows_per_item, cost: ModuleCost, noise, rng):
+    """One encoder rank's figure of a step: its micro-batches' counts and fwd + bwd seconds."""
+    feats, secs = [], []
+    for rows in rows_per_item:
+        r = np.asarray(rows, dtype=np.float64)
+        f = [float(r.sum()), float((r * r).sum()), float(r.size)]
+        feats.append(f)
+        secs.append(float(np.array([cost.a, cost.b, cost.k]) @ f) * (1.0 + noise * rng.standard_normal()))
+    total = [sum(col) for col in zip(*feats)]
+    return {"module": "vision", "dp_rank": 0, "stages": 1, "time_s": sum(secs), "features": total,
+            "micro": {"features": feats, "seconds": secs}}
+
+
+def test_a_lone_replicas_micro_batches_are_its_observations():
+    rng = np.random.default_rng(0)
+    cost = ModuleCost(1e-4, 1e-7, 0.0)
+    a = _micro([[100, 200], [50, 60], [300, 10]], cost, 0.0, rng)
+    b = dict(a, rank=1, micro={"features": a["micro"]["features"],
+                               "seconds": [s * 1.1 for s in a["micro"]["seconds"]]})  # its TP peer, slower
+    x, y = step_observations([a, b])["vision"]
+    assert x.tolist() == a["micro"]["features"] and y.tolist() == pytest.approx(b["micro"]["seconds"])
+    # a peer that timed another number of micro-batches, or none: the step as one observation
+    short = dict(b, micro={"features": a["micro"]["features"][:2], "seconds": a["micro"]["seconds"][:2]})
+    for peer in (short, dict(b, micro=None)):
+        x, y = step_observations([a, peer])["vision"]
+        assert x.shape == (1, 3) and y.tolist() == pytest.approx([max(a["time_s"], peer["time_s"])])
+    # two replicas: they are the observations, as before
+    other = dict(a, dp_rank=1, time_s=2 * a["time_s"])
+    assert step_observations([a, other])["vision"][1].tolist() == pytest.approx([a["time_s"], 2 * a["time_s"]])
+
+
+@pytest.mark.parametrize("per_micro_batch", [True, False])
+def test_a_lone_encoders_shape_is_learnt_from_its_micro_batches(store, per_micro_batch):
+    """Upstream's reference layout: one vision replica, whose step sets the pipeline's pace. Its
+    true cost is far more quadratic than the start's; per micro-batch, the calibration learns the
+    ratio of the terms; from the step alone it can only scale the start."""
+    rng = np.random.default_rng(3)
+    true = ModuleCost(2e-5, 6e-8, 0.0)
+    start = CostModel(modules={"vision": ModuleCost(2e-5, 2e-9, 0.0), "language": ModuleCost(1e-5, 0.0)})
+    fitter, s = Calibration(start, 1, window="step"), store()
+    for it in range(1, 16):
+        rows = rng.integers(20, 900, size=(8, 2))  # 8 micro-batches of 2 images
+        figure = _micro(rows.tolist(), true, 0.03, rng)
+        if not per_micro_batch:
+            figure["micro"] = None
+        fitter.observe(it, [figure], s, current_iteration=it + 1, lead=4)
+    learnt = fitter.schedule.announcements[-1].model.of("vision")
+    if not per_micro_batch:
+        assert learnt.b / learnt.a == pytest.approx(2e-9 / 2e-5, rel=1e-6)
+        return
+    # on fresh steps, the learnt model splits a step's work over its micro-batches closer to the
+    # truth than the start did (the prior, worth 16 steps, still holds part of the way)
+    errors = {}
+    for name, model in (("start", start.of("vision")), ("learnt", learnt)):
+        w = np.array([model.a, model.b, model.k])
+        errors[name] = np.mean([replica_share_error(np.array(f["micro"]["features"]) @ w, f["micro"]["seconds"])
+                                for f in (_micro(rng.integers(20, 900, size=(8, 2)).tolist(), true, 0.0, rng)
+                                          for _ in range(20))])
+    assert errors["learnt"] < 0.7 * errors["start"]
+    assert 2e-9 / 2e-5 < learnt.b / learnt.a < true.b / true.a

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from mimo_accel.costs import CostModel, ModuleCost
 from mimo_accel.costs.online import OnlineCalibration
+from mimo_accel.costs.share_error import replica_share_error
 
 VISION, LANGUAGE = "vision", "language"
 FLOPS = CostModel(fit={"start": "flops"})
@@ -53,6 +54,11 @@ def _work_over_time(cal, module, steps):
     return float((x @ w).sum() / y.sum())
 
 
+def _mean_share_error(steps, cost, module):
+    w = np.array([cost.a, cost.b, cost.k][:2 if module == LANGUAGE else 3])
+    return float(np.mean([replica_share_error(o.features @ w, o.seconds) for o in steps]))
+
+
 def test_one_replica_follows_the_machine_when_its_pace_drifts():
     # the first steps ran 30 % slower than the later ones (a CPU warming up, a neighbour leaving)
     paces = [1.3] * 4 + [1.0] * 8
@@ -85,6 +91,9 @@ def test_a_learnt_shape_is_kept_while_its_level_follows_the_pace():
                 rescaled += 1  # no new shape taken, the level alone moved: the shape is the one before
                 was, now = before[refit.module], refit.coefficients
                 assert now.b / now.a == pytest.approx(was.b / was.a, rel=1e-9)
+                # judged as the model in use prices the held-out steps, not by the dropped candidate
+                steps = [cal._steps[refit.module][s] for s in refit.held_out_steps]
+                assert refit.held_out_error_after == pytest.approx(_mean_share_error(steps, now, refit.module))
     assert rescaled
     for module in (VISION, LANGUAGE):
         assert _work_over_time(cal, module, range(12, 15)) == pytest.approx(1.0, abs=0.05)

@@ -238,6 +238,21 @@ def test_non_finite_and_odd_values_stay_strict_json(tmp_path):
     assert step["predicted_spread"] is None and step["extra"] == {"x": 0.5, "y": None}
 
 
+def test_per_forward_counts_ride_beside_per_forward_times(tmp_path):
+    with Recorder(tmp_path, rank=0, world_size=1, module="vision") as rec:
+        for rows in (10, 30):
+            with rec.time("vision_fwd"):
+                pass
+            rec.add_micro(vision_rows=rows, vision_items=1)
+        line = rec.end_step()
+        assert line["micro"]["vision_rows"] == [10, 30] and line["micro"]["vision_items"] == [1, 1]
+        assert len(line["micro"]["vision_fwd"]) == 2
+        assert "vision_rows" not in rec.end_step().get("micro", {})  # per step, not carried over
+        for bad in ({"samples": 1}, {"vision_bytes": 1}):  # a step counter, or not a counter at all
+            with pytest.raises(TypeError, match="add_micro takes"):
+                rec.add_micro(**bad)
+
+
 def test_bad_arguments_are_refused(tmp_path):
     rec = _recorder(tmp_path)
     with pytest.raises(TypeError, match="unknown counter 'sample'"):
@@ -565,6 +580,9 @@ def test_each_module_is_timed_and_counted_under_its_own_name(tmp_path):
         assert (s["audios_items"], s["audios_rows"], s["audios_sq_rows"]) == (6, 30, 6 * 25)
         # language: real tokens L = 3, 4, 1 per micro-batch
         assert (s["tokens"], s["sq_tokens"], s["samples_read"]) == (16, 2 * (9 + 16 + 1), 6)
+        # each forward's counts beside its time, one a micro-batch, in call order
+        assert s["micro"]["images_rows"] == [24, 24] and s["micro"]["images_sq_rows"] == [320, 320]
+        assert s["micro"]["audios_items"] == [3, 3] and len(s["micro"]["audios_fwd"]) == 2
 
 
 def test_what_an_encoder_counts():

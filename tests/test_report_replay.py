@@ -37,6 +37,9 @@ def test_the_replayed_step_and_the_plans_step_before_and_after(tmp_path):
     assert doc["after"]["step_time_replayed_p50"] == pytest.approx(9.0)
     assert doc["after"]["step_time_predicted_p50"] == 14.0 and doc["before"]["step_time_predicted_p50"] is None
     assert doc["after"]["series"]["replayed"]["step_time_predicted_s"] == [14.0, 14.0]
+    # step by step, 14 s predicted against 9 s replayed; the side without a plan has no error
+    assert doc["after"]["step_time_predicted_error_p50_last_half"] == pytest.approx(14.0 / 9.0 - 1.0)
+    assert doc["before"]["step_time_predicted_error_p50_last_half"] is None
     assert not any("replayed" in w for w in doc["warnings"])
 
 

@@ -417,8 +417,12 @@ class OnlineCalibration:
             error = recent.share_error(w, 0.0)
             return Refit(step, module, coefficients, 0.0, error, error, tuple(numbers[-len(recent.counts):]), True,
                          why)
-        return replace(attempt, coefficients=coefficients, overhead_s=0.0, accepted=True,
-                       reason=f"{why}; {attempt.reason}")
+        # the model now in use is judged on the attempt's held-out steps as it prices them (no
+        # overhead), not by the candidate's error where the attempt kept the model in use
+        held = [obs[numbers.index(s)] for s in attempt.held_out_steps if s in numbers]
+        after = _Steps(held).share_error(w, 0.0) if held else math.nan
+        return replace(attempt, coefficients=coefficients, overhead_s=0.0, held_out_error_after=after,
+                       accepted=True, reason=f"{why}; {attempt.reason}")
 
     def _implausible(self, module: str, w: np.ndarray, centre: np.ndarray, x: np.ndarray) -> Optional[str]:
         names = features_of(module)

@@ -36,7 +36,8 @@ The counters ``COUNTERS`` are always present (0 if unset); an encoder module's c
 ``<module>_items`` / ``<module>_rows`` / ``<module>_sq_rows`` (``MODULE_COUNTERS``) from the first
 step they were declared or added in (0 when unset). ``micro`` (older files lack it): each call of
 a module's region in the step, ``{"<module>_fwd": [seconds, ...]}`` in call order, one a
-micro-batch. The header lists what was declared at creation (``regions``, ``counters``).
+micro-batch, and where the runtime counted them, an encoder's counters per forward
+(``"<module>_rows": [rows, ...]``, :meth:`Recorder.add_micro`). The header lists what was declared at creation (``regions``, ``counters``).
 :func:`mimo_accel.profiler.read_run` refuses a file of an older format (``FORMAT_V1``), naming the
 rerun that records this one.
 
@@ -321,7 +322,7 @@ class Recorder:
         self._counters = dict.fromkeys((*COUNTERS, *self._declared_counters), 0)
         self._fields: dict[str, Any] = {}
         self._regions: dict[str, float] = {}
-        self._micro: dict[str, list[float]] = {}  # a module's region: each call's time (one per micro-batch)
+        self._micro: dict[str, list] = {}  # a module's region: each call's time; its counters: each call's count
         self._calls: dict[str, int] = {}
         self._fallbacks = 0
         self._t0 = time.perf_counter()
@@ -390,6 +391,17 @@ class Recorder:
                         self._declared_counters.append(name)
                 c[name] = 0
             c[name] += int(value)
+
+    def add_micro(self, **counts: int) -> None:
+        """Append one micro-batch's value to each of this step's per-call lists of encoder counters
+        (``<module>_items`` / ``_rows`` / ``_sq_rows``), written under ``micro`` beside the per-call
+        times: what each forward computed, for a module whose replica is alone in its step."""
+        for name, value in counts.items():
+            if name in COUNTERS or not is_counter(name):
+                raise TypeError(f"add_micro takes an encoder's <module>_items, <module>_rows or <module>_sq_rows, "
+                                f"got {name!r}")
+            with self._lock:
+                self._micro.setdefault(name, []).append(int(value))
 
     def declare(self, *, regions: tuple[str, ...] | list[str] = (), counters: tuple[str, ...] | list[str] = ()) -> None:
         """From this step on, every step line carries ``<region>_s`` for each of ``regions`` (null when

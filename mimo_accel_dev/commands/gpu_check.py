@@ -444,7 +444,8 @@ def check_online(setup: _Setup) -> Check:
 
     from mimo_accel.balance import balance_modules
     from mimo_accel.costs import CostModel
-    from mimo_accel.costs.online import OnlineCalibration, spread_error
+    from mimo_accel.costs.online import OnlineCalibration
+    from mimo_accel.costs.share_error import spread_error
     from mimo_accel.tools import measure_costs as cg
     from mimo_accel.tools.measure_costs import devices as cg_devices, models as cg_models
 

@@ -408,7 +408,10 @@ def step_observations(figures: list) -> dict:
     (:func:`~mimo_accel.modules.replica_seconds`; ``stages`` from a figure, 1 where absent), what
     a sample costs the whole module as the step model and a FLOPs start price it; its features the
     largest any of its ranks counted. A module with a replica that has no time is left out of that
-    step; one of a single replica teaches only its scale
+    step. A module of a single replica (and one stage) is observed per micro-batch where its ranks
+    timed and counted each forward (the figures' ``micro``): its micro-batches differ within the
+    step as replicas would, so its cost's shape can be learnt (an encoder before a PP language
+    model sets the step's pace); without them it teaches only its scale
     (:class:`~mimo_accel.costs.online.OnlineCalibration`)."""
     import numpy as np
 
@@ -420,9 +423,13 @@ def step_observations(figures: list) -> dict:
         if f.get("module") in (None, "unknown") or f.get("features") is None:
             continue
         ranks = by_module.setdefault(f["module"], {}).setdefault(f["dp_rank"], [])
-        ranks.append((int(f.get("rank", i)), f.get("time_s"), list(f["features"]), int(f.get("stages") or 1)))
+        ranks.append((int(f.get("rank", i)), f.get("time_s"), list(f["features"]), int(f.get("stages") or 1),
+                      f.get("micro")))
     out = {}
     for module, replicas in by_module.items():
+        if len(replicas) == 1 and (per_micro := _micro_batches(next(iter(replicas.values())))) is not None:
+            out[module] = per_micro
+            continue
         times, feats = {}, {}
         for d, members in replicas.items():
             feats[d] = [max(col) for col in zip(*(m[2] for m in members))]
@@ -436,3 +443,18 @@ def step_observations(figures: list) -> dict:
             continue
         out[module] = (features, np.array([times[d] for d in order], dtype=np.float64))
     return out
+
+
+def _micro_batches(members: list):
+    """``(features [W, n], seconds [W])`` of a one-replica module's micro-batches, each the
+    largest over its ranks (TP, CP ranks run the same micro-batch); None where a rank lacks them,
+    the ranks differ in W, or the module runs several stages."""
+    import numpy as np
+
+    micro = [m[4] for m in members]
+    if any(m[3] != 1 for m in members) or not all(isinstance(x, dict) for x in micro) \
+            or len({len(x["seconds"]) for x in micro}) != 1:
+        return None
+    features = np.max([np.asarray(x["features"], dtype=np.float64) for x in micro], axis=0)
+    seconds = np.max([np.asarray(x["seconds"], dtype=np.float64) for x in micro], axis=0)
+    return features, seconds

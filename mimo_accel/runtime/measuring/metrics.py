@@ -107,7 +107,27 @@ def rank_figures(header: dict, record: dict) -> dict:
         "spreads": spreads,
         "plan_wait_s": record_number(record, "plan_wait_s"),
         "features": _features(module, record),
+        "micro": _micro_figures(module, record),
     }
+
+
+def _micro_figures(module: str, record: dict) -> Optional[dict]:
+    """An encoder's micro-batches this step, where the line has one time and one count per
+    forward in call order: ``{"features": [[rows, Σ rows², items], ...], "seconds": [fwd + bwd,
+    ...]}`` (a frozen encoder's seconds are its forwards); None otherwise (the language model, a
+    line without them, or lists that do not pair one to one)."""
+    from mimo_accel.costs.online import features_of
+
+    micro = record.get("micro")
+    if module == LANGUAGE or not isinstance(micro, dict):
+        return None
+    forward, backward = micro.get(f"{module}_fwd"), micro.get(f"{module}_bwd")
+    counts = [micro.get(f"{module}_{name}") for name in features_of(module)]
+    lists = [forward, *counts] + ([backward] if backward is not None else [])
+    if not all(isinstance(v, list) and v for v in lists) or len({len(v) for v in lists}) != 1:
+        return None
+    seconds = [float(f) + float(b) for f, b in zip(forward, backward or [0.0] * len(forward))]
+    return {"features": [list(map(float, row)) for row in zip(*counts)], "seconds": seconds}
 
 
 def _features(module: str, record: dict) -> Optional[list]:

@@ -165,6 +165,9 @@ class Profiling:
         # Device-side counts of the current step, read back once at the step's end (the optimizer
         # step has synchronised by then), so profiling adds no host sync per micro-batch.
         self._pending_counts: list = []
+        # each encoder forward's (module, items, rows, sq_rows) this step, in call order (one a
+        # micro-batch): the online calibration learns a one-replica module's cost from them
+        self._micro_counts: list = []
         self._plan_wait_s: Optional[float] = None  # this step's wait for its plans (planned batches only)
         # this step's planned load of every replica of each module (summed over its micro-batches),
         # and the per-replica overhead of the model that planned them
@@ -263,6 +266,7 @@ class Profiling:
             self._hooks.clear()
             self._module_of.clear()
             self._pending_counts.clear()
+            self._micro_counts.clear()
             self._noted.clear()
             self.metrics = None
             if self._recorder is not None:
@@ -364,6 +368,9 @@ class Profiling:
         for name, value in self._pending_counts:
             rec.add(**{name: int(value)})
         self._pending_counts.clear()
+        for module, *counts in self._micro_counts:
+            rec.add_micro(**{f"{module}_{part}": int(value) for part, value in zip(("items", "rows", "sq_rows"), counts)})
+        self._micro_counts.clear()
         if self._plan_wait_s is not None:  # the training thread's wait for this step's plans
             rec.set(plan_wait_s=round(self._plan_wait_s, 6))
             self._plan_wait_s = None
@@ -412,6 +419,7 @@ class Profiling:
         if counts is None:
             return
         items, rows, sq_rows, patch_packed = counts
+        self._micro_counts.append((module, items, rows, sq_rows))
         rec = self.recorder()
         rec.add(**{f"{module}_items": items})
         if patch_packed:

@@ -83,8 +83,11 @@ def _one_step(lines: dict[int, dict], places, dps, pp, frozen) -> float:
 
 def replayed_steps(run: Run, steps_of: dict[int, dict[int, dict[str, Any]]], modules: dict[str, list[int]],
                    counted: Sequence[int], p50: Callable[[Sequence[float]], Optional[float]]) -> dict[str, Any]:
-    """``step_time_replayed_p50`` and ``step_time_predicted_p50`` (None where not known) and their
-    series over the ``counted`` steps, and why a replay was skipped (``step_time_replayed_skipped``)."""
+    """``step_time_replayed_p50`` and ``step_time_predicted_p50`` (None where not known), how far
+    the prediction is from the replay step by step (``step_time_predicted_error_p50_last_half``:
+    the median of ``|predicted / replayed − 1|`` over the last half of the steps that have both),
+    their series over the ``counted`` steps, and why a replay was skipped
+    (``step_time_replayed_skipped``)."""
     layout = run.layout or {}
     dps = {m: int(max(run.ranks[r].dp_size for r in ranks)) for m, ranks in modules.items() if ranks}
     pp = dict(layout.get("pp") or {})
@@ -106,8 +109,11 @@ def replayed_steps(run: Run, steps_of: dict[int, dict[int, dict[str, Any]]], mod
     if why is not None:
         replayed, why = {}, why if why == NO_MICRO else f"the replayed step is skipped: {why}"
     steps = sorted(replayed)
+    both = [s for s in steps if s in predicted and replayed[s] > 0]
+    late = both[len(both) // 2:]  # the plans of the first steps are priced before the model is in seconds
     return {"step_time_replayed_p50": p50([replayed[s] for s in steps]),
             "step_time_predicted_p50": p50([predicted[s] for s in sorted(predicted)]),
+            "step_time_predicted_error_p50_last_half": p50([abs(predicted[s] / replayed[s] - 1.0) for s in late]),
             "step_time_replayed_skipped": why,
             "replayed_series": {"step": steps, "step_time_replayed_s": [replayed[s] for s in steps],
                                 "step_time_predicted_s": [predicted.get(s) for s in steps]}}

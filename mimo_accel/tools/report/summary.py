@@ -75,6 +75,7 @@ RUN_ROWS: tuple[tuple[str, str, str, bool], ...] = (
     ("samples_per_s", "throughput (samples/s)", "rate", False),
     ("step_time_replayed_p50", "step time replayed, a device per rank, p50", "s", True),
     ("step_time_predicted_p50", "step time predicted by the plan (model units), p50", "s", True),
+    ("step_time_predicted_error_p50_last_half", "|predicted / replayed step - 1| p50, last half", "ratio", True),
 )
 TAIL_ROWS: tuple[tuple[str, str, str, bool], ...] = (
     ("samples_read_per_step", "samples read per step, all ranks", "count", True),
