@@ -121,3 +121,30 @@ def test_property_after_every_refit_a_module_is_within_the_tolerance_of_its_newe
 def test_bad_pace_options_are_clear_errors(kwargs, match):
     with pytest.raises(ValueError, match=match):
         OnlineCalibration(CostModel(), [VISION], **kwargs)
+
+
+def test_a_lone_encoders_micro_batches_teach_its_cost_per_item():
+    """One vision replica observed per micro-batch (16 a step, 2 images each): each forward costs a
+    fixed 8 ms per image beside its rows. The start has no such term and its work was put in
+    seconds by rows alone; kept at the machine's pace, the model learns the cost per item from
+    each micro-batch's level beside its rows, and prices a step's micro-batches as measured."""
+    true = ModuleCost(2e-5, 1e-8, 8e-3)
+    start = CostModel(modules={VISION: ModuleCost(2e-5, 1e-8, 0.0)})
+    cal = OnlineCalibration(start, [VISION], min_steps=3, keep_pace=0.05, pace_steps=3)
+    rng = np.random.default_rng(4)
+
+    def micro_batches(pace):
+        rows = rng.integers(50, 1500, size=(16, 2)).astype(float)
+        f = np.column_stack([rows.sum(1), (rows * rows).sum(1), np.full(16, 2.0)])
+        return f, pace * (f @ np.array([true.a, true.b, true.k])) * rng.normal(1.0, 0.02, 16)
+
+    for step, pace in enumerate([1.0] * 4 + [1.3] * 5):  # the machine slows: a pace refit is due
+        cal.observe(step, VISION, *micro_batches(pace))
+        cal.refit(step + 1)
+    learnt = cal.model.of(VISION)
+    assert learnt.k == pytest.approx(1.3 * true.k, rel=0.15)
+    assert learnt.b / learnt.a == pytest.approx(true.b / true.a, rel=0.2)
+    f, seconds = micro_batches(1.3)
+    w = np.array([learnt.a, learnt.b, learnt.k])
+    assert replica_share_error(f @ w, seconds) < 0.1
+    assert any("s per item" in r.reason and not r.scale_only for r in cal.refits)

@@ -59,7 +59,9 @@ observed steps, the newest ``held_out`` share of them held out:
    predicted work is off the newest ``pace_steps`` steps' measured time by more than
    ``keep_pace`` (relative) is rescaled to it, its shape kept: a step plan weighs the modules
    against each other in seconds, and a machine's pace drifts from the first steps a model was
-   learnt from.
+   learnt from. An encoder observed per micro-batch (a lone replica) is fitted to that pace as
+   its rows' shape scaled plus a cost per item (``k``): its micro-batches hold the same items, so
+   only their level beside their rows tells what a forward costs whatever its size.
 
 Determinism: observations are kept per step and fitted in step order, the solver tries its
 supports in a fixed order, and nothing is random, so the same observations give bit-identical
@@ -79,7 +81,8 @@ import numpy as np
 
 from mimo_accel.costs.model import LANGUAGE, CostModel, ModuleCost
 from mimo_accel.notices import Notices
-from mimo_accel.costs.fit import fit_near, in_seconds, mean_overhead, scale_and_overhead, step_means
+from mimo_accel.costs.fit import fit_near, in_seconds, mean_overhead, nnls, scale_and_overhead
+from mimo_accel.costs.observations import Observation, Steps
 
 __all__ = ["OnlineCalibration", "Refit", "features_of"]
 
@@ -91,6 +94,7 @@ _COEFFICIENTS = ("a", "b", "k")
 BOUND = 100.0  # a refit may move a coefficient (or the predicted work) at most this factor either way
 NEGLIGIBLE = 0.01  # a term below this share of the predicted work may fall to 0 (or grow from it)
 SCALE_ONLY = "in seconds"  # the reason of a refit that only scaled the model in use to seconds
+PER_ITEM_ROWS = 4  # observations a step (micro-batches of a lone replica) from which a pace fit learns k
 
 
 def features_of(module: str) -> tuple[str, ...]:
@@ -142,12 +146,6 @@ class Refit:
         terms = f"a={c.a:.4g} b={c.b:.4g}" + ("" if self.module == LANGUAGE else f" k={c.k:.4g}")
         return (f"mimo_accel online calibration: {self.module} at step {self.step}: {terms} "
                 f"(held-out replica error {self.held_out_error_before:.4f} -> {self.held_out_error_after:.4f})")
-
-
-@dataclass(frozen=True)
-class _Observation:
-    features: np.ndarray  # [replicas, n_features] float64
-    seconds: np.ndarray  # [replicas] float64
 
 
 class OnlineCalibration:
@@ -203,7 +201,7 @@ class OnlineCalibration:
         self.min_gain, self.bound = float(min_gain), float(bound)
         self.keep_pace, self.pace_steps = keep_pace, pace_steps
         self._notify = notify if notify is not None else Notices(logger).say_once
-        self._steps: dict[str, dict[int, _Observation]] = {m: {} for m in names}
+        self._steps: dict[str, dict[int, Observation]] = {m: {} for m in names}
         self._last_step: dict[str, int] = {}
         self._skipped = dict.fromkeys(names, 0)
         self._new = dict.fromkeys(names, 0)
@@ -274,7 +272,7 @@ class OnlineCalibration:
             self._skipped[module] += 1
             return
         steps = self._steps[module]
-        steps[step] = _Observation(x, y)
+        steps[step] = Observation(x, y)
         while len(steps) > self.window:
             del steps[min(steps)]
         self._new[module] += 1
@@ -326,10 +324,10 @@ class OnlineCalibration:
                 accepted.append(attempt)
         return tuple(accepted)
 
-    def _attempt(self, step: int, module: str, obs: list[_Observation], numbers: list[int]) -> Optional[Refit]:
+    def _attempt(self, step: int, module: str, obs: list[Observation], numbers: list[int]) -> Optional[Refit]:
         n = len(obs)
         h = min(n - 2, max(1, math.ceil(self.held_out * n)))
-        train, test, test_steps = _Steps(obs[:n - h]), _Steps(obs[n - h:]), tuple(numbers[n - h:])
+        train, test, test_steps = Steps(obs[:n - h]), Steps(obs[n - h:]), tuple(numbers[n - h:])
         x, y = train.features, train.seconds
         with np.errstate(all="ignore"):
             current = self._coefficients(module)
@@ -357,10 +355,12 @@ class OnlineCalibration:
                                       False, "only the scale can be learnt"))
         if not varying.all():
             held = [f"{names[j]} ({_COEFFICIENTS[j]})" for j in np.flatnonzero(~varying)]
+            # a lone replica's micro-batches at the machine's pace: that fit tells k (point 7)
+            paced = self.keep_pace is not None and module != LANGUAGE and train.counts.min() >= PER_ITEM_ROWS
             self._say(f"online:{module}:held:{','.join(held)}",
                       f"mimo_accel online calibration: {module}: {', '.join(held)} never differs between its "
                       "replicas within a step, so the steps cannot tell its coefficient (it keeps the current "
-                      "model's proportion)")
+                      "model's proportion" + ("; the fit to the machine's pace sets k" if paced else "") + ")")
         with np.errstate(all="ignore"):
             problem = self._implausible(module, w, centre, x)
         if problem is not None:
@@ -393,7 +393,7 @@ class OnlineCalibration:
         return replace(attempt, coefficients=ModuleCost(*(float(v) for v in factor * current)), overhead_s=0.0,
                        held_out_error_after=error, accepted=True, reason=reason)
 
-    def _at_pace(self, step: int, module: str, attempt: Optional[Refit], obs: list[_Observation],
+    def _at_pace(self, step: int, module: str, attempt: Optional[Refit], obs: list[Observation],
                  numbers: list[int]) -> Optional[Refit]:
         """``keep_pace``: the module's model (the refit just accepted, or the one in use), once in
         seconds, scaled so that its work totals the newest ``pace_steps`` steps' measured time,
@@ -405,22 +405,27 @@ class OnlineCalibration:
             return attempt  # not in seconds yet: its first attempt puts it there
         base = attempt.coefficients if taken else self._model.of(module)
         w = np.array([getattr(base, c) for c in _COEFFICIENTS[:len(features_of(module))]], dtype=np.float64)
-        recent = _Steps(obs[-self.pace_steps:])
+        recent = Steps(obs[-self.pace_steps:])
         with np.errstate(all="ignore"):
             factor = in_seconds(recent.features @ w, recent.seconds)
         # the drift is the model's predicted work over the measured time, less one (none measured: none)
         if not (math.isfinite(factor) and factor > 0) or abs(1.0 / factor - 1.0) <= self.keep_pace:
             return attempt
-        coefficients = ModuleCost(*(float(v) for v in factor * w))
+        new = factor * w
         why = f"{SCALE_ONLY}: at the pace of steps {numbers[-len(recent.counts)]}-{numbers[-1]} (x{factor:.3f})"
+        level = _per_item_level(module, w, recent)
+        if level is not None and self._implausible(module, level, factor * w, recent.features) is None:
+            new = level
+            why = (f"at the pace of steps {numbers[-len(recent.counts)]}-{numbers[-1]}: x{new[0] / w[0]:.3f} "
+                   f"per row, {new[2]:.3g} s per item")
+        coefficients = ModuleCost(*(float(v) for v in new))
         if attempt is None:
-            error = recent.share_error(w, 0.0)
-            return Refit(step, module, coefficients, 0.0, error, error, tuple(numbers[-len(recent.counts):]), True,
-                         why)
+            return Refit(step, module, coefficients, 0.0, recent.share_error(w, 0.0), recent.share_error(new, 0.0),
+                         tuple(numbers[-len(recent.counts):]), True, why)
         # the model now in use is judged on the attempt's held-out steps as it prices them (no
         # overhead), not by the candidate's error where the attempt kept the model in use
         held = [obs[numbers.index(s)] for s in attempt.held_out_steps if s in numbers]
-        after = _Steps(held).share_error(w, 0.0) if held else math.nan
+        after = Steps(held).share_error(new, 0.0) if held else math.nan
         return replace(attempt, coefficients=coefficients, overhead_s=0.0, held_out_error_after=after,
                        accepted=True, reason=f"{why}; {attempt.reason}")
 
@@ -465,30 +470,24 @@ class OnlineCalibration:
 # ------------------------------------------------------------------------------------ the fit
 
 
+def _per_item_level(module: str, w: np.ndarray, recent: "Steps") -> Optional[np.ndarray]:
+    """An encoder's ``(a, b, k)`` at the pace of ``recent``: its rows' shape ``a·rows + b·rows²``
+    scaled and a cost per item, fitted non-negatively to the observations' times; None where they
+    cannot tell the two apart (the language model, fewer than :data:`PER_ITEM_ROWS` observations
+    a step, or a fit that leaves the rows no time). Each of a lone replica's micro-batches holds
+    the same items, so the within-step fit cannot see what a forward costs whatever its size; the
+    level of each micro-batch beside its rows can, and a step plan weighs it against the
+    language model's stages."""
+    if module == LANGUAGE or recent.counts.min() < PER_ITEM_ROWS:
+        return None
+    shape = recent.features[:, :2] @ w[:2]
+    with np.errstate(all="ignore"):
+        factor, k = nnls(np.column_stack([shape, recent.features[:, 2]]), recent.seconds)
+    if not (math.isfinite(factor) and factor > 0 and math.isfinite(k)):
+        return None
+    return np.array([factor * w[0], factor * w[1], k])
+
+
 def _check_int(name: str, value: Any, low: int) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
         raise ValueError(f"OnlineCalibration: {name} must be an integer >= {low}, got {value!r}")
-
-
-class _Steps:
-    """Consecutive steps' observations stacked: ``features`` [N, F], ``seconds`` [N], each row's
-    step in ``labels``, each step's rows from ``starts[i]`` (for the per-step maxima, without a
-    loop over steps)."""
-
-    def __init__(self, obs: list[_Observation]) -> None:
-        self.features = np.concatenate([o.features for o in obs])
-        self.seconds = np.concatenate([o.seconds for o in obs])
-        self.counts = np.array([o.seconds.size for o in obs])
-        self.starts = np.concatenate([[0], np.cumsum(self.counts)[:-1]])
-        self.labels = np.repeat(np.arange(len(obs)), self.counts)
-
-    def share_error(self, w: np.ndarray, overhead: float) -> float:
-        """The mean over the steps of the replica share error of the prediction ``x·w + o``
-        (steps where either side has no work left out; NaN if all are)."""
-        predicted = self.features @ w + overhead
-        p_mean, m_mean = step_means(predicted, self.labels), step_means(self.seconds, self.labels)
-        error = np.abs(predicted / p_mean - self.seconds / m_mean)
-        worst = np.maximum.reduceat(error, self.starts)
-        worst = worst[np.isfinite(worst) & (np.add.reduceat(predicted, self.starts) > 0)
-                      & (np.add.reduceat(self.seconds, self.starts) > 0)]
-        return float(worst.mean()) if worst.size else math.nan
