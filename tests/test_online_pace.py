@@ -148,3 +148,23 @@ def test_a_lone_encoders_micro_batches_teach_its_cost_per_item():
     w = np.array([learnt.a, learnt.b, learnt.k])
     assert replica_share_error(f @ w, seconds) < 0.1
     assert any("s per item" in r.reason and not r.scale_only for r in cal.refits)
+
+
+def test_a_flops_start_put_in_seconds_takes_its_cost_per_item_at_once():
+    """The plans of the first steps after the first refit are made with it (the refits after it
+    are announced several steps ahead): a lone encoder observed per micro-batch gets its cost per
+    item when its FLOPs start is put in seconds, on a steady machine as well."""
+    shape = FLOPS.of(VISION)
+    true = ModuleCost(2e-5 * shape.a, 2e-5 * shape.b, 6e-3)
+    cal = OnlineCalibration(FLOPS, [VISION], min_steps=3, keep_pace=0.05, pace_steps=3)
+    rng = np.random.default_rng(5)
+    first = None
+    for step in range(4):
+        rows = rng.integers(50, 1500, size=(16, 2)).astype(float)
+        f = np.column_stack([rows.sum(1), (rows * rows).sum(1), np.full(16, 2.0)])
+        cal.observe(step, VISION, f, (f @ np.array([true.a, true.b, true.k])) * rng.normal(1.0, 0.02, 16))
+        refits = cal.refit(step + 1)
+        first = first or (refits[0] if refits else None)
+    assert first is not None and first.accepted and "s per item" in first.reason
+    assert first.coefficients.k == pytest.approx(true.k, rel=0.15)
+    assert first.coefficients.b / first.coefficients.a == pytest.approx(shape.b / shape.a)

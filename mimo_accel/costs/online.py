@@ -408,13 +408,18 @@ class OnlineCalibration:
         recent = Steps(obs[-self.pace_steps:])
         with np.errstate(all="ignore"):
             factor = in_seconds(recent.features @ w, recent.seconds)
-        # the drift is the model's predicted work over the measured time, less one (none measured: none)
-        if not (math.isfinite(factor) and factor > 0) or abs(1.0 / factor - 1.0) <= self.keep_pace:
+        level = _per_item_level(module, w, recent)
+        if level is not None and self._implausible(module, level, factor * w, recent.features) is not None:
+            level = None
+        # the drift is the model's predicted work over the measured time, less one (none measured:
+        # none); a module just put in seconds takes its cost per item at once where its steps tell it
+        just_in_seconds = taken and module in self._to_seconds
+        if not (math.isfinite(factor) and factor > 0) or (abs(1.0 / factor - 1.0) <= self.keep_pace
+                                                          and not (just_in_seconds and level is not None)):
             return attempt
         new = factor * w
         why = f"{SCALE_ONLY}: at the pace of steps {numbers[-len(recent.counts)]}-{numbers[-1]} (x{factor:.3f})"
-        level = _per_item_level(module, w, recent)
-        if level is not None and self._implausible(module, level, factor * w, recent.features) is None:
+        if level is not None:
             new = level
             why = (f"at the pace of steps {numbers[-len(recent.counts)]}-{numbers[-1]}: x{new[0] / w[0]:.3f} "
                    f"per row, {new[2]:.3g} s per item")
