@@ -150,10 +150,12 @@ def test_a_lone_encoders_micro_batches_teach_its_cost_per_item():
     assert any("s per item" in r.reason and not r.scale_only for r in cal.refits)
 
 
-def test_a_flops_start_put_in_seconds_takes_its_cost_per_item_at_once():
+@pytest.mark.parametrize("stalled", [False, True])
+def test_a_flops_start_put_in_seconds_takes_its_cost_per_item_at_once(stalled):
     """The plans of the first steps after the first refit are made with it (the refits after it
     are announced several steps ahead): a lone encoder observed per micro-batch gets its cost per
-    item when its FLOPs start is put in seconds, on a steady machine as well."""
+    item when its FLOPs start is put in seconds, on a steady machine as well; one large
+    micro-batch that stalled (3x its time) does not set the level of the rest."""
     shape = FLOPS.of(VISION)
     true = ModuleCost(2e-5 * shape.a, 2e-5 * shape.b, 6e-3)
     cal = OnlineCalibration(FLOPS, [VISION], min_steps=3, keep_pace=0.05, pace_steps=3)
@@ -162,7 +164,10 @@ def test_a_flops_start_put_in_seconds_takes_its_cost_per_item_at_once():
     for step in range(4):
         rows = rng.integers(50, 1500, size=(16, 2)).astype(float)
         f = np.column_stack([rows.sum(1), (rows * rows).sum(1), np.full(16, 2.0)])
-        cal.observe(step, VISION, f, (f @ np.array([true.a, true.b, true.k])) * rng.normal(1.0, 0.02, 16))
+        seconds = (f @ np.array([true.a, true.b, true.k])) * rng.normal(1.0, 0.02, 16)
+        if stalled and step == 1:
+            seconds[np.argmax(f[:, 0])] *= 3.0
+        cal.observe(step, VISION, f, seconds)
         refits = cal.refit(step + 1)
         first = first or (refits[0] if refits else None)
     assert first is not None and first.accepted and "s per item" in first.reason

@@ -1,18 +1,22 @@
 """What the online calibration fits a module on (pure: numpy only): one step's observations (a
 row per replica, or per micro-batch of a lone replica), and consecutive steps' stacked, with the
 mean error of a prediction's split of each step (the replica share error of
-:mod:`~mimo_accel.costs.share_error`, over many steps at once)."""
+:mod:`~mimo_accel.costs.share_error`, over many steps at once), and the cost per item a lone
+encoder's micro-batches tell (:func:`per_item_level`)."""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Optional
 
 import numpy as np
 
-from mimo_accel.costs.fit import step_means
+from mimo_accel.costs.fit import nnls, step_means
 
-__all__ = ["Observation", "Steps"]
+__all__ = ["PER_ITEM_ROWS", "Observation", "Steps", "per_item_level"]
+
+PER_ITEM_ROWS = 4  # observations a step (a lone replica's micro-batches) from which a cost per item is fitted
 
 
 @dataclass(frozen=True)
@@ -45,3 +49,25 @@ class Steps:
         worst = worst[np.isfinite(worst) & (np.add.reduceat(predicted, self.starts) > 0)
                       & (np.add.reduceat(self.seconds, self.starts) > 0)]
         return float(worst.mean()) if worst.size else math.nan
+
+
+def per_item_level(w: np.ndarray, recent: Steps) -> Optional[np.ndarray]:
+    """An encoder's ``(a, b, k)`` at the pace of ``recent``: its rows' shape ``a·rows + b·rows²``
+    (of ``w``) scaled, and a cost per item, fitted non-negatively to the observations' times in
+    relative terms (a micro-batch's time is noisy in proportion to it: in absolute terms the few
+    largest, or one that stalled, would set the level of all); None where they cannot tell the two
+    apart (fewer than :data:`PER_ITEM_ROWS` observations a step, or a fit that leaves the rows no
+    time). Each of a lone replica's micro-batches holds the same items, so a fit within the step
+    cannot see what a forward costs whatever its size; each micro-batch's level beside its rows
+    can, and a step plan weighs it against the language model's stages."""
+    if recent.counts.min() < PER_ITEM_ROWS:
+        return None
+    timed = recent.seconds > 0
+    if timed.sum() < 2:
+        return None
+    x, y = recent.features[timed], recent.seconds[timed]
+    with np.errstate(all="ignore"):
+        factor, k = nnls(np.column_stack([x[:, :2] @ w[:2], x[:, 2]]) / y[:, None], np.ones(y.size))
+    if not (math.isfinite(factor) and factor > 0 and math.isfinite(k)):
+        return None
+    return np.array([factor * w[0], factor * w[1], k])

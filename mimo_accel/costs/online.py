@@ -81,8 +81,8 @@ import numpy as np
 
 from mimo_accel.costs.model import LANGUAGE, CostModel, ModuleCost
 from mimo_accel.notices import Notices
-from mimo_accel.costs.fit import fit_near, in_seconds, mean_overhead, nnls, scale_and_overhead
-from mimo_accel.costs.observations import Observation, Steps
+from mimo_accel.costs.fit import fit_near, in_seconds, mean_overhead, scale_and_overhead
+from mimo_accel.costs.observations import PER_ITEM_ROWS, Observation, Steps, per_item_level
 
 __all__ = ["OnlineCalibration", "Refit", "features_of"]
 
@@ -94,7 +94,6 @@ _COEFFICIENTS = ("a", "b", "k")
 BOUND = 100.0  # a refit may move a coefficient (or the predicted work) at most this factor either way
 NEGLIGIBLE = 0.01  # a term below this share of the predicted work may fall to 0 (or grow from it)
 SCALE_ONLY = "in seconds"  # the reason of a refit that only scaled the model in use to seconds
-PER_ITEM_ROWS = 4  # observations a step (micro-batches of a lone replica) from which a pace fit learns k
 
 
 def features_of(module: str) -> tuple[str, ...]:
@@ -408,7 +407,7 @@ class OnlineCalibration:
         recent = Steps(obs[-self.pace_steps:])
         with np.errstate(all="ignore"):
             factor = in_seconds(recent.features @ w, recent.seconds)
-        level = _per_item_level(module, w, recent)
+        level = None if module == LANGUAGE else per_item_level(w, recent)
         if level is not None and self._implausible(module, level, factor * w, recent.features) is not None:
             level = None
         # the drift is the model's predicted work over the measured time, less one (none measured:
@@ -473,24 +472,6 @@ class OnlineCalibration:
 
 
 # ------------------------------------------------------------------------------------ the fit
-
-
-def _per_item_level(module: str, w: np.ndarray, recent: "Steps") -> Optional[np.ndarray]:
-    """An encoder's ``(a, b, k)`` at the pace of ``recent``: its rows' shape ``a·rows + b·rows²``
-    scaled and a cost per item, fitted non-negatively to the observations' times; None where they
-    cannot tell the two apart (the language model, fewer than :data:`PER_ITEM_ROWS` observations
-    a step, or a fit that leaves the rows no time). Each of a lone replica's micro-batches holds
-    the same items, so the within-step fit cannot see what a forward costs whatever its size; the
-    level of each micro-batch beside its rows can, and a step plan weighs it against the
-    language model's stages."""
-    if module == LANGUAGE or recent.counts.min() < PER_ITEM_ROWS:
-        return None
-    shape = recent.features[:, :2] @ w[:2]
-    with np.errstate(all="ignore"):
-        factor, k = nnls(np.column_stack([shape, recent.features[:, 2]]), recent.seconds)
-    if not (math.isfinite(factor) and factor > 0 and math.isfinite(k)):
-        return None
-    return np.array([factor * w[0], factor * w[1], k])
 
 
 def _check_int(name: str, value: Any, low: int) -> None:
