@@ -3,6 +3,8 @@
 * :mod:`~mimo_accel.profiler.recorder`: :class:`Recorder` (region timers, counters, the clocks),
   the file format (``FORMAT``; ``COUNTERS`` and the per-encoder ``<module>_items|rows|sq_rows``;
   regions ``<module>_fwd`` / ``<module>_bwd``, :func:`module_regions`) and :func:`rank_file`.
+* :mod:`~mimo_accel.profiler.clocks`: the clocks regions are timed with (CUDA events, thread or
+  process CPU time, wall).
 * :mod:`~mimo_accel.profiler.timers`: :class:`ModuleTimer` / :func:`attach_module_timer`, an
   ``nn.Module``'s forward and backward as regions.
 * :mod:`~mimo_accel.profiler.run`: :func:`read_run`, the offline reader of a profile directory
