@@ -214,7 +214,7 @@ def test_replica_window_order_balances_replica_totals_and_deals_heaviest_first()
     rng = np.random.default_rng(4)
     d, window, per = 6, 4, 3
     costs = rng.lognormal(0, 1.5, d * window * per)
-    order = sim.sweep._replica_window_order(costs, d, window)
+    order = sim.window.replica_window_order(costs, d, window)
     assert sorted(order.tolist()) == list(range(costs.size))
     slots = order.reshape(window, d, per)  # micro-batch, replica, sample
     totals = costs[slots].sum(axis=(0, 2))

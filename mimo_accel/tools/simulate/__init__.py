@@ -12,7 +12,8 @@ from mimo_accel.tools.simulate.console import render
 from mimo_accel.tools.simulate.layout import LAYOUT_FORMAT, STEP_PLANS, parse_layout, simulate_layout
 from mimo_accel.tools.simulate.inputs import audio_dp_for, dp_for, language_dp_for, parse_dp_list, sample_costs
 from mimo_accel.tools.simulate.memory import TooLarge, available_memory, check_memory
-from mimo_accel.tools.simulate.sweep import MODULE_PLANNERS, PLANNERS, SIMULATE_FORMAT, WINDOW_PLANS, simulate
+from mimo_accel.tools.simulate.sweep import MODULE_PLANNERS, PLANNERS, SIMULATE_FORMAT, simulate
+from mimo_accel.tools.simulate.window import WINDOW_PLANS
 
 __all__ = ["LAYOUT_FORMAT", "SIMULATE_FORMAT", "STEP_PLANS", "PLANNERS", "MODULE_PLANNERS", "WINDOW_PLANS",
            "TooLarge", "audio_dp_for", "available_memory", "check_memory", "dp_for", "language_dp_for", "main",

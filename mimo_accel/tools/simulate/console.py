@@ -8,7 +8,8 @@ from rich.console import Console
 from rich.table import Table
 
 from mimo_accel.modules import LANGUAGE
-from mimo_accel.tools.simulate.sweep import LABELS, MODULE_LABELS, MODULE_PLANNERS, PLANNERS, WINDOW_PLANS
+from mimo_accel.tools.simulate.sweep import LABELS, MODULE_LABELS, MODULE_PLANNERS, PLANNERS
+from mimo_accel.tools.simulate.window import WINDOW_PLANS
 
 
 # ------------------------------------------------------------------------------------- output

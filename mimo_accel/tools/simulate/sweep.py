@@ -137,11 +137,13 @@ from typing import Any
 import numpy as np
 
 from mimo_accel.balance import (balance_modules, balanced_order, group_costs, lower_bound, lpt_order, module_bounds,
-                                module_spreads, spread)
+                                module_spreads)
 from mimo_accel.costs import CostModel
 from mimo_accel.modules import LANGUAGE
+from mimo_accel.tools.simulate.figures import stats, totals_spread
 from mimo_accel.tools.simulate.inputs import dp_for, dp_rule_value, lead_encoder_of, sample_costs
 from mimo_accel.tools.simulate.memory import check_memory
+from mimo_accel.tools.simulate.window import window_row
 from mimo_accel.workloads import AUDIO, Profile, load_profile
 
 
@@ -162,19 +164,9 @@ VISION_ALIASES = {"encoder_only": "vision_only", "balanced_replicas": "balanced_
 # ------------------------------------------------------------------------------------- engine
 
 
-def _stats(values: Sequence[float]) -> dict[str, float]:
-    a = np.asarray(values, dtype=np.float64)
-    return {"p50": float(np.percentile(a, 50)), "p99": float(np.percentile(a, 99)), "mean": float(a.mean())}
-
-
 def _aliased(table: dict[str, Any], aliases: dict[str, str]) -> dict[str, Any]:
     """``table`` with each key of ``aliases`` also under its alias (kept for one release)."""
     return {**table, **{old: table[new] for new, old in aliases.items() if new in table}}
-
-
-def _totals_spread(totals: np.ndarray) -> float:
-    """The spread of replicas whose totals are ``totals`` (max / mean; 1.0 without cost)."""
-    return spread(totals, np.arange(totals.size), totals.size)
 
 
 def _owners(order: np.ndarray, n: int) -> np.ndarray:
@@ -199,65 +191,6 @@ def _matched(order: np.ndarray, grid: int, nbytes: np.ndarray) -> np.ndarray | N
     placed = np.empty_like(groups)
     placed[cols] = groups[rows]
     return placed.ravel()
-
-
-def _replica_window_order(costs: np.ndarray, d: int, window: int) -> np.ndarray:
-    """The diagnostic window plan: the step's samples balanced over the ``d`` vision replicas
-    (each holds ``window × K`` of them), then each replica's samples dealt into its ``window``
-    micro-batch slots heaviest first in snake order, so every replica's heaviest samples share a
-    micro-batch. Returns an order in the planner's layout: micro-batch j is the j-th block, cut
-    into the d replicas' contiguous shares."""
-    per = costs.size // (d * window)  # samples per replica per micro-batch
-    rows = np.asarray(balanced_order(costs, d), dtype=np.int64).reshape(d, window * per)
-    rows = np.take_along_axis(rows, np.argsort(-costs[rows], axis=1, kind="stable"), axis=1)
-    rank = np.arange(window * per) % (2 * window)
-    slot = np.where(rank < window, rank, 2 * window - 1 - rank)  # 0, 1, .., W-1, W-1, .., 0, 0, ..
-    rows = rows[:, np.argsort(slot, kind="stable")]
-    return rows.reshape(d, window, per).transpose(1, 0, 2).ravel()
-
-
-WINDOW_PLANS = ("per_micro_batch", "window", "window_replica")
-
-
-def _window_row(costs: np.ndarray, d: int, replica_sums: np.ndarray, bound_mb: Sequence[float]) -> dict[str, Any]:
-    """The ``window`` entry of a row: ``costs`` is (steps, window, micro-batch) and
-    ``replica_sums[s * window + j]`` the lead encoder's replica sums of micro-batch j balanced alone
-    over its d replicas (``balanced_replicas``: what the planner does per micro-batch)."""
-    steps, window, mbs = costs.shape
-    step_ratio: dict[str, list[float]] = {p: [] for p in (*WINDOW_PLANS, "bound")}
-    lockstep: dict[str, list[float]] = {p: [] for p in WINDOW_PLANS}
-    ms: dict[str, list[float]] = {"window": [], "window_replica": []}
-    for s in range(steps):
-        flat = costs[s].ravel()
-        t0 = time.perf_counter()
-        window_order = np.asarray(balanced_order(flat, d * window), dtype=np.int64)
-        t1 = time.perf_counter()
-        replica_order = _replica_window_order(flat, d, window)
-        ms["window"].append((t1 - t0) * 1e3)
-        ms["window_replica"].append((time.perf_counter() - t1) * 1e3)
-        sums = {  # (micro-batch, replica) summed cost
-            "per_micro_batch": replica_sums[s * window:(s + 1) * window],
-            "window": group_costs(flat, window_order, window * d).reshape(window, d),
-            "window_replica": group_costs(flat, replica_order, window * d).reshape(window, d),
-        }
-        for name, m in sums.items():
-            step_ratio[name].append(_totals_spread(m.sum(axis=0)))
-            mean = float(m.mean(axis=1).sum())
-            lockstep[name].append(float(m.max(axis=1).sum()) / mean if mean > 0 else 1.0)
-        mean = flat.sum() / d
-        step_ratio["bound"].append(lower_bound(flat, d) / mean if mean > 0 else 1.0)
-    straggler = {name: _stats(v) for name, v in step_ratio.items()}
-    base = float(np.percentile(bound_mb, 50))
-    return {
-        "micro_batches": window,
-        "straggler": straggler,
-        "lockstep": {name: _stats(v) for name, v in lockstep.items()},
-        "bound_per_micro_batch": _stats(bound_mb),
-        "removed": {name: ((base - straggler[name]["p50"]) / (base - 1.0) if base - 1.0 > 1e-9 else None)
-                    for name in WINDOW_PLANS},
-        "plan_ms": {"window_p50": float(np.median(ms["window"])), "window_max": float(max(ms["window"])),
-                    "window_replica_p50": float(np.median(ms["window_replica"]))},
-    }
 
 
 def simulate(
@@ -366,7 +299,7 @@ def simulate(
             for name, order in (("contiguous", identity), ("lpt", lpt), ("balanced", bal),
                                 ("balanced_replicas", bal_v)):
                 sums = group_costs(c, order, d)
-                ratios[name].append(_totals_spread(sums))
+                ratios[name].append(totals_spread(sums))
                 maxes[name] += float(sums.max())
                 if name == "balanced_replicas":  # the per-micro-batch plan the window is compared with
                     replica_sums[s] = sums
@@ -433,17 +366,17 @@ def simulate(
             "micro_batch_size": mbs,
             "modules": {
                 "dps": module_dps,
-                "spread": {m: _aliased({p: _stats(v) for p, v in tab.items()}, VISION_ALIASES)
+                "spread": {m: _aliased({p: stats(v) for p, v in tab.items()}, VISION_ALIASES)
                            for m, tab in per_module.items()},
-                "worst": _aliased({p: _stats(v) for p, v in worst.items()}, VISION_ALIASES),
-                "worst_over_bound": _aliased({p: _stats(v) for p, v in worst_excess.items()}, VISION_ALIASES),
+                "worst": _aliased({p: stats(v) for p, v in worst.items()}, VISION_ALIASES),
+                "worst_over_bound": _aliased({p: stats(v) for p, v in worst_excess.items()}, VISION_ALIASES),
                 "plan_ms": {"encoder_only_p50": encoder_only_ms, "joint_p50": joint_ms,
                             "joint_max": float(max(ms["joint"])), "lpt_p50": float(np.median(ms["lpt"])),
                             "joint_over_encoder_only": joint_ms / encoder_only_ms if encoder_only_ms > 0 else None,
                             "vision_only_p50": encoder_only_ms,
                             "joint_over_vision_only": joint_ms / encoder_only_ms if encoder_only_ms > 0 else None},
             },
-            "straggler": _aliased({name: _stats(v) for name, v in ratios.items()}, VISION_ALIASES),
+            "straggler": _aliased({name: stats(v) for name, v in ratios.items()}, VISION_ALIASES),
             "speedup": speedup,
             "vision_speedup": {
                 "balanced_vs_contiguous": speedup["balanced_vs_contiguous"],
@@ -485,7 +418,7 @@ def simulate(
                 "lpt_max": float(max(ms["lpt"])),
                 "balanced_replicas_p50": float(np.median(ms["balanced_replicas"])),
             }, {"balanced_replicas_p50": "balanced_vision_p50"}),
-            "window": (_window_row(costs_all[:, :mbs].reshape(steps, window, mbs), d, replica_sums,
+            "window": (window_row(costs_all[:, :mbs].reshape(steps, window, mbs), d, replica_sums,
                                    ratios["bound"]) if window > 1 else None),
         })
 
