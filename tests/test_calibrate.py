@@ -13,7 +13,8 @@ from rich.console import Console
 from mimo_accel.tools import calibrate as cal
 from mimo_accel.costs import CostModel
 from mimo_accel.costs.fit import nnls
-from mimo_accel.profiler import Recorder, read_run
+from mimo_accel.profiler import Recorder
+from mimo_accel.profiler.run import read_run
 
 TRUE = {"a": 2e-5, "b": 3e-9, "c": 4e-6}
 

@@ -172,7 +172,7 @@ _LOOP = ["--cpu", "--vision-dp", "2", "--language-dp", "2", "--mbs", "4", "--gbs
 
 @pytest.mark.distributed
 def test_on_bridges_loop_the_note_reaches_status_and_the_profilers_step_line(tmp_path):
-    from mimo_accel.profiler import read_run
+    from mimo_accel.profiler.run import read_run
     from mimo_accel_dev.rehearse.ranks import run_ranks
 
     notes = run_ranks(_train, 4, _LOOP, dict(sharded_reads=True, reorder=True, profile=str(tmp_path)),

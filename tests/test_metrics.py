@@ -11,7 +11,8 @@ import pytest
 import torch.distributed as dist
 
 from mimo_accel.profiler import Recorder
-from mimo_accel.runtime.measuring.metrics import Metrics, rank_figures, step_scalars
+from mimo_accel.runtime.measuring.metrics import Metrics
+from mimo_accel.runtime.measuring.step_figures import rank_figures, step_scalars
 
 
 def _line(tmp_path, rank, module, dp_rank, fwd, bwd, *, read=4, nbytes=1000, tokens=0, spreads=None):

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from mimo_accel.costs import CostModel, ModuleCost
-from mimo_accel.profiler import read_run
+from mimo_accel.profiler.run import read_run
 from mimo_accel_dev.rehearse.ranks import run_ranks
 from mimo_accel.runtime.measuring.calibration import FILE, first_refit
 

@@ -188,7 +188,7 @@ def test_reordering_moved_samples_between_vision_replicas(accel_fan_in):
 def test_profile_step_lines_hold_training_steps_only(workdir, accel_fan_in):
     """Evaluation runs after iterations 2 and 4 (its forward passes under no_grad): its reads and
     its encoder time belong to no training step line."""
-    from mimo_accel.profiler import read_run
+    from mimo_accel.profiler.run import read_run
 
     run = read_run(workdir / "profile-fan-in")
     assert sorted(run.ranks) == [0, 1, 2] and not run.warnings

@@ -14,7 +14,8 @@ import torch.multiprocessing as mp
 from torch.utils.checkpoint import checkpoint
 
 from mimo_accel import profiler
-from mimo_accel.profiler import COUNTERS, FORMAT, NoProfileData, Recorder, attach_module_timer, read_run
+from mimo_accel.profiler import COUNTERS, FORMAT, Recorder, attach_module_timer
+from mimo_accel.profiler.run import NoProfileData, ProfileError, read_run
 
 
 def _encoder(width: int = 128, depth: int = 4) -> torch.nn.Module:
@@ -473,7 +474,7 @@ def _v1_file(path, rank, module, steps, world_size=2, dp_rank=0, dp_size=1):
 
 def test_a_format_1_file_is_refused_naming_the_rerun(tmp_path):
     _v1_file(tmp_path, 0, "images", [(0.1, 0.2)] * 3)
-    with pytest.raises(profiler.ProfileError) as err:
+    with pytest.raises(ProfileError) as err:
         read_run(tmp_path)
     assert str(err.value) == (f"{tmp_path / 'rank0.jsonl'}: profile format 'mimo-accel-profile/1' is no longer read; "
                               "rerun the job with --profile to record format 'mimo-accel-profile/2'")

@@ -17,7 +17,7 @@ from mimo_accel.costs import CostIndex, CostModel
 from mimo_accel.costs.resize import FixedPatches
 from mimo_accel.modules import Modules
 from mimo_accel.planner import CostIndexPlanner
-from mimo_accel.profiler import read_run
+from mimo_accel.profiler.run import read_run
 from mimo_accel.runtime.measuring.calibration import WindowModel
 from mimo_accel.runtime.measuring.profiling import Profiling, planned_spreads
 from mimo_accel.runtime.reading.sampler import ShardedBatchSampler, ShareRules, tagged_loader

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from mimo_accel.profiler import FORMAT, read_run
+from mimo_accel.profiler import FORMAT
+from mimo_accel.profiler.run import read_run
 from mimo_accel.tools.report import STABLE_KEYS, build, main, render, summarize, write_json
 
 LAYOUT = {"vision": {"tp": 1, "pp": 1, "dp": 2}, "language": {"tp": 1, "pp": 1, "dp": 2}}

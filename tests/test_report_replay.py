@@ -8,7 +8,8 @@ import json
 
 import pytest
 
-from mimo_accel.profiler import FORMAT, read_run
+from mimo_accel.profiler import FORMAT
+from mimo_accel.profiler.run import read_run
 from mimo_accel.tools.report import build, main
 
 from .test_report import LAYOUT, write_run

@@ -9,7 +9,8 @@ import json
 import pytest
 
 from mimo_accel.costs.flops import FlopsShape
-from mimo_accel.profiler import FORMAT, read_run
+from mimo_accel.profiler import FORMAT
+from mimo_accel.profiler.run import read_run
 from mimo_accel.tools.report import build, main, summarize, write_html
 
 from .test_report import LAYOUT, write_run

@@ -118,7 +118,7 @@ def test_the_plan_moves_samples_away_from_upstreams_canonical_share(upstream, pr
 
 
 def test_the_profiler_counts_reads_and_plans_on_scalable_reads(workdir, profiled_fan_in):
-    from mimo_accel.profiler import read_run
+    from mimo_accel.profiler.run import read_run
 
     run = read_run(workdir / "profile")
     assert not run.warnings

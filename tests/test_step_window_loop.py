@@ -66,7 +66,7 @@ def whole_step(workdir, vision_dp):
 
 
 def test_the_step_the_plan_predicts_stands_beside_the_replayed_one(workdir, vision_dp, whole_step):
-    from mimo_accel.profiler import read_run
+    from mimo_accel.profiler.run import read_run
     from mimo_accel.tools.report import summarize
 
     run = read_run(workdir / f"profile-step-v{vision_dp}")

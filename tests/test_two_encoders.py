@@ -190,7 +190,7 @@ def test_the_plan_moves_both_encoders_alike(fan_in):
 
 
 def test_the_profiler_writes_every_rank_of_both_encoders(workdir, one_to_one):
-    from mimo_accel.profiler import read_run
+    from mimo_accel.profiler.run import read_run
 
     run = read_run(workdir / "profile-1to1")
     assert sorted(run.ranks) == list(range(6)) and not run.warnings

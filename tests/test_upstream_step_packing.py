@@ -92,7 +92,7 @@ def test_upstream_packs_and_mimo_accel_reads_reorders_and_fans_in_on_its_packed_
                   for it in range(4)]
     assert any(sorted(a) != b for got, want in zip(vision0, contiguous) for a, b in zip(got, want))
     # the profiler saw sharded reads on the vision replicas
-    from mimo_accel.profiler import read_run
+    from mimo_accel.profiler.run import read_run
 
     run = read_run(workdir / "profile")
     assert [s["samples_read"] for s in run.ranks[0].steps] == [GBS // 2] * 4

@@ -88,7 +88,7 @@ def _profile_run(directory, work: dict[int, list[int]]):
 
 
 def test_a_video_encoder_is_profiled_calibrated_and_reported(tmp_path):
-    from mimo_accel.profiler import read_run
+    from mimo_accel.profiler.run import read_run
     from mimo_accel.tools import report
     from mimo_accel.tools.calibrate.observations import modules_in
 

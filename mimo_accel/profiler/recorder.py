@@ -1,7 +1,7 @@
 """Per-rank step recorder: region timers and counters, one JSON line per training step.
 
 Each rank writes ``<out_dir>/rank<N>.jsonl``: a header line, then one line per step, flushed as
-soon as the step ends, so a killed run leaves files that :func:`mimo_accel.profiler.read_run` can still
+soon as the step ends, so a killed run leaves files that :func:`mimo_accel.profiler.run.read_run` can still
 load (a torn last line is dropped with a warning).
 
 Clocks (recorded in the header under ``"clock"``): :mod:`~mimo_accel.profiler.clocks`.
@@ -16,7 +16,7 @@ a module's region in the step, ``{"<module>_fwd": [seconds, ...]}`` in call orde
 micro-batch, and where the runtime counted them, an encoder's counters per forward
 (``"<module>_rows": [rows, ...]``, :meth:`Recorder.add_micro`). The header lists what was
 declared at creation (``regions``, ``counters``).
-:func:`mimo_accel.profiler.read_run` refuses a file of an older format (``FORMAT_V1``), naming the
+:func:`mimo_accel.profiler.run.read_run` refuses a file of an older format (``FORMAT_V1``), naming the
 rerun that records this one.
 
 The recorder does no collective communication and imports torch only when a CUDA clock or the
@@ -41,7 +41,7 @@ from mimo_accel import nvtx
 from mimo_accel.profiler.clocks import make_clock, resolve_device
 
 FORMAT = "mimo-accel-profile/2"
-#: The format before per-module timing, which :func:`mimo_accel.profiler.read_run` refuses.
+#: The format before per-module timing, which :func:`mimo_accel.profiler.run.read_run` refuses.
 FORMAT_V1 = "mimo-accel-profile/1"
 #: Counters that :meth:`Recorder.add` accumulates per step; always present in a step line (0 if unset).
 #: ``images`` / ``patches`` / ``sq_patches``: the patch-packed image encoder's;

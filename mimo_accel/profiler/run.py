@@ -12,6 +12,7 @@ from typing import Any
 
 from mimo_accel.modules import LANGUAGE
 from mimo_accel.profiler.recorder import FORMAT, FORMAT_V1, REGIONS, module_regions
+from mimo_accel.profiler.step_line import module_seconds
 
 _RANK_FILE = re.compile(r"^rank(\d+)\.jsonl$")
 
@@ -22,18 +23,6 @@ class ProfileError(Exception):
 
 class NoProfileData(ProfileError):
     """A directory holds no readable profile data at all."""
-
-
-def record_number(rec: dict[str, Any], key: str) -> float | None:
-    """A finite number from a profile record, or None (missing, null, not a number, NaN/inf)."""
-    v = rec.get(key)
-    if v is None or isinstance(v, bool):
-        return None
-    try:
-        f = float(v)
-    except (TypeError, ValueError):
-        return None
-    return f if math.isfinite(f) else None
 
 
 @dataclass
@@ -89,15 +78,6 @@ class RankLog:
             if legacy and any(module_seconds(rec, REGIONS) is not None for rec in self.steps):
                 return REGIONS  # type: ignore[return-value]
         return own
-
-
-def module_seconds(rec: dict[str, Any], regions: tuple[str, ...]) -> float | None:
-    """A module's time in one step line: the sum of its regions' ``<region>_s`` (a missing or null
-    part counts 0); None when none of them was timed."""
-    parts = [record_number(rec, f"{r}_s") for r in regions]
-    if all(p is None for p in parts):
-        return None
-    return sum(p for p in parts if p is not None)
 
 
 @dataclass

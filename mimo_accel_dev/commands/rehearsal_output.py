@@ -49,7 +49,7 @@ def compare_and_report(console, title: str, unit: str, rows, out: Path, before_l
     report document."""
     from rich.table import Table
 
-    from mimo_accel.profiler import read_run
+    from mimo_accel.profiler.run import read_run
     from mimo_accel.tools import report
 
     losses = Table(title=title)

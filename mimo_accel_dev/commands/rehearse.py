@@ -193,7 +193,7 @@ def _calibrated(run_dir: Path, out_file: Path) -> tuple[Optional[str], str]:
     keeps the default cost of its kind (upstream's padded language batches compute as many tokens
     on every replica, so they tell nothing of the cost of real tokens), said in the note."""
     from mimo_accel.costs import CostModel
-    from mimo_accel.profiler import read_run
+    from mimo_accel.profiler.run import read_run
     from mimo_accel.tools.calibrate.fitting import fit_modules
     from mimo_accel.tools.calibrate.observations import CalibrationError, modules_in
 
@@ -239,7 +239,7 @@ def rehearse_bridge(*, steps: Optional[int] = None, vision_dp: Optional[int] = N
     iteration."""
     from rich.console import Console
 
-    from mimo_accel.profiler import read_run
+    from mimo_accel.profiler.run import read_run
     from mimo_accel_dev.rehearse.ranks import RankFailure
     from mimo_accel.tools import report
     from mimo_accel.tools.report import sides

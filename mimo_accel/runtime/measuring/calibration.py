@@ -323,8 +323,8 @@ class Calibration:
 
     def observe(self, iteration: int, figures: list, store, current_iteration: int, lead: int) -> list:
         """The fitting rank's part, on its metrics thread: learn from one step's gathered figures
-        (:func:`~mimo_accel.runtime.measuring.metrics.rank_figures` of every rank), and announce an accepted
-        refit for iteration ``current_iteration + lead`` (the first refit: for the iteration every
+        (:func:`~mimo_accel.runtime.measuring.step_figures.rank_figures` of every rank), and
+        announce an accepted refit for iteration ``current_iteration + lead`` (the first refit: for the iteration every
         planner waits at, then say that it was made, accepted or not). Returns the accepted refits."""
         cold = not self._first_said and not self._restored and iteration >= first_refit(self.start_iteration)
         try:

@@ -68,7 +68,7 @@ from typing import Any
 from rich.console import Console
 
 from mimo_accel.modules import LANGUAGE
-from mimo_accel.profiler import NoProfileData, read_run
+from mimo_accel.profiler.run import NoProfileData, read_run
 from mimo_accel.tools.arguments import UsageError, fail, nonnegative_int, output_file, parse
 from mimo_accel.tools.calibrate.fitting import fit, fit_modules
 from mimo_accel.tools.calibrate.observations import CalibrationError, modules_in

@@ -17,7 +17,7 @@ import numpy as np
 from mimo_accel.costs import CostModel, ModuleCost
 from mimo_accel.costs.fit import SingularDesign, fit_costs, within_steps
 from mimo_accel.modules import LANGUAGE
-from mimo_accel.profiler import Run
+from mimo_accel.profiler.run import Run
 from mimo_accel.tools.calibrate.observations import (CalibrationError, ProfileSpec, encoder_spec, language_spec,
                                                      modules_in, observe, vision_only_spec)
 

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from mimo_accel.modules import LANGUAGE, replica_seconds
-from mimo_accel.profiler import Run
+from mimo_accel.profiler.run import Run
 from mimo_accel.profiler import record_number as _num
 
 __all__ = ["FEATURES", "CalibrationError", "ProfileSpec", "encoder_spec", "language_spec", "modules_in",

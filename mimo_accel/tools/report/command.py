@@ -13,7 +13,7 @@ from typing import Any
 
 from rich.console import Console
 
-from mimo_accel.profiler import NoProfileData, Run, read_run
+from mimo_accel.profiler.run import NoProfileData, Run, read_run
 from mimo_accel.profiler import json_safe
 from mimo_accel.tools.arguments import (UsageError, add_peak_option, fail, nonnegative_int, output_file, parse,
                                         require_extra)

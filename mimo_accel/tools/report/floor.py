@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from mimo_accel.profiler import Run
+from mimo_accel.profiler.run import Run
 
 
 def floor_of(run: Run, *, warmup: int = 1) -> dict[str, Any]:

@@ -22,7 +22,7 @@ from typing import Any, Optional
 import numpy as np
 
 from mimo_accel.balance.replay import replay
-from mimo_accel.profiler import Run
+from mimo_accel.profiler.run import Run
 from mimo_accel.profiler import record_number as _num
 
 NO_MICRO = ("no per-micro-batch times in this profile (an older run, or no module timed): the replayed "

@@ -51,7 +51,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from mimo_accel.modules import LANGUAGE
-from mimo_accel.profiler import REGIONS, Run, json_safe, module_seconds
+from mimo_accel.profiler import REGIONS, json_safe, module_seconds
+from mimo_accel.profiler.run import Run
 from mimo_accel.profiler import record_number as _num
 from mimo_accel.profiler.recorder import FORMAT_V1_ENCODER
 from mimo_accel.tools.report.replayed import replayed_steps

@@ -23,7 +23,7 @@ from typing import Any, Optional
 
 from mimo_accel.costs.flops import FlopsShape, peak_tflops_of, throughput
 from mimo_accel.modules import LANGUAGE
-from mimo_accel.profiler import Run
+from mimo_accel.profiler.run import Run
 from mimo_accel.profiler import record_number as _num
 
 FIGURES = ("samples_per_s", "tokens_per_s_per_gpu", "tflops_per_gpu", "mfu")
