@@ -370,3 +370,31 @@ def test_a_ranks_figures_carry_its_modules_pp_stages_from_the_header(tmp_path):
     assert rank_figures(header, record)["stages"] == 1  # a header without a layout: one stage
     staged = dict(header, layout={"dp": {"language": 4}, "pp": {"language": 2, "vision": 1}})
     assert rank_figures(staged, record)["stages"] == 2
+
+
+def _lone_encoder_line(tmp_path, dp_size, calls):
+    """A vision rank's real step line: ``calls`` forwards of (rows, seconds), each with its counts."""
+    rec = Recorder(tmp_path / f"lone{dp_size}", rank=0, world_size=4, module="vision", dp_size=dp_size,
+                   clock="wall", device="cpu", regions=("vision_fwd", "vision_bwd"))
+    for rows, _ in calls:
+        with rec.time("vision_fwd"):
+            pass
+        with rec.time("vision_bwd"):
+            pass
+        rec.add_micro(vision_items=1, vision_rows=rows, vision_sq_rows=rows * rows)
+    record = rec.end_step()
+    record["micro"]["vision_fwd"] = [s / 3 for _, s in calls]  # the seconds the timers would have taken
+    record["micro"]["vision_bwd"] = [2 * s / 3 for _, s in calls]
+    rec.close()
+    return rec.header, record
+
+
+def test_a_lone_encoder_replica_gives_its_micro_batches_and_others_do_not(tmp_path):
+    calls = [(10, 0.3), (40, 0.9)]
+    micro = rank_figures(*_lone_encoder_line(tmp_path, 1, calls))["micro"]
+    assert micro["features"] == [[10, 100, 1], [40, 1600, 1]] and micro["seconds"] == pytest.approx([0.3, 0.9])
+    assert rank_figures(*_lone_encoder_line(tmp_path, 2, calls))["micro"] is None  # replicas are its observations
+    header, record = _lone_encoder_line(tmp_path, 1, calls)
+    record["micro"]["vision_rows"].pop()  # a count without its time: nothing pairs
+    assert rank_figures(header, record)["micro"] is None
+    assert rank_figures(*_line(tmp_path, 5, "language", 0, 0.1, 0.1))["micro"] is None

@@ -420,7 +420,8 @@ class OnlineCalibration:
         why = f"{SCALE_ONLY}: at the pace of steps {numbers[-len(recent.counts)]}-{numbers[-1]} (x{factor:.3f})"
         if level is not None:
             new = level
-            why = (f"at the pace of steps {numbers[-len(recent.counts)]}-{numbers[-1]}: x{new[0] / w[0]:.3f} "
+            rows_scale = float(new[:2].sum() / w[:2].sum())  # per_item_level leaves a, b in proportion
+            why = (f"at the pace of steps {numbers[-len(recent.counts)]}-{numbers[-1]}: x{rows_scale:.3f} "
                    f"per row, {new[2]:.3g} s per item")
         coefficients = ModuleCost(*(float(v) for v in new))
         if attempt is None:

@@ -50,7 +50,8 @@ def rank_figures(header: dict, record: dict) -> dict:
         "spreads": spreads,
         "plan_wait_s": record_number(record, "plan_wait_s"),
         "features": _features(module, record),
-        "micro": _micro_figures(module, record),
+        # per micro-batch only where the calibration uses them: a module of one replica
+        "micro": _micro_figures(module, record) if int(header.get("dp_size", 1)) == 1 else None,
     }
 
 
