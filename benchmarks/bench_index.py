@@ -243,7 +243,7 @@ def _manifest(args, console) -> None:
     from PIL import Image
     from rich.table import Table
 
-    from mimo_accel.tools import indexing
+    from mimo_accel.tools import index_builder
 
     with tempfile.TemporaryDirectory(prefix="mimo-bench-manifest-") as tmp:
         root = Path(tmp)
@@ -263,12 +263,12 @@ def _manifest(args, console) -> None:
             best = float("inf")
             for _ in range(3):
                 t = time.perf_counter()
-                index = indexing.build_index_from_manifest(root / "m.jsonl", workers=workers)
+                index = index_builder.build_index_from_manifest(root / "m.jsonl", workers=workers)
                 best = min(best, time.perf_counter() - t)
             assert len(index) == args.manifest_files
             rates[workers] = args.manifest_files / best
             label = f"{workers}" + (" (the pool's default size)" if workers == pool_default else "") + \
-                (" (the default)" if workers == indexing.DEFAULT_WORKERS else "")
+                (" (the default)" if workers == index_builder.DEFAULT_WORKERS else "")
             table.add_row(label, f"{rates[workers]:,.0f}", f"{rates[workers] / rates[1]:.2f}x")
         console.print(table)
         _digest_and_verify(root, args.manifest_files, console)
@@ -302,7 +302,7 @@ def _digest_and_verify(root: Path, n: int, console) -> None:
     1 thread and on one per CPU (its default), best of 3 each."""
     from rich.table import Table
 
-    from mimo_accel.tools import decode_check, indexing
+    from mimo_accel.tools import decode_check, index_builder
 
     def best(fn) -> float:
         times = []
@@ -313,12 +313,12 @@ def _digest_and_verify(root: Path, n: int, console) -> None:
         return n / min(times)
 
     def headers_alone():
-        real = indexing.file_stamp
-        indexing.file_stamp = lambda path: b""
+        real = index_builder.file_stamp
+        index_builder.file_stamp = lambda path: b""
         try:
-            indexing.build_index_from_manifest(root / "m.jsonl", workers=1)
+            index_builder.build_index_from_manifest(root / "m.jsonl", workers=1)
         finally:
-            indexing.file_stamp = real
+            index_builder.file_stamp = real
 
     files = [(str(i), str(root / f"{i}.{'png' if i % 2 else 'jpg'}"), "image") for i in range(n)]
 
@@ -327,7 +327,7 @@ def _digest_and_verify(root: Path, n: int, console) -> None:
 
     rates = {"headers alone (the stamp stubbed out)": best(headers_alone),
              "headers and the contents digest (mimo-accel index)": best(
-                 lambda: indexing.build_index_from_manifest(root / "m.jsonl", workers=1)),
+                 lambda: index_builder.build_index_from_manifest(root / "m.jsonl", workers=1)),
              "--verify's decoding, 1 thread": best(lambda: decode(1)),
              f"--verify's decoding, {os.cpu_count()} threads (the default)": best(lambda: decode(None))}
     table = Table(title=f"the files' digest and --verify over the same {n:,} files, best of 3", title_justify="left")
@@ -342,11 +342,11 @@ def _digest_and_verify(root: Path, n: int, console) -> None:
 def _index_manifest_in_a_fresh_process(path: str) -> tuple[float, int, int, int]:
     import resource
 
-    from mimo_accel.tools import indexing  # imported before the baseline: only the indexing counts
+    from mimo_accel.tools import index_builder  # imported before the baseline: only the indexing counts
 
     baseline = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     t = time.perf_counter()
-    index = indexing.build_index_from_manifest(path)
+    index = index_builder.build_index_from_manifest(path)
     index.save(path + ".npz")
     seconds = time.perf_counter() - t
     return seconds, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, baseline, len(index)

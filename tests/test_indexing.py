@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mimo_accel.tools import indexing
+from mimo_accel.tools import index_builder, indexing
 from mimo_accel.costs import CostIndex, ResizeRule, SampleShape
 
 
@@ -96,13 +96,13 @@ def _check(index: CostIndex, rule: ResizeRule, expected=EXPECTED):
 @pytest.mark.parametrize("rule", [ResizeRule(), ResizeRule(patch_size=16, min_pixels=65536, max_pixels=16777216)],
                          ids=["qwen2vl", "qwen3vl-like"])
 def test_manifest_index_matches_the_resize_rule_on_header_sizes(dataset_dir, rule):
-    _check(indexing.build_index_from_manifest(dataset_dir, rule), rule)
+    _check(index_builder.build_index_from_manifest(dataset_dir, rule), rule)
 
 
 def test_round_trip_through_the_saved_file(dataset_dir, tmp_path):
     rule = ResizeRule(patch_size=16)
-    index = indexing.build_index_from_manifest(dataset_dir, rule)
-    out = indexing.default_index_path(dataset_dir)
+    index = index_builder.build_index_from_manifest(dataset_dir, rule)
+    out = index_builder.default_index_path(dataset_dir)
     assert out.name == "train.jsonl.mimo-cost-index.npz" and out.parent == dataset_dir.parent
     index.save(out)
     back = CostIndex.load(out)
@@ -122,8 +122,8 @@ def test_parallel_header_reads_give_the_serial_result(tmp_path):
         lines.append({"images": names, "tokens": i})
         expected.append(names)
     manifest = _manifest(tmp_path / "m.jsonl", lines)
-    serial = indexing.build_index_from_manifest(manifest, workers=1)
-    parallel = indexing.build_index_from_manifest(manifest, workers=8)
+    serial = index_builder.build_index_from_manifest(manifest, workers=1)
+    parallel = index_builder.build_index_from_manifest(manifest, workers=8)
     every = np.arange(150)
     for what in ("patches", "sq_patches", "images", "tokens"):
         assert np.array_equal(getattr(serial, what)(every), getattr(parallel, what)(every))
@@ -142,35 +142,35 @@ def test_the_manifest_is_indexed_chunk_by_chunk_with_the_same_result(tmp_path, m
         else:
             lines.append({"tokens": 3 * i})
     manifest = _manifest(tmp_path / "m.jsonl", lines[:10] + [""] + lines[10:])
-    whole = indexing.build_index_from_manifest(manifest)
-    monkeypatch.setattr(indexing, "CHUNK_LINES", 4)
+    whole = index_builder.build_index_from_manifest(manifest)
+    monkeypatch.setattr(index_builder, "CHUNK_LINES", 4)
     seen = []
-    chunked = indexing.build_index_from_manifest(manifest, on_progress=seen.append)
+    chunked = index_builder.build_index_from_manifest(manifest, on_progress=seen.append)
     assert chunked.digest() == whole.digest() and len(chunked) == 25
     every = np.arange(25)
     assert chunked.images(every).tolist() == [(2, 1, 0)[i % 3] for i in range(25)]
     assert len(seen) == 7 and seen == sorted(seen) and seen[-1] == manifest.stat().st_size
     # a bad line in a later chunk is named by its own line number
     _manifest(manifest, lines[:22] + [{"images": ["gone.png"], "tokens": 1}])
-    with pytest.raises(indexing.ManifestError, match="m.jsonl:23: image not found"):
-        indexing.build_index_from_manifest(manifest, workers=2)
+    with pytest.raises(index_builder.ManifestError, match="m.jsonl:23: image not found"):
+        index_builder.build_index_from_manifest(manifest, workers=2)
 
 
 def test_dataset_index_from_shapes(tmp_path):
     rule = ResizeRule()
     shapes = [SampleShape(tuple(s), t) for s, t in EXPECTED]
-    index = indexing.build_index_from_dataset(list(range(len(shapes))), lambda i: shapes[i], rule)
+    index = index_builder.build_index_from_dataset(list(range(len(shapes))), lambda i: shapes[i], rule)
     _check(index, rule)
     with pytest.raises(TypeError, match="must return a SampleShape"):
-        indexing.build_index_from_dataset([0], lambda i: ((1, 1), 3), rule)
+        index_builder.build_index_from_dataset([0], lambda i: ((1, 1), 3), rule)
     with pytest.raises(ValueError, match="sample 1: .*aspect ratio"):
-        indexing.build_index_from_dataset([0, 1], lambda i: SampleShape(((10, 10 + 5000 * i),), 1), rule)
+        index_builder.build_index_from_dataset([0, 1], lambda i: SampleShape(((10, 10 + 5000 * i),), 1), rule)
 
 
 def test_summary_counts():
     rule = ResizeRule()
     index = CostIndex.from_shapes([SampleShape(tuple(s), t) for s, t in EXPECTED], rule)
-    s = indexing.summarize(index)
+    s = index_builder.summarize(index)
     assert s["samples"] == 5 and s["images"] == 5 and s["text_only_samples"] == 2
     assert s["text_only_fraction"] == pytest.approx(0.4) and s["max_images_per_sample"] == 2
     per = sorted(sum(rule.patches(h, w) for h, w in sz) for sz, _ in EXPECTED if sz)
@@ -179,7 +179,7 @@ def test_summary_counts():
 
 
 def test_text_tokens_are_estimated_as_a_quarter_of_the_characters():
-    assert [indexing.estimate_tokens("x" * n) for n in (0, 1, 4, 5, 400)] == [0, 1, 1, 2, 100]
+    assert [index_builder.estimate_tokens("x" * n) for n in (0, 1, 4, 5, 400)] == [0, 1, 1, 2, 100]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -206,15 +206,15 @@ def test_bad_lines_are_named(tmp_path, line, message):
     (tmp_path / "junk.bin").write_bytes(b"\x00" * 64)
     _png(tmp_path / "ok.png", 10, 10)
     manifest = _manifest(tmp_path / "m.jsonl", [{"images": ["ok.png"], "tokens": 1}, {"tokens": 2}, "", line])
-    with pytest.raises(indexing.ManifestError, match=f"m.jsonl:4: .*{message}"):
-        indexing.build_index_from_manifest(manifest)
+    with pytest.raises(index_builder.ManifestError, match=f"m.jsonl:4: .*{message}"):
+        index_builder.build_index_from_manifest(manifest)
 
 
 def test_missing_or_empty_manifest(tmp_path):
-    with pytest.raises(indexing.ManifestError, match="manifest not found"):
-        indexing.build_index_from_manifest(tmp_path / "nope.jsonl")
-    with pytest.raises(indexing.ManifestError, match="no samples"):
-        indexing.build_index_from_manifest(_manifest(tmp_path / "empty.jsonl", ["", "  "]))
+    with pytest.raises(index_builder.ManifestError, match="manifest not found"):
+        index_builder.build_index_from_manifest(tmp_path / "nope.jsonl")
+    with pytest.raises(index_builder.ManifestError, match="no samples"):
+        index_builder.build_index_from_manifest(_manifest(tmp_path / "empty.jsonl", ["", "  "]))
 
 
 def test_the_earliest_bad_line_is_reported_with_parallel_reads(tmp_path):
@@ -225,8 +225,8 @@ def test_the_earliest_bad_line_is_reported_with_parallel_reads(tmp_path):
     lines[40] = {"images": ["gone-40.png"], "tokens": 1}
     lines[70] = {"images": ["gone-70.png"], "tokens": 1}
     manifest = _manifest(tmp_path / "m.jsonl", lines)
-    with pytest.raises(indexing.ManifestError, match="m.jsonl:41: image not found"):
-        indexing.build_index_from_manifest(manifest, workers=8)
+    with pytest.raises(index_builder.ManifestError, match="m.jsonl:41: image not found"):
+        index_builder.build_index_from_manifest(manifest, workers=8)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -261,7 +261,7 @@ def test_cli_errors_are_reported_with_an_exit_code(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.startswith("mimo-accel index: error: ") and err.count("\n") == 1
     assert "bad.jsonl:1" in err and "image not found" in err
-    assert not indexing.default_index_path(bad).exists()
+    assert not index_builder.default_index_path(bad).exists()
     assert indexing.main([str(bad), "--min-pixels", "10", "--max-pixels", "5"]) == 2
     assert "--min-pixels 10 exceeds --max-pixels 5" in capsys.readouterr().err
     assert indexing.main([str(bad), "--workers", "0"]) == 2
@@ -277,7 +277,7 @@ def test_pillow_written_files_agree_with_the_header_reader(tmp_path):
     manifest = _manifest(tmp_path / "m.jsonl", [{"images": [f"x.{e}"], "tokens": 1}
                                                 for e in ("jpg", "png", "webp", "gif", "bmp")])
     rule = ResizeRule()
-    index = indexing.build_index_from_manifest(manifest, rule)
+    index = index_builder.build_index_from_manifest(manifest, rule)
     assert index.patches(np.arange(5)).tolist() == [rule.patches(45, 123)] * 5
 
 
@@ -380,7 +380,7 @@ def test_summary_of_several_encoders(capsys):
     index = CostIndex([5, 6, 7], {"vision": ([1, 0, 2], [4, 0, 8], [16, 0, 32], ResizeRule()),
                                                "audio": ([1, 1, 0], [1500, 1500, 0], [1500 ** 2] * 2 + [0],
                                                          AudioRule(16000, 160, 480000, pad=True))})
-    s = indexing.summarize(index)
+    s = index_builder.summarize(index)
     assert "images" not in s and set(s["encoders"]) == {"vision", "audio"}
     assert s["encoders"]["audio"]["items"] == 2 and s["encoders"]["audio"]["samples_without"] == 1
     assert s["encoders"]["vision"]["rows_per_sample_with"]["max"] == 8
@@ -422,20 +422,20 @@ def test_the_index_records_its_files_by_name_size_and_first_bytes_wherever_they_
         _photo(tmp_path / "a" / "imgs" / f"{i}.jpg", 96 + 32 * i)
     lines = [{"images": [f"imgs/{i}.jpg"], "tokens": 5} for i in range(3)] + [{"tokens": 3}]
     manifest = _manifest(tmp_path / "a" / "m.jsonl", lines)
-    recorded = indexing.build_index_from_manifest(manifest).identity["contents"]
+    recorded = index_builder.build_index_from_manifest(manifest).identity["contents"]
     assert recorded["scheme"] == SCHEME and recorded["files"] == 3
     # cp -r without -p: new modification times, another directory; the same digest
     shutil.copytree(tmp_path / "a", tmp_path / "b", copy_function=shutil.copy)
     for f in (tmp_path / "b" / "imgs").iterdir():
         os.utime(f, ns=(1, 1))
-    assert indexing.build_index_from_manifest(tmp_path / "b" / "m.jsonl").identity["contents"] == recorded
+    assert index_builder.build_index_from_manifest(tmp_path / "b" / "m.jsonl").identity["contents"] == recorded
     _photo(tmp_path / "b" / "imgs" / "1.jpg", 300)  # re-exported at another size
-    assert indexing.build_index_from_manifest(tmp_path / "b" / "m.jsonl").identity["contents"] != recorded
+    assert index_builder.build_index_from_manifest(tmp_path / "b" / "m.jsonl").identity["contents"] != recorded
     swapped = _manifest(tmp_path / "a" / "swapped.jsonl", [lines[1], lines[0], *lines[2:]])
-    assert indexing.build_index_from_manifest(swapped).identity["contents"]["digest"] != recorded["digest"]
+    assert index_builder.build_index_from_manifest(swapped).identity["contents"]["digest"] != recorded["digest"]
     # sizes given instead of files: nothing to compare with the dataset's files, none recorded
     sized = _manifest(tmp_path / "a" / "sized.jsonl", lines + [{"image_sizes": [[32, 32]], "tokens": 1}])
-    assert "contents" not in indexing.build_index_from_manifest(sized).identity
+    assert "contents" not in index_builder.build_index_from_manifest(sized).identity
 
 
 def test_verify_lists_the_files_that_cannot_be_decoded_and_writes_nothing(tmp_path, capsys, monkeypatch):
