@@ -11,6 +11,8 @@ sample without talking to any other rank.
 - :mod:`~mimo_accel.costs.rules`: a rule back from its dict (``rule_from_dict``)
 - :mod:`~mimo_accel.costs.model`: what a sample costs each module (``CostModel``, ``ModuleCost``, its JSON file)
 - :mod:`~mimo_accel.costs.index`: a whole dataset's cost ingredients per module (``CostIndex`` and its ``.npz`` file)
+- :mod:`~mimo_accel.costs.index_columns`: one encoder's columns in it, checked and bounded (``EncoderColumns``)
+- :mod:`~mimo_accel.costs.index_format`: its file, format v4 (header and packed columns), written and read
 - :mod:`~mimo_accel.costs.index_file`: that file's arrays, memory-mapped where they lie
 - :mod:`~mimo_accel.costs.fit`: the one cost-model fitter (exact non-negative least squares) every calibration calls
 - :mod:`~mimo_accel.costs.online`: each module's model learnt from the job's own step times (``OnlineCalibration``)
@@ -21,7 +23,8 @@ sample without talking to any other rank.
 
 from mimo_accel.costs.audio import AudioRule
 from mimo_accel.costs.images import image_size_from_bytes, image_size_from_header
-from mimo_accel.costs.index import CostIndex, EncoderColumns, IndexModulesError, SampleShape
+from mimo_accel.costs.index import CostIndex, IndexModulesError, SampleShape
+from mimo_accel.costs.index_columns import EncoderColumns
 from mimo_accel.costs.model import CostModel, ModuleCost
 from mimo_accel.costs.resize import FixedPatches, ResizeRule
 from mimo_accel.costs.rules import rule_from_dict
