@@ -159,7 +159,7 @@ DELEGATED = {
     "simulate": ("mimo_accel.tools.simulate", "the planners at cluster scale, no processes"),
     "index": ("mimo_accel.tools.indexing", "build a per-sample cost index from a manifest or the training dataset"),
     "calibrate": ("mimo_accel.tools.calibrate", "fit the cost model from profiler logs"),
-    "calibrate-gpu": ("mimo_accel.tools.measure_costs", "measure each module's cost curve on this machine's GPU "
+    "calibrate-gpu": ("mimo_accel.tools.calibrate_gpu", "measure each module's cost curve on this machine's GPU "
                       "(Qwen3-VL vision, Qwen3-8B layers) and write the cost-model file"),
     "gpu-check": ("mimo_accel_dev.commands.gpu_check", "check on one GPU: packing under Transformer Engine, CUDA-event "
                   "timers, calibrate-gpu, online calibration, NVTX ranges"),
