@@ -54,7 +54,7 @@ demo-reference: $(STAMP)
 test: $(STAMP)
 	@$(PY) -c "from importlib.metadata import version; version('megatron-core'); version('megatron-bridge')" 2>/dev/null || \
 		{ echo "make test: megatron-core / megatron-bridge are not installed in $(VENV): rm $(STAMP) && make setup"; exit 2; }
-	$(PY) -m pytest -q
+	HYPOTHESIS_PROFILE=ci $(PY) -m pytest -q
 
 # Upstream's own MegatronMIMO unit tests as a peer suite: the same outcomes without mimo_accel,
 # with enable() and with every feature on. UPSTREAM_BRIDGE: a Megatron-Bridge checkout or extract

@@ -19,6 +19,7 @@ from importlib import metadata
 import pytest
 
 from tests import _early
+from tests import _hypothesis  # noqa: F401  (loads the examples profile before any test module)
 from mimo_accel_dev.rehearse import cpu
 from mimo_accel_dev.rehearse import ranks as _ranks
 

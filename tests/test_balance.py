@@ -25,6 +25,7 @@ from mimo_accel.balance import (
     spread,
 )
 from mimo_accel.workloads import list_profiles, load_profile
+from tests._hypothesis import examples
 from tests._scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -75,7 +76,7 @@ def _assert_never_worse(costs, order, k, others) -> None:
         assert heaviest <= group_costs(costs, other, k).max() + slack
 
 
-@settings(max_examples=250, deadline=None)
+@settings(max_examples=examples(250), deadline=None)
 @given(batches())
 def test_balanced_order_properties(batch):
     costs, k = batch
@@ -104,7 +105,7 @@ def test_balanced_order_properties(batch):
         assert s == 1.0
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(batches(max_groups=40))
 def test_both_starts_are_equal_size_partitions(batch):
     # The internal starts feed the swap pass; each must already be a valid equal-size split.
@@ -115,7 +116,7 @@ def test_both_starts_are_equal_size_partitions(batch):
         assert sorted(start.ravel().tolist()) == list(range(len(costs)))
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(batches(max_groups=40, max_size=12))
 def test_lower_bound_loop_and_vectorised_agree_to_the_bit(batch):
     costs, k = batch
@@ -129,7 +130,7 @@ def test_lower_bound_loop_and_vectorised_agree_to_the_bit(batch):
     assert vectorised == balance._lower_bound_loop(c, k)
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(batches(max_groups=40, max_size=12))
 def test_batched_lpt_is_the_heap_lpt(batch):
     # The numpy-batched LPT must make exactly the heap's choices, ties and zeros included.
@@ -150,7 +151,7 @@ def test_batched_lpt_is_the_heap_lpt_at_cluster_scale(seed):
     assert lpt_order(c, k) == balance._canonical(balance._lpt_heap(balance._exact(c), k))
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(st.lists(st.floats(min_value=0, max_value=1e9, allow_nan=False), min_size=1, max_size=300),
        st.randoms(use_true_random=False))
 def test_plans_do_not_depend_on_float_rounding(costs, rnd):
@@ -168,7 +169,7 @@ def test_plans_do_not_depend_on_float_rounding(costs, rnd):
     assert exact[i] <= exact[j]
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(st.integers(1, 30), st.integers(1, 40), st.integers(0, 2**32 - 1), st.sampled_from(["lognormal", "ties"]))
 def test_sorted_search_finds_the_brute_force_best_swap(pairs, size, seed, kind):
     # Large groups search sorted columns instead of comparing all size² swaps; both must find a
@@ -217,7 +218,7 @@ def wide_batches(draw):
     return costs.tolist(), k
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(wide_batches())
 def test_fast_path_properties(batch):
     costs, k = batch
@@ -525,7 +526,7 @@ def module_batches(draw):
     return costs, dps, micro_batches
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(40), deadline=None)
 @given(module_batches(), st.integers(1, 3))
 def test_swaps_searched_a_block_of_pairs_at_a_time_give_the_same_plan(batch, block):
     from mimo_accel.balance import balance_modules
@@ -568,7 +569,7 @@ def _worst_over_bound(costs, dps, order, micro_batches):
     return max(spreads[m] / bounds[m] for m in dps)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(module_batches())
 def test_balance_modules_properties(batch):
     from mimo_accel.balance import balance_modules

@@ -19,6 +19,7 @@ from mimo_accel.costs import CostModel, ModuleCost
 from mimo_accel.costs.share_error import replica_share_error
 from mimo_accel.runtime.measuring.calibration import (FILE, Announcement, Calibration, Schedule, first_refit, lead_steps,
                                             read_saved, step_observations)
+from tests._hypothesis import examples
 
 START = CostModel()
 LEARNT = CostModel(modules={"vision": ModuleCost(2e-5, 1e-7, 3e-3)})
@@ -138,7 +139,7 @@ def test_a_pipelined_replicas_time_is_its_stages_summed_each_its_longest_rank():
 
 
 @given(stages=st.integers(1, 4), tp=st.integers(1, 3), seed=st.integers(0, 2**16))
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 def test_a_replicas_time_is_the_sum_of_its_stages_maxima_whatever_the_order(stages, tp, seed):
     rng = np.random.default_rng(seed)
     t = rng.uniform(0.01, 1.0, size=(stages, tp))  # [stage, tp rank] of one replica

@@ -8,8 +8,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mimo_accel.costs.fit import SingularDesign, fit_costs, fit_near, nnls, solve, step_means, within_steps
+from tests._hypothesis import examples
 
-_SETTINGS = settings(max_examples=60, deadline=None)
+_SETTINGS = settings(max_examples=examples(60), deadline=None)
 
 
 def _features(seed: int, n: int, columns: int) -> np.ndarray:

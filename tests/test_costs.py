@@ -28,6 +28,7 @@ from mimo_accel.costs import (
     rule_from_dict,
 )
 from mimo_accel.modules import Modules
+from tests._hypothesis import examples
 
 RULE = ResizeRule()
 
@@ -122,7 +123,7 @@ def test_resize_rule_validates_its_fields():
         ResizeRule(patch_size=0)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(
     st.lists(st.tuples(st.integers(1, 20000), st.integers(1, 20000)), min_size=1, max_size=30),
     st.sampled_from([ResizeRule(), ResizeRule(patch_size=16, min_pixels=64 * 64, max_pixels=512 * 512)]),

@@ -24,6 +24,7 @@ from mimo_accel.costs.images import image_size_of
 from mimo_accel.datasets import DeriveError, MimoDatasetSource, Probed, QwenFetchResize, qwen_resize_rule, shared_index
 from mimo_accel.datasets.megatron_mimo import _mimo_real_tokens
 from mimo_accel_dev.rehearse.stack import offline_tokenizer
+from tests._hypothesis import examples
 
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
@@ -306,7 +307,7 @@ def test_qwen_vl_utils_first_resize_by_hand():
         pre.size(1, 300, {})
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(st.integers(1, 20000), st.integers(1, 20000))
 def test_qwen_vl_utils_resize_properties(h, w):
     pre = QwenFetchResize()
@@ -525,7 +526,7 @@ def test_image_size_of_every_form(tmp_path):
         assert image_size_of(form) == (45, 123), type(form)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(st.integers(1, 3000), st.integers(1, 3000), st.sampled_from(["PNG", "JPEG", "GIF", "BMP", "WEBP", "TIFF"]))
 def test_header_sizes_equal_pillow_sizes(width, height, fmt):
     data = encoded(width, height, fmt)

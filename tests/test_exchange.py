@@ -25,6 +25,7 @@ from mimo_accel.planner import CostIndexPlanner, plan_costs
 from mimo_accel.grid import owned_groups, replica_samples
 from mimo_accel.runtime.reading.shard import SHARD_TAG_KEY, ShardContext
 from mimo_accel_dev.rehearse.ranks import LANGUAGE, VISION, Modules, layout_of, module, run_ranks
+from tests._hypothesis import examples
 
 MICRO_BATCH = 16
 STEPS = 3
@@ -384,7 +385,7 @@ def test_exchange_plans_every_module_as_plan_before_read_does(dps):
     assert plan.predicted_spread <= plan.baseline_spread  # the worst module: never worse than contiguous
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(hs.sampled_from([(1, 1), (1, 2), (2, 2), (2, 4), (4, 4), (4, 8)]), hs.integers(1, 3), hs.data())
 def test_plan_covers_every_sample_once_and_its_flows_add_up(shape, per_group, data):
     n_ranks, grid = shape

@@ -23,6 +23,7 @@ from mimo_accel.datasets import DeriveError, shared_index
 from mimo_accel.datasets.processors import audio_rule, qwen_video_rule
 from mimo_accel.modules import Modules
 from mimo_accel_dev.rehearse.stack import offline_tokenizer
+from tests._hypothesis import examples
 from tests.test_derive import VISION_TOKEN, qwen_processor, write_image
 
 AUDIO_TOKEN = 4
@@ -59,7 +60,7 @@ def _columns(index):
                  index.rule_of(m)) for m in index.encoders}, index.tokens(every).tolist())
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(indexes())
 def test_the_index_round_trips_through_its_file(tmp_path_factory, index):
     path = tmp_path_factory.mktemp("index") / "index.npz"
@@ -71,7 +72,7 @@ def test_the_index_round_trips_through_its_file(tmp_path_factory, index):
     assert json.loads(str(np.load(path)["header"]))["format"] == "mimo-accel-cost-index/4"
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(indexes(), st.floats(0, 10), st.floats(0, 1e-3), st.floats(0, 50), st.floats(0, 3), st.floats(0, 1e-3))
 def test_module_costs_equal_a_direct_computation(index, a, b, k, la, lb):
     names = list(index.encoders)
@@ -146,7 +147,7 @@ def test_cost_model_file_round_trip_and_older_files_refused(tmp_path):
             CostModel(modules=bad)
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=examples(80), deadline=None)
 @given(st.integers(0, 2_000_000), st.sampled_from([8000, 16000, 44100]), st.sampled_from([128, 160, 320]),
        st.one_of(st.none(), st.integers(1, 1_000_000)), st.booleans(), st.integers(1, 4))
 def test_audio_rule_rows(samples, rate, hop, cap, pad, per_row):
@@ -172,7 +173,7 @@ def _qwen3_video_smart_resize():
     return smart_resize
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.integers(1, 200), st.integers(32, 3000), st.integers(32, 3000), st.sampled_from([1, 2, 3]))
 def test_qwen3_video_grid_matches_transformers(frames, h, w, tps):
     if max(h, w) / min(h, w) > 200:
@@ -187,7 +188,7 @@ def test_qwen3_video_grid_matches_transformers(frames, h, w, tps):
     assert rows == t * (hb // 16) * (wb // 16) and sq == t * ((hb // 16) * (wb // 16)) ** 2
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(st.integers(1, 64), st.integers(1, 3000), st.integers(1, 3000))
 def test_qwen2_video_frames_are_resized_as_images_and_grouped_in_time(frames, h, w):
     rule = ResizeRule()

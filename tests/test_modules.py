@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mimo_accel.modules import KINDS, LANGUAGE, Modules, kind_of, module, replica_seconds
+from tests._hypothesis import examples
 
 
 def test_every_module_has_its_name_its_kind_and_its_sizes():
@@ -63,7 +64,7 @@ def test_bad_modules_are_refused():
 
 
 @given(stages=st.integers(1, 4), tp=st.integers(1, 4), seed=st.integers(0, 2**16))
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 def test_a_replicas_seconds_are_its_stages_summed_each_its_slowest_rank(stages, tp, seed):
     rng = np.random.default_rng(seed)
     t = rng.uniform(0.0, 2.0, size=(stages, tp))  # [stage, tp rank]: ranks numbered tp fastest, pp slowest

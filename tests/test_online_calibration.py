@@ -26,6 +26,7 @@ from mimo_accel.costs import fit as cost_fit
 from mimo_accel.costs import online
 from mimo_accel.costs.online import OnlineCalibration, Refit, features_of
 from mimo_accel.costs.share_error import replica_share_error, spread_error
+from tests._hypothesis import examples
 
 VISION, LANGUAGE = "vision", "language"
 DPS = {VISION: 4, LANGUAGE: 2}
@@ -187,7 +188,7 @@ def scenarios(draw):
 # Each example simulates 36 planned and refitted steps. Convergence from wrong starts is also held by the
 # explicit cases above (five starts, drift, a change of hardware) and refusing a worse fit by
 # test_a_fit_that_is_worse_on_the_held_out_steps_is_not_taken: ten random scenarios add the rest.
-@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(10), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(scenarios())
 def test_property_converges_never_accepts_worse_and_stays_finite(scenario):
     truth, start, overhead, noise, seed = scenario
@@ -212,7 +213,7 @@ def test_property_converges_never_accepts_worse_and_stays_finite(scenario):
         assert _last_half(trace.error[module]) <= 0.02, (module, trace.error[module])
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(st.integers(1, 6), st.integers(2, 9), st.integers(0, 2 ** 16),
        st.sampled_from(["zeros", "constant", "huge", "any"]))
 def test_property_any_observations_give_finite_non_negative_coefficients(replicas, steps, seed, kind):
@@ -238,7 +239,7 @@ def test_property_any_observations_give_finite_non_negative_coefficients(replica
     assert all(k.split(":")[:2] in (["online", VISION], ["online", LANGUAGE]) for k in said)
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(st.lists(st.floats(0.0, 1e3), min_size=1, max_size=8), st.data())
 def test_property_the_share_error_bounds_the_spread_error(predicted, data):
     measured = data.draw(st.lists(st.floats(0.0, 1e3), min_size=len(predicted), max_size=len(predicted)))

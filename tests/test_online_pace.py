@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from mimo_accel.costs import CostModel, ModuleCost
 from mimo_accel.costs.online import OnlineCalibration
 from mimo_accel.costs.share_error import replica_share_error
+from tests._hypothesis import examples
 
 VISION, LANGUAGE = "vision", "language"
 FLOPS = CostModel(fit={"start": "flops"})
@@ -99,7 +100,7 @@ def test_a_learnt_shape_is_kept_while_its_level_follows_the_pace():
         assert _work_over_time(cal, module, range(12, 15)) == pytest.approx(1.0, abs=0.05)
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=examples(30), deadline=None)
 @given(paces=st.lists(st.floats(0.5, 2.0), min_size=4, max_size=10), tolerance=st.floats(0.0, 0.3))
 def test_property_after_every_refit_a_module_is_within_the_tolerance_of_its_newest_steps(paces, tolerance):
     cal = OnlineCalibration(FLOPS, [VISION], min_steps=3, keep_pace=tolerance, pace_steps=3)

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from mimo_accel.costs import packed
 from mimo_accel.costs.packed import PackedColumn, bits_for
+from tests._hypothesis import examples
 
 
 @st.composite
@@ -19,7 +20,7 @@ def columns(draw):
     return bits, np.array(values, dtype=np.uint64)
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(columns(), st.sampled_from([64, 128, 1 << 22]), st.randoms(use_true_random=False))
 def test_what_is_packed_reads_back_at_every_index(column, chunk, rnd):
     bits, values = column

@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mimo_accel.packing import LABEL_PAD, PackingStats, pack_language_shard, plan_packing
+from tests._hypothesis import examples
 
 PLACEHOLDER = 99  # an image-placeholder token id; never used as padding here
 
@@ -318,7 +319,7 @@ def shards(draw):
     return lengths, seq_len
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(
     shard=shards(),
     k=st.integers(1, 8),
@@ -369,7 +370,7 @@ def test_packing_properties(shard, k, tp, mrope, seed):
     assert torch.equal(packed_l["labels"], packed["labels"])
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(shard=shards(), k=st.integers(1, 8), tp=st.integers(1, 6), data=st.data())
 def test_packing_commutes_with_sample_permutation(shard, k, tp, data):
     lengths, seq_len = shard

@@ -28,6 +28,7 @@ from mimo_accel.modules import Modules
 from mimo_accel.planner import CostIndexPlanner
 from mimo_accel.runtime.reading.sampler import ShardedBatchSampler, ShareRules, tagged_loader
 from mimo_accel.runtime.reading.shard import SHARD_TAG_KEY, ShardContext
+from tests._hypothesis import examples
 
 DPS = {"vision": 2, "language": 4}
 CTX = ShardContext("vision", 1, 2, 4, DPS)
@@ -78,7 +79,7 @@ def _settled(deadline_s=10.0):
     return _planners()
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=examples(25), deadline=None)
 @given(kind=hs.sampled_from(["single", "cyclic"]), micro_batches=hs.integers(1, 7), window=hs.sampled_from([1, 2, 4]),
        short=hs.booleans(), in_process=hs.booleans(), seed=hs.integers(0, 3))
 def test_planned_ahead_shares_equal_the_serial_plan(kind, micro_batches, window, short, in_process, seed):

@@ -23,6 +23,7 @@ from mimo_accel.planner import CostIndexPlanner
 from mimo_accel.runtime.reading.sampler import ShardedBatchSampler
 from mimo_accel.runtime.reading.shard import ShardContext
 from mimo_accel.workloads import load_profile
+from tests._hypothesis import examples
 
 AUDIO = AudioRule(sampling_rate=16000, hop_length=160, max_samples=480000)  # variable length up to 30 s
 
@@ -81,7 +82,7 @@ def _read(vdp, ldp, batches, index, window=1):
     return out
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(40), deadline=None)
 @given(vdp=st_.sampled_from([1, 2, 4]), ldp=st_.sampled_from([1, 2, 4]), per=st_.sampled_from([1, 2, 3]),
        steps=st_.integers(1, 3), window=st_.sampled_from([1, 2]), seed=st_.integers(0, 10_000))
 def test_every_module_reads_the_same_samples_per_vision_replica(vdp, ldp, per, steps, window, seed):

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from mimo_accel.balance.replay import replay
 from mimo_accel.balance.step_schedule import step_time
+from tests._hypothesis import examples
 
 
 def _uniform(dps, pp, w, f, b):
@@ -58,7 +59,7 @@ layouts = st.sampled_from([({"vision": 1, "language": 2}, 2), ({"vision": 2, "la
                            ({"vision": 2, "audio": 1, "language": 2}, 2), ({"vision": 1, "language": 1}, 3)])
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(40), deadline=None)
 @given(layouts, st.integers(1, 4), st.data())
 def test_makespan_covers_every_rank_and_equals_step_time_on_the_models_own_times(layout, w, data):
     dps, pp = layout

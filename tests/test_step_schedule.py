@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mimo_accel.balance import balance_modules, plan_step, step_time
+from tests._hypothesis import examples
 
 # The plan decides on costs rounded to 2**-24 of the largest sample; compared in seconds, a tie
 # there may differ by that rounding.
@@ -197,7 +198,7 @@ def _problems(draw):
     return costs, dps, micro_batches, {"stages": stages, "frozen": frozen}
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=examples(30), deadline=None)
 @given(_problems())
 def test_the_plan_is_a_deterministic_permutation_no_worse_than_the_original_or_balance_modules(problem):
     costs, dps, micro_batches, kw = problem
