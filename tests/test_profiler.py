@@ -629,3 +629,11 @@ def test_the_wait_for_plans_is_summed_per_step_from_the_batches_tags(tmp_path):
     steps = read_run(tmp_path).ranks[0].steps
     assert steps[0]["plan_wait_s"] == 0.25
     assert "plan_wait_s" not in steps[1]
+
+
+def test_each_forwards_counts_read_back_in_order_whatever_holds_them():
+    from mimo_accel.runtime.measuring.profiling import _host_ints
+
+    rows = [[2, torch.tensor(48), torch.tensor([320])], [1, 7, torch.tensor(49, dtype=torch.int32)]]
+    assert _host_ints(rows) == [[2, 48, 320], [1, 7, 49]]
+    assert _host_ints([[1, 2, 3]]) == [[1, 2, 3]] and _host_ints([]) == []

@@ -149,6 +149,16 @@ def encoder_counts(inputs: dict, output: Any = None) -> Optional[tuple]:
     return items, items * rows, items * rows * rows, False
 
 
+def _host_ints(rows: list) -> list:
+    """Rows of counts, each an int or a device scalar, as ints: the device scalars read back in one
+    copy (one per forward each would cost a host sync apiece at the step's end)."""
+    import torch
+
+    on_device = [v for row in rows for v in row if isinstance(v, torch.Tensor)]
+    read = iter(torch.stack([v.reshape(()).to(torch.int64) for v in on_device]).tolist() if on_device else [])
+    return [[next(read) if isinstance(v, torch.Tensor) else int(v) for v in row] for row in rows]
+
+
 class Profiling:
     """The profiler's state in one training process: the rank's recorder, its module timers and
     the device-side counts of the current step."""
@@ -368,8 +378,9 @@ class Profiling:
         for name, value in self._pending_counts:
             rec.add(**{name: int(value)})
         self._pending_counts.clear()
-        for module, *counts in self._micro_counts:
-            rec.add_micro(**{f"{module}_{part}": int(value) for part, value in zip(("items", "rows", "sq_rows"), counts)})
+        modules = [m for m, *_ in self._micro_counts]
+        for module, counts in zip(modules, _host_ints([c for _, *c in self._micro_counts])):
+            rec.add_micro(**{f"{module}_{part}": value for part, value in zip(("items", "rows", "sq_rows"), counts)})
         self._micro_counts.clear()
         if self._plan_wait_s is not None:  # the training thread's wait for this step's plans
             rec.set(plan_wait_s=round(self._plan_wait_s, 6))
