@@ -175,8 +175,9 @@ class Profiling:
         # Device-side counts of the current step, read back once at the step's end (the optimizer
         # step has synchronised by then), so profiling adds no host sync per micro-batch.
         self._pending_counts: list = []
-        # each encoder forward's (module, items, rows, sq_rows) this step, in call order (one a
-        # micro-batch): the online calibration learns a one-replica module's cost from them
+        # each encoder forward's (module, items, rows, sq_rows, patch_packed) this step, in call
+        # order (one a micro-batch): the step's counters, and what the online calibration learns a
+        # one-replica module's cost from
         self._micro_counts: list = []
         self._plan_wait_s: Optional[float] = None  # this step's wait for its plans (planned batches only)
         # this step's planned load of every replica of each module (summed over its micro-batches),
@@ -375,13 +376,19 @@ class Profiling:
         rec = self.recorder()
         if rec is None:
             return
-        for name, value in self._pending_counts:
-            rec.add(**{name: int(value)})
-        self._pending_counts.clear()
-        modules = [m for m, *_ in self._micro_counts]
-        for module, counts in zip(modules, _host_ints([c for _, *c in self._micro_counts])):
-            rec.add_micro(**{f"{module}_{part}": value for part, value in zip(("items", "rows", "sq_rows"), counts)})
-        self._micro_counts.clear()
+        # every count of the step read back at once: the language tokens, then each encoder forward's
+        pending, forwards = self._pending_counts, self._micro_counts
+        values = _host_ints([[v for _, v in pending]] + [[items, rows, sq] for _, items, rows, sq, _ in forwards])
+        for (name, _), value in zip(pending, values[0]):
+            rec.add(**{name: value})
+        for (module, *_, patch_packed), (items, rows, sq_rows) in zip(forwards, values[1:]):
+            counts = {f"{module}_items": items, f"{module}_rows": rows, f"{module}_sq_rows": sq_rows}
+            rec.add(**counts)
+            rec.add_micro(**counts)
+            if patch_packed:  # format 1's names of the same counts
+                rec.add(images=items, patches=rows, sq_patches=sq_rows)
+        pending.clear()
+        forwards.clear()
         if self._plan_wait_s is not None:  # the training thread's wait for this step's plans
             rec.set(plan_wait_s=round(self._plan_wait_s, 6))
             self._plan_wait_s = None
@@ -429,19 +436,7 @@ class Profiling:
         counts = encoder_counts(inputs, output)
         if counts is None:
             return
-        items, rows, sq_rows, patch_packed = counts
-        self._micro_counts.append((module, items, rows, sq_rows))
-        rec = self.recorder()
-        rec.add(**{f"{module}_items": items})
-        if patch_packed:
-            rec.add(images=items)
-        for suffix, legacy, value in (("rows", "patches", rows), ("sq_rows", "sq_patches", sq_rows)):
-            names = (f"{module}_{suffix}", legacy) if patch_packed else (f"{module}_{suffix}",)
-            for name in names:
-                if isinstance(value, int):
-                    rec.add(**{name: value})
-                else:
-                    self._pending_counts.append((name, value))
+        self._micro_counts.append((module, *counts))  # read back at the step's end (end_step)
 
     def paused_timers(self) -> contextlib.ExitStack:
         stack = contextlib.ExitStack()
