@@ -113,6 +113,11 @@ def test_the_installed_cli_runs_from_the_target(installed):
     assert f"export PYTHONPATH={target / 'mimo_accel' / '_bootstrap'}{os.pathsep}{target}" in env.stdout
     assert (target / "mimo_accel" / "_bootstrap" / "sitecustomize.py").is_file()
     assert not (target / "mimo_accel_dev").exists()
+
+
+@pytest.mark.megatron  # enable() checks the installed Megatron pair before it patches
+def test_enable_from_the_target_loads_none_of_the_kit(installed):
+    _, target, _ = installed
     # enable() loads none of the kit, even where a checkout's install would let it (this test's venv)
     job = _from_target(target, "-c", "import sys, mimo_accel; mimo_accel.enable(sharded_reads=True, reorder=True, "
                                      "packing=True); print(mimo_accel.__file__); "
