@@ -5,8 +5,8 @@ development kit beside the package (mimo_accel_dev) is not in the wheel, and ena
 
 from __future__ import annotations
 
+import json
 import os
-import shutil
 import subprocess
 import sys
 import zipfile
@@ -14,43 +14,28 @@ from pathlib import Path
 
 import pytest
 
+from tests import _early
+
 ROOT = Path(__file__).resolve().parents[1]
-# mimo-accel declares Requires-Python >= 3.12 like Megatron; this project's CPU venv may be 3.11 (the
-# rehearsal's back-port), where the Makefile installs with --ignore-requires-python too.
-PY_FLAGS = ["--ignore-requires-python"] if sys.version_info < (3, 12) else []
 
-
-def _tracked_files() -> list[str]:
-    out = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, capture_output=True,
-                         text=True, check=True, timeout=60)
-    return [f for f in out.stdout.splitlines() if (ROOT / f).is_file()]
-
-
-def _pip(*args: str, cwd: Path) -> None:
-    # without the suite's PYTHONPATH: a checkout there holding mimo_accel.egg-info (left by a build)
-    # would be "already installed" in the fresh venv's eyes, and pip would install nothing
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    proc = subprocess.run([sys.executable, "-m", "pip", "--disable-pip-version-check", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, f"pip {' '.join(args)}:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
+# Building the wheel, its target and the fresh venv takes seconds of pip: started early, on an idle
+# core (tests/_early.py), by tests/_install_build.py.
+_early.command("install-build", [sys.executable, str(Path(__file__).with_name("_install_build.py")), str(ROOT),
+                                 str(_early.scratch("install"))], module=__name__, needs_megatron=False, timeout_s=600)
 
 
 @pytest.fixture(scope="module")
-def installed(tmp_path_factory):
+def built() -> dict:
+    proc = _early.result("install-build")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout)
+
+
+@pytest.fixture(scope="module")
+def installed(built):
     """(the wheel, the target directory it was installed into, the tracked files). Installed
     without byte-compiling (--no-compile): the interpreter compiles what it imports."""
-    tmp = tmp_path_factory.mktemp("install")
-    src = tmp / "src"
-    files = _tracked_files()
-    for f in files:
-        (src / f).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(ROOT / f, src / f)
-    _pip("wheel", "--no-deps", "--no-build-isolation", "--no-index", *PY_FLAGS, "-w", str(tmp / "dist"), str(src),
-         cwd=tmp)
-    (wheel,) = (tmp / "dist").glob("mimo_accel-*.whl")
-    target = tmp / "target"
-    _pip("install", "--no-deps", "--no-index", "--no-compile", *PY_FLAGS, "--target", str(target), str(wheel), cwd=tmp)
-    return wheel, target, files
+    return Path(built["wheel"]), Path(built["target"]), built["files"]
 
 
 def _from_target(target: Path, *args: str, script: bool = False) -> subprocess.CompletedProcess:
@@ -130,60 +115,10 @@ def test_enable_from_the_target_loads_none_of_the_kit(installed):
 # -- a fresh environment: the wheel and its declared dependencies beside torch, and nothing else --
 
 
-def _linked_torch(site: Path) -> list[str]:
-    """Link the torch this test runs with (and what torch itself requires) into ``site``: a fresh
-    environment that holds torch only, in seconds instead of unpacking a torch wheel."""
-    from importlib import metadata
-    from packaging.requirements import Requirement
-
-    linked, todo = [], ["torch"]
-    while todo:
-        dist = metadata.distribution(todo.pop())
-        name = dist.metadata["Name"]
-        if name in linked:
-            continue
-        linked.append(name)
-        root = Path(dist.locate_file(""))
-        for top in {Path(str(f)).parts[0] for f in dist.files or ()} - {"..", "__pycache__"}:
-            if not (site / top).exists():
-                (site / top).symlink_to(root / top)
-        for raw in dist.requires or ():
-            req = Requirement(raw)
-            if req.marker is None or req.marker.evaluate({"extra": ""}):
-                todo.append(req.name)
-    return linked
-
-
 @pytest.fixture(scope="module")
-def fresh(installed, tmp_path_factory):
+def fresh(built):
     """A venv with torch (linked) and the wheel installed by pip with its declared dependencies."""
-    wheel = installed[0]
-    venv = tmp_path_factory.mktemp("fresh") / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
-    python = venv / "bin" / "python"
-    site = Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                               capture_output=True, text=True, check=True, timeout=60).stdout.strip())
-    linked = _linked_torch(site)
-    # this test's pip installs into the fresh venv (--python): the venv needs no pip of its own
-    # --no-compile: the interpreter compiles what it imports; byte-compiling every installed file first
-    # (numpy, rich, ...) only costs seconds
-    into = ("--python", str(python), "install", "--no-compile")
-    if PY_FLAGS:  # Python 3.11: the wheel's own Requires-Python set aside, its dependencies resolved as declared
-        _pip(*into, *_declared_requirements(wheel), cwd=venv.parent)
-        _pip(*into, "--no-deps", *PY_FLAGS, str(wheel), cwd=venv.parent)
-    else:
-        _pip(*into, str(wheel), cwd=venv.parent)
-    return venv, linked
-
-
-def _declared_requirements(wheel: Path) -> list[str]:
-    """The wheel's Requires-Dist without an extra: what ``pip install <wheel>`` installs."""
-    from packaging.requirements import Requirement
-
-    with zipfile.ZipFile(wheel) as z:
-        meta = z.read(next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))).decode()
-    reqs = [Requirement(l.split(": ", 1)[1]) for l in meta.splitlines() if l.startswith("Requires-Dist: ")]
-    return [str(r) for r in reqs if r.marker is None or r.marker.evaluate({"extra": ""})]
+    return Path(built["venv"]), built["linked"]
 
 
 def _in_fresh(venv: Path, *args: str, env_extra=None) -> subprocess.CompletedProcess:
