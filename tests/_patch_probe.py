@@ -1,6 +1,7 @@
 """Run in a fresh interpreter by test_patching.py: reports how the binding sites look.
 
-argv[1]: "before" (enable, then import megatron.bridge), "after" (import, then enable),
+argv[1]: "before" (enable, then import megatron.bridge: a training job's order; the mimo_accel
+modules loaded since ``import mimo_accel`` are reported as ``loaded``), "after" (import, then enable),
 "env" (enable is left to the environment/sitecustomize), "script" (Qwen3.5-VL example shape:
 forward_step and pretrain_megatron_mimo imported by value at the top, enable afterwards).
 """
@@ -14,10 +15,11 @@ out = {"mimo_accel_imported_at_start": "mimo_accel" in sys.modules}
 from mimo_accel_dev.rehearse import cpu# noqa: E402
 
 cpu.prepare_imports()  # only so megatron.bridge imports on this CPU machine
+before = {m for m in sys.modules if m.startswith("mimo_accel")}
 import mimo_accel  # noqa: E402
 
-if mode == "before":
-    mimo_accel.enable(sharded_reads=True, packing=True, profile="/tmp/unused-profile-dir")
+if mode == "before":  # a training job's enable(): what it loads is reported too (test_runtime_imports)
+    mimo_accel.enable(sharded_reads=True, reorder=True, packing=True, profile="/tmp/unused-profile-dir")
 if mode == "script":
     from megatron.bridge.training.megatron_mimo_step import forward_step  # noqa: E402
     from megatron.bridge.training.pretrain_megatron_mimo import pretrain_megatron_mimo  # noqa: E402
@@ -28,6 +30,8 @@ import megatron.bridge.data.megatron_mimo.loaders as loaders  # noqa: E402
 import megatron.bridge.data.samplers as samplers  # noqa: E402
 import megatron.bridge.training.megatron_mimo_step as step  # noqa: E402
 import megatron.bridge.training.pretrain_megatron_mimo as pretrain  # noqa: E402,F401  (its import hook)
+import megatron.core.models.mimo  # noqa: E402,F401  (the fan-in sites' import hooks)
+import megatron.core.pipeline_parallel.bridge_communicator  # noqa: E402,F401
 
 SITES = {
     "slice": [dp_utils, step, pkg],
@@ -53,6 +57,7 @@ if mode == "script":
 
 patched = snapshot()
 out["status"] = {k: v for k, v in mimo_accel.status().items() if k in ("active", "patched", "waiting_for_import")}
+out["loaded"] = sorted({m for m in sys.modules if m.startswith("mimo_accel")} - before)
 out["one_replacement_per_function"] = {k: len({id(f) for f in fs}) == 1 for k, fs in patched.items()}
 out["replacement_wraps_original_once"] = {
     k: getattr(fs[0], "__wrapped__", None) is not None

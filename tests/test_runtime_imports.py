@@ -85,37 +85,16 @@ def test_the_package_the_planner_and_the_patches_load_no_tool_kit_or_profile():
     assert {"mimo_accel.planner", "mimo_accel.patching.registry", "mimo_accel.runtime.patches.step"} <= set(loaded), loaded
     assert not [m for m in loaded if _outside_the_product(m)], loaded
 
-_JOB = r"""
-import json, sys
-from mimo_accel_dev.rehearse import cpu
-cpu.prepare_imports()                      # this machine only: see the module docstring
-before = {m for m in sys.modules if m.startswith("mimo_accel")}
-import mimo_accel
-mimo_accel.enable(sharded_reads=True, reorder=True, packing=True, profile=sys.argv[1])
-import megatron.bridge.data.megatron_mimo.loaders
-import megatron.bridge.training.megatron_mimo_step
-import megatron.bridge.training.pretrain_megatron_mimo
-import megatron.core.models.mimo
-import megatron.core.pipeline_parallel.bridge_communicator
-status = mimo_accel.status()
-after = {m for m in sys.modules if m.startswith("mimo_accel")}
-print("RESULT " + json.dumps({"new": sorted(after - before), "patched": len(status["patched"]),
-                              "waiting": status["waiting_for_import"]}))
-"""
-
-
-# Importing Megatron takes seconds: started early (tests/_early.py).
-_early.command("imports-job", [sys.executable, "-c", _JOB, str(_early.scratch("job") / "prof")], module=__name__)
-
-
 @pytest.mark.megatron
 def test_enable_on_a_training_job_never_imports_the_rehearsal_kit():
-    proc = _early.result("imports-job")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT "))
-    result = json.loads(line[len("RESULT "):])
-    assert result["patched"] > 0 and result["waiting"] == [], result  # the job path was really patched
-    loaded = set(result["new"])
+    # the job: enable(), then upstream's MIMO modules imported (and patched) in a fresh interpreter,
+    # the probe test_patching runs early in that order (its importing Megatron takes seconds)
+    from tests.test_patching import _probe
+
+    result = _probe("before")
+    status = result["status"]
+    assert status["patched"] and status["waiting_for_import"] == [], status  # the job path was really patched
+    loaded = set(result["loaded"])
     assert {"mimo_accel.patching.engine", "mimo_accel.runtime.reading.scope", "mimo_accel.runtime.patches.step"} <= loaded, loaded
     kit = sorted(m for m in loaded if _outside_the_product(m))
     assert not kit, f"a training job imported {kit}"
