@@ -46,6 +46,11 @@ def command(key: str, argv: list, *, module: str, env: Optional[dict] = None, cw
                       "timeout_s": timeout_s}
 
 
+def declaring_modules() -> set:
+    """The test modules that declared commands (so wait on them)."""
+    return {c["module"] for c in _commands.values()}
+
+
 def _dir() -> Path:
     if "dir" not in _runs:
         _runs["dir"] = scratch("early")

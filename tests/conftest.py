@@ -78,6 +78,11 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
+    # the modules that wait on early commands run last (each in its own order): by then the runner has
+    # run those commands on the other core, and no test stands waiting for one
+    waiting = _early.declaring_modules()
+    later = [i for i in items if getattr(i.module, "__name__", None) in waiting]
+    items[:] = [i for i in items if getattr(i.module, "__name__", None) not in waiting] + later
     missing = config._mimo_missing
     if not missing:
         return
