@@ -35,7 +35,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from mimo_accel.packing import pack_language_shard, plan_packing  # noqa: E402
+from mimo_accel.packing import pack_language_shard, pack_layout  # noqa: E402
 
 ALIGNED = {"pad_multiple": 4, "tp_size": 8}  # cp=2 -> 2*cp; SP: tp*cp = 4*2
 
@@ -127,8 +127,8 @@ def run(batch: int, steps: int, device: str, seed: int) -> list[dict]:
     for w in WORKLOADS + _profile_workloads():
         rng = np.random.default_rng(seed)
         draws = [w.draw(rng, batch) for _ in range(steps)]
-        tight = [plan_packing(d, w.seq_length) for d in draws]
-        aligned = [plan_packing(d, w.seq_length, **ALIGNED) for d in draws]
+        tight = [pack_layout(d, w.seq_length) for d in draws]
+        aligned = [pack_layout(d, w.seq_length, **ALIGNED) for d in draws]
         before = batch * w.seq_length
         dyn = statistics.mean(batch * int(d.max()) for d in draws)
         t1 = statistics.mean(p.total for p in tight)

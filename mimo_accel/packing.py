@@ -33,7 +33,7 @@ Layout of the packed sequence (``k = pad_multiple``)::
   value never reaches a real token because ``cu_seqlens_q`` excludes padding from attention.
 * Samples of length 0 contribute no segment (they are left out of ``cu_seqlens``: a zero-length
   segment buys nothing, and not every THD kernel path is known to accept one).
-  ``PackingPlan.segment_samples`` maps segments back to samples.
+  ``PackedLayout.segment_samples`` maps segments back to samples.
 
 Lengths come from ``attention_mask`` (1 = real token, right-padded; it must cover the
 image-placeholder tokens), which every pipeline stage has, so all stages pack to the same ``T``.
@@ -75,12 +75,12 @@ import torch
 
 __all__ = [
     "LABEL_PAD",
-    "PackingPlan",
+    "PackedLayout",
     "PackingStats",
     "check_alignment",
     "cp_alignment",
     "pack_language_shard",
-    "plan_packing",
+    "pack_layout",
 ]
 
 #: label value of padding tokens (the ignore index of Megatron's cross entropy)
@@ -126,7 +126,7 @@ class PackingStats:
 
 
 @dataclass(frozen=True)
-class PackingPlan:
+class PackedLayout:
     """Host-side layout of a packed shard; all tuples are per segment (non-empty sample)."""
 
     segment_samples: tuple[int, ...]  # sample index of each segment, ascending
@@ -191,14 +191,14 @@ def check_alignment(pad_multiple: int, cp_size: int = 1) -> None:
             f"{need}. Set pad_multiple={fix} (enable(pad_multiple={fix}) or MIMO_ACCEL_PAD_MULTIPLE={fix}).")
 
 
-def plan_packing(
+def pack_layout(
     lengths: Sequence[int],
     seq_len: int,
     *,
     pad_multiple: int = 1,
     tp_size: int = 1,
     cp_size: int = 1,
-) -> PackingPlan:
+) -> PackedLayout:
     """Lay out a shard of samples with real ``lengths`` (right-padded to ``seq_len``) as one
     packed sequence; see the module docstring for the layout. Pure Python, no tensors.
     ``cp_size``: the language model's context parallelism; ``pad_multiple`` must then be a
@@ -233,7 +233,7 @@ def plan_packing(
         real_tokens=cu[-1],
         tokens_after=total,
     )
-    return PackingPlan(segment_samples, tuple(cu), tuple(cu_padded), max(padded), stats)
+    return PackedLayout(segment_samples, tuple(cu), tuple(cu_padded), max(padded), stats)
 
 
 def _shard_shape(batch: Mapping[str, Any], is_first_stage: bool) -> tuple[int | None, int | None]:
@@ -422,7 +422,7 @@ def pack_language_shard(
         if seq_len is None:  # nothing to pack but the kwargs: S only feeds the stats
             has_mask = isinstance(mask, torch.Tensor) and mask.dim() == 2
             seq_len = mask.size(1) if has_mask else max(lengths_list, default=0)
-    plan = plan_packing(lengths_list, seq_len, pad_multiple=pad_multiple, tp_size=tp_size, cp_size=cp_size)
+    plan = pack_layout(lengths_list, seq_len, pad_multiple=pad_multiple, tp_size=tp_size, cp_size=cp_size)
 
     tensors = [batch.get(k) for k in _PACKED_KEYS] + [mask]
     ref = next((t for t in tensors if isinstance(t, torch.Tensor)), None)
@@ -450,7 +450,7 @@ def pack_language_shard(
 class _Gather:
     """Index maps from ``[B, S]`` to ``[T]``, built once per shard, on the batch's device."""
 
-    def __init__(self, plan: PackingPlan, seq_len: int, device: torch.device):
+    def __init__(self, plan: PackedLayout, seq_len: int, device: torch.device):
         self.total = plan.total
         real = plan.cu_seqlens[-1]
         cu = plan.cu_seqlens

@@ -377,7 +377,7 @@ def test_exchange_plans_every_module_as_plan_before_read_does(dps):
     planner = CostIndexPlanner(index, CostModel(), Modules.from_dp_sizes(dps))
     indices = list(range(n))
     costs = planner.costs(indices)
-    plan = ex.plan_exchange(costs, [100] * n, dps["vision"], Modules.from_dp_sizes(dps).grid, dps)
+    plan = ex.route_exchange(costs, [100] * n, dps["vision"], Modules.from_dp_sizes(dps).grid, dps)
     order, predicted = planner(indices)
     spreads = predicted.spreads
     assert list(plan.order) == order
@@ -393,7 +393,7 @@ def test_plan_covers_every_sample_once_and_its_flows_add_up(shape, per_group, da
     dps = {"vision": n_ranks, "language": grid}
     costs = {m: data.draw(hs.lists(hs.floats(0, 1e4, allow_nan=False), min_size=n, max_size=n)) for m in dps}
     sizes = data.draw(hs.lists(hs.integers(8, 10_000), min_size=n, max_size=n))
-    plan = ex.plan_exchange(costs, sizes, n_ranks, grid, dps)
+    plan = ex.route_exchange(costs, sizes, n_ranks, grid, dps)
     assert list(plan.order) == plan_costs({m: np.asarray(c) for m, c in costs.items()}, dps)[0]
     held = [p for r in range(n_ranks) for p in plan.local_after(r)]
     assert sorted(held) == list(range(n))
@@ -408,6 +408,6 @@ def test_plan_covers_every_sample_once_and_its_flows_add_up(shape, per_group, da
 
 def test_plan_refuses_indivisible_shapes():
     with pytest.raises(ValueError, match="multiple of the DP size"):
-        ex.plan_exchange({"vision": [1.0] * 6}, [8] * 6, 4, 6, {"vision": 6})
+        ex.route_exchange({"vision": [1.0] * 6}, [8] * 6, 4, 6, {"vision": 6})
     with pytest.raises(ValueError, match="canonical grid G=4"):
-        ex.plan_exchange({"vision": [1.0] * 6}, [8] * 6, 2, 4, {"vision": 4})
+        ex.route_exchange({"vision": [1.0] * 6}, [8] * 6, 2, 4, {"vision": 4})

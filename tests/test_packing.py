@@ -11,7 +11,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mimo_accel.packing import LABEL_PAD, PackingStats, pack_language_shard, plan_packing
+from mimo_accel.packing import LABEL_PAD, PackingStats, pack_language_shard, pack_layout
 from tests._hypothesis import examples
 
 PLACEHOLDER = 99  # an image-placeholder token id; never used as padding here
@@ -206,7 +206,7 @@ def test_empty_samples_get_no_segment():
     packed, kw = pack_language_shard(batch, pad_multiple=2)
     assert kw["cu_seqlens_q"].tolist() == [0, 3, 5]
     assert kw["cu_seqlens_q_padded"].tolist() == [0, 4, 6]
-    assert plan_packing([3, 0, 2], 4, pad_multiple=2).segment_samples == (0, 2)
+    assert pack_layout([3, 0, 2], 4, pad_multiple=2).segment_samples == (0, 2)
 
 
 def test_explicit_lengths_win_over_the_mask():

@@ -144,14 +144,14 @@ def _read_exchanged(rank, world, differ_on):
     layout = layout_of(2, 1)
     grids = build_grids(layout)
     if rank == differ_on:
-        plan, calls = reorder.plan_exchange, []
+        plan, calls = reorder.route_exchange, []
 
         def differing(*args, **kwargs):
             calls.append(1)
             p = plan(*args, **kwargs)
             return dataclasses.replace(p, order=p.order[::-1]) if len(calls) > DIFFER_FROM else p
 
-        reorder.plan_exchange = differing
+        reorder.route_exchange = differing
     mimo_accel.enable(sharded_reads=True, reorder=True, reorder_mode="exchange")
     try:
         train = _train_loader(layout, grids)

@@ -136,7 +136,7 @@ def test_a_rank_with_another_cost_index_stops_the_job_naming_the_ranks(tmp_path)
 
 def _plan(tmp_path, index: CostIndex, dp_sizes: dict):
     from mimo_accel.config import AccelConfig
-    from mimo_accel.runtime.patches.loaders import plan_for
+    from mimo_accel.runtime.patches.loaders import loader_order_for
     from mimo_accel.runtime.state import Runtime
 
     path = tmp_path / "costs.npz"
@@ -145,7 +145,7 @@ def _plan(tmp_path, index: CostIndex, dp_sizes: dict):
     first = next(iter(dp_sizes))
     ctx = ShardContext(first, 0, dp_sizes[first], 4, dp_sizes)
     runtime = Runtime(AccelConfig(reorder=True, cost_index=str(path)))
-    return plan_for(ds, [0, "single", 4], ctx, "train", runtime, 4), runtime
+    return loader_order_for(ds, [0, "single", 4], ctx, "train", runtime, 4), runtime
 
 
 def test_the_plan_prices_every_module_of_the_layout(tmp_path):

@@ -25,7 +25,7 @@ def _run(directory, *, micro=True, plan=None, slow=5.0, steps=3):
         if micro:
             line["micro"] = {f"{m}_fwd": fwd, f"{m}_bwd": [2.0, 2.0]}
         if plan is not None:
-            line["plan_step_s"] = plan
+            line["predicted_step_s"] = plan
         ranks[rank] = {"module": m, "dp_rank": rank % 2, "dp_size": 2, "steps": [dict(line) for _ in range(steps)]}
     return read_run(write_run(directory, ranks, layout=LAYOUT, fmt=FORMAT))
 

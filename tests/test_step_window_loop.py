@@ -75,7 +75,7 @@ def test_the_step_the_plan_predicts_stands_beside_the_replayed_one(workdir, visi
     # every rank planned each step's window alike: one predicted step per iteration, the same on every rank
     by_step = {}
     for line in lines:
-        assert by_step.setdefault(line["step"], line["plan_step_s"]) == line["plan_step_s"] > 0
+        assert by_step.setdefault(line["step"], line["predicted_step_s"]) == line["predicted_step_s"] > 0
     s = summarize(run)
     assert s["step_time_predicted_p50"] > 0 and s["step_time_replayed_p50"] > 0
 

@@ -336,7 +336,7 @@ class Profiling:
                 rec.add(bytes_exchanged=int(tag.bytes_exchanged))
             share = tag.share
             if share is not None and share.step_time is not None:  # the step the plan expects (model units)
-                rec.set(plan_step_s=share.step_time)
+                rec.set(predicted_step_s=share.step_time)
             if share is not None and share.loads:  # each replica's planned load: the step's figure is their sum
                 for module, row in share.loads.items():
                     seen = self._planned.get(module)

@@ -16,7 +16,7 @@ import sys
 from typing import Callable
 
 from mimo_accel.runtime.reading import scope
-from mimo_accel.runtime.reading.loader_plan import plan_check_for, plan_for
+from mimo_accel.runtime.reading.loader_order import loader_order_for, plan_check_for
 from mimo_accel.runtime.state import Runtime
 from mimo_accel.runtime.patches.upstream_call import UpstreamCall, replacing
 
@@ -54,16 +54,16 @@ def _share(loader, a: UpstreamCall, ctx, split: str, dp_group, runtime: Runtime)
     from mimo_accel.runtime.reading import sampler
 
     cfg = runtime.config
-    plan = plan_for(a["dataset"], _settings(a), ctx, split, runtime, a["micro_batch_size"], loader)
+    order = loader_order_for(a["dataset"], _settings(a), ctx, split, runtime, a["micro_batch_size"], loader)
     if runtime.reorders and cfg.reorder_mode == "exchange":
         from mimo_accel.runtime.reading.exchange import exchange_shard_loader
         from mimo_accel.runtime.reading.plan_check import FirstPlanCheck
 
-        return exchange_shard_loader(loader, ctx, a["micro_batch_size"], dp_group, cost_model=plan.cost_model,
+        return exchange_shard_loader(loader, ctx, a["micro_batch_size"], dp_group, cost_model=order.cost_model,
                                      notify=runtime.say_once,
                                      check=plan_check_for(ctx, f"{split} loader", FirstPlanCheck))
-    return sampler.shard_loader(loader, ctx, a["micro_batch_size"], planner=plan.planner, window=plan.window,
-                                step_micro_batches=plan.step_micro_batches, check=plan.check, models=plan.models)
+    return sampler.shard_loader(loader, ctx, a["micro_batch_size"], planner=order.planner, window=order.window,
+                                step_micro_batches=order.step_micro_batches, check=order.check, models=order.models)
 
 
 def wrap_canonical_loader(original: Callable, runtime: Runtime) -> Callable:
@@ -107,13 +107,13 @@ def _canonical_share(loader, a: UpstreamCall, ctx, split: str, dp_group, runtime
         return loader
     if not runtime.reorders:
         return sampler.tagged_loader(loader, ctx, loader.batch_sampler)  # upstream's own shard
-    plan = plan_for(a["dataset"], _settings(a, [k for k in _SETTINGS if k != "seed"]), ctx, split, runtime,
-                    a["micro_batch_size"], loader)
+    order = loader_order_for(a["dataset"], _settings(a, [k for k in _SETTINGS if k != "seed"]), ctx, split,
+                             runtime, a["micro_batch_size"], loader)
     if cfg.reorder_mode == "exchange":
         from mimo_accel.runtime.reading.exchange import exchange_shard_loader
         from mimo_accel.runtime.reading.plan_check import FirstPlanCheck
 
-        return exchange_shard_loader(loader, ctx, a["micro_batch_size"], dp_group, cost_model=plan.cost_model,
+        return exchange_shard_loader(loader, ctx, a["micro_batch_size"], dp_group, cost_model=order.cost_model,
                                      local_batch_sampler=loader.batch_sampler, notify=runtime.say_once,
                                      check=plan_check_for(ctx, f"{split} loader", FirstPlanCheck))
     # upstream's own per-group samplers for every group: the global micro-batch, in canonical order
@@ -121,7 +121,7 @@ def _canonical_share(loader, a: UpstreamCall, ctx, split: str, dp_group, runtime
         dataloader_type=a["dataloader_type"], dataset=a["dataset"], consumed_samples=a["consumed_samples"],
         micro_batch_size=a["micro_batch_size"], grid_size=ctx.grid, groups=list(range(ctx.grid)),
         data_sharding=a["data_sharding"], drop_last=a["drop_last"])
-    return sampler.shard_loader(loader, ctx, a["micro_batch_size"], planner=plan.planner, window=plan.window,
-                                step_micro_batches=plan.step_micro_batches, global_sampler=everything,
-                                start=(a["consumed_samples"], a["micro_batch_size"]), check=plan.check,
-                                models=plan.models)
+    return sampler.shard_loader(loader, ctx, a["micro_batch_size"], planner=order.planner, window=order.window,
+                                step_micro_batches=order.step_micro_batches, global_sampler=everything,
+                                start=(a["consumed_samples"], a["micro_batch_size"]), check=order.check,
+                                models=order.models)

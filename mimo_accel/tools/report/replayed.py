@@ -6,7 +6,7 @@ schedule (:func:`mimo_accel.balance.replay.replay`), beside the step the plan pr
   replica (Bridge's MegatronMIMO grids order tp, cp, dp, pp: pp slowest), the module's PP from
   the header's ``layout["pp"]`` (1 where absent); a stage's TP/CP ranks: the slowest per op;
 - a frozen module (``layout["flops"]``' ``trained`` false): forwards only;
-- the predicted step: the step lines' ``plan_step_s`` where the run wrote one (the step model's
+- the predicted step: the step lines' ``predicted_step_s`` where the run wrote one (the step model's
   time of the step's plan, in the cost model's units: seconds when calibrated).
 
 A profile without per-micro-batch times (an older run) has no replay: the side's
@@ -97,7 +97,7 @@ def replayed_steps(run: Run, steps_of: dict[int, dict[int, dict[str, Any]]], mod
     replayed, predicted, why = {}, {}, None
     for s in counted:
         lines = {rank: recs[s] for rank, recs in steps_of.items() if s in recs}
-        plans = [v for line in lines.values() if (v := _num(line, "plan_step_s")) is not None]
+        plans = [v for line in lines.values() if (v := _num(line, "predicted_step_s")) is not None]
         if plans:
             predicted[s] = max(plans)
         if why is not None:

@@ -29,8 +29,8 @@ count, which encoder and language ranks all see. With a ``check``, each micro-ba
 compared across every data-loading rank before this rank trains it
 (:class:`~mimo_accel.runtime.reading.plan_check.FirstPlanCheck`).
 
-Layering: the planning (:mod:`~mimo_accel.runtime.reading.exchange.plan`: :func:`plan_exchange`,
-:class:`ExchangePlan`), the sample codec (:mod:`~mimo_accel.runtime.reading.exchange.wire`: :func:`encode_sample`,
+Layering: the planning (:mod:`~mimo_accel.runtime.reading.exchange.routes`: :func:`route_exchange`,
+:class:`ExchangeRoutes`), the sample codec (:mod:`~mimo_accel.runtime.reading.exchange.wire`: :func:`encode_sample`,
 :func:`decode_sample`) and the cost of a decoded sample (:mod:`~mimo_accel.runtime.reading.exchange.cost`) are pure
 and testable without processes; only :class:`ExchangeReorder` (:mod:`~mimo_accel.runtime.reading.exchange.reorder`)
 talks to ``torch.distributed``, and :mod:`~mimo_accel.runtime.reading.exchange.loader` puts it behind loaders.
@@ -49,7 +49,7 @@ from __future__ import annotations
 
 from mimo_accel.runtime.reading.exchange.cost import DecodedModuleCosts, DecodedSampleCost
 from mimo_accel.runtime.reading.exchange.loader import ExchangeLoader, exchange_loader, exchange_shard_loader
-from mimo_accel.runtime.reading.exchange.plan import ExchangePlan, plan_exchange
+from mimo_accel.runtime.reading.exchange.routes import ExchangeRoutes, route_exchange
 from mimo_accel.runtime.reading.exchange.reorder import OVERLAP_ENV, ExchangeError, ExchangeReorder, ExchangeStats
 from mimo_accel.runtime.reading.exchange.wire import EncodedSample, decode_sample, encode_sample, serialized_size
 
@@ -58,13 +58,13 @@ __all__ = [
     "DecodedSampleCost",
     "ExchangeError",
     "ExchangeLoader",
-    "ExchangePlan",
+    "ExchangeRoutes",
     "ExchangeReorder",
     "ExchangeStats",
     "decode_sample",
     "encode_sample",
     "exchange_loader",
     "exchange_shard_loader",
-    "plan_exchange",
+    "route_exchange",
     "serialized_size",
 ]

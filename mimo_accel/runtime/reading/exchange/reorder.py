@@ -17,7 +17,7 @@ import torch
 
 from mimo_accel.costs import CostModel
 from mimo_accel.runtime.reading.exchange.cost import DecodedModuleCosts
-from mimo_accel.runtime.reading.exchange.plan import ExchangePlan, plan_exchange
+from mimo_accel.runtime.reading.exchange.routes import ExchangeRoutes, route_exchange
 from mimo_accel.runtime.reading.exchange.wire import EncodedSample, decode_sample
 from mimo_accel.runtime.reading.sampler import SamplesRead, TaggingCollate
 from mimo_accel.runtime.reading.shard import SHARD_TAG_KEY, ReplicaShare, ShardContext
@@ -116,7 +116,7 @@ class ExchangeReorder:
     cost_fn: ``sample -> {module: cost}`` for every module of the layout, or one number that prices
         every module alike (finite, >= 0), computed from the decoded sample; default
         :class:`DecodedModuleCosts` with ``cost_model`` (or the default :class:`CostModel`). The
-        plan is plan-before-read's joint plan of every module (:func:`plan_exchange`).
+        plan is plan-before-read's joint plan of every module (:func:`route_exchange`).
     collate_fn: collate for :meth:`collate`/:func:`exchange_loader`; ``None`` yields lists.
     overlap: exchange the next micro-batch on a side thread (uses a dedicated group).
     comm_group: a ready gloo group over the same ranks to use instead of creating one.
@@ -163,7 +163,7 @@ class ExchangeReorder:
         if dist.get_rank(self.comm_group) != ctx.dp_rank:
             raise ExchangeError("mimo_accel exchange: the exchange group orders ranks differently from "
                                 "the DP group; pass comm_group in DP-rank order")
-        self.last_plan: Optional[ExchangePlan] = None
+        self.last_plan: Optional[ExchangeRoutes] = None
         self.last_stats: Optional[ExchangeStats] = None
         self._buffers: dict[str, np.ndarray] = {}
 
@@ -267,7 +267,7 @@ class ExchangeReorder:
         meta += local.size
         all_costs = np.concatenate([r[:n_costs].view(np.float64).reshape(n_local, -1) for r in rows])
         all_sizes = np.concatenate([r[n_costs:].view(np.int64) for r in rows])
-        plan = plan_exchange({m: all_costs[:, j] for j, m in enumerate(self.modules)}, all_sizes, n_ranks,
+        plan = route_exchange({m: all_costs[:, j] for j, m in enumerate(self.modules)}, all_sizes, n_ranks,
                              self.ctx.grid, self.dps, self.notify)
         t2 = time.perf_counter()
 

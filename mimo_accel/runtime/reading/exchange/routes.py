@@ -1,4 +1,4 @@
-"""Planning (pure): who holds which sample after the exchange, and what moves."""
+"""The exchange's routes (pure): who holds which sample after the exchange, and what moves."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from mimo_accel.planner import plan_costs
 
 
 @dataclass(frozen=True)
-class ExchangePlan:
+class ExchangeRoutes:
     """Who holds which sample after the exchange, and what moves.
 
     Positions are indices into the global micro-batch in canonical order (rank 0's local samples,
@@ -84,10 +84,10 @@ class ExchangePlan:
         return sum(self.sizes[p] for p in self.moved())
 
 
-def plan_exchange(costs: Mapping[str, Sequence[float]], sizes: Sequence[int] | np.ndarray, n_ranks: int,
-                  grid: int, dps: Mapping[str, int],
-                  notify: Optional[Callable[[str, str], object]] = None) -> ExchangePlan:
-    """The exchange plan of a global micro-batch held by ``n_ranks`` replicas on a grid of G groups.
+def route_exchange(costs: Mapping[str, Sequence[float]], sizes: Sequence[int] | np.ndarray, n_ranks: int,
+                   grid: int, dps: Mapping[str, int],
+                   notify: Optional[Callable[[str, str], object]] = None) -> ExchangeRoutes:
+    """The exchange routes of a global micro-batch held by ``n_ranks`` replicas on a grid of G groups.
 
     ``costs``: module name -> per-sample costs, ``sizes``: per-sample bytes, both in canonical
     order; ``dps``: every module's DP size. The order is the joint plan of plan-before-read
@@ -102,6 +102,6 @@ def plan_exchange(costs: Mapping[str, Sequence[float]], sizes: Sequence[int] | n
         raise ValueError(f"the canonical grid G={grid} must be a multiple of the DP size {n_ranks}")
     check_micro_batch(s.size, grid, "global micro-batch size")
     order, spreads = plan_costs(c, dict(dps), 1, notify, "the decoded samples")
-    return ExchangePlan(n_ranks=n_ranks, n_local=s.size // n_ranks, grid=grid, order=tuple(order),
+    return ExchangeRoutes(n_ranks=n_ranks, n_local=s.size // n_ranks, grid=grid, order=tuple(order),
                         sizes=tuple(int(x) for x in s), predicted_spreads=spreads,
                         baseline_spreads=module_spreads(c, dict(dps), contiguous_order(s.size), 1))

@@ -1,4 +1,4 @@
-"""The plan of one split's loader: how it orders its global micro-batches (sharded reads in
+"""How one split's loader orders its global micro-batches (sharded reads in
 upstream's order, the planner of plan mode, the window, the same-plan check, the models online
 calibration announces), after every data-loading rank has checked that it plans from the same
 inputs (:mod:`mimo_accel.runtime.reading.plan_inputs`). Asked for by the loader patches
@@ -24,7 +24,7 @@ def _data_ranks(ctx):
 
 
 @dataclasses.dataclass(frozen=True)
-class Plan:
+class LoaderOrder:
     """How one split's loader orders its global micro-batches."""
 
     planner: object = None  # a sampler.Planner (plan mode), else None
@@ -35,9 +35,9 @@ class Plan:
     models: object = None  # online calibration: first micro-batch -> its calibration.WindowModel
 
 
-def plan_for(dataset, sampler_settings: list, ctx, split: str, runtime: Runtime, micro_batch_size: int,
-             loader=None) -> Plan:
-    """The plan of one split's loader (upstream's ``loader``: its workers' prefetch); first checks
+def loader_order_for(dataset, sampler_settings: list, ctx, split: str, runtime: Runtime, micro_batch_size: int,
+                     loader=None) -> LoaderOrder:
+    """How one split's loader orders its micro-batches (upstream's ``loader``: its workers' prefetch); first checks
     that every data-loading rank plans from the same inputs (collective over those ranks)."""
     from mimo_accel.runtime.reading import sampler
 
@@ -51,7 +51,7 @@ def plan_for(dataset, sampler_settings: list, ctx, split: str, runtime: Runtime,
         "dataset": plan_inputs.digest([type(dataset).__name__, len(dataset)]),
         "sampler": plan_inputs.digest(sampler_settings),
     }
-    plan, index = Plan(), None
+    order, index = LoaderOrder(), None
     if runtime.reorders:
         from mimo_accel.datasets.split_index import cost_index_for, index_digest
         from mimo_accel.planner import CostIndexPlanner, cost_model_for
@@ -62,7 +62,7 @@ def plan_for(dataset, sampler_settings: list, ctx, split: str, runtime: Runtime,
         if calibration is not None:  # the models it learnt before the checkpoint it resumes from, too
             calibration.restore()
             fields["cost model"] = calibration.digest()
-        plan = Plan(cost_model=model)
+        order = LoaderOrder(cost_model=model)
         if cfg.reorder_mode == "plan":
             index = cost_index_for(dataset, cfg.cost_index, split, group=_data_ranks(ctx), notify=runtime.say_once)
             fields["cost index"] = index_digest(index)
@@ -70,7 +70,7 @@ def plan_for(dataset, sampler_settings: list, ctx, split: str, runtime: Runtime,
     if index is not None:
         # every module of the layout, each priced by its own column; an encoder the index cannot
         # price is an error naming both sides (raised alike on every rank: the inputs are the same)
-        planner = CostIndexPlanner(index, plan.cost_model, ctx.modules, notify=runtime.say_once,
+        planner = CostIndexPlanner(index, order.cost_model, ctx.modules, notify=runtime.say_once,
                                    frozen=runtime.frozen)
         window, step_mbs = 1, None
         # Windows span the micro-batches of one training step; evaluation plans each
@@ -90,8 +90,8 @@ def plan_for(dataset, sampler_settings: list, ctx, split: str, runtime: Runtime,
                                  "its windows cannot be told apart by step: the cost model stays as configured")
             else:
                 models = calibration.models(steps, sampler.prefetched(loader))
-        plan = Plan(planner, plan.cost_model, window, step_mbs, plan_check_for(ctx, f"{split} loader"), models)
-    return plan
+        order = LoaderOrder(planner, order.cost_model, window, step_mbs, plan_check_for(ctx, f"{split} loader"), models)
+    return order
 
 
 def _say_if_nothing_moves(ctx, micro_batch_size: int, runtime: Runtime) -> None:
