@@ -8,6 +8,7 @@ the step's work (profiling, packing) again per nested dict.
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 import mimo_accel
@@ -79,6 +80,40 @@ def test_where_upstream_packs_the_slice_returns_upstreams_batch_and_the_packer_r
     assert local_batch(batch, 0, 1) is batch and type(batch) is dict
     packed, kwargs = pack(batch)
     assert kwargs["cu_seqlens_q"].tolist() == [0, 2, 5] and packed["input_ids"].tolist() == [[0, 1, 3, 4, 5]]
+
+
+def test_under_pp_the_slice_works_out_the_lengths_main_s_step_drops_the_fields_for():
+    # main's step drops input_ids off the first language stage and labels / loss_mask off the last
+    # before it packs; with an attention_mask of all ones (Bridge's MegatronMIMODataset) the lengths
+    # come from loss_mask + input_ids, which only the slice still has on every stage
+    from mimo_accel.runtime.patches import native_packing
+
+    runtime = Runtime(AccelConfig(packing=True))
+    runtime.native_packing = True
+    local_batch = step.wrap_slice(lambda batch, dp_rank, dp_size: batch, runtime)
+    pack = native_packing.wrap_pack_language_shard(lambda data_batch, lengths=None: None, runtime)
+    pad = 9  # sample 0: 3 real tokens, sample 1: 5 (loss where the next token is real)
+    ids = torch.tensor([[1, 2, 3, pad, pad], [4, 5, 6, 7, 8]])
+    loss_mask = torch.tensor([[1.0, 1, 0, 0, 0], [1, 1, 1, 1, 0]])
+    packed_by_stage = {}
+    for first, last in ((True, False), (False, True)):
+        batch = {"input_ids": ids.clone(), "labels": ids.clone(), "loss_mask": loss_mask.clone(),
+                 "attention_mask": torch.ones_like(ids), "position_ids": None}
+        runtime.step_role = StepRole(True, first, last, 1)
+        local = local_batch(batch, 0, 1)
+        if not first:
+            local["input_ids"] = None
+        if not last:
+            local["labels"] = local["loss_mask"] = None
+        packed_by_stage[first], kwargs = pack(local)
+        assert kwargs["cu_seqlens_q"].tolist() == [0, 3, 8], (first, last)
+        assert runtime.step_lengths is None  # taken by this step's packer, not left for the next
+    assert packed_by_stage[True]["input_ids"].tolist() == [[1, 2, 3, 4, 5, 6, 7, 8]]
+    assert packed_by_stage[False]["labels"].tolist() == [[1, 2, 3, 4, 5, 6, 7, 8]]
+    # without the slice's lengths (the fields already gone) there is no length source: said, not guessed
+    with pytest.raises(ValueError, match="no length source"):
+        pack({"input_ids": None, "labels": ids.clone(), "loss_mask": loss_mask.clone(),
+              "attention_mask": torch.ones_like(ids), "position_ids": None})
 
 
 def _scalable_tag(dp_rank: int, samples: int = 2):

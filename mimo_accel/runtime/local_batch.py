@@ -65,12 +65,11 @@ def batch_size(batch: dict) -> int:
     return int(ids.size(0)) if ids is not None and ids.dim() == 2 else 0
 
 
-@ranged("mimo_accel/pack")  # NVTX on CUDA only (mimo_accel.nvtx)
-def pack_for_language_model(batch: dict, role: StepRole, pad_multiple: int,
-                            say_once: Callable[[str, str], object]) -> dict:
-    """THD-pack the language shard. Lengths come from the padding ``attention_mask``; when it is all
-    ones (Bridge 0.6.2's MegatronMIMODataset), from ``loss_mask`` and the placeholder tokens."""
-    from mimo_accel.packing import lengths_from_loss_mask, pack_language_shard
+def unmarked_lengths(batch: dict, role: StepRole, say_once: Callable[[str, str], object]) -> Optional[list]:
+    """The real lengths of the language shard whose ``attention_mask`` marks no padding (all ones:
+    Bridge's MegatronMIMODataset), from ``loss_mask`` and the placeholder tokens; None where the mask
+    marks the padding itself (it is then the length source)."""
+    from mimo_accel.packing import lengths_from_loss_mask
 
     mask = batch.get("attention_mask")
     if mask is None:
@@ -79,11 +78,23 @@ def pack_for_language_model(batch: dict, role: StepRole, pad_multiple: int,
             "its length source on every language pipeline stage, but it is None. Keep the padding "
             "mask in the batch (Bridge's Qwen3.5-VL example keeps it when packing is on); the "
             "packer drops it before the model.")
-    lengths = None
-    if bool((mask != 0).all()):
-        lengths = lengths_from_loss_mask(batch, role.placeholder_ids)
-        say_once("packing:length-source", "mimo_accel packing: the attention_mask marks no padding "
-                 "(all ones), so sample lengths come from loss_mask and the placeholder tokens")
+    if not bool((mask != 0).all()):
+        return None
+    lengths = lengths_from_loss_mask(batch, role.placeholder_ids)
+    say_once("packing:length-source", "mimo_accel packing: the attention_mask marks no padding "
+             "(all ones), so sample lengths come from loss_mask and the placeholder tokens")
+    return lengths
+
+
+@ranged("mimo_accel/pack")  # NVTX on CUDA only (mimo_accel.nvtx)
+def pack_for_language_model(batch: dict, role: StepRole, pad_multiple: int,
+                            say_once: Callable[[str, str], object], lengths: Optional[list] = None) -> dict:
+    """THD-pack the language shard. Lengths: ``lengths`` where given (worked out earlier in the
+    step, by :func:`unmarked_lengths`), else :func:`unmarked_lengths`, else the ``attention_mask``."""
+    from mimo_accel.packing import pack_language_shard
+
+    if lengths is None:
+        lengths = unmarked_lengths(batch, role, say_once)
     packed, kwargs = pack_language_shard(batch, lengths, pad_multiple=pad_multiple,
                                          tp_size=role.sequence_parallel_size,
                                          cp_size=role.context_parallel_size,

@@ -50,6 +50,10 @@ class Runtime:
     # the role of the model upstream's step last asked _get_module_dp_info about: the slice and the
     # packer that follow in the same step read it (upstream hands them plain values)
     step_role: Optional[StepRole] = None
+    # the real lengths of the shard the slice just returned, where its attention_mask marks no padding:
+    # upstream main's step drops input_ids (off the first language stage) and loss_mask (off the
+    # last) before it packs, so under PP only the slice still holds both to work them out from
+    step_lengths: Optional[list] = None
     # BridgeCommunicator -> per-peer encoder rows of forwards still waiting for a backward
     fan_in_rows: "weakref.WeakKeyDictionary[Any, collections.deque[list[int]]]" = field(
         default_factory=weakref.WeakKeyDictionary)
@@ -106,6 +110,7 @@ class Runtime:
             self.fan_in_rows.clear()
             self.roles.clear()
             self.step_role = None
+            self.step_lengths = None
             self.upstream_moves_samples = None
             self.reorder_stepped_aside = None
             self.frozen = ()

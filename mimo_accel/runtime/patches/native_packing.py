@@ -53,8 +53,9 @@ def wrap_pack_language_shard(original: Callable, runtime: Runtime) -> Callable:
 
     Packs as mimo_accel does on 0.6 (:func:`mimo_accel.runtime.local_batch.pack_for_language_model`): the
     caller's ``lengths`` are the row sums of the batch's ``attention_mask``, which that function
-    derives itself, checking right padding, and replaces by ``loss_mask`` + placeholder lengths
-    when the mask marks no padding (all ones), saying so once.
+    derives itself, checking right padding. Where the mask marks no padding (all ones), the lengths
+    come from ``loss_mask`` + placeholders, worked out by the slice (``Runtime.step_lengths``): the
+    step has dropped ``input_ids`` off the first language stage and ``loss_mask`` off the last by now.
     """
     pad_multiple = runtime.config.pad_multiple
 
@@ -76,7 +77,9 @@ def wrap_pack_language_shard(original: Callable, runtime: Runtime) -> Callable:
                 "mimo_accel: upstream's step asked to pack a language shard, but mimo_accel has not seen "
                 "this step's _get_module_dp_info call, so it does not know the rank's pipeline stage. "
                 "Call pack_language_shard only from megatron_mimo_step.forward_step, or disable packing.")
-        packed = pack_for_language_model(data_batch, role, pad_multiple, runtime.say_once)
+        # the lengths the slice worked out while input_ids and loss_mask were both in the batch
+        lengths, runtime.step_lengths = runtime.step_lengths, None
+        packed = pack_for_language_model(data_batch, role, pad_multiple, runtime.say_once, lengths)
         kwargs = packed.pop("packing_kwargs")
         if runtime.profiling is not None:
             runtime.profiling.record_packed(kwargs)

@@ -26,7 +26,7 @@ from typing import Callable, Optional
 
 from mimo_accel.modules import LANGUAGE
 from mimo_accel.runtime.local_batch import (batch_size, check_replica, pack_for_language_model, role_of_rank,
-                                            tensor_bytes)
+                                            tensor_bytes, unmarked_lengths)
 from mimo_accel.runtime.reading.shard import SHARD_TAG_KEY, ShardTag
 from mimo_accel.runtime.state import Runtime
 from mimo_accel.runtime.patches.upstream_call import UpstreamCall, replacing
@@ -112,6 +112,8 @@ def wrap_slice(original: Callable, runtime: Runtime) -> Callable:
             local = pack_for_language_model(local, role, cfg.pad_multiple, runtime.say_once)
             if profiling is not None:
                 profiling.record_packed(local["packing_kwargs"])
+        elif packs:  # main's step packs next, after it drops the fields these lengths come from
+            runtime.step_lengths = unmarked_lengths(local, role, runtime.say_once)
         return local
 
     return local_batch_for_megatron_mimo
