@@ -9,7 +9,7 @@ from typing import Callable, Optional
 
 from mimo_accel.modules import LANGUAGE
 from mimo_accel.nvtx import ranged
-from mimo_accel.runtime.reading.shard import ShardTag, StepRole
+from mimo_accel.runtime.reading.shard import ShardLengths, ShardTag, StepRole
 from mimo_accel.runtime.state import Runtime
 
 
@@ -65,10 +65,8 @@ def batch_size(batch: dict) -> int:
     return int(ids.size(0)) if ids is not None and ids.dim() == 2 else 0
 
 
-def unmarked_lengths(batch: dict, role: StepRole, say_once: Callable[[str, str], object]) -> Optional[list]:
-    """The real lengths of the language shard whose ``attention_mask`` marks no padding (all ones:
-    Bridge's MegatronMIMODataset), from ``loss_mask`` and the placeholder tokens; None where the mask
-    marks the padding itself (it is then the length source)."""
+def shard_lengths(batch: dict, role: StepRole, say_once: Callable[[str, str], object]) -> ShardLengths:
+    """Where the language shard's real lengths come from (:class:`ShardLengths`)."""
     from mimo_accel.packing import lengths_from_loss_mask
 
     mask = batch.get("attention_mask")
@@ -79,22 +77,21 @@ def unmarked_lengths(batch: dict, role: StepRole, say_once: Callable[[str, str],
             "mask in the batch (Bridge's Qwen3.5-VL example keeps it when packing is on); the "
             "packer drops it before the model.")
     if not bool((mask != 0).all()):
-        return None
+        return ShardLengths()
     lengths = lengths_from_loss_mask(batch, role.placeholder_ids)
     say_once("packing:length-source", "mimo_accel packing: the attention_mask marks no padding "
              "(all ones), so sample lengths come from loss_mask and the placeholder tokens")
-    return lengths
+    return ShardLengths(lengths)
 
 
 @ranged("mimo_accel/pack")  # NVTX on CUDA only (mimo_accel.nvtx)
 def pack_for_language_model(batch: dict, role: StepRole, pad_multiple: int,
-                            say_once: Callable[[str, str], object], lengths: Optional[list] = None) -> dict:
-    """THD-pack the language shard. Lengths: ``lengths`` where given (worked out earlier in the
-    step, by :func:`unmarked_lengths`), else :func:`unmarked_lengths`, else the ``attention_mask``."""
+                            say_once: Callable[[str, str], object], known: Optional[ShardLengths] = None) -> dict:
+    """THD-pack the language shard, its lengths as ``known`` says (decided earlier in the step, where
+    the batch still held what they come from), else as :func:`shard_lengths` decides now."""
     from mimo_accel.packing import pack_language_shard
 
-    if lengths is None:
-        lengths = unmarked_lengths(batch, role, say_once)
+    lengths = (known if known is not None else shard_lengths(batch, role, say_once)).lengths
     packed, kwargs = pack_language_shard(batch, lengths, pad_multiple=pad_multiple,
                                          tp_size=role.sequence_parallel_size,
                                          cp_size=role.context_parallel_size,

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from mimo_accel.config import AccelConfig
 from mimo_accel.notices import Notices
-from mimo_accel.runtime.reading.shard import ShardContext, StepRole, context_from_grids
+from mimo_accel.runtime.reading.shard import ShardContext, ShardLengths, StepRole, context_from_grids
 
 if TYPE_CHECKING:
     from mimo_accel.costs import CostModel
@@ -50,10 +50,10 @@ class Runtime:
     # the role of the model upstream's step last asked _get_module_dp_info about: the slice and the
     # packer that follow in the same step read it (upstream hands them plain values)
     step_role: Optional[StepRole] = None
-    # the real lengths of the shard the slice just returned, where its attention_mask marks no padding:
+    # how the real lengths of the shard the slice just returned are known:
     # upstream main's step drops input_ids (off the first language stage) and loss_mask (off the
     # last) before it packs, so under PP only the slice still holds both to work them out from
-    step_lengths: Optional[list] = None
+    step_lengths: Optional[ShardLengths] = None
     # BridgeCommunicator -> per-peer encoder rows of forwards still waiting for a backward
     fan_in_rows: "weakref.WeakKeyDictionary[Any, collections.deque[list[int]]]" = field(
         default_factory=weakref.WeakKeyDictionary)

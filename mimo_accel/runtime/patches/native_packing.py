@@ -77,9 +77,10 @@ def wrap_pack_language_shard(original: Callable, runtime: Runtime) -> Callable:
                 "mimo_accel: upstream's step asked to pack a language shard, but mimo_accel has not seen "
                 "this step's _get_module_dp_info call, so it does not know the rank's pipeline stage. "
                 "Call pack_language_shard only from megatron_mimo_step.forward_step, or disable packing.")
-        # the lengths the slice worked out while input_ids and loss_mask were both in the batch
-        lengths, runtime.step_lengths = runtime.step_lengths, None
-        packed = pack_for_language_model(data_batch, role, pad_multiple, runtime.say_once, lengths)
+        # decided by the slice while input_ids and loss_mask were both in the batch (None: no slice
+        # ran, as under upstream's scalable reads)
+        known, runtime.step_lengths = runtime.step_lengths, None
+        packed = pack_for_language_model(data_batch, role, pad_multiple, runtime.say_once, known)
         kwargs = packed.pop("packing_kwargs")
         if runtime.profiling is not None:
             runtime.profiling.record_packed(kwargs)

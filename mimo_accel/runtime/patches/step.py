@@ -26,7 +26,7 @@ from typing import Callable, Optional
 
 from mimo_accel.modules import LANGUAGE
 from mimo_accel.runtime.local_batch import (batch_size, check_replica, pack_for_language_model, role_of_rank,
-                                            tensor_bytes, unmarked_lengths)
+                                            shard_lengths, tensor_bytes)
 from mimo_accel.runtime.reading.shard import SHARD_TAG_KEY, ShardTag
 from mimo_accel.runtime.state import Runtime
 from mimo_accel.runtime.patches.upstream_call import UpstreamCall, replacing
@@ -113,7 +113,7 @@ def wrap_slice(original: Callable, runtime: Runtime) -> Callable:
             if profiling is not None:
                 profiling.record_packed(local["packing_kwargs"])
         elif packs:  # main's step packs next, after it drops the fields these lengths come from
-            runtime.step_lengths = unmarked_lengths(local, role, runtime.say_once)
+            runtime.step_lengths = shard_lengths(local, role, runtime.say_once)
         return local
 
     return local_batch_for_megatron_mimo

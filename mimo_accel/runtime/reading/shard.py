@@ -138,3 +138,12 @@ class StepRole:
     sequence_parallel_size: int  # T must divide by this for sequence parallelism (tp·cp), else 1
     placeholder_ids: tuple = ()  # the modality placeholder token ids in input_ids
     context_parallel_size: int = 1  # the language grid's cp: packed segments align to 2·cp
+
+
+@dataclass(frozen=True)
+class ShardLengths:
+    """How the language shard's real lengths are known, decided once a step: ``lengths`` from
+    ``loss_mask`` and the placeholder tokens where the ``attention_mask`` marks no padding (all ones:
+    Bridge's MegatronMIMODataset), else None (the mask marks them, and is the length source)."""
+
+    lengths: Optional[list] = None
