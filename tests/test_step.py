@@ -33,7 +33,8 @@ def test_nested_dicts_reach_upstream_and_the_step_work_runs_once(tmp_path, monke
     native_packing = engine._state.shape.native_packing
     try:
         engine._state.runtime.step_role = StepRole(True, True, True, 1)  # what _get_module_dp_info learnt
-        batch = {"input_ids": torch.arange(32).view(4, 8), "attention_mask": torch.ones(4, 8),
+        # its attention_mask marks the padding: the length source where main's step packs next
+        batch = {"input_ids": torch.arange(32).view(4, 8), "attention_mask": (torch.arange(8) < 6).float().repeat(4, 1),
                  "modality_inputs": {"vision": {"clip": {"x": torch.zeros(4, 3)}}}}
         out = dp_utils.slice_batch_for_megatron_mimo(batch, 1, 2)
     finally:
