@@ -1,6 +1,6 @@
-"""Cost-model calibration from profiler logs (mimo_accel.tools.calibrate): the vision-only
-profiler's names as before, and every module from its own measured times (files written by the
-real mimo_accel.profiler.Recorder, its region clock driven by hand)."""
+"""Cost-model calibration from profiler logs (mimo_accel.tools.calibrate): every module from its
+own measured times (files written by the real mimo_accel.profiler.Recorder, its region clock driven
+by hand)."""
 
 from __future__ import annotations
 
@@ -15,9 +15,6 @@ from mimo_accel.costs import CostModel
 from mimo_accel.costs.fit import nnls
 from mimo_accel.profiler import Recorder
 from mimo_accel.profiler.run import read_run
-
-TRUE = {"a": 2e-5, "b": 3e-9, "c": 4e-6}
-
 
 class _Clock:
     """A region clock the test advances by hand: region time = what the step 'cost'."""
@@ -36,174 +33,9 @@ def _recorder(out, rank, world, module="vision", dp_rank=0, dp_size=1):
     return rec, clock
 
 
-def write_run(out, *, steps=40, ranks=2, noise=0.003, sq=True, overhead=0.0, seed=0, identical=False,
-              split_bwd=True, coef=TRUE, drift=None):
-    """Vision ranks whose vision time is a·Σp + b·Σp² + c·tokens (+ overhead) (+ relative noise);
-    ``drift[s]`` scales step s on every rank alike (a machine whose speed changes between steps)."""
-    rng = np.random.default_rng(seed)
-    world = ranks + 1
-    for r in range(ranks):
-        rec, clock = _recorder(out, r, world, dp_rank=r, dp_size=ranks)
-        for step in range(steps):
-            if identical:
-                images, tokens = np.array([1000, 2000]), 3000
-            else:
-                images = rng.integers(100, 6000, size=int(rng.integers(1, 6)))
-                tokens = int(rng.integers(200, 8000))
-            p, q = int(images.sum()), int((images**2).sum())
-            seconds = coef["a"] * p + coef["b"] * q + coef["c"] * tokens + overhead
-            seconds *= 1 + noise * rng.standard_normal()
-            if drift is not None:
-                seconds *= drift[step]
-            rec.add(samples=4, images=len(images), patches=p, tokens=tokens)
-            if sq:
-                rec.add(sq_patches=q)
-            fwd = seconds / 3 if split_bwd else seconds
-            rec.start("vision_fwd")
-            clock.now += fwd
-            rec.stop("vision_fwd")
-            if split_bwd:
-                rec.start("vision_bwd")
-                clock.now += seconds - fwd
-                rec.stop("vision_bwd")
-            rec.end_step()
-        rec.close()
-    lang, _ = _recorder(out, ranks, world, module="language")  # no vision timing: ignored
-    for _ in range(steps):
-        lang.add(samples=4, tokens=100)
-        lang.end_step()
-    lang.close()
-    return out
-
-
 def _rel(x, y):
     return abs(x - y) / y
 
-
-@pytest.mark.parametrize("seed", [0, 1])
-def test_recovers_known_coefficients(tmp_path, seed):
-    run = read_run(write_run(tmp_path, seed=seed))
-    model, stats = cal.fit(run)
-    for k in ("a", "b", "c"):
-        assert _rel(getattr(model, k), TRUE[k]) < 0.05, (k, getattr(model, k))
-        assert stats["terms"][k]["significant"]
-    assert stats["r2"] > 0.99 and stats["rel_rmse"] < 0.02
-    assert stats["n"] == 2 * 39 and stats["ranks"] == [0, 1] and stats["skipped_warmup"] == [0]
-    assert stats["sq_patches"] and model.fit["r2"] == stats["r2"] and model.fit["n"] == stats["n"]
-    assert model.fit["units"] == "seconds"
-
-
-def test_overhead_is_fitted_apart_and_kept_out_of_the_model(tmp_path):
-    run = read_run(write_run(tmp_path, overhead=0.05, split_bwd=False, seed=3))
-    model, stats = cal.fit(run)
-    assert stats["overhead_s"] == pytest.approx(0.05, rel=0.15)
-    for k in ("a", "b"):
-        assert _rel(getattr(model, k), TRUE[k]) < 0.05
-    # without the intercept the fixed time leaks into the per-patch/per-token terms
-    model0, stats0 = cal.fit(run, intercept=False)
-    assert stats0["overhead_s"] == 0.0 and "overhead" not in stats0["terms"]
-    assert model0.a + model0.c > model.a + model.c
-
-
-def test_without_sq_patches_falls_back_to_a_and_c(tmp_path):
-    run = read_run(write_run(tmp_path, sq=False, coef={"a": 2e-5, "b": 0.0, "c": 4e-6}))
-    model, stats = cal.fit(run)
-    assert model.b == 0.0 and not stats["sq_patches"] and not stats["terms"]["b"]["fitted"]
-    assert _rel(model.a, 2e-5) < 0.05 and _rel(model.c, 4e-6) < 0.05
-    assert any("no sq_patches" in w and "b = 0" in w for w in stats["warnings"])
-    console = Console(record=True, width=160)
-    cal.render(model, stats, console)
-    text = console.export_text()
-    assert "not fitted (no sq_patches in logs)" in text and "b = 0" in text
-
-
-def test_per_step_overheads_take_out_a_drift_that_every_replica_shares(tmp_path):
-    # the machine runs up to 25 % slower in some steps, on all four replicas at once
-    drift = 1 + 0.25 * np.random.default_rng(7).random(40)
-    run = read_run(write_run(tmp_path, ranks=4, overhead=0.05, drift=drift, seed=5))
-    plain, plain_stats = cal.fit(run)
-    model, stats = cal.fit(run, per_step=True)
-    assert stats["per_step"] and stats["steps"] == 39 and model.fit["per_step"]
-    # within a step the model explains the replicas' differences; across steps the drift is noise
-    assert stats["r2"] > 0.98 > plain_stats["r2"] and stats["r2_across_steps"] == plain_stats["r2"]
-    assert model.fit["r2_across_steps"] == plain_stats["r2"]
-    # the coefficients come out as the drift's mean scale times the true ones
-    scale = drift[1:].mean()
-    for k in ("a", "b", "c"):
-        assert _rel(getattr(model, k), TRUE[k] * scale) < 0.06, (k, getattr(model, k))
-    assert stats["overhead_s"] == pytest.approx(0.05 * scale, rel=0.3)
-    assert len(stats["terms"]["overhead"]["per_step"]) == 39
-    console = Console(record=True, width=160)
-    cal.render(model, stats, console)
-    text = console.export_text()
-    assert "R² within steps" in text and "R² across steps (one overhead)" in text and "overhead per step" in text
-    with pytest.raises(ValueError, match="per_step"):
-        cal.fit(run, per_step=True, intercept=False)
-
-
-def test_per_step_with_one_replica_falls_back_to_one_overhead(tmp_path):
-    run = read_run(write_run(tmp_path, ranks=1, seed=2))
-    model, stats = cal.fit(run, per_step=True)
-    assert not stats["per_step"] and "r2_across_steps" not in stats
-    assert any("fitted one overhead across steps" in w for w in stats["warnings"])
-    assert _rel(model.b, TRUE["b"]) < 0.05
-
-
-def test_main_writes_a_cost_model_file(tmp_path):
-    run_dir = write_run(tmp_path / "run")
-    out, js = tmp_path / "cost.json", tmp_path / "fit.json"
-    console = Console(record=True, width=160)
-    assert cal.main([str(run_dir), "--out", str(out), "--json", str(js)], console=console) == 0
-    text = console.export_text()
-    assert "R²" in text and "relative RMSE" in text and "significant" in text and "wrote" in text
-    # the setting's one name: cost_model, MIMO_ACCEL_COST_MODEL, --cost-model
-    flat = " ".join(text.split())
-    assert f"MIMO_ACCEL_COST_MODEL={out}" in flat and f"--cost-model {out}" in flat and "MIMO_ACCEL_COST=" not in flat
-    model = CostModel.from_file(out)
-    assert _rel(model.b, TRUE["b"]) < 0.05
-    assert {"r2", "n", "rmse", "rel_rmse", "overhead_s"} <= set(model.fit)
-    assert json.loads(out.read_text())["format"] == "mimo-accel-cost-model/2"  # an old run: a, b, c, no modules
-    assert model.modules == {}
-    assert json.loads(js.read_text())["model"]["a"] == model.a
-
-
-def test_error_cases(tmp_path, capsys):
-    # only a language rank: no vision steps
-    lang, _ = _recorder(tmp_path / "lang", 0, 1, module="language")
-    for _ in range(5):
-        lang.end_step()
-    lang.close()
-    with pytest.raises(cal.CalibrationError, match="no vision steps"):
-        cal.fit(read_run(tmp_path / "lang"))
-    # too few steps: 3 recorded, 1 warm-up, 2 left on one rank
-    with pytest.raises(cal.CalibrationError, match=r"too few steps.*2 usable.*at least 3"):
-        cal.fit(read_run(write_run(tmp_path / "few", steps=3, ranks=1)))
-    # every step identical: the features cannot be told apart
-    with pytest.raises(cal.CalibrationError, match="singular design.*collinear"):
-        cal.fit(read_run(write_run(tmp_path / "same", identical=True)))
-    # the CLI: clear message, rc 2
-    assert cal.main([str(tmp_path / "same")]) == 2
-    assert "singular design" in capsys.readouterr().err
-    assert cal.main([str(tmp_path / "missing")]) == 2
-    assert "missing: no such directory" in capsys.readouterr().err
-    assert cal.main([str(tmp_path / "few"), "--warmup", "-1"]) == 2
-    assert cal.main([str(tmp_path / "few"), "--per-step", "--no-intercept"]) == 2
-    assert "--per-step" in capsys.readouterr().err
-    with pytest.raises(ValueError, match="warmup"):
-        cal.fit(read_run(tmp_path / "few"), warmup=-1)
-
-
-def test_nnls_matches_scipy():
-    # scipy comes with the Megatron runtime (modelopt needs it: the suite's import check has it)
-    scipy_nnls = pytest.importorskip("scipy.optimize", reason="scipy comes with the Megatron runtime").nnls
-    rng = np.random.default_rng(0)
-    for _ in range(30):
-        x = rng.standard_normal((20, 4))
-        y = rng.standard_normal(20)
-        ours = nnls(x, y)
-        ref, _ = scipy_nnls(x, y)
-        assert (ours >= 0).all()
-        assert np.linalg.norm(x @ ours - y) == pytest.approx(np.linalg.norm(x @ ref - y), rel=1e-9, abs=1e-12)
 
 
 # ------------------------------------------------------------------------------------------
@@ -224,11 +56,13 @@ def _count(rec, **counters):
 
 
 def write_module_run(out, *, steps=30, dps=None, noise=0.003, seed=0, drift=None, coef=TRUE_MODULES, sq=True,
-                     items=None):
-    """One rank per replica of each module; each rank's module time is its true cost (+ noise),
-    recorded under ``<m>_fwd`` / ``<m>_bwd`` with its ``<m>_items/_rows/_sq_rows`` (encoders) or
-    ``tokens``/``sq_tokens`` (language) counters; ``items``: that many per encoder replica and step
-    (as a sharded plan gives), else 1-5."""
+                     items=None, overhead=0.0, identical=False):
+    """One rank per replica of each module; each rank's module time is its true cost (+ ``overhead``)
+    (+ relative noise), recorded under ``<m>_fwd`` / ``<m>_bwd`` with its ``<m>_items/_rows/_sq_rows``
+    (encoders) or ``tokens``/``sq_tokens`` (language) counters; ``items``: that many per encoder
+    replica and step (as a sharded plan gives), else 1-5; ``identical``: the same work in every
+    step; ``drift[s]`` scales step s on every rank alike (a machine whose speed changes between
+    steps)."""
     dps = dps or {"vision": 2, "audios": 2, "language": 2}
     rng = np.random.default_rng(seed)
     world = sum(dps.values())
@@ -240,18 +74,19 @@ def write_module_run(out, *, steps=30, dps=None, noise=0.003, seed=0, drift=None
             for step in range(steps):
                 c = coef[module]
                 if module == "language":
-                    lengths = rng.integers(50, 4000, size=int(rng.integers(2, 8)))
+                    lengths = np.array([1000, 2000]) if identical else rng.integers(50, 4000, size=int(rng.integers(2, 8)))
                     t, q = int(lengths.sum()), int((lengths ** 2).sum())
                     seconds = c["a"] * t + c["b"] * q
                     rec.add(samples=len(lengths), tokens=t)
                     _count(rec, **({"sq_tokens": q} if sq else {}))
                 else:
-                    sizes = rng.integers(50, 3000, size=items or int(rng.integers(1, 6)))
+                    sizes = np.array([1000, 2000]) if identical else \
+                        rng.integers(50, 3000, size=items or int(rng.integers(1, 6)))
                     p, q = int(sizes.sum()), int((sizes ** 2).sum())
                     seconds = c["a"] * p + c["b"] * q + c["k"] * len(sizes)
                     _count(rec, **{f"{module}_items": len(sizes), f"{module}_rows": p,
                                    **({f"{module}_sq_rows": q} if sq else {})})
-                seconds *= 1 + noise * rng.standard_normal()
+                seconds = (seconds + overhead) * (1 + noise * rng.standard_normal())
                 if drift is not None:
                     seconds *= drift[step]
                 rec.start(f"{module}_fwd")
@@ -274,7 +109,11 @@ def test_every_module_is_fitted_from_its_own_times(tmp_path, seed):
         got = model.of(m).to_dict()
         for k, v in true.items():
             assert _rel(got[k], v) < (0.15 if k == "k" else 0.08), (m, k, got[k], v)  # few items: k is the weakest
-        assert stats[m]["r2"] > 0.99 and stats[m]["n"] == 2 * 29
+        assert stats[m]["r2"] > 0.99 and stats[m]["n"] == 2 * 29 and stats[m]["rel_rmse"] < 0.02
+        assert stats[m]["terms"]["a"]["significant"] and stats[m]["terms"]["b"]["significant"]
+        assert stats[m]["skipped_warmup"] == [0] and len(stats[m]["ranks"]) == 2 and stats[m]["sq"]
+        assert model.fit["modules"][m]["r2"] == stats[m]["r2"] and model.fit["modules"][m]["n"] == stats[m]["n"]
+    assert model.fit["units"] == "seconds"
     assert model.of("language").k == 0
     assert (model.a, model.b) == (model.of("vision").a, model.of("vision").b)  # the default encoder's
 
@@ -301,6 +140,12 @@ def test_per_step_fits_each_module_within_steps(tmp_path):
         assert stats[m]["per_step"] and stats[m]["r2"] > 0.98 and stats[m]["r2"] > plain_stats[m]["r2"] + 0.02
         assert stats[m]["r2_across_steps"] == plain_stats[m]["r2"]
         assert _rel(model.of(m).a, TRUE_MODULES[m]["a"] * scale) < 0.1, m
+        assert stats[m]["steps"] == 29 and len(stats[m]["terms"]["overhead"]["per_step"]) == 29
+    assert model.fit["per_step"] and model.fit["modules"]["vision"]["r2_across_steps"] == plain_stats["vision"]["r2"]
+    console = Console(record=True, width=200)
+    cal.render_modules(model, stats, console)
+    text = console.export_text()
+    assert "R² within steps" in text and "R² across steps (one overhead)" in text and "overhead per step" in text
 
 
 def test_main_writes_every_module_and_prints_each_fit(tmp_path):
@@ -309,6 +154,10 @@ def test_main_writes_every_module_and_prints_each_fit(tmp_path):
     console = Console(record=True, width=200)
     assert cal.main([str(run_dir), "--out", str(out), "--json", str(js), "--per-step"], console=console) == 0
     text = console.export_text()
+    assert "relative RMSE" in text and "significant" in text and "wrote" in text
+    # the setting's one name: cost_model, MIMO_ACCEL_COST_MODEL, --cost-model
+    flat = " ".join(text.split())
+    assert f"MIMO_ACCEL_COST_MODEL={out}" in flat and f"--cost-model {out}" in flat and "MIMO_ACCEL_COST=" not in flat
     for m in ("vision", "audios", "language"):
         assert f"{m}: cost-model fit" in text and f"Fit quality ({m})" in text
     assert "R² within steps" in text and "k · items" in text and "a · tokens" in text
@@ -329,14 +178,10 @@ def test_a_module_without_its_attention_counter_falls_back(tmp_path):
     assert any("no vision_sq_rows" in w for w in stats["vision"]["warnings"])
     assert any("no sq_tokens" in w for w in stats["language"]["warnings"])
     assert _rel(model.of("language").a, 3e-5) < 0.05
-
-
-def test_old_vision_only_runs_still_calibrate_as_before(tmp_path):
-    run = read_run(write_run(tmp_path))
-    assert cal.modules_in(run) == []
-    model, stats = cal.fit_modules(run)
-    ref, _ = cal.fit(run)
-    assert model == ref and set(stats) == {"vision"}
+    console = Console(record=True, width=200)
+    cal.render_modules(model, stats, console)
+    text = console.export_text()
+    assert "not fitted (no vision_sq_rows in logs)" in text and "b = 0 for vision" in text
 
 
 def test_a_module_of_pp_stages_is_fitted_on_its_replicas_stages_summed(tmp_path):
@@ -372,3 +217,68 @@ def test_a_module_of_pp_stages_is_fitted_on_its_replicas_stages_summed(tmp_path)
     got = model.of("language")
     assert _rel(got.a, 1.05 * true["a"]) < 0.02 and _rel(got.b, 1.05 * true["b"]) < 0.02
     assert stats["language"]["n"] == 2 * (steps - 1)  # one observation per replica and step (warm-up left out)
+
+
+def test_overhead_is_fitted_apart_and_kept_out_of_the_model(tmp_path):
+    run = read_run(write_module_run(tmp_path, dps={"vision": 2, "language": 1}, overhead=0.05, seed=3))
+    model, stats = cal.fit_modules(run, modules=["vision"])
+    assert stats["vision"]["overhead_s"] == pytest.approx(0.05, rel=0.15)
+    for k in ("a", "b"):
+        assert _rel(getattr(model.of("vision"), k), TRUE_MODULES["vision"][k]) < 0.08, k
+    # without the intercept the fixed time leaks into the per-row/per-item terms
+    model0, stats0 = cal.fit_modules(run, modules=["vision"], intercept=False)
+    assert stats0["vision"]["overhead_s"] == 0.0 and "overhead" not in stats0["vision"]["terms"]
+    assert model0.of("vision").a + model0.of("vision").k > model.of("vision").a + model.of("vision").k
+
+
+def test_per_step_with_one_replica_falls_back_to_one_overhead(tmp_path):
+    run = read_run(write_module_run(tmp_path, dps={"vision": 1, "language": 1}, seed=2))
+    model, stats = cal.fit_modules(run, per_step=True, modules=["vision"])
+    assert not stats["vision"]["per_step"] and "r2_across_steps" not in stats["vision"]
+    assert any("fitted one overhead across steps" in w for w in stats["vision"]["warnings"])
+    assert _rel(model.of("vision").b, TRUE_MODULES["vision"]["b"]) < 0.08
+
+
+def test_error_cases(tmp_path, capsys):
+    # only a language rank that times nothing: no module to fit
+    lang, _ = _recorder(tmp_path / "lang", 0, 1, module="language")
+    for _ in range(5):
+        lang.end_step()
+    lang.close()
+    with pytest.raises(cal.CalibrationError, match="no module is timed"):
+        cal.fit_modules(read_run(tmp_path / "lang"))
+    assert cal.main([str(tmp_path / "lang")]) == 2
+    assert "no module is timed" in capsys.readouterr().err
+    # too few steps: 3 recorded, 1 warm-up, 2 left on one rank
+    few = write_module_run(tmp_path / "few", steps=3, dps={"vision": 1})
+    with pytest.raises(cal.CalibrationError, match=r"too few steps.*2 usable.*at least 3"):
+        cal.fit_modules(read_run(few))
+    # every step identical: the features cannot be told apart
+    same = write_module_run(tmp_path / "same", dps={"vision": 2}, identical=True)
+    with pytest.raises(cal.CalibrationError, match="singular design.*collinear"):
+        cal.fit_modules(read_run(same), intercept=False)
+    # the CLI: clear message, rc 2
+    assert cal.main([str(same), "--no-intercept"]) == 2
+    assert "singular design" in capsys.readouterr().err
+    assert cal.main([str(tmp_path / "missing")]) == 2
+    assert "missing: no such directory" in capsys.readouterr().err
+    assert cal.main([str(few), "--warmup", "-1"]) == 2
+    assert cal.main([str(few), "--per-step", "--no-intercept"]) == 2
+    assert "--per-step" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="warmup"):
+        cal.fit_modules(read_run(few), warmup=-1)
+    with pytest.raises(ValueError, match="per_step"):
+        cal.fit_modules(read_run(few), per_step=True, intercept=False)
+
+
+def test_nnls_matches_scipy():
+    # scipy comes with the Megatron runtime (modelopt needs it: the suite's import check has it)
+    scipy_nnls = pytest.importorskip("scipy.optimize", reason="scipy comes with the Megatron runtime").nnls
+    rng = np.random.default_rng(0)
+    for _ in range(30):
+        x = rng.standard_normal((20, 4))
+        y = rng.standard_normal(20)
+        ours = nnls(x, y)
+        ref, _ = scipy_nnls(x, y)
+        assert (ours >= 0).all()
+        assert np.linalg.norm(x @ ours - y) == pytest.approx(np.linalg.norm(x @ ref - y), rel=1e-9, abs=1e-12)

@@ -54,7 +54,8 @@ def test_records_encoder_forward_and_backward_and_flushes_each_step(tmp_path):
         x = torch.randn(64, 128)
         out = enc(x)
         head(out).sum().backward()
-        rec.add(samples=4, images=6, patches=64, tokens=300, samples_read=4, bytes_read=1000, bytes_exchanged=256)
+        rec.add(samples=4, vision_items=6, vision_rows=64, tokens=300, samples_read=4, bytes_read=1000,
+                bytes_exchanged=256)
         rec.add(samples=4)
         rec.set(predicted_spread=0.05, note="x")
         rec.end_step(step=10 + step)
@@ -81,7 +82,7 @@ def test_records_encoder_forward_and_backward_and_flushes_each_step(tmp_path):
         assert s["step_cpu_s"] >= s["vision_fwd_s"] + s["vision_bwd_s"]  # same clock, nested regions
         assert s["step_cpu_s"] is not None and s["step_cpu_s"] > 0
         assert s["timed_calls"] == {"vision_fwd": 1, "vision_bwd": 1}
-        assert (s["samples"], s["images"], s["patches"], s["tokens"]) == (8, 6, 64, 300)
+        assert (s["samples"], s["vision_items"], s["vision_rows"], s["tokens"]) == (8, 6, 64, 300)
         assert (s["samples_read"], s["bytes_read"], s["bytes_exchanged"]) == (4, 1000, 256)
         assert s["predicted_spread"] == 0.05 and s["note"] == "x"
     rec.close()
@@ -574,9 +575,9 @@ def test_each_module_is_timed_and_counted_under_its_own_name(tmp_path):
     for s in log.steps:
         assert s["timed_calls"] == {f"{m}_{p}": 2 for m in ("images", "audios", "language") for p in ("fwd", "bwd")}
         assert all(s[f"{m}_{p}_s"] > 0 for m in ("images", "audios", "language") for p in ("fwd", "bwd"))
-        # images: 2 per micro-batch, 8 + 16 patches; also format 1's counters
+        # images: 2 per micro-batch, 8 + 16 patches; no counter of another name beside them
         assert (s["images_items"], s["images_rows"], s["images_sq_rows"]) == (4, 48, 2 * (64 + 256))
-        assert (s["images"], s["patches"], s["sq_patches"]) == (4, 48, 2 * (64 + 256))
+        assert not {"images", "patches", "sq_patches"} & set(s)
         # audios: 3 clips per micro-batch, 5 output rows each (10 frames, every second one)
         assert (s["audios_items"], s["audios_rows"], s["audios_sq_rows"]) == (6, 30, 6 * 25)
         # language: real tokens L = 3, 4, 1 per micro-batch
@@ -590,20 +591,19 @@ def test_what_an_encoder_counts():
     from mimo_accel.runtime.measuring.profiling import encoder_counts
 
     def ints(c):
-        return tuple(int(v) for v in c[:3]) + (c[3],)
+        return tuple(int(v) for v in c)
 
     grid = torch.tensor([[2, 4, 6]])
-    assert ints(encoder_counts({"x": torch.zeros(48, 3), "grid_thw": grid})) == (1, 48, 48 * 48, True)
-    assert ints(encoder_counts({"x": torch.zeros(0, 3), "grid_thw": torch.zeros(0, 3, dtype=torch.long)})) == \
-        (0, 0, 0, True)
+    assert ints(encoder_counts({"x": torch.zeros(48, 3), "grid_thw": grid})) == (1, 48, 48 * 48)
+    assert ints(encoder_counts({"x": torch.zeros(0, 3), "grid_thw": torch.zeros(0, 3, dtype=torch.long)})) == (0, 0, 0)
     clips = {"input_features": torch.zeros(2, 80, 3000)}
-    assert ints(encoder_counts(clips, torch.zeros(2, 1500, 16))) == (2, 3000, 2 * 1500**2, False)  # output rows
-    assert ints(encoder_counts(clips, (torch.zeros(2, 1500, 16), None))) == (2, 3000, 2 * 1500**2, False)
-    assert ints(encoder_counts({"x": torch.zeros(1, 80, 3000)}, torch.zeros(700, 16))) == (1, 700, 700**2, False)
+    assert ints(encoder_counts(clips, torch.zeros(2, 1500, 16))) == (2, 3000, 2 * 1500**2)  # output rows
+    assert ints(encoder_counts(clips, (torch.zeros(2, 1500, 16), None))) == (2, 3000, 2 * 1500**2)
+    assert ints(encoder_counts({"x": torch.zeros(1, 80, 3000)}, torch.zeros(700, 16))) == (1, 700, 700**2)
     # a flat output of several clips: the input's time length, from a mask where there is one
     masked = {"input_features": torch.zeros(2, 80, 6), "feature_attention_mask": torch.tensor([[1] * 6, [1] * 2 + [0] * 4])}
-    assert ints(encoder_counts(masked, torch.zeros(8, 16))) == (2, 8, 36 + 4, False)
-    assert ints(encoder_counts(clips, torch.zeros(3000, 16))) == (2, 6000, 2 * 3000**2, False)  # longest dim
+    assert ints(encoder_counts(masked, torch.zeros(8, 16))) == (2, 8, 36 + 4)
+    assert ints(encoder_counts(clips, torch.zeros(3000, 16))) == (2, 6000, 2 * 3000**2)  # longest dim
     assert encoder_counts({"n": 3}) is None
 
 

@@ -41,7 +41,7 @@ def write_run(
         for i, st in enumerate(spec["steps"]):
             rec = {
                 "kind": "step", "step": i, "step_time_s": 1.0, "step_cpu_s": None, "vision_fwd_s": None,
-                "vision_bwd_s": None, "samples": 0, "images": 0, "patches": 0, "tokens": 0, "samples_read": 0,
+                "vision_bwd_s": None, "samples": 0, "tokens": 0, "samples_read": 0,
                 "bytes_read": 0, "bytes_exchanged": 0, "predicted_spread": None,
             }
             rec.update(st)

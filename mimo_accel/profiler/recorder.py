@@ -44,10 +44,8 @@ FORMAT = "mimo-accel-profile/2"
 #: The format before per-module timing, which :func:`mimo_accel.profiler.run.read_run` refuses.
 FORMAT_V1 = "mimo-accel-profile/1"
 #: Counters that :meth:`Recorder.add` accumulates per step; always present in a step line (0 if unset).
-#: ``images`` / ``patches`` / ``sq_patches``: the patch-packed image encoder's;
 #: ``tokens`` / ``sq_tokens``: the batch's real tokens, Σ L and Σ L² over its samples.
-COUNTERS = ("samples", "images", "patches", "sq_patches", "tokens", "sq_tokens", "samples_read", "bytes_read",
-            "bytes_exchanged")
+COUNTERS = ("samples", "tokens", "sq_tokens", "samples_read", "bytes_read", "bytes_exchanged")
 #: Per-encoder counters: ``<module>_items`` (images / clips), ``<module>_rows`` (encoder rows summed over
 #: the items), ``<module>_sq_rows`` (rows² summed over the items).
 MODULE_COUNTERS = ("items", "rows", "sq_rows")
@@ -263,9 +261,8 @@ class Recorder:
     # -- counters and fields --------------------------------------------------------------------
 
     def add(self, **counters: int) -> None:
-        """Add to this step's counters (``COUNTERS``: ``samples``, ``images``, ``patches``,
-        ``tokens``, ``sq_tokens``, ``samples_read``, ``bytes_read``, ``bytes_exchanged``; an
-        encoder's ``<module>_items`` / ``<module>_rows`` / ``<module>_sq_rows``). A module counter
+        """Add to this step's counters (``COUNTERS``: ``samples``, ``tokens``, ``sq_tokens``,
+        ``samples_read``, ``bytes_read``, ``bytes_exchanged``; an encoder's ``<module>_items`` / ``<module>_rows`` / ``<module>_sq_rows``). A module counter
         added once is written in every later step line (0 when unset)."""
         c = self._counters
         for name, value in counters.items():

@@ -11,8 +11,7 @@ Every module is timed under its own name (:mod:`mimo_accel.modules`): regions ``
 - ``ModalitySubmodules.encode``: on first use, a forward/backward timer and a counting hook are
   attached to each real encoder of the submodule, named by the submodule's module; the counts
   (per step, summed over the rank's micro-batches; :func:`encoder_counts` says what is counted):
-  ``<module>_items``, ``<module>_rows``, ``<module>_sq_rows``, and for patch-packed inputs
-  (``grid_thw``) also format 1's ``images`` / ``patches`` / ``sq_patches``.
+  ``<module>_items``, ``<module>_rows``, ``<module>_sq_rows``.
 - the step's batch hook (:meth:`Profiling.record_batch`): samples, real tokens (``tokens`` = Σ L,
   ``sq_tokens`` = Σ L² over the batch's samples, L = a sample's attention-mask row sum), samples
   and bytes read by this rank, and what the plan predicted for the batch (from its tag).
@@ -95,13 +94,13 @@ def _first_tensor(obj: Any, depth: int = 0):
 
 
 def encoder_counts(inputs: dict, output: Any = None) -> Optional[tuple]:
-    """What one encoder forward counts: ``(items, rows, sq_rows, patch_packed)``, or None when its
+    """What one encoder forward counts: ``(items, rows, sq_rows)``, or None when its
     inputs hold no tensor. ``rows`` / ``sq_rows`` may be 0-d tensors (read back at the step's end,
     so counting adds no host sync per micro-batch).
 
     - Patch-packed inputs (a ``grid_thw`` of one ``(t, h, w)`` row per image, as Qwen-VL's vision
       encoder takes them): items = images (rows of ``grid_thw``), rows of an item = its patches
-      ``t·h·w`` before merging (format 1's ``images`` / ``patches`` / ``sq_patches``).
+      ``t·h·w`` before merging.
     - Any other inputs (audio features, video clips as a batch, ...): items = the clips in the
       batch (the leading dimension of the first tensor input), and rows of an item =
         1. the encoder's output rows of that item, where the output is ``(items, rows, hidden)``
@@ -121,32 +120,32 @@ def encoder_counts(inputs: dict, output: Any = None) -> Optional[tuple]:
             break
     if grid is not None:
         if not grid.numel():
-            return 0, 0, 0, True
+            return 0, 0, 0
         per_item = grid.reshape(-1, grid.size(-1)).prod(dim=-1)
-        return int(per_item.size(0)), per_item.sum(), (per_item * per_item).sum(), True
+        return int(per_item.size(0)), per_item.sum(), (per_item * per_item).sum()
     first = next((v for v in inputs.values() if isinstance(v, torch.Tensor) and v.dim() >= 1), None)
     if first is None:
         return None
     items = int(first.size(0))
     if not items:
-        return 0, 0, 0, False
+        return 0, 0, 0
     out = _first_tensor(output)
     if out is not None and out.dim() == 3 and out.size(0) == items:
         rows = int(out.size(1))
-        return items, items * rows, items * rows * rows, False
+        return items, items * rows, items * rows * rows
     if out is not None and out.dim() == 2 and items == 1:
         rows = int(out.size(0))
-        return 1, rows, rows * rows, False
+        return 1, rows, rows * rows
     for key, value in inputs.items():
         if (isinstance(value, torch.Tensor) and "mask" in key and value.dim() == 2
                 and int(value.size(0)) == items):
             per_item = (value != 0).sum(dim=1)
-            return items, per_item.sum(), (per_item * per_item).sum(), False
+            return items, per_item.sum(), (per_item * per_item).sum()
     shaped = next((v for v in inputs.values() if isinstance(v, torch.Tensor) and v.dim() >= 2), None)
     if shaped is None:
-        return items, items, items, False  # one row per item: (items,) inputs
+        return items, items, items  # one row per item: (items,) inputs
     rows = int(max(shaped.shape[1:]))
-    return items, items * rows, items * rows * rows, False
+    return items, items * rows, items * rows * rows
 
 
 def _host_ints(rows: list) -> list:
@@ -175,7 +174,7 @@ class Profiling:
         # Device-side counts of the current step, read back once at the step's end (the optimizer
         # step has synchronised by then), so profiling adds no host sync per micro-batch.
         self._pending_counts: list = []
-        # each encoder forward's (module, items, rows, sq_rows, patch_packed) this step, in call
+        # each encoder forward's (module, items, rows, sq_rows) this step, in call
         # order (one a micro-batch): the step's counters, and what the online calibration learns a
         # one-replica module's cost from
         self._micro_counts: list = []
@@ -378,15 +377,13 @@ class Profiling:
             return
         # every count of the step read back at once: the language tokens, then each encoder forward's
         pending, forwards = self._pending_counts, self._micro_counts
-        values = _host_ints([[v for _, v in pending]] + [[items, rows, sq] for _, items, rows, sq, _ in forwards])
+        values = _host_ints([[v for _, v in pending]] + [[items, rows, sq] for _, items, rows, sq in forwards])
         for (name, _), value in zip(pending, values[0]):
             rec.add(**{name: value})
-        for (module, *_, patch_packed), (items, rows, sq_rows) in zip(forwards, values[1:]):
+        for (module, *_), (items, rows, sq_rows) in zip(forwards, values[1:]):
             counts = {f"{module}_items": items, f"{module}_rows": rows, f"{module}_sq_rows": sq_rows}
             rec.add(**counts)
             rec.add_micro(**counts)
-            if patch_packed:  # format 1's names of the same counts
-                rec.add(images=items, patches=rows, sq_patches=sq_rows)
         pending.clear()
         forwards.clear()
         if self._plan_wait_s is not None:  # the training thread's wait for this step's plans

@@ -13,46 +13,36 @@ with the profiler's per-module names:
   tokens) and ``sq_tokens`` (Σ over its samples of L²), giving ``a·tokens + b·tokens²``.
 
 The result is a v2 cost-model file with every fitted module in its ``modules`` table (see
-:class:`~mimo_accel.costs.CostModel`). A run of the vision-only profiler (``vision_fwd_s``,
-``patches``, ``sq_patches``, ``images``: format-1 profile files) is fitted for its vision
-encoder's ``(a, b, c)``, as described below; everything said there (the overhead, ``--per-step``,
-a missing attention counter, the fit quality) holds for each module alike.
+:class:`~mimo_accel.costs.CostModel`).
 
-Each step line of a vision rank (``rank<N>.jsonl`` from :class:`mimo_accel.profiler.Recorder`) is
-one observation: the rank's vision time in that step, ``vision_fwd_s + vision_bwd_s`` (a missing
-part counts 0, as in ``mimo-accel report``), against what its encoder saw: ``patches`` (Σp),
-``sq_patches`` (Σp² over the images: the attention term) and ``tokens``. A non-negative least
-squares fit of
+Each module's step lines are its observations (one per rank-step, or per replica-step for PP
+stages), fitted by non-negative least squares, e.g. for an encoder
 
-    time ≈ a·Σp + b·Σp² + c·tokens + overhead
+    time ≈ a·rows + b·sq_rows + k·items + overhead
 
-gives the :class:`~mimo_accel.costs.CostModel` ``(a, b, c)`` in seconds (``a`` is seconds per
-patch). ``overhead`` is a fixed per-step time (kernel launches, the merger's fixed work): it is
+in seconds. ``overhead`` is a fixed per-step time (kernel launches, the merger's fixed work): it is
 the same on every replica, so it cannot change a balancing decision and is not part of the model;
-fitting it keeps it from inflating ``a`` or ``c``. ``--no-intercept`` drops it.
+fitting it keeps it from inflating the other terms. ``--no-intercept`` drops it.
 
-``--per-step`` fits one overhead per step instead (a step fixed effect): what every vision
-replica of a step shares — the step's fixed work, and the machine's speed while it ran. On a
-shared machine the same work can take 20 % longer in one step than in the next, on every replica
-at once (measured on the 2-core VM: identical forward+backward passes took 122-237 ms over a
-minute); a single overhead leaves that drift in the residual, although it cannot change which
-replica is slowest. The coefficients are then fitted on how replicas differ *within* a step —
-the only thing a balancing plan uses — and ``r2`` is the share of that within-step variation the
-model explains; ``r2_across_steps`` is the plain fit's R² (one overhead), reported beside it.
-With one vision replica there is no within-step variation, and the fit falls back to one
-overhead (and says so).
+``--per-step`` fits one overhead per step instead (a step fixed effect): what every replica of a
+step shares — the step's fixed work, and the machine's speed while it ran. On a shared machine the
+same work can take 20 % longer in one step than in the next, on every replica at once (measured on
+the 2-core VM: identical forward+backward passes took 122-237 ms over a minute); a single overhead
+leaves that drift in the residual, although it cannot change which replica is slowest. The
+coefficients are then fitted on how replicas differ *within* a step — the only thing a balancing
+plan uses — and ``r2`` is the share of that within-step variation the model explains;
+``r2_across_steps`` is the plain fit's R² (one overhead), reported beside it. With one replica
+there is no within-step variation, and the fit falls back to one overhead (and says so).
 
-``sq_patches`` is an optional step field. When the logs do not carry it the fit falls back to
-``a`` and ``c`` only (``b = 0``) and says so: the model then weighs an image by its patch count,
-not by its attention cost.
+The attention counter (``<m>_sq_rows``, ``sq_tokens``) is optional. When the logs do not carry it
+the fit falls back to the linear terms (``b = 0``) and says so.
 
-Fit quality, printed and stored in the model file's ``fit`` metadata: ``r2`` (on the vision
-time), ``rmse`` (s), ``rel_rmse`` (rmse / mean time), ``n`` (observations), and per feature the
-standard error and t-value (on the features NNLS kept; a feature is *significant* if t > 2).
+Fit quality, printed and stored in the model file's ``fit`` metadata per module: ``r2``, ``rmse``
+(s), ``rel_rmse`` (rmse / mean time), ``n`` (observations), and per feature the standard error and
+t-value (on the features NNLS kept; a feature is *significant* if t > 2).
 
-Rank logs whose header says ``module = "language"`` are skipped; so are steps without a vision
-time and the first ``--warmup`` step numbers (default 1: the first step pays for allocation and
-compilation).
+Steps without the module's time and the first ``--warmup`` step numbers (default 1: the first step
+pays for allocation and compilation) are skipped.
 """
 
 from __future__ import annotations
@@ -70,9 +60,9 @@ from rich.console import Console
 from mimo_accel.modules import LANGUAGE
 from mimo_accel.profiler.run import NoProfileData, read_run
 from mimo_accel.tools.arguments import UsageError, fail, nonnegative_int, output_file, parse
-from mimo_accel.tools.calibrate.fitting import fit, fit_modules
+from mimo_accel.tools.calibrate.fitting import fit_modules
 from mimo_accel.tools.calibrate.observations import CalibrationError, modules_in
-from mimo_accel.tools.calibrate.tables import render, render_modules
+from mimo_accel.tools.calibrate.tables import render_modules
 
 __all__ = ["PROG", "main"]
 
@@ -81,8 +71,7 @@ PROG = "mimo-accel calibrate"
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=PROG,
-                                description="Fit each module's cost model from its own measured times in a profiler "
-                                            "run (the vision encoder's a, b, c from a run of the vision-only profiler).")
+                                description="Fit each module's cost model from its own measured times in a profiler run.")
     p.add_argument("run_dir", metavar="RUN_DIR", help="profile directory (rank<N>.jsonl files)")
     p.add_argument("--out", metavar="PATH", help="write the cost-model file (use it as cost_model=PATH, "
                                                  "MIMO_ACCEL_COST_MODEL=PATH, or simulate --cost-model PATH)")
@@ -113,34 +102,24 @@ def main(argv: Sequence[str] | None = None, *, console: Console | None = None) -
         output_file("--json", args.json)
         run = read_run(args.run_dir)
         modules = modules_in(run)
-        if modules:
-            model, per_module = fit_modules(run, warmup=args.warmup, intercept=not args.no_intercept,
-                                            per_step=args.per_step, modules=modules)
-        else:  # the vision-only profiler's names: one (a, b, c) fit of the vision encoder
-            model, stats = fit(run, warmup=args.warmup, intercept=not args.no_intercept, per_step=args.per_step)
+        model, per_module = fit_modules(run, warmup=args.warmup, intercept=not args.no_intercept,
+                                        per_step=args.per_step, modules=modules)
     except (UsageError, NoProfileData, CalibrationError) as e:
         return fail(PROG, e)
     if console is None:
         # Piped output: rich would wrap the tables at 80 columns; give them room instead.
         console = Console() if sys.stdout.isatty() else Console(width=120)
-    if modules:
-        render_modules(model, per_module, console)
-    else:
-        render(model, stats, console)
+    render_modules(model, per_module, console)
     if args.out:
         model.to_file(args.out)
-        if modules:
-            fitted = "; ".join(f"{m}: " + " ".join(f"{k}={v:.4g}" for k, v in model.of(m).to_dict().items()
-                                                  if not (m == LANGUAGE and k == "k"))
-                               for m in modules)
-            console.print(f"wrote {args.out}: {fitted} ({_use(args.out)})")
-        else:
-            console.print(f"wrote {args.out}: a={model.a:.4g} b={model.b:.4g} c={model.c:.4g} ({_use(args.out)})")
+        fitted = "; ".join(f"{m}: " + " ".join(f"{k}={v:.4g}" for k, v in model.of(m).to_dict().items()
+                                              if not (m == LANGUAGE and k == "k"))
+                           for m in modules)
+        console.print(f"wrote {args.out}: {fitted} ({_use(args.out)})")
     else:
         console.print("pass --out cost.json to write the model")
     if args.json:
-        doc = ({"model": model.to_doc(), "modules": per_module} if modules else
-               {"model": {"a": model.a, "b": model.b, "c": model.c}, **stats})
+        doc = {"model": model.to_doc(), "modules": per_module}
         Path(args.json).write_text(json.dumps(doc, indent=2, default=_json_default) + "\n", encoding="utf-8")
     return 0
 

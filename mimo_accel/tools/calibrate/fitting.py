@@ -1,8 +1,7 @@
 """Each module's cost model fitted from a profile's rank-steps (``mimo-accel calibrate``).
 
-:func:`fit_modules` fits every module a run records, :func:`fit` the vision encoder of a run of
-the vision-only profiler; both through :func:`mimo_accel.costs.fit.fit_costs` (the one fitter),
-with one overhead, none, or one per step. What is fitted on what, and why, is the command's
+:func:`fit_modules` fits every module a run records through
+:func:`mimo_accel.costs.fit.fit_costs` (the one fitter), with one overhead, none, or one per step. What is fitted on what, and why, is the command's
 doc (:mod:`mimo_accel.tools.calibrate`).
 """
 
@@ -19,30 +18,12 @@ from mimo_accel.costs.fit import SingularDesign, fit_costs, within_steps
 from mimo_accel.modules import LANGUAGE
 from mimo_accel.profiler.run import Run
 from mimo_accel.tools.calibrate.observations import (CalibrationError, ProfileSpec, encoder_spec, language_spec,
-                                                     modules_in, observe, vision_only_spec)
+                                                     modules_in, observe)
 
-__all__ = ["fit", "fit_modules"]
+__all__ = ["fit_modules"]
 
 _MIN_STEPS = 3
 _T_SIGNIFICANT = 2.0
-
-
-def fit(run: Run, *, warmup: int = 1, intercept: bool = True,
-        per_step: bool = False) -> tuple[CostModel, dict[str, Any]]:
-    """Fit the cost model to ``run``'s vision steps; returns ``(model, stats)``.
-
-    ``stats`` (JSON-serialisable): ``n``, ``ranks``, ``r2``, ``rmse``, ``rel_rmse``,
-    ``mean_time``, ``sq_patches`` (whether Σp² was fitted), ``intercept``, ``overhead_s``,
-    ``terms`` ({a, b, c, overhead: {coef, stderr, t, significant, share, fitted}}), ``b_over_a``,
-    ``skipped_warmup``, ``warnings``; with ``per_step`` (one overhead per step, see the module
-    docstring) also ``per_step``, ``steps`` and ``r2_across_steps``, and ``r2`` is the within-step
-    R². Raises :class:`CalibrationError` for a run without vision
-    steps, with fewer than 3 usable steps, or whose steps cannot separate the features.
-    """
-    coefs, stats, meta = _fit_spec(run, vision_only_spec(), warmup=warmup, intercept=intercept, per_step=per_step)
-    stats["sq_patches"] = stats.pop("sq")
-    meta["sq_patches"] = meta.pop("sq")
-    return CostModel(a=coefs["a"], b=coefs["b"], c=coefs["c"], fit=meta), stats
 
 
 def _fit_spec(run: Run, spec: ProfileSpec, *, warmup: int, intercept: bool,
@@ -57,7 +38,6 @@ def _fit_spec(run: Run, spec: ProfileSpec, *, warmup: int, intercept: bool,
     warnings = list(run.warnings)
     if obs["dropped"]:
         counters = "/".join(f for f, _ in spec.features if f != spec.optional)
-        counters = "patches/tokens" if not spec.module else counters
         warnings.append(f"{obs['dropped']} step line(s) without usable {counters} counters were skipped")
     y = obs["y"]
     keep = np.ones(y.size, dtype=bool)
@@ -71,15 +51,8 @@ def _fit_spec(run: Run, spec: ProfileSpec, *, warmup: int, intercept: bool,
         )
         keep, use_sq = have_sq, True
     elif not use_sq:
-        if not spec.module:
-            warnings.append(
-                "the logs carry no sq_patches (Σ patches² per step), so the attention term cannot be fitted:"
-                " b = 0 and the model weighs images by patch count only. Record sq_patches (the profiler hook"
-                " of this version does) and calibrate again."
-            )
-        else:
-            warnings.append(f"the logs carry no {spec.optional}, so the attention term cannot be fitted: "
-                            f"{sq_coef} = 0 for {spec.module}. Record it and calibrate again.")
+        warnings.append(f"the logs carry no {spec.optional}, so the attention term cannot be fitted: "
+                        f"{sq_coef} = 0 for {spec.module}. Record it and calibrate again.")
     n = int(keep.sum())
     if n < _MIN_STEPS:
         raise CalibrationError(
@@ -106,9 +79,8 @@ def _fit_spec(run: Run, spec: ProfileSpec, *, warmup: int, intercept: bool,
     step_of = obs["steps"][keep]
     groups = np.unique(step_of)
     if per_step and not _varies_within_steps(columns, step_of):
-        warnings.append(f"no step has two {what} replicas with different "
-                        f"{'images' if not spec.module else 'work'}, so per-step overheads cannot be"
-                        " told from the features: fitted one overhead across steps")
+        warnings.append(f"no step has two {what} replicas with different work, so per-step overheads cannot"
+                        " be told from the features: fitted one overhead across steps")
         per_step = False
     across = None
     if per_step:
@@ -165,11 +137,6 @@ def _fit_spec(run: Run, spec: ProfileSpec, *, warmup: int, intercept: bool,
                            "fitted": False}
     coefs = {k: terms[k]["coef"] for k in spec.coefficients}
     if not any(coefs.values()):
-        if not spec.module:
-            raise CalibrationError(
-                f"{run.directory}: the fit gives every feature a zero coefficient (vision time does not grow"
-                " with patches or tokens in these steps); profile steps whose image load varies"
-            )
         raise CalibrationError(
             f"{run.directory}: the fit gives every feature a zero coefficient ({what} time does not grow with"
             f" {', '.join(feature_of[c] for c in spec.coefficients)} in these steps); profile steps whose"
@@ -219,12 +186,17 @@ def fit_modules(run: Run, *, warmup: int = 1, intercept: bool = True, per_step: 
     k·items``); the language model, ``language_fwd_s + language_bwd_s`` against ``tokens`` and
     ``sq_tokens`` (``a·tokens + b·tokens²``). Returns the v2 :class:`CostModel` (every fitted
     module in its ``modules`` table; ``a``, ``b`` are the first encoder's, in rank order) and each
-    module's stats (as :func:`fit` gives them). A run with the vision-only
-    profiler's names fits the vision encoder as :func:`fit` does."""
+    module's stats: ``n``, ``ranks``, ``r2``, ``rmse``, ``rel_rmse``, ``mean_time``, ``sq`` (whether
+    the attention term was fitted), ``intercept``, ``overhead_s``, ``terms`` ({coefficient or
+    overhead: {coef, stderr, t, significant, share, fitted}}), ``b_over_a``, ``skipped_warmup``,
+    ``warnings``; with ``per_step`` also ``steps`` and ``r2_across_steps``, and ``r2`` is the
+    within-step R². Raises :class:`CalibrationError` for a run that times no module, with fewer
+    than 3 usable steps of a module, or whose steps cannot separate a module's features."""
     names = list(modules) if modules is not None else modules_in(run)
     if not names:
-        model, stats = fit(run, warmup=warmup, intercept=intercept, per_step=per_step)
-        return model, {"vision": stats}
+        raise CalibrationError(
+            f"{run.directory}: no module is timed in the run (no step line has <module>_fwd_s with its "
+            "<module>_rows, or language_fwd_s); profile a run with mimo_accel's profiler on (profile=DIR)")
     table, stats, metas = {}, {}, {}
     for m in names:
         spec = language_spec(m) if m == LANGUAGE else encoder_spec(m)

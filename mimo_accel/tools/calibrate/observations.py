@@ -1,9 +1,8 @@
 """What a profile's step lines give each module's cost fit (``mimo-accel calibrate``).
 
 A :class:`ProfileSpec` names a module's time fields and features in the profiler's step lines
-(:func:`encoder_spec`, :func:`language_spec`, and the vision-only profiler's names,
-:func:`vision_only_spec`); :func:`observations` reads a run's usable rank-steps for it, and
-:func:`modules_in` says which modules a run records.
+(:func:`encoder_spec`, :func:`language_spec`); :func:`observe` reads a run's usable rank-steps for
+it, and :func:`modules_in` says which modules a run records.
 """
 
 from __future__ import annotations
@@ -17,12 +16,7 @@ from mimo_accel.modules import LANGUAGE, replica_seconds
 from mimo_accel.profiler.run import Run
 from mimo_accel.profiler import record_number as _num
 
-__all__ = ["FEATURES", "CalibrationError", "ProfileSpec", "encoder_spec", "language_spec", "modules_in",
-           "observations", "vision_only_spec"]
-
-#: Step fields the model is fitted on, with the coefficient each one gives.
-FEATURES = (("patches", "a"), ("sq_patches", "b"), ("tokens", "c"))
-_UNITS = {"a": "s / patch", "b": "s / patch²", "c": "s / token", "overhead": "s / step"}
+__all__ = ["CalibrationError", "ProfileSpec", "encoder_spec", "language_spec", "modules_in", "observe"]
 
 
 class CalibrationError(ValueError):
@@ -33,7 +27,7 @@ class CalibrationError(ValueError):
 class ProfileSpec:
     """What one module's fit reads from the step lines and says in its messages."""
 
-    module: str  # the module's name (the model's key); "" for the v1 vision fit
+    module: str  # the module's name (the model's key)
     regions: tuple[str, str]  # the forward and backward time fields
     features: tuple[tuple[str, str], ...]  # (step field, coefficient); the first is required, the others too
     optional: str  # the attention field that older logs may lack (fitted only where every step has it)
@@ -41,20 +35,10 @@ class ProfileSpec:
     labels: dict  # coefficient -> feature label in messages
     units: dict  # coefficient -> units
     nothing: str  # why the first feature must be observed
-    skip_language_logs: bool = False  # the vision-only fit pools every rank log but the language ones
 
     @property
     def coefficients(self) -> tuple[str, ...]:
         return tuple(c for _, c in self.features)
-
-
-def vision_only_spec() -> ProfileSpec:
-    """The vision-only profiler's names (format-1 profiles): ``vision_fwd_s + vision_bwd_s``
-    against ``patches``, ``sq_patches`` and ``tokens``."""
-    return ProfileSpec("", ("vision_fwd_s", "vision_bwd_s"), FEATURES, "sq_patches", "vision",
-                 {"a": "patches", "b": "sq_patches", "c": "tokens", "overhead": "the per-step overhead"},
-                 _UNITS, "no usable vision step has any patches (the encoder saw no images), so no cost can be "
-                 "fitted; profile steps with images", skip_language_logs=True)
 
 
 def encoder_spec(module: str) -> ProfileSpec:
@@ -83,7 +67,7 @@ def _stages_summed(run: Run, spec: ProfileSpec, timed: list) -> list:
     """Where the module runs PP stages (the header's ``layout["pp"]``), one observation per replica
     and step (:func:`~mimo_accel.modules.replica_seconds`), its features the largest any of its
     ranks counted. Without PP stages, one observation per rank-step."""
-    stages = int((run.layout.get("pp") or {}).get(spec.module) or 1) if spec.module else 1
+    stages = int((run.layout.get("pp") or {}).get(spec.module) or 1)
     if stages <= 1:
         return timed
     fwd_key, bwd_key = spec.regions
@@ -104,8 +88,7 @@ def _stages_summed(run: Run, spec: ProfileSpec, timed: list) -> list:
 def observe(run: Run, spec: ProfileSpec, *, warmup: int = 1) -> dict[str, Any]:
     """The usable steps of ``spec``'s module in ``run`` (one entry per rank-step)."""
     fwd_key, bwd_key = spec.regions
-    logs = [log for log in run.ranks.values() if not (spec.skip_language_logs and log.module == LANGUAGE)]
-    timed = [(log.rank, rec) for log in logs for rec in log.steps
+    timed = [(log.rank, rec) for log in run.ranks.values() for rec in log.steps
              if _num(rec, fwd_key) is not None or _num(rec, bwd_key) is not None]
     if not timed:
         modules = sorted({log.module for log in run.ranks.values()})
@@ -146,16 +129,10 @@ def observe(run: Run, spec: ProfileSpec, *, warmup: int = 1) -> dict[str, Any]:
 
 
 
-def observations(run: Run, *, warmup: int = 1) -> dict[str, Any]:
-    """The usable vision steps of ``run``: ``{y, patches, sq_patches (None where missing), tokens,
-    ranks, skipped_warmup, dropped}`` (arrays are float64, one entry per rank-step)."""
-    return observe(run, vision_only_spec(), warmup=warmup)
-
-
 def modules_in(run: Run) -> list[str]:
     """The modules whose own counters the run records (``<m>_rows`` for an encoder, ``tokens`` with
     ``language_fwd_s``/``language_bwd_s`` for the language model), in rank order; empty for a run
-    of the vision-only profiler (its ``patches``/``vision_fwd_s`` names)."""
+    that times no module."""
     found: dict[str, None] = {}
     for r in sorted(run.ranks):
         log = run.ranks[r]

@@ -10,9 +10,9 @@ from rich.table import Table
 
 from mimo_accel.costs import CostModel
 from mimo_accel.modules import LANGUAGE
-from mimo_accel.tools.calibrate.observations import ProfileSpec, encoder_spec, language_spec, vision_only_spec
+from mimo_accel.tools.calibrate.observations import ProfileSpec, encoder_spec, language_spec
 
-__all__ = ["render", "render_modules"]
+__all__ = ["render_modules"]
 
 
 def _fmt(v: float | None, spec: str = ".3g") -> str:
@@ -23,20 +23,10 @@ def _fmt(v: float | None, spec: str = ".3g") -> str:
     return format(v, spec)
 
 
-def render(model: CostModel, stats: dict[str, Any], console: Console | None = None) -> None:
-    """Print the vision fit (:func:`fit`) as rich tables."""
-    labels = {"a": "a · Σpatches", "b": "b · Σpatches²", "c": "c · tokens"}
-    _render_one(vision_only_spec(), f"Vision cost-model fit — {stats['run']}", labels, stats,
-                CostModel().b / CostModel().a, "sq_patches", console or Console())
-
-
 def render_modules(model: CostModel, stats: dict[str, dict[str, Any]], console: Console | None = None) -> None:
     """Print every module's fit (:func:`fit_modules`) as rich tables, one per module."""
     console = console or Console()
     for m, st in stats.items():
-        if "sq_patches" in st:  # the vision-only profiler's names
-            render(model, st, console)
-            continue
         if m == LANGUAGE:
             spec = language_spec(m)
             labels = {"a": "a · tokens", "b": "b · Σ tokens² (per sample)"}
@@ -56,7 +46,7 @@ def _render_one(spec: ProfileSpec, title: str, labels: dict, stats: dict[str, An
         t.add_column(col, justify="right" if col not in ("term", "units") else "left")
     label = {**labels,
              "overhead": "overhead per step, mean (not in model)" if stats.get("per_step") else "overhead (not in model)"}
-    sq = stats["sq_patches"] if "sq_patches" in stats else stats["sq"]
+    sq = stats["sq"]
     for key in (*spec.coefficients, "overhead"):
         term = stats["terms"].get(key)
         if term is None:
@@ -71,7 +61,7 @@ def _render_one(spec: ProfileSpec, title: str, labels: dict, stats: dict[str, An
         t.add_row(label[key], _fmt(term["coef"], ".4g"), spec.units[key], _fmt(term["stderr"]),
                   _fmt(term["t"], ".1f"), sig, f"{term['share']:.1%}")
     console.print(t)
-    q = Table(title="Fit quality" + (f" ({spec.module})" if spec.module else ""), title_justify="left",
+    q = Table(title=f"Fit quality ({spec.module})", title_justify="left",
               show_header=False)
     q.add_column("metric")
     q.add_column("value", justify="right")
