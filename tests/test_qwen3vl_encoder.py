@@ -295,8 +295,9 @@ def test_rehearse_bridge_loop_runs_the_example_with_qwen3vl_and_reports(tmp_path
     assert "the language model worse than mimo_accel's plan" in text
     # the profiler timed the encoder's forward and backward on both vision replicas, in both runs
     for side in ("before", "after"):
-        assert doc[side]["vision_replicas"] == 2
-        assert all(r["fwd_mean"] > 0 and r["bwd_mean"] > 0 for r in doc[side]["vision_per_rank"].values())
+        vision = doc[side]["per_module"]["vision"]
+        assert vision["replicas"] == 2
+        assert all(r["fwd_mean"] > 0 and r["bwd_mean"] > 0 for r in vision["per_rank"].values())
 
 
 def test_rehearse_refuses_options_of_the_other_loop(capsys):

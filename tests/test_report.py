@@ -84,12 +84,13 @@ def test_hand_made_case_values(tmp_path):
     # 0.3 s and 0.6 s: max / mean = 0.6 / 0.45
     assert s["vision_max_over_mean_p50"] == pytest.approx(4 / 3)
     assert s["vision_max_over_mean_p99"] == pytest.approx(4 / 3)
-    assert s["vision_per_rank"]["0"]["mean"] == pytest.approx(0.3)
-    assert s["vision_per_rank"]["1"]["p99"] == pytest.approx(0.6)
-    assert s["vision_per_rank"]["1"]["fwd_mean"] == pytest.approx(0.2)
+    vision = s["per_module"]["vision"]
+    assert vision["per_rank"]["0"]["mean"] == pytest.approx(0.3)
+    assert vision["per_rank"]["1"]["p99"] == pytest.approx(0.6)
+    assert vision["per_rank"]["1"]["fwd_mean"] == pytest.approx(0.2)
     assert s["vision_time_mean"] == pytest.approx(0.45)
     assert s["vision_max_mean"] == pytest.approx(0.6)
-    assert s["slowest"]["rank"] == 1 and s["slowest"]["fraction"] == 1.0 and s["slowest"]["steps"] == 4
+    assert vision["slowest"]["rank"] == 1 and vision["slowest"]["fraction"] == 1.0 and vision["slowest"]["steps"] == 4
     # counted step times 1, 1, 2, 1 (the 5 s warm-up step is excluded)
     assert s["step_time_p50"] == pytest.approx(1.0)
     assert s["step_time_p90"] == pytest.approx(1.7)  # linear interpolation, as numpy
@@ -120,11 +121,13 @@ def test_golden_json_keys_and_change(tmp_path):
     assert set(doc) == {"format", "before", "after", "change", "warnings"}
     required = {
         "vision_max_over_mean_p50", "vision_max_over_mean_p99", "step_time_p50", "step_time_p99",
-        "samples_per_s", "samples_read_per_rank", "vision_per_rank", "slowest", "warnings", "label",
+        "samples_per_s", "samples_read_per_rank", "per_module", "module_order", "warnings", "label",
     }
     assert required <= set(doc["before"]) and required <= set(doc["after"])
+    # no key of another name for a module's figures beside its own
+    assert not {"vision_per_rank", "slowest", "vision_replicas", "vision_module"} & set(doc["before"])
     assert doc["after"]["vision_max_over_mean_p50"] == pytest.approx(1.0)
-    assert doc["after"]["slowest"] is None  # all replicas tied
+    assert doc["after"]["per_module"]["vision"]["slowest"] is None  # all replicas tied
     assert doc["change"]["vision_max_over_mean_p50"] == pytest.approx(0.75)
     assert doc["change"]["step_time_p50"] == pytest.approx(0.8)
     assert doc["change"]["samples_per_s"] == pytest.approx((32 / 3.2) / (32 / 5.0))
@@ -383,7 +386,7 @@ def test_build_one_sided_has_null_after(tmp_path):
 def test_no_vision_timing_and_no_samples(tmp_path):
     write_run(tmp_path, {0: {"module": "language", "steps": [{}] * 3}})
     s = summarize(read_run(tmp_path))
-    assert s["vision_max_over_mean_p50"] is None and s["samples_per_s"] is None
+    assert s["language_max_over_mean_p50"] is None and s["samples_per_s"] is None
     assert any("throughput unavailable" in w for w in s["warnings"])
     render(s, console=_console())
 
@@ -401,7 +404,7 @@ def test_report_reads_recorder_output(tmp_path):
             rec.end_step()
         rec.close()
     s = summarize(read_run(tmp_path))
-    assert s["steps_counted"] == 2 and s["samples_per_step"] == 4 and s["vision_replicas"] == 2
+    assert s["steps_counted"] == 2 and s["samples_per_step"] == 4 and s["per_module"]["vision"]["replicas"] == 2
 
 
 def test_notices_reach_the_step_lines_once_and_the_report_shows_them(tmp_path):
@@ -516,8 +519,8 @@ def test_a_run_with_two_encoders_and_a_language_model_has_a_straggler_row_each(t
         assert b["per_module"][m]["replicas"] == 2
     assert b["module_order"] == ["images", "audios", "language"]
     assert b["per_module"]["language"]["slowest"]["dp_rank"] == 1
-    # no module named vision: the stable vision keys are there, and say whose they are
-    assert set(STABLE_KEYS) <= set(b) and b["vision_max_over_mean_p50"] is None
+    # no module named vision: no vision figure at all
+    assert set(STABLE_KEYS) <= set(b) and not any(k.startswith("vision") for k in b)
     assert b["predicted_spreads_mean"] == pytest.approx({"images": 1.01, "audios": 1.02, "language": 1.055})
     assert b["predicted_spread_mean"] == pytest.approx(1.055)
     assert b["language_tokens_per_replica"] == {"0": 100, "1": 300}
@@ -536,7 +539,6 @@ def test_a_run_with_two_encoders_and_a_language_model_has_a_straggler_row_each(t
         assert b[f"{m}_time_mean"] == b["per_module"][m]["time_mean"] and b[f"{m}_max_mean"] == b["per_module"][m]["max_mean"]
         for label in ("straggler max/mean, mean", "time per rank, mean", "time of slowest replica, mean"):
             assert sum(ln.split("│")[1].strip() == f"{m} {label}" for ln in text.splitlines() if "│" in ln) == 1
-    assert b["vision_module"] is None
     assert "language DP replica 1 (rank 5) slowest in 100% of 4 steps" in text
     assert "Language real tokens per replica per step" in " ".join(text.split())
     assert "slowest vision" not in text and "no slowest vision" not in text
@@ -576,7 +578,7 @@ def test_the_report_of_recorder_files_with_every_module_timed(tmp_path):
 
 def test_an_encoder_timed_as_vision_reports_under_its_own_name(tmp_path):
     """A module the recorder could not name is timed as "vision": upstream's naming (images) still
-    reports its time."""
+    reports its time, under the module's own name."""
     ranks = {r: {"module": "images" if r < 2 else "language", "dp_rank": r % 2, "dp_size": 2,
                  "steps": [{"vision_fwd_s": 0.1 * (1 + (r == 1)), "vision_bwd_s": 0.0, "samples": 4,
                             "timed_calls": {"vision_fwd": 1, "vision_bwd": 1}}] * 3}
@@ -585,25 +587,9 @@ def test_an_encoder_timed_as_vision_reports_under_its_own_name(tmp_path):
         ranks[r]["steps"] = [{"samples": 4}] * 3
     s = summarize(read_run(write_run(tmp_path, ranks, layout={"images": {"dp": 2}, "language": {"dp": 2}})))
     assert s["images_max_over_mean_p50"] == pytest.approx(2 / 1.5)
-    assert s["vision_max_over_mean_p50"] == pytest.approx(2 / 1.5) and s["vision_module"] == "images"
+    assert not any(k.startswith("vision") for k in s)
     assert s["language_max_over_mean_p50"] is None
-    assert any("no rank header says module='vision'" in w for w in s["warnings"])
     assert any("language ranks recorded no" in w for w in s["warnings"])
-
-
-def test_vision_time_of_ranks_in_no_module_still_reports(tmp_path):
-    """Ranks whose header names no module of the layout but that timed vision_*: the
-    vision_* figures are theirs, and the report shows them under "vision"."""
-    ranks = {r: {"module": "unknown", "dp_rank": r, "dp_size": 2,
-                 "steps": [{"vision_fwd_s": 0.1 * (1 + r), "vision_bwd_s": 0.0, "samples": 4}] * 3} for r in range(2)}
-    s = summarize(read_run(write_run(tmp_path, ranks, layout={"dp": {"vision": 2}})))
-    assert s["vision_module"] is None and s["per_module"] == {} and s["vision_replicas"] == 2
-    assert s["vision_max_over_mean_p50"] == pytest.approx(0.2 / 0.15)
-    c = _console()
-    render(s, console=c)
-    text = _text(c)
-    assert "vision straggler max/mean p50" in text and "Vision encoder time per rank" in text
-    assert "slowest vision: vision DP replica 1 (rank 1) slowest in 100% of 2 steps" in text
 
 
 def test_png_of_every_module(tmp_path):

@@ -35,7 +35,7 @@ def _plot_module_time(ax, before: dict[str, Any], after: dict[str, Any] | None) 
         out: dict[str, Any] = {}
         for m in timed_modules(s):
             out.update(s["per_module"][m]["per_rank"])
-        return out or s.get("vision_per_rank", {})
+        return out
 
     module_of = {int(r): m for _, s in sides for m in timed_modules(s) for r in s["per_module"][m]["per_rank"]}
     ranks = sorted({int(r) for _, s in sides for r in per_rank(s)})

@@ -20,14 +20,8 @@ def timed_modules(*sides: dict[str, Any] | None) -> list[str]:
 
 
 def headline_modules(before: dict[str, Any], after: dict[str, Any] | None) -> list[str]:
-    """The modules the report shows figures for: every timed module in the layout's order, and
-    ahead of them "vision" where a side's vision_* figures are those of ranks in no module (format
-    1 files whose headers name no module ``vision``)."""
-    modules = timed_modules(before, after)
-    if "vision" not in modules and any(x.get("vision_replicas") and x.get("vision_module") is None
-                                       for x in (before, after) if x):
-        modules = ["vision", *modules]
-    return modules
+    """The modules the report shows figures for: every timed module in the layout's order."""
+    return timed_modules(before, after)
 
 
 def throughput_rows(module: str) -> list[tuple[str, str, str, bool]]:

@@ -62,10 +62,10 @@ def _change_cell(ratio: float | None, lower_is_better: bool) -> tuple[str, str]:
 
 
 def _slowest_line(s: dict[str, Any], module: str) -> str:
-    """``s``: one module's ``per_module`` entry, or a summary (its vision_* figures)."""
+    """``s``: one module's ``per_module`` entry."""
     slow = s.get("slowest")
     if not slow:
-        if s.get("vision_replicas", s.get("replicas", 0)) == 1:
+        if s.get("replicas", 0) == 1:
             return f"one {module} replica: no straggler to name"
         return f"no slowest {module} replica (no {module} timing, or all replicas tied)"
     ranks = slow["ranks"]
@@ -133,12 +133,8 @@ def summary_table(before: dict[str, Any], after: dict[str, Any] | None) -> Repor
 
 
 def _module_figures(s: dict[str, Any] | None, module: str) -> dict[str, Any] | None:
-    """A side's table of ``module`` (its ``per_module`` entry; a summary itself for the vision_*
-    figures of ranks in no module)."""
-    st = ((s or {}).get("per_module") or {}).get(module)
-    if st is None and module == "vision" and s and s.get("vision_module") is None and s.get("vision_replicas"):
-        return {**s, "per_rank": s.get("vision_per_rank", {})}
-    return st
+    """A side's table of ``module``: its ``per_module`` entry."""
+    return ((s or {}).get("per_module") or {}).get(module)
 
 
 def slowest_lines(before: dict[str, Any], after: dict[str, Any] | None) -> list[str]:

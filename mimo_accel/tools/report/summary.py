@@ -5,8 +5,7 @@ encoder under its config name (``vision``, or upstream's ``images`` / ``audios``
 model (``language``):
 
 * **module time** of a rank in a step: ``<module>_fwd_s + <module>_bwd_s`` (a missing part counts
-  0). Format-1 files (before per-module timing) timed every encoder as ``vision_fwd_s`` /
-  ``vision_bwd_s`` and the language model not at all; they report those regions as one encoder's.
+  0).
 * **replica** of a module: its ranks with the same ``dp_rank`` (TP/PP peers); its time in a step is
   the max over its ranks.
 * **straggler ratio** (``<module>_max_over_mean``) of a step: max / mean of the module's replica
@@ -15,12 +14,6 @@ model (``language``):
   balance. Every module's headline: ``<module>_max_over_mean_p50`` / ``_p99`` / ``_mean``,
   ``<module>_time_mean`` (time per rank) and ``<module>_max_mean`` (time of its slowest replica);
   ``per_module`` holds each module's table (replicas, time per rank, slowest replica).
-* **vision_* aliases**: ``vision_replicas``, ``vision_steps``, ``vision_max_over_mean_*``,
-  ``vision_time_mean``, ``vision_max_mean``, ``vision_per_rank``, ``slowest`` and the series'
-  ``vision_step`` / ``vision_max_over_mean`` are aliases (``STABLE_KEYS``), kept for one release
-  (docs/compatibility.md): the figures of the module ``vision_module`` names — the module named
-  ``vision``; else the module whose ranks timed the ``vision_*`` regions, or the only
-  encoder (said in a warning). ``vision_module`` is null where those ranks are in no module.
 * **predicted spread** (``predicted_spreads_mean``): the mean over step lines of what the plan
   predicted for each module (the lines' ``predicted_spreads``; format 1's single
   ``predicted_spread`` was the layout's first encoder's); ``predicted_spread_mean``: of the worst
@@ -51,7 +44,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from mimo_accel.modules import LANGUAGE
-from mimo_accel.profiler import REGIONS, json_safe, module_seconds
+from mimo_accel.profiler import json_safe, module_seconds
 from mimo_accel.profiler.run import Run
 from mimo_accel.profiler import record_number as _num
 from mimo_accel.profiler.recorder import FORMAT_V1_ENCODER
@@ -61,11 +54,12 @@ from mimo_accel.tools.report.throughput import module_throughput, peak_of
 
 REPORT_FORMAT = "mimo-accel-report/1"
 
-# The keys of a side (``before`` / ``after``) that scripts may rely on across versions. A JSON file
-# of this format (``mimo-accel report --json``, ``mimo-accel rehearse --json``) has ``format``,
-# ``before``, ``after``, ``change`` and ``warnings`` at its top level.
-STABLE_KEYS = ("vision_max_over_mean_p50", "vision_max_over_mean_p99", "step_time_p50", "step_time_p99",
-               "samples_per_s", "samples_read_per_rank")
+# The keys of a side (``before`` / ``after``) that scripts may rely on across versions, beside
+# each module's ``<module>_max_over_mean_p50`` / ``_p99`` (the modules: ``module_order``). A JSON
+# file of this format (``mimo-accel report --json``, ``mimo-accel rehearse --json``) has
+# ``format``, ``before``, ``after``, ``change`` and ``warnings`` at its top level.
+STABLE_KEYS = ("module_order", "per_module", "step_time_p50", "step_time_p99", "samples_per_s",
+               "samples_read_per_rank")
 
 # metric key -> (label, kind, lower_is_better); kind picks the formatter. The summary: the run's
 # rows, every module's headline rows (module_rows), then the data movement and plan-wait rows.
@@ -85,10 +79,7 @@ TAIL_ROWS: tuple[tuple[str, str, str, bool], ...] = (
     ("plan_wait_p50", "wait for the plan per step, slowest rank, p50", "s", True),
     ("plan_wait_max", "wait for the plan per step, slowest rank, max", "s", True),
 )
-#: The vision_* headline keys: aliases of one module's (``vision_module``), kept for one release.
-VISION_KEYS = ("vision_max_over_mean_p50", "vision_max_over_mean_p99", "vision_max_over_mean_mean", "vision_time_mean",
-               "vision_max_mean")
-CHANGE_KEYS = (*(k for k, *_ in (*RUN_ROWS, *TAIL_ROWS)), *VISION_KEYS, "predicted_spread_mean", "step_time_mean")
+CHANGE_KEYS = (*(k for k, *_ in (*RUN_ROWS, *TAIL_ROWS)), "predicted_spread_mean", "step_time_mean")
 #: Every module's headline figures, as ``<module>_<key>`` in a side.
 MODULE_KEYS = ("max_over_mean_p50", "max_over_mean_p99", "max_over_mean_mean", "time_mean", "max_mean")
 
@@ -116,10 +107,6 @@ def _stats(values: Sequence[float]) -> dict[str, float | int | None]:
             "p99": _pct(values, 99), "max": max(values) if values else None}
 
 
-def _vision_time(rec: dict[str, Any]) -> float | None:
-    return module_seconds(rec, REGIONS)
-
-
 def _module_order(run: Run, modules: dict[str, list[int]]) -> list[str]:
     """The run's modules in the layout's order (its ``dp`` table, or its keys), encoders before the
     language model; modules only the rank headers name come after, sorted."""
@@ -132,7 +119,7 @@ def _module_order(run: Run, modules: dict[str, list[int]]) -> list[str]:
 
 
 def _module_time(run: Run, steps_of: dict[int, dict[int, dict[str, Any]]], name: str, ranks: list[int],
-                 regions_of, warnings: list[str], warn_untimed: bool) -> dict[str, Any]:
+                 regions_of, warnings: list[str]) -> dict[str, Any]:
     """One module's time statistics over ``ranks`` (see the module docstring): per rank, per DP
     replica (max over its TP/PP ranks), the per-step straggler ratio and the slowest replica."""
     per_rank: dict[str, Any] = {}
@@ -145,7 +132,7 @@ def _module_time(run: Run, steps_of: dict[int, dict[int, dict[str, Any]]], name:
         per_rank[str(rank)] = {**_stats(times), "dp_rank": run.ranks[rank].dp_rank, "fwd_mean": _mean(fwd),
                                "bwd_mean": _mean(bwd)}
     timed_ranks = [r for r in ranks if per_rank[str(r)]["n"]]
-    if ranks and not timed_ranks and warn_untimed:
+    if ranks and not timed_ranks:
         warnings.append(f"the {name} ranks recorded no {name}_fwd_s/{name}_bwd_s; {name} statistics unavailable")
 
     replicas: dict[int, list[int]] = defaultdict(list)
@@ -307,30 +294,9 @@ def summarize(run: Run, *, warmup: int = 1, peak_tflops: float | None = None) ->
     per_module: dict[str, Any] = {}
     for name in order:
         ranks = modules[name]
-        per_module[name] = _module_time(run, steps_of, name, ranks, own_regions, warnings, warn_untimed=True)
+        per_module[name] = _module_time(run, steps_of, name, ranks, own_regions, warnings)
 
-    # ---- the vision_* keys every version of this report has had (STABLE_KEYS): aliases of a module's
-    vision_ranks = list(modules.get("vision", []))
-    if vision_ranks:
-        vision = per_module["vision"]
-    else:
-        vision_ranks = [r for r, recs in steps_of.items() if any(_vision_time(x) is not None for x in recs.values())]
-        encoders = [m for m in order if m != LANGUAGE]
-        if vision_ranks:
-            warnings.append(
-                f"no rank header says module='vision'; using the ranks that timed the vision encoder: {vision_ranks}"
-            )
-            vision = _module_time(run, steps_of, "vision", vision_ranks, lambda r: REGIONS, warnings, True)
-        elif len(encoders) == 1 and per_module[encoders[0]]["replicas"]:
-            vision_ranks = modules[encoders[0]]
-            vision = per_module[encoders[0]]
-            warnings.append(f"no module is named 'vision'; the vision_* figures are those of the only encoder, "
-                            f"{encoders[0]!r}")
-        else:
-            vision = _module_time(run, steps_of, "vision", [], lambda r: REGIONS, warnings, False)
-    vision_module = next((m for m in order if vision_ranks and modules[m] == vision_ranks), None)
-
-    # ---- the plan's predicted spreads, per module (format 1: the one figure was vision's)
+    # ---- the plan's predicted spreads, per module (or one figure: the worst module's)
     lines = [r for recs in steps_of.values() for r in recs.values()]
     spreads = [v for r in lines if (v := _num(r, "predicted_spread")) is not None]
     by_module: dict[str, list[float]] = defaultdict(list)
@@ -446,18 +412,8 @@ def summarize(run: Run, *, warmup: int = 1, peak_tflops: float | None = None) ->
             **{k: v for k, v in replayed.items() if k != "replayed_series"},
             "peak_tflops": peak,
             "peak_source": peak_source,
-            "vision_replicas": vision["replicas"],
-            "vision_steps": vision["steps"],
-            "vision_max_over_mean_p50": vision["max_over_mean_p50"],
-            "vision_max_over_mean_p99": vision["max_over_mean_p99"],
-            "vision_max_over_mean_mean": vision["max_over_mean_mean"],
-            "vision_time_mean": vision["time_mean"],
-            "vision_max_mean": vision["max_mean"],
-            "vision_per_rank": vision["per_rank"],
-            "slowest": vision["slowest"],
-            "vision_module": vision_module,
             # every module, the language model included: <module>_max_over_mean_p50 / _p99 / _mean,
-            # <module>_time_mean, <module>_max_mean (for a module named vision: its vision_* keys)
+            # <module>_time_mean, <module>_max_mean
             **{f"{m}_{k}": st[k] for m, st in per_module.items() for k in MODULE_KEYS},
             "module_order": order,
             "per_module": {m: {k: v for k, v in st.items() if k != "series"} for m, st in per_module.items()},
@@ -485,8 +441,6 @@ def summarize(run: Run, *, warmup: int = 1, peak_tflops: float | None = None) ->
             "series": {
                 "step": counted,
                 "step_time_s": st_values,
-                "vision_step": vision["series"]["step"],
-                "vision_max_over_mean": vision["series"]["max_over_mean"],
                 "modules": {m: st["series"] for m, st in per_module.items()},
                 "replayed": replayed["replayed_series"],
             },
