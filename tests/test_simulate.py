@@ -113,8 +113,21 @@ def test_parse_dp_list():
             sim.parse_dp_list(bad)
 
 
-JSON_ROW_KEYS = {"dp", "language_dp", "grid", "micro_batch_size", "straggler", "speedup", "vision_speedup", "reads",
-                 "exchange", "plan_ms", "window", "modules"}
+JSON_ROW_KEYS = {"dp", "language_dp", "grid", "micro_batch_size", "straggler", "speedup", "reads", "exchange",
+                 "plan_ms", "window", "modules"}
+#: Names that said "vision" for the lead encoder: the JSON has only the per-module names.
+VISION_KEYS = {"vision_only", "vision_only_p50", "joint_over_vision_only", "balanced_vision", "balanced_vision_p50",
+               "vision_speedup", "balanced_vision_vs_contiguous", "vision_time_saved", "vision_per_rank_samples",
+               "vision_per_rank_bytes", "vision_per_rank_bytes_max", "language_per_rank_samples",
+               "language_per_rank_bytes"}
+
+
+def _every_key(doc) -> set[str]:
+    if isinstance(doc, dict):
+        return set(doc).union(*(_every_key(v) for v in doc.values()))
+    if isinstance(doc, list):
+        return set().union(*(_every_key(v) for v in doc))
+    return set()
 
 
 def test_main_prints_tables_and_writes_json_and_png(tmp_path):
@@ -132,15 +145,22 @@ def test_main_prints_tables_and_writes_json_and_png(tmp_path):
     assert doc["cost_model"]["source"] == "default"
     row = doc["rows"][0]
     assert set(row) == JSON_ROW_KEYS
-    assert set(row["straggler"]) == {"contiguous", "lpt", "balanced", "balanced_replicas", "bound", "balanced_vision"}
+    assert set(row["straggler"]) == {"contiguous", "lpt", "balanced", "balanced_replicas", "bound"}
+    assert set(row["speedup"]) == {"balanced_vs_contiguous", "balanced_vs_lpt", "lpt_vs_contiguous",
+                                   "balanced_replicas_vs_contiguous", "time_saved"}
     assert set(row["straggler"]["lpt"]) == {"p50", "p99", "mean"}
     assert set(row["reads"]) == {"data_ranks", "micro_batch_bytes", "baseline", "sharded", "cluster_reduction"}
+    assert set(row["reads"]["sharded"]) == {"per_rank_samples", "per_rank_bytes", "per_rank_bytes_max",
+                                            "cluster_samples", "cluster_bytes", "amplification"}
     assert set(row["exchange"]) == {"plan_before_read_bytes", "lpt", "balanced", "balanced_matched"}
     assert set(row["plan_ms"]) >= {"balanced_p50", "balanced_max", "lpt_p50", "lpt_max"}
     assert doc["window"] == 1 and row["window"] is None and "Global-batch window" not in text
     assert doc["modules"] == ["vision", "language"] and "Every module's replica spread" in text
     assert set(row["modules"]) == {"dps", "spread", "worst", "worst_over_bound", "plan_ms"}
-    assert set(row["modules"]["spread"]["language"]) == {*sim.MODULE_PLANNERS, "bound", "vision_only"}
+    assert set(row["modules"]["spread"]["language"]) == {*sim.MODULE_PLANNERS, "bound"}
+    assert set(row["modules"]["plan_ms"]) == {"encoder_only_p50", "joint_p50", "joint_max", "lpt_p50",
+                                              "joint_over_encoder_only"}
+    assert not _every_key(doc) & VISION_KEYS
     # matplotlib is a declared dependency (requirements/dev.txt): the chart must be written
     assert rc == 0 and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 1000
 

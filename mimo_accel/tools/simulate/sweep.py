@@ -115,14 +115,6 @@ name; ``M``: every module's)::
                     removed{per_micro_batch|window|window_replica: fraction | null},
                     plan_ms{window_p50, window_max, window_replica_p50}} | null}
 
-These aliases stand beside them, kept for one release (docs/compatibility.md):
-``vision_only`` (= ``encoder_only``, also in ``vision_only_p50`` / ``joint_over_vision_only``),
-``balanced_vision`` (= ``balanced_replicas``, also ``balanced_vision_p50``), ``vision_speedup``
-(= ``speedup``, with ``balanced_vision_vs_contiguous`` and ``vision_time_saved``) and
-``sharded.vision_per_rank_samples`` / ``language_per_rank_samples`` / ``vision_per_rank_bytes`` /
-``language_per_rank_bytes`` / ``vision_per_rank_bytes_max`` (the lead encoder's and the language
-model's entries of the per-module tables).
-
 Sample counts and bytes are means per micro-batch (the tables' "per step" without a window);
 ``samples_moved`` counts lead-replica moves.
 """
@@ -156,17 +148,9 @@ LABELS = {"contiguous": "contiguous (upstream)", "lpt": "LPT (upstream PR)", "ba
 MODULE_PLANNERS = ("contiguous", "lpt", "encoder_only", "joint")
 MODULE_LABELS = {"contiguous": "contiguous", "lpt": "LPT (#4608)", "encoder_only": "{lead}-only",
                   "joint": "joint (ours)"}
-#: Per-module plan names -> the names that said "vision" for the lead encoder, kept beside them
-#: for one release (docs/compatibility.md).
-VISION_ALIASES = {"encoder_only": "vision_only", "balanced_replicas": "balanced_vision"}
 
 
 # ------------------------------------------------------------------------------------- engine
-
-
-def _aliased(table: dict[str, Any], aliases: dict[str, str]) -> dict[str, Any]:
-    """``table`` with each key of ``aliases`` also under its alias (kept for one release)."""
-    return {**table, **{old: table[new] for new, old in aliases.items() if new in table}}
 
 
 def _owners(order: np.ndarray, n: int) -> np.ndarray:
@@ -366,25 +350,15 @@ def simulate(
             "micro_batch_size": mbs,
             "modules": {
                 "dps": module_dps,
-                "spread": {m: _aliased({p: stats(v) for p, v in tab.items()}, VISION_ALIASES)
-                           for m, tab in per_module.items()},
-                "worst": _aliased({p: stats(v) for p, v in worst.items()}, VISION_ALIASES),
-                "worst_over_bound": _aliased({p: stats(v) for p, v in worst_excess.items()}, VISION_ALIASES),
+                "spread": {m: {p: stats(v) for p, v in tab.items()} for m, tab in per_module.items()},
+                "worst": {p: stats(v) for p, v in worst.items()},
+                "worst_over_bound": {p: stats(v) for p, v in worst_excess.items()},
                 "plan_ms": {"encoder_only_p50": encoder_only_ms, "joint_p50": joint_ms,
                             "joint_max": float(max(ms["joint"])), "lpt_p50": float(np.median(ms["lpt"])),
-                            "joint_over_encoder_only": joint_ms / encoder_only_ms if encoder_only_ms > 0 else None,
-                            "vision_only_p50": encoder_only_ms,
-                            "joint_over_vision_only": joint_ms / encoder_only_ms if encoder_only_ms > 0 else None},
+                            "joint_over_encoder_only": joint_ms / encoder_only_ms if encoder_only_ms > 0 else None},
             },
-            "straggler": _aliased({name: stats(v) for name, v in ratios.items()}, VISION_ALIASES),
+            "straggler": {name: stats(v) for name, v in ratios.items()},
             "speedup": speedup,
-            "vision_speedup": {
-                "balanced_vs_contiguous": speedup["balanced_vs_contiguous"],
-                "balanced_vs_lpt": speedup["balanced_vs_lpt"],
-                "lpt_vs_contiguous": speedup["lpt_vs_contiguous"],
-                "balanced_vision_vs_contiguous": speedup["balanced_replicas_vs_contiguous"],
-                "vision_time_saved": speedup["time_saved"],
-            },
             "reads": {
                 "data_ranks": {lead: data_v, LANGUAGE: data_l},
                 "micro_batch_bytes": mb_bytes,
@@ -399,11 +373,6 @@ def simulate(
                     "per_rank_samples": per_rank_samples,
                     "per_rank_bytes": per_rank_bytes,
                     "per_rank_bytes_max": {lead: lead_bytes_max / n_mb},
-                    "vision_per_rank_samples": per_rank_samples[lead],
-                    "language_per_rank_samples": per_rank_samples[LANGUAGE],
-                    "vision_per_rank_bytes": per_rank_bytes[lead],
-                    "language_per_rank_bytes": per_rank_bytes[LANGUAGE],
-                    "vision_per_rank_bytes_max": lead_bytes_max / n_mb,
                     "cluster_samples": float(shard_cluster),
                     "cluster_bytes": mb_bytes * (tp_v + lang_ranks_per_replica),
                     "amplification": float(tp_v + lang_ranks_per_replica),
@@ -411,13 +380,13 @@ def simulate(
                 "cluster_reduction": base_cluster / shard_cluster,
             },
             "exchange": exchange,
-            "plan_ms": _aliased({
+            "plan_ms": {
                 "balanced_p50": float(np.median(ms["balanced"])),
                 "balanced_max": float(max(ms["balanced"])),
                 "lpt_p50": float(np.median(ms["lpt"])),
                 "lpt_max": float(max(ms["lpt"])),
                 "balanced_replicas_p50": float(np.median(ms["balanced_replicas"])),
-            }, {"balanced_replicas_p50": "balanced_vision_p50"}),
+            },
             "window": (window_row(costs_all[:, :mbs].reshape(steps, window, mbs), d, replica_sums,
                                    ratios["bound"]) if window > 1 else None),
         })
