@@ -51,10 +51,10 @@ COUNTERS = ("samples", "tokens", "sq_tokens", "samples_read", "bytes_read", "byt
 MODULE_COUNTERS = ("items", "rows", "sq_rows")
 #: The regions of a module: ``<module>_fwd`` and ``<module>_bwd``.
 MODULE_REGIONS = ("fwd", "bwd")
-#: The one name format 1 timed every encoder under.
-FORMAT_V1_ENCODER = "vision"
-#: The regions format 1 wrote in every step line; a format-2 recorder writes the regions it was told of.
-REGIONS = tuple(f"{FORMAT_V1_ENCODER}_{part}" for part in MODULE_REGIONS)
+#: The name an encoder is timed under when nothing names its module (the profiler says so once).
+UNNAMED_ENCODER = "vision"
+#: That encoder's regions.
+UNNAMED_REGIONS = tuple(f"{UNNAMED_ENCODER}_{part}" for part in MODULE_REGIONS)
 #: Fields :meth:`Recorder.set` may fill that are always present in a step line (null if unset).
 SETTABLE = ("predicted_spread",)
 _MICRO_SUFFIXES = ("_fwd", "_bwd")

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from mimo_accel.modules import LANGUAGE
-from mimo_accel.profiler.recorder import FORMAT, FORMAT_V1, REGIONS, module_regions
+from mimo_accel.profiler.recorder import FORMAT, FORMAT_V1, UNNAMED_REGIONS, module_regions
 from mimo_accel.profiler.step_line import module_seconds
 
 _RANK_FILE = re.compile(r"^rank(\d+)\.jsonl$")
@@ -73,10 +73,9 @@ class RankLog:
         have = self.regions
         if own[0] in have or own[1] in have or self.module == LANGUAGE:
             return own
-        if REGIONS[0] in have or REGIONS[1] in have:
-            legacy = tuple(r for r in REGIONS if r in have)
-            if legacy and any(module_seconds(rec, REGIONS) is not None for rec in self.steps):
-                return REGIONS  # type: ignore[return-value]
+        if UNNAMED_REGIONS[0] in have or UNNAMED_REGIONS[1] in have:
+            if any(module_seconds(rec, UNNAMED_REGIONS) is not None for rec in self.steps):
+                return UNNAMED_REGIONS  # type: ignore[return-value]
         return own
 
 

@@ -259,12 +259,12 @@ class Profiling:
             named = [m.name for m in encoders if len(encoders) == 1 or m.kind == kind]
             if len(named) == 1:
                 return named[0]
-        from mimo_accel.profiler.recorder import FORMAT_V1_ENCODER
+        from mimo_accel.profiler.recorder import UNNAMED_ENCODER
 
         self.runtime.say_once(f"profile:unnamed-encoder:{type(submodule).__name__}",
                               f"mimo_accel profile: a {type(submodule).__name__} encoded before the step named its "
-                              f"module; its time is recorded as {FORMAT_V1_ENCODER!r}")
-        return FORMAT_V1_ENCODER
+                              f"module; its time is recorded as {UNNAMED_ENCODER!r}")
+        return UNNAMED_ENCODER
 
     def close(self) -> None:
         with self._lock:

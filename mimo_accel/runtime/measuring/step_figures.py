@@ -11,7 +11,7 @@ from typing import Iterable, Optional
 
 from mimo_accel.costs.flops import FlopsShape, peak_tflops_of, throughput
 from mimo_accel.modules import LANGUAGE
-from mimo_accel.profiler.recorder import FORMAT_V1_ENCODER, module_regions
+from mimo_accel.profiler.recorder import UNNAMED_ENCODER, module_regions
 from mimo_accel.profiler.step_line import module_seconds, record_number
 
 __all__ = ["PREFIX", "model_scalars", "rank_figures", "step_histograms", "step_scalars"]
@@ -122,7 +122,7 @@ def step_scalars(figures: Iterable[dict], flops: Optional[dict] = None) -> dict[
     single = planned.pop("", None)
     if single is not None and not planned:  # the plan priced one encoder: the layout's first (in rank order)
         encoders = [m for m in by_module if m not in (LANGUAGE, "unknown")]
-        planned = {encoders[0] if encoders else FORMAT_V1_ENCODER: single}
+        planned = {encoders[0] if encoders else UNNAMED_ENCODER: single}
     for m, v in planned.items():
         out[f"{PREFIX}/{m}/straggler_planned"] = v
         if (measured := out.get(f"{PREFIX}/{m}/straggler")) is not None:

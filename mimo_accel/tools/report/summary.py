@@ -47,7 +47,7 @@ from mimo_accel.modules import LANGUAGE
 from mimo_accel.profiler import json_safe, module_seconds
 from mimo_accel.profiler.run import Run
 from mimo_accel.profiler import record_number as _num
-from mimo_accel.profiler.recorder import FORMAT_V1_ENCODER
+from mimo_accel.profiler.recorder import UNNAMED_ENCODER
 from mimo_accel.tools.report.replayed import replayed_steps
 from mimo_accel.tools.report.throughput import module_throughput, peak_of
 
@@ -308,7 +308,7 @@ def summarize(run: Run, *, warmup: int = 1, peak_tflops: float | None = None) ->
                     by_module[str(m)].append(f)
     predicted_spreads = {m: _mean(v) for m, v in by_module.items()}
     if not by_module and spreads:  # the plan priced one encoder: the layout's first
-        predicted_spreads = {next((m for m in order if m != LANGUAGE), FORMAT_V1_ENCODER): _mean(spreads)}
+        predicted_spreads = {next((m for m in order if m != LANGUAGE), UNNAMED_ENCODER): _mean(spreads)}
     _add_last_half(per_module, lines)
     replayed = replayed_steps(run, steps_of, modules, counted, lambda v: _pct(v, 50))
     peak, peak_source = peak_of(run, peak_tflops)
