@@ -46,13 +46,13 @@ def _train(rank, world, argv, features, env):
 
 
 def _run(workdir: Path, name: str, vdp: int, ldp: int, features: dict, *extra: str, iters: int = 4,
-         sampler: str = "cyclic") -> tuple[list, list, Path]:
+         sampler: str = "cyclic", data: tuple = ("--varied",), language_pp: int = 1) -> tuple[list, list, Path]:
     trace, ckpt = workdir / f"{name}.jsonl", workdir / f"ckpt-{name}"
-    argv = ["--cpu", "--scalable-dp", "--dataloader-type", sampler, "--varied",
-            "--vision-dp", str(vdp), "--language-dp", str(ldp), "--mbs", str(MBS), "--gbs", str(GBS),
-            "--train-iters", str(iters), "--eval-interval", "2", "--eval-iters", "1",
-            "--save", str(ckpt), "--trace", str(trace), *extra]
-    active = run_ranks(_train, vdp + ldp, argv, features, {}, deadline_s=DEADLINE_S)
+    argv = ["--cpu", "--scalable-dp", "--dataloader-type", sampler, *data,
+            "--vision-dp", str(vdp), "--language-dp", str(ldp), "--language-pp", str(language_pp),
+            "--mbs", str(MBS), "--gbs", str(GBS), "--train-iters", str(iters), "--eval-interval", "2",
+            "--eval-iters", "1", "--save", str(ckpt), "--trace", str(trace), *extra]
+    active = run_ranks(_train, vdp + ldp * language_pp, argv, features, {}, deadline_s=DEADLINE_S)
     records = [json.loads(line) for line in trace.read_text().splitlines()]
     return records, active[0], ckpt
 
@@ -161,3 +161,17 @@ def test_upstream_scalable_reads_alone_cannot_fan_in_uneven_rows(workdir):
     # What mimo_accel adds: the same fan-in run without it stops in upstream's code.
     with pytest.raises(RankFailure, match="Mismatch in shape|Fan-in with variable|does not match|divisible"):
         _run(workdir, "upstream-fan-in", 2, 1, {})
+
+
+def test_packing_on_two_language_stages_takes_its_lengths_before_the_step_drops_their_fields(workdir):
+    """Bridge's own MegatronMIMODataset (its attention_mask all ones: lengths come from loss_mask and
+    input_ids) with the language model on two pipeline stages: upstream's step runs no slice here
+    and drops input_ids off the first stage and loss_mask off the last before it packs, so
+    mimo_accel works the lengths out as the shard arrives. It trains what upstream's scalable reads
+    alone train, unpacked."""
+    data = ("--dataset", "images", "--image-dir", str(workdir / "images"), "--image-rows", "4", "--seq-length", "64")
+    want, _, _ = _run(workdir, "upstream-images-pp2", 1, 1, {}, data=data, language_pp=2)
+    got, active, ckpt = _run(workdir, "accel-images-pp2", 1, 1, ALL, data=data, language_pp=2)
+    assert active[:3] == ["sharded_reads", "reorder", "packing"]
+    assert int((ckpt / "latest_checkpointed_iteration.txt").read_text()) == 4
+    _assert_same_training(steps_from_trace(got), steps_from_trace(want), range(1, 5))

@@ -117,6 +117,46 @@ def test_under_pp_the_slice_works_out_the_lengths_main_s_step_drops_the_fields_f
               "attention_mask": torch.ones_like(ids), "position_ids": None})
 
 
+def test_under_scalable_reads_and_pp_the_step_s_role_works_out_the_lengths_before_the_fields_go():
+    # upstream's scalable reads (#5525) run no slice: the shard arrives by get_batch, the role by
+    # _get_module_dp_info, and then the step drops input_ids / loss_mask per stage before it packs;
+    # with an all-ones attention_mask the lengths must be worked out between those two calls
+    from mimo_accel.runtime.patches import native_packing
+
+    runtime = Runtime(AccelConfig(packing=True, sharded_reads=True))
+    runtime.native_packing = True
+    runtime.context = ShardContext("language", 0, 1, 1, sliced_in_step=False)
+    get_batch = step.wrap_get_batch(lambda data_iterator: next(data_iterator), runtime)
+    dp_info = step.wrap_module_dp_info(lambda megatron_mimo_model: (0, 1), runtime)
+    pack = native_packing.wrap_pack_language_shard(lambda data_batch, lengths=None: None, runtime)
+    pad = 9  # sample 0: 3 real tokens, sample 1: 5 (loss where the next token is real)
+    ids = torch.tensor([[1, 2, 3, pad, pad], [4, 5, 6, 7, 8]])
+    loss_mask = torch.tensor([[1.0, 1, 0, 0, 0], [1, 1, 1, 1, 0]])
+    for first, last in ((True, False), (False, True)):
+        model = type("Model", (), {"role": None})()
+        runtime.roles[model] = StepRole(True, first, last, 1)
+        batches = iter([{"input_ids": ids.clone(), "labels": ids.clone(), "loss_mask": loss_mask.clone(),
+                         "attention_mask": torch.ones_like(ids), "position_ids": None,
+                         SHARD_TAG_KEY: ShardTag("language", 0, 1, 1, 2, sliced_in_step=False)}])
+        batch = get_batch(batches)
+        assert dp_info(model) == (0, 1)
+        if not first:
+            batch["input_ids"] = None
+        if not last:
+            batch["labels"] = batch["loss_mask"] = None
+        _, kwargs = pack(batch)
+        assert kwargs["cu_seqlens_q"].tolist() == [0, 3, 8], (first, last)
+        assert runtime.step_lengths is None and runtime.step_batch is None  # nothing left for the next step
+    # upstream's own reorder in place of mimo_accel's leaves the batch untagged: the same lengths
+    model = type("Model", (), {"role": None})()
+    runtime.roles[model] = StepRole(True, False, True, 1)
+    batch = get_batch(iter([{"input_ids": ids.clone(), "labels": ids.clone(), "loss_mask": loss_mask.clone(),
+                             "attention_mask": torch.ones_like(ids), "position_ids": None}]))
+    dp_info(model)
+    batch["input_ids"] = None
+    assert pack(batch)[1]["cu_seqlens_q"].tolist() == [0, 3, 8]
+
+
 def _scalable_tag(dp_rank: int, samples: int = 2):
     return ShardTag("vision", dp_rank, 2, 2, samples, sliced_in_step=False)
 

@@ -54,6 +54,9 @@ class Runtime:
     # upstream main's step drops input_ids (off the first language stage) and loss_mask (off the
     # last) before it packs, so under PP only the slice still holds both to work them out from
     step_lengths: Optional[ShardLengths] = None
+    # the language shard upstream's scalable reads delivered this step (no slice runs there): the
+    # step's role, learnt next, works out its lengths from it before the step drops those fields
+    step_batch: Optional[dict] = None
     # BridgeCommunicator -> per-peer encoder rows of forwards still waiting for a backward
     fan_in_rows: "weakref.WeakKeyDictionary[Any, collections.deque[list[int]]]" = field(
         default_factory=weakref.WeakKeyDictionary)
@@ -111,6 +114,7 @@ class Runtime:
             self.roles.clear()
             self.step_role = None
             self.step_lengths = None
+            self.step_batch = None
             self.upstream_moves_samples = None
             self.reorder_stepped_aside = None
             self.frozen = ()

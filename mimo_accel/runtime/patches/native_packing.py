@@ -54,8 +54,8 @@ def wrap_pack_language_shard(original: Callable, runtime: Runtime) -> Callable:
     Packs as mimo_accel does on 0.6 (:func:`mimo_accel.runtime.local_batch.pack_for_language_model`): the
     caller's ``lengths`` are the row sums of the batch's ``attention_mask``, which that function
     derives itself, checking right padding. Where the mask marks no padding (all ones), the lengths
-    come from ``loss_mask`` + placeholders, worked out by the slice (``Runtime.step_lengths``): the
-    step has dropped ``input_ids`` off the first language stage and ``loss_mask`` off the last by now.
+    come from ``loss_mask`` + placeholders, worked out earlier in the step (``Runtime.step_lengths``,
+    by the slice, or under scalable reads by ``_get_module_dp_info``): the step has dropped ``input_ids`` off the first language stage and ``loss_mask`` off the last by now.
     """
     pad_multiple = runtime.config.pad_multiple
 
@@ -77,8 +77,8 @@ def wrap_pack_language_shard(original: Callable, runtime: Runtime) -> Callable:
                 "mimo_accel: upstream's step asked to pack a language shard, but mimo_accel has not seen "
                 "this step's _get_module_dp_info call, so it does not know the rank's pipeline stage. "
                 "Call pack_language_shard only from megatron_mimo_step.forward_step, or disable packing.")
-        # decided by the slice while input_ids and loss_mask were both in the batch (None: no slice
-        # ran, as under upstream's scalable reads)
+        # decided while input_ids and loss_mask were both in the batch: by the slice, or under
+        # upstream's scalable reads at _get_module_dp_info (None: neither ran this step)
         known, runtime.step_lengths = runtime.step_lengths, None
         packed = pack_for_language_model(data_batch, role, pad_multiple, runtime.say_once, known)
         kwargs = packed.pop("packing_kwargs")

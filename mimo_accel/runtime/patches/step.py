@@ -15,7 +15,8 @@ replaces the third with :func:`wrap_slice`'s function, which
 Under upstream's scalable reads (Megatron-Bridge #5525, ``dataset.megatron_mimo_scalable_dp``) the
 step skips the slice: the loader already delivered the shard. There :func:`wrap_get_batch` takes
 the batch's tag off as ``get_batch`` returns it, checks it against this rank's replica and
-records the batch.
+records the batch, and where main's step packs, :func:`wrap_module_dp_info` works out the shard's
+lengths as the slice would.
 """
 
 from __future__ import annotations
@@ -34,11 +35,16 @@ from mimo_accel.runtime.patches.upstream_call import UpstreamCall, replacing
 
 def wrap_module_dp_info(original: Callable, runtime: Runtime) -> Callable:
     """``_get_module_dp_info(model)``: upstream's (dp_rank, dp_size); the model's role becomes the
-    step's (``runtime.step_role``) for the slice and the packer that follow."""
+    step's (``runtime.step_role``) for the slice and the packer that follow. Where no slice follows
+    (scalable reads) and main's step packs, the shard's lengths are worked out here, the last call
+    before the step drops the fields they come from."""
 
     @replacing(original)
     def _get_module_dp_info(call: UpstreamCall):
-        runtime.step_role = role_of_rank(runtime, call["megatron_mimo_model"])
+        role = runtime.step_role = role_of_rank(runtime, call["megatron_mimo_model"])
+        unsliced, runtime.step_batch = runtime.step_batch, None
+        if unsliced is not None and role is not None and role.is_language:
+            runtime.step_lengths = shard_lengths(unsliced, role, runtime.say_once)
         return call.to(original)
 
     return _get_module_dp_info
@@ -54,9 +60,13 @@ def wrap_get_batch(original: Callable, runtime: Runtime) -> Callable:
     def get_batch(call: UpstreamCall):
         batch = call.to(original)
         tag = batch.get(SHARD_TAG_KEY) if isinstance(batch, dict) else None
+        ctx = runtime.shard_context()
+        # no slice follows: upstream's scalable reads (a batch of upstream's own reorder is untagged)
+        unsliced = not tag.sliced_in_step if isinstance(tag, ShardTag) else ctx is not None and not ctx.sliced_in_step
+        if unsliced and runtime.config.packing and runtime.native_packing:
+            runtime.step_batch = batch  # its lengths: once the step's role is known (_get_module_dp_info)
         if isinstance(tag, ShardTag) and not tag.sliced_in_step:
             del batch[SHARD_TAG_KEY]
-            ctx = runtime.shard_context()
             if ctx is not None:
                 check_replica(tag, ctx.dp_rank, ctx.dp_size)
             if runtime.profiling is not None:
