@@ -59,7 +59,7 @@ class _Workload:
             self.opt.step()
             self.opt.zero_grad(set_to_none=True)
             if rec is not None:
-                rec.add(samples=x.shape[0], images=x.shape[0], patches=x.shape[0], samples_read=x.shape[0])
+                rec.add(samples=x.shape[0], vision_items=x.shape[0], vision_rows=x.shape[0], samples_read=x.shape[0])
                 rec.set(predicted_spread=0.01)
                 rec.end_step()
             wall.append(time.perf_counter() - w0)
