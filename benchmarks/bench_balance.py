@@ -376,7 +376,7 @@ def module_pool(name: str, n: int, seed: int = 0, model: CostModel | None = None
     text_and_images = (s["text"] + s["patches"] // merge2).astype(np.float64)
     with_audio = text_and_images + np.ceil(rows / AUDIO_ROWS_PER_TOKEN)
     return {
-        "vision": model.costs_from_sums(s["patches"], s["sq_patches"], np.zeros(n)),
+        "vision": model.encoder_costs("vision", s["patches"], s["sq_patches"], s["images"]),
         "audio": model.a * rows.astype(np.float64) + model.b * sq_rows.astype(np.float64),
         "language": text_and_images + text_and_images ** 2 * LANGUAGE_SQ,
         "language_with_audio": with_audio + with_audio ** 2 * LANGUAGE_SQ,

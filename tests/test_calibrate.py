@@ -162,7 +162,7 @@ def test_main_writes_every_module_and_prints_each_fit(tmp_path):
         assert f"{m}: cost-model fit" in text and f"Fit quality ({m})" in text
     assert "R² within steps" in text and "k · items" in text and "a · tokens" in text
     doc = json.loads(out.read_text())
-    assert doc["format"] == "mimo-accel-cost-model/2" and set(doc["modules"]) == {"vision", "audios", "language"}
+    assert doc["format"] == "mimo-accel-cost-model/3" and set(doc["modules"]) == {"vision", "audios", "language"}
     model = CostModel.from_file(out)
     assert _rel(model.of("audios").a, TRUE_MODULES["audios"]["a"]) < 0.1
     fit_doc = json.loads(js.read_text())

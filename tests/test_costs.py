@@ -149,17 +149,16 @@ def test_vectorised_patches_equal_the_scalar_rule(sizes, rule):
 
 
 def test_cost_model_arithmetic():
-    model = CostModel(a=1.0, b=0.001, c=0.5)
-    # 300 patches + 0.001 * (100^2 + 200^2) + 0.5 * 50 tokens
-    assert model.sample_cost([100, 200], 50) == pytest.approx(300 + 50 + 25)
-    assert model.sample_cost([], 40) == pytest.approx(20)
-    np.testing.assert_allclose(model.costs_from_sums([300, 0], [50_000, 0], [50, 40]), [375, 20])
+    model = CostModel(a=1.0, b=0.001)
+    # an encoder without its own entry, images of 100 and 200 patches: 300 + 0.001 * (100^2 + 200^2)
+    np.testing.assert_allclose(model.encoder_costs("vision", [300, 0], [50_000, 0], [2, 0]), [350, 0])
+    # the language model: 50 + 50^2 / 8192 tokens
+    np.testing.assert_allclose(model.language_costs([50, 0]), [50 + 2500 / 8192, 0])
 
 
 def test_default_cost_model_mirrors_the_cpu_measurement():
     model = CostModel()
     assert model.b / model.a == pytest.approx(6.1e-8 / 6.6e-5, rel=0.03)
-    assert model.c == 0.0
 
 
 @pytest.mark.parametrize("bad", [-1.0, math.nan, math.inf, "1", True, None])
@@ -169,11 +168,12 @@ def test_cost_model_rejects_bad_coefficients(bad):
 
 
 def test_cost_model_file_round_trip(tmp_path):
-    model = CostModel(a=2.0, b=0.003, c=0.25, fit={"r2": 0.987, "n": 412})
+    model = CostModel(a=2.0, b=0.003, fit={"r2": 0.987, "n": 412})
     path = tmp_path / "cost_model.json"
     model.to_file(path)
     doc = json.loads(path.read_text())
-    assert doc["format"] == "mimo-accel-cost-model/2" and doc["modules"] == {}
+    assert doc["format"] == "mimo-accel-cost-model/3" and doc["modules"] == {}
+    assert set(doc) == {"format", "a", "b", "modules", "fit"}
     loaded = CostModel.from_file(path)
     assert loaded == model
     assert loaded.fit == {"r2": 0.987, "n": 412}
@@ -185,11 +185,12 @@ def test_cost_model_file_round_trip(tmp_path):
     ("content", "message"),
     [
         ("not json", "not a JSON cost model"),
-        ('{"a": 1, "b": 0, "c": 0}', 'expected "format": "mimo-accel-cost-model/2", found None'),
-        ('{"format": "mimo-accel-cost-model/9", "a": 1, "b": 0, "c": 0}', "found 'mimo-accel-cost-model/9'"),
-        ('{"format": "mimo-accel-cost-model/2", "a": 1, "b": 0}', r"missing coefficients \['c'\]"),
-        ('{"format": "mimo-accel-cost-model/2", "a": 1, "b": 0, "c": 0, "B": 2}', r"unknown keys \['B'\]"),
-        ('{"format": "mimo-accel-cost-model/2", "a": 1, "b": -3, "c": 0}', "CostModel.b must be finite and >= 0"),
+        ('{"a": 1, "b": 0}', 'expected "format": "mimo-accel-cost-model/3", found None'),
+        ('{"format": "mimo-accel-cost-model/9", "a": 1, "b": 0}', "found 'mimo-accel-cost-model/9'"),
+        ('{"format": "mimo-accel-cost-model/3", "a": 1}', r"missing coefficients \['b'\]"),
+        ('{"format": "mimo-accel-cost-model/3", "a": 1, "b": 0, "B": 2}', r"unknown keys \['B'\]"),
+        ('{"format": "mimo-accel-cost-model/3", "a": 1, "b": 0, "c": 0}', r"unknown keys \['c'\]"),
+        ('{"format": "mimo-accel-cost-model/3", "a": 1, "b": -3}', "CostModel.b must be finite and >= 0"),
         ("[1, 2]", "found 'list'"),
     ],
 )
@@ -221,7 +222,8 @@ def test_cost_index_from_shapes():
     assert index.images(np.arange(4)).tolist() == [1, 0, 2, 1]
     assert index.tokens([3, 0]).tolist() == [0, 100]
     model = CostModel(a=1.0, b=0.001)
-    expected = [model.sample_cost([RULE.patches(h, w) for h, w in s.image_sizes], 0) for s in SHAPES]
+    per_image = [[RULE.patches(h, w) for h, w in s.image_sizes] for s in SHAPES]
+    expected = [sum(p) + 0.001 * sum(x * x for x in p) for p in per_image]
     vision = Modules.from_dp_sizes({"vision": 1})
     np.testing.assert_allclose(index.module_costs(np.arange(4), model, vision)["vision"], expected)
     np.testing.assert_allclose(index.module_costs([2, 2], model, vision)["vision"], [expected[2]] * 2)
@@ -303,9 +305,9 @@ def test_costs_are_never_nan_or_negative():
     with pytest.raises(ValueError, match="negative"):
         CostIndex([-1], {"vision": ([1], [1], [1], RULE)})
     with pytest.raises(ValueError, match=">= 0"):
-        CostModel().costs_from_sums([-1], [1], [0])
+        CostModel().encoder_costs("vision", [-1], [1], [0])
     with pytest.raises(ValueError, match="overflowed"):
-        CostModel(b=1e300).costs_from_sums([1], [10**18], [0])
+        CostModel(b=1e300).encoder_costs("vision", [1], [10**18], [0])
 
 
 @pytest.mark.parametrize(

@@ -57,9 +57,9 @@ def _same(a, b) -> bool:
 
 
 class _RaiseOn:
-    def __init__(self, sample_id):
+    def __init__(self, sample_id, ctx):
         self.sample_id = sample_id
-        self.inner = ex.DecodedSampleCost()
+        self.inner = ex.DecodedModuleCosts(list(ctx.dp_sizes))
 
     def __call__(self, sample):
         if sample["sample_id"] == self.sample_id:
@@ -136,10 +136,10 @@ def _exchange_scenarios(rank, world, layouts):
                                                                               prefetch=2)]
         # Failures: raise on one replica, NaN on one replica, raise inside the overlap thread.
         shard0 = _shards(ctx, ds, 1)[0]
-        raised = _expect_error(lambda: ex.ExchangeReorder(pg, ctx, _RaiseOn(BAD_SAMPLE)).reorder(shard0))
-        nan = _expect_error(lambda: ex.ExchangeReorder(pg, ctx, _NaNOn(BAD_SAMPLE)).reorder(shard0))
+        raised = _expect_error(lambda: ex.ExchangeReorder(pg, ctx, _RaiseOn(BAD_SAMPLE, ctx)).reorder(shard0))
+        nan = _expect_error(lambda: ex.ExchangeReorder(pg, ctx, _NaNOn(BAD_SAMPLE, ctx)).reorder(shard0))
         overlap_err = _expect_error(lambda: list(ex.exchange_loader(
-            [shard0], ex.ExchangeReorder(pg, ctx, _RaiseOn(BAD_SAMPLE), st.collate, comm_group=overlapped_ex.comm_group,
+            [shard0], ex.ExchangeReorder(pg, ctx, _RaiseOn(BAD_SAMPLE, ctx), st.collate, comm_group=overlapped_ex.comm_group,
                                          overlap=True))))
         # ... and the group still works afterwards (nobody was left inside a collective).
         again = [s["sample_id"] for s in exchange.reorder(shard0)[0]]
@@ -337,16 +337,15 @@ def test_codec_handles_odd_tensors_and_refuses_sparse():
 
 
 def test_decoded_cost_reads_grid_thw_where_bridge_puts_it():
-    model = CostModel(a=1.0, b=0.5, c=0.25)
-    cost = ex.DecodedSampleCost(model)
-    grid = torch.tensor([[1, 2, 4], [2, 2, 2]])
+    model = CostModel(a=1.0, b=0.5, modules={"language": {"a": 1.0, "b": 0.25}})
+    cost = ex.DecodedModuleCosts(["vision", "language"], model)
+    grid = torch.tensor([[1, 2, 4], [2, 2, 2]])  # two images of 8 rows
     flat = {"grid_thw": grid, "attention_mask": torch.tensor([1, 1, 1, 0])}
     nested = {"modality_inputs": {"vision": {"pixel_values": torch.zeros(1), "image_grid_thw": grid}},
               "input_ids": torch.zeros(4, dtype=torch.long)}
-    expected = model.sample_cost([8, 8], 3)
-    assert cost(flat) == pytest.approx(expected)
-    assert cost(nested) == pytest.approx(model.sample_cost([8, 8], 4))
-    assert cost({"attention_mask": torch.ones(5)}) == pytest.approx(model.sample_cost([], 5))
+    assert cost(flat) == pytest.approx({"vision": 16 + 0.5 * 128, "language": 3 + 0.25 * 9})
+    assert cost(nested) == pytest.approx({"vision": 16 + 0.5 * 128, "language": 4 + 0.25 * 16})
+    assert cost({"attention_mask": torch.ones(5)}) == pytest.approx({"vision": 0.0, "language": 5 + 0.25 * 25})
     with pytest.raises(ValueError, match="malformed grid_thw"):
         cost({"grid_thw": torch.tensor([1, 2, 3])})
 

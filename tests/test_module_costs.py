@@ -122,22 +122,26 @@ def test_digest_covers_every_encoder_and_the_tokens():
 
 
 def test_cost_model_file_round_trip_and_older_files_refused(tmp_path):
-    model = CostModel(a=2.0, b=0.003, c=0.25, fit={"r2": 0.9},
+    model = CostModel(a=2.0, b=0.003, fit={"r2": 0.9},
                       modules={"audio": ModuleCost(1e-5, 2e-9, 3e-3), "language": ModuleCost(1e-6, 1e-10)})
     model.to_file(tmp_path / "m.json")
     doc = json.loads((tmp_path / "m.json").read_text())
-    assert doc["format"] == "mimo-accel-cost-model/2"
+    assert doc["format"] == "mimo-accel-cost-model/3"
     assert doc["modules"]["audio"] == {"a": 1e-5, "b": 2e-9, "k": 3e-3}
     back = CostModel.from_file(tmp_path / "m.json")
     assert back == model and back.of("audio") == ModuleCost(1e-5, 2e-9, 3e-3)
     assert back.of("vision") == ModuleCost(2.0, 0.003)  # no entry: the default encoder's a, b
-    # a file of format 1 (a, b, c and no modules table) is refused, naming the command that recreates it
-    (tmp_path / "v1.json").write_text(json.dumps({"format": "mimo-accel-cost-model/1", "a": 3.0, "b": 0.5, "c": 0}))
-    with pytest.raises(ValueError) as err:
-        CostModel.from_file(tmp_path / "v1.json")
-    assert str(err.value) == (f"{tmp_path / 'v1.json'}: expected \"format\": \"mimo-accel-cost-model/2\", found "
-                              "'mimo-accel-cost-model/1'; recreate it with `mimo-accel calibrate`")
-    (tmp_path / "bad.json").write_text(json.dumps({"format": "mimo-accel-cost-model/2", "a": 3.0, "b": 0.5, "c": 0,
+    # files of formats 1 (a, b, c, no modules table) and 2 (a, b, c, a modules table) are refused,
+    # naming the command that recreates them
+    older = {"mimo-accel-cost-model/1": {}, "mimo-accel-cost-model/2": {"modules": {"language": {"a": 1, "b": 0}}}}
+    for version, (found, extra) in enumerate(older.items(), start=1):
+        path = tmp_path / f"v{version}.json"
+        path.write_text(json.dumps({"format": found, "a": 3.0, "b": 0.5, "c": 0, **extra}))
+        with pytest.raises(ValueError) as err:
+            CostModel.from_file(path)
+        assert str(err.value) == (f"{path}: expected \"format\": \"mimo-accel-cost-model/3\", found "
+                                  f"'{found}'; recreate it with `mimo-accel calibrate`")
+    (tmp_path / "bad.json").write_text(json.dumps({"format": "mimo-accel-cost-model/3", "a": 3.0, "b": 0.5,
                                                    "layers": {}}))
     with pytest.raises(ValueError, match=r"unknown keys \['layers'\]"):
         CostModel.from_file(tmp_path / "bad.json")

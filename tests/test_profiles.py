@@ -114,7 +114,7 @@ def test_mixed_chat_is_about_sixty_percent_text_only():
 
 def test_uniform_has_zero_cost_variance():
     prof = load_profile("uniform")
-    costs = prof.sample_table(1000, seed=5).costs(CostModel(a=1.0, b=0.0009, c=0.01))
+    costs = prof.sample_table(1000, seed=5).costs(CostModel(a=1.0, b=0.0009))
     assert costs.max() == costs.min() > 0
     shapes = prof.sample_shapes(10, seed=9)
     assert len(set(shapes)) == 1
@@ -256,7 +256,7 @@ def test_a_profile_may_declare_an_audio_encoder(tmp_path):
     assert np.array_equal(t.tokens, t.patches // 4 + t.placeholders["audio"] + t.text_tokens)
     assert (t.tokens <= prof.seq_length).all() and (t.bytes > p.bytes)[clips > 0].all()
     # what a sample costs each module is what the planner prices from the table's cost index
-    model = CostModel(a=1.0, b=0.001, c=0.0)
+    model = CostModel(a=1.0, b=0.001)
     costs = t.cost_index().module_costs(np.arange(len(t)), model, prof.modules)
     assert set(costs) == {"vision", "audio", "language"}
     assert np.allclose(costs["audio"], audio.rows + 0.001 * audio.sq_rows)

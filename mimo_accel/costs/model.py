@@ -9,8 +9,7 @@ Per module (the user's config names; the language model is ``"language"``):
   modality's placeholders), default a = 1, b = 1/8192.
 
 An encoder without its own entry is priced by the model's default encoder coefficients ``a``,
-``b`` (and k = 0). ``c`` weighs tokens in the single vision cost of :meth:`CostModel.costs_from_sums`
-(which exchange mode uses).
+``b`` (and k = 0).
 """
 
 from __future__ import annotations
@@ -18,7 +17,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,7 +29,7 @@ from mimo_accel.modules import LANGUAGE
 
 __all__ = ["CostModel", "ModuleCost"]
 
-COST_MODEL_FORMAT = "mimo-accel-cost-model/2"
+COST_MODEL_FORMAT = "mimo-accel-cost-model/3"
 LANGUAGE_A, LANGUAGE_B = 1.0, 1.0 / 8192  # the language model's L + L²/8192
 
 
@@ -107,26 +106,23 @@ def _module_table(modules: Any) -> dict[str, ModuleCost]:
 
 @dataclass(frozen=True)
 class CostModel:
-    """Vision cost of one sample: ``a * sum(p_i) + b * sum(p_i**2) + c * tokens``.
+    """What a sample costs each module: ``modules`` maps module names to their :class:`ModuleCost`;
+    an encoder without an entry is priced ``a·rows + b·sq_rows`` (the default encoder), the
+    language model without one ``tokens + tokens²/8192`` (:meth:`of`).
 
-    ``p_i`` are the patch counts of the sample's images: the linear term is the encoder's MLP and
-    projection work, the quadratic term its full attention over each image. The defaults mirror a
-    CPU measurement, t ≈ 6.6e-5·N + 6.1e-8·Σp_i² s, i.e. b/a ≈ 9.2e-4, in units of ``a``.
-    ``fit`` carries optional fit-quality metadata (e.g. ``r2``, ``n``) from calibration.
-
-    Per module: ``modules`` maps module names to their :class:`ModuleCost`; an encoder without an
-    entry is priced ``a·rows + b·sq_rows`` (the default encoder), the language model without one
-    ``tokens + tokens²/8192`` (:meth:`of`).
+    For an encoder's items of ``p_i`` rows (patches), the linear term is its MLP and projection
+    work, the quadratic term its full attention over each item. The default ``a``, ``b`` mirror a
+    CPU measurement of a vision encoder, t ≈ 6.6e-5·N + 6.1e-8·Σp_i² s, i.e. b/a ≈ 9.2e-4, in units
+    of ``a``. ``fit`` carries optional fit-quality metadata (e.g. ``r2``, ``n``) from calibration.
     """
 
     a: float = 1.0
     b: float = 0.0009
-    c: float = 0.0
     fit: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False)
     modules: Mapping[str, ModuleCost] = field(default_factory=dict, hash=False)
 
     def __post_init__(self) -> None:
-        for name in ("a", "b", "c"):
+        for name in ("a", "b"):
             object.__setattr__(self, name, _check_coefficient(name, getattr(self, name)))
         if not isinstance(self.fit, Mapping):
             raise ValueError(f"CostModel.fit must be a mapping, got {type(self.fit).__name__}")
@@ -150,38 +146,22 @@ class CostModel:
         """The language model's per-sample costs from real tokens."""
         return self.of(module).language_costs(tokens)
 
-    def sample_cost(self, image_patches: Sequence[int], tokens: int) -> float:
-        """Cost of one sample with images of ``image_patches`` patches and ``tokens`` tokens."""
-        p = np.asarray(image_patches, dtype=np.int64).reshape(-1)
-        return float(self.costs_from_sums(p.sum(), (p * p).sum(), tokens))
-
-    def costs_from_sums(self, patches: Any, sq_patches: Any, tokens: Any) -> np.ndarray:
-        """Vectorised core: costs from per-sample Σp, Σp² and token counts (all >= 0)."""
-        p = np.asarray(patches, dtype=np.float64)
-        q = np.asarray(sq_patches, dtype=np.float64)
-        t = np.asarray(tokens, dtype=np.float64)
-        if (p < 0).any() or (q < 0).any() or (t < 0).any():
-            raise ValueError("patch, squared-patch and token counts must be >= 0")
-        with np.errstate(over="ignore"):
-            out = self.a * p + self.b * q + self.c * t
-        return _finite(out)
-
     def to_doc(self) -> dict[str, Any]:
         """The model as the JSON object :meth:`to_file` writes."""
-        doc: dict[str, Any] = {"format": COST_MODEL_FORMAT, "a": self.a, "b": self.b, "c": self.c,
+        doc: dict[str, Any] = {"format": COST_MODEL_FORMAT, "a": self.a, "b": self.b,
                                "modules": {name: cost.to_dict() for name, cost in sorted(self.modules.items())}}
         if self.fit:
             doc["fit"] = dict(self.fit)
         return doc
 
     def to_file(self, path: str | os.PathLike[str]) -> None:
-        """Write the model as JSON (format ``mimo-accel-cost-model/2``: a, b, c, the ``modules``
-        table, the ``fit`` metadata)."""
+        """Write the model as JSON (format ``mimo-accel-cost-model/3``: a, b, the ``modules`` table,
+        the ``fit`` metadata)."""
         atomic_write(Path(path), (json.dumps(self.to_doc(), indent=2, sort_keys=True) + "\n").encode())
 
     @classmethod
     def from_file(cls, path: str | os.PathLike[str]) -> CostModel:
-        """Read a model written by :meth:`to_file`; a malformed file, or one of an older format,
+        """Read a model written by :meth:`to_file`; a malformed file, or one of another format,
         raises ValueError naming the command that recreates it."""
         path = Path(path)
         try:
@@ -196,13 +176,13 @@ class CostModel:
                 f"{path}: expected \"format\": \"{COST_MODEL_FORMAT}\", found {found!r};"
                 " recreate it with `mimo-accel calibrate`"
             )
-        unknown = sorted(set(doc) - {"format", "a", "b", "c", "fit", "modules"})
+        unknown = sorted(set(doc) - {"format", "a", "b", "fit", "modules"})
         if unknown:
             raise ValueError(
-                f"{path}: unknown keys {unknown}; a cost model has a, b, c, a \"modules\" table and an optional "
+                f"{path}: unknown keys {unknown}; a cost model has a, b, a \"modules\" table and an optional "
                 "\"fit\" object for metadata"
             )
-        missing = [k for k in ("a", "b", "c") if k not in doc]
+        missing = [k for k in ("a", "b") if k not in doc]
         if missing:
             raise ValueError(f"{path}: missing coefficients {missing}")
         try:
@@ -213,4 +193,4 @@ class CostModel:
     @classmethod
     def from_doc(cls, doc: dict[str, Any]) -> CostModel:
         """The model of a JSON object :meth:`to_doc` made (its coefficients checked, not its keys)."""
-        return cls(a=doc["a"], b=doc["b"], c=doc["c"], fit=doc.get("fit", {}), modules=doc.get("modules", {}))
+        return cls(a=doc["a"], b=doc["b"], fit=doc.get("fit", {}), modules=doc.get("modules", {}))

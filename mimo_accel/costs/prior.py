@@ -43,4 +43,4 @@ def flops_prior(shapes: Mapping[str, Optional[FlopsShape]], trained: Mapping[str
         steps = 3.0 if trained.get(name, True) else 1.0
         modules[name] = ModuleCost(a=steps * shape.per_token / UNIT, b=steps * shape.per_sq_token / UNIT)
     fit = {**base.fit, "start": "flops", **({"unpriced": sorted(unpriced)} if unpriced else {})}
-    return CostModel(a=base.a, b=base.b, c=base.c, fit=fit, modules=modules), tuple(sorted(unpriced))
+    return CostModel(a=base.a, b=base.b, fit=fit, modules=modules), tuple(sorted(unpriced))

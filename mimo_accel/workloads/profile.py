@@ -112,10 +112,10 @@ class SampleTable:
         return CostIndex(self.tokens, self.encoders)
 
     def costs(self, model: CostModel | None = None) -> np.ndarray:
-        """The vision cost of each sample under the single-cost model (``a·Σp + b·Σp² + c·tokens``,
-        :meth:`~mimo_accel.costs.CostModel.costs_from_sums`)."""
+        """The vision encoder's cost of each sample under ``model`` (default :class:`CostModel`), as
+        the planner prices it from :meth:`cost_index`."""
         model = CostModel() if model is None else model
-        return model.costs_from_sums(self.patches, self.sq_patches, self.tokens)
+        return model.encoder_costs(VISION, self.patches, self.sq_patches, self.images)
 
 
 @dataclass(frozen=True)

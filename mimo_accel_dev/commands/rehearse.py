@@ -180,7 +180,7 @@ def _model_doc(path: Optional[str], note: str) -> dict:
     if not path:
         return {"calibrated": False, "note": note}
     doc = json.loads(Path(path).read_text(encoding="utf-8"))
-    return {"calibrated": True, "a": doc["a"], "b": doc["b"], "c": doc["c"], "fit": doc.get("fit", {}), "note": note}
+    return {"calibrated": True, "a": doc["a"], "b": doc["b"], "fit": doc.get("fit", {}), "note": note}
 
 
 def _calibrated(run_dir: Path, out_file: Path) -> tuple[Optional[str], str]:
@@ -215,7 +215,7 @@ def _calibrated(run_dir: Path, out_file: Path) -> tuple[Optional[str], str]:
         return None, "default cost model (calibration failed: " + "; ".join(notes) + ")"
     # the default encoder's coefficients: the layout's first encoder's
     lead = next((c for m, c in table.items() if m != LANGUAGE), next(iter(table.values())))
-    CostModel(a=lead.a, b=lead.b, c=0.0, modules=table).to_file(out_file)
+    CostModel(a=lead.a, b=lead.b, modules=table).to_file(out_file)
     return str(out_file), "calibrated on the before-run, s per row / row² / item / token: " + "; ".join(notes)
 
 

@@ -207,7 +207,7 @@ def fit_modules(run: Run, *, warmup: int = 1, intercept: bool = True, per_step: 
     a, b = (table[lead].a, table[lead].b) if lead is not None else (CostModel().a, CostModel().b)
     meta = {"units": "seconds", "run": str(run.directory), "warmup": warmup, "per_step": per_step,
             "intercept": intercept, "modules": metas}
-    return CostModel(a=a, b=b, c=0.0, fit=meta, modules=table), stats
+    return CostModel(a=a, b=b, fit=meta, modules=table), stats
 
 
 

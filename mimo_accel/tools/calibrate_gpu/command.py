@@ -8,7 +8,7 @@ measurements again (no device needed).
 
 ``mimo-accel calibrate`` fits the cost model from a profiled training run; this command needs no
 run and no data. It builds the modules themselves on one device, times forward + backward over a
-designed set of inputs, fits each module's curve and writes a ``mimo-accel-cost-model/2`` file
+designed set of inputs, fits each module's curve and writes a ``mimo-accel-cost-model/3`` file
 (:class:`~mimo_accel.costs.CostModel`) with the module names ``calibrate`` writes: ``vision``
 (``--vision-module`` renames it to the name the layout's config gives the image encoder) and
 ``language``. Use it as ``MIMO_ACCEL_COST_MODEL=cost-model.json`` (``cost_model=`` in ``enable()``)

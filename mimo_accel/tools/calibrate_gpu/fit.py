@@ -100,4 +100,4 @@ def model_from_fits(vision: ModuleFit, language: ModuleFit, *, language_scale: f
                LANGUAGE: ModuleCost(lm["a"] * language_scale, lm["b"] * language_scale)}
     fit_meta = {"units": "seconds", "source": PROG, **(meta or {}),
                 "modules": {vision.module: vision.meta(), LANGUAGE: {**language.meta(), "scale": language_scale}}}
-    return CostModel(a=v["a"], b=v["b"], c=0.0, fit=fit_meta, modules=modules)
+    return CostModel(a=v["a"], b=v["b"], fit=fit_meta, modules=modules)

@@ -85,7 +85,7 @@ JSON (``--json``; format ``mimo-accel-simulate/1``), stable keys (``<lead>``: th
 name; ``M``: every module's)::
 
     format, profile{name, path, description, summary{...}},
-    cost_model{a, b, c, source, modules{M: {a, b, k}}}, steps, window, samples_per_replica, seed,
+    cost_model{a, b, source, modules{M: {a, b, k}}}, steps, window, samples_per_replica, seed,
     language_dp_rule, elapsed_s, notes[], lead, modules[], kinds{M: kind},
     layout{M: {tp, pp, dp}, micro_batch_size},
     rows[]: {dp, language_dp, [audio_dp,] grid, micro_batch_size,
@@ -401,7 +401,7 @@ def simulate(
             "description": profile.description,
             "summary": profile.summary(),
         },
-        "cost_model": {"a": model.a, "b": model.b, "c": model.c, "source": cost_source,
+        "cost_model": {"a": model.a, "b": model.b, "source": cost_source,
                        "modules": {m.name: model.of(m.name).to_dict() for m in modules}},
         "steps": steps,
         "window": window,

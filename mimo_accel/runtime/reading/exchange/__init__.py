@@ -47,7 +47,7 @@ there).
 
 from __future__ import annotations
 
-from mimo_accel.runtime.reading.exchange.cost import DecodedModuleCosts, DecodedSampleCost
+from mimo_accel.runtime.reading.exchange.cost import DecodedModuleCosts
 from mimo_accel.runtime.reading.exchange.loader import ExchangeLoader, exchange_loader, exchange_shard_loader
 from mimo_accel.runtime.reading.exchange.routes import ExchangeRoutes, route_exchange
 from mimo_accel.runtime.reading.exchange.reorder import OVERLAP_ENV, ExchangeError, ExchangeReorder, ExchangeStats
@@ -55,7 +55,6 @@ from mimo_accel.runtime.reading.exchange.wire import EncodedSample, decode_sampl
 
 __all__ = [
     "DecodedModuleCosts",
-    "DecodedSampleCost",
     "ExchangeError",
     "ExchangeLoader",
     "ExchangeRoutes",

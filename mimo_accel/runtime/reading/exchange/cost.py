@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from typing import Any, Optional
 
@@ -79,28 +78,3 @@ class DecodedModuleCosts:
                 out[m] = float(self.model.encoder_costs(m, [rows], [sq_rows], [items])[0])
         return out
 
-
-class DecodedSampleCost:
-    """One cost of a decoded sample (the v1 model's ``a·Σp + b·Σp² + c·tokens``), for a cost
-    function that prices every module alike.
-
-    Image patch counts are the rows' ``t·h·w`` of the sample's ``grid_thw`` (looked up as
-    ``grid_thw`` or ``image_grid_thw``, at the top level or inside nested dicts such as
-    ``modality_inputs``; a sample without one has no images). Real tokens are the sum of
-    ``attention_mask`` when present, else the number of ``input_ids``. Both are what every module
-    decodes, so vision and language ranks compute the same cost.
-    """
-
-    def __init__(self, model: Optional[CostModel] = None):
-        self.model = CostModel() if model is None else model
-
-    def __call__(self, sample: Any) -> float:
-        p_sum, p_sq, _ = _rows(_find_key(sample, _GRID_KEYS))
-        tokens = _real_tokens(sample)
-        # CostModel.costs_from_sums' arithmetic in Python floats (the same float64 result, without
-        # numpy's per-call overhead on one sample).
-        m = self.model
-        cost = m.a * float(p_sum) + m.b * float(p_sq) + m.c * float(tokens)
-        if not math.isfinite(cost):
-            raise ValueError("the sample cost overflowed to infinity; its counts are implausibly large")
-        return cost
