@@ -217,9 +217,10 @@ SHAPES = [
 def test_cost_index_from_shapes():
     index = CostIndex.from_shapes(SHAPES, RULE)
     assert len(index) == 4
-    assert index.patches([0, 1, 2, 3]).tolist() == [256, 0, 2592 + 256, 4920]
-    assert index.sq_patches([2]).tolist() == [2592**2 + 256**2]
-    assert index.images(np.arange(4)).tolist() == [1, 0, 2, 1]
+    assert index.encoders == ("vision",)
+    assert index.rows("vision", [0, 1, 2, 3]).tolist() == [256, 0, 2592 + 256, 4920]
+    assert index.sq_rows("vision", [2]).tolist() == [2592**2 + 256**2]
+    assert index.items("vision", np.arange(4)).tolist() == [1, 0, 2, 1]
     assert index.tokens([3, 0]).tolist() == [0, 100]
     model = CostModel(a=1.0, b=0.001)
     per_image = [[RULE.patches(h, w) for h, w in s.image_sizes] for s in SHAPES]
@@ -237,12 +238,13 @@ def test_cost_index_save_load_round_trip(tmp_path):
     index.save(path)
     assert [p.name for p in tmp_path.iterdir()] == ["costs.mimo-index"]
     loaded = CostIndex.load(path)
-    assert loaded.rule == rule
+    assert loaded.rule_of("vision") == rule
     assert len(loaded) == len(index)
     idx = np.arange(len(index))
-    for getter in ("patches", "sq_patches", "images", "tokens"):
-        assert getattr(loaded, getter)(idx).tolist() == getattr(index, getter)(idx).tolist()
-    assert pickle.loads(pickle.dumps(loaded)).patches(idx).tolist() == index.patches(idx).tolist()
+    for getter in ("rows", "sq_rows", "items"):
+        assert getattr(loaded, getter)("vision", idx).tolist() == getattr(index, getter)("vision", idx).tolist()
+    assert loaded.tokens(idx).tolist() == index.tokens(idx).tolist()
+    assert pickle.loads(pickle.dumps(loaded)).rows("vision", idx).tolist() == index.rows("vision", idx).tolist()
 
 
 def test_cost_index_out_of_range_names_the_fix():
@@ -253,9 +255,9 @@ def test_cost_index_out_of_range_names_the_fix():
     assert "sample index 4" in message and "cost index of 4 samples" in message
     assert "mimo-accel index" in message
     with pytest.raises(IndexError, match="sample index -1"):
-        index.patches([-1])
+        index.rows("vision", [-1])
     with pytest.raises(TypeError, match="integers"):
-        index.patches([0.5])
+        index.rows("vision", [0.5])
 
 
 def _save_raw(path, header, **arrays):
@@ -397,7 +399,7 @@ def test_image_headers_feed_the_cost_index(tmp_path):
     (tmp_path / "a.png").write_bytes(_png(224, 224))
     (tmp_path / "b.jpg").write_bytes(_jpeg(500, 1000))
     shapes = [SampleShape((image_size_from_header(tmp_path / name),), 10) for name in ("a.png", "b.jpg")]
-    assert CostIndex.from_shapes(shapes, RULE).patches([0, 1]).tolist() == [256, 2592]
+    assert CostIndex.from_shapes(shapes, RULE).rows("vision", [0, 1]).tolist() == [256, 2592]
 
 
 @pytest.mark.parametrize(
@@ -462,14 +464,15 @@ def test_fixed_patches_rule():
     with pytest.raises(ValueError, match="only"):
         rule_from_dict({"fixed_patches": 5, "patch_size": 14})
     index = CostIndex.from_shapes([SampleShape(((10, 20), (3000, 4000)), 9), SampleShape((), 4)], rule)
-    assert index.patches([0, 1]).tolist() == [1154, 0] and index.sq_patches([0]).tolist() == [2 * 577 ** 2]
+    assert index.rows("vision", [0, 1]).tolist() == [1154, 0]
+    assert index.sq_rows("vision", [0]).tolist() == [2 * 577 ** 2]
 
 
 def test_an_index_with_a_fixed_rule_round_trips(tmp_path):
     index = CostIndex([600, 20], {"vision": ([1, 0], [577, 0], [577 ** 2, 0], FixedPatches(577))})
     index.save(tmp_path / "i.npz")
     again = CostIndex.load(tmp_path / "i.npz")
-    assert again.rule == FixedPatches(577) and again.digest() == index.digest()
+    assert again.rule_of("vision") == FixedPatches(577) and again.digest() == index.digest()
 
 
 def test_an_index_refuses_other_rules():

@@ -112,7 +112,7 @@ def ground_truth(ds) -> tuple[list[int], list[int], list[int]]:
 
 def columns(index: CostIndex) -> tuple[list[int], list[int], list[int]]:
     a = np.arange(len(index))
-    return index.patches(a).tolist(), index.images(a).tolist(), index.tokens(a).tolist()
+    return index.rows("vision", a).tolist(), index.items("vision", a).tolist(), index.tokens(a).tolist()
 
 
 # ----------------------------------------------------------------------------------------------
@@ -127,13 +127,13 @@ def test_mimo_dataset_index_matches_the_decoded_samples(tmp_path, kind):
     ds = mimo_dataset(all_kinds_of_examples(tmp_path), processor)
     index = shared_index.derive_cost_index(ds, cache_dir=False)
     assert columns(index) == ground_truth(ds)
-    assert index.images(np.arange(len(ds))).tolist().count(0) == 2
+    assert index.items("vision", np.arange(len(ds))).tolist().count(0) == 2
     if kind == "clip":
-        assert index.rule == FixedPatches(5)
+        assert index.rule_of("vision") == FixedPatches(5)
     else:
-        assert index.rule == qwen_resize_rule(processor)
+        assert index.rule_of("vision") == qwen_resize_rule(processor)
     a = np.arange(len(index))
-    assert (index.sq_patches(a) == index.patches(a) ** 2).all()  # one image per sample here
+    assert (index.sq_rows("vision", a) == index.rows("vision", a) ** 2).all()  # one image per sample here
 
 
 def test_rule_comes_from_the_processor_settings():
@@ -156,9 +156,9 @@ def test_several_images_per_sample_and_max_samples(tmp_path):
     index = shared_index.derive_cost_index(ds, cache_dir=False)
     a = np.arange(3)
     assert len(index) == 3
-    assert index.images(a).tolist() == [3, 1, 0]
-    assert index.patches(a).tolist() == [sum(p), p[0], 0]
-    assert index.sq_patches(a).tolist() == [sum(x * x for x in p), p[0] ** 2, 0]
+    assert index.items("vision", a).tolist() == [3, 1, 0]
+    assert index.rows("vision", a).tolist() == [sum(p), p[0], 0]
+    assert index.sq_rows("vision", a).tolist() == [sum(x * x for x in p), p[0] ** 2, 0]
     # the real processor agrees on the three-image sample
     out = qwen_processor()([Image.open(x) for x in paths], return_tensors="pt")
     assert int(out["image_grid_thw"].prod(-1).sum()) == sum(p)
@@ -273,7 +273,7 @@ def test_direct_sft_conversations_follow_the_qwen_collate(tmp_path):
     ds = DirectSFTDataset(examples, target_length=9, processor=processor, collate_impl=qwen2_5_collate_fn)
     index = shared_index.derive_cost_index(ds, cache_dir=False)
     assert len(index) == 9  # wraps around the 6 examples, as the dataset does
-    assert index.rule == ResizeRule(min_pixels=QWEN_VL_MIN_PIXELS, max_pixels=QWEN_VL_MAX_PIXELS)
+    assert index.rule_of("vision") == ResizeRule(min_pixels=QWEN_VL_MIN_PIXELS, max_pixels=QWEN_VL_MAX_PIXELS)
 
     # Ground truth: qwen_vl_utils' first resize (sizes below by hand), then the real processor with
     # the collate's pixel bounds, on the resized images: input_ids length and grid.
@@ -290,9 +290,9 @@ def test_direct_sft_conversations_follow_the_qwen_collate(tmp_path):
                         return_tensors="pt", **kwargs)
         grids = out["image_grid_thw"].prod(-1).tolist() if sizes else []
         for j in (i, i + 6) if i < 3 else (i,):
-            assert index.patches([j]).tolist() == [sum(grids)], i
-            assert index.sq_patches([j]).tolist() == [sum(g * g for g in grids)], i
-            assert index.images([j]).tolist() == [len(sizes)], i
+            assert index.rows("vision", [j]).tolist() == [sum(grids)], i
+            assert index.sq_rows("vision", [j]).tolist() == [sum(g * g for g in grids)], i
+            assert index.items("vision", [j]).tolist() == [len(sizes)], i
             assert index.tokens([j]).tolist() == [out["input_ids"].shape[1]], i
 
 

@@ -89,12 +89,15 @@ def test_images_dataset_trains_balanced_and_packed_without_an_index(runs):
     assert sorted(a["dataset"] for a in about) == ["MegatronMIMODataset of 16 samples",
                                                   "MegatronMIMODataset of 32 samples"]
     train = CostIndex.load(next(p for p, a in zip(cached, about) if a["samples"] == 32))
-    patches = train.patches(np.arange(32))
+    patches = train.rows("vision", np.arange(32))
     assert (patches == 0).any() and patches.max() >= 8 * patches[patches > 0].min()  # a real spread
 
     # The plan moved samples between the vision replicas, and lowered the straggler's load.
     vision = {(r["dp_rank"], r["iteration"]): r["ids"] for r in accel["records"] if r["module"] == "vision"}
-    cost = train.sq_patches
+
+    def cost(indices):
+        return train.sq_rows("vision", indices)
+
     moved, planned, contiguous = 0, 0, 0
     for it in range(1, ITERS + 1):
         for m in range(GBS // MBS):

@@ -79,12 +79,13 @@ EXPECTED = [  # (image sizes, tokens) of the samples in dataset_dir
 
 def _check(index: CostIndex, rule: ResizeRule, expected=EXPECTED):
     assert len(index) == len(expected)
+    (module,) = index.encoders  # "vision" unless the index was built for another module name
     every = np.arange(len(expected))
     for i, (sizes, tokens) in enumerate(expected):
         p = [rule.patches(h, w) for h, w in sizes]
-        assert index.patches(every)[i] == sum(p)
-        assert index.sq_patches(every)[i] == sum(x * x for x in p)
-        assert index.images(every)[i] == len(sizes)
+        assert index.rows(module, every)[i] == sum(p)
+        assert index.sq_rows(module, every)[i] == sum(x * x for x in p)
+        assert index.items(module, every)[i] == len(sizes)
         assert index.tokens(every)[i] == tokens
 
 
@@ -106,7 +107,7 @@ def test_round_trip_through_the_saved_file(dataset_dir, tmp_path):
     assert out.name == "train.jsonl.mimo-cost-index.npz" and out.parent == dataset_dir.parent
     index.save(out)
     back = CostIndex.load(out)
-    assert back.rule == rule
+    assert back.rule_of("vision") == rule
     _check(back, rule)
 
 
@@ -125,9 +126,10 @@ def test_parallel_header_reads_give_the_serial_result(tmp_path):
     serial = index_builder.build_index_from_manifest(manifest, workers=1)
     parallel = index_builder.build_index_from_manifest(manifest, workers=8)
     every = np.arange(150)
-    for what in ("patches", "sq_patches", "images", "tokens"):
-        assert np.array_equal(getattr(serial, what)(every), getattr(parallel, what)(every))
-    assert parallel.images(every).sum() == sum(len(n) for n in expected)
+    for what in ("rows", "sq_rows", "items"):
+        assert np.array_equal(getattr(serial, what)("vision", every), getattr(parallel, what)("vision", every))
+    assert np.array_equal(serial.tokens(every), parallel.tokens(every))
+    assert parallel.items("vision", every).sum() == sum(len(n) for n in expected)
 
 
 def test_the_manifest_is_indexed_chunk_by_chunk_with_the_same_result(tmp_path, monkeypatch):
@@ -148,7 +150,7 @@ def test_the_manifest_is_indexed_chunk_by_chunk_with_the_same_result(tmp_path, m
     chunked = index_builder.build_index_from_manifest(manifest, on_progress=seen.append)
     assert chunked.digest() == whole.digest() and len(chunked) == 25
     every = np.arange(25)
-    assert chunked.images(every).tolist() == [(2, 1, 0)[i % 3] for i in range(25)]
+    assert chunked.items("vision", every).tolist() == [(2, 1, 0)[i % 3] for i in range(25)]
     assert len(seen) == 7 and seen == sorted(seen) and seen[-1] == manifest.stat().st_size
     # a bad line in a later chunk is named by its own line number
     _manifest(manifest, lines[:22] + [{"images": ["gone.png"], "tokens": 1}])
@@ -251,7 +253,7 @@ def test_cli_options_reach_the_rule_and_out_path(dataset_dir, tmp_path, capsys):
     assert indexing.main(argv) == 0
     rule = ResizeRule(patch_size=16, min_pixels=65536, max_pixels=16777216)
     index = CostIndex.load(out)
-    assert index.rule == rule
+    assert index.rule_of("vision") == rule
     _check(index, rule)
 
 
@@ -278,7 +280,7 @@ def test_pillow_written_files_agree_with_the_header_reader(tmp_path):
                                                 for e in ("jpg", "png", "webp", "gif", "bmp")])
     rule = ResizeRule()
     index = index_builder.build_index_from_manifest(manifest, rule)
-    assert index.patches(np.arange(5)).tolist() == [rule.patches(45, 123)] * 5
+    assert index.rows("vision", np.arange(5)).tolist() == [rule.patches(45, 123)] * 5
 
 
 # ----------------------------------------------------------------------------------------------

@@ -92,13 +92,13 @@ def test_module_costs_equal_a_direct_computation(index, a, b, k, la, lb):
     np.testing.assert_allclose(costs["language"], [la * t[i] + lb * t[i] ** 2 for i in picks], rtol=1e-12)
 
 
-def test_the_single_encoder_view_refuses_to_guess_among_several():
+def test_an_index_of_several_encoders_is_asked_by_module_name():
     index = CostIndex([5, 6], {"vision": ([1, 0], [4, 0], [16, 0], ResizeRule()),
                            "audio": ([1, 1], [1500, 1500], [1500 ** 2] * 2, _RULES[3])})
-    with pytest.raises(ValueError, match=r"holds the encoders \['vision', 'audio'\]"):
-        index.patches([0])
-    with pytest.raises(ValueError, match="ask by module name"):
-        index.rule
+    assert index.rows("vision", [0, 1]).tolist() == [4, 0] and index.rows("audio", [0, 1]).tolist() == [1500, 1500]
+    assert index.rule_of("vision") == ResizeRule() and index.rule_of("audio") == _RULES[3]
+    with pytest.raises(KeyError, match="no encoder 'video'"):
+        index.rule_of("video")
     with pytest.raises(KeyError, match="no encoder 'video'"):
         index.rows("video", [0])
     with pytest.raises(IndexModulesError, match=r"prices the encoders \['vision', 'audio'\].*\['images'\]"):

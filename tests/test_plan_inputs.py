@@ -39,10 +39,11 @@ def test_mismatches_name_the_ranks_on_each_side():
 def test_index_digest_sees_any_change():
     a, b = _index(32, 0), _index(32, 0)
     assert index_digest(a) == index_digest(b)
-    p = a.patches(np.arange(32)).copy()
+    every = np.arange(32)
+    p = a.rows("vision", every).copy()
     p[7] += 1
-    c = CostIndex(a.tokens(np.arange(32)), {"vision": (a.images(np.arange(32)), p,
-                                                       np.maximum(p * p, a.sq_patches(np.arange(32))), ResizeRule())})
+    sq = np.maximum(p * p, a.sq_rows("vision", every))
+    c = CostIndex(a.tokens(every), {"vision": (a.items("vision", every), p, sq, ResizeRule())})
     assert index_digest(c) != index_digest(a)
 
 

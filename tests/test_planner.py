@@ -58,7 +58,8 @@ def _workload(n: int, seed: int, encoders=("vision",), profile="mixed_chat") -> 
             items, rows, sq = _audio_columns(n, seed + 1)
             cols[name] = (items, rows, sq, AUDIO)
         else:
-            cols[name] = (base.images(every), base.patches(every), base.sq_patches(every), base.rule)
+            cols[name] = (base.items("vision", every), base.rows("vision", every),
+                          base.sq_rows("vision", every), base.rule_of("vision"))
     tokens = base.tokens(every)
     if "audio" in cols:  # each clip's placeholders are language tokens too
         tokens = tokens + 64 * cols["audio"][0]

@@ -128,8 +128,8 @@ def test_sampling_is_deterministic_and_consistent():
     index = prof.cost_index(300, seed=7)
     rebuilt = CostIndex.from_shapes(a, prof.rule)  # the scalar path agrees with the arrays
     idx = np.arange(300)
-    assert np.array_equal(index.patches(idx), rebuilt.patches(idx))
-    assert np.array_equal(index.sq_patches(idx), rebuilt.sq_patches(idx))
+    assert np.array_equal(index.rows("vision", idx), rebuilt.rows("vision", idx))
+    assert np.array_equal(index.sq_rows("vision", idx), rebuilt.sq_rows("vision", idx))
     assert np.array_equal(index.tokens(idx), rebuilt.tokens(idx))
     assert prof.sample_shapes(0) == []
 

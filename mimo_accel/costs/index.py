@@ -161,19 +161,8 @@ class CostIndex:
             raise KeyError(f"the cost index has no encoder {module!r} (its encoders: "
                            f"{', '.join(self._encoders)})") from None
 
-    def _single(self) -> EncoderColumns:
-        if len(self._encoders) != 1:
-            raise ValueError(f"this cost index holds the encoders {list(self._encoders)}: the single-encoder "
-                             "accessors (patches, sq_patches, images, rule) do not say which; ask by module "
-                             "name (rows(module, indices), ..., module_costs)")
-        return next(iter(self._encoders.values()))
-
-    @property
-    def rule(self) -> Any:
-        """The rule of the single encoder (ValueError when the index holds several)."""
-        return self._single().rule
-
     def rule_of(self, module: str) -> Any:
+        """The rule that gave encoder ``module``'s rows."""
         return self.encoder(module).rule
 
     def rows(self, module: str, indices: Any) -> np.ndarray:
@@ -233,7 +222,7 @@ class CostIndex:
             out[name] = model.encoder_costs(name, col.rows[i], col.sq_rows[i], col.items[i])
         return out
 
-    # --------------------------------------------------------------- the single-encoder view
+    # ------------------------------------------------------------------------------- lookups
 
     def _lookup(self, indices: Any) -> np.ndarray:
         idx = np.asarray(indices)
@@ -249,18 +238,6 @@ class CostIndex:
                 f" the dataset no longer matches the index, {REBUILD_HINT}"
             )
         return idx
-
-    def patches(self, indices: Any) -> np.ndarray:
-        """Total vision patches of each sample (the single encoder's rows), int64."""
-        return _int64(self._single().rows, self._lookup(indices))
-
-    def sq_patches(self, indices: Any) -> np.ndarray:
-        """Sum of squared per-image patch counts of each sample (the attention term), int64."""
-        return _int64(self._single().sq_rows, self._lookup(indices))
-
-    def images(self, indices: Any) -> np.ndarray:
-        """Number of images of each sample (the single encoder's items), int64."""
-        return _int64(self._single().items, self._lookup(indices))
 
     def tokens(self, indices: Any) -> np.ndarray:
         """Real language tokens of each sample, int64."""
