@@ -14,6 +14,7 @@ window (a plan per micro-batch) trains upstream's steps too.
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -92,8 +93,8 @@ def upstream(workdir):
 
 @pytest.fixture(scope="module")
 def windowed(workdir):
-    # saves at 3 only (Bridge saves every save_interval iterations): the resume trains iteration 4,
-    # whose step plan moves samples (the plan keeps iterations 2 and 3 as the sampler reads them)
+    # saves at 3 (and at 4 where Bridge saves when training ends): the resume from 3 trains iteration
+    # 4, whose step plan moves samples (the plan keeps iterations 2 and 3 as the sampler reads them)
     return _train(workdir, "windowed", WINDOWED, "--save", str(workdir / "ckpt-windowed"), "--save-interval", "3")
 
 
@@ -139,9 +140,18 @@ def test_the_default_window_trains_upstreams_samples_and_losses(upstream, one_mi
     _assert_stages_and_pairing(one_micro_batch, got)
 
 
+def _interrupted_after(ckpt: Path, iteration: int) -> Path:
+    """A copy of ``ckpt`` holding only the checkpoint of ``iteration``, as a job that died in the
+    next iteration leaves it."""
+    kept = ckpt.parent / f"{ckpt.name}-after-{iteration}"
+    name = f"iter_{iteration:07d}"
+    shutil.copytree(ckpt / name, kept / name)
+    (kept / "latest_checkpointed_iteration.txt").write_text(str(iteration))
+    return kept
+
+
 def test_a_resume_trains_what_the_uninterrupted_run_trains(workdir, windowed):
-    ckpt = workdir / "ckpt-windowed"
-    assert _saved(ckpt) == 3
+    ckpt = _interrupted_after(workdir / "ckpt-windowed", 3)
     resumed = _train(workdir, "resumed", WINDOWED, "--load", str(ckpt), "--save", str(workdir / "ckpt-resumed"))
     assert sorted({r["iteration"] for r in resumed}) == [4]
     moved = _by_place(resumed)[(4, "vision", 0, 0)]["ids"] != [[24 + 2 * k, 25 + 2 * k] for k in range(GBS // MBS)]
