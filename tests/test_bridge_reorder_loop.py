@@ -5,9 +5,10 @@
 upstream's Qwen3.5-VL example does: when it builds its iterators it reads the flags and wraps the
 train iterator in a reorder buffer. The buffer is a stand-in (``mimo_accel_dev.rehearse.merged_reorder``:
 no installable Bridge has the merged reorder), written from upstream's code: costs all-gathered over
-the module's DP group, each micro-batch planned alone by equal-size LPT over lcm(DPs) groups. On the
-installed Bridge every rank reads the whole micro-batch, so its exchange is the micro-batch laid out
-in the plan, which the step then slices.
+the module's DP group, each micro-batch planned alone by equal-size LPT over lcm(DPs) groups. On a
+Bridge without scalable reads every rank reads the whole micro-batch, so its exchange is the
+micro-batch laid out in the plan, which the step then slices; on one with them (#5525, which reads
+the same flag) every rank reads its share, and the stand-in exchanges the shares.
 
 Upstream alone (1:1, one image of one size per sample: upstream 0.6.2's slice cannot cut uneven
 images; the plan still moves samples, since equal costs go round-robin over the groups): the

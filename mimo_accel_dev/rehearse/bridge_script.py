@@ -310,7 +310,8 @@ def make_build_data_iterators(args, trace: _Trace):
         batches = iter(train_loader)
         if bridge_reorders:
             batches = merged_reorder.MergedReorderStandIn(
-                batches, grid=layout.grid, dp_group=megatron_mimo_infra.module_to_grid_map[module].get_pg(["dp"]))
+                batches, grid=layout.grid, dp_group=megatron_mimo_infra.module_to_grid_map[module].get_pg(["dp"]),
+                shared_reads=scalable)
         train_iter = stack.model_batches(batches, keep_attention_mask=keep_mask,
                                          seen_ids=trace.pending_ids if trace.path else None,
                                          local_view=trained_here)

@@ -9,12 +9,14 @@ over the module's DP group, plans with equal-size LPT over G groups
 (:func:`mimo_accel.balance.peers.merged_reorder_order`) and exchanges samples so that every rank
 holds its planned groups in canonical order.
 
-This stand-in is written from that behaviour for the installed Bridge, which has no scalable
-reads: every rank reads the whole global micro-batch and the step slices it contiguously, so the
-exchange reduces to laying the micro-batch out in the planned order (each replica's contiguous
-slice is then its planned groups). The costs are still all-gathered over the module's DP group and
-must agree. A micro-batch already sharded by mimo_accel (its tag) is refused: upstream's buffer
-acts on upstream's reads only.
+This stand-in is written from that behaviour for the installed Bridge. Without scalable reads,
+every rank reads the whole global micro-batch and the step slices it contiguously, so the exchange
+reduces to laying the micro-batch out in the planned order (each replica's contiguous slice is then
+its planned groups); the costs are still all-gathered over the module's DP group and must agree.
+With scalable reads (Megatron-Bridge #5525 reads the flag too) each rank reads only its contiguous
+share and the step slices nothing, so the shares are all-gathered into the micro-batch and each
+rank keeps its planned groups: the exchange. A micro-batch already sharded by mimo_accel (its tag)
+is refused: upstream's buffer acts on upstream's reads only.
 """
 
 from __future__ import annotations
@@ -55,11 +57,13 @@ def _images_per_sample(placeholders: list[int], grid_thw: torch.Tensor, merge: i
 
 
 def _permuted(batch: dict, order: list[int], merge: int) -> dict:
+    """The samples ``order`` names (all of them, or one replica's planned share), in that order."""
     idx = torch.as_tensor(order, dtype=torch.long)
+    samples = batch["input_ids"].size(0)
     placeholders = (batch["input_ids"] == stack.IMAGE_TOKEN_ID).sum(dim=1).tolist()
     out = {}
     for key, value in batch.items():
-        if isinstance(value, torch.Tensor) and value.dim() >= 1 and value.size(0) == len(order):
+        if isinstance(value, torch.Tensor) and value.dim() >= 1 and value.size(0) == samples:
             out[key] = value.index_select(0, idx)
         elif key == "modality_inputs":
             out[key] = {}
@@ -81,14 +85,38 @@ def _permuted(batch: dict, order: list[int], merge: int) -> dict:
     return out
 
 
-class MergedReorderStandIn:
-    """Iterator over ``batches`` (whole global micro-batches) laid out in the merged reorder's plan."""
+def _joined(shares: list[dict]) -> dict:
+    """The replicas' contiguous shares (in DP order) as the one micro-batch they were read from."""
+    first = shares[0]
+    samples = first["input_ids"].size(0)
+    out = {}
+    for key, value in first.items():
+        if isinstance(value, torch.Tensor) and value.dim() >= 1 and value.size(0) == samples:
+            out[key] = torch.cat([share[key] for share in shares])
+        elif key == "modality_inputs":
+            out[key] = {
+                modality: {
+                    name: dict(inputs,
+                               grid_thw=torch.cat([share[key][modality][name]["grid_thw"] for share in shares]),
+                               hidden_states=torch.cat([share[key][modality][name]["hidden_states"]
+                                                        for share in shares]))
+                    for name, inputs in encoders.items()}
+                for modality, encoders in value.items()}
+        else:
+            out[key] = value
+    return out
 
-    def __init__(self, batches, *, grid: int, dp_group, merge: int = 2):
+
+class MergedReorderStandIn:
+    """Iterator over ``batches`` laid out in the merged reorder's plan: whole global micro-batches,
+    or with ``shared_reads`` each replica's share of one (upstream's scalable reads), exchanged."""
+
+    def __init__(self, batches, *, grid: int, dp_group, merge: int = 2, shared_reads: bool = False):
         self.batches = batches
         self.grid = grid
         self.dp_group = dp_group
         self.merge = merge
+        self.shared_reads = shared_reads
 
     def __iter__(self):
         return self
@@ -100,11 +128,21 @@ class MergedReorderStandIn:
         if SHARD_TAG_KEY in batch:
             raise RuntimeError("bridge-reorder stand-in: this micro-batch is already sharded by mimo_accel; "
                                "Bridge's reorder acts on its own reads only")
+        replicas = dist.get_world_size(self.dp_group)
+        if self.shared_reads:
+            shares = [None] * replicas
+            dist.all_gather_object(shares, batch, group=self.dp_group)
+            batch = _joined(shares)
         patches = (batch["input_ids"] == stack.IMAGE_TOKEN_ID).sum(dim=1) * self.merge * self.merge
         tokens = batch["attention_mask"].sum(dim=1)
         costs = merged_reorder_costs(patches.tolist(), tokens.tolist()).tolist()
-        gathered = [None] * dist.get_world_size(self.dp_group)
+        gathered = [None] * replicas
         dist.all_gather_object(gathered, costs, group=self.dp_group)
         if any(c != costs for c in gathered):
             raise RuntimeError("bridge-reorder stand-in: the replicas priced one micro-batch differently")
-        return _permuted(batch, merged_reorder_order(costs, self.grid), self.merge)
+        order = merged_reorder_order(costs, self.grid)
+        if self.shared_reads:
+            share = len(order) // replicas
+            replica = dist.get_rank(self.dp_group)
+            order = order[replica * share:(replica + 1) * share]
+        return _permuted(batch, order, self.merge)
