@@ -9,6 +9,8 @@
   carries the marker, so ``pytest -m "not distributed"`` is the quick loop of the pure core and
   the single-process logic. The marker is checked, not trusted: an unmarked test that starts
   ranks fails, naming the marker.
+- Ranks forked from the process's one forkserver start with megatron imported (and the 3.11
+  back-port in place), whichever test starts that forkserver first: its preload is set here.
 """
 
 import importlib.abc
@@ -78,6 +80,8 @@ def pytest_configure(config):
         # prepare_imports() left the 3.11 back-port and stand-ins in place for importing; tests
         # that need a clean state call cpu.deactivate() themselves.
         config._mimo_header = "megatron: " + ", ".join(f"{k} {versions[k]}" for k in sorted(versions))
+    # before any test can start the process's one forkserver, whichever test runs first
+    _ranks.preload_megatron_in_forkserver()
     _guard_rank_starts()
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import datetime
 import json
-import multiprocessing
 import socket
 import threading
 
@@ -437,10 +436,8 @@ def _worker(rank: int, world_size: int, port: int, out_dir: str) -> None:
 @pytest.mark.distributed  # four gloo ranks in processes of their own
 def test_multi_rank_processes_write_one_file_each(tmp_path):
     world = 4
-    # forkserver with torch preloaded: torch is imported once, not once per rank (spawn), and no
-    # rank inherits the test process's OpenMP state (fork).
-    ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(["torch", "mimo_accel.profiler"])
+    # the suite's forkserver (its preload, torch and megatron, set in conftest): torch is imported
+    # once, not once per rank (spawn), and no rank inherits the test process's OpenMP state (fork)
     mp.start_processes(
         _worker, args=(world, _free_port(), str(tmp_path)), nprocs=world, join=True, start_method="forkserver"
     )

@@ -119,10 +119,21 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def preload_megatron_in_forkserver() -> None:
+    """Make the process's forkserver import megatron (and the 3.11 back-port it needs) when it starts.
+
+    A process has one forkserver, and it reads its preload list once, when it starts: whoever
+    starts it first (these ranks, or a test's own ``torch.multiprocessing`` forkserver ranks)
+    decides for every later rank. A rank whose function lives in a module that imports
+    ``megatron.bridge`` at its top needs the back-port in place before it unpickles that function.
+    So this is set before any forkserver starts (the test suite's ``pytest_configure``), not only
+    when ranks are started here."""
+    mp.set_forkserver_preload([_PRELOAD])
+
+
 def _context():
-    ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload([_PRELOAD])
-    return ctx
+    preload_megatron_in_forkserver()
+    return mp.get_context("forkserver")
 
 
 def _results_queue_by_fork() -> None:
