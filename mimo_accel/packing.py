@@ -274,9 +274,12 @@ def _shard_shape(batch: Mapping[str, Any], is_first_stage: bool) -> tuple[int | 
     return shape if shape is not None else (None, None)
 
 
-def _lengths_from_mask(
-    batch: Mapping[str, Any], batch_size: int | None, seq_len: int | None
-) -> tuple[list[int], int]:
+def checked_attention_mask(batch: Mapping[str, Any]) -> torch.Tensor:
+    """The shard's ``attention_mask``, checked to be ``[B, S]`` of its sequence tensors' B and S."""
+    return _checked_mask(batch, *_shard_shape(batch, is_first_stage=False))
+
+
+def _checked_mask(batch: Mapping[str, Any], batch_size: int | None, seq_len: int | None) -> torch.Tensor:
     mask = batch.get("attention_mask")
     if mask is None:
         raise ValueError(
@@ -293,9 +296,16 @@ def _lengths_from_mask(
         )
     if seq_len is not None and mask.size(1) != seq_len:
         raise ValueError(
-            f"attention_mask is {mask.size(1)} tokens wide but the sequence tensors are "
+            f"attention_mask width {mask.size(1)} does not match the sequence tensors' width "
             f"{seq_len}; lengths derived from it would corrupt the pack"
         )
+    return mask
+
+
+def _lengths_from_mask(
+    batch: Mapping[str, Any], batch_size: int | None, seq_len: int | None
+) -> tuple[list[int], int]:
+    mask = _checked_mask(batch, batch_size, seq_len)
     real = mask != 0
     lengths = real.sum(dim=1)
     prefix = torch.arange(mask.size(1), device=mask.device) < lengths[:, None]

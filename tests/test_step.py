@@ -157,6 +157,16 @@ def test_under_scalable_reads_and_pp_the_step_s_role_works_out_the_lengths_befor
     assert pack(batch)[1]["cu_seqlens_q"].tolist() == [0, 3, 8]
 
 
+def test_a_mask_of_another_width_than_the_batch_is_refused_as_such_before_it_gives_lengths():
+    # all ones, it would send the lengths to loss_mask (absent here): the malformed mask is what to name
+    from mimo_accel.runtime.local_batch import shard_lengths
+
+    batch = {"input_ids": torch.tensor([[1, 2, 3, 0]]), "attention_mask": torch.ones(1, 3, dtype=torch.long),
+             "labels": None, "loss_mask": None}
+    with pytest.raises(ValueError, match="attention_mask width 3 does not match .* width 4"):
+        shard_lengths(batch, StepRole(True, True, True, 1), lambda key, message: None)
+
+
 def _scalable_tag(dp_rank: int, samples: int = 2):
     return ShardTag("vision", dp_rank, 2, 2, samples, sliced_in_step=False)
 

@@ -67,15 +67,15 @@ def batch_size(batch: dict) -> int:
 
 def shard_lengths(batch: dict, role: StepRole, say_once: Callable[[str, str], object]) -> ShardLengths:
     """Where the language shard's real lengths come from (:class:`ShardLengths`)."""
-    from mimo_accel.packing import lengths_from_loss_mask
+    from mimo_accel.packing import checked_attention_mask, lengths_from_loss_mask
 
-    mask = batch.get("attention_mask")
-    if mask is None:
+    if batch.get("attention_mask") is None:
         raise ValueError(
             "mimo_accel packing needs the batch's [batch, seq] attention_mask (1 = real token) as "
             "its length source on every language pipeline stage, but it is None. Keep the padding "
             "mask in the batch (Bridge's Qwen3.5-VL example keeps it when packing is on); the "
             "packer drops it before the model.")
+    mask = checked_attention_mask(batch)  # a mask of another shape than the batch is no length source
     if not bool((mask != 0).all()):
         return ShardLengths()
     lengths = lengths_from_loss_mask(batch, role.placeholder_ids)
