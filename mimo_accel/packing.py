@@ -35,12 +35,8 @@ Layout of the packed sequence (``k = pad_multiple``)::
   segment buys nothing, and not every THD kernel path is known to accept one).
   ``PackedLayout.segment_samples`` maps segments back to samples.
 
-Lengths come from ``attention_mask`` (1 = real token, right-padded; it must cover the
-image-placeholder tokens), which every pipeline stage has, so all stages pack to the same ``T``.
-Caveat: Bridge 0.6.2's generic ``MegatronMIMODataset`` builds ``attention_mask`` as ones over the
-whole padded ``seq_length``; with it the derived lengths are ``S`` and packing removes nothing
-(correct, but ``T = B * S``). Pass ``lengths`` explicitly there, or use a collate whose mask marks
-real tokens (Hugging Face processors' masks do).
+Each sample's real length comes from ``lengths``, else from its ``attention_mask``
+(:mod:`mimo_accel.sample_lengths`).
 
 Image-placeholder tokens are ordinary tokens here: they keep their order, and samples keep
 theirs, so the row-major splice of encoder rows into placeholder positions
@@ -73,6 +69,8 @@ from typing import Any
 
 import torch
 
+from mimo_accel.sample_lengths import SEQUENCE_KEYS, checked_lengths, lengths_from_mask, shard_shape
+
 __all__ = [
     "LABEL_PAD",
     "PackedLayout",
@@ -87,7 +85,7 @@ __all__ = [
 LABEL_PAD = -100
 
 #: keys of the ``[B, S]`` (``position_ids``: also ``[3, B, S]``) tensors that are packed
-_PACKED_KEYS = ("input_ids", "labels", "loss_mask", "position_ids")
+_PACKED_KEYS = SEQUENCE_KEYS
 
 
 @dataclass(frozen=True)
@@ -236,148 +234,6 @@ def pack_layout(
     return PackedLayout(segment_samples, tuple(cu), tuple(cu_padded), max(padded), stats)
 
 
-def _shard_shape(batch: Mapping[str, Any], is_first_stage: bool) -> tuple[int | None, int | None]:
-    """``(B, S)`` of the shard's sequence tensors, checked to agree; ``(None, None)`` if none."""
-    if is_first_stage and batch.get("input_ids") is None:
-        raise ValueError(
-            "the first language pipeline stage needs batch['input_ids'] to pack; on later stages "
-            "pass is_first_stage=False"
-        )
-    shape: tuple[int, int] | None = None
-    first_key = None
-    for key in _PACKED_KEYS:
-        t = batch.get(key)
-        if t is None:
-            continue
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(
-                f"batch[{key!r}] must be a torch.Tensor or None, got {type(t).__name__}"
-            )
-        if key == "position_ids" and t.dim() == 3:
-            if t.size(0) != 3:
-                raise ValueError(
-                    f"3-D position_ids must be MRoPE [3, B, S], got shape {tuple(t.shape)}"
-                )
-            bs = (t.size(1), t.size(2))
-        elif t.dim() == 2:
-            bs = (t.size(0), t.size(1))
-        else:
-            allowed = "[B, S] or MRoPE [3, B, S]" if key == "position_ids" else "[B, S]"
-            raise ValueError(f"batch[{key!r}] must be {allowed}, got shape {tuple(t.shape)}")
-        if shape is None:
-            shape, first_key = bs, key
-        elif bs != shape:
-            raise ValueError(
-                f"batch[{key!r}] has [B, S] = {list(bs)} but batch[{first_key!r}] has "
-                f"{list(shape)}; all sequence tensors of a shard must agree"
-            )
-    return shape if shape is not None else (None, None)
-
-
-def checked_attention_mask(batch: Mapping[str, Any]) -> torch.Tensor:
-    """The shard's ``attention_mask``, checked to be ``[B, S]`` of its sequence tensors' B and S."""
-    return _checked_mask(batch, *_shard_shape(batch, is_first_stage=False))
-
-
-def _checked_mask(batch: Mapping[str, Any], batch_size: int | None, seq_len: int | None) -> torch.Tensor:
-    mask = batch.get("attention_mask")
-    if mask is None:
-        raise ValueError(
-            "pack_language_shard needs batch['attention_mask'] ([B, S], 1 = real token, "
-            "right-padded) to find each sample's real length, or explicit lengths=..."
-        )
-    if not isinstance(mask, torch.Tensor) or mask.dim() != 2:
-        shape = tuple(mask.shape) if isinstance(mask, torch.Tensor) else type(mask).__name__
-        raise ValueError(f"attention_mask must be a 2-D [B, S] tensor, got {shape}")
-    if batch_size is not None and mask.size(0) != batch_size:
-        raise ValueError(
-            f"attention_mask has batch size {mask.size(0)} but the sequence tensors have "
-            f"{batch_size}; slice the mask together with the batch"
-        )
-    if seq_len is not None and mask.size(1) != seq_len:
-        raise ValueError(
-            f"attention_mask width {mask.size(1)} does not match the sequence tensors' width "
-            f"{seq_len}; lengths derived from it would corrupt the pack"
-        )
-    return mask
-
-
-def _lengths_from_mask(
-    batch: Mapping[str, Any], batch_size: int | None, seq_len: int | None
-) -> tuple[list[int], int]:
-    mask = _checked_mask(batch, batch_size, seq_len)
-    real = mask != 0
-    lengths = real.sum(dim=1)
-    prefix = torch.arange(mask.size(1), device=mask.device) < lengths[:, None]
-    rows_ok = (prefix == real).all(dim=1)
-    # one device -> host copy for both the lengths and the check
-    host = torch.stack([lengths, rows_ok.to(lengths.dtype)]).tolist()
-    bad_rows = [i for i, ok in enumerate(host[1]) if not ok]
-    if bad_rows:
-        raise ValueError(
-            f"attention_mask rows {bad_rows[:8]} are not a prefix of ones: left padding and "
-            "holes are unsupported; pack_language_shard needs right-padded samples"
-        )
-    return host[0], mask.size(1)
-
-
-def lengths_from_loss_mask(batch: Mapping[str, Any], placeholder_ids: Sequence[int]) -> list[int]:
-    """Real lengths of right-padded samples whose ``attention_mask`` is all ones.
-
-    Bridge 0.6.2's ``MegatronMIMODataset`` (megatron/bridge/data/megatron_mimo/dataset.py) pads to
-    ``seq_length`` and sets ``attention_mask`` to ones, but its ``loss_mask`` is 1 exactly where the
-    target ``input_ids[i + 1]`` is a real, non-placeholder token before the last real one. So if p
-    is a sample's last loss position, tokens ``p + 2 ...`` up to the real length are placeholders,
-    and the real length is p + 2 extended over the placeholders that follow (1 when there is no
-    loss position). What remains must be padding — one repeated token id — or this source does not
-    describe the batch and packing refuses rather than cut real tokens.
-    """
-    loss_mask, ids = batch.get("loss_mask"), batch.get("input_ids")
-    if not isinstance(loss_mask, torch.Tensor) or not isinstance(ids, torch.Tensor):
-        raise ValueError(
-            "mimo_accel packing: attention_mask is all ones (no padding marked), and the batch has no "
-            "loss_mask and input_ids to take the real lengths from; there is no length source. Give "
-            "the collate a padding attention_mask (1 = real token), or turn packing off.")
-    if loss_mask.shape != ids.shape or loss_mask.dim() != 2:
-        raise ValueError(f"loss_mask {tuple(loss_mask.shape)} and input_ids {tuple(ids.shape)} must both be [B, S]")
-    seq = ids.size(1)
-    positions = torch.arange(seq, device=ids.device)
-    last = torch.where(loss_mask != 0, positions, torch.full_like(positions, -1)).max(dim=1).values
-    placeholder = torch.zeros_like(ids, dtype=torch.bool)
-    for t in placeholder_ids:
-        placeholder |= ids == int(t)
-    host_last, host_ph, host_ids = last.tolist(), placeholder.tolist(), ids.tolist()
-    lengths = []
-    for row, (p, ph, tokens) in enumerate(zip(host_last, host_ph, host_ids)):
-        n = min(p + 2 if p >= 0 else 1, seq)
-        while n < seq and ph[n]:
-            n += 1
-        if len(set(tokens[n:])) > 1:
-            raise ValueError(
-                f"mimo_accel packing: attention_mask is all ones and sample {row}'s loss_mask does not "
-                "mark where its real tokens end (what follows is not one repeated pad token), so its "
-                "length cannot be known. Give the collate a padding attention_mask (1 = real token).")
-        lengths.append(n)
-    return lengths
-
-
-def _check_lengths(lengths: Any, batch_size: int | None) -> list[int]:
-    if isinstance(lengths, torch.Tensor):
-        if lengths.dim() != 1 or lengths.is_floating_point() or lengths.is_complex():
-            raise ValueError(
-                f"lengths must be a 1-D integer tensor, got {lengths.dtype} {tuple(lengths.shape)}"
-            )
-        values = lengths.tolist()
-    else:
-        values = list(lengths)
-        if any(isinstance(n, bool) or int(n) != n for n in values):
-            raise ValueError(f"lengths must be integers, got {values}")
-        values = [int(n) for n in values]
-    if batch_size is not None and len(values) != batch_size:
-        raise ValueError(f"got {len(values)} lengths for a shard of {batch_size} samples")
-    return values
-
-
 def pack_language_shard(
     batch: Mapping[str, Any],
     lengths: Sequence[int] | torch.Tensor | None = None,
@@ -423,12 +279,12 @@ def pack_language_shard(
         raise TypeError(f"batch must be a dict of tensors, got {type(batch).__name__}")
     if isinstance(pad_token_id, bool) or not isinstance(pad_token_id, int):
         raise TypeError(f"pad_token_id must be an int, got {pad_token_id!r}")
-    batch_size, seq_len = _shard_shape(batch, is_first_stage)
+    batch_size, seq_len = shard_shape(batch, is_first_stage)
     mask = batch.get("attention_mask")
     if lengths is None:
-        lengths_list, seq_len = _lengths_from_mask(batch, batch_size, seq_len)
+        lengths_list, seq_len = lengths_from_mask(batch, batch_size, seq_len)
     else:
-        lengths_list = _check_lengths(lengths, batch_size)
+        lengths_list = checked_lengths(lengths, batch_size)
         if seq_len is None:  # nothing to pack but the kwargs: S only feeds the stats
             has_mask = isinstance(mask, torch.Tensor) and mask.dim() == 2
             seq_len = mask.size(1) if has_mask else max(lengths_list, default=0)

@@ -173,7 +173,7 @@ def test_the_derived_index_counts_the_real_tokens_of_every_sample(media):
 
     from mimo_accel.datasets import derive_cost_index
     from mimo_accel_dev.rehearse import stack
-    from mimo_accel.packing import lengths_from_loss_mask
+    from mimo_accel.sample_lengths import lengths_from_loss_mask
 
     assert media.mimo_accel_rows_per_placeholder == {"audio": 1}
     items = [media[i] for i in range(len(media))]

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from mimo_accel.config import AccelConfig
-from mimo_accel.packing import lengths_from_loss_mask
+from mimo_accel.sample_lengths import lengths_from_loss_mask
 from mimo_accel.runtime.state import Runtime
 from mimo_accel.runtime.local_batch import pack_for_language_model
 from mimo_accel.runtime.reading.shard import StepRole

@@ -67,7 +67,7 @@ def batch_size(batch: dict) -> int:
 
 def shard_lengths(batch: dict, role: StepRole, say_once: Callable[[str, str], object]) -> ShardLengths:
     """Where the language shard's real lengths come from (:class:`ShardLengths`)."""
-    from mimo_accel.packing import checked_attention_mask, lengths_from_loss_mask
+    from mimo_accel.sample_lengths import checked_attention_mask, lengths_from_loss_mask
 
     if batch.get("attention_mask") is None:
         raise ValueError(
