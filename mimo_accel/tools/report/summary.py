@@ -52,7 +52,7 @@ from mimo_accel.tools.report.replayed import replayed_steps
 from mimo_accel.tools.report.throughput import module_throughput, peak_of
 
 
-REPORT_FORMAT = "mimo-accel-report/1"
+REPORT_FORMAT = "mimo-accel-report/2"
 
 # The keys of a side (``before`` / ``after``) that scripts may rely on across versions, beside
 # each module's ``<module>_max_over_mean_p50`` / ``_p99`` (the modules: ``module_order``). A JSON

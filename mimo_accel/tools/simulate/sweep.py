@@ -81,7 +81,7 @@ Definitions:
   ``lockstep``: Σ over micro-batches of the slowest replica / Σ of the mean, the straggler if every
   micro-batch waited for all replicas instead.
 
-JSON (``--json``; format ``mimo-accel-simulate/1``), stable keys (``<lead>``: the lead encoder's
+JSON (``--json``; format ``mimo-accel-simulate/2``), stable keys (``<lead>``: the lead encoder's
 name; ``M``: every module's)::
 
     format, profile{name, path, description, summary{...}},
@@ -139,7 +139,7 @@ from mimo_accel.tools.simulate.window import window_row
 from mimo_accel.workloads import AUDIO, Profile, load_profile
 
 
-SIMULATE_FORMAT = "mimo-accel-simulate/1"
+SIMULATE_FORMAT = "mimo-accel-simulate/2"
 PLANNERS = ("contiguous", "lpt", "balanced")
 LABELS = {"contiguous": "contiguous (upstream)", "lpt": "LPT (upstream PR)", "balanced": "balanced (ours)"}
 #: The plans every module's spread is given for (``rows[].modules``): upstream's contiguous split,
