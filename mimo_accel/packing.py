@@ -84,9 +84,6 @@ __all__ = [
 #: label value of padding tokens (the ignore index of Megatron's cross entropy)
 LABEL_PAD = -100
 
-#: keys of the ``[B, S]`` (``position_ids``: also ``[3, B, S]``) tensors that are packed
-_PACKED_KEYS = SEQUENCE_KEYS
-
 
 @dataclass(frozen=True)
 class PackingStats:
@@ -290,7 +287,7 @@ def pack_language_shard(
             seq_len = mask.size(1) if has_mask else max(lengths_list, default=0)
     plan = pack_layout(lengths_list, seq_len, pad_multiple=pad_multiple, tp_size=tp_size, cp_size=cp_size)
 
-    tensors = [batch.get(k) for k in _PACKED_KEYS] + [mask]
+    tensors = [batch.get(k) for k in SEQUENCE_KEYS] + [mask]
     ref = next((t for t in tensors if isinstance(t, torch.Tensor)), None)
     device = ref.device if ref is not None else torch.device("cpu")
     gather = _Gather(plan, seq_len, device)

@@ -262,8 +262,9 @@ class Recorder:
 
     def add(self, **counters: int) -> None:
         """Add to this step's counters (``COUNTERS``: ``samples``, ``tokens``, ``sq_tokens``,
-        ``samples_read``, ``bytes_read``, ``bytes_exchanged``; an encoder's ``<module>_items`` / ``<module>_rows`` / ``<module>_sq_rows``). A module counter
-        added once is written in every later step line (0 when unset)."""
+        ``samples_read``, ``bytes_read``, ``bytes_exchanged``; an encoder's ``<module>_items`` /
+        ``<module>_rows`` / ``<module>_sq_rows``). A module counter added once is written in every
+        later step line (0 when unset)."""
         c = self._counters
         for name, value in counters.items():
             if name not in c:

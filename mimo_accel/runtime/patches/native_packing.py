@@ -55,7 +55,8 @@ def wrap_pack_language_shard(original: Callable, runtime: Runtime) -> Callable:
     caller's ``lengths`` are the row sums of the batch's ``attention_mask``, which that function
     derives itself, checking right padding. Where the mask marks no padding (all ones), the lengths
     come from ``loss_mask`` + placeholders, worked out earlier in the step (``Runtime.step_lengths``,
-    by the slice, or under scalable reads by ``_get_module_dp_info``): the step has dropped ``input_ids`` off the first language stage and ``loss_mask`` off the last by now.
+    by the slice, or under scalable reads by ``_get_module_dp_info``): the step has dropped
+    ``input_ids`` off the first language stage and ``loss_mask`` off the last by now.
     """
     pad_multiple = runtime.config.pad_multiple
 

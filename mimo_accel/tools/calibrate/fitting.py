@@ -1,8 +1,8 @@
 """Each module's cost model fitted from a profile's rank-steps (``mimo-accel calibrate``).
 
 :func:`fit_modules` fits every module a run records through
-:func:`mimo_accel.costs.fit.fit_costs` (the one fitter), with one overhead, none, or one per step. What is fitted on what, and why, is the command's
-doc (:mod:`mimo_accel.tools.calibrate`).
+:func:`mimo_accel.costs.fit.fit_costs` (the one fitter), with one overhead, none, or one per step.
+What is fitted on what, and why, is the command's doc (:mod:`mimo_accel.tools.calibrate`).
 """
 
 from __future__ import annotations
