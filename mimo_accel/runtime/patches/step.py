@@ -61,10 +61,11 @@ def wrap_get_batch(original: Callable, runtime: Runtime) -> Callable:
         batch = call.to(original)
         tag = batch.get(SHARD_TAG_KEY) if isinstance(batch, dict) else None
         ctx = runtime.shard_context()
-        # no slice follows: upstream's scalable reads (a batch of upstream's own reorder is untagged)
-        unsliced = not tag.sliced_in_step if isinstance(tag, ShardTag) else ctx is not None and not ctx.sliced_in_step
-        if unsliced and runtime.config.packing and runtime.native_packing:
-            runtime.step_batch = batch  # its lengths: once the step's role is known (_get_module_dp_info)
+        # no slice follows under upstream's scalable reads (a batch of upstream's own reorder is
+        # untagged): the shard's lengths are worked out once the step's role is known (_get_module_dp_info)
+        sliced = tag.sliced_in_step if isinstance(tag, ShardTag) else ctx is None or ctx.sliced_in_step
+        if runtime.config.packing and runtime.native_packing and not sliced:
+            runtime.step_batch = batch
         if isinstance(tag, ShardTag) and not tag.sliced_in_step:
             del batch[SHARD_TAG_KEY]
             if ctx is not None:

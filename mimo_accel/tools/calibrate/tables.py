@@ -35,10 +35,10 @@ def render_modules(model: CostModel, stats: dict[str, dict[str, Any]], console: 
             spec = encoder_spec(m)
             labels = {"a": "a · rows", "b": "b · Σ rows² (per item)", "k": "k · items"}
             default = CostModel().b / CostModel().a
-        _render_one(spec, f"{m}: cost-model fit — {st['run']}", labels, st, default, spec.optional, console)
+        _render_one(spec, f"{m}: cost-model fit — {st['run']}", labels, st, default, console)
 
 
-def _render_one(spec: ProfileSpec, title: str, labels: dict, stats: dict[str, Any], default_ratio: float, sq_name: str,
+def _render_one(spec: ProfileSpec, title: str, labels: dict, stats: dict[str, Any], default_ratio: float,
                 console: Console) -> None:
     what = spec.what
     t = Table(title=title, title_justify="left")
@@ -52,7 +52,7 @@ def _render_one(spec: ProfileSpec, title: str, labels: dict, stats: dict[str, An
         if term is None:
             continue
         if not term["fitted"]:
-            reason = f"no {sq_name} in logs" if key == "b" and not sq else "not observed"
+            reason = f"no {spec.optional} in logs" if key == "b" and not sq else "not observed"
             t.add_row(label[key], "0", spec.units[key], "—", "—", f"[yellow]not fitted ({reason})[/]", "—")
             continue
         sig = "[green]yes[/]" if term["significant"] else ("no (clamped to 0)" if term["coef"] == 0 else "[yellow]no[/]")

@@ -19,11 +19,6 @@ def timed_modules(*sides: dict[str, Any] | None) -> list[str]:
     return [m for m in order if any(((s or {}).get("per_module", {}).get(m) or {}).get("replicas") for s in sides)]
 
 
-def headline_modules(before: dict[str, Any], after: dict[str, Any] | None) -> list[str]:
-    """The modules the report shows figures for: every timed module in the layout's order."""
-    return timed_modules(before, after)
-
-
 def throughput_rows(module: str) -> list[tuple[str, str, str, bool]]:
     """A module's throughput rows (p50 over the steps): samples/s, tokens (an encoder: rows) per
     second per GPU, model TFLOP/s per GPU, MFU."""
@@ -39,7 +34,7 @@ def module_rows(before: dict[str, Any], after: dict[str, Any] | None) -> list[tu
     predicted spread, its time per rank and of its slowest replica; its throughput figures that
     either side has), in the layout's order."""
     rows: list[tuple[str, str, str, bool]] = list(RUN_ROWS)
-    for m in headline_modules(before, after):
+    for m in timed_modules(before, after):
         rows += [(f"{m}_max_over_mean_p50", f"{m} straggler max/mean p50", "ratio", True),
                  (f"{m}_max_over_mean_p99", f"{m} straggler max/mean p99", "ratio", True),
                  (f"{m}_max_over_mean_mean", f"{m} straggler max/mean, mean", "ratio", True),

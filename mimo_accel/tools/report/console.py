@@ -10,7 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 from mimo_accel.modules import LANGUAGE
-from mimo_accel.tools.report.comparison import compare, headline_modules, lookup, module_rows
+from mimo_accel.tools.report.comparison import compare, lookup, module_rows, timed_modules
 
 
 # ------------------------------------------------------------------------------------- render
@@ -140,7 +140,7 @@ def _module_figures(s: dict[str, Any] | None, module: str) -> dict[str, Any] | N
 def slowest_lines(before: dict[str, Any], after: dict[str, Any] | None) -> list[str]:
     two = after is not None
     lines = []
-    for m in headline_modules(before, after):
+    for m in timed_modules(before, after):
         for side, s in (("before", before), ("after", after)) if two else (("", before),):
             st = _module_figures(s, m)
             if st:
@@ -181,7 +181,7 @@ def _per_rank_table(title: str, per_rank: list[dict[str, Any]], two: bool) -> Re
 def _module_time_tables(before: dict[str, Any], after: dict[str, Any] | None) -> list[ReportTable]:
     two = after is not None
     tables = []
-    for module in headline_modules(before, after):
+    for module in timed_modules(before, after):
         title = ("Language model time per rank (fwd + bwd per step)" if module == LANGUAGE
                  else f"{module.capitalize()} encoder time per rank (fwd + bwd per step)")
         per = [(_module_figures(s, module) or {}).get("per_rank", {}) for s in (before, after)]

@@ -119,12 +119,12 @@ def _module_order(run: Run, modules: dict[str, list[int]]) -> list[str]:
 
 
 def _module_time(run: Run, steps_of: dict[int, dict[int, dict[str, Any]]], name: str, ranks: list[int],
-                 regions_of, warnings: list[str]) -> dict[str, Any]:
+                 warnings: list[str]) -> dict[str, Any]:
     """One module's time statistics over ``ranks`` (see the module docstring): per rank, per DP
     replica (max over its TP/PP ranks), the per-step straggler ratio and the slowest replica."""
     per_rank: dict[str, Any] = {}
     for rank in ranks:
-        regions = regions_of(rank)
+        regions = run.ranks[rank].module_regions
         recs = steps_of[rank].values()
         times = [v for r in recs if (v := module_seconds(r, regions)) is not None]
         fwd = [v for r in recs if (v := _num(r, f"{regions[0]}_s")) is not None]
@@ -142,7 +142,7 @@ def _module_time(run: Run, steps_of: dict[int, dict[int, dict[str, Any]]], name:
     for dp, members in replicas.items():
         per_step: dict[int, float] = {}
         for rank in members:
-            regions = regions_of(rank)
+            regions = run.ranks[rank].module_regions
             for st, r in steps_of[rank].items():
                 v = module_seconds(r, regions)
                 if v is not None:
@@ -191,7 +191,7 @@ def _module_time(run: Run, steps_of: dict[int, dict[int, dict[str, Any]]], name:
             "counts": {str(min(replicas[d])): slow_counts[d] for d in sorted(slow_counts)},
         }
     all_times = [v for rank in timed_ranks for r in steps_of[rank].values()
-                 if (v := module_seconds(r, regions_of(rank))) is not None]
+                 if (v := module_seconds(r, run.ranks[rank].module_regions)) is not None]
     return {
         "ranks": list(ranks),
         "replicas": len(replica_time),
@@ -288,13 +288,9 @@ def summarize(run: Run, *, warmup: int = 1, peak_tflops: float | None = None) ->
     # ---- every module's time
     order = _module_order(run, modules)
 
-    def own_regions(rank: int) -> tuple[str, ...]:
-        return run.ranks[rank].module_regions
-
     per_module: dict[str, Any] = {}
     for name in order:
-        ranks = modules[name]
-        per_module[name] = _module_time(run, steps_of, name, ranks, own_regions, warnings)
+        per_module[name] = _module_time(run, steps_of, name, modules[name], warnings)
 
     # ---- the plan's predicted spreads, per module (or one figure: the worst module's)
     lines = [r for recs in steps_of.values() for r in recs.values()]
