@@ -42,13 +42,18 @@ class Steps:
     def share_error(self, w: np.ndarray, overhead: float) -> float:
         """The mean over the steps of the replica share error of the prediction ``x·w + o``
         (steps where either side has no work left out; NaN if all are)."""
+        worst = self.share_errors(w, overhead)
+        return float(worst.mean()) if worst.size else math.nan
+
+    def share_errors(self, w: np.ndarray, overhead: float) -> np.ndarray:
+        """Each step's replica share error of the prediction ``x·w + o``, in step order (steps
+        where either side has no work left out)."""
         predicted = self.features @ w + overhead
         p_mean, m_mean = step_means(predicted, self.labels), step_means(self.seconds, self.labels)
         error = np.abs(predicted / p_mean - self.seconds / m_mean)
         worst = np.maximum.reduceat(error, self.starts)
-        worst = worst[np.isfinite(worst) & (np.add.reduceat(predicted, self.starts) > 0)
-                      & (np.add.reduceat(self.seconds, self.starts) > 0)]
-        return float(worst.mean()) if worst.size else math.nan
+        return worst[np.isfinite(worst) & (np.add.reduceat(predicted, self.starts) > 0)
+                     & (np.add.reduceat(self.seconds, self.starts) > 0)]
 
 
 def per_item_level(w: np.ndarray, recent: Steps) -> Optional[np.ndarray]:
