@@ -64,23 +64,61 @@ def _pin(cpus: Optional[Sequence[int]]) -> None:
         os.sched_setaffinity(0, set(cpus))
 
 
+# What a rank's working set still grows by after its first step: the demo's heaviest vision steps
+# add about 400 MiB (16 images of up to 960 rows, their attention kept for the backward).
+WARM_POOL_MIB = 512
+
+
+def _libc():
+    import ctypes
+    import ctypes.util
+
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    except OSError:
+        return None
+
+
 def _keep_freed_memory() -> None:
     """Let this rank's malloc keep the memory it frees (glibc: no trimming, a fixed 32 MiB mmap
     threshold). By default glibc hands freed blocks of the encoder's attention buffers back to the
     OS and faults them in again on the next step; those page faults land in the thread-CPU time
     the profiler reads, unevenly: measured on the 2-core VM, the same forward+backward took
     112-209 ms that way and 136-150 ms with freed memory kept. No-op where glibc is absent."""
-    import ctypes
-    import ctypes.util
-
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):
+    libc = _libc()
+    if libc is None or not hasattr(libc, "mallopt"):
         return
     m_trim_threshold, m_mmap_threshold = -1, -3  # <malloc.h>
-    mallopt(m_trim_threshold, 1 << 30)
-    mallopt(m_mmap_threshold, 32 << 20)
+    libc.mallopt(m_trim_threshold, 1 << 30)
+    libc.mallopt(m_mmap_threshold, 32 << 20)
+
+
+def warm_memory_pool(mib: int = WARM_POOL_MIB) -> None:
+    """Fault in ``mib`` MiB of heap on this thread and free it, kept (:func:`_keep_freed_memory`).
+
+    Kept memory still has to be faulted in once: without this, each step whose working set outgrows
+    every earlier one pays for it, on whichever replica the plan gave that step's tallest images (a
+    forward+backward with one 960-row image among 15 small ones took 0.68 s the first time and 0.28
+    s after; 0.34 s the first time with the pool faulted in beforehand). On the demo's first steps
+    that cost, not the plan, decided which replica straggled. Called once, after the warm-up step
+    (whose own setup allocations would otherwise take the pool), on the training thread whose
+    arena the steps allocate from. A GPU's caching allocator keeps its pool the same way, and its
+    growth is no page faults on a timed thread."""
+    import ctypes
+
+    libc = _libc()
+    if libc is None or not hasattr(libc, "malloc"):
+        return
+    malloc, free, memset = libc.malloc, libc.free, libc.memset
+    malloc.restype, free.argtypes = ctypes.c_void_p, [ctypes.c_void_p]
+    memset.restype, memset.argtypes = ctypes.c_void_p, [ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t]
+    chunk = 16 << 20  # below the mmap threshold: from the heap, which keeps it once freed
+    blocks = [malloc(chunk) for _ in range(mib // 16)]
+    for block in blocks:
+        if block:
+            memset(block, 1, chunk)  # a written page is faulted in now, not in a timed step
+    for block in blocks:
+        free(block)
 
 
 def _rank(rank, world, layout, features, spec, steps, micro_batch, seq_length, profile_dir, label, model_kw,
@@ -273,10 +311,15 @@ def _bridge_rank(rank, world, script, argv, features, profile_dir, label, steps,
     home = sys.modules[example.main.__module__]  # where main's _Trace is (examples/train_mimo.py imports main)
     flush = home._Trace.flush
 
+    warmed = []
+
     def flush_and_report(trace):  # the trace flushes once per finished training iteration
         iteration = trace.current["iteration"] if trace.current is not None else None
         flush(trace)
         if iteration is not None:
+            if not warmed:  # after the warm-up step, before the next one's timed regions
+                warm_memory_pool()
+                warmed.append(iteration)
             report_progress(iteration, steps)
 
     home._Trace.flush = flush_and_report
