@@ -72,3 +72,67 @@ def compare_and_report(console, title: str, unit: str, rows, out: Path, before_l
     console.print(f"before = {before_label}: {before_note}. Plan costs: {cost_note}. "
                   f"Wall time of the rehearsal: {elapsed:.0f}s.")
     return doc
+
+
+# ------------------------------------------------------------------------- the demo's headline
+
+# an accepted refit whose reason starts so only put the model in use in seconds: the plan's
+# proportions are the start's (mimo_accel.costs.online.SCALE_ONLY)
+_SCALE_ONLY = "in seconds"
+
+
+def first_calibrated_plan(refits: list) -> Optional[int]:
+    """The first iteration planned with a cost learnt while training: the earliest ``announced_for``
+    of an accepted refit that learnt coefficients (not one that only put the start in seconds)."""
+    planned = [r["announced_for"] for r in refits if r.get("announced_for") is not None
+               and r.get("accepted", True) and not str(r.get("reason", "")).startswith(_SCALE_ONLY)]
+    return min(planned) if planned else None
+
+
+def _median(values: list) -> Optional[float]:
+    import statistics
+
+    return statistics.median(values) if values else None
+
+
+def headline(doc: dict, peer: Optional[dict], module: str = "vision") -> dict:
+    """What ``make demo`` closes with: each module's straggler p50 beside the machine's floor (the
+    gap), and ``module``'s straggler in the steps before mimo_accel's first calibrated plan (the
+    first steps, planned from the start model), mimo_accel's against upstream's and the peer's in
+    the same steps (a step's number is its iteration − 1: the profiler's count)."""
+    after = doc["after"]
+    floor = (doc.get("floor") or {}).get("modules") or {}
+    gaps = {}
+    for m in after.get("module_order", []):
+        p50 = (after.get("per_module", {}).get(m) or {}).get("max_over_mean_p50")
+        if p50 is not None:
+            gaps[m] = {"p50": p50, "floor": floor.get(m), "gap": p50 - floor[m] if m in floor else None}
+    first = first_calibrated_plan((after.get("online_calibration") or {}).get("refits") or [])
+    sides = {"upstream": doc.get("before"), "mimo_accel": after, **({"peer": peer} if peer else {})}
+    series = {}
+    for name, side in sides.items():
+        s = ((side or {}).get("series") or {}).get("modules", {}).get(module) or {}
+        series[name] = dict(zip(s.get("step", []), s.get("max_over_mean", [])))
+    steps = sorted(s for s in series["mimo_accel"] if first is None or s + 1 < first)
+    medians = {name: _median([v[s] for s in steps if s in v]) for name, v in series.items()}
+    return {"modules": gaps, "first_steps": {"module": module, "first_calibrated_plan": first,
+                                             "iterations": [s + 1 for s in steps], "straggler_p50": medians}}
+
+
+def headline_lines(head: dict, peer_name: Optional[str]) -> list[str]:
+    """The closing lines of :func:`headline`'s figures."""
+    parts = []
+    for m, v in head["modules"].items():
+        floor = (f", {v['gap']:+.3f} over this machine's floor ({v['floor']:.3f})" if v["gap"] is not None
+                 else " (no floor measured)")
+        parts.append(f"{m} straggler p50 {v['p50']:.3f}{floor}")
+    lines = ["mimo_accel: " + "; ".join(parts) + "."]
+    first = head["first_steps"]
+    its, med = first["iterations"], first["straggler_p50"]
+    if its and med.get("mimo_accel") is not None:
+        when = (f"before its first calibrated plan (iterations {its[0]}-{its[-1]}, planned from the start model)"
+                if first["first_calibrated_plan"] is not None else f"with no calibrated plan (iterations {its[0]}-{its[-1]})")
+        peer = f", {peer_name} {med['peer']:.3f}" if peer_name and med.get("peer") is not None else ""
+        lines.append(f"{first['module']} straggler p50 {when}: mimo_accel {med['mimo_accel']:.3f}{peer}, "
+                     f"upstream as shipped {med['upstream']:.3f}.")
+    return lines

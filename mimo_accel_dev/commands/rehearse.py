@@ -35,7 +35,8 @@ from typing import Any, Optional, Sequence
 from mimo_accel.grid import canonical_grid
 from mimo_accel.modules import LANGUAGE, Modules
 from mimo_accel_dev.rehearse import peers, rehearsal
-from mimo_accel_dev.commands.rehearsal_output import compare_and_report, cpus_for_ranks, progress_bar, start_output
+from mimo_accel_dev.commands.rehearsal_output import (compare_and_report, cpus_for_ranks, headline, headline_lines,
+                                                       progress_bar, start_output)
 from mimo_accel.tools.arguments import (UsageError, add_peak_option, fail, nonnegative_int, output_dir, output_file,
                                         parse, positive_int)
 
@@ -304,6 +305,9 @@ def rehearse_bridge(*, steps: Optional[int] = None, vision_dp: Optional[int] = N
         console.print(sides.table(doc["before"], peer_side, doc["after"]))
         peer_side["language_worse"], verdict = sides.language_verdict(peer_side, doc["after"])
         console.print(verdict, highlight=False)
+    head = headline(doc, peer_side)
+    for line in headline_lines(head, peer_side["name"] if peer_side else None):
+        console.print(line, highlight=False)
     own = {"profile": "bridge-loop:qwen3vl-receipts", "loop": "bridge", "layout": str(layout), "steps": steps,
            "pinned_cpus": list(cpus or []),
            "micro_batch": mbs, "before_label": before_label, "before_note": before_note,
@@ -311,7 +315,7 @@ def rehearse_bridge(*, steps: Optional[int] = None, vision_dp: Optional[int] = N
                       "after": [[a["loss_sum"], a["tokens"]] for a in after]},
            "profile_dir": str(out), "log": str(log), "wall_s": elapsed,
            "cost_model": {"start": cost_model or "flops", "calibrate_online": calibrate_online, "note": cost_note},
-           "online_calibration": doc["after"].get("online_calibration") or {"refits": []},
+           "online_calibration": doc["after"].get("online_calibration") or {"refits": []}, "headline": head,
            **({"peer": peer_side} if peer_side is not None else {})}
     if json_path:
         report.write_json(json_path, doc, **own)
