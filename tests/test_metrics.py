@@ -398,3 +398,80 @@ def test_a_lone_encoder_replica_gives_its_micro_batches_and_others_do_not(tmp_pa
     record["micro"]["vision_rows"].pop()  # a count without its time: nothing pairs
     assert rank_figures(header, record)["micro"] is None
     assert rank_figures(*_line(tmp_path, 5, "language", 0, 0.1, 0.1))["micro"] is None
+
+
+# ---------------------------------------------------------------------- who bounds the step
+# Upstream's validated layout in small, as tests/test_replay.py works it by hand: images dp1 (rank 0)
+# -> language dp2 pp2 (TP2 here: rank 1 + stage·4 + replica·2 + tp), two micro-batches; the encoder
+# (2, 4) s a micro-batch, a language stage (1, 2) s: a 16 s step, the encoder busy 12 s of it, each
+# language stage 6 s.
+
+VALIDATED = {"dp": {"images": 1, "language": 2}, "pp": {"images": 1, "language": 2}}
+
+
+def _timed_line(tmp_path, rank, module, dp_rank, fwd, bwd):
+    """A rank's real step line (Recorder), its micro-batches' seconds as the timers would have taken them."""
+    rec = Recorder(tmp_path / f"t{rank}", rank=rank, world_size=9, module=module, dp_rank=dp_rank,
+                   dp_size=1 if module == "images" else 2, layout=VALIDATED, clock="wall", device="cpu",
+                   regions=(f"{module}_fwd", f"{module}_bwd"))
+    for _ in fwd:
+        with rec.time(f"{module}_fwd"):
+            pass
+        with rec.time(f"{module}_bwd"):
+            pass
+    record = rec.end_step()
+    record["micro"].update({f"{module}_fwd": list(fwd), f"{module}_bwd": list(bwd)})
+    rec.close()
+    return rec.header, record
+
+
+def _validated_lines(tmp_path):
+    lines = [_timed_line(tmp_path, 0, "images", 0, [2.0, 2.0], [4.0, 4.0])]
+    for rank in range(1, 9):  # a TP pair's second rank is faster: the op takes its slower rank's time
+        slow = rank % 2 == 1
+        lines.append(_timed_line(tmp_path, rank, "language", (rank - 1) // 2 % 2,
+                                 [1.0, 1.0] if slow else [0.5, 0.1], [2.0, 2.0] if slow else [1.0, 1.5]))
+    return lines
+
+
+def test_each_modules_busy_share_is_the_replayed_steps(tmp_path):
+    lines = _validated_lines(tmp_path)
+    assert rank_figures(*lines[0])["micro_us"] is None  # only an iteration that is written carries its times
+    figures = [rank_figures(*line, times=True) for line in lines]
+    assert figures[0]["micro_us"] == {"fwd": [2_000_000, 2_000_000], "bwd": [4_000_000, 4_000_000]}
+    s = step_scalars(figures)
+    assert s["mimo_accel/images/busy_share"] == pytest.approx(0.75)
+    assert s["mimo_accel/language/busy_share"] == pytest.approx(6 / 16)
+    figures[8]["micro_us"] = None  # a rank without its times: no replay, no share
+    assert not [k for k in step_scalars(figures) if k.endswith("/busy_share")]
+
+
+def test_the_busy_shares_reach_a_real_event_file_and_only_written_iterations_carry_times(tmp_path):
+    import json
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from torch.utils.tensorboard import SummaryWriter
+
+    store = dist.HashStore()
+    lines = _validated_lines(tmp_path)
+    writer = SummaryWriter(log_dir=str(tmp_path / "tb"))
+    states = [_state(interval=2, tensorboard=writer if r == 8 else None) for r in range(9)]
+    # gathered every iteration (as with online calibration), written every second one
+    ranks = [Metrics(states[r], rank=r, world=9, store=store, calibration=SimpleNamespace(lead=1) if r < 8 else None)
+             for r in range(9)]
+    for m in ranks:
+        m.run = 7
+    states[0].train_state.step = 0  # iteration 1: gathered, not written
+    ranks[0].after_step(*lines[0])
+    assert json.loads(store.get("mimo_accel/metrics/7/1/0"))["micro_us"] is None
+    for step in (1, 3):  # iterations 2 and 4: written
+        for r, m in enumerate(ranks):
+            states[r].train_state.step = step
+            m.after_step(*lines[r])
+    ranks[8].close()
+    writer.close()
+    acc = EventAccumulator(str(tmp_path / "tb"))
+    acc.Reload()
+    for module, share in (("images", 0.75), ("language", 6 / 16)):
+        got = [(e.step, e.value) for e in acc.Scalars(f"mimo_accel/{module}/busy_share")]
+        assert [s for s, _ in got] == [2, 4] and [v for _, v in got] == pytest.approx([share, share])

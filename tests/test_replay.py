@@ -77,3 +77,87 @@ def test_makespan_covers_every_rank_and_equals_step_time_on_the_models_own_times
     assert all(v >= -1e-9 for v in out.wait.values())
     expect = step_time(costs, dps, list(range(n)), w, stages={"language": pp})
     assert out.makespan == pytest.approx(expect, rel=1e-9)
+
+
+# ------------------------------------------------------------------------ who bounds the step
+# Upstream's validated layout in small: one encoder replica (images dp1) feeding two language
+# replicas of two PP stages each, two micro-batches. Worked by hand, op by op:
+
+
+def _validated(encoder, language, slow_backward=None):
+    """(forward, backward) tables: ``encoder`` / ``language`` = (f, b) seconds per micro-batch (a
+    language stage's); ``slow_backward``: language replica 1 stage 1's backward instead."""
+    dps = {"images": 1, "language": 2}
+    fw = {"images": np.full((1, 1, 2), encoder[0]), "language": np.full((2, 2, 2), language[0])}
+    bw = {"images": np.full((1, 1, 2), encoder[1]), "language": np.full((2, 2, 2), language[1])}
+    if slow_backward is not None:
+        bw["language"][1, 1, :] = slow_backward
+    return fw, bw, dps
+
+
+def test_a_heavy_encoder_bounds_the_step_and_the_language_ranks_wait():
+    # encoder F0 [0,2] F1 [2,4]; each language replica: stage 0 F0 [2,3], stage 1 F0 [3,4] B0 [4,6],
+    # stage 0 F1 [4,5] (its encoder forward) B0 [6,8], stage 1 F1 [6,7] B1 [7,9], stage 0 B1 [9,11];
+    # encoder B0 [8,12] B1 [12,16]: a 16 s step, the encoder busy 12 s, each language stage 3 + 3 s
+    from mimo_accel.balance.replay import bound_module, module_shares, replay
+
+    fw, bw, dps = _validated((2.0, 4.0), (1.0, 2.0))
+    out = replay(fw, bw, dps, 2, stages={"language": 2})
+    assert out.makespan == pytest.approx(16.0)
+    shares = module_shares(out)
+    assert shares["images"].busy == pytest.approx(0.75) and shares["images"].busy_max == pytest.approx(0.75)
+    assert shares["language"].busy == pytest.approx(6 / 16) and shares["language"].wait == pytest.approx(10 / 16)
+    assert bound_module(shares) == "images"
+
+
+def test_a_slow_language_stage_bounds_the_step_through_its_busiest_device():
+    # as a 12 s step of (1, 2) everywhere, but replica 1's stage 1 backward takes 3 s: its B0 [3,6],
+    # F1 [6,7], B1 [7,10]; its stage 0 B1 [10,12]; the encoder's B1 waits for it: [12,14]
+    from mimo_accel.balance.replay import bound_module, module_shares, replay
+
+    fw, bw, dps = _validated((1.0, 2.0), (1.0, 2.0), slow_backward=3.0)
+    out = replay(fw, bw, dps, 2, stages={"language": 2})
+    assert out.makespan == pytest.approx(14.0)
+    shares = module_shares(out)
+    assert shares["images"].busy == pytest.approx(6 / 14)
+    assert shares["language"].busy == pytest.approx((6 + 6 + 6 + 8) / 4 / 14)  # the mean over its 4 devices
+    assert shares["language"].busy_max == pytest.approx(8 / 14)
+    assert bound_module(shares) == "language"
+
+
+def test_a_tie_names_the_encoder_and_no_time_names_nobody():
+    from mimo_accel.balance.replay import Shares, bound_module, module_shares, replay
+
+    fw, bw, dps = _validated((1.0, 2.0), (1.0, 2.0))  # every device busy 6 of a 12 s step
+    shares = module_shares(replay(fw, bw, dps, 2, stages={"language": 2}))
+    assert shares["images"].busy_max == pytest.approx(shares["language"].busy_max) == pytest.approx(0.5)
+    assert bound_module(shares) == "images"
+    assert bound_module({"language": Shares(0.5, 0.5), "video": Shares(0.5, 0.5), "audio": Shares(0.5, 0.5)}) == "audio"
+    assert bound_module({"language": Shares(0.0, 0.0)}) is None and bound_module({}) is None
+    nothing = {m: np.zeros_like(a) for m, a in fw.items()}
+    zero = module_shares(replay(nothing, nothing, dps, 2, stages={"language": 2}))
+    assert all(s.busy == 0.0 for s in zero.values())
+
+
+def test_ranks_are_placed_on_their_stages_and_a_stage_is_its_slowest_rank():
+    # language dp2 pp2 tp2 after one encoder rank: rank = 1 + stage·4 + replica·2 + tp (pp slowest)
+    from mimo_accel.balance.replay import places, replay, replay_ranks
+
+    ranks = [(0, "images", 0)] + [(1 + p * 4 + r * 2 + t, "language", r)
+                                  for p in range(2) for r in range(2) for t in range(2)]
+    placed = places(ranks, {"language": 2})
+    assert placed[0] == ("images", 0, 0)
+    assert [placed[k] for k in (1, 2, 3, 5, 8)] == [("language", 0, 0), ("language", 0, 0), ("language", 1, 0),
+                                                   ("language", 0, 1), ("language", 1, 1)]
+    times = {0: ([2.0, 2.0], [4.0, 4.0])}
+    # each TP pair: one rank as timed by hand, its peer faster: the op takes the slower's time
+    times.update({rank: ([1.0, 1.0], [2.0, 2.0]) if rank % 2 else ([0.5, 0.2], [1.0, 1.5]) for rank in range(1, 9)})
+    got = replay_ranks(times, placed, {"images": 1, "language": 2}, {"language": 2})
+    fw, bw, dps = _validated((2.0, 4.0), (1.0, 2.0))
+    assert got == replay(fw, bw, dps, 2, stages={"language": 2})
+    times[8] = ([1.0], [2.0])
+    with pytest.raises(ValueError, match="language replica 1 stage 1 timed 2 and 1 micro-batches"):
+        replay_ranks(times, placed, {"images": 1, "language": 2}, {"language": 2})
+    del times[8], times[7]
+    with pytest.raises(ValueError, match="no rank of language replica 1 stage 1"):
+        replay_ranks(times, placed, {"images": 1, "language": 2}, {"language": 2})

@@ -69,6 +69,10 @@ def test_the_example_logs_mimo_accel_figures_through_bridges_tensorboard_writer(
             values = got[f"mimo_accel/{module}/{figure}"]
             assert [s for s, _ in values] == steps and all(v > 0 for _, v in values), (module, figure, values)
     assert got["mimo_accel/vision/samples_per_s"] == got["mimo_accel/language/samples_per_s"]  # GBS per step each
+    # each module's busy share of the step replayed from every rank's micro-batch times: a share of it
+    for module in ("vision", "language"):
+        shares = got[f"mimo_accel/{module}/busy_share"]
+        assert [s for s, _ in shares] == steps and all(0 < v <= 1 for _, v in shares), (module, shares)
     assert not [tag for tag in got if tag.endswith("/mfu")]
 
 

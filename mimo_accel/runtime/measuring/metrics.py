@@ -20,6 +20,11 @@ the interval of Bridge's own MIMO ``iteration-time`` scalar) adds, under ``mimo_
   (the language model's real tokens, an encoder's rows), ``m/tflops_per_gpu`` (its model FLOPs, where
   the writing rank's profile header has the module's FLOPs shape) and ``m/mfu`` (where the device is
   in :data:`~mimo_accel.costs.flops.PEAK_BF16_TFLOPS`); per GPU: over the module's tp·cp·pp·dp ranks;
+* per module ``m``, ``m/busy_share``: the step replayed on a device per rank from every rank's
+  forward and backward times per micro-batch (:mod:`mimo_accel.balance.replay`, the report's
+  replay), the mean over the module's devices (replica × PP stage) of busy time / the replayed
+  step; 1 − it is the share its ranks wait. The module whose busiest device is busiest bounds the
+  step (the report names it);
 * ``reads/samples``, ``reads/bytes``, ``reads/bytes_exchanged``: summed over every rank;
 * ``plan_wait_s`` (with ``reorder``): the longest any rank's training thread waited this step for a
   plan made ahead (0 while planning keeps up).
@@ -28,7 +33,8 @@ These are the report's definitions (:mod:`mimo_accel.tools.report`), for one ste
 
 How the figures reach the logging rank: every rank reaches the optimizer-step hook once per
 iteration (:func:`mimo_accel.runtime.patches.profiler.wrap_optimizer_step`). On a logged iteration each
-rank puts its step figures (a few numbers, JSON) under its own key in the job's rendezvous store —
+rank puts its step figures (a few numbers and its micro-batches' times in whole microseconds, as
+JSON) under its own key in the job's rendezvous store —
 a ``set`` that does not wait for anyone. The writing rank hands the rest to a thread of its own,
 over its own connection to the store (a clone), so its training thread never waits there: the
 thread waits for the others' keys, reads them with one ``multi_get``, marks the iteration done (one
@@ -146,7 +152,7 @@ class Metrics:
         if self._flops is None:  # every module's FLOPs shape, for the throughput scalars
             self._flops = (header.get("layout") or {}).get("flops") or {}
         store = self.store()
-        store.set(self._key(iteration, self.rank), json.dumps(rank_figures(header, record)))
+        store.set(self._key(iteration, self.rank), json.dumps(rank_figures(header, record, times=logged)))
         if self.rank == self.writer_rank:
             if self._worker is None:  # its own connection: a wait there holds up no other call
                 self._worker = _Worker(self, store.clone())

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Iterable, Optional
 
+from mimo_accel.balance.replay import module_shares, places, replay_ranks
 from mimo_accel.costs.flops import FlopsShape, peak_tflops_of, throughput
 from mimo_accel.modules import LANGUAGE
 from mimo_accel.profiler.recorder import UNNAMED_ENCODER, module_regions
@@ -19,11 +20,12 @@ __all__ = ["PREFIX", "model_scalars", "rank_figures", "step_histograms", "step_s
 PREFIX = "mimo_accel"  # every tag's first part
 
 
-def rank_figures(header: dict, record: dict) -> dict:
+def rank_figures(header: dict, record: dict, times: bool = False) -> dict:
     """What one rank contributes to a logged step: its module and replica (from its profile
     header), its module's forward + backward seconds, what it read, what it computed (samples; the
     language model's real tokens Σ L, Σ L², an encoder's rows Σ rows, Σ rows²), its step's wall
-    time, and the plan's prediction."""
+    time, and the plan's prediction. ``times``: also each micro-batch's forward and backward
+    (``micro_us``, for the step's replay; only the iterations that are written need them)."""
     module = str(header.get("module", "unknown"))
     rows, sq_rows = ("tokens", "sq_tokens") if module == LANGUAGE else (f"{module}_rows", f"{module}_sq_rows")
     spreads: dict = {}
@@ -36,6 +38,7 @@ def rank_figures(header: dict, record: dict) -> dict:
         "rank": int(header.get("rank", 0)),
         "module": module,
         "dp_rank": int(header.get("dp_rank", 0)),
+        "dp_size": int(header.get("dp_size", 1)),
         # the module's PP stages: the online calibration sums a replica's stages
         "stages": int(((header.get("layout") or {}).get("pp") or {}).get(module) or 1),
         "time_s": module_seconds(record, module_regions(module)),
@@ -52,7 +55,19 @@ def rank_figures(header: dict, record: dict) -> dict:
         "features": _features(module, record),
         # per micro-batch only where the calibration uses them: a module of one replica
         "micro": _micro_figures(module, record) if int(header.get("dp_size", 1)) == 1 else None,
+        "micro_us": _micro_times(module, record) if times else None,
     }
+
+
+def _micro_times(module: str, record: dict) -> Optional[dict]:
+    """Each micro-batch's forward and backward in whole microseconds (``{"fwd": [...], "bwd":
+    [...]}``: integers keep a rank's figures short); None where the line has no forward times."""
+    micro = record.get("micro")
+    forward, backward = (micro.get(r) if isinstance(micro, dict) else None for r in module_regions(module))
+    if not isinstance(forward, list) or not forward:
+        return None
+    return {"fwd": [round(float(t) * 1e6) for t in forward],
+            "bwd": [round(float(t) * 1e6) for t in backward] if isinstance(backward, list) else []}
 
 
 def _micro_figures(module: str, record: dict) -> Optional[dict]:
@@ -140,7 +155,32 @@ def step_scalars(figures: Iterable[dict], flops: Optional[dict] = None) -> dict[
     if waits:  # the training thread's wait for the plans it was to train, the slowest rank's
         out[f"{PREFIX}/plan_wait_s"] = max(waits)
     out.update(_throughput_scalars(by_module, figures, flops or {}))
+    out.update(_busy_scalars(figures, flops or {}))
     return out
+
+
+def _busy_scalars(figures: list[dict], flops: dict) -> dict[str, float]:
+    """Each module's busy share of the step, replayed from every rank's micro-batch times as the
+    report replays a profile's (:mod:`mimo_accel.balance.replay`: the same placement, the same
+    schedule); none where a rank's times are missing or do not make a step (the replay's
+    ValueError)."""
+    ranks = [f for f in figures if f["module"] != "unknown"]
+    if not ranks or any(not f.get("micro_us") for f in ranks):
+        return {}
+    dps: dict[str, int] = {}
+    stages: dict[str, int] = {}
+    for f in ranks:
+        dps[f["module"]] = max(dps.get(f["module"], 1), int(f.get("dp_size") or 1))
+        stages[f["module"]] = int(f.get("stages") or 1)
+    frozen = {m for m, v in (flops.get("modules") or {}).items() if m in dps and v.get("trained") is False}
+    placed = places(((f["rank"], f["module"], f["dp_rank"]) for f in ranks), stages)
+    # in microseconds as gathered: a share is a ratio of times, whatever their unit
+    times = {f["rank"]: (f["micro_us"]["fwd"], f["micro_us"]["bwd"]) for f in ranks}
+    try:
+        step = replay_ranks(times, placed, dps, stages, frozen)
+    except ValueError:
+        return {}
+    return {f"{PREFIX}/{m}/busy_share": v.busy for m, v in module_shares(step).items()}
 
 
 def _throughput_scalars(by_module: dict[str, list[dict]], figures: list[dict], flops: dict) -> dict[str, float]:

@@ -1,7 +1,8 @@
 """``mimo-accel report``: before/after report of profiler runs — rich tables, JSON/HTML export, PNG charts.
 
 One idea a module: :mod:`~.summary` (a run's figures and their definitions), :mod:`~.throughput`
-(each module's samples/s, tokens/s and TFLOP/s per GPU, MFU), :mod:`~.comparison`
+(each module's samples/s, tokens/s and TFLOP/s per GPU, MFU), :mod:`~.replayed` (the step
+replayed on a device per rank, and who bounds it), :mod:`~.comparison`
 (before against after), :mod:`~.console` (the tables, on the terminal), :mod:`~.sides` (upstream, a
 peer's reorder and mimo_accel side by side), :mod:`~.charts` (PNG),
 :mod:`~.html` (one page), :mod:`~.command` (the document, its JSON, the command).

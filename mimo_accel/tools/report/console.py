@@ -148,6 +148,52 @@ def slowest_lines(before: dict[str, Any], after: dict[str, Any] | None) -> list[
     return lines
 
 
+# A module whose ranks wait more than this share of the replayed step: the report points to a layout.
+WAIT_FOR_A_LAYOUT = 1 / 3
+
+
+def _sides(before: dict[str, Any], after: dict[str, Any] | None) -> list[dict[str, Any]]:
+    return [before] if after is None else [before, after]
+
+
+def _arrow(values: list[Any], kind: str) -> str:
+    return " → ".join(_fmt(v, kind) for v in values)
+
+
+def bound_table(before: dict[str, Any], after: dict[str, Any] | None) -> ReportTable | None:
+    """Each module's busy share of the replayed step (mean over its devices, and its busiest
+    device's) and wait share, before → after, and the module that bounds the step; None where no
+    side has a replay."""
+    sides = _sides(before, after)
+    if all(s.get("bound_module") is None for s in sides):
+        return None
+    t = ReportTable("Who bounds the step (replayed; p50 over the steps" + (", before → after)" if after else ")"),
+                    [("module", False), ("busy share", True), ("busiest rank busy", True), ("wait share", True)])
+    for m in timed_modules(before, after):
+        t.rows.append([m, *(_arrow([lookup(s, f"per_module.{m}.{k}") for s in sides], "pct")
+                            for k in ("busy_share_p50", "busy_share_max_p50", "wait_share_p50"))])
+    t.rows.append(["bounds the step", " → ".join(str(s.get("bound_module") or "—") for s in sides), "", ""])
+    return t
+
+
+def bound_line(before: dict[str, Any], after: dict[str, Any] | None) -> str | None:
+    """Where a module's ranks wait more than a third of the replayed step (the after side, or the
+    only one): which module bounds the step, how long the modules wait, and the command that
+    proposes the layout to run next; else None."""
+    s = after if after is not None else before
+    bound, per = s.get("bound_module"), s.get("per_module") or {}
+    waits = {m: w for m in s.get("module_order", []) if (w := (per.get(m) or {}).get("wait_share_p50")) is not None}
+    over = {m: w for m, w in waits.items() if w > WAIT_FOR_A_LAYOUT}
+    if bound is None or not over:
+        return None
+    waiting = ", ".join(f"the {m} ranks {_fmt(w, 'pct')}" for m, w in over.items())
+    busy = (per.get(bound) or {}).get("busy_share_max_p50")
+    return (f"{'after: ' if after is not None else ''}{bound} bounds the step (its busiest rank is busy "
+            f"{_fmt(busy, 'pct')} of the replayed step, {_fmt(s.get('step_time_replayed_p50'), 's')} p50); "
+            f"waiting more than a third of it: {waiting}. The layout to run next: "
+            f"mimo-accel layout --from {s.get('directory') or 'RUN_DIR'}")
+
+
 def _per_rank_table(title: str, per_rank: list[dict[str, Any]], two: bool) -> ReportTable | None:
     before_pr, after_pr = per_rank[0], per_rank[1] if two else None
     ranks = sorted({int(r) for pr in (before_pr, after_pr) if pr for r in pr})
@@ -299,5 +345,9 @@ def render(
     console.print(_rich_table(summary_table(before, after)))
     for line in slowest_lines(before, after):
         console.print(line)
+    if (bound := bound_table(before, after)) is not None:
+        console.print(_rich_table(bound))
+    if (line := bound_line(before, after)) is not None:
+        console.print(Text(line, style="bold yellow"))
     for t in detail_tables(before, after):
         console.print(_rich_table(t))

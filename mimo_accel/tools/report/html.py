@@ -6,8 +6,8 @@ from pathlib import Path
 from typing import Any
 
 from mimo_accel.tools.report.charts import chart_figures, png_bytes
-from mimo_accel.tools.report.console import (CHANGE_STYLES, ReportTable, detail_tables, report_messages, runs_table,
-                                             slowest_lines, summary_table)
+from mimo_accel.tools.report.console import (CHANGE_STYLES, ReportTable, bound_line, bound_table, detail_tables,
+                                             report_messages, runs_table, slowest_lines, summary_table)
 
 
 # ------------------------------------------------------------------------------------------ HTML
@@ -20,7 +20,7 @@ caption { text-align: left; font-weight: bold; padding: 0.3em 0; }
 th, td { border: 1px solid #ccc; padding: 0.25em 0.6em; }
 th { background: #f3f3f3; } td.num, th.num { text-align: right; font-variant-numeric: tabular-nums; }
 td.better { color: #11772d; } td.worse { color: #b3261e; } td.dim { color: #888; }
-li.warning { color: #8a5a00; } li.note { color: #035e7b; }
+li.warning { color: #8a5a00; } li.note { color: #035e7b; } p.bound { color: #8a5a00; font-weight: bold; }
 figure { margin: 1em 0; } figure img { max-width: 100%; border: 1px solid #eee; }
 figcaption { font-size: 0.85em; color: #555; }
 """
@@ -66,6 +66,10 @@ def write_html(doc: dict[str, Any], path: str | Path) -> list[str]:
     lines = slowest_lines(before, after)
     if lines:
         parts.append("<ul>" + "".join(f"<li>{escape(line)}</li>" for line in lines) + "</ul>")
+    if (bound := bound_table(before, after)) is not None:
+        parts.append(_html_table(bound))
+    if (line := bound_line(before, after)) is not None:
+        parts.append(f'<p class="bound">{escape(line)}</p>')
     parts.append("<h2>Charts</h2>")
     try:
         figures = chart_figures(before, after)

@@ -32,7 +32,9 @@ model (``language``):
 * per-rank I/O (``samples_read``, ``bytes_read``, ``bytes_exchanged``): mean per counted step.
 * each module's throughput (``per_module.<m>.samples_per_s_p50``, ``.tokens_per_s_per_gpu_p50``,
   ``.tflops_per_gpu_p50``, ``.mfu_p50``; ``peak_tflops`` / ``peak_source``): :mod:`~.throughput`.
-* the step on a device per rank (``step_time_replayed_p50``) and the plan's (``step_time_predicted_p50``): :mod:`~.replayed`.
+* the step on a device per rank (``step_time_replayed_p50``) and the plan's (``step_time_predicted_p50``),
+  each module's busy and wait shares of it (``per_module.<m>.busy_share_p50``, ``.busy_share_max_p50``,
+  ``.wait_share_p50``) and the module that bounds it (``bound_module``, ``bound_steps``): :mod:`~.replayed`.
 * The first ``--warmup`` step numbers (default 1) are excluded from every statistic.
 """
 
@@ -307,6 +309,9 @@ def summarize(run: Run, *, warmup: int = 1, peak_tflops: float | None = None) ->
         predicted_spreads = {next((m for m in order if m != LANGUAGE), UNNAMED_ENCODER): _mean(spreads)}
     _add_last_half(per_module, lines)
     replayed = replayed_steps(run, steps_of, modules, counted, lambda v: _pct(v, 50))
+    for m, figures in replayed["shares"].items():
+        if m in per_module:
+            per_module[m].update(figures)
     peak, peak_source = peak_of(run, peak_tflops)
     for m, figures in module_throughput(run, steps_of, step_time, modules, order, peak,
                                         lambda v: _pct(v, 50)).items():
@@ -405,7 +410,7 @@ def summarize(run: Run, *, warmup: int = 1, peak_tflops: float | None = None) ->
             "samples_module": samples_module,
             "samples_per_step": samples_per_step,
             "samples_per_s": samples_per_s,
-            **{k: v for k, v in replayed.items() if k != "replayed_series"},
+            **{k: v for k, v in replayed.items() if k not in ("replayed_series", "shares")},
             "peak_tflops": peak,
             "peak_source": peak_source,
             # every module, the language model included: <module>_max_over_mean_p50 / _p99 / _mean,
