@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 __all__ = ["SEQUENCE_KEYS", "checked_attention_mask", "checked_lengths", "lengths_from_loss_mask",
-           "lengths_from_mask", "shard_shape"]
+           "lengths_from_mask", "loss_mask_lengths", "real_lengths", "shard_shape"]
 
 #: keys of a shard's ``[B, S]`` (``position_ids``: also ``[3, B, S]``) sequence tensors
 SEQUENCE_KEYS = ("input_ids", "labels", "loss_mask", "position_ids")
@@ -129,25 +129,58 @@ def lengths_from_loss_mask(batch: Mapping[str, Any], placeholder_ids: Sequence[i
             "the collate a padding attention_mask (1 = real token), or turn packing off.")
     if loss_mask.shape != ids.shape or loss_mask.dim() != 2:
         raise ValueError(f"loss_mask {tuple(loss_mask.shape)} and input_ids {tuple(ids.shape)} must both be [B, S]")
-    seq = ids.size(1)
-    positions = torch.arange(seq, device=ids.device)
-    last = torch.where(loss_mask != 0, positions, torch.full_like(positions, -1)).max(dim=1).values
-    placeholder = torch.zeros_like(ids, dtype=torch.bool)
-    for t in placeholder_ids:
-        placeholder |= ids == int(t)
-    host_last, host_ph, host_ids = last.tolist(), placeholder.tolist(), ids.tolist()
-    lengths = []
-    for row, (p, ph, tokens) in enumerate(zip(host_last, host_ph, host_ids)):
-        n = min(p + 2 if p >= 0 else 1, seq)
-        while n < seq and ph[n]:
-            n += 1
-        if len(set(tokens[n:])) > 1:
+    lengths, described = loss_mask_lengths(ids, loss_mask, placeholder_ids)
+    host_lengths, host_described = torch.stack([lengths, described.to(lengths.dtype)]).tolist()  # one copy
+    for row, ok in enumerate(host_described):
+        if not ok:
             raise ValueError(
                 f"mimo_accel packing: attention_mask is all ones and sample {row}'s loss_mask does not "
                 "mark where its real tokens end (what follows is not one repeated pad token), so its "
                 "length cannot be known. Give the collate a padding attention_mask (1 = real token).")
-        lengths.append(n)
-    return lengths
+    return host_lengths
+
+
+def loss_mask_lengths(ids: torch.Tensor, loss_mask: torch.Tensor,
+                      placeholder_ids: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`lengths_from_loss_mask`'s rule on ``[B, S]`` tensors, computed where they lie (no
+    host copy): each sample's length, and whether the rule describes it (what follows is one
+    repeated pad token)."""
+    seq = ids.size(1)
+    positions = torch.arange(seq, device=ids.device)
+    last = torch.where(loss_mask != 0, positions, -1).max(dim=1).values
+    start = torch.where(last >= 0, last + 2, 1).clamp(max=seq)
+    placeholder = torch.isin(ids, torch.tensor([int(t) for t in placeholder_ids], dtype=ids.dtype, device=ids.device))
+    # the first position from the start that is no placeholder: the real length
+    lengths = torch.where((positions >= start[:, None]) & ~placeholder, positions, seq).min(dim=1).values
+    pad = ids.gather(1, lengths.clamp(max=max(seq - 1, 0))[:, None])
+    described = ~((positions >= lengths[:, None]) & (ids != pad)).any(dim=1)
+    return lengths, described
+
+
+def real_lengths(batch: Mapping[str, Any], placeholder_ids: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Each sample's real length as packing takes it, computed where the batch lies (no host copy;
+    the profiler counts the tokens of batches that are not packed): the ``attention_mask``'s rows
+    where it marks padding, else the ``loss_mask`` rule (:func:`loss_mask_lengths`). Returns the
+    lengths, a sample neither source describes counted as its whole row, and which samples those
+    are; None where the batch has neither source (no ``[B, S]`` attention_mask, no loss_mask and
+    input_ids)."""
+    ids, loss_mask, mask = batch.get("input_ids"), batch.get("loss_mask"), batch.get("attention_mask")
+    rule = (isinstance(ids, torch.Tensor) and isinstance(loss_mask, torch.Tensor) and ids.dim() == 2
+            and loss_mask.shape == ids.shape)
+    if not (isinstance(mask, torch.Tensor) and mask.dim() == 2 and (not rule or mask.shape == ids.shape)):
+        mask = None
+    if mask is None and not rule:
+        return None
+    if rule:
+        from_loss, described = loss_mask_lengths(ids, loss_mask, placeholder_ids)
+        guessed = torch.where(described, from_loss, ids.size(1))
+    if mask is None:
+        return guessed, ~described
+    rows = (mask != 0).sum(dim=1)
+    marks = (mask == 0).any()  # a mask that marks padding is the source (as packing decides it)
+    if not rule:
+        return rows, ~marks.expand(rows.shape)
+    return torch.where(marks, rows, guessed), ~marks & ~described
 
 
 def checked_lengths(lengths: Any, batch_size: int | None) -> list[int]:

@@ -125,19 +125,21 @@ def workdir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def upstream_varied(workdir):
-    return _train_run(workdir, "upstream-v1-l1-varied", 1, 1, {}, "--varied")
+    return _train_run(workdir, "upstream-v1-l1-varied", 1, 1, {"profile": str(workdir / "profile-upstream-v1-l1")},
+                      "--varied")
 
 
 @pytest.fixture(scope="module")
 def upstream_one_to_one(workdir):
-    return _train_run(workdir, "upstream-v2-l2", 2, 2, {})
+    # profiled, as a baseline is measured: the profiler observes and changes nothing trained
+    return _train_run(workdir, "upstream-v2-l2", 2, 2, {"profile": str(workdir / "profile-upstream-v2-l2")})
 
 
 # mimo_accel ----------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
 def accel_one_to_one(workdir):
-    return _train_run(workdir, "accel-v2-l2", 2, 2, ALL)
+    return _train_run(workdir, "accel-v2-l2", 2, 2, dict(ALL, profile=str(workdir / "profile-accel-v2-l2")))
 
 
 @pytest.fixture(scope="module")
@@ -161,7 +163,7 @@ def test_upstream_loop_trains_every_sample_once_with_eval_and_checkpoint(upstrea
             assert step["vision"] == step["language"] == _contiguous(it)
             assert step["loss"] is not None and 0 < step["loss"] < 20
         assert run.saved_iteration() == 4
-        assert run.active == []
+        assert [f for f in run.active if f != "profile"] == []  # as shipped: at most the profiler, observing
 
 
 @pytest.mark.parametrize("layout", ["one-to-one", "fan-in", "fan-out"])
@@ -172,6 +174,36 @@ def test_accelerated_loop_matches_upstream(request, layout):
     assert accel.active[:3] == ["sharded_reads", "reorder", "packing"]
     assert accel.saved_iteration() == 4
     _assert_same_training(accel.steps(), upstream.steps(), range(1, 5))
+
+
+def test_upstream_padded_batches_count_the_real_tokens_packing_computes(workdir, upstream_one_to_one,
+                                                                       accel_one_to_one, upstream_varied,
+                                                                       accel_fan_in):
+    """Upstream as shipped computes padded rows; its profile counts each sample's real length as
+    packing takes it (here from loss_mask: the example drops the attention mask when nothing
+    packs), so the language model's tokens/s per GPU compare before and after. Per step, the
+    language replicas' tokens sum to what the packed run's cu_seqlens counted (from the mask it
+    keeps), on even samples and on varied ones."""
+    from mimo_accel.profiler.run import read_run
+    from mimo_accel.tools.report import build
+
+    def per_step(run):
+        totals: dict = {}
+        for log in run.ranks.values():
+            if log.module == "language":
+                for s in log.steps:
+                    totals[s["step"]] = totals.get(s["step"], 0) + s["tokens"]
+        return totals
+
+    for upstream, accelerated in (("profile-upstream-v2-l2", "profile-accel-v2-l2"),
+                                  ("profile-upstream-v1-l1", "profile-fan-in")):
+        before, after = read_run(workdir / upstream), read_run(workdir / accelerated)
+        assert per_step(before) == per_step(after) and len(per_step(before)) == 4, upstream
+        assert all(0 < v < GBS * 64 for v in per_step(before).values())  # real tokens, fewer than the padded rows
+        doc = build(before, after)
+        assert doc["before"]["per_module"]["language"]["tokens_per_s_per_gpu_p50"] > 0
+        assert not [n for n in doc["before"]["notes"] if "length" in n]  # every length known: nothing said
+    assert len(set(per_step(before).values())) > 1  # the varied samples: steps of different real tokens
 
 
 def test_reordering_moved_samples_between_vision_replicas(accel_fan_in):

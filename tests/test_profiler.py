@@ -634,3 +634,39 @@ def test_each_forwards_counts_read_back_in_order_whatever_holds_them():
     rows = [[2, torch.tensor(48), torch.tensor([320])], [1, 7, torch.tensor(49, dtype=torch.int32)]]
     assert _host_ints(rows) == [[2, 48, 320], [1, 7, 49]]
     assert _host_ints([[1, 2, 3]]) == [[1, 2, 3]] and _host_ints([]) == []
+
+
+def test_the_real_tokens_of_batches_that_are_not_packed(tmp_path):
+    """Upstream's padded batches (no packing) count each sample's real length as packing would take
+    it: Bridge 0.6.2's all-ones attention_mask (or none, as the example drops it) -> loss_mask and
+    the placeholders; a mask that marks padding -> its rows. No source, or samples the loss_mask
+    cannot describe: said once."""
+    from mimo_accel.runtime.measuring.profiling import NO_TOKEN_SOURCE, UNKNOWN_LENGTHS
+    from mimo_accel.runtime.reading.shard import StepRole
+
+    ph, pad = 5, 9
+    ids = torch.tensor([[1, 2, ph, ph, ph, pad, pad, pad], [1, 2, 3, pad, pad, pad, pad, pad]])
+    loss = torch.tensor([[1, 0, 0, 0, 0, 0, 0, 0], [1, 1, 1, 0, 0, 0, 0, 0]])  # real lengths 5 and 4
+    runtime = _profiling(tmp_path, "language", {"images": 1, "language": 1})
+    runtime.step_role = StepRole(True, True, True, 1, (ph,))
+    prof = runtime.profiling
+
+    def step(*batches):
+        for b in batches:
+            prof.record_batch({"input_ids": ids, **b}, read_samples=2)
+        prof.end_step()
+
+    step({"loss_mask": loss, "attention_mask": torch.ones_like(ids)}, {"loss_mask": loss})  # 5 + 4, twice
+    marked = torch.tensor([[1, 1, 1, 0, 0, 0, 0, 0], [1] * 6 + [0, 0]])
+    step({"loss_mask": loss, "attention_mask": marked})  # the mask marks padding: it is the source, 3 + 6
+    step({})  # no source: said once, nothing counted
+    step({})
+    stops_early = torch.tensor([[1, 0, 0, 0, 0, 0, 0, 0], [1, 0, 0, 0, 0, 0, 0, 0]])  # real text after: unknown
+    step({"loss_mask": stops_early, "attention_mask": torch.ones_like(ids)})
+    runtime.step_role = StepRole(False, True, True, 1)  # an encoder's batch: no language tokens
+    step({"loss_mask": loss})
+    runtime.close()
+    steps = read_run(tmp_path).ranks[0].steps
+    assert [(s["tokens"], s["sq_tokens"]) for s in steps] == [
+        (18, 2 * (25 + 16)), (9, 9 + 36), (0, 0), (0, 0), (5 + 8, 25 + 64), (0, 0)]
+    assert [s.get("notes") for s in steps] == [None, None, [NO_TOKEN_SOURCE], None, [UNKNOWN_LENGTHS], None]

@@ -13,8 +13,10 @@ Every module is timed under its own name (:mod:`mimo_accel.modules`): regions ``
   (per step, summed over the rank's micro-batches; :func:`encoder_counts` says what is counted):
   ``<module>_items``, ``<module>_rows``, ``<module>_sq_rows``.
 - the step's batch hook (:meth:`Profiling.record_batch`): samples, real tokens (``tokens`` = Σ L,
-  ``sq_tokens`` = Σ L² over the batch's samples, L = a sample's attention-mask row sum), samples
-  and bytes read by this rank, and what the plan predicted for the batch (from its tag).
+  ``sq_tokens`` = Σ L² over the batch's samples; L = a sample's real length as packing takes it:
+  its attention-mask row where the mask marks padding, else from loss_mask and the placeholder
+  tokens, :func:`mimo_accel.sample_lengths.real_lengths`; packed: from ``cu_seqlens``), samples and
+  bytes read by this rank, and what the plan predicted for the batch (from its tag).
 - ``MimoOptimizer.step``: closes the step line (one line per training iteration) and, where
   Bridge's logger writes to TensorBoard / W&B, hands it to :mod:`mimo_accel.runtime.measuring.metrics`.
 - ``train_megatron_mimo`` (via ``pretrain_megatron_mimo``): takes Bridge's ``global_state`` (its
@@ -37,7 +39,7 @@ import numpy as np
 
 from mimo_accel.config import AccelConfig
 from mimo_accel.modules import LANGUAGE
-from mimo_accel.runtime.reading.shard import ShardContext
+from mimo_accel.runtime.reading.shard import ShardContext, StepRole
 
 if TYPE_CHECKING:
     from mimo_accel.runtime.measuring.calibration import Calibration
@@ -50,6 +52,7 @@ class Host(Protocol):
     config: AccelConfig
     profiling: Optional["Profiling"]
     calibration: Optional[Calibration]
+    step_role: Optional[StepRole]
 
     def shard_context(self) -> Optional[ShardContext]: ...
 
@@ -60,6 +63,12 @@ class Host(Protocol):
     def notices(self) -> dict[str, str]: ...
 
 ENV_LABEL = "MIMO_ACCEL_PROFILE_LABEL"
+
+NO_TOKEN_SOURCE = ("mimo_accel profile: a language batch has no length source (no [batch, seq] attention_mask, "
+                   "no loss_mask and input_ids): its real tokens are not counted (tokens 0 in the step lines)")
+UNKNOWN_LENGTHS = ("mimo_accel profile: the attention_mask marks no padding and some samples' loss_mask does "
+                   "not mark where their real tokens end: those samples count as their whole padded row in tokens")
+_UNKNOWN = "unknown lengths"  # a pending count that is no counter: the samples of unknown length
 
 
 def _label(cfg: AccelConfig) -> str:
@@ -174,6 +183,9 @@ class Profiling:
         # Device-side counts of the current step, read back once at the step's end (the optimizer
         # step has synchronised by then), so profiling adds no host sync per micro-batch.
         self._pending_counts: list = []
+        # the step's batches that are not packed: their real tokens are counted at the step's end,
+        # where the step's role (a language rank? its placeholder ids?) is known on every path
+        self._unpacked: list = []
         # each encoder forward's (module, items, rows, sq_rows) this step, in call
         # order (one a micro-batch): the step's counters, and what the online calibration learns a
         # one-replica module's cost from
@@ -276,6 +288,7 @@ class Profiling:
             self._hooks.clear()
             self._module_of.clear()
             self._pending_counts.clear()
+            self._unpacked.clear()
             self._micro_counts.clear()
             self._noted.clear()
             self.metrics = None
@@ -322,14 +335,12 @@ class Profiling:
         if rec is None or evaluating():  # an evaluation pass is not part of a training step
             return
         ids = batch.get("input_ids")
-        mask = batch.get("attention_mask")
         samples = int(ids.size(0)) if ids is not None and ids.dim() == 2 else 0
         rec.add(samples=samples, samples_read=read_samples, bytes_read=read_bytes)
-        if mask is not None and count_tokens:
-            self._pending_counts.append(("tokens", mask.sum()))
-            if mask.dim() == 2:  # (samples, sequence): a sample's real tokens L = its row sum
-                lengths = (mask != 0).sum(dim=1)  # int64 whatever the mask's dtype
-                self._pending_counts.append(("sq_tokens", (lengths * lengths).sum()))
+        role = self.runtime.step_role  # this step's, or where it is not known yet the last one's
+        if count_tokens and (role is None or role.is_language):
+            # the tensors the lengths come from, held (not copied) until the step's end
+            self._unpacked.append({k: batch.get(k) for k in ("attention_mask", "loss_mask", "input_ids")})
         if tag is not None:
             if tag.bytes_exchanged:
                 rec.add(bytes_exchanged=int(tag.bytes_exchanged))
@@ -371,15 +382,38 @@ class Profiling:
             self._noted.update(said)
             rec.set(notes=new)
 
+    def _count_unpacked(self) -> None:
+        """The real tokens of the step's batches that are not packed, on the device (read back with
+        the step's other counts): upstream's padded batches compute B × S, of which Σ L are real. A
+        rank known to run an encoder counts none."""
+        batches, self._unpacked = self._unpacked, []
+        role = self.runtime.step_role
+        if not batches or (role is not None and not role.is_language):
+            return
+        from mimo_accel.sample_lengths import real_lengths
+
+        for batch in batches:
+            found = real_lengths(batch, role.placeholder_ids if role is not None else ())
+            if found is None:
+                self.runtime.say_once("profile:tokens:no-source", NO_TOKEN_SOURCE)
+                continue
+            lengths, unknown = found
+            self._pending_counts += [("tokens", lengths.sum()), ("sq_tokens", (lengths * lengths).sum()),
+                                     (_UNKNOWN, unknown.sum())]
+
     def end_step(self) -> None:
         rec = self.recorder()
         if rec is None:
             return
+        self._count_unpacked()
         # every count of the step read back at once: the language tokens, then each encoder forward's
         pending, forwards = self._pending_counts, self._micro_counts
         values = _host_ints([[v for _, v in pending]] + [[items, rows, sq] for _, items, rows, sq in forwards])
         for (name, _), value in zip(pending, values[0]):
-            rec.add(**{name: value})
+            if name != _UNKNOWN:
+                rec.add(**{name: value})
+            elif value:
+                self.runtime.say_once("profile:tokens:unknown", UNKNOWN_LENGTHS)
         for (module, *_), (items, rows, sq_rows) in zip(forwards, values[1:]):
             counts = {f"{module}_items": items, f"{module}_rows": rows, f"{module}_sq_rows": sq_rows}
             rec.add(**counts)
