@@ -10,15 +10,13 @@ micro-batches — the quantities :class:`~mimo_accel.costs.ModuleCost` prices:
 How a refit is made (:meth:`OnlineCalibration.refit`), per module, over the last ``window``
 observed steps, the newest ``held_out`` share of them held out:
 
-1. **Within steps.** A plan only compares one module's replicas within a step, and what every
-   replica of a step shares (a fixed per-step overhead, the machine running slower for a while)
-   cannot change a plan. So the coefficients are fitted on how the replicas of each step differ:
-   every step's mean is taken out of its times and features (one free level per step).
-2. **Units.** The current model may be in any unit (the defaults price a row at 1). It is
-   scaled to seconds, ``λ·(a, b, k)`` with ``λ`` such that its predicted work totals the
-   training steps' measured time: the same model for a plan, now comparable with the candidate
-   (the centre of the prior and of the plausibility bound below). It is judged at its best
-   level: a scale and a per-replica overhead fitted non-negatively to those times.
+1. **Within steps.** A plan only compares one module's replicas within a step; what they all
+   share (a per-step overhead, the machine slower for a while) cannot change it. So the fit is on
+   how the replicas of each step differ (one free level per step).
+2. **Units.** The current model, in any unit (the defaults price a row at 1), is scaled to
+   seconds, ``λ·(a, b, k)`` with its predicted work totalling the training steps' measured time:
+   the same model for a plan, now comparable with the candidate (the centre of the prior and of
+   the plausibility bound). It is judged at its best level (a scale and a per-replica overhead).
 3. **Non-negative, near the current model.** Non-negative least squares with a ridge prior towards the scaled
    current model (:func:`~mimo_accel.costs.fit.fit_near`): the prior counts as much as ``prior``
    steps' observations that the current model explains exactly (per feature, its mean
@@ -39,18 +37,13 @@ observed steps, the newest ``held_out`` share of them held out:
 5. **Better on held-out steps, or not at all.** Both models (each with its fitted overhead)
    predict every held-out step's replica times; the error of a step is the largest error in a
    replica's share of the step's mean time, ``max_r |p_r/mean(p) − m_r/mean(m)|``
-   (:mod:`~mimo_accel.costs.share_error`). It bounds the error of the predicted straggler,
-   ``|max(p)/mean(p) − max(m)/mean(m)|``, and also sees a prediction that
-   has the right spread on the wrong replica. The refit is accepted only if its mean held-out
-   error is below the current model's by at least ``min_gain`` (relative), **and** it is good
-   enough to act on: at most ``noise_factor`` times what the steps' own noise explains, the
-   median over its training steps of its own error there (at least :data:`NOISE_FLOOR`). A fit
-   that predicts its held-out steps far worse than the steps it was fitted on has not learnt the
-   cost: those steps hold something no model of its terms explains (on a CPU, a replica paying to
-   fault in memory the first time its step outgrows every earlier one: +0.1-0.4 s on a 0.3 s
-   step), and it is no better a plan for the next steps than the model in use, however much
-   worse that one did there. It is kept learning: its steps stay in the window, and a later
-   attempt is judged the same way.
+   (:mod:`~mimo_accel.costs.share_error`): it bounds the predicted straggler's error and also sees
+   the right spread on the wrong replica. The refit is accepted only if its mean held-out error
+   is below the current model's by ``min_gain`` (relative) **and** at most ``noise_factor`` times
+   the steps' own noise, its median error on the steps it was fitted on (at least
+   :data:`NOISE_FLOOR`): a fit far worse on its held-out steps has not learnt the cost, they hold
+   what no model of its terms explains (on a CPU, a replica faulting in memory as its step first
+   outgrows every earlier one: +0.1-0.4 s on a 0.3 s step). It is kept learning.
    A start in FLOPs (:mod:`~mimo_accel.costs.prior`) is put in seconds at each module's first
    attempt, its shape learnt or not (one replica: its scale alone), so that a step plan weighs
    every module in one unit (``Refit.scale_only``): scaled so that its work totals the measured
@@ -61,8 +54,7 @@ observed steps, the newest ``held_out`` share of them held out:
    term negligible in either may come or go: ``k`` from 0 once items turn out to cost, ``b``
    towards 0 under flash attention), or whose predicted work (mean over the training
    observations) is outside ``[1/bound, bound]`` times the current model's (``bound`` = 100),
-   is dropped; the model in use is kept and the reason said once per module
-   (``notify(key, message)``).
+   is dropped; the model in use is kept and the reason said once per module (``notify``).
 7. **At the machine's pace** (``keep_pace``, for a step plan). Once in seconds, a module whose
    predicted work is off the newest ``pace_steps`` steps' measured time by more than
    ``keep_pace`` (relative) is rescaled to it, its shape kept: a step plan weighs the modules
@@ -102,11 +94,10 @@ _COEFFICIENTS = ("a", "b", "k")
 BOUND = 100.0  # a refit may move a coefficient (or the predicted work) at most this factor either way
 NEGLIGIBLE = 0.01  # a term below this share of the predicted work may fall to 0 (or grow from it)
 SCALE_ONLY = "in seconds"  # the reason of a refit that only scaled the model in use to seconds
-# A candidate is planned with only if its held-out error is at most this many times the steps' own
-# noise (its median error on the steps it was fitted on): on the demo's recorded steps the fits that
-# misled the plans missed their held-out steps by 5x that, the ones that helped by 0.4-1x.
+# a candidate's held-out error may be at most this many times its steps' own noise (point 5): on the
+# demo's recorded steps the fits that misled the plans were 5x over it, those that helped 0.4-1x
 NOISE_FACTOR = 3.0
-NOISE_FLOOR = 0.02  # a noise no timing goes below (a fit to two steps can explain them all but exactly)
+NOISE_FLOOR = 0.02  # no timing is quieter (a fit to two steps can explain them all but exactly)
 
 
 def features_of(module: str) -> tuple[str, ...]:
@@ -123,12 +114,11 @@ class Refit:
     token², ``k`` per item); ``overhead_s`` the per-replica time per step the coefficients leave
     over (the same on every replica, so not in the model: a plan cannot change it, but a
     predicted spread includes it). ``held_out_error_before`` / ``_after``: the mean over
-    ``held_out_steps`` of :func:`~mimo_accel.costs.share_error.replica_share_error` of the
-    current model and of the candidate.
+    ``held_out_steps`` of :func:`~mimo_accel.costs.share_error.replica_share_error` of the current
+    model and of the candidate; ``noise``: the candidate's median error on its training steps.
     ``accepted``: whether the model in use now has these coefficients; ``reason`` says why or why
-    not. A dropped candidate (``reason`` "dropped: ...") is not kept: ``coefficients`` are then the
-    model in use, and ``held_out_error_after`` is NaN.
-    """
+    not. A dropped candidate (``reason`` "dropped: ...") keeps the model in use's ``coefficients``
+    and a NaN ``held_out_error_after``."""
 
     step: int
     module: str
@@ -139,7 +129,7 @@ class Refit:
     held_out_steps: tuple[int, ...]
     accepted: bool
     reason: str
-    noise: float = math.nan  # the median error of the candidate on its own training steps
+    noise: float = math.nan
 
     @property
     def scale_only(self) -> bool:
@@ -205,8 +195,8 @@ class OnlineCalibration:
                     or not math.isfinite(value):
                 raise ValueError(f"OnlineCalibration: {name} must be a number in [{low:g}, {high:g}), got {value!r}")
         _check_int("pace_steps", pace_steps, 1)
-        if isinstance(noise_factor, bool) or not isinstance(noise_factor, (int, float)) or not noise_factor >= 1.0:
-            raise ValueError(f"OnlineCalibration: noise_factor must be a number >= 1 (or math.inf), got {noise_factor!r}")
+        if isinstance(noise_factor, bool) or not isinstance(noise_factor, (int, float)) or not noise_factor >= 1:
+            raise ValueError(f"OnlineCalibration: noise_factor must be >= 1 (math.inf: no bound), got {noise_factor!r}")
         if keep_pace is not None and (isinstance(keep_pace, bool) or not isinstance(keep_pace, (int, float))
                                       or not 0.0 <= keep_pace < 1.0):
             raise ValueError(f"OnlineCalibration: keep_pace must be None or a number in [0, 1), got {keep_pace!r}")
@@ -393,23 +383,22 @@ class OnlineCalibration:
             new_overhead = mean_overhead(x @ w, y)
             after = test.share_error(w, new_overhead)
             own = train.share_errors(w, new_overhead)
-        noise = max(NOISE_FLOOR, float(np.median(own))) if own.size else math.nan
-        judged = dict(noise=noise)
+        judged = dict(noise=max(NOISE_FLOOR, float(np.median(own))) if own.size else math.nan)
         if not math.isfinite(before) or not math.isfinite(after):
             return Refit(step, module, candidate, new_overhead, before, after, test_steps, False,
                          "not judged: the held-out steps carry no work", **judged)
         if not after < before * (1.0 - self.min_gain):
             return Refit(step, module, candidate, new_overhead, before, after, test_steps, False,
                          f"not better on the held-out steps by {self.min_gain:.0%}", **judged)
+        noise = judged["noise"]
         if after > self.noise_factor * noise:  # better than a model that missed those steps too
+            why = f"held-out error {after:.3f} is over {self.noise_factor:g}x the {noise:.3f} its own steps leave"
             self._say(f"online:{module}:not-good-enough",
-                      f"mimo_accel online calibration: {module}: the refit at step {step} predicts its held-out steps "
-                      f"{after / noise:.1f}x worse than the steps it was fitted on ({after:.3f} against {noise:.3f}): "
-                      "those steps hold what its terms do not explain, so it is not planned with; the plans keep the "
-                      "model in use while it learns (said once: later refits are judged the same way)")
+                      f"mimo_accel online calibration: {module}: the refit at step {step} is not planned with: its "
+                      f"{why} (they hold what its terms do not explain); the model in use plans while it learns "
+                      "(said once: later refits are judged the same way)")
             return Refit(step, module, candidate, new_overhead, before, after, test_steps, False,
-                         f"not good enough to act on: held-out error {after:.3f} is over {self.noise_factor:g}x "
-                         f"the {noise:.3f} its own steps leave (still learning)", **judged)
+                         f"not good enough to act on: {why} (still learning)", **judged)
         return Refit(step, module, candidate, new_overhead, before, after, test_steps, True,
                      "better on the held-out steps", **judged)
 
