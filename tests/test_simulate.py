@@ -425,16 +425,42 @@ def test_layout_reference_reports_every_plan_per_workload(tmp_path):
     assert doc["layout"] == {"spec": "images=tp1,pp1,dp1 language=tp4,pp2,dp2 mbs=2 gbs=32",
                              "modules": {"images": {"tp": 1, "pp": 1, "dp": 1},
                                          "language": {"tp": 4, "pp": 2, "dp": 2}},
-                             "mbs": 2, "gbs": 32, "micro_batches": 16, "grid": 2, "frozen": []}
+                             "mbs": 2, "gbs": 32, "micro_batches": 16, "grid": 2, "frozen": [], "seq_length": 4096}
     assert [r["workload"] for r in doc["rows"]] == ["documents", "mixed_chat", "receipts", "uniform"]
     for r in doc["rows"]:
         st = r["step_time"]
-        assert set(st) == {"original", "upstream", "pr4608", "mimo_accel", "bound"}
+        assert set(st) == {"padded", "original", "upstream", "pr4608", "mimo_accel", "bound"}
         assert r["samples"] == 64 and set(r["plan_ms"]) == {"upstream", "pr4608", "mimo_accel"}
         assert st["bound"] <= st["mimo_accel"] * (1 + 1e-9) and st["mimo_accel"] <= st["original"] * (1 + 1e-6)
-    assert any("not calibrated" in note for note in doc["notes"])  # the built-in model's units, said
+        assert st["original"] <= st["padded"]  # packed real tokens never cost more than the padded sequence
+    # the preset's own model prices it: seconds, said, not the built-in units
+    assert doc["cost_model"]["units"] == "s"
+    assert any("seconds from FLOPs of qwen35-vl-27b" in note for note in doc["notes"])
+    assert not any("not calibrated" in note for note in doc["notes"])
     text = console.export_text()
-    assert "Modelled step time" in text and "PR #4608" in text and "mixed_chat" in text
+    assert "Modelled step time, s" in text and "PR #4608" in text and "mixed_chat" in text and "padded" in text
+
+
+def test_layout_spec_without_a_model_stays_in_cost_units():
+    doc = sim.simulate_layout("images=tp1,pp1,dp1 language=tp4,pp2,dp2 mbs=2 gbs=32", ["receipts"], steps=1)
+    assert doc["cost_model"]["units"] == "cost units"
+    assert any("not calibrated" in note for note in doc["notes"])  # the built-in model's units, said
+    priced = sim.simulate_layout("images=tp1,pp1,dp1 language=tp4,pp2,dp2 mbs=2 gbs=32 seq=2048", ["receipts"],
+                                 steps=1, model="qwen35-vl-27b", gpu="h200")
+    assert priced["cost_model"]["units"] == "s" and priced["layout"]["seq_length"] == 2048
+    assert any("H200" in note for note in priced["notes"])
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--layout", "reference-27b", "--cost-model", "x.json", "--model", "qwen35-vl-27b"], "give one or the other"),
+    (["--layout", "images=tp1,pp1,dp1 language=tp4,pp2,dp2 mbs=2 gbs=32", "--gpu", "h100"], "give --model too"),
+    (["--model", "qwen35-vl-27b"], "--model applies to --layout; drop --model"),
+    (["--layout", "reference-27b", "--gpu", "tpu"], "--gpu tpu: unknown GPU"),
+])
+def test_layout_pricing_flags_are_checked(capsys, args, words):
+    assert sim.main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("mimo-accel simulate: error: ") and words in err and "\n" not in err
 
 
 def test_layout_spec_with_a_frozen_encoder_and_a_language_heavy_cost_model():

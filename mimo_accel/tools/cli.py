@@ -1,4 +1,4 @@
-"""`mimo-accel`: doctor, run, env, report, simulate, index, calibrate, calibrate-gpu; from a checkout's
+"""`mimo-accel`: doctor, run, env, report, simulate, layout, index, calibrate, calibrate-gpu; from a checkout's
 `make setup` also the development commands rehearse and gpu-check (mimo_accel_dev)."""
 
 from __future__ import annotations
@@ -157,6 +157,8 @@ DELEGATED = {
     "report": ("mimo_accel.tools.report", "before/after straggler report from profiler runs"),
     "rehearse": ("mimo_accel_dev.commands.rehearse", "CPU rehearsal of a real MegatronMIMO layout, baseline vs accelerated"),
     "simulate": ("mimo_accel.tools.simulate", "the planners at cluster scale, no processes"),
+    "layout": ("mimo_accel.tools.layout", "the layouts (each module's TP/PP/DP) within a GPU budget that fit, "
+               "priced with and without mimo_accel, and the settings of the best"),
     "index": ("mimo_accel.tools.indexing", "build a per-sample cost index from a manifest or the training dataset"),
     "calibrate": ("mimo_accel.tools.calibrate", "fit the cost model from profiler logs"),
     "calibrate-gpu": ("mimo_accel.tools.calibrate_gpu", "measure each module's cost curve on this machine's GPU "

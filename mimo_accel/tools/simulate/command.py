@@ -61,6 +61,14 @@ def _parser() -> argparse.ArgumentParser:
                         "replicas per first-encoder replica (0.5: fan-in, 2: fan-out)")
     p.add_argument("--audio-dp", default=None, metavar="ratio|equal|R",
                    help="audio DP per first-encoder DP, where the workload has an [audio] encoder (as --language-dp)")
+    p.add_argument("--model", metavar="NAME|FILE",
+                   help="with --layout: price in seconds from this model's FLOPs (a preset: qwen35-vl-27b, or a "
+                        "YAML model file, as `mimo-accel layout --model`); default: the preset layout's own model")
+    p.add_argument("--gpu", metavar="NAME", help="with --layout and a model: the GPU it is priced on (h100, h200, "
+                                                 "a100, a100-40, b200; default h100)")
+    p.add_argument("--seq-length", type=positive_int, metavar="N",
+                   help="with --layout: the sequence length a padded batch computes and real tokens are cut at "
+                        "(default: the spec's seq=, the model's, else the workload's)")
     p.add_argument("--json", metavar="PATH", help="write the results as JSON")
     p.add_argument("--png", metavar="PATH", help="write charts (needs matplotlib)")
     return p
@@ -88,18 +96,27 @@ _SWEEP_ONLY = (("--dp", "dp"), ("--reorder-window", "reorder_window"), ("--per-r
                ("--language-dp", "language_dp"), ("--audio-dp", "audio_dp"), ("--png", "png"))
 
 
+_LAYOUT_ONLY = (("--model", "model"), ("--gpu", "gpu"), ("--seq-length", "seq_length"))
+
+
 def _layout_main(args: argparse.Namespace, console: Console | None) -> int:
     try:
         for flag, dest in _SWEEP_ONLY:
             if getattr(args, dest) is not None:
                 raise UsageError(f"{flag} applies to the DP sweep, not --layout; drop {flag} (the layout gives "
                                  "every module's DP and the step's micro-batches)")
+        if args.cost_model and (args.model or args.gpu):
+            raise UsageError("--cost-model prices the layout as the file says; --model / --gpu price it from a "
+                             "model's FLOPs: give one or the other")
         output_file("--json", args.json)
         layout = parse_layout(args.layout)
         workloads = [load_profile(args.workload)] if args.workload is not None else None
+        if args.gpu and not args.model and layout.preset is None:
+            raise UsageError("--gpu prices a model's FLOPs: give --model too (a preset or a model file)")
         doc = simulate_layout(layout, workloads, steps=args.steps, seed=args.seed,
                               cost_model=_cost_model(args.cost_model),
-                              cost_source=str(args.cost_model) if args.cost_model else "default")
+                              cost_source=str(args.cost_model) if args.cost_model else "default",
+                              model=args.model, gpu=args.gpu, seq_length=args.seq_length)
     except (ProfileError, ValueError, OSError) as e:
         return fail(PROG, e)
     render_layout(doc, console or (Console() if sys.stdout.isatty() else Console(width=170)))
@@ -115,6 +132,9 @@ def main(argv: Sequence[str] | None = None, *, console: Console | None = None) -
         return args
     if args.layout is not None:
         return _layout_main(args, console)
+    for flag, dest in _LAYOUT_ONLY:
+        if getattr(args, dest) is not None:
+            return fail(PROG, f"{flag} applies to --layout; drop {flag}, or give --layout SPEC")
     args.workload = "receipts" if args.workload is None else args.workload
     args.dp = "2,4,...,512" if args.dp is None else args.dp
     args.reorder_window = 1 if args.reorder_window is None else args.reorder_window
