@@ -670,3 +670,6 @@ def test_the_real_tokens_of_batches_that_are_not_packed(tmp_path):
     assert [(s["tokens"], s["sq_tokens"]) for s in steps] == [
         (18, 2 * (25 + 16)), (9, 9 + 36), (0, 0), (0, 0), (5 + 8, 25 + 64), (0, 0)]
     assert [s.get("notes") for s in steps] == [None, None, [NO_TOKEN_SOURCE], None, [UNKNOWN_LENGTHS], None]
+    # each micro-batch's own, in call order: how a language forward's time grows with its tokens
+    assert (steps[0]["micro"]["tokens"], steps[0]["micro"]["sq_tokens"]) == ([9, 9], [41, 41])
+    assert "micro" not in steps[2] or "tokens" not in steps[2]["micro"]

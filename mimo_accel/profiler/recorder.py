@@ -14,7 +14,8 @@ The counters ``COUNTERS`` are always present (0 if unset); an encoder module's c
 step they were declared or added in (0 when unset). ``micro`` (older files lack it): each call of
 a module's region in the step, ``{"<module>_fwd": [seconds, ...]}`` in call order, one a
 micro-batch, and where the runtime counted them, an encoder's counters per forward
-(``"<module>_rows": [rows, ...]``, :meth:`Recorder.add_micro`). The header lists what was
+(``"<module>_rows": [rows, ...]``) and a language rank's real tokens per micro-batch (``"tokens"``,
+``"sq_tokens"``), :meth:`Recorder.add_micro`. The header lists what was
 declared at creation (``regions``, ``counters``).
 :func:`mimo_accel.profiler.run.read_run` refuses a file of an older format (``FORMAT_V1``), naming the
 rerun that records this one.
@@ -58,6 +59,7 @@ UNNAMED_REGIONS = tuple(f"{UNNAMED_ENCODER}_{part}" for part in MODULE_REGIONS)
 #: Fields :meth:`Recorder.set` may fill that are always present in a step line (null if unset).
 SETTABLE = ("predicted_spread",)
 _MICRO_SUFFIXES = ("_fwd", "_bwd")
+_MICRO_COUNTERS = ("tokens", "sq_tokens")  # the language model's, per micro-batch
 
 _RESERVED = frozenset(
     {"kind", "step", "step_time_s", "step_cpu_s", "t", "timed_calls", "clock_fallbacks", "micro"}
@@ -279,12 +281,13 @@ class Recorder:
 
     def add_micro(self, **counts: int) -> None:
         """Append one micro-batch's value to each of this step's per-call lists of encoder counters
-        (``<module>_items`` / ``_rows`` / ``_sq_rows``), written under ``micro`` beside the per-call
-        times: what each forward computed, for a module whose replica is alone in its step."""
+        (``<module>_items`` / ``_rows`` / ``_sq_rows``) or language tokens (``tokens``,
+        ``sq_tokens``), written under ``micro`` beside the per-call times: what each forward
+        computed (how a forward's time grows with its work, and what it costs whatever its size)."""
         for name, value in counts.items():
-            if name in COUNTERS or not is_counter(name):
+            if name not in _MICRO_COUNTERS and (name in COUNTERS or not is_counter(name)):
                 raise TypeError(f"add_micro takes an encoder's <module>_items, <module>_rows or <module>_sq_rows, "
-                                f"got {name!r}")
+                                f"or the language model's tokens / sq_tokens, got {name!r}")
             with self._lock:
                 self._micro.setdefault(name, []).append(int(value))
 

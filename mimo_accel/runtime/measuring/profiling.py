@@ -412,6 +412,7 @@ class Profiling:
         for (name, _), value in zip(pending, values[0]):
             if name != _UNKNOWN:
                 rec.add(**{name: value})
+                rec.add_micro(**{name: value})  # one a batch: a micro-batch's real tokens
             elif value:
                 self.runtime.say_once("profile:tokens:unknown", UNKNOWN_LENGTHS)
         for (module, *_), (items, rows, sq_rows) in zip(forwards, values[1:]):
