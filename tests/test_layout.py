@@ -195,6 +195,74 @@ def test_a_cpu_profile_prices_with_what_the_run_learnt(tmp_path):
     assert advice.budget == 2 and advice.current.spec == problem.profiled.spec
 
 
+def _pp_profile(directory: Path, *, micro_tokens: bool = True) -> Path:
+    """vision dp1 -> language pp2 dp2 (5 ranks), 6 steps of 4 micro-batches; each language stage's
+    micro-batch takes ``C + A·Σ L + B·Σ L²`` seconds (stage 1 twice stage 0's), its tokens varied."""
+    shape = {"layers": 2, "hidden": 64, "ffn_hidden": 128, "heads": 4, "query_groups": 4, "kv_channels": 16,
+             "vocab": 0, "causal": False, "merge": 2, "out_hidden": 64}
+    flops = {"device_name": None, "modules": {
+        "vision": {"ranks": 1, "trained": True, "shape": shape},
+        LANGUAGE: {"ranks": 4, "trained": True, "shape": {**shape, "vocab": 512, "causal": True, "merge": 0,
+                                                          "out_hidden": 0}}}}
+    layout = {"dp": {"vision": 1, LANGUAGE: 2}, "pp": {"vision": 1, LANGUAGE: 2}, "flops": flops}
+    # Bridge's grids order dp before pp: ranks 1, 2 are stage 0 of replicas 0, 1; ranks 3, 4 stage 1
+    places = [("vision", 0, 0), (LANGUAGE, 0, 0), (LANGUAGE, 1, 0), (LANGUAGE, 0, 1), (LANGUAGE, 1, 1)]
+    for rank, (name, replica, stage) in enumerate(places):
+        header = {"kind": "header", "format": FORMAT, "rank": rank, "world_size": 5, "module": name,
+                  "dp_rank": replica, "dp_size": 2 if name == LANGUAGE else 1, "layout": layout, "device": "cpu"}
+        lines = [header]
+        for s in range(6):
+            tokens = [40 + 37 * ((s + j + replica) % 5) for j in range(4)]
+            sq = [t * t for t in tokens]
+            line = {"kind": "step", "step": s, "step_time_s": 1.0, "samples": 4, "timed_calls": {f"{name}_fwd": 4},
+                    "micro": {f"{name}_fwd": [0.01] * 4, f"{name}_bwd": [0.02] * 4}}
+            if name == LANGUAGE:
+                seconds = [(1 + stage) * (0.004 + 2e-5 * t + 1e-8 * q) for t, q in zip(tokens, sq)]
+                line["micro"] = {f"{name}_fwd": [x / 3 for x in seconds], f"{name}_bwd": [2 * x / 3 for x in seconds],
+                                 **({"tokens": tokens, "sq_tokens": sq} if micro_tokens else {})}
+                line["tokens"], line["sq_tokens"] = sum(tokens), sum(sq)
+                if s == 5 and rank == 4:
+                    line["online_refits"] = [{"step": 5, "module": m, "accepted": True,  # the encoder cheap
+                                              "coefficients": {"a": a, "b": 1e-10, "k": 0.0}}
+                                             for m, a in (("vision", 1e-7), (LANGUAGE, 1e-4))]
+            lines.append(line)
+        (directory / f"rank{rank}.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    return directory
+
+
+def test_a_profile_prices_what_a_micro_batch_costs_whatever_its_size(tmp_path):
+    """The language model's cost is read off its micro-batches (each stage's time against the
+    micro-batch's real tokens): a per-token and per-token² cost, and what a micro-batch costs a
+    replica whatever its size, summed over its stages; a layout with half the micro-batches pays
+    it half as often."""
+    problem = build_problem(str(_pp_profile(tmp_path)), workload=load_profile("receipts"), rehearsal=True, steps=1)
+    seconds = problem.seconds
+    assert seconds.overheads[LANGUAGE] == pytest.approx(3 * 0.004, rel=1e-6)  # stage 0's 4 ms + stage 1's 8 ms
+    language = seconds.learnt.of(LANGUAGE)
+    assert (language.a, language.b) == (pytest.approx(3 * 2e-5, rel=1e-6), pytest.approx(3e-8, rel=1e-4))
+    few = price("vision=tp1,pp1,dp1 language=tp1,pp1,dp2 mbs=4 gbs=8", problem)
+    many = price("vision=tp1,pp1,dp1 language=tp1,pp1,dp2 mbs=2 gbs=8", problem)
+    # the same samples in twice the micro-batches: 2 more a replica, each 12 ms whatever its size
+    assert many.step_time_s - few.step_time_s == pytest.approx(2 * 3 * 0.004, rel=0.05)
+    (tmp_path / "older").mkdir()
+    older = build_problem(str(_pp_profile(tmp_path / "older", micro_tokens=False)), workload=load_profile("receipts"),
+                          rehearsal=True, steps=1)
+    assert older.seconds.overheads == {} and older.seconds.learnt.of(LANGUAGE).a == 1e-4
+    assert any("no per-micro-batch tokens" in n for n in older.notes)
+
+
+def test_on_cpu_ranks_a_profile_holds_each_modules_tp(tmp_path):
+    """How TP scales on CPU ranks is not modelled (gloo's collectives are in the measured times):
+    every layout searched keeps the profiled TP, and one that changes it is refused in one line."""
+    problem = build_problem(str(_profile(tmp_path)), workload=load_profile("receipts"), rehearsal=True, steps=1)
+    assert problem.tp_held == {"vision": 1, LANGUAGE: 1}
+    advice = advise(problem, 4, top=3)
+    assert all(m.tp == 1 for r in advice.with_mimo_accel for m in r.layout.modules)
+    assert any(r.gpus > 2 for r in advice.with_mimo_accel)  # DP and PP are still searched
+    with pytest.raises(ValueError, match="on CPU ranks a profile prices its module at the TP it ran"):
+        price("vision=tp2,pp1,dp1 language=tp1,pp1,dp1 mbs=4 gbs=8", problem)
+
+
 # -- the command -------------------------------------------------------------------------------------
 
 

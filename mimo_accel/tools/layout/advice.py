@@ -141,6 +141,9 @@ def _checked(layout: LayoutSpec, problem: Problem) -> LayoutSpec:
                              f"({mm.query_groups}); give a TP that divides both")
         if m.name == LANGUAGE and mm.layers % m.pp:
             raise ValueError(f"{m.name}=pp{m.pp}: PP must divide the language model's {mm.layers} layers")
+        if m.name in problem.tp_held and m.tp != problem.tp_held[m.name]:
+            raise ValueError(f"{m.name}=tp{m.tp}: on CPU ranks a profile prices its module at the TP it ran "
+                             f"(tp{problem.tp_held[m.name]}); give that TP, or --gpu to price a GPU machine")
     frozen = set(problem.frozen)
     if set(layout.frozen) != frozen:
         layout = LayoutSpec(layout.spec, layout.modules, layout.mbs, layout.gbs, tuple(sorted(frozen)),
@@ -229,7 +232,8 @@ def _smallest_budget(problem: Problem, mbs: Sequence[int], budget: int) -> Optio
     trial = max(budget, 1)
     while trial <= 4096:
         trial *= 2
-        found = layouts(problem.model, problem.memory, budget=trial, gbs=problem.gbs, mbs=mbs, frozen=problem.frozen)
+        found = layouts(problem.model, problem.memory, budget=trial, gbs=problem.gbs, mbs=mbs, frozen=problem.frozen,
+                        tp_held=problem.tp_held)
         if found:
             return min(c.layout.gpus for c in found)
     return None
@@ -282,7 +286,7 @@ def advise(source=None, budget: Optional[int] = None, *, mbs: Optional[Sequence[
         raise ValueError(f"--mbs {bad[0]}: the global batch {problem.gbs} is not a whole number of micro-batches of "
                          f"{bad[0]}; give divisors of it ({', '.join(map(str, divisors(problem.gbs)))})")
     unfit: Optional[list] = [] if include_unfit else None
-    found = layouts(problem.model, problem.memory, budget=budget, gbs=problem.gbs, mbs=sizes,
+    found = layouts(problem.model, problem.memory, budget=budget, gbs=problem.gbs, mbs=sizes, tp_held=problem.tp_held,
                     frozen=problem.frozen, unfit=unfit)
     if not found:
         least = _smallest_budget(problem, sizes, budget)

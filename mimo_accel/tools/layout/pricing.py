@@ -96,6 +96,8 @@ def price_steps(layout: LayoutSpec, draws: Draws, seconds, plans: Sequence[str] 
     dps, w = layout.modules.dp_sizes, layout.micro_batches
     kw = {"stages": layout.stages, "frozen": layout.frozen}
     padded_cost = float(model.of(LANGUAGE).language_costs(np.array([draws.seq_length]))[0])
+    # what a micro-batch costs a replica whatever its size, shared by the samples it holds (mbs / dp)
+    per_sample = {m: c * dps[m] / layout.mbs for m, c in seconds.micro_batch_overheads(layout).items()}
     totals = dict.fromkeys(plans, 0.0)
     bound, tokens, done, ms, kept = 0.0, 0.0, 0, {}, []
     work = {m.name: [0.0, 0.0] for m in layout.modules}
@@ -103,13 +105,14 @@ def price_steps(layout: LayoutSpec, draws: Draws, seconds, plans: Sequence[str] 
         idx = draws.step(s)
         costs = planner.costs(idx)
         idle = [m for m, c in costs.items() if not c.any()]
+        costs = {m: c + per_sample.get(m, 0.0) for m, c in costs.items()}
         if idle:
             if notify is not None:
                 notify(f"idle:{s}", f"step {s}: {', '.join(idle)} has no work in it (every sample costs 0); "
                                     "step left out")
             continue
         done += 1
-        padded = {**costs, LANGUAGE: np.full(layout.gbs, padded_cost)}
+        padded = {**costs, LANGUAGE: np.full(layout.gbs, padded_cost + per_sample.get(LANGUAGE, 0.0))}
         orders = _orders(plans, costs, padded, layout, draws, idx, planner, ms)
         packed = [p for p in plans if p in _PACKED]
         if packed:

@@ -37,6 +37,8 @@ class Problem:
     gpus: Optional[int] = None  # the profiled run's GPUs: the default budget
     profiled: Optional[LayoutSpec] = None  # the profiled run's own layout
     notes: list[str] = field(default_factory=list)
+    # modules whose TP is not searched: a profile of CPU ranks, whose TP scaling the advisor does not model
+    tp_held: dict[str, int] = field(default_factory=dict)
 
     @property
     def gbs(self) -> int:
@@ -113,7 +115,7 @@ def build_problem(source, *, model: Optional[str] = None, gpu: Optional[str] = N
             raise ValueError("--calibration prices a model from its FLOPs; --from DIR prices it with what the run "
                              "learnt: give one or the other")
         sizes = {m: (tp, pp) for m, (tp, pp, _) in profiled.sizes.items()}
-        seconds = LearntSeconds(profiled.learnt, sizes, spec, machine, profiled.source)
+        seconds = LearntSeconds(profiled.learnt, sizes, spec, machine, profiled.source, profiled.overheads)
     else:
         efficiency, where = None, ""
         if calibration:
@@ -148,8 +150,15 @@ def build_problem(source, *, model: Optional[str] = None, gpu: Optional[str] = N
                      "sequence length")
     frozen_all = spec.frozen
     memory = MemoryModel(spec, draws, machine, distributed_optimizer=distributed_optimizer, frozen=frozen_all)
+    held = {}
+    if profiled is not None and not machine.communication:
+        # gloo's TP collectives run on the timed thread, and a CPU's GEMMs do not lose efficiency with
+        # width as a GPU's do: how TP scales there is not modelled, so it stays as the run measured it
+        held = {m: tp for m, (tp, _, _) in profiled.sizes.items()}
+        notes.append("on CPU ranks each module's TP is held at the profiled run's "
+                     f"({', '.join(f'{m} {tp}' for m, tp in held.items())}): how TP scales there is not modelled")
     return Problem(spec, seconds, machine, draws, memory, frozen_all, profiled.world if profiled else None,
-                   _profiled_layout(profiled, batch, spec), notes)
+                   _profiled_layout(profiled, batch, spec), notes, held)
 
 
 def _profiled_layout(profiled, gbs: int, spec: ModelSpec) -> Optional[LayoutSpec]:

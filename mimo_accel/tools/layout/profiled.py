@@ -30,6 +30,7 @@ class Profiled:
     mbs: Optional[int]
     source: str
     notes: list[str] = field(default_factory=list)
+    overheads: dict[str, float] = field(default_factory=dict)  # module -> seconds a micro-batch, a replica
 
 
 def _learnt(run) -> dict[str, ModuleCost]:
@@ -43,6 +44,46 @@ def _learnt(run) -> dict[str, ModuleCost]:
                     if r.get("module") and step >= out.get(r["module"], (-1, None))[0]:
                         out[r["module"]] = (step, ModuleCost(c.get("a", 0.0), c.get("b", 0.0), c.get("k", 0.0)))
     return {m: v for m, (_, v) in out.items()}
+
+
+def _language_per_micro_batch(run, pp: int) -> Optional[tuple[ModuleCost, float]]:
+    """The language model's cost from its ranks' micro-batches: each stage's forward + backward per
+    micro-batch (its slowest TP rank) against the micro-batch's real tokens, ``c + a·Σ L + b·Σ L²``
+    fitted non-negatively per (replica, stage), each coefficient the median over the replicas,
+    summed over the stages: ``(ModuleCost(a, b), c)``, c what a micro-batch costs a replica
+    whatever its size. None where the lines lack the per-micro-batch tokens (an older profile) or
+    the micro-batches do not tell the terms apart."""
+    import numpy as np
+
+    from mimo_accel.balance.replay import places
+    from mimo_accel.costs.fit import nnls
+
+    ranks = [(r, log.module, log.dp_rank) for r, log in run.ranks.items() if log.module == LANGUAGE]
+    where = places(ranks, {LANGUAGE: pp})
+    cells: dict[tuple[int, int], dict[int, list]] = {}  # (replica, stage) -> step -> [times per rank, tokens, sq]
+    for rank, (_, replica, stage) in where.items():
+        for line in run.ranks[rank].steps[1:]:  # the first step pays for allocation: left out
+            micro = line.get("micro") or {}
+            fwd, bwd = micro.get(f"{LANGUAGE}_fwd"), micro.get(f"{LANGUAGE}_bwd")
+            tok, sq = micro.get("tokens"), micro.get("sq_tokens")
+            if not (fwd and bwd and tok and sq) or not len(fwd) == len(bwd) == len(tok) == len(sq):
+                return None
+            seen = cells.setdefault((replica, stage), {}).setdefault(int(line["step"]), [None, tok, sq])
+            t = np.add(fwd, bwd)
+            seen[0] = t if seen[0] is None else np.maximum(seen[0], t)
+    if not cells:
+        return None
+    fits: dict[int, list] = {}
+    for (replica, stage), steps in cells.items():
+        rows = [(1.0, float(n), float(q), float(t)) for time, tok, sq in steps.values()
+                for t, n, q in zip(time, tok, sq)]
+        x = np.array(rows)
+        if len(rows) < 8 or np.ptp(x[:, 1]) <= 0:
+            return None
+        fits.setdefault(stage, []).append(nnls(x[:, :3] / x[:, 3:4], np.ones(len(rows))))  # relative: noise grows with size
+    per_stage = [np.median(np.array(v), axis=0) for _, v in sorted(fits.items())]
+    c, a, b = (float(sum(f[i] for f in per_stage)) for i in range(3))
+    return ModuleCost(a, b), c
 
 
 def _batch(run) -> tuple[Optional[int], Optional[int]]:
@@ -108,7 +149,16 @@ def read_profiled(directory: str, model: Optional[ModelSpec] = None) -> Profiled
         learnt.update({m: fitted.modules[m] for m in unfitted})
         notes.append(f"{', '.join(unfitted)}: no online refit in the run; fitted from its times as "
                      "`mimo-accel calibrate` fits them")
+    overheads = {}
+    measured = _language_per_micro_batch(run, sizes[LANGUAGE][1])
+    if measured is not None:
+        learnt[LANGUAGE], overheads[LANGUAGE] = measured
+        notes.append(f"{LANGUAGE}: priced from its micro-batches: {overheads[LANGUAGE] * 1e3:.1f} ms a micro-batch "
+                     f"whatever its size, {learnt[LANGUAGE].a:.3g} s a token, {learnt[LANGUAGE].b:.3g} s a token²")
+    else:
+        notes.append(f"{LANGUAGE}: the profile has no per-micro-batch tokens: what a micro-batch costs whatever its "
+                     "size is in its cost per token (layouts with other micro-batch counts are priced less well)")
     gbs, mbs = _batch(run)
     device = (layout.get("flops") or {}).get("device_name") or run.header.get("device")
     return Profiled(model, CostModel(modules=learnt, fit={"units": "seconds"}), sizes,
-                    int(run.world_size or len(run.ranks)), device, gbs, mbs, str(directory), notes)
+                    int(run.world_size or len(run.ranks)), device, gbs, mbs, str(directory), notes, overheads)

@@ -66,13 +66,15 @@ class Candidate:
 
 def layouts(model: ModelSpec, memory: MemoryModel, *, budget: int, gbs: int, mbs: Iterable[int],
             frozen: tuple[str, ...] = (), seq_length: Optional[int] = None,
-            unfit: Optional[list] = None) -> list[Candidate]:
+            unfit: Optional[list] = None, tp_held: Optional[dict[str, int]] = None) -> list[Candidate]:
     """Every layout that fits (module docstring); ``unfit``, where given, collects those left out
-    by memory or placement (over budget or divisibility: never)."""
+    by memory or placement (over budget or divisibility: never); ``tp_held``: modules whose TP is
+    not searched (held at the given size)."""
     gpn = memory.machine.gpus_per_node
     lang = model.modules[LANGUAGE]
     encoders = list(model.encoders)
-    tps = {n: [t for t in divisors(gpn) if m.tp_fits(t)] for n, m in model.modules.items()}
+    held = tp_held or {}
+    tps = {n: [held[n]] if n in held else [t for t in divisors(gpn) if m.tp_fits(t)] for n, m in model.modules.items()}
     out = []
     for b in sorted(set(mbs)):
         w = gbs // b

@@ -123,6 +123,11 @@ class _Seconds:
                 trained: bool) -> ModuleCost:  # pragma: no cover
         raise NotImplementedError
 
+    def micro_batch_overheads(self, layout: LayoutSpec) -> dict[str, float]:
+        """Per module, what one micro-batch costs a replica whatever its size (its stages summed):
+        nothing unless a profile measured it."""
+        return {}
+
     def _comm_a(self, m: ModuleModel, tp: int, pp: int, gpus: int, world: int, trained: bool) -> float:
         c = self.comm
         return (c.tp_per_token(m, tp, trained) + c.pp_per_token(m, tp, pp, gpus)
@@ -163,13 +168,20 @@ class FlopsSeconds(_Seconds):
 
 class LearntSeconds(_Seconds):
     """Seconds from a profiled run's ``learnt`` model, each module's measured at ``profiled[name]``
-    = (tp0, pp0): its coefficients are a replica's time (stages summed)."""
+    = (tp0, pp0): its coefficients are a replica's time (stages summed); ``overheads``: per module,
+    what a micro-batch costs a replica whatever its size, as the run measured it (each layer's
+    launches and Python, once per micro-batch: a layout with fewer, larger micro-batches pays it
+    fewer times), the same at any TP and PP (every rank of a stage runs every op of its layers)."""
 
     def __init__(self, learnt: CostModel, profiled: Mapping[str, tuple[int, int]], model: ModelSpec,
-                 machine: Machine, source: str):
+                 machine: Machine, source: str, overheads: Optional[Mapping[str, float]] = None):
         self.learnt, self.profiled, self.model = learnt, dict(profiled), model
         self.machine, self.comm, self.source = machine, Communication(machine), source
+        self.overheads = dict(overheads or {})
         self._module = lru_cache(maxsize=None)(self._module)
+
+    def micro_batch_overheads(self, layout: LayoutSpec) -> dict[str, float]:
+        return {m.name: self.overheads[m.name] for m in layout.modules if m.name in self.overheads}
 
     def _module(self, name: str, tp: int, pp: int, gpus: int, world: int, trained: bool) -> ModuleCost:
         m = self.module_of(name)
@@ -181,7 +193,8 @@ class LearntSeconds(_Seconds):
 
     def describe(self) -> str:
         at = ", ".join(f"{m} tp{t}" for m, (t, _) in self.profiled.items())
-        return f"learnt in {self.source} (at {at}), scaled to each layout's TP"
+        over = "".join(f"; {m} {c * 1e3:.1f} ms a micro-batch" for m, c in self.overheads.items())
+        return f"learnt in {self.source} (at {at}), scaled to each layout's TP{over}"
 
 
 class GivenCosts(_Seconds):
