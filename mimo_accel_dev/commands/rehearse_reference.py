@@ -49,10 +49,11 @@ def layout_argv(mix: str) -> list[str]:
 def rehearse_reference(*, steps: Optional[int] = None, out_dir: Optional[str] = None,
                        json_path: Optional[str] = None, seed: int = 0, console=None, log_path: Optional[str] = None,
                        pin_one_cpu: bool = True, peak_tflops: Optional[float] = None,
-                       workloads: Sequence[str] = tuple(WORKLOADS)) -> dict:
+                       workloads: Sequence[str] = tuple(WORKLOADS), check_layout: bool = True) -> dict:
     """Each of ``workloads`` (default both) before and after on the reference shape; the first's
     report at the JSON's top level (the receipt-like one's), the fixed-size one's under
-    ``fixed_size``."""
+    ``fixed_size``; with ``check_layout``, the receipt-like run's recommended layout rehearsed
+    (:mod:`~mimo_accel_dev.commands.layout_check`), under ``layout_check``."""
     from rich.console import Console
 
     from mimo_accel.modules import LANGUAGE, Modules, module
@@ -74,7 +75,7 @@ def rehearse_reference(*, steps: Optional[int] = None, out_dir: Optional[str] = 
         f"in micro-batches of {s['micro_batch']}, 1F1B; after: reorder_window=\"step\"; profiles in {out}"))
     cpus = cpus_for_ranks(pin_one_cpu, console)
     ranks = s["language_tp"] * s["language_pp"]
-    docs, losses = {}, {}
+    docs, losses, checks = {}, {}, {}
     t0 = time.perf_counter()
     unknown = [w for w in workloads if w not in WORKLOADS]
     if unknown or not workloads:
@@ -82,12 +83,13 @@ def rehearse_reference(*, steps: Optional[int] = None, out_dir: Optional[str] = 
     for mix in workloads:
         what = WORKLOADS[mix]
         runs = {}
+        cache = {"MIMO_ACCEL_CACHE_DIR": str(out / f"cache-{mix}")}  # each workload's cost index on its own
         with progress_bar(console) as progress:
             for side, features in (("baseline", {}), ("accelerated", AFTER)):
                 task = progress.add_task(f"{mix}: {'upstream as shipped' if side == 'baseline' else side}", total=steps)
                 records = rehearsal.run_bridge(f"{mix}-{side}", features, s["vision_dp"], s["language_dp"], steps,
                                                s["micro_batch"], out, out / "images", None, seed, progress, task, log,
-                                               cpus, extra_argv=layout_argv(mix), language_ranks=ranks)
+                                               cpus, extra_argv=layout_argv(mix), language_ranks=ranks, env=cache)
                 runs[side] = rehearsal.bridge_steps(records, steps, s["global_batch"], f"{mix} {side}")
         console.print(f"[bold]{mix}[/bold]: {what}")
         docs[mix] = compare_and_report(
@@ -97,13 +99,49 @@ def rehearse_reference(*, steps: Optional[int] = None, out_dir: Optional[str] = 
             out, f"{mix}-baseline", "upstream as shipped", "planned from each module's FLOPs, learnt while training",
             time.perf_counter() - t0, peak_tflops, after_label=f"{mix}-accelerated")
         losses[mix] = {side: [[r["loss_sum"], r["tokens"]] for r in runs[side]] for side in runs}
+        if mix == "receipts" and check_layout:
+            checks[mix] = _check_layout(console, out, layout, steps, seed, log, cpus, cache)
     own = {"profile": "bridge-loop:reference", "loop": "bridge", "layout": str(layout), "tutorial_layout": TUTORIAL,
            "stand_in": "language TP 2 for the tutorial's TP 4 (it does not fit this machine)", "steps": steps,
            "micro_batch": s["micro_batch"], "global_batch": s["global_batch"], "reorder_window": "step",
            "pinned_cpus": list(cpus or []), "workloads": list(workloads), "losses": losses[workloads[0]],
            "profile_dir": str(out), "log": str(log), "wall_s": time.perf_counter() - t0}
+    if "receipts" in checks:
+        own["layout_check"] = checks["receipts"]
     if "fixed" in docs and workloads[0] != "fixed":
         own["fixed_size"] = {k: docs["fixed"][k] for k in ("before", "after", "change")} | {"losses": losses["fixed"]}
     if json_path:
         report.write_json(json_path, docs[workloads[0]], **own)
     return {**docs[workloads[0]], **own}
+
+
+def _check_layout(console, out, layout, steps: int, seed: int, log, cpus, cache: dict) -> dict:
+    """The advisor's recommendation from the receipt-like run with mimo_accel on, and a third layout of
+    its list, each rehearsed with mimo_accel on over the same samples and replayed (the JSON's
+    ``layout_check``)."""
+    from pathlib import Path
+
+    from mimo_accel_dev.commands import layout_check as lc
+    from mimo_accel_dev.commands.rehearsal_output import progress_bar
+
+    reference_dir = out / "receipts-accelerated"
+    [index] = sorted(Path(cache["MIMO_ACCEL_CACHE_DIR"]).glob("*.npz"))
+    budget = layout.world_size + lc.EXTRA_RANKS
+    advice = lc.advise_from(reference_dir, index, budget, rehearsal.BRIDGE_SEQ)
+    rehearsed = {advice.current.spec: reference_dir}
+    third = lc.third_layout(advice, advice.current.spec)
+    with progress_bar(console) as progress:
+        for label, row in (("recommended", advice.recommended), ("third", third)):
+            if row is None or row.spec in rehearsed:
+                continue
+            vdp, ldp, mbs, argv, ranks = lc.run_argv(row.layout, SHAPE)
+            task = progress.add_task(f"receipts: {label} layout {row.spec}", total=steps)
+            records = rehearsal.run_bridge(f"receipts-{label}", AFTER, vdp, ldp, steps, mbs, out, out / "images", None,
+                                           seed, progress, task, log, cpus, extra_argv=argv, language_ranks=ranks,
+                                           env=cache)
+            rehearsal.bridge_steps(records, steps, row.layout.gbs, f"receipts {label}")  # the same invariants
+            rehearsed[row.spec] = out / f"receipts-{label}"
+    check = lc.layout_check(advice, reference_dir, rehearsed, budget)
+    console.print(lc.table(check))
+    console.print(lc.verdict(check), highlight=False)
+    return check
