@@ -230,6 +230,13 @@ def _pp_profile(directory: Path, *, micro_tokens: bool = True) -> Path:
     return directory
 
 
+def _replayed_p50(directory: Path) -> float:
+    from mimo_accel.profiler.run import read_run
+    from mimo_accel.tools.report.summary import summarize
+
+    return summarize(read_run(directory))["step_time_replayed_p50"]
+
+
 def test_a_profile_prices_what_a_micro_batch_costs_whatever_its_size(tmp_path):
     """The language model's cost is read off its micro-batches (each stage's time against the
     micro-batch's real tokens): a per-token and per-token² cost, and what a micro-batch costs a
@@ -242,8 +249,15 @@ def test_a_profile_prices_what_a_micro_batch_costs_whatever_its_size(tmp_path):
     assert (language.a, language.b) == (pytest.approx(3 * 2e-5, rel=1e-6), pytest.approx(3e-8, rel=1e-4))
     few = price("vision=tp1,pp1,dp1 language=tp1,pp1,dp2 mbs=4 gbs=8", problem)
     many = price("vision=tp1,pp1,dp1 language=tp1,pp1,dp2 mbs=2 gbs=8", problem)
-    # the same samples in twice the micro-batches: 2 more a replica, each 12 ms whatever its size
-    assert many.step_time_s - few.step_time_s == pytest.approx(2 * 3 * 0.004, rel=0.05)
+    # the same samples in twice the micro-batches: 2 more a replica, each 12 ms whatever its size (at
+    # the scale that makes the run's own layout's modelled step its replayed one)
+    assert many.step_time_s - few.step_time_s == pytest.approx(seconds.scale * 2 * 3 * 0.004, rel=0.05)
+    # the stages: the last holds what stage 1 measured beyond stage 0 (twice its time here)
+    assert seconds.stage_shares(2, 100.0, 1e4) == pytest.approx([1 / 3, 2 / 3])
+    assert seconds.stage_shares(4, 100.0, 1e4) == pytest.approx([1 / 6, 1 / 6, 1 / 6, 1 / 2])  # half a layer each
+    # the run's own layout, priced as it ran (upstream's padded batches: its header names no reorder),
+    # is the step its measured times replay
+    assert price(problem.profiled, problem).baseline.step_time_s == pytest.approx(_replayed_p50(tmp_path), rel=1e-6)
     (tmp_path / "older").mkdir()
     older = build_problem(str(_pp_profile(tmp_path / "older", micro_tokens=False)), workload=load_profile("receipts"),
                           rehearsal=True, steps=1)

@@ -7,9 +7,9 @@ layout of at most the reference's ranks + :data:`EXTRA_RANKS` CPU ranks. On CPU 
 communication term is 0 (what gloo's collectives cost is inside the measured thread times of the
 run's own layout) and each module's TP is held at the run's (how TP scales on a CPU is not
 modelled). The recommended layout is rehearsed on Bridge's loop with mimo_accel on, over the same
-samples, and replayed; so is a third layout of the advisor's list, the one whose predicted
-throughput is farthest from both others, so that the advisor's order of the three can be held
-against the replay's (a recommendation is checked the way a plan is)."""
+samples, and replayed; so is a third layout of the advisor's list, its predicted throughput
+between theirs and apart from both, so that the advisor's order of the three can be held against
+the replay's (a recommendation is checked the way a plan is)."""
 
 from __future__ import annotations
 
@@ -22,26 +22,40 @@ COMMUNICATION = ("zero on CPU ranks: gloo's collectives run inside the measured 
                  "layout, and each module's TP is held at the run's")
 
 
+SEPARATION = 1.10  # the third layout's predicted throughput at least this far from both others
+
+
 def advise_from(profile: Path, index: Path, budget: int, seq_length: int):
-    """The advisor's answer from a rehearsal's profile and cost index, on CPU ranks."""
+    """The advisor's answer from a rehearsal's profile and cost index, on CPU ranks (its top 12 of
+    each side priced, for the third layout to be chosen among)."""
     from mimo_accel.tools.layout import advise
 
-    return advise(str(profile), budget, index=str(index), seq_length=seq_length)
+    return advise(str(profile), budget, index=str(index), seq_length=seq_length, top=12)
 
 
 def third_layout(advice, reference: str) -> Optional[Any]:
-    """Of the advisor's ranked rows (other than the recommended and the reference), the one whose
-    predicted samples/s is farthest, in ratio, from both of theirs."""
-    rec = advice.recommended
-    ref = advice.current
-    others = [r for r in advice.with_mimo_accel if r.spec not in (rec.spec, reference) and r.accelerated]
-    if not others or ref is None or ref.accelerated is None:
+    """Of the advisor's priced rows (other than the recommended and the reference), the one whose
+    predicted samples/s is nearest the middle (in ratio) of theirs while :data:`SEPARATION` from
+    both, so that the order of the three tests the model rather than the noise; else the one
+    farthest from both."""
+    rec, ref = advice.recommended, advice.current
+    if ref is None or ref.accelerated is None:
         return None
+    seen = {rec.spec, reference}
+    others = [r for r in (*advice.with_mimo_accel, *advice.without)
+              if r.fits and r.accelerated and r.spec not in seen and not seen.add(r.spec)]
+    if not others:
+        return None
+    s_rec, s_ref = rec.accelerated.samples_per_s, ref.accelerated.samples_per_s
 
     def apart(row) -> float:
         s = row.accelerated.samples_per_s
-        return min(abs(math.log(s / rec.accelerated.samples_per_s)), abs(math.log(s / ref.accelerated.samples_per_s)))
+        return min(abs(math.log(s / s_rec)), abs(math.log(s / s_ref)))
 
+    middle = math.sqrt(s_rec * s_ref)
+    spaced = [r for r in others if apart(r) >= math.log(SEPARATION)]
+    if spaced:
+        return min(spaced, key=lambda r: abs(math.log(r.accelerated.samples_per_s / middle)))
     return max(others, key=apart)
 
 

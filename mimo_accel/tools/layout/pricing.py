@@ -55,6 +55,8 @@ class StepPrices:
     tokens: float
     work: dict[str, tuple[float, float]]
     kept: list[tuple[dict, dict, dict]] = field(default_factory=list)
+    # the language model's stage shares of a micro-batch ("padded" and packed; None: even)
+    shares: dict[str, Optional[list[float]]] = field(default_factory=dict)
 
 
 def _orders(plans, costs, padded, layout: LayoutSpec, draws: Draws, idx, planner, ms) -> dict[str, list[int]]:
@@ -81,6 +83,39 @@ def _orders(plans, costs, padded, layout: LayoutSpec, draws: Draws, idx, planner
     return out
 
 
+def _op_times(layout: LayoutSpec, costs: dict, order, shares: Optional[list[float]]):
+    """The modelled forward and backward time of every op (module: (dp, stages, W) arrays) of the
+    step that runs ``order``: a cell's load, a trained module's forward 1/3 and backward 2/3, the
+    language model's split over its stages by ``shares`` (None: evenly)."""
+    dps, w = layout.modules.dp_sizes, layout.micro_batches
+    fwd, bwd = {}, {}
+    for m, load in module_loads(costs, dps, order, w).items():
+        pp = layout.modules[m].pp
+        split = np.asarray(shares) if m == LANGUAGE and shares is not None else np.full(pp, 1.0 / pp)
+        cell = load.T[:, None, :] * split[None, :, None]  # (dp, stages, W)
+        frozen = m in layout.frozen
+        fwd[m], bwd[m] = (cell, cell * 0.0) if frozen else (cell / 3.0, cell * 2.0 / 3.0)
+    return fwd, bwd
+
+
+def _step(layout: LayoutSpec, costs: dict, order, shares: Optional[list[float]]) -> float:
+    """The step model's time of ``order`` with the language model's stages split by ``shares``: the
+    same schedule as :func:`~mimo_accel.balance.step_time`, whose stages are even."""
+    fwd, bwd = _op_times(layout, costs, order, shares)
+    return replay(fwd, bwd, layout.modules.dp_sizes, layout.micro_batches, stages=layout.stages,
+                  frozen=layout.frozen).makespan
+
+
+def _shares(layout: LayoutSpec, seconds, tokens: float, sq_tokens: float) -> Optional[list[float]]:
+    """The language model's stage shares of a replica's mean micro-batch (``tokens``, ``sq_tokens``:
+    per step, all replicas)."""
+    lang = layout.modules[LANGUAGE]
+    if lang.pp == 1:
+        return None
+    per = layout.micro_batches * lang.dp
+    return seconds.stage_shares(lang.pp, tokens / per, sq_tokens / per)
+
+
 def price_steps(layout: LayoutSpec, draws: Draws, seconds, plans: Sequence[str] = ("padded", "mimo_accel"), *,
                 keep: bool = False, notify: Optional[Callable[[str, str], object]] = None) -> StepPrices:
     """Each plan's mean step time of ``layout`` over ``draws`` (module docstring), priced by
@@ -96,6 +131,11 @@ def price_steps(layout: LayoutSpec, draws: Draws, seconds, plans: Sequence[str] 
     dps, w = layout.modules.dp_sizes, layout.micro_batches
     kw = {"stages": layout.stages, "frozen": layout.frozen}
     padded_cost = float(model.of(LANGUAGE).language_costs(np.array([draws.seq_length]))[0])
+    all_tokens = draws.index.tokens(np.arange(draws.steps * draws.gbs)).astype(np.float64)
+    shares = {"packed": _shares(layout, seconds, float(all_tokens.sum()) / draws.steps,
+                                float((all_tokens ** 2).sum()) / draws.steps),
+              "padded": _shares(layout, seconds, float(layout.gbs * draws.seq_length),
+                                float(layout.gbs * draws.seq_length ** 2))}
     # what a micro-batch costs a replica whatever its size, shared by the samples it holds (mbs / dp)
     per_sample = {m: c * dps[m] / layout.mbs for m, c in seconds.micro_batch_overheads(layout).items()}
     totals = dict.fromkeys(plans, 0.0)
@@ -115,12 +155,16 @@ def price_steps(layout: LayoutSpec, draws: Draws, seconds, plans: Sequence[str] 
         padded = {**costs, LANGUAGE: np.full(layout.gbs, padded_cost + per_sample.get(LANGUAGE, 0.0))}
         orders = _orders(plans, costs, padded, layout, draws, idx, planner, ms)
         packed = [p for p in plans if p in _PACKED]
-        if packed:
+        if packed and shares["packed"] is None:
             times = step_time(costs, dps, np.array([orders[p] for p in packed]), w, **kw)
             for p, t in zip(packed, np.atleast_1d(times)):
                 totals[p] += float(t)
+        elif packed:
+            for p in packed:
+                totals[p] += _step(layout, costs, orders[p], shares["packed"])
         if "padded" in plans:
-            totals["padded"] += float(step_time(padded, dps, orders["padded"], w, **kw))
+            totals["padded"] += (float(step_time(padded, dps, orders["padded"], w, **kw)) if shares["padded"] is None
+                                 else _step(layout, padded, orders["padded"], shares["padded"]))
         bound += max(float(c.sum()) / (dps[m] * layout.modules[m].pp) for m, c in costs.items())
         tok = draws.index.tokens(idx).astype(np.float64)
         tokens += float(tok.sum())
@@ -140,7 +184,8 @@ def price_steps(layout: LayoutSpec, draws: Draws, seconds, plans: Sequence[str] 
     end = seconds.step_end(layout)
     return StepPrices(units=seconds.units, step_time={p: v / done + end for p, v in totals.items()},
                       bound=bound / done + end, step_end=end, plan_ms=ms, steps=done, tokens=tokens / done,
-                      work={m: (v[0] / done, v[1] / done) for m, v in work.items()}, kept=kept)
+                      work={m: (v[0] / done, v[1] / done) for m, v in work.items()}, kept=kept,
+                      shares={p: shares["padded" if p == "padded" else "packed"] for p in plans})
 
 
 def busy_shares(layout: LayoutSpec, prices: StepPrices, plan: str) -> tuple[dict[str, float], str]:
@@ -154,13 +199,7 @@ def busy_shares(layout: LayoutSpec, prices: StepPrices, plan: str) -> tuple[dict
     peak = {m: 0.0 for m in dps}
     for real, padded, orders in prices.kept:
         costs = padded if plan == "padded" else real
-        loads = module_loads(costs, dps, orders[plan], w)
-        fwd, bwd = {}, {}
-        for m, load in loads.items():
-            pp = layout.modules[m].pp
-            cell = np.repeat((load.T / pp)[:, None, :], pp, axis=1)  # (dp, stages, W)
-            frozen = m in layout.frozen
-            fwd[m], bwd[m] = (cell, cell * 0.0) if frozen else (cell / 3.0, cell * 2.0 / 3.0)
+        fwd, bwd = _op_times(layout, costs, orders[plan], prices.shares.get(plan))
         r = replay(fwd, bwd, dps, w, stages=layout.stages, frozen=layout.frozen)
         for m in dps:
             mine = [v for (name, _, _), v in r.busy.items() if name == m]

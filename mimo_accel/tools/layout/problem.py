@@ -115,7 +115,8 @@ def build_problem(source, *, model: Optional[str] = None, gpu: Optional[str] = N
             raise ValueError("--calibration prices a model from its FLOPs; --from DIR prices it with what the run "
                              "learnt: give one or the other")
         sizes = {m: (tp, pp) for m, (tp, pp, _) in profiled.sizes.items()}
-        seconds = LearntSeconds(profiled.learnt, sizes, spec, machine, profiled.source, profiled.overheads)
+        seconds = LearntSeconds(profiled.learnt, sizes, spec, machine, profiled.source, profiled.overheads,
+                                profiled.stages)
     else:
         efficiency, where = None, ""
         if calibration:
@@ -150,6 +151,17 @@ def build_problem(source, *, model: Optional[str] = None, gpu: Optional[str] = N
                      "sequence length")
     frozen_all = spec.frozen
     memory = MemoryModel(spec, draws, machine, distributed_optimizer=distributed_optimizer, frozen=frozen_all)
+    own = _profiled_layout(profiled, batch, spec)
+    if profiled is not None and own is not None and profiled.replayed_step_s:
+        from mimo_accel.tools.layout.pricing import price_steps
+
+        plan = "mimo_accel" if profiled.planned else "padded"
+        modelled = price_steps(own, draws, seconds, (plan,)).step_time[plan] - seconds.step_end(own)
+        if modelled > 0:
+            seconds.fit_scale(modelled, profiled.replayed_step_s)
+            notes.append(f"each module's compute costs x{seconds.scale:.3f}: the run's own layout modelled "
+                         f"{modelled:.3f} s a step and replayed {profiled.replayed_step_s:.3f} s (what the model "
+                         "leaves out of a measured step, the same share of every layout's)")
     held = {}
     if profiled is not None and not machine.communication:
         # gloo's TP collectives run on the timed thread, and a CPU's GEMMs do not lose efficiency with
@@ -158,7 +170,7 @@ def build_problem(source, *, model: Optional[str] = None, gpu: Optional[str] = N
         notes.append("on CPU ranks each module's TP is held at the profiled run's "
                      f"({', '.join(f'{m} {tp}' for m, tp in held.items())}): how TP scales there is not modelled")
     return Problem(spec, seconds, machine, draws, memory, frozen_all, profiled.world if profiled else None,
-                   _profiled_layout(profiled, batch, spec), notes, held)
+                   own, notes, held)
 
 
 def _profiled_layout(profiled, gbs: int, spec: ModelSpec) -> Optional[LayoutSpec]:

@@ -31,6 +31,9 @@ class Profiled:
     source: str
     notes: list[str] = field(default_factory=list)
     overheads: dict[str, float] = field(default_factory=dict)  # module -> seconds a micro-batch, a replica
+    stages: tuple = ()  # the language model's (c, a, b) per profiled stage, where its micro-batches tell them
+    replayed_step_s: Optional[float] = None  # the run's step replayed from its measured times (p50)
+    planned: bool = False  # whether the run planned and packed (mimo_accel on) or ran upstream's padded batches
 
 
 def _learnt(run) -> dict[str, ModuleCost]:
@@ -46,13 +49,13 @@ def _learnt(run) -> dict[str, ModuleCost]:
     return {m: v for m, (_, v) in out.items()}
 
 
-def _language_per_micro_batch(run, pp: int) -> Optional[tuple[ModuleCost, float]]:
+def _language_per_micro_batch(run, pp: int) -> Optional[list[tuple[float, float, float]]]:
     """The language model's cost from its ranks' micro-batches: each stage's forward + backward per
     micro-batch (its slowest TP rank) against the micro-batch's real tokens, ``c + a·Σ L + b·Σ L²``
-    fitted non-negatively per (replica, stage), each coefficient the median over the replicas,
-    summed over the stages: ``(ModuleCost(a, b), c)``, c what a micro-batch costs a replica
-    whatever its size. None where the lines lack the per-micro-batch tokens (an older profile) or
-    the micro-batches do not tell the terms apart."""
+    fitted non-negatively per (replica, stage), each coefficient the median over the replicas:
+    ``[(c, a, b)]`` a stage, in stage order (c what a micro-batch costs the stage whatever its
+    size). None where the lines lack the per-micro-batch tokens (an older profile) or the
+    micro-batches do not tell the terms apart."""
     import numpy as np
 
     from mimo_accel.balance.replay import places
@@ -81,9 +84,7 @@ def _language_per_micro_batch(run, pp: int) -> Optional[tuple[ModuleCost, float]
         if len(rows) < 8 or np.ptp(x[:, 1]) <= 0:
             return None
         fits.setdefault(stage, []).append(nnls(x[:, :3] / x[:, 3:4], np.ones(len(rows))))  # relative: noise grows with size
-    per_stage = [np.median(np.array(v), axis=0) for _, v in sorted(fits.items())]
-    c, a, b = (float(sum(f[i] for f in per_stage)) for i in range(3))
-    return ModuleCost(a, b), c
+    return [tuple(float(x) for x in np.median(np.array(v), axis=0)) for _, v in sorted(fits.items())]
 
 
 def _batch(run) -> tuple[Optional[int], Optional[int]]:
@@ -149,16 +150,25 @@ def read_profiled(directory: str, model: Optional[ModelSpec] = None) -> Profiled
         learnt.update({m: fitted.modules[m] for m in unfitted})
         notes.append(f"{', '.join(unfitted)}: no online refit in the run; fitted from its times as "
                      "`mimo-accel calibrate` fits them")
-    overheads = {}
+    overheads, stages = {}, ()
     measured = _language_per_micro_batch(run, sizes[LANGUAGE][1])
     if measured is not None:
-        learnt[LANGUAGE], overheads[LANGUAGE] = measured
-        notes.append(f"{LANGUAGE}: priced from its micro-batches: {overheads[LANGUAGE] * 1e3:.1f} ms a micro-batch "
-                     f"whatever its size, {learnt[LANGUAGE].a:.3g} s a token, {learnt[LANGUAGE].b:.3g} s a token²")
+        stages = tuple(measured)
+        c, a, b = (sum(stage[i] for stage in stages) for i in range(3))
+        learnt[LANGUAGE], overheads[LANGUAGE] = ModuleCost(a, b), c
+        notes.append(f"{LANGUAGE}: priced from its micro-batches: {c * 1e3:.1f} ms a micro-batch whatever its size, "
+                     f"{a:.3g} s a token, {b:.3g} s a token²" + (
+                         f"; its stages {' / '.join(f'{st[0] * 1e3:.1f} ms + {st[1]:.3g} s a token' for st in stages)}"
+                         if len(stages) > 1 else ""))
     else:
         notes.append(f"{LANGUAGE}: the profile has no per-micro-batch tokens: what a micro-batch costs whatever its "
                      "size is in its cost per token (layouts with other micro-batch counts are priced less well)")
     gbs, mbs = _batch(run)
     device = (layout.get("flops") or {}).get("device_name") or run.header.get("device")
+    from mimo_accel.tools.report.summary import summarize
+
+    replayed = summarize(run).get("step_time_replayed_p50")
+    features = set((run.header.get("config") or {}).get("features") or ())
     return Profiled(model, CostModel(modules=learnt, fit={"units": "seconds"}), sizes,
-                    int(run.world_size or len(run.ranks)), device, gbs, mbs, str(directory), notes, overheads)
+                    int(run.world_size or len(run.ranks)), device, gbs, mbs, str(directory), notes, overheads, stages,
+                    replayed, {"reorder", "packing"} <= features)

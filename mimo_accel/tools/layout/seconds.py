@@ -30,10 +30,12 @@ step's end, at the machine's bandwidths, none overlapped with compute:
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Optional
+
+import numpy as np
 
 from mimo_accel.costs import CostModel, ModuleCost
 from mimo_accel.modules import LANGUAGE
@@ -128,6 +130,11 @@ class _Seconds:
         nothing unless a profile measured it."""
         return {}
 
+    def stage_shares(self, pp: int, tokens: float, sq_tokens: float) -> Optional[list[float]]:
+        """Each of the language model's ``pp`` stages' share of a micro-batch of ``tokens`` real
+        tokens (Σ L² ``sq_tokens``) a replica; None: even (nothing measured tells otherwise)."""
+        return None
+
     def _comm_a(self, m: ModuleModel, tp: int, pp: int, gpus: int, world: int, trained: bool) -> float:
         c = self.comm
         return (c.tp_per_token(m, tp, trained) + c.pp_per_token(m, tp, pp, gpus)
@@ -174,14 +181,42 @@ class LearntSeconds(_Seconds):
     fewer times), the same at any TP and PP (every rank of a stage runs every op of its layers)."""
 
     def __init__(self, learnt: CostModel, profiled: Mapping[str, tuple[int, int]], model: ModelSpec,
-                 machine: Machine, source: str, overheads: Optional[Mapping[str, float]] = None):
+                 machine: Machine, source: str, overheads: Optional[Mapping[str, float]] = None,
+                 stages: Sequence[tuple[float, float, float]] = ()):
         self.learnt, self.profiled, self.model = learnt, dict(profiled), model
         self.machine, self.comm, self.source = machine, Communication(machine), source
         self.overheads = dict(overheads or {})
+        self.stages = _stage_parts(stages, model.modules[LANGUAGE].layers) if len(stages) > 1 else None
+        self.scale = 1.0  # every compute cost's, to the profiled run's replayed step (:func:`fit_scale`)
         self._module = lru_cache(maxsize=None)(self._module)
 
+    def fit_scale(self, modelled: float, replayed: float) -> None:
+        """Scale every compute cost (not communication) so that the profiled layout's modelled step
+        ``modelled`` (at scale 1) is its replayed one: what the model leaves out of a measured step
+        (the times' noise along the pipeline's critical path, a stage's fixed costs) the same share
+        of every layout's step."""
+        self.scale = replayed / modelled
+        self._module.cache_clear()
+
     def micro_batch_overheads(self, layout: LayoutSpec) -> dict[str, float]:
-        return {m.name: self.overheads[m.name] for m in layout.modules if m.name in self.overheads}
+        return {m.name: self.scale * self.overheads[m.name] for m in layout.modules if m.name in self.overheads}
+
+    def stage_shares(self, pp: int, tokens: float, sq_tokens: float) -> Optional[list[float]]:
+        """From the profiled stages: a stage of ``pp`` holds ``layers / pp`` layers, the first the
+        embedding, the last the output layer and the loss (what the profiled first and last stages
+        cost over a middle one's layers: the output layer alone is a layer's worth at a small
+        model's width)."""
+        if self.stages is None:
+            return None
+        layer, first, last = self.stages
+        per = self.model.modules[LANGUAGE].layers / pp
+        work = np.array([per * layer] * pp)
+        work[0] += first
+        work[-1] += last
+        x = np.array([1.0, tokens, sq_tokens])
+        times = work @ x
+        return (times / times.sum()).tolist() if times.sum() > 0 else None
+
 
     def _module(self, name: str, tp: int, pp: int, gpus: int, world: int, trained: bool) -> ModuleCost:
         m = self.module_of(name)
@@ -189,12 +224,26 @@ class LearntSeconds(_Seconds):
         t0, _ = self.profiled[name]
         ratio = (t0 / tp) * tp_efficiency(m.hidden, t0) / tp_efficiency(m.hidden, tp)
         compute_a = max(c.a - self.comm.tp_per_token(m, t0, trained), 0.0)
+        ratio *= self.scale
         return ModuleCost(compute_a * ratio + self._comm_a(m, tp, pp, gpus, world, trained), c.b * ratio, c.k * ratio)
 
     def describe(self) -> str:
         at = ", ".join(f"{m} tp{t}" for m, (t, _) in self.profiled.items())
         over = "".join(f"; {m} {c * 1e3:.1f} ms a micro-batch" for m, c in self.overheads.items())
         return f"learnt in {self.source} (at {at}), scaled to each layout's TP{over}"
+
+
+def _stage_parts(stages: Sequence[tuple[float, float, float]], layers: int):
+    """``(per layer, the first stage's own, the last stage's own)`` as ``(c, a, b)`` arrays, from the
+    profiled stages' fits: a layer's from the middle stages (the first's where there are none: its
+    embedding taken as nothing), what the first and last hold beyond their layers clipped at 0."""
+    per_stage = np.array(stages, dtype=np.float64)
+    held = layers / len(stages)
+    middle = per_stage[1:-1] if len(stages) > 2 else per_stage[:1]
+    layer = np.median(middle, axis=0) / held
+    first = np.clip(per_stage[0] - held * layer, 0.0, None)
+    last = np.clip(per_stage[-1] - held * layer, 0.0, None)
+    return layer, first, last
 
 
 class GivenCosts(_Seconds):
