@@ -155,13 +155,18 @@ def test_no_layout_fits_names_the_smallest_budget_that_would(tiny):
 # -- a CPU profile as the source ---------------------------------------------------------------------
 
 
-def _profile(directory: Path) -> Path:
+def _flops(language_ranks: int) -> dict:
+    """A profile header's module configs: a tiny encoder and language model."""
     shape = {"layers": 2, "hidden": 64, "ffn_hidden": 128, "heads": 4, "query_groups": 4, "kv_channels": 16,
              "vocab": 0, "causal": False, "merge": 2, "out_hidden": 64}
-    flops = {"device_name": None, "modules": {
+    return {"device_name": None, "modules": {
         "vision": {"ranks": 1, "trained": True, "shape": shape},
-        LANGUAGE: {"ranks": 1, "trained": True, "shape": {**shape, "vocab": 512, "causal": True, "merge": 0,
-                                                          "out_hidden": 0}}}}
+        LANGUAGE: {"ranks": language_ranks, "trained": True,
+                   "shape": {**shape, "vocab": 512, "causal": True, "merge": 0, "out_hidden": 0}}}}
+
+
+def _profile(directory: Path) -> Path:
+    flops = _flops(1)
     for rank, name in enumerate(("vision", LANGUAGE)):
         header = {"kind": "header", "format": FORMAT, "rank": rank, "world_size": 2, "module": name, "dp_rank": 0,
                   "dp_size": 1, "layout": {"dp": {"vision": 1, LANGUAGE: 1}, "pp": {"vision": 1, LANGUAGE: 1},
@@ -198,13 +203,7 @@ def test_a_cpu_profile_prices_with_what_the_run_learnt(tmp_path):
 def _pp_profile(directory: Path, *, micro_tokens: bool = True) -> Path:
     """vision dp1 -> language pp2 dp2 (5 ranks), 6 steps of 4 micro-batches; each language stage's
     micro-batch takes ``C + A·Σ L + B·Σ L²`` seconds (stage 1 twice stage 0's), its tokens varied."""
-    shape = {"layers": 2, "hidden": 64, "ffn_hidden": 128, "heads": 4, "query_groups": 4, "kv_channels": 16,
-             "vocab": 0, "causal": False, "merge": 2, "out_hidden": 64}
-    flops = {"device_name": None, "modules": {
-        "vision": {"ranks": 1, "trained": True, "shape": shape},
-        LANGUAGE: {"ranks": 4, "trained": True, "shape": {**shape, "vocab": 512, "causal": True, "merge": 0,
-                                                          "out_hidden": 0}}}}
-    layout = {"dp": {"vision": 1, LANGUAGE: 2}, "pp": {"vision": 1, LANGUAGE: 2}, "flops": flops}
+    layout = {"dp": {"vision": 1, LANGUAGE: 2}, "pp": {"vision": 1, LANGUAGE: 2}, "flops": _flops(4)}
     # Bridge's grids order dp before pp: ranks 1, 2 are stage 0 of replicas 0, 1; ranks 3, 4 stage 1
     places = [("vision", 0, 0), (LANGUAGE, 0, 0), (LANGUAGE, 1, 0), (LANGUAGE, 0, 1), (LANGUAGE, 1, 1)]
     for rank, (name, replica, stage) in enumerate(places):
