@@ -39,7 +39,7 @@ def test_the_headline_compares_the_same_steps_and_names_the_gap_to_the_floor():
     assert first["straggler_p50"]["upstream"] == pytest.approx(1.35)
     assert head["modules"]["vision"]["gap"] == pytest.approx(0.008)
     text = "\n".join(headline_lines(head, "Bridge 0.7's reorder"))
-    assert "+0.008 over this machine's floor (1.012)" in text
+    assert "+0.008 from this machine's floor (1.012)" in text
     assert "iterations 2-5" in text and "Bridge 0.7's reorder 1.050" in text
 
 

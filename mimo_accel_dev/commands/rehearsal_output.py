@@ -123,7 +123,7 @@ def headline_lines(head: dict, peer_name: Optional[str]) -> list[str]:
     """The closing lines of :func:`headline`'s figures."""
     parts = []
     for m, v in head["modules"].items():
-        floor = (f", {v['gap']:+.3f} over this machine's floor ({v['floor']:.3f})" if v["gap"] is not None
+        floor = (f", {v['gap']:+.3f} from this machine's floor ({v['floor']:.3f})" if v["gap"] is not None
                  else " (no floor measured)")
         parts.append(f"{m} straggler p50 {v['p50']:.3f}{floor}")
     lines = ["mimo_accel: " + "; ".join(parts) + "."]
