@@ -126,7 +126,9 @@ def table(check: dict):
                     "and replayed", title_justify="left")
     for col in ("layout", "ranks", "predicted step", "replayed step", "samples/s predicted", "samples/s replayed",
                 "samples/s per rank"):
-        t.add_column(col, justify="left" if col == "layout" else "right")
+        # a spec's parts fold onto lines of their own in a narrow terminal rather than being cut
+        t.add_column(col, justify="left" if col == "layout" else "right", overflow="fold",
+                     min_width=20 if col == "layout" else None)
     order = check["order"]
     for spec in order["predicted"]:
         role = " (reference)" if spec == check["reference"] else " (recommended)" if spec == check["recommended"] else ""
