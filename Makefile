@@ -46,7 +46,9 @@ demo: $(STAMP)
 	$(VENV)/bin/mimo-accel rehearse --loop bridge --peer upstream --json rehearsal.json
 
 # Upstream's validated layout (images dp1 -> language pp2 dp2, TP 2 for its 4, 2-sample micro-batches,
-# 32 a step, reorder_window=step) on 9 CPU ranks, over receipt-like and fixed-size images.
+# 32 a step, reorder_window=step) on 9 CPU ranks, over receipt-like and fixed-size images; then the
+# layout `mimo-accel layout` recommends from the receipt-like run (at most 11 ranks) and a third
+# layout, rehearsed and replayed (about 15 minutes on 2 cores).
 demo-reference: $(STAMP)
 	$(VENV)/bin/mimo-accel rehearse --loop bridge --layout reference --json rehearsal-reference.json
 
