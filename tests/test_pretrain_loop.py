@@ -232,8 +232,9 @@ def test_profile_step_lines_hold_training_steps_only(workdir, accel_fan_in):
             assert all(s["timed_calls"] == {"language_fwd": 2, "language_bwd": 2} for s in log.steps)
             assert all(s["language_fwd_s"] > 0 and s["language_bwd_s"] > 0 and s["sq_tokens"] > 0 for s in log.steps)
         # each micro-batch's forward and backward time (evaluation's in none), summing to the step's,
-        # and on an encoder rank each forward's counts, summing to the step's counters
-        counts = ("vision_items", "vision_rows", "vision_sq_rows") if rank < 2 else ()
+        # and each forward's counts (an encoder's rows, the language model's real tokens), summing to
+        # the step's counters
+        counts = ("vision_items", "vision_rows", "vision_sq_rows") if rank < 2 else ("tokens", "sq_tokens")
         for s in log.steps:
             assert {k: len(v) for k, v in s["micro"].items()} == dict.fromkeys((*s["timed_calls"], *counts), 2), rank
             assert all(sum(s["micro"][k]) == pytest.approx(s[f"{k}_s"], rel=1e-9) for k in s["timed_calls"])

@@ -34,6 +34,11 @@ def test_the_reference_layout_trains_upstreams_validated_shape_before_and_after(
         assert doc[side]["per_module"]["language"]["replicas"] == 2
     text = (tmp_path / "out.txt").read_text()
     assert "TP 2 stands in for the tutorial's TP 4" in text and "receipts: per-iteration global loss" in text
+    # the report names the bound; two steps (one measured) are too few for the advisor to learn from,
+    # which the layout check says rather than recommend from nothing (make demo-reference runs 20)
+    assert doc["after"]["bound_module"] in ("vision", "language")
+    assert doc["layout_check"]["skipped"].startswith("--from") and "too few steps" in doc["layout_check"]["skipped"]
+    assert "no layout check:" in text
 
 
 def test_the_reference_layout_fixes_its_shape_and_says_what_to_drop(capsys):

@@ -127,7 +127,11 @@ def _check_layout(console, out, layout, steps: int, seed: int, log, cpus, cache:
     reference_dir = out / "receipts-accelerated"
     [index] = sorted(Path(cache["MIMO_ACCEL_CACHE_DIR"]).glob("*.npz"))
     budget = layout.world_size + lc.EXTRA_RANKS
-    advice = lc.advise_from(reference_dir, index, budget, rehearsal.BRIDGE_SEQ)
+    try:
+        advice = lc.advise_from(reference_dir, index, budget, rehearsal.BRIDGE_SEQ)
+    except ValueError as exc:  # a run too short to learn from: said, and the JSON says why
+        console.print(f"[yellow]no layout check: {exc}[/yellow]", highlight=False)
+        return {"skipped": str(exc)}
     rehearsed = {advice.current.spec: reference_dir}
     third = lc.third_layout(advice, advice.current.spec)
     with progress_bar(console) as progress:
