@@ -94,8 +94,8 @@ _COEFFICIENTS = ("a", "b", "k")
 BOUND = 100.0  # a refit may move a coefficient (or the predicted work) at most this factor either way
 NEGLIGIBLE = 0.01  # a term below this share of the predicted work may fall to 0 (or grow from it)
 SCALE_ONLY = "in seconds"  # the reason of a refit that only scaled the model in use to seconds
-# a candidate's held-out error may be at most this many times its steps' own noise (point 5): on the
-# demo's recorded steps the fits that misled the plans were 5x over it, those that helped 0.4-1x
+# a candidate's held-out error may be at most this many times its steps' own noise (point 5; what the
+# demo's recorded refits gave: tests/test_refit_rule.py)
 NOISE_FACTOR = 3.0
 NOISE_FLOOR = 0.02  # no timing is quieter (a fit to two steps can explain them all but exactly)
 
@@ -383,7 +383,7 @@ class OnlineCalibration:
             new_overhead = mean_overhead(x @ w, y)
             after = test.share_error(w, new_overhead)
             own = train.share_errors(w, new_overhead)
-        judged = dict(noise=max(NOISE_FLOOR, float(np.median(own))) if own.size else math.nan)
+        judged = dict(noise=max(NOISE_FLOOR, float(np.median(own))) if own.size else NOISE_FLOOR)
         if not math.isfinite(before) or not math.isfinite(after):
             return Refit(step, module, candidate, new_overhead, before, after, test_steps, False,
                          "not judged: the held-out steps carry no work", **judged)

@@ -41,9 +41,8 @@ def third_layout(advice, reference: str) -> Optional[Any]:
     rec, ref = advice.recommended, advice.current
     if ref is None or ref.accelerated is None:
         return None
-    seen = {rec.spec, reference}
-    others = [r for r in (*advice.with_mimo_accel, *advice.without)
-              if r.fits and r.accelerated and r.spec not in seen and not seen.add(r.spec)]
+    unique = {r.spec: r for r in (*advice.with_mimo_accel, *advice.without)}  # one row per layout
+    others = [r for spec, r in unique.items() if r.fits and r.accelerated and spec not in (rec.spec, reference)]
     if not others:
         return None
     s_rec, s_ref = rec.accelerated.samples_per_s, ref.accelerated.samples_per_s
@@ -88,7 +87,7 @@ def layout_check(advice, reference_dir: Path, runs: dict[str, Path], budget: int
     gbs = advice.problem.gbs
     ref = advice.current
     rec = advice.recommended
-    rows = {r.spec: r for r in (*advice.with_mimo_accel, ref) if r is not None}
+    rows = {r.spec: r for r in (*advice.with_mimo_accel, *advice.without, ref) if r is not None}
     replayed, ranks = {}, {}
     for spec, path in runs.items():
         replayed[spec], ranks[spec] = _replayed(path)
@@ -131,7 +130,7 @@ def table(check: dict):
                      min_width=20 if col == "layout" else None)
     order = check["order"]
     for spec in order["predicted"]:
-        role = " (reference)" if spec == check["reference"] else " (recommended)" if spec == check["recommended"] else ""
+        role = {check["reference"]: " (reference)", check["recommended"]: " (recommended)"}.get(spec, "")
         per_s, ranks = order["replayed_samples_per_s"].get(spec), order["ranks"].get(spec)
         replayed = order["replayed_step_s"].get(spec)
         t.add_row(spec + role, str(ranks), f"{order['predicted_step_s'][spec]:.3f} s",
@@ -141,9 +140,12 @@ def table(check: dict):
 
 
 def verdict(check: dict) -> str:
-    g, err = check["gain"], check["predicted_error"]
+    g, err, step = check["gain"], check["predicted_error"], check["replayed_step_s"]
+    if None in (g["samples_per_s"], g["samples_per_s_per_rank"], err, step):
+        return (f"recommended {check['recommended']}: a rehearsed run has no replayed step (no per-micro-batch "
+                "times in its profile), so the advisor is not checked")
     same = "the same order as" if check["order"]["same"] else "NOT the order of"
     return (f"recommended {check['recommended']}: replayed samples/s x{g['samples_per_s']:.2f} the reference's, "
             f"x{g['samples_per_s_per_rank']:.2f} per rank; its predicted step {check['predicted_step_s']:.3f} s "
-            f"against {check['replayed_step_s']:.3f} s replayed ({err:.0%} off); the advisor ranks the "
+            f"against {step:.3f} s replayed ({err:.0%} off); the advisor ranks the "
             f"{len(check['order']['predicted'])} rehearsed layouts in {same} the replay")

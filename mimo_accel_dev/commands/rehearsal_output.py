@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 from typing import Optional
 
+from mimo_accel.costs.online import SCALE_ONLY  # a refit that only put the start in seconds
 from mimo_accel_dev.rehearse import rehearsal
 
 
@@ -76,16 +77,13 @@ def compare_and_report(console, title: str, unit: str, rows, out: Path, before_l
 
 # ------------------------------------------------------------------------- the demo's headline
 
-# an accepted refit whose reason starts so only put the model in use in seconds: the plan's
-# proportions are the start's (mimo_accel.costs.online.SCALE_ONLY)
-_SCALE_ONLY = "in seconds"
 
 
 def first_calibrated_plan(refits: list) -> Optional[int]:
     """The first iteration planned with a cost learnt while training: the earliest ``announced_for``
     of an accepted refit that learnt coefficients (not one that only put the start in seconds)."""
     planned = [r["announced_for"] for r in refits if r.get("announced_for") is not None
-               and r.get("accepted", True) and not str(r.get("reason", "")).startswith(_SCALE_ONLY)]
+               and r.get("accepted", True) and not str(r.get("reason", "")).startswith(SCALE_ONLY)]
     return min(planned) if planned else None
 
 
@@ -130,9 +128,10 @@ def headline_lines(head: dict, peer_name: Optional[str]) -> list[str]:
     first = head["first_steps"]
     its, med = first["iterations"], first["straggler_p50"]
     if its and med.get("mimo_accel") is not None:
-        when = (f"before its first calibrated plan (iterations {its[0]}-{its[-1]}, planned from the start model)"
-                if first["first_calibrated_plan"] is not None else f"with no calibrated plan (iterations {its[0]}-{its[-1]})")
+        span = f"iterations {its[0]}-{its[-1]}"
+        when = (f"before its first calibrated plan ({span}, planned from the start model)"
+                if first["first_calibrated_plan"] is not None else f"with no calibrated plan ({span})")
         peer = f", {peer_name} {med['peer']:.3f}" if peer_name and med.get("peer") is not None else ""
-        lines.append(f"{first['module']} straggler p50 {when}: mimo_accel {med['mimo_accel']:.3f}{peer}, "
-                     f"upstream as shipped {med['upstream']:.3f}.")
+        upstream = f", upstream as shipped {med['upstream']:.3f}" if med.get("upstream") is not None else ""
+        lines.append(f"{first['module']} straggler p50 {when}: mimo_accel {med['mimo_accel']:.3f}{peer}{upstream}.")
     return lines

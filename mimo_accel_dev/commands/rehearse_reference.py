@@ -125,10 +125,13 @@ def _check_layout(console, out, layout, steps: int, seed: int, log, cpus, cache:
     from mimo_accel_dev.commands.rehearsal_output import progress_bar
 
     reference_dir = out / "receipts-accelerated"
-    [index] = sorted(Path(cache["MIMO_ACCEL_CACHE_DIR"]).glob("*.npz"))
     budget = layout.world_size + lc.EXTRA_RANKS
     try:
-        advice = lc.advise_from(reference_dir, index, budget, rehearsal.BRIDGE_SEQ)
+        indexes = sorted(Path(cache["MIMO_ACCEL_CACHE_DIR"]).glob("*.npz"))
+        if len(indexes) != 1:
+            raise ValueError(f"{cache['MIMO_ACCEL_CACHE_DIR']} holds {len(indexes)} cost indexes where the run derived "
+                             "one: rehearse into a new --out directory")
+        advice = lc.advise_from(reference_dir, indexes[0], budget, rehearsal.BRIDGE_SEQ)
     except ValueError as exc:  # a run too short to learn from: said, and the JSON says why
         console.print(f"[yellow]no layout check: {exc}[/yellow]", highlight=False)
         return {"skipped": str(exc)}

@@ -97,20 +97,20 @@ def warm_memory_pool(mib: int = WARM_POOL_MIB) -> None:
     """Fault in ``mib`` MiB of heap on this thread and free it, kept (:func:`_keep_freed_memory`).
 
     Kept memory still has to be faulted in once: without this, each step whose working set outgrows
-    every earlier one pays for it, on whichever replica the plan gave that step's tallest images (a
-    forward+backward with one 960-row image among 15 small ones took 0.68 s the first time and 0.28
-    s after; 0.34 s the first time with the pool faulted in beforehand). On the demo's first steps
-    that cost, not the plan, decided which replica straggled. Called once, after the warm-up step
-    (whose own setup allocations would otherwise take the pool), on the training thread whose
-    arena the steps allocate from. A GPU's caching allocator keeps its pool the same way, and its
-    growth is no page faults on a timed thread."""
+    every earlier one pays for it on the timed thread, on whichever replica the plan gave that
+    step's tallest images, and in the demo's first steps that cost, not the plan, decided which
+    replica straggled (docs/measurements.md). Called once, when the warm-up step's trace is flushed
+    at the start of the next step's first forward (outside its timed regions, inside its wall time;
+    the warm-up step's own setup allocations would otherwise take the pool), on the training thread
+    whose arena the steps allocate from. A GPU's caching allocator keeps its pool the same way, and
+    its growth is no page faults on a timed thread."""
     import ctypes
 
     libc = _libc()
     if libc is None or not hasattr(libc, "malloc"):
         return
     malloc, free, memset = libc.malloc, libc.free, libc.memset
-    malloc.restype, free.argtypes = ctypes.c_void_p, [ctypes.c_void_p]
+    malloc.restype, malloc.argtypes, free.argtypes = ctypes.c_void_p, [ctypes.c_size_t], [ctypes.c_void_p]
     memset.restype, memset.argtypes = ctypes.c_void_p, [ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t]
     chunk = 16 << 20  # below the mmap threshold: from the heap, which keeps it once freed
     blocks = [malloc(chunk) for _ in range(mib // 16)]

@@ -64,10 +64,10 @@ class Host(Protocol):
 
 ENV_LABEL = "MIMO_ACCEL_PROFILE_LABEL"
 
-NO_TOKEN_SOURCE = ("mimo_accel profile: a language batch has no length source (no [batch, seq] attention_mask, "
-                   "no loss_mask and input_ids): its real tokens are not counted (tokens 0 in the step lines)")
-UNKNOWN_LENGTHS = ("mimo_accel profile: the attention_mask marks no padding and some samples' loss_mask does "
-                   "not mark where their real tokens end: those samples count as their whole padded row in tokens")
+NO_TOKEN_SOURCE = ("mimo_accel profile: a language batch has no length source it can read (a [batch, seq] "
+                   "attention_mask, or loss_mask and input_ids): its real tokens are not counted (0 in the step lines)")
+UNKNOWN_LENGTHS = ("mimo_accel profile: some samples' real length is not known (no padding marked, no loss_mask "
+                   "marking where their tokens end): those samples count as their whole row in tokens")
 _UNKNOWN = "unknown lengths"  # a pending count that is no counter: the samples of unknown length
 
 
@@ -183,9 +183,7 @@ class Profiling:
         # Device-side counts of the current step, read back once at the step's end (the optimizer
         # step has synchronised by then), so profiling adds no host sync per micro-batch.
         self._pending_counts: list = []
-        # the step's batches that are not packed: their real tokens are counted at the step's end,
-        # where the step's role (a language rank? its placeholder ids?) is known on every path
-        self._unpacked: list = []
+        self._unpacked: list = []  # unpacked batches: counted at the step's end, where the step's role is known
         # each encoder forward's (module, items, rows, sq_rows) this step, in call
         # order (one a micro-batch): the step's counters, and what the online calibration learns a
         # one-replica module's cost from
@@ -393,7 +391,10 @@ class Profiling:
         from mimo_accel.sample_lengths import real_lengths
 
         for batch in batches:
-            found = real_lengths(batch, role.placeholder_ids if role is not None else ())
+            try:
+                found = real_lengths(batch, tuple(role.placeholder_ids or ()) if role is not None else ())
+            except Exception:  # a count the profile can go without: the step must not fail for it
+                found = None
             if found is None:
                 self.runtime.say_once("profile:tokens:no-source", NO_TOKEN_SOURCE)
                 continue

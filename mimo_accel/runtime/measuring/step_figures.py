@@ -6,6 +6,7 @@ the online calibration learns from the same figures."""
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from typing import Iterable, Optional
 
@@ -66,6 +67,9 @@ def _micro_times(module: str, record: dict) -> Optional[dict]:
     forward, backward = (micro.get(r) if isinstance(micro, dict) else None for r in module_regions(module))
     if not isinstance(forward, list) or not forward:
         return None
+    times = [*forward, *(backward if isinstance(backward, list) else ())]
+    if not all(isinstance(t, (int, float)) and math.isfinite(t) for t in times):
+        return None  # a time the line could not hold (null): no replay of this step
     return {"fwd": [round(float(t) * 1e6) for t in forward],
             "bwd": [round(float(t) * 1e6) for t in backward] if isinstance(backward, list) else []}
 
@@ -178,7 +182,7 @@ def _busy_scalars(figures: list[dict], flops: dict) -> dict[str, float]:
     times = {f["rank"]: (f["micro_us"]["fwd"], f["micro_us"]["bwd"]) for f in ranks}
     try:
         step = replay_ranks(times, placed, dps, stages, frozen)
-    except ValueError:
+    except Exception:  # an optional figure: a step its times cannot replay has none, and training goes on
         return {}
     return {f"{PREFIX}/{m}/busy_share": v.busy for m, v in module_shares(step).items()}
 

@@ -292,8 +292,9 @@ def advise(source=None, budget: Optional[int] = None, *, mbs: Optional[Sequence[
         least = _smallest_budget(problem, sizes, budget)
         where = (f"the smallest budget a layout fits is {least} GPUs: give --gpus {least}" if least else
                  "none fits at any size up to 4096 GPUs: give a GPU with more memory, a smaller --mbs or --seq-length")
-        raise NoLayoutFits(f"no layout of {problem.model.name} fits {budget} GPUs of {problem.machine.name} "
-                           f"({problem.machine.memory_gib:g} GiB each); {where}")
+        each = "" if problem.machine.memory_gib == float("inf") else f" ({problem.machine.memory_gib:g} GiB each)"
+        raise NoLayoutFits(f"no layout of {problem.model.name} fits {budget} GPUs of {problem.machine.name}{each}; "
+                           f"{where}")
     bound = Bound(problem.draws, problem.seconds, problem.model.modules)
     cache: dict = {}
 

@@ -90,8 +90,8 @@ def machine_for(gpu: str, *, peak_tflops: Optional[float] = None, memory_gib: Op
         found = peak_tflops_of(label)
         m = Machine(label, found[1] if found else None, mem, gpus_per_node, intra, inter, source=source)
     else:
-        raise ValueError(f"--gpu {gpu}: unknown GPU; give one of {', '.join([*GPUS, CPU])}, or give its figures "
-                         "with --peak-tflops and --memory-gib (and --intra-node-gbps / --inter-node-gbps)")
+        raise ValueError(f"--gpu {gpu}: unknown GPU; give one of {', '.join([*GPUS, CPU])} (mimo-accel layout also "
+                         "takes its figures: --peak-tflops and --memory-gib)")
     changes = {k: v for k, v in (("peak_tflops", peak_tflops), ("memory_gib", memory_gib),
                                  ("intra_node_gbps", intra_node_gbps), ("inter_node_gbps", inter_node_gbps),
                                  ("reserve", reserve)) if v is not None}

@@ -26,7 +26,7 @@ import numpy as np
 
 from mimo_accel.balance import lpt_order, module_loads, plan_step, step_time
 from mimo_accel.balance.peers import merged_reorder_costs, merged_reorder_order
-from mimo_accel.balance.replay import replay
+from mimo_accel.balance.replay import Shares, bound_module, module_shares, replay
 from mimo_accel.modules import LANGUAGE
 from mimo_accel.planner import CostIndexPlanner
 from mimo_accel.tools.layout.draws import Draws
@@ -191,9 +191,10 @@ def price_steps(layout: LayoutSpec, draws: Draws, seconds, plans: Sequence[str] 
 def busy_shares(layout: LayoutSpec, prices: StepPrices, plan: str) -> tuple[dict[str, float], str]:
     """``({module: share of the step its GPUs compute, mean over its GPUs}, the bound module)`` under
     ``plan``, from the step model's schedule (:func:`mimo_accel.balance.replay.replay` of the modelled
-    op times: a micro-batch's forward 1/3 and backward 2/3 of its cell, split over the PP stages);
-    the bound module is the one whose busiest GPU computes the most of the step (ties: an encoder,
-    as the report names it)."""
+    op times: a micro-batch's forward 1/3 and backward 2/3 of its cell, split over the PP stages), as
+    the report reads a measured step (:func:`~mimo_accel.balance.replay.module_shares`, over the step
+    with its end; the bound module by :func:`~mimo_accel.balance.replay.bound_module`, the mean
+    over the steps priced)."""
     dps, w = layout.modules.dp_sizes, layout.micro_batches
     busy = {m: 0.0 for m in dps}
     peak = {m: 0.0 for m in dps}
@@ -201,11 +202,9 @@ def busy_shares(layout: LayoutSpec, prices: StepPrices, plan: str) -> tuple[dict
         costs = padded if plan == "padded" else real
         fwd, bwd = _op_times(layout, costs, orders[plan], prices.shares.get(plan))
         r = replay(fwd, bwd, dps, w, stages=layout.stages, frozen=layout.frozen)
-        for m in dps:
-            mine = [v for (name, _, _), v in r.busy.items() if name == m]
-            busy[m] += float(np.mean(mine))
-            peak[m] += float(np.max(mine))
+        for m, share in module_shares(r).items():  # of the replayed step; the step's end is added below
+            busy[m] += share.busy * r.makespan
+            peak[m] += share.busy_max * r.makespan
     n, step = max(1, len(prices.kept)), prices.step_time[plan]
-    shares = {m: busy[m] / n / step for m in dps}
-    bound = max(sorted(dps), key=lambda m: (round(peak[m] / n / step, 9), m != LANGUAGE))
-    return shares, bound
+    shares = {m: Shares(busy[m] / n / step, peak[m] / n / step) for m in dps}
+    return {m: v.busy for m, v in shares.items()}, bound_module(shares)

@@ -55,15 +55,30 @@ def _is_profile(source) -> bool:
     return p.is_dir()
 
 
+def _device_machine(device: Optional[str]) -> Optional[str]:
+    """The machine table's name of a profile's device (cpu, a GPU of the table), None where unknown."""
+    if device is None:
+        return None
+    if str(device).lower() in (CPU, "gloo"):
+        return CPU
+    found = peak_tflops_of(device)
+    return next((k for k, v in GPUS.items() if found and v[0] == found[0]), None)
+
+
 def _machine(gpu, device: Optional[str], notes: list[str], **flags) -> Machine:
     if gpu is not None:
+        measured = _device_machine(device)
+        if measured is not None and str(gpu).lower() != measured:
+            # a profile's learnt seconds are its device's: another device's would need its own
+            raise ValueError(f"--gpu {gpu}: the profile was measured on {device}, and what it learnt is that device's "
+                             "seconds; drop --gpu to price its layouts there, or price another machine from the "
+                             "model's FLOPs (--model, without --from)")
         return machine_for(gpu, **flags)
     if flags.get("peak_tflops") is not None and flags.get("memory_gib") is not None:
         return machine_for(CUSTOM, **flags)
     if device is not None:
         if str(device).lower() in (CPU, "gloo"):
-            notes.append("the profile ran on CPU ranks: memory unbounded, every communication term 0 (--gpu to price "
-                         "a GPU machine)")
+            notes.append("the profile ran on CPU ranks: memory unbounded, every communication term 0")
             return machine_for(CPU, **flags)
         found = peak_tflops_of(device)
         name = next((k for k, v in GPUS.items() if found and v[0] == found[0]), None)
@@ -126,6 +141,10 @@ def build_problem(source, *, model: Optional[str] = None, gpu: Optional[str] = N
         if not calibration:
             notes.append(f"each module at {seconds.efficiency[LANGUAGE]:.2f} of the peak on one GPU, a stated default: "
                          "give --calibration FILE (`mimo-accel calibrate-gpu --points FILE`) or --from DIR for measured costs")
+    if profiled is not None and index is None and not rehearsal and not machine.communication:
+        rehearsal = True  # a profile of CPU ranks is a rehearsal's: its samples are rehearsal-sized
+        notes.append("a profile of CPU ranks: the workload's rehearsal-sized samples drawn (--index FILE: the run's "
+                     "own cost index)")
     data = index if index is not None else (workload or DEFAULT_WORKLOAD)
     if isinstance(data, (str, Path)) and index is not None:
         data = CostIndex.load(data)
@@ -152,16 +171,8 @@ def build_problem(source, *, model: Optional[str] = None, gpu: Optional[str] = N
     frozen_all = spec.frozen
     memory = MemoryModel(spec, draws, machine, distributed_optimizer=distributed_optimizer, frozen=frozen_all)
     own = _profiled_layout(profiled, batch, spec)
-    if profiled is not None and own is not None and profiled.replayed_step_s:
-        from mimo_accel.tools.layout.pricing import price_steps
-
-        plan = "mimo_accel" if profiled.planned else "padded"
-        modelled = price_steps(own, draws, seconds, (plan,)).step_time[plan] - seconds.step_end(own)
-        if modelled > 0:
-            seconds.fit_scale(modelled, profiled.replayed_step_s)
-            notes.append(f"each module's compute costs x{seconds.scale:.3f}: the run's own layout modelled "
-                         f"{modelled:.3f} s a step and replayed {profiled.replayed_step_s:.3f} s (what the model "
-                         "leaves out of a measured step, the same share of every layout's)")
+    if profiled is not None:
+        _scale_to_replay(profiled, spec, seconds, data, steps, seq, seed, rehearsal, notes)
     held = {}
     if profiled is not None and not machine.communication:
         # gloo's TP collectives run on the timed thread, and a CPU's GEMMs do not lose efficiency with
@@ -171,6 +182,38 @@ def build_problem(source, *, model: Optional[str] = None, gpu: Optional[str] = N
                      f"({', '.join(f'{m} {tp}' for m, tp in held.items())}): how TP scales there is not modelled")
     return Problem(spec, seconds, machine, draws, memory, frozen_all, profiled.world if profiled else None,
                    own, notes, held)
+
+
+SCALE_RANGE = (0.5, 2.0)  # a scale outside it says the data priced is not the run's
+
+
+def _scale_to_replay(profiled, spec: ModelSpec, seconds, data, steps: int, seq: int, seed: int, rehearsal: bool,
+                     notes: list[str]) -> None:
+    """Scale every compute cost so that the run's own layout, priced as it ran (at its own global
+    batch, on the data given), takes the step its measured times replay; said either way. Not
+    where the run has no replay or no layout of this search, or where the scale falls outside
+    :data:`SCALE_RANGE` (the data given is not the run's: it would scale the data's difference)."""
+    from mimo_accel.tools.layout.pricing import price_steps
+
+    own = _profiled_layout(profiled, profiled.gbs, spec) if profiled.gbs else None
+    why = ("its profile has no per-micro-batch times to replay" if not profiled.replayed_step_s else
+           f"its layout (global batch {profiled.gbs}, micro-batch {profiled.mbs}) is not one of this search"
+           if own is None else None)
+    if why is None:
+        plan = "mimo_accel" if profiled.planned else "padded"
+        own_draws = draw(data, steps=steps, gbs=own.gbs, seq_length=seq, seed=seed, rehearsal=rehearsal,
+                         pixels=spec.image_pixels)
+        modelled = price_steps(own, own_draws, seconds, (plan,)).step_time[plan] - seconds.step_end(own)
+        scale = profiled.replayed_step_s / modelled if modelled > 0 else float("inf")
+        said = f"the run's own layout modelled {modelled:.3f} s a step, replayed {profiled.replayed_step_s:.3f} s"
+        if SCALE_RANGE[0] <= scale <= SCALE_RANGE[1]:
+            seconds.fit_scale(modelled, profiled.replayed_step_s)
+            notes.append(f"each module's compute costs x{scale:.3f}: {said} (what the model leaves out of a measured "
+                         "step, the same share of every layout's)")
+            return
+        why = (f"{said}: the data priced is not the run's (give its cost index with --index, or --workload NAME "
+               "--rehearsal for a rehearsal's profile)")
+    notes.append(f"costs not scaled to the run's replayed step: {why}")
 
 
 def _profiled_layout(profiled, gbs: int, spec: ModelSpec) -> Optional[LayoutSpec]:

@@ -154,8 +154,9 @@ class FlopsSeconds(_Seconds):
     def __init__(self, model: ModelSpec, machine: Machine, efficiency: Optional[Mapping[str, float]] = None,
                  efficiency_source: str = ""):
         if not machine.peak_tflops:
-            raise ValueError(f"pricing {model.name} from its FLOPs needs the GPU's peak: give --gpu (one of the "
-                             "table) or --peak-tflops")
+            raise ValueError(f"pricing {model.name} from its FLOPs needs the GPU's peak ({machine.name} has none: CPU "
+                             "ranks are priced from a profile of them, --from DIR); give --gpu, one of the table, or "
+                             "--peak-tflops")
         self.model, self.machine, self.comm = model, machine, Communication(machine)
         self.efficiency = {m: float((efficiency or {}).get(m, DEFAULT_EFFICIENCY)) for m in model.modules}
         self.efficiency_source = efficiency_source or f"the default {DEFAULT_EFFICIENCY:.2f} of the peak"
