@@ -264,6 +264,21 @@ def test_a_profile_prices_what_a_micro_batch_costs_whatever_its_size(tmp_path):
     assert any("no per-micro-batch tokens" in n for n in older.notes)
 
 
+def test_a_profile_is_scaled_to_its_replay_only_on_data_like_its_own(tmp_path):
+    """The scale that makes the run's own layout take its replayed step is fitted at the run's own
+    batch, whatever --gbs asks, and not applied where it says the data priced is not the run's; a
+    profile's seconds are its device's: another --gpu is refused."""
+    run = str(_pp_profile(tmp_path))
+    at = [build_problem(run, workload=load_profile("receipts"), rehearsal=True, steps=1, gbs=g).seconds.scale
+          for g in (8, 16)]
+    assert at[0] == at[1] != 1.0
+    far = build_problem(run, workload=load_profile("receipts"), rehearsal=True, steps=1, seq_length=100000)
+    assert far.seconds.scale == 1.0
+    assert any(n.startswith("costs not scaled to the run's replayed step") and "--index" in n for n in far.notes)
+    with pytest.raises(ValueError, match="--gpu h100: the profile was measured on cpu"):
+        build_problem(run, workload=load_profile("receipts"), rehearsal=True, steps=1, gpu="h100")
+
+
 def test_on_cpu_ranks_a_profile_holds_each_modules_tp(tmp_path):
     """How TP scales on CPU ranks is not modelled (gloo's collectives are in the measured times):
     every layout searched keeps the profiled TP, and one that changes it is refused in one line."""
