@@ -109,19 +109,19 @@ def test_a_steps_observations_are_each_replicas_longest_rank_and_its_counts():
         {"module": "vision", "dp_rank": 0, "time_s": 0.4, "features": [100, 5000, 1]},
         {"module": "vision", "dp_rank": 1, "time_s": 0.2, "features": [60, 1800, 2]},
         {"module": "vision", "dp_rank": 1, "time_s": 0.1, "features": [60, 1800, 2]},
-        {"module": "language", "dp_rank": 1, "time_s": 0.5, "features": [300, 45000]},
-        {"module": "language", "dp_rank": 0, "time_s": 0.6, "features": [310, 48100]},
+        {"module": "language", "dp_rank": 1, "time_s": 0.5, "features": [300, 45000, 4]},
+        {"module": "language", "dp_rank": 0, "time_s": 0.6, "features": [310, 48100, 4]},
         {"module": "unknown", "dp_rank": 0, "time_s": None, "features": None},
     ]
     out = step_observations(figures)
     x, y = out["vision"]
     assert x.tolist() == [[100, 5000, 1], [60, 1800, 2]] and y.tolist() == [0.4, 0.2]
     x, y = out["language"]
-    assert x.tolist() == [[310, 48100], [300, 45000]] and y.tolist() == [0.6, 0.5]
+    assert x.tolist() == [[310, 48100, 4], [300, 45000, 4]] and y.tolist() == [0.6, 0.5]
     # a replica without a time: nothing to learn from this step; one replica: its scale only
     assert "vision" not in step_observations(figures[:2] + [dict(figures[2], time_s=None)])
     x, y = step_observations(figures[4:5])["language"]
-    assert x.tolist() == [[300, 45000]] and y.tolist() == [0.5]
+    assert x.tolist() == [[300, 45000, 4]] and y.tolist() == [0.5]
 
 
 def test_a_pipelined_replicas_time_is_its_stages_summed_each_its_longest_rank():
@@ -131,10 +131,10 @@ def test_a_pipelined_replicas_time_is_its_stages_summed_each_its_longest_rank():
     times = {1: 0.50, 2: 0.52, 3: 0.40, 4: 0.41, 5: 0.56, 6: 0.55, 7: 0.47, 8: 0.45}
     for rank in (8, 3, 5, 1, 6, 2, 7, 4):  # any order of arrival
         figures.append({"module": "language", "dp_rank": (rank - 1) // 2 % 2, "rank": rank, "stages": 2,
-                        "time_s": times[rank], "features": [300 + rank % 2, 45000]})
+                        "time_s": times[rank], "features": [300 + rank % 2, 45000, 4]})
     out = step_observations(figures)
     assert out["language"][1].tolist() == pytest.approx([0.52 + 0.56, 0.41 + 0.47])
-    assert out["language"][0].tolist() == [[301, 45000], [301, 45000]]
+    assert out["language"][0].tolist() == [[301, 45000, 4], [301, 45000, 4]]
     assert out["vision"][1].tolist() == [0.9]
 
 
@@ -144,7 +144,7 @@ def test_a_replicas_time_is_the_sum_of_its_stages_maxima_whatever_the_order(stag
     rng = np.random.default_rng(seed)
     t = rng.uniform(0.01, 1.0, size=(stages, tp))  # [stage, tp rank] of one replica
     figures = [{"module": "language", "dp_rank": 0, "rank": 10 + p * tp + k, "stages": stages,
-                "time_s": float(t[p, k]), "features": [100, 1000]} for p in range(stages) for k in range(tp)]
+                "time_s": float(t[p, k]), "features": [100, 1000, 2]} for p in range(stages) for k in range(tp)]
     shuffled = [figures[i] for i in rng.permutation(len(figures))]
     assert step_observations(shuffled)["language"][1][0] == pytest.approx(t.max(axis=1).sum())
     # a figure without its stages (one stage): the replica's longest rank, as before
@@ -289,6 +289,27 @@ def test_a_lone_replicas_micro_batches_are_its_observations():
     # two replicas: they are the observations, as before
     other = dict(a, dp_rank=1, time_s=2 * a["time_s"])
     assert step_observations([a, other])["vision"][1].tolist() == pytest.approx([a["time_s"], 2 * a["time_s"]])
+
+
+def test_the_language_models_micro_batches_are_its_observations_each_its_stages_summed():
+    # language tp2 pp2 dp2 (ranks 1-8, pp slowest), two micro-batches of one sample a replica: a
+    # micro-batch's time is each stage's slowest rank, summed, as a replica's is
+    fwd_bwd = {1: [0.10, 0.30], 2: [0.12, 0.28], 3: [0.20, 0.20], 4: [0.21, 0.19],
+               5: [0.15, 0.35], 6: [0.14, 0.36], 7: [0.25, 0.22], 8: [0.24, 0.23]}
+    tokens = {0: [[40, 1600, 1], [300, 90000, 1]], 1: [[120, 14400, 1], [130, 16900, 1]]}
+    figures = []
+    for rank in (5, 2, 8, 1, 7, 4, 6, 3):  # any order of arrival
+        dp = (rank - 1) // 2 % 2
+        figures.append({"module": "language", "dp_rank": dp, "rank": rank, "stages": 2,
+                        "time_s": sum(fwd_bwd[rank]), "features": [sum(c) for c in zip(*tokens[dp])],
+                        "micro": {"features": tokens[dp], "seconds": fwd_bwd[rank]}})
+    x, y = step_observations(figures)["language"]
+    assert x.tolist() == tokens[0] + tokens[1]
+    assert y.tolist() == pytest.approx([0.12 + 0.15, 0.30 + 0.36, 0.21 + 0.25, 0.20 + 0.23])
+    # a rank without them: a row per replica, as before
+    figures[0] = dict(figures[0], micro=None)
+    x, y = step_observations(figures)["language"]
+    assert x.shape == (2, 3) and y.tolist() == pytest.approx([0.40 + 0.50, 0.40 + 0.47])  # each rank's step
 
 
 @pytest.mark.parametrize("per_micro_batch", [True, False])

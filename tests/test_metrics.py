@@ -400,6 +400,29 @@ def test_a_lone_encoder_replica_gives_its_micro_batches_and_others_do_not(tmp_pa
     assert rank_figures(*_line(tmp_path, 5, "language", 0, 0.1, 0.1))["micro"] is None
 
 
+def test_a_language_rank_gives_its_micro_batches_whatever_its_replicas(tmp_path):
+    # every language replica's micro-batches hold as many samples: their level beside their tokens
+    # tells what a micro-batch costs whatever its length (the online calibration's k)
+    rec = Recorder(tmp_path / "lang", rank=3, world_size=8, module="language", dp_rank=1, dp_size=2,
+                   clock="wall", device="cpu", regions=("language_fwd", "language_bwd"))
+    for tokens in (30, 200):
+        with rec.time("language_fwd"):
+            pass
+        with rec.time("language_bwd"):
+            pass
+        rec.add(samples=2, tokens=tokens, sq_tokens=tokens * tokens)
+        rec.add_micro(tokens=tokens, sq_tokens=tokens * tokens)
+    record = rec.end_step()
+    record["micro"]["language_fwd"], record["micro"]["language_bwd"] = [0.1, 0.2], [0.2, 0.4]
+    rec.close()
+    figures = rank_figures(rec.header, record)
+    assert figures["features"] == [230, 30 * 30 + 200 * 200, 4]
+    assert figures["micro"]["features"] == [[30, 900, 2], [200, 40000, 2]]
+    assert figures["micro"]["seconds"] == pytest.approx([0.3, 0.6])
+    record["samples"] = 3  # samples that do not split evenly over its micro-batches: no per-micro-batch rows
+    assert rank_figures(rec.header, record)["micro"] is None
+
+
 # ---------------------------------------------------------------------- who bounds the step
 # Upstream's validated layout in small, as tests/test_replay.py works it by hand: images dp1 (rank 0)
 # -> language dp2 pp2 (TP2 here: rank 1 + stage·4 + replica·2 + tp), two micro-batches; the encoder

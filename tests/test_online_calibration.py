@@ -56,16 +56,13 @@ def _samples(rng, n):
 
 def _replica_features(module, groups, r, q, k, t):
     if module == LANGUAGE:
-        return np.array([[t[g].sum(), (t[g] ** 2).sum()] for g in groups])
+        return np.array([[t[g].sum(), (t[g] ** 2).sum(), len(g)] for g in groups])
     return np.array([[r[g].sum(), q[g].sum(), k[g].sum()] for g in groups])
 
 
 def _true_seconds(module, f, truth, overhead):
     cost = truth[module]
-    work = cost.a * f[:, 0] + cost.b * f[:, 1]
-    if module != LANGUAGE:
-        work = work + cost.k * f[:, 2]
-    return work + overhead[module]
+    return cost.a * f[:, 0] + cost.b * f[:, 1] + cost.k * f[:, 2] + overhead[module]
 
 
 @dataclasses.dataclass
@@ -450,7 +447,7 @@ def test_refits_come_every_few_steps_from_min_steps_and_the_model_is_updated():
 @pytest.mark.parametrize("call, match", [
     (lambda c: c.observe(0, "audio", np.ones((2, 3)), [1, 1]), "unknown module 'audio'"),
     (lambda c: c.observe(0, VISION, np.ones((2, 2)), [1, 1]), r"vision features must be \[replicas, 3\]"),
-    (lambda c: c.observe(0, LANGUAGE, np.ones((2, 3)), [1, 1]), r"language features must be \[replicas, 2\]"),
+    (lambda c: c.observe(0, LANGUAGE, np.ones((2, 2)), [1, 1]), r"language features must be \[replicas, 3\]"),
     (lambda c: c.observe(0, VISION, np.ones((2, 3)), [1]), "one time per replica"),
     (lambda c: c.observe(0, VISION, np.full((2, 3), np.nan), [1, 1]), "finite and >= 0"),
     (lambda c: c.observe(0, VISION, np.ones((2, 3)), [1, -1]), "finite seconds >= 0"),

@@ -31,9 +31,8 @@ def _step(cal, step, pace, rng, replicas):
     for module in cal.modules:
         rows = rng.integers(200, 4000, replicas).astype(float)
         f = np.column_stack([rows, rows * rng.uniform(50, 900, replicas), rng.integers(1, 20, replicas)])
-        f = f[:, :2] if module == LANGUAGE else f
         c = TRUTH[module]
-        seconds = f[:, 0] * c.a + f[:, 1] * c.b + (f[:, 2] * c.k if module != LANGUAGE else 0.0)
+        seconds = f[:, 0] * c.a + f[:, 1] * c.b + f[:, 2] * c.k
         cal.observe(step, module, f, pace * seconds)
 
 
@@ -49,14 +48,14 @@ def _run(paces, *, keep_pace, replicas=1, modules=(VISION,), seed=0):
 def _work_over_time(cal, module, steps):
     """The model in use's work over the measured time of ``steps`` (1: in step with the machine)."""
     cost = cal.model.of(module)
-    w = np.array([cost.a, cost.b, cost.k][:2 if module == LANGUAGE else 3])
+    w = np.array([cost.a, cost.b, cost.k])
     x = np.concatenate([cal._steps[module][s].features for s in steps])
     y = np.concatenate([cal._steps[module][s].seconds for s in steps])
     return float((x @ w).sum() / y.sum())
 
 
 def _mean_share_error(steps, cost, module):
-    w = np.array([cost.a, cost.b, cost.k][:2 if module == LANGUAGE else 3])
+    w = np.array([cost.a, cost.b, cost.k])
     return float(np.mean([replica_share_error(o.features @ w, o.seconds) for o in steps]))
 
 
@@ -84,7 +83,7 @@ def test_a_learnt_shape_is_kept_while_its_level_follows_the_pace():
     rng = np.random.default_rng(2)
     rescaled = 0
     for step, pace in enumerate(paces):
-        _step(cal, step, pace, rng, 4)
+        _step(cal, step, pace, rng, 3)  # fewer rows a step than a cost per item is fitted from
         before = {m: cal.model.of(m) for m in cal.modules}
         for refit in cal.refit(step + 1):
             pace, _, attempt = refit.reason.partition("; ")
@@ -174,3 +173,24 @@ def test_a_flops_start_put_in_seconds_takes_its_cost_per_item_at_once(stalled):
     assert first is not None and first.accepted and "s per item" in first.reason
     assert first.coefficients.k == pytest.approx(true.k, rel=0.15)
     assert first.coefficients.b / first.coefficients.a == pytest.approx(shape.b / shape.a)
+
+
+def test_the_language_models_cost_per_micro_batch_is_learnt_from_its_micro_batches():
+    # a language replica's micro-batches (its stages summed), one sample each: a fixed cost per
+    # micro-batch beside a small one per token, as on CPU ranks and launch-bound GPUs. The replicas
+    # of a step hold as many samples, so only the micro-batches' level beside their tokens tells it
+    per_sample, per_token = 0.04, 2e-5
+    cal = OnlineCalibration(FLOPS, [LANGUAGE], min_steps=3, keep_pace=0.05, pace_steps=3)
+    rng = np.random.default_rng(3)
+    for step in range(10):
+        tokens = rng.integers(20, 400, 32).astype(float)  # 2 replicas x 16 micro-batches
+        f = np.column_stack([tokens, tokens ** 2, np.ones(32)])
+        cal.observe(step, LANGUAGE, f, (per_sample + per_token * tokens) * rng.uniform(0.97, 1.03, 32))
+        cal.refit(step + 1)
+    learnt = cal.model.of(LANGUAGE)
+    assert learnt.k == pytest.approx(per_sample, rel=0.15)
+    # so a step of short samples is priced as measured, and one of long samples too (a model of
+    # its tokens alone, scaled to the mean step, prices the first x0.15 and the second x1.7)
+    for tokens in (np.full(16, 30.0), np.full(16, 380.0)):
+        truth = (per_sample + per_token * tokens).sum()
+        assert learnt.language_costs(tokens).sum() == pytest.approx(truth, rel=0.08)

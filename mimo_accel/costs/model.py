@@ -5,8 +5,10 @@ Per module (the user's config names; the language model is ``"language"``):
 - an encoder: ``a·rows + b·sq_rows + k·items`` over the sample's items of that modality (images,
   clips, videos): ``rows`` the encoder rows before merging, ``sq_rows`` Σ rows² over the items (its
   attention), ``items`` their count;
-- the language model: ``a·tokens + b·tokens²`` over the sample's real tokens (text + every
-  modality's placeholders), default a = 1, b = 1/8192.
+- the language model: ``a·tokens + b·tokens² + k`` over the sample's real tokens (text + every
+  modality's placeholders), default a = 1, b = 1/8192, k = 0; ``k`` is what a sample costs
+  whatever its length (a micro-batch's forward and backward beside its tokens, shared by its
+  samples: every replica's micro-batches hold as many).
 
 An encoder without its own entry is priced by the model's default encoder coefficients ``a``,
 ``b`` (and k = 0).
@@ -45,7 +47,7 @@ def _check_coefficient(name: str, value: object) -> float:
 @dataclass(frozen=True)
 class ModuleCost:
     """One module's coefficients: an encoder's ``a·rows + b·sq_rows + k·items``, the language
-    model's ``a·tokens + b·tokens²`` (k = 0)."""
+    model's ``a·tokens + b·tokens² + k`` (k per sample)."""
 
     a: float
     b: float
@@ -70,7 +72,7 @@ class ModuleCost:
         if (t < 0).any():
             raise ValueError("token counts must be >= 0")
         with np.errstate(over="ignore"):
-            out = self.a * t + self.b * t * t
+            out = self.a * t + self.b * t * t + self.k
         return _finite(out)
 
     def to_dict(self) -> dict[str, float]:
@@ -98,8 +100,6 @@ def _module_table(modules: Any) -> dict[str, ModuleCost]:
             cost = ModuleCost(**cost)
         if not isinstance(cost, ModuleCost):
             raise ValueError(f"CostModel.modules[{name!r}] must be a ModuleCost, got {type(cost).__name__}")
-        if name == LANGUAGE and cost.k != 0:
-            raise ValueError("CostModel.modules['language']: the language cost is a·tokens + b·tokens²; k must be 0")
         out[name] = cost
     return out
 

@@ -5,7 +5,7 @@ replica's measured forward + backward seconds in the step and its features summe
 micro-batches — the quantities :class:`~mimo_accel.costs.ModuleCost` prices:
 
 - an encoder: ``rows``, ``Σ rows²``, ``items`` (``a·rows + b·sq_rows + k·items``);
-- the language model (``"language"``): real ``tokens``, ``Σ tokens²`` (``a·tokens + b·tokens²``).
+- the language model: real ``tokens``, ``Σ tokens²``, ``samples`` (``a·tokens + b·tokens² + k·samples``).
 
 How a refit is made (:meth:`OnlineCalibration.refit`), per module, over the last ``window``
 observed steps, the newest ``held_out`` share of them held out:
@@ -59,9 +59,9 @@ observed steps, the newest ``held_out`` share of them held out:
    predicted work is off the newest ``pace_steps`` steps' measured time by more than
    ``keep_pace`` (relative) is rescaled to it, its shape kept: a step plan weighs the modules
    against each other in seconds, and a machine's pace drifts from the first steps a model was
-   learnt from. An encoder observed per micro-batch (a lone replica) is fitted to that pace as
-   its rows' shape scaled plus a cost per item (``k``): its micro-batches hold the same items, so
-   only their level beside their rows tells what a forward costs whatever its size.
+   learnt from. A module observed per micro-batch (a lone encoder; the language model, stages
+   summed) is fitted to that pace as its rows' (tokens') shape scaled plus a cost per item
+   (sample), ``k``: its micro-batches hold as many, so only their level tells what one costs.
 
 Determinism: observations are kept per step and fitted in step order, the solver tries its
 supports in a fixed order, and nothing is random, so the same observations give bit-identical
@@ -89,7 +89,7 @@ __all__ = ["OnlineCalibration", "Refit", "features_of"]
 logger = logging.getLogger(__name__)
 
 ENCODER_FEATURES = ("rows", "sq_rows", "items")
-LANGUAGE_FEATURES = ("tokens", "sq_tokens")
+LANGUAGE_FEATURES = ("tokens", "sq_tokens", "samples")
 _COEFFICIENTS = ("a", "b", "k")
 BOUND = 100.0  # a refit may move a coefficient (or the predicted work) at most this factor either way
 NEGLIGIBLE = 0.01  # a term below this share of the predicted work may fall to 0 (or grow from it)
@@ -147,7 +147,7 @@ class Refit:
     def message(self) -> str:
         """One log line: the module, its coefficients, the held-out error before → after."""
         c = self.coefficients
-        terms = f"a={c.a:.4g} b={c.b:.4g}" + ("" if self.module == LANGUAGE else f" k={c.k:.4g}")
+        terms = f"a={c.a:.4g} b={c.b:.4g} k={c.k:.4g}"
         return (f"mimo_accel online calibration: {self.module} at step {self.step}: {terms} "
                 f"(held-out replica error {self.held_out_error_before:.4f} -> {self.held_out_error_after:.4f})")
 
@@ -364,7 +364,7 @@ class OnlineCalibration:
         if not varying.all():
             held = [f"{names[j]} ({_COEFFICIENTS[j]})" for j in np.flatnonzero(~varying)]
             # a lone replica's micro-batches at the machine's pace: that fit tells k (point 7)
-            paced = self.keep_pace is not None and module != LANGUAGE and train.counts.min() >= PER_ITEM_ROWS
+            paced = self.keep_pace is not None and train.counts.min() >= PER_ITEM_ROWS
             self._say(f"online:{module}:held:{','.join(held)}",
                       f"mimo_accel online calibration: {module}: {', '.join(held)} never differs between its "
                       "replicas within a step, so the steps cannot tell its coefficient (it keeps the current "
@@ -427,7 +427,7 @@ class OnlineCalibration:
         recent = Steps(obs[-self.pace_steps:])
         with np.errstate(all="ignore"):
             factor = in_seconds(recent.features @ w, recent.seconds)
-        level = None if module == LANGUAGE else per_item_level(w, recent)
+        level = per_item_level(w, recent)
         if level is not None and self._implausible(module, level, factor * w, recent.features) is not None:
             level = None
         # the drift is the model's predicted work over the measured time, less one (none measured:

@@ -403,20 +403,21 @@ class Calibration:
 
 
 def step_observations(figures: list) -> dict:
-    """Per module, one step's ``(features [replicas, n], seconds [replicas])`` from every rank's
-    figures: a replica's time is its PP stages summed, each its slowest rank
+    """Per module, one step's ``(features [rows, n], seconds [rows])`` from every rank's figures,
+    a row per replica: a replica's time is its PP stages summed, each its slowest rank
     (:func:`~mimo_accel.modules.replica_seconds`; ``stages`` from a figure, 1 where absent), what
     a sample costs the whole module as the step model and a FLOPs start price it; its features the
     largest any of its ranks counted. A module with a replica that has no time is left out of that
-    step. A module of a single replica (and one stage) is observed per micro-batch where its ranks
-    timed and counted each forward (the figures' ``micro``): its micro-batches differ within the
-    step as replicas would, so its cost's shape can be learnt (an encoder before a PP language
-    model sets the step's pace); without them it teaches only its scale
-    (:class:`~mimo_accel.costs.online.OnlineCalibration`)."""
+    step. The language model, and a module of a single replica, is observed a row per micro-batch
+    where its ranks timed and counted each forward (the figures' ``micro``; its stages summed the
+    same way): its micro-batches differ within the step as replicas would, so its cost's shape can
+    be learnt (an encoder before a PP language model sets the step's pace), and each holds the same
+    samples, so their level tells what a micro-batch costs whatever its size; without them a lone
+    replica teaches only its scale (:class:`~mimo_accel.costs.online.OnlineCalibration`)."""
     import numpy as np
 
     from mimo_accel.costs.online import features_of
-    from mimo_accel.modules import replica_seconds
+    from mimo_accel.modules import LANGUAGE, replica_seconds
 
     by_module: dict = {}
     for i, f in enumerate(figures):
@@ -427,9 +428,11 @@ def step_observations(figures: list) -> dict:
                       f.get("micro")))
     out = {}
     for module, replicas in by_module.items():
-        if len(replicas) == 1 and (per_micro := _micro_batches(next(iter(replicas.values())))) is not None:
-            out[module] = per_micro
-            continue
+        if module == LANGUAGE or len(replicas) == 1:
+            per_micro = [_micro_batches(replicas[d]) for d in sorted(replicas)]
+            if all(p is not None for p in per_micro):
+                out[module] = tuple(np.concatenate(parts) for parts in zip(*per_micro))
+                continue
         times, feats = {}, {}
         for d, members in replicas.items():
             feats[d] = [max(col) for col in zip(*(m[2] for m in members))]
@@ -446,15 +449,18 @@ def step_observations(figures: list) -> dict:
 
 
 def _micro_batches(members: list):
-    """``(features [W, n], seconds [W])`` of a one-replica module's micro-batches, each the
-    largest over its ranks (TP, CP ranks run the same micro-batch); None where a rank lacks them,
-    the ranks differ in W, or the module runs several stages."""
+    """``(features [W, n], seconds [W])`` of one replica's micro-batches: a micro-batch's features
+    the largest over its ranks (TP, CP ranks run the same micro-batch), its seconds its stages
+    summed, each its slowest rank (as :func:`~mimo_accel.modules.replica_seconds` sums a
+    replica); None where a rank lacks them or the ranks differ in W."""
     import numpy as np
 
+    from mimo_accel.modules import replica_seconds
+
     micro = [m[4] for m in members]
-    if any(m[3] != 1 for m in members) or not all(isinstance(x, dict) for x in micro) \
-            or len({len(x["seconds"]) for x in micro}) != 1:
+    if not all(isinstance(x, dict) for x in micro) or len({len(x["seconds"]) for x in micro}) != 1:
         return None
     features = np.max([np.asarray(x["features"], dtype=np.float64) for x in micro], axis=0)
-    seconds = np.max([np.asarray(x["seconds"], dtype=np.float64) for x in micro], axis=0)
+    seconds = np.array([replica_seconds({m[0]: x["seconds"][j] for m, x in zip(members, micro)}, members[0][3])
+                        for j in range(len(micro[0]["seconds"]))], dtype=np.float64)
     return features, seconds

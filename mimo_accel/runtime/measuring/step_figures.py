@@ -54,8 +54,9 @@ def rank_figures(header: dict, record: dict, times: bool = False) -> dict:
         "spreads": spreads,
         "plan_wait_s": record_number(record, "plan_wait_s"),
         "features": _features(module, record),
-        # per micro-batch only where the calibration uses them: a module of one replica
-        "micro": _micro_figures(module, record) if int(header.get("dp_size", 1)) == 1 else None,
+        # per micro-batch only where the calibration uses them: the language model, a module of one replica
+        "micro": _micro_figures(module, record) if module == LANGUAGE or int(header.get("dp_size", 1)) == 1
+        else None,
         "micro_us": _micro_times(module, record) if times else None,
     }
 
@@ -75,17 +76,25 @@ def _micro_times(module: str, record: dict) -> Optional[dict]:
 
 
 def _micro_figures(module: str, record: dict) -> Optional[dict]:
-    """An encoder's micro-batches this step, where the line has one time and one count per
-    forward in call order: ``{"features": [[rows, Σ rows², items], ...], "seconds": [fwd + bwd,
-    ...]}`` (a frozen encoder's seconds are its forwards); None otherwise (the language model, a
-    line without them, or lists that do not pair one to one)."""
+    """A module's micro-batches this step, where the line has one time and one count per forward
+    in call order: ``{"features": [[rows, Σ rows², items], ...], "seconds": [fwd + bwd, ...]}``
+    (the language model's: tokens, Σ tokens², samples, each micro-batch holding an equal share of
+    the step's samples; a frozen encoder's seconds are its forwards); None otherwise (a line
+    without them, or lists that do not pair one to one)."""
     from mimo_accel.costs.online import features_of
 
     micro = record.get("micro")
-    if module == LANGUAGE or not isinstance(micro, dict):
+    if not isinstance(micro, dict):
         return None
     forward, backward = micro.get(f"{module}_fwd"), micro.get(f"{module}_bwd")
-    counts = [micro.get(f"{module}_{name}") for name in features_of(module)]
+    if module == LANGUAGE:
+        samples = record_number(record, "samples")
+        calls = len(forward) if isinstance(forward, list) else 0
+        if not calls or samples is None or samples % calls:
+            return None
+        counts = [micro.get("tokens"), micro.get("sq_tokens"), [samples // calls] * calls]
+    else:
+        counts = [micro.get(f"{module}_{name}") for name in features_of(module)]
     lists = [forward, *counts] + ([backward] if backward is not None else [])
     if not all(isinstance(v, list) and v for v in lists) or len({len(v) for v in lists}) != 1:
         return None

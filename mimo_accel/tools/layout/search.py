@@ -122,7 +122,7 @@ class Bound:
         idx = np.arange(n)
         tok = draws.index.tokens(idx).astype(np.float64)
         encoders = [m for m in names if m != LANGUAGE]
-        self.features = {LANGUAGE: (tok, tok * tok, np.zeros(n))}
+        self.features = {LANGUAGE: (tok, tok * tok, np.ones(n))}  # k: per sample
         for e in encoders:
             col = draws.index.column_for(e, encoders, lambda *_: None)
             self.features[e] = tuple(np.asarray(f(col, idx), dtype=np.float64)
