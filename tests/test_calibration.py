@@ -303,13 +303,15 @@ def test_the_language_models_micro_batches_are_its_observations_each_its_stages_
         figures.append({"module": "language", "dp_rank": dp, "rank": rank, "stages": 2,
                         "time_s": sum(fwd_bwd[rank]), "features": [sum(c) for c in zip(*tokens[dp])],
                         "micro": {"features": tokens[dp], "seconds": fwd_bwd[rank]}})
-    x, y = step_observations(figures)["language"]
+    x, y = step_observations(figures, language_per_micro_batch=True)["language"]
     assert x.tolist() == tokens[0] + tokens[1]
     assert y.tolist() == pytest.approx([0.12 + 0.15, 0.30 + 0.36, 0.21 + 0.25, 0.20 + 0.23])
-    # a rank without them: a row per replica, as before
+    # not asked for (no step plan: a row's overhead would be a micro-batch's), or a rank without
+    # them: a row per replica, as before
+    rows = step_observations(figures)["language"]
     figures[0] = dict(figures[0], micro=None)
-    x, y = step_observations(figures)["language"]
-    assert x.shape == (2, 3) and y.tolist() == pytest.approx([0.40 + 0.50, 0.40 + 0.47])  # each rank's step
+    for x, y in (rows, step_observations(figures, language_per_micro_batch=True)["language"]):
+        assert x.shape == (2, 3) and y.tolist() == pytest.approx([0.40 + 0.50, 0.40 + 0.47])  # each rank's step
 
 
 @pytest.mark.parametrize("per_micro_batch", [True, False])

@@ -73,10 +73,11 @@ def test_the_index_round_trips_through_its_file(tmp_path_factory, index):
 
 
 @settings(max_examples=examples(60), deadline=None)
-@given(indexes(), st.floats(0, 10), st.floats(0, 1e-3), st.floats(0, 50), st.floats(0, 3), st.floats(0, 1e-3))
-def test_module_costs_equal_a_direct_computation(index, a, b, k, la, lb):
+@given(indexes(), st.floats(0, 10), st.floats(0, 1e-3), st.floats(0, 50), st.floats(0, 3), st.floats(0, 1e-3),
+       st.floats(0, 50))
+def test_module_costs_equal_a_direct_computation(index, a, b, k, la, lb, lk):
     names = list(index.encoders)
-    model = CostModel(modules={names[0]: ModuleCost(a, b, k), "language": ModuleCost(la, lb)})
+    model = CostModel(modules={names[0]: ModuleCost(a, b, k), "language": ModuleCost(la, lb, lk)})
     modules = Modules.from_dp_sizes({**{n: 2 for n in names}, "language": 1})
     rng = np.random.default_rng(len(index))
     picks = rng.integers(0, len(index), 16) if len(index) else np.zeros(0, np.int64)
@@ -89,7 +90,7 @@ def test_module_costs_equal_a_direct_computation(index, a, b, k, la, lb):
         direct = [co[0] * rows[i] + co[1] * sq[i] + co[2] * items[i] for i in picks]
         np.testing.assert_allclose(costs[name], direct, rtol=1e-12)
     t = index.tokens(every).astype(float)
-    np.testing.assert_allclose(costs["language"], [la * t[i] + lb * t[i] ** 2 for i in picks], rtol=1e-12)
+    np.testing.assert_allclose(costs["language"], [la * t[i] + lb * t[i] ** 2 + lk for i in picks], rtol=1e-12)
 
 
 def test_an_index_of_several_encoders_is_asked_by_module_name():
@@ -123,13 +124,14 @@ def test_digest_covers_every_encoder_and_the_tokens():
 
 def test_cost_model_file_round_trip_and_older_files_refused(tmp_path):
     model = CostModel(a=2.0, b=0.003, fit={"r2": 0.9},
-                      modules={"audio": ModuleCost(1e-5, 2e-9, 3e-3), "language": ModuleCost(1e-6, 1e-10)})
+                      modules={"audio": ModuleCost(1e-5, 2e-9, 3e-3), "language": ModuleCost(1e-6, 1e-10, 2e-2)})
     model.to_file(tmp_path / "m.json")
     doc = json.loads((tmp_path / "m.json").read_text())
     assert doc["format"] == "mimo-accel-cost-model/3"
     assert doc["modules"]["audio"] == {"a": 1e-5, "b": 2e-9, "k": 3e-3}
     back = CostModel.from_file(tmp_path / "m.json")
     assert back == model and back.of("audio") == ModuleCost(1e-5, 2e-9, 3e-3)
+    assert back.of("language").k == 2e-2  # a sample's share of what a micro-batch costs whatever its length
     assert back.of("vision") == ModuleCost(2.0, 0.003)  # no entry: the default encoder's a, b
     # files of formats 1 (a, b, c, no modules table) and 2 (a, b, c, a modules table) are refused,
     # naming the command that recreates them

@@ -59,9 +59,9 @@ observed steps, the newest ``held_out`` share of them held out:
    predicted work is off the newest ``pace_steps`` steps' measured time by more than
    ``keep_pace`` (relative) is rescaled to it, its shape kept: a step plan weighs the modules
    against each other in seconds, and a machine's pace drifts from the first steps a model was
-   learnt from. A module observed per micro-batch (a lone encoder; the language model, stages
-   summed) is fitted to that pace as its rows' (tokens') shape scaled plus a cost per item
-   (sample), ``k``: its micro-batches hold as many, so only their level tells what one costs.
+   learnt from. A module observed per micro-batch (a lone encoder; the language model, stages summed)
+   is fitted to that pace as its rows' shape scaled plus a cost per item (sample), ``k``: its
+   micro-batches hold as many, so only their level tells what one costs.
 
 Determinism: observations are kept per step and fitted in step order, the solver tries its
 supports in a fixed order, and nothing is random, so the same observations give bit-identical
@@ -361,10 +361,10 @@ class OnlineCalibration:
             # which weighs the pipeline's modules against each other
             return self._scaled(Refit(step, module, self._model.of(module), overhead, before, math.nan, test_steps,
                                       False, "only the scale can be learnt"))
-        if not varying.all():
-            held = [f"{names[j]} ({_COEFFICIENTS[j]})" for j in np.flatnonzero(~varying)]
-            # a lone replica's micro-batches at the machine's pace: that fit tells k (point 7)
-            paced = self.keep_pace is not None and train.counts.min() >= PER_ITEM_ROWS
+        paced = self.keep_pace is not None and train.counts.min() >= PER_ITEM_ROWS  # the pace tells k (point 7)
+        # the language model's samples never differ (as many in every replica): news only where the pace tells k
+        held = [f"{names[j]} ({_COEFFICIENTS[j]})" for j in np.flatnonzero(~varying) if paced or names[j] != "samples"]
+        if held:
             self._say(f"online:{module}:held:{','.join(held)}",
                       f"mimo_accel online calibration: {module}: {', '.join(held)} never differs between its "
                       "replicas within a step, so the steps cannot tell its coefficient (it keeps the current "

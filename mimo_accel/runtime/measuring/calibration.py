@@ -344,7 +344,8 @@ class Calibration:
     def _learn(self, iteration: int, figures: list) -> tuple:
         from mimo_accel.costs.online import OnlineCalibration
 
-        observations = step_observations(figures)
+        # a step plan alone learns the language model's cost per micro-batch, at the machine's pace
+        observations = step_observations(figures, language_per_micro_batch=self.window == STEP_WINDOW)
         if self.fitter is None:
             if not observations:
                 return ()
@@ -402,18 +403,20 @@ class Calibration:
                            "configured cost model", path, exc)
 
 
-def step_observations(figures: list) -> dict:
+def step_observations(figures: list, language_per_micro_batch: bool = False) -> dict:
     """Per module, one step's ``(features [rows, n], seconds [rows])`` from every rank's figures,
     a row per replica: a replica's time is its PP stages summed, each its slowest rank
     (:func:`~mimo_accel.modules.replica_seconds`; ``stages`` from a figure, 1 where absent), what
     a sample costs the whole module as the step model and a FLOPs start price it; its features the
     largest any of its ranks counted. A module with a replica that has no time is left out of that
-    step. The language model, and a module of a single replica, is observed a row per micro-batch
-    where its ranks timed and counted each forward (the figures' ``micro``; its stages summed the
-    same way): its micro-batches differ within the step as replicas would, so its cost's shape can
-    be learnt (an encoder before a PP language model sets the step's pace), and each holds the same
-    samples, so their level tells what a micro-batch costs whatever its size; without them a lone
-    replica teaches only its scale (:class:`~mimo_accel.costs.online.OnlineCalibration`)."""
+    step. A module of a single replica (and, with ``language_per_micro_batch``, the language model)
+    is observed a row per micro-batch where its ranks timed and counted each forward (the figures'
+    ``micro``; its stages summed the same way): its micro-batches differ within the step as
+    replicas would, so its cost's shape can be learnt (an encoder before a PP language model sets
+    the step's pace), and each holds as many items, so their level tells what a micro-batch costs
+    whatever its size (fitted at the machine's pace, for a step plan: a row's overhead is a
+    micro-batch's, not a replica's); without them a lone replica teaches only its scale
+    (:class:`~mimo_accel.costs.online.OnlineCalibration`)."""
     import numpy as np
 
     from mimo_accel.costs.online import features_of
@@ -428,7 +431,7 @@ def step_observations(figures: list) -> dict:
                       f.get("micro")))
     out = {}
     for module, replicas in by_module.items():
-        if module == LANGUAGE or len(replicas) == 1:
+        if (module == LANGUAGE and language_per_micro_batch) or len(replicas) == 1:
             per_micro = [_micro_batches(replicas[d]) for d in sorted(replicas)]
             if all(p is not None for p in per_micro):
                 out[module] = tuple(np.concatenate(parts) for parts in zip(*per_micro))

@@ -240,10 +240,10 @@ def step_histograms(figures: Iterable[dict]) -> dict[str, list[float]]:
 
 def model_scalars(model, figures: Iterable[dict]) -> dict[str, float]:
     """The cost model in use for each module of the step (online calibration): its coefficients
-    ``cost_model/a``, ``/b`` and an encoder's ``/k``."""
+    ``cost_model/a``, ``/b``, ``/k``."""
     out: dict[str, float] = {}
     for module in sorted({f["module"] for f in figures if f.get("module") not in (None, "unknown")}):
         cost = model.of(module)
-        for name in ("a", "b") if module == LANGUAGE else ("a", "b", "k"):
+        for name in ("a", "b", "k"):
             out[f"{PREFIX}/{module}/cost_model/{name}"] = getattr(cost, name)
     return out

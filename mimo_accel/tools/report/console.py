@@ -275,7 +275,7 @@ def _calibration_table(side: dict[str, Any] | None) -> ReportTable | None:
     refits = ((side or {}).get("online_calibration") or {}).get("refits") or []
     if not refits:
         return None
-    t = ReportTable("Online calibration: accepted refits (s per row / row² / item; per token / token²)",
+    t = ReportTable("Online calibration: accepted refits (s per row / row² / item; per token / token² / sample)",
                [("step", True), ("module", False), ("a", True), ("b", True), ("k", True),
                 ("held-out error", True), ("planned from", True)])
     for r in refits:
