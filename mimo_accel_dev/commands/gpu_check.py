@@ -489,7 +489,7 @@ def check_online(setup: _Setup) -> Check:
             if module == VISION:
                 features = np.array([[rows[g].sum(), sq[g].sum(), items[g].sum()] for g in groups])
             else:
-                features = np.array([[tokens[g].sum(), (tokens[g] ** 2).sum()] for g in groups])
+                features = np.array([[tokens[g].sum(), (tokens[g] ** 2).sum(), len(g)] for g in groups])
             seconds = np.array([measure[module]([samples[i] for i in g]) for g in groups])
             if step >= warmup:
                 spreads[module].append(float(seconds.max() / seconds.mean()))
