@@ -70,7 +70,7 @@ def _known_times(rank, world, argv, features, env):
 
 
 def _run(workdir: Path, name: str, vdp: int, ldp: int, *extra: str, iters: int = ITERS,
-         checkpoint: str | None = None, audio_dp: int = 0) -> dict:
+         checkpoint: str | None = None, audio_dp: int = 0, **options) -> dict:
     trace, ckpt, profile = workdir / f"{name}.jsonl", workdir / (checkpoint or f"ckpt-{name}"), workdir / name
     layout = (["--vision-dp", str(vdp), "--language-dp", str(ldp), "--varied"] if not audio_dp else
               ["--modalities", "vision,audio", "--vision-dp", str(vdp), "--audio-dp", str(audio_dp),
@@ -78,7 +78,7 @@ def _run(workdir: Path, name: str, vdp: int, ldp: int, *extra: str, iters: int =
     argv = ["--cpu", *layout, "--mbs", str(MBS), "--gbs", str(GBS), "--train-iters", str(iters),
             "--eval-interval", "4", "--eval-iters", "1", "--save", str(ckpt), "--trace", str(trace), *extra]
     features = dict(sharded_reads=True, reorder=True, packing=True, cost_model=str(workdir / "wrong.json"),
-                    profile=str(profile))
+                    profile=str(profile), **options)
     env = {"MIMO_ACCEL_CACHE_DIR": str(workdir / "cache")}
     run_ranks(_known_times, vdp + audio_dp + ldp, argv, features, env, deadline_s=DEADLINE_S)
     records = [json.loads(line) for line in trace.read_text().splitlines()]
@@ -125,6 +125,8 @@ def test_plans_agree_at_every_window_while_refits_take_effect(workdir, vdp, ldp)
     # from a start in seconds (a file), every refit taken is a fit judged better (no scale-only one)
     assert refits and all(r["held_out_error_after"] < r["held_out_error_before"] for r in refits)
     assert any(r["coefficients"]["k"] > 0 for r in refits if r["module"] == "vision") or vdp == 1
+    # no step plan: a language row is a replica, whose samples never differ, so it learns no cost per sample
+    assert all(r["coefficients"]["k"] == 0 for r in refits if r["module"] == "language")
 
 
 @pytest.fixture(scope="module")
@@ -178,3 +180,13 @@ def test_with_two_encoders_refits_take_effect_and_every_module_plans_alike(workd
     assert len(set(_models_by_iteration(run).values())) >= 2
     for it, step in steps_from_trace(run["records"]).items():
         assert step["vision"] == step["audio"] == step["language"] == list(range((it - 1) * GBS, it * GBS)), it
+
+
+def test_a_step_plan_learns_what_a_language_micro_batch_costs_whatever_its_length(workdir):
+    # the stand-in gives every observed row its known cost plus 0.005 s; under a step plan the
+    # language model is observed per micro-batch (stages summed), so that is what one costs whatever
+    # its length, learnt at the machine's pace as k: a sample's share (MBS / 2 replicas a micro-batch)
+    run = _run(workdir, "step-plan", 2, 2, reorder_window="step")
+    language = [a["model"]["modules"]["language"] for a in run["schedule"]["announcements"]]
+    assert language and language[-1]["k"] == pytest.approx(0.005 / (MBS // 2), rel=0.1), language
+    _assert_every_sample_once(run["records"], range(1, ITERS + 1))
