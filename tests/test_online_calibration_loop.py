@@ -3,7 +3,7 @@ torch_dist checkpoints, resume) on CPU gloo ranks, started from a deliberately w
 refits are announced and take effect while training, and every data rank plans every window with
 the same model throughout (the plan check compares each window's plan, the model's digest in it:
 a rank planning with another model would stop the job); in 1:1, fan-in, fan-out and with two
-encoders. A run resumed from a checkpoint taken after a refit plans with the saved models, and
+encoders. Under a step plan the language model's cost per micro-batch is learnt. A run resumed from a checkpoint taken after a refit plans with the saved models, and
 each iteration trains exactly what the uninterrupted run trained.
 
 One stand-in: the replica times the fitting rank learns from are a known cost of what each replica
