@@ -400,9 +400,9 @@ def test_a_lone_encoder_replica_gives_its_micro_batches_and_others_do_not(tmp_pa
     assert rank_figures(*_line(tmp_path, 5, "language", 0, 0.1, 0.1))["micro"] is None
 
 
-def test_a_language_rank_gives_its_micro_batches_whatever_its_replicas(tmp_path):
+def test_a_language_rank_gives_its_micro_batches_under_a_step_plan_whatever_its_replicas(tmp_path):
     # every language replica's micro-batches hold as many samples: their level beside their tokens
-    # tells what a micro-batch costs whatever its length (the online calibration's k)
+    # tells what a micro-batch costs whatever its length (a step plan's online calibration's k)
     rec = Recorder(tmp_path / "lang", rank=3, world_size=8, module="language", dp_rank=1, dp_size=2,
                    clock="wall", device="cpu", regions=("language_fwd", "language_bwd"))
     for tokens in (30, 200):
@@ -415,12 +415,13 @@ def test_a_language_rank_gives_its_micro_batches_whatever_its_replicas(tmp_path)
     record = rec.end_step()
     record["micro"]["language_fwd"], record["micro"]["language_bwd"] = [0.1, 0.2], [0.2, 0.4]
     rec.close()
-    figures = rank_figures(rec.header, record)
+    figures = rank_figures(rec.header, record, language_micro=True)
     assert figures["features"] == [230, 30 * 30 + 200 * 200, 4]
     assert figures["micro"]["features"] == [[30, 900, 2], [200, 40000, 2]]
     assert figures["micro"]["seconds"] == pytest.approx([0.3, 0.6])
+    assert rank_figures(rec.header, record)["micro"] is None  # no step plan: none gathered
     record["samples"] = 3  # samples that do not split evenly over its micro-batches: no per-micro-batch rows
-    assert rank_figures(rec.header, record)["micro"] is None
+    assert rank_figures(rec.header, record, language_micro=True)["micro"] is None
 
 
 # ---------------------------------------------------------------------- who bounds the step
@@ -480,7 +481,7 @@ def test_the_busy_shares_reach_a_real_event_file_and_only_written_iterations_car
     writer = SummaryWriter(log_dir=str(tmp_path / "tb"))
     states = [_state(interval=2, tensorboard=writer if r == 8 else None) for r in range(9)]
     # gathered every iteration (as with online calibration), written every second one
-    ranks = [Metrics(states[r], rank=r, world=9, store=store, calibration=SimpleNamespace(lead=1) if r < 8 else None)
+    ranks = [Metrics(states[r], rank=r, world=9, store=store, calibration=SimpleNamespace(lead=1, window=1) if r < 8 else None)
              for r in range(9)]
     for m in ranks:
         m.run = 7

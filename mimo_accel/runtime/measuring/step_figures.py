@@ -21,12 +21,14 @@ __all__ = ["PREFIX", "model_scalars", "rank_figures", "step_histograms", "step_s
 PREFIX = "mimo_accel"  # every tag's first part
 
 
-def rank_figures(header: dict, record: dict, times: bool = False) -> dict:
+def rank_figures(header: dict, record: dict, times: bool = False, language_micro: bool = False) -> dict:
     """What one rank contributes to a logged step: its module and replica (from its profile
     header), its module's forward + backward seconds, what it read, what it computed (samples; the
     language model's real tokens Σ L, Σ L², an encoder's rows Σ rows, Σ rows²), its step's wall
     time, and the plan's prediction. ``times``: also each micro-batch's forward and backward
-    (``micro_us``, for the step's replay; only the iterations that are written need them)."""
+    (``micro_us``, for the step's replay; only the iterations that are written need them).
+    ``language_micro``: a language rank's micro-batches' counts and times too (``micro``: the online
+    calibration of a step plan learns from them; a module of one replica gives them always)."""
     module = str(header.get("module", "unknown"))
     rows, sq_rows = ("tokens", "sq_tokens") if module == LANGUAGE else (f"{module}_rows", f"{module}_sq_rows")
     spreads: dict = {}
@@ -54,9 +56,10 @@ def rank_figures(header: dict, record: dict, times: bool = False) -> dict:
         "spreads": spreads,
         "plan_wait_s": record_number(record, "plan_wait_s"),
         "features": _features(module, record),
-        # per micro-batch only where the calibration uses them: the language model, a module of one replica
-        "micro": _micro_figures(module, record) if module == LANGUAGE or int(header.get("dp_size", 1)) == 1
-        else None,
+        # per micro-batch only where the calibration uses them: a module of one replica, the language model's
+        # under a step plan
+        "micro": _micro_figures(module, record) if (language_micro if module == LANGUAGE
+                                                    else int(header.get("dp_size", 1)) == 1) else None,
         "micro_us": _micro_times(module, record) if times else None,
     }
 
