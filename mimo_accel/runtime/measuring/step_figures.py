@@ -107,7 +107,7 @@ def _micro_figures(module: str, record: dict) -> Optional[dict]:
 
 def _features(module: str, record: dict) -> Optional[list]:
     """What the module computed this step, as the online calibration learns from it (an encoder's
-    rows, Σ rows², items; the language model's tokens, Σ tokens²); None where the line lacks them."""
+    rows, Σ rows², items; the language model's tokens, Σ tokens², samples); None where the line lacks them."""
     from mimo_accel.costs.online import features_of
 
     keys = [name if module == LANGUAGE else f"{module}_{name}" for name in features_of(module)]
