@@ -481,7 +481,7 @@ def test_the_busy_shares_reach_a_real_event_file_and_only_written_iterations_car
     writer = SummaryWriter(log_dir=str(tmp_path / "tb"))
     states = [_state(interval=2, tensorboard=writer if r == 8 else None) for r in range(9)]
     # gathered every iteration (as with online calibration), written every second one
-    ranks = [Metrics(states[r], rank=r, world=9, store=store, calibration=SimpleNamespace(lead=1, window=1) if r < 8 else None)
+    ranks = [Metrics(states[r], rank=r, world=9, store=store, calibration=SimpleNamespace(lead=1, language_per_micro_batch=False) if r < 8 else None)
              for r in range(9)]
     for m in ranks:
         m.run = 7

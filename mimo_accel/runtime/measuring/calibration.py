@@ -312,6 +312,12 @@ class Calibration:
 
         return background_store()
 
+    @property
+    def language_per_micro_batch(self) -> bool:
+        """Whether the language model is observed per micro-batch (its ranks gather them): under a
+        step plan, whose fit at the machine's pace learns what a micro-batch costs whatever its length."""
+        return self.window == STEP_WINDOW
+
     def digest(self) -> str:
         """What the plan-input check compares: the start model and every announcement known now."""
         from mimo_accel.runtime.reading.plan_inputs import digest
@@ -344,8 +350,7 @@ class Calibration:
     def _learn(self, iteration: int, figures: list) -> tuple:
         from mimo_accel.costs.online import OnlineCalibration
 
-        # a step plan alone learns the language model's cost per micro-batch, at the machine's pace
-        observations = step_observations(figures, language_per_micro_batch=self.window == STEP_WINDOW)
+        observations = step_observations(figures, language_per_micro_batch=self.language_per_micro_batch)
         if self.fitter is None:
             if not observations:
                 return ()

@@ -64,7 +64,6 @@ from typing import Any, Optional
 
 import numpy as np
 
-from mimo_accel.config import STEP_WINDOW
 from mimo_accel.runtime.measuring.step_figures import model_scalars, rank_figures, step_histograms, step_scalars
 from mimo_accel.runtime.store import next_round, store_key
 
@@ -153,8 +152,7 @@ class Metrics:
         if self._flops is None:  # every module's FLOPs shape, for the throughput scalars
             self._flops = (header.get("layout") or {}).get("flops") or {}
         store = self.store()
-        # a step plan's calibration learns the language model's cost per micro-batch from its micro-batches
-        micro = self.calibration is not None and self.calibration.window == STEP_WINDOW
+        micro = self.calibration is not None and self.calibration.language_per_micro_batch
         store.set(self._key(iteration, self.rank),
                   json.dumps(rank_figures(header, record, times=logged, language_micro=micro)))
         if self.rank == self.writer_rank:

@@ -77,12 +77,10 @@ def _machine(gpu, device: Optional[str], notes: list[str], **flags) -> Machine:
     if flags.get("peak_tflops") is not None and flags.get("memory_gib") is not None:
         return machine_for(CUSTOM, **flags)
     if device is not None:
-        if str(device).lower() in (CPU, "gloo"):
+        name = _device_machine(device)
+        if name == CPU:
             notes.append("the profile ran on CPU ranks: memory unbounded, every communication term 0")
-            return machine_for(CPU, **flags)
-        found = peak_tflops_of(device)
-        name = next((k for k, v in GPUS.items() if found and v[0] == found[0]), None)
-        if name is None:
+        elif name is None:
             raise ValueError(f"the profile ran on {device}, which is not in the GPU table; give --gpu (one of "
                              f"{', '.join([*GPUS, CPU])}) or --peak-tflops and --memory-gib")
         return machine_for(name, **flags)
