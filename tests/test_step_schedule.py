@@ -223,3 +223,33 @@ def test_many_samples_a_cell_keep_balance_modules_quality(dps):
     today = balance_modules(costs, dps, 2)
     assert step_time(costs, dps, order, 2) <= step_time(costs, dps, today, 2) * (1 + REL)
     assert step_time(costs, dps, today, 2) < step_time(costs, dps, list(range(n)), 2)
+
+
+@settings(max_examples=examples(40), deadline=None)
+@given(st.integers(2, 4), st.integers(1, 6), st.data())
+def test_uneven_stages_are_the_same_schedule_fed_each_stages_share(pp, micro_batches, data):
+    """One 1F1B model for even and uneven stages: a step whose language stages take ``stage_shares``
+    of each micro-batch is the replay of the same schedule fed each cell split by those shares
+    (forward 1/3, backward 2/3); even shares are the default."""
+    from mimo_accel.balance.replay import replay, replay_plan
+    from mimo_accel.balance.joint import module_loads
+
+    dps = {"images": 1, "language": 2}
+    n = 2 * micro_batches
+    cost = st.floats(0.01, 10.0)
+    costs = {m: np.array(data.draw(st.lists(cost, min_size=n, max_size=n))) for m in dps}
+    shares = np.array(data.draw(st.lists(st.integers(1, 50), min_size=pp, max_size=pp)), dtype=float)
+    shares /= shares.sum()
+    order = list(range(n))
+    kw = {"stages": {"language": pp}}
+    fwd, bwd = {}, {}
+    for m, load in module_loads(costs, dps, order, micro_batches).items():
+        split = shares if m == "language" else np.ones(1)
+        cell = load.T[:, None, :] * split[None, :, None]
+        fwd[m], bwd[m] = cell / 3, cell * 2 / 3
+    modelled = step_time(costs, dps, order, micro_batches, stage_shares=shares, **kw)
+    assert modelled == pytest.approx(replay(fwd, bwd, dps, micro_batches, **kw).makespan, rel=1e-3)  # 2**-12 units
+    assert replay_plan(costs, dps, order, micro_batches, stage_shares=shares, **kw).makespan == pytest.approx(modelled)
+    even = np.full(pp, 1.0 / pp)
+    assert step_time(costs, dps, order, micro_batches, stage_shares=even, **kw) == pytest.approx(
+        step_time(costs, dps, order, micro_batches, **kw))

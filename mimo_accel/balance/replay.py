@@ -20,10 +20,10 @@ from functools import lru_cache
 
 import numpy as np
 
-from mimo_accel.balance.step_schedule import _pipeline
+from mimo_accel.balance.step_schedule import _model, _orders, _pipeline, stage_weights
 from mimo_accel.modules import LANGUAGE
 
-__all__ = ["Replay", "Shares", "bound_module", "module_shares", "places", "replay", "replay_ranks"]
+__all__ = ["Replay", "Shares", "bound_module", "module_shares", "places", "replay", "replay_plan", "replay_ranks"]
 
 
 @dataclass(frozen=True)
@@ -99,7 +99,7 @@ def replay(forward: Mapping[str, np.ndarray], backward: Mapping[str, np.ndarray]
     ds = tuple(int(dps[m]) for m in names)
     grid = math.lcm(*ds)
     # one sample per canonical group: the layout alone decides the DAG
-    pipe = _pipeline(tuple(names), ds, w, pp, frozen, w * grid)
+    pipe = _pipeline(tuple(names), ds, w, stage_weights(pp), frozen, w * grid)
     measured = []
     for m, name in enumerate(names):
         shape = (ds[m], pp if name == LANGUAGE else 1, w)
@@ -113,7 +113,24 @@ def replay(forward: Mapping[str, np.ndarray], backward: Mapping[str, np.ndarray]
         times[at] = np.where(table.backward[at], b[r, p, j], f[r, p, j])
     work = np.zeros(pipe.cell.size)
     work[table.rows] = times
-    per_device = np.bincount(table.device, weights=times, minlength=len(pipe.devices))
+    return _replayed(pipe, names, work)
+
+
+def replay_plan(costs: Mapping[str, Sequence[float]], dps: Mapping[str, int], order: Sequence[int],
+                micro_batches: int = 1, *, stages: Mapping[str, int] | None = None, frozen: Collection[str] = (),
+                stage_shares: Sequence[float] | None = None) -> Replay:
+    """The step model's own op times for ``order`` (arguments as
+    :func:`~mimo_accel.balance.step_schedule.step_time`'s), replayed: its makespan is that step
+    time, and each device's busy and wait as :func:`replay` gives them for measured times."""
+    pipe, c, n = _model(costs, dps, micro_batches, stages, frozen, stage_shares)
+    loads = pipe.loads(c, _orders(order, n))[:, 0]
+    return _replayed(pipe, sorted(dps), pipe.coef * loads[pipe.cell] / pipe.scale)
+
+
+def _replayed(pipe, names: Sequence[str], work: np.ndarray) -> Replay:
+    """:class:`Replay` of ``pipe`` whose ops take ``work`` (one time per op row)."""
+    table = _op_table(pipe)
+    per_device = np.bincount(table.device, weights=work[table.rows], minlength=len(pipe.devices))
     _, _, fin = pipe.propagate(work[:, None], keep=True)
     ends = fin[pipe.last, 0]
     span = float(ends.max())

@@ -10,7 +10,8 @@ The model is the step of megatron-core's ``forward_backward_pipelining_without_i
   of its groups (fan-in), and an encoder replica's backward needs every language replica it feeds
   (fan-out);
 - the language model's replicas each run ``stages["language"]`` PP stages, a micro-batch's work
-  split evenly over them;
+  split over them by ``stage_shares`` (evenly where not given: the first stage holds the
+  embedding and the last the output layer and the loss, so Megatron's stages are not even);
 - every stage runs 1F1B: ``min(W, stages after it)`` warm-up forwards (upstream's
   ``num_warmup_microbatches = total_stages - current_stage - 1``), then one forward / one backward,
   then the cool-down backwards; a forward is 1/3 of a trained module's time, a backward 2/3; a
@@ -34,9 +35,10 @@ import numpy as np
 from mimo_accel.balance.joint import _validate, balance_modules
 from mimo_accel.modules import LANGUAGE
 
-__all__ = ["step_time", "plan_step"]
+__all__ = ["step_time", "plan_step", "stage_weights"]
 
 _QUANT = float(1 << 24)  # the largest sample cost, in the plan's integer units
+_SHARE_UNITS = 1 << 12  # a language stage's share of a micro-batch, in integer units
 _CHUNK, _FIRST_CHUNK = 512, 32  # candidate moves evaluated at once, at most (in a round's first: the best-ranked)
 _ROUNDS = 400  # moves a plan may make
 # op evaluations (ops x candidate plans) a plan may spend searching: at 64 samples (W 32, 320
@@ -125,12 +127,13 @@ class _Pipeline:
 
     Cells: (module, micro-batch, replica), module by module in name order, then micro-batch, then
     replica. Each op's time is ``coef × its cell's load``; coefficients are integers in units of
-    1/(3·P) of a cost, so integer loads give exact (order-free) sums."""
+    1/(3·Σ weights) of a cost (language stage p's share is ``weights[p] / Σ weights``), so integer
+    loads give exact (order-free) sums."""
 
-    def __init__(self, names, dps, micro_batches, pp, frozen, n):
-        w = micro_batches
+    def __init__(self, names, dps, micro_batches, weights, frozen, n):
+        w, pp, whole = micro_batches, len(weights), sum(weights)
         grid = math.lcm(*dps)
-        self.n, self.w, self.scale = n, w, 3 * pp
+        self.n, self.w, self.scale = n, w, 3 * whole
         self.cell_base, base = [], 0  # each module's first cell
         for d in dps:
             self.cell_base.append(base)
@@ -147,8 +150,9 @@ class _Pipeline:
             trained = names[m] not in frozen
             seq = _one_f_one_b(w, pp) if trained else [("F", j) for j in range(w)]
             # a trained encoder: forward 1/3 and backward 2/3 of its time; a frozen one: all forward
-            devices += [(m, q, 0, seq, pp if trained else 3 * pp, 2 * pp) for q in range(dps[m])]
-        devices += [(lang, r, p, _one_f_one_b(w, pp - 1 - p), 1, 2) for r in range(dl) for p in range(pp)]
+            devices += [(m, q, 0, seq, whole if trained else 3 * whole, 2 * whole) for q in range(dps[m])]
+        devices += [(lang, r, p, _one_f_one_b(w, pp - 1 - p), weights[p], 2 * weights[p])
+                    for r in range(dl) for p in range(pp)]
         cell, coef, ops, preds = [], [], {}, []
         for m, r, p, seq, forward, backward in devices:
             for k, (op, j) in enumerate(seq):
@@ -237,14 +241,26 @@ class _Pipeline:
 
 
 @lru_cache(maxsize=16)
-def _pipeline(names, dps, micro_batches, pp, frozen, n) -> _Pipeline:
-    return _Pipeline(names, dps, micro_batches, pp, frozen, n)
+def _pipeline(names, dps, micro_batches, weights, frozen, n) -> _Pipeline:
+    return _Pipeline(names, dps, micro_batches, weights, frozen, n)
 
 
-def _model(costs, dps, micro_batches, stages, frozen):
+def stage_weights(pp: int, shares: Sequence[float] | None = None) -> tuple[int, ...]:
+    """The language stages' integer weights: ``shares`` (each stage's share of a micro-batch's
+    work) in units of 2**-12, at least 1 (a plan is decided in integers: the same on every CPU);
+    all 1 (even) where ``shares`` is None."""
+    if shares is None:
+        return (1,) * pp
+    s = np.asarray(shares, dtype=np.float64)
+    if s.shape != (pp,) or not np.isfinite(s).all() or (s < 0).any() or not s.sum() > 0:
+        raise ValueError(f"stage_shares must be {pp} finite shares >= 0 (one per language PP stage), got {shares!r}")
+    return tuple(int(x) for x in np.maximum(np.rint(s / s.sum() * _SHARE_UNITS), 1))
+
+
+def _model(costs, dps, micro_batches, stages, frozen, shares=None):
     arrays, names, pp, frozen = _checked(costs, dps, micro_batches, stages, frozen)
     n = arrays[names[0]].size
-    pipe = _pipeline(tuple(names), tuple(int(dps[m]) for m in names), int(micro_batches), pp,
+    pipe = _pipeline(tuple(names), tuple(int(dps[m]) for m in names), int(micro_batches), stage_weights(pp, shares),
                      frozenset(frozen), n)
     return pipe, np.stack([arrays[m] for m in names]), n
 
@@ -261,21 +277,22 @@ def _orders(order, n) -> np.ndarray:
 
 def step_time(costs: Mapping[str, Sequence[float]], dps: Mapping[str, int], order: Sequence[int],
               micro_batches: int = 1, *, stages: Mapping[str, int] | None = None,
-              frozen: Collection[str] = ()) -> float | np.ndarray:
+              frozen: Collection[str] = (), stage_shares: Sequence[float] | None = None) -> float | np.ndarray:
     """The modelled time of one step that runs the samples in ``order`` (see the module docstring).
 
     ``costs[m]``: each sample's time on module m in the step (forward and backward where it
     trains, forward alone where it is ``frozen``), in seconds; ``dps[m]``: its DP size;
     ``stages[m]``: its PP stages (default 1; the language model only: an encoder is one stage);
-    ``micro_batches``: W, the step's micro-batches (blocks of ``order``). ``order`` may also be a
-    2-D array of permutations, one a row: then an array of their step times.
+    ``micro_batches``: W, the step's micro-batches (blocks of ``order``); ``stage_shares``: each
+    language stage's share of a micro-batch's work (default even: :func:`stage_weights`). ``order``
+    may also be a 2-D array of permutations, one a row: then an array of their step times.
 
     Raises ValueError naming the fix: modules that differ between ``costs`` and ``dps``, no
     ``"language"`` module, a module whose every cost is 0 (costs in different units), costs that
     are not finite and >= 0, N not a multiple of W·G, stages < 1, encoder stages > 1, a frozen
     module that is not an encoder, an order that is not a permutation.
     """
-    pipe, c, n = _model(costs, dps, micro_batches, stages, frozen)
+    pipe, c, n = _model(costs, dps, micro_batches, stages, frozen, stage_shares)
     orders = _orders(order, n)
     span, _, _ = pipe.run(pipe.loads(c, orders))
     times = span / pipe.scale
@@ -464,7 +481,8 @@ def _pyramid(q, pipe, lang, dl):
 
 
 def plan_step(costs: Mapping[str, Sequence[float]], dps: Mapping[str, int], micro_batches: int = 1, *,
-              stages: Mapping[str, int] | None = None, frozen: Collection[str] = ()) -> list[int]:
+              stages: Mapping[str, int] | None = None, frozen: Collection[str] = (),
+              stage_shares: Sequence[float] | None = None) -> list[int]:
     """A permutation of ``range(N)`` in :func:`balance_modules`' convention whose modelled step
     (:func:`step_time`, same arguments) is as short as the search finds.
 
@@ -483,7 +501,7 @@ def plan_step(costs: Mapping[str, Sequence[float]], dps: Mapping[str, int], micr
 
     Raises ValueError as :func:`step_time` does.
     """
-    pipe, c, n = _model(costs, dps, micro_batches, stages, frozen)
+    pipe, c, n = _model(costs, dps, micro_batches, stages, frozen, stage_shares)
     q = np.rint(c / c.max() * _QUANT)  # integers held in float64: every sum below is exact
     identity = np.arange(n, dtype=np.int64)
     starts = [identity]
