@@ -1,4 +1,4 @@
-"""``mimo-accel calibrate-gpu`` (mimo_accel.tools.calibrate_gpu): its fit recovers known
+"""``mimo-accel calibrate-gpu`` (mimo_accel_dev.commands.calibrate_gpu): its fit recovers known
 coefficients from synthetic timings, its budget stops adding points (and says so), its command
 runs end to end at ``--size tiny --device cpu`` into a file ``CostModel.from_file`` reads, the raw
 points refit to the same model, and bad arguments end in one ``error:`` line, exit 2. One process,
@@ -15,9 +15,9 @@ import pytest
 from rich.console import Console
 
 from mimo_accel.costs import CostModel
-from mimo_accel.tools import calibrate_gpu as cg
+from mimo_accel_dev.commands import calibrate_gpu as cg
 from mimo_accel.tools import cli
-from mimo_accel.tools.calibrate_gpu import devices as cg_devices
+from mimo_accel_dev.commands.calibrate_gpu import devices as cg_devices
 
 ERROR = "mimo-accel calibrate-gpu: error: "
 

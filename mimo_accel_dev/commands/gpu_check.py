@@ -26,7 +26,7 @@ The checks (``--only`` picks some):
   (:mod:`mimo_accel.profiler.timers`, CUDA-event clock) on a block of Qwen3-8B decoder layers,
   forward + backward of 8192 packed tokens, against ``torch.cuda.synchronize``-bracketed
   wall time of the same iterations: passes when the median ratio is within 5 %.
-- **(c) calibrate-gpu's fit.** ``mimo-accel calibrate-gpu`` (:mod:`mimo_accel.tools.calibrate_gpu`)
+- **(c) calibrate-gpu's fit.** ``mimo-accel calibrate-gpu`` (:mod:`mimo_accel_dev.commands.calibrate_gpu`)
   within ``--budget-s`` (default 300 s): passes when it writes the model and every module's fit
   has R² >= 0.95.
 - **(d) online calibration from the defaults.** One rank runs real per-sample work — Bridge's
@@ -306,8 +306,8 @@ _TIMER_GATE = 0.05
 def check_timers(setup: _Setup) -> Check:
     """(b): the module timer's forward + backward against synchronize-bracketed wall time."""
     from mimo_accel.profiler import Recorder, attach_module_timer
-    from mimo_accel.tools import calibrate_gpu as cg
-    from mimo_accel.tools.calibrate_gpu import models as cg_models
+    from mimo_accel_dev.commands import calibrate_gpu as cg
+    from mimo_accel_dev.commands.calibrate_gpu import models as cg_models
 
     title = "profiler CUDA-event module times vs wall time"
     stand_in = None if setup.cuda else "the recorder's wall clock (no CUDA events on a CPU) against wall time"
@@ -356,7 +356,7 @@ def check_calibration(setup: _Setup) -> Check:
     from rich.console import Console
 
     from mimo_accel.costs import CostModel
-    from mimo_accel.tools import calibrate_gpu as cg
+    from mimo_accel_dev.commands import calibrate_gpu as cg
 
     title = "calibrate-gpu's fit of each module"
     stand_in = None if setup.cuda else "tiny modules on the CPU, 1 warm-up + 2 timed iterations per point"
@@ -446,8 +446,8 @@ def check_online(setup: _Setup) -> Check:
     from mimo_accel.costs import CostModel
     from mimo_accel.costs.online import OnlineCalibration
     from mimo_accel.costs.share_error import spread_error
-    from mimo_accel.tools import calibrate_gpu as cg
-    from mimo_accel.tools.calibrate_gpu import devices as cg_devices, models as cg_models
+    from mimo_accel_dev.commands import calibrate_gpu as cg
+    from mimo_accel_dev.commands.calibrate_gpu import devices as cg_devices, models as cg_models
 
     title = "online calibration from the defaults"
     stand_in = None if setup.cuda else ("tiny modules on the CPU timed with thread CPU time; the gates are judged on "
@@ -748,7 +748,7 @@ def main(argv: Optional[Sequence[str]] = None, *, console=None) -> int:
     """``mimo-accel gpu-check``: 0 when no check failed, 1 when one did, 2 when it cannot start."""
     from rich.console import Console
 
-    from mimo_accel.tools.calibrate_gpu import devices as cg_devices
+    from mimo_accel_dev.commands.calibrate_gpu import devices as cg_devices
 
     args = parse(_parser(), argv)
     if isinstance(args, int):

@@ -6,10 +6,10 @@ one-rank session), :mod:`~.models` (the modules built and timed), :mod:`~.result
 file, the console table), :mod:`~.command` (the command line; its docstring tells the whole method).
 """
 
-from mimo_accel.tools.calibrate_gpu.budget import collect
-from mimo_accel.tools.calibrate_gpu.command import main
-from mimo_accel.tools.calibrate_gpu.fit import ModuleFit, fit_language, fit_vision, model_from_fits
-from mimo_accel.tools.calibrate_gpu.points import (LANGUAGE_CORE, POINTS_FORMAT, PROG, SIZES, VISION_CORE,
+from mimo_accel_dev.commands.calibrate_gpu.budget import collect
+from mimo_accel_dev.commands.calibrate_gpu.command import main
+from mimo_accel_dev.commands.calibrate_gpu.fit import ModuleFit, fit_language, fit_vision, model_from_fits
+from mimo_accel_dev.commands.calibrate_gpu.points import (LANGUAGE_CORE, POINTS_FORMAT, PROG, SIZES, VISION_CORE,
                                                    LanguagePoint, MeasureError, VisionPoint, language_points,
                                                    vision_points)
 

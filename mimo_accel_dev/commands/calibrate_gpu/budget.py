@@ -9,8 +9,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from mimo_accel.tools.calibrate_gpu.fit import ModuleFit
-from mimo_accel.tools.calibrate_gpu.points import MeasureError
+from mimo_accel_dev.commands.calibrate_gpu.fit import ModuleFit
+from mimo_accel_dev.commands.calibrate_gpu.points import MeasureError
 
 _MARGIN = 1.25  # a point is started only if 1.25 × its predicted time fits in what is left
 

@@ -105,13 +105,13 @@ from typing import Any, Optional
 
 from mimo_accel.costs.files import atomic_write
 from mimo_accel.modules import LANGUAGE
-from mimo_accel.tools.calibrate_gpu.budget import Collection, collect
-from mimo_accel.tools.calibrate_gpu.devices import CudaTimer, cpu_timer, device_info, session
-from mimo_accel.tools.calibrate_gpu.fit import ModuleFit, fit_language, fit_vision, model_from_fits
-from mimo_accel.tools.calibrate_gpu.models import language_measure, release, vision_measure
-from mimo_accel.tools.calibrate_gpu.points import (LANGUAGE_CORE, PROG, SIZES, VISION, VISION_CORE, LanguageShape,
+from mimo_accel_dev.commands.calibrate_gpu.budget import Collection, collect
+from mimo_accel_dev.commands.calibrate_gpu.devices import CudaTimer, cpu_timer, device_info, session
+from mimo_accel_dev.commands.calibrate_gpu.fit import ModuleFit, fit_language, fit_vision, model_from_fits
+from mimo_accel_dev.commands.calibrate_gpu.models import language_measure, release, vision_measure
+from mimo_accel_dev.commands.calibrate_gpu.points import (LANGUAGE_CORE, PROG, SIZES, VISION, VISION_CORE, LanguageShape,
                                                    MeasureError, language_points, shapes, vision_points)
-from mimo_accel.tools.calibrate_gpu.results import points_doc, read_points, render
+from mimo_accel_dev.commands.calibrate_gpu.results import points_doc, read_points, render
 
 
 # -------------------------------------------------------------------------------------- main

@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from mimo_accel.tools.calibrate_gpu.points import MeasureError, PROG
+from mimo_accel_dev.commands.calibrate_gpu.points import MeasureError, PROG
 
 
 # ------------------------------------------------------------------------------ the devices

@@ -12,7 +12,7 @@ import numpy as np
 from mimo_accel.costs import CostModel, ModuleCost
 from mimo_accel.costs.fit import SingularDesign, fit_costs
 from mimo_accel.modules import LANGUAGE
-from mimo_accel.tools.calibrate_gpu.points import LanguagePoint, MeasureError, PROG, VISION, VisionPoint
+from mimo_accel_dev.commands.calibrate_gpu.points import LanguagePoint, MeasureError, PROG, VISION, VisionPoint
 
 # --------------------------------------------------------------------------------------- fit
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from mimo_accel.tools.calibrate_gpu.devices import choose_attention, core_attention, torch_dtype
-from mimo_accel.tools.calibrate_gpu.points import LanguagePoint, LanguageShape, VisionPoint, VisionShape
+from mimo_accel_dev.commands.calibrate_gpu.devices import choose_attention, core_attention, torch_dtype
+from mimo_accel_dev.commands.calibrate_gpu.points import LanguagePoint, LanguageShape, VisionPoint, VisionShape
 
 
 def _language_base_config(shape: LanguageShape, device: str, dtype: str, layers: int):

@@ -8,9 +8,9 @@ from pathlib import Path
 from typing import Any
 
 from mimo_accel.modules import LANGUAGE
-from mimo_accel.tools.calibrate_gpu.budget import Collection, Measured
-from mimo_accel.tools.calibrate_gpu.fit import LANGUAGE_NUISANCE, LANGUAGE_TERMS, ModuleFit, VISION_TERMS
-from mimo_accel.tools.calibrate_gpu.points import (POINTS_FORMAT, PROG, VISION, LanguagePoint, LanguageShape,
+from mimo_accel_dev.commands.calibrate_gpu.budget import Collection, Measured
+from mimo_accel_dev.commands.calibrate_gpu.fit import LANGUAGE_NUISANCE, LANGUAGE_TERMS, ModuleFit, VISION_TERMS
+from mimo_accel_dev.commands.calibrate_gpu.points import (POINTS_FORMAT, PROG, VISION, LanguagePoint, LanguageShape,
                                                    MeasureError, VisionPoint, shapes)
 
 
