@@ -94,8 +94,7 @@ BAD = [
     (["env"], {"MIMO_ACCEL_ALLOW_UNTESTED": "maybe"}, "env", ["MIMO_ACCEL_ALLOW_UNTESTED='maybe': use 1"]),
     (["run", "--features", "all", "--", "true"], {"MIMO_ACCEL_ALLOW_UNTESTED": "maybe"}, "run",
      ["MIMO_ACCEL_ALLOW_UNTESTED='maybe'"]),
-    (["simulate", "--dp", "512", "--per-replica", "1000000"], {}, "simulate",
-     ["the simulation needs about", "GiB of memory for its 10,240,000,000 samples", "is available"]),
+    (["simulate", "--dp", "512"], {}, "simulate", ["unrecognized arguments: --dp 512"]),
     (["index", "{d}/m.jsonl", "--out", "{d}/nonexistent/dir/x.npz"], {}, "index",
      ["the directory {d}/nonexistent/dir does not exist; create it or give another path"]),
 ]
@@ -305,27 +304,17 @@ IN_PROCESS = [
                                                           "not exist; create it or give another path"]),
     (["rehearse", "--json", "{d}/empty"], None, ["--json {d}/empty: is a directory; give the path of a file"]),
     (["rehearse", "--loop", "bridge", "--json", "{d}/missing/r.json"], None, ["the directory {d}/missing does not"]),
-    # simulate
-    (["simulate", "--steps", "0"], ARGPARSE, ["argument --steps: must be a positive integer"]),
-    (["simulate", "--reorder-window", "0"], ARGPARSE, ["argument --reorder-window: must be a positive integer"]),
-    (["simulate", "--per-replica", "0"], ARGPARSE, ["argument --per-replica: must be a positive integer"]),
-    (["simulate", "--seed", "-1"], ARGPARSE, ["argument --seed: must be an integer >= 0"]),
-    (["simulate", "--dp", "0"], None, ["--dp '0': DP sizes must be >= 1"]),
-    (["simulate", "--workload", "nope"], None, ["no such profile file", "shipped profiles"]),
-    (["simulate", "--cost-model", "{d}/none.json"], None, ["--cost-model {d}/none.json: no such file",
-                                                           "mimo-accel calibrate RUN_DIR --out FILE"]),
-    (["simulate", "--cost-model", "{d}/file"], None, ["not a JSON cost model",
-                                                      "recreate it with `mimo-accel calibrate`"]),
-    (["simulate", "--audio-dp", "2"], None, ["--audio-dp 2: the workload receipts has no [audio] encoder",
-                                             "drop --audio-dp"]),
-    (["simulate", "--language-dp", "twice"], None, ["--language-dp twice: give ratio", "equal, or a positive number"]),
-    (["simulate", "--json", "{d}/missing/s.json"], None, ["--json {d}/missing/s.json: the directory {d}/missing does "
-                                                          "not exist"]),
-    (["simulate", "--png", "{d}/missing/s.png"], None, ["--png {d}/missing/s.png: the directory"]),
+    # simulate: layout --current, spelled --layout
+    (["simulate", "--layout", "reference-27b", "--steps", "0"], ARGPARSE, ["argument --steps: must be a positive integer"]),
+    (["simulate", "--layout", "reference-27b", "--seed", "-1"], ARGPARSE, ["argument --seed: must be an integer >= 0"]),
+    (["simulate", "--layout", "reference-27b", "--workload", "nope"], None, ["no such profile file", "shipped profiles"]),
+    (["simulate", "--workload", "receipts"], None, ["give --layout SPEC", "bench_balance.py"]),
+    (["simulate", "--layout", "reference-27b", "--json", "{d}/missing/s.json"], None,
+     ["--json {d}/missing/s.json: the directory {d}/missing does not exist"]),
     # layout: the sources, the machine, the layout, the numbers, the outputs
-    (["layout", "--gpus", "17"], None, ["give --model (a preset: qwen35-vl-27b, or a YAML model file) or --from DIR"]),
+    (["layout", "--gpus", "17", "--steps", "2000"], ARGPARSE, ["argument --steps: 2000 is more than 1024 draws"]),
     (["layout", "--model", "qwen35-vl-28b", "--gpus", "17"], None, ["--model qwen35-vl-28b: no such preset or file"]),
-    (["layout", "--model", "qwen35-vl-27b"], None, ["give --gpus N, the GPU budget"]),
+    (["layout", "--model", "qwen35-vl-27b"], None, ["give --gpus N (the GPU budget: search), or --current SPEC"]),
     (["layout", "--model", "qwen35-vl-27b", "--gpus", "0"], ARGPARSE, ["argument --gpus: must be a positive integer"]),
     (["layout", "--from", "{d}/none"], None, ["--from {d}/none: no such directory"]),
     (["layout", "--from", "{d}/runs/baseline"], None, ["--from {d}/runs/baseline: no step records"]),
@@ -399,12 +388,12 @@ def test_every_bad_argument_is_one_error_line_before_any_work(inputs, no_work, c
 
 
 def test_the_old_spelling_of_a_renamed_flag_is_refused(no_work, capsys):
-    assert cli.main(["simulate", "--window", "3"]) == 2
+    assert cli.main(["simulate", "--layout", "reference-27b", "--window", "3"]) == 2
     assert capsys.readouterr().err.splitlines()[-1] == ("mimo-accel simulate: error: unrecognized arguments: "
                                                         "--window 3")
     help_text = subprocess.run([sys.executable, "-m", "mimo_accel", "simulate", "--help"], env=_clean_env(),
                                capture_output=True, text=True, timeout=60).stdout
-    assert "--cost-model" in help_text and "--reorder-window" in help_text
+    assert "--steps" in help_text and "--current" in help_text
     assert "--window" not in help_text
 
 
@@ -421,10 +410,10 @@ def test_a_genuine_bug_is_not_made_one_line(monkeypatch, capsys):
 
 def test_traceback_env_shows_where_a_subcommand_error_came_from(monkeypatch, capsys, tmp_path):
     monkeypatch.setenv(cli.TRACEBACK_ENV, "1")
-    assert cli.main(["simulate", "--workload", str(tmp_path / "nope.toml")]) == 2
+    assert cli.main(["layout", "--current", "reference-27b", "--workload", str(tmp_path / "nope.toml")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("Traceback (most recent call last):") and "in load_profile" in err
-    assert err.splitlines()[-1].startswith("mimo-accel simulate: error: ")
+    assert err.splitlines()[-1].startswith("mimo-accel layout: error: ")
 
 
 @pytest.mark.parametrize("args, words", [
@@ -470,7 +459,7 @@ def typed(tmp_path_factory):
 
 # Not among the ones issue 29 lists (MIMO_ACCEL_REODER_WINDOW / COSTINDEX / PROFIL,
 # ALLOW_UNTESTED=maybe, /usr/bin/python3, reorder_window without reorder, +key/++key/~key,
-# simulate --dp 512 --per-replica 1000000, report --png, index --out /nonexistent/dir/x.npz).
+# report --png, index --out /nonexistent/dir/x.npz).
 # (argv, environment, command, words in the error line, a path that must not have been made)
 TYPED = [
     (["env"], {"MIMO_ACCEL": "reorder", "MIMO_ACCEL_WINDOW": "4"}, "env",
@@ -504,8 +493,8 @@ TYPED = [
       "drop -E"], None),
     (["run", "--features", "all", "--", "{d}/launch", "--nproc-per-node", "2", "{d}/train.py"], {}, "run",
      ["the Python '{d}/launch' runs, {d}/other-venv/bin/python", "has no torch", "nothing would be enabled"], None),
-    (["simulate", "--dp", "64,128", "--per-replica", "20000000"], {}, "simulate",
-     ["the simulation needs about", "GiB of memory for its", "is available; give a smaller --per-replica"], None),
+    (["layout", "--current", "reference-27b", "--steps", "100000"], {}, "layout",
+     ["argument --steps: 100000 is more than 1024 draws; give at most 1024"], None),
     (["rehearse", "--out", "{d}/runs/2026/demo"], {}, "rehearse",
      ["--out {d}/runs/2026/demo: the directory {d}/runs/2026 does not exist"], "{d}/runs/2026"),
     (["doctor", "--log", "{d}/logs/doctor.log"], {}, "doctor", ["the directory {d}/logs does not exist"], "{d}/logs"),
@@ -622,7 +611,6 @@ def test_the_interpreter_a_command_starts(tmp_path):
 
 
 @pytest.mark.parametrize("args", [
-    ["simulate", "--png", "{d}/s.png"],
     ["report", "{d}/runs/baseline", "--png", "{d}/r.png"],
 ])
 def test_png_without_matplotlib_names_the_extra_before_any_work(inputs, no_work, monkeypatch, capsys, args):
@@ -633,19 +621,3 @@ def test_png_without_matplotlib_names_the_extra_before_any_work(inputs, no_work,
     assert out == "" and err == (f"mimo-accel {args[0]}: error: --png needs matplotlib, which is not installed: "
                                  "pip install 'mimo-accel[charts]' (the extra charts), or pip install matplotlib\n")
     assert not (inputs / "s.png").exists() and not (inputs / "r.png").exists()
-
-
-def test_a_simulation_that_cannot_fit_is_refused_before_allocating(monkeypatch):
-    from mimo_accel.costs import CostModel
-    from mimo_accel.tools import simulate as sim
-    from mimo_accel.workloads import load_profile
-
-    profile = load_profile("receipts")
-    monkeypatch.setattr(sim.memory, "available_memory", lambda: 64 * 2**20)  # a machine with 64 MiB free
-    with pytest.raises(sim.TooLarge) as err:
-        sim.simulate(profile, [8], steps=4, samples_per_replica=100_000)  # 3.2 M samples: a few hundred MB
-    text = str(err.value)
-    assert "needs about 0." in text and "GiB of memory for its 3,200,000 samples (4 micro-batches of 800,000" in text
-    assert "and 0.1 GiB is available" in text
-    monkeypatch.setattr(sim.memory, "available_memory", lambda: 64 * 2**30)
-    sim.check_memory(profile, CostModel(), 4, 800_000)  # fits: nothing said

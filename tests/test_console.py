@@ -36,7 +36,7 @@ def test_python_m_mimo_accel_is_the_cli():
     via_entry = _run("-c", "import sys; from mimo_accel.tools.cli import main; sys.exit(main())", "--help")
     assert via_m.returncode == 0, via_m.stderr
     assert via_m.stdout == via_entry.stdout
-    for sub in ("doctor", "run", "report", "rehearse", "simulate", "index", "calibrate"):
+    for sub in ("doctor", "run", "report", "rehearse", "layout", "simulate", "index", "calibrate", "calibrate-gpu"):
         assert sub in via_m.stdout
     # a delegated subcommand, its exit code passed through
     bad = _run("-m", "mimo_accel", "report", "/nonexistent/profile/dir")

@@ -1,6 +1,6 @@
 """What a user installs: a wheel built from a copy of the tree (as from a fresh clone, no network),
 installed with pip into a scratch target, and its CLI run from there in a fresh interpreter — the
-version, a simulation of a shipped workload, the bootstrap directory `mimo-accel env` exports. The
+version, a layout priced on a shipped workload, the bootstrap directory `mimo-accel env` exports. The
 development kit beside the package (mimo_accel_dev) is not in the wheel, and enable() never loads it."""
 
 from __future__ import annotations
@@ -90,9 +90,9 @@ def test_the_installed_cli_runs_from_the_target(installed):
     for script in (False, True):
         proc = _from_target(target, "--version", script=script)
         assert proc.returncode == 0 and proc.stdout.strip() == f"mimo-accel {__version__}", proc.stderr
-    sim = _from_target(target, "simulate", "--workload", "receipts", "--dp", "2,4", "--steps", "3")
+    sim = _from_target(target, "layout", "--current", "reference-27b", "--steps", "1")
     assert sim.returncode == 0, sim.stderr
-    assert "receipts" in sim.stdout and "simulated in" in sim.stdout
+    assert "receipts" in sim.stdout and "With mimo_accel" in sim.stdout
     env = _from_target(target, "env", "--features", "all")
     assert env.returncode == 0, env.stderr
     assert f"export PYTHONPATH={target / 'mimo_accel' / '_bootstrap'}{os.pathsep}{target}" in env.stdout
@@ -138,9 +138,9 @@ def test_a_fresh_environment_runs_the_cli_and_names_the_missing_megatron(fresh):
 
     version = _in_fresh(venv, cli, "--version")
     assert version.returncode == 0 and version.stdout.strip() == f"mimo-accel {__version__}", version.stderr
-    sim = _in_fresh(venv, cli, "simulate", "--workload", "receipts", "--dp", "2,4", "--steps", "3")
-    assert sim.returncode == 0 and "simulated in" in sim.stdout, sim.stderr[-3000:]
-    for command in ("rehearse", "gpu-check"):  # the development commands: one line saying how to get them
+    sim = _in_fresh(venv, cli, "layout", "--current", "reference-27b", "--steps", "1")
+    assert sim.returncode == 0 and "With mimo_accel" in sim.stdout, sim.stderr[-3000:]
+    for command in ("rehearse", "calibrate-gpu", "gpu-check"):  # the development commands: one line saying how to get them
         dev = _in_fresh(venv, cli, command, "--help")
         assert dev.returncode == 2 and not dev.stdout and "Traceback" not in dev.stderr, dev.stderr[-3000:]
         (line,) = dev.stderr.splitlines()

@@ -135,8 +135,8 @@ width = 640
             .replace("language = { tp = 4, pp = 1, dp = 4 }", "language = { tp = 4, pp = 1, dp = 4 }\nvideo = { dp = 4 }", 1))
 
 
-def test_a_workload_with_a_video_encoder_simulates(tmp_path):
-    from mimo_accel.tools import simulate as sim
+def test_a_workload_with_a_video_encoder_is_priced_and_balanced(tmp_path):
+    from mimo_accel.balance import balance_modules, module_bounds, module_spreads
     from mimo_accel.workloads import load_profile
 
     path = tmp_path / "clips.toml"
@@ -148,23 +148,16 @@ def test_a_workload_with_a_video_encoder_simulates(tmp_path):
     assert set(np.unique(video.items)) == {0, 1} and (video.rows[video.items == 0] == 0).all()
     assert np.array_equal(t.tokens, t.placeholders["vision"] + t.placeholders[VIDEO] + t.text_tokens)
     assert np.array_equal(t.placeholders[VIDEO], video.rows // 4) and (t.tokens <= prof.seq_length).all()
-    # one cost path: the simulation prices the video encoder as the planner does
+    # the planner prices the video encoder by its own column, and every module is balanced at once
     model = CostModel(modules={VIDEO: ModuleCost(3.0, 1e-4)})
-    index = t.cost_index()
-    planned = CostIndexPlanner(index, model, prof.modules).costs(np.arange(len(t)))
-    assert all(np.array_equal(c, planned[m]) for m, c in sim.sample_costs(index, model, prof.modules).items())
-
-    doc = sim.simulate(prof, [2, 4, 8], steps=3, seed=1)
-    assert doc["modules"] == ["vision", VIDEO, LANGUAGE] and doc["kinds"][VIDEO] == "video"
-    for r in doc["rows"]:
-        mod = r["modules"]
-        assert mod["dps"][VIDEO] == max(1, r["dp"] // 2) and r["grid"] == Modules.from_dp_sizes(mod["dps"]).grid
-        for m in doc["modules"]:
-            assert mod["spread"][m]["bound"]["p50"] <= mod["spread"][m]["joint"]["p50"] + 1e-9
-        assert mod["worst"]["joint"]["p50"] <= mod["worst"]["contiguous"]["p50"] + 1e-9
-    out = io.StringIO()
-    sim.render(doc, Console(file=out, width=220))
-    assert all(f"vid{r['modules']['dps'][VIDEO]}" in out.getvalue() for r in doc["rows"])
+    dps = prof.modules.dp_sizes
+    n = 12 * prof.modules.grid
+    costs = CostIndexPlanner(t.cost_index(), model, prof.modules).costs(np.arange(n))
+    assert np.array_equal(costs[VIDEO], 3.0 * video.rows[:n] + 1e-4 * video.sq_rows[:n])
+    joint = module_spreads(costs, dps, balance_modules(costs, dps))
+    contiguous = module_spreads(costs, dps, list(range(n)))
+    assert max(joint.values()) < max(contiguous.values())
+    assert all(module_bounds(costs, dps)[m] <= joint[m] + 1e-9 for m in dps)
 
 
 def test_the_profiler_places_an_encoder_it_was_not_shown_by_its_kind():

@@ -6,7 +6,7 @@ language model's tokens, Σ tokens²) and its measured seconds:
 
 - ``mimo-accel calibrate`` (:mod:`mimo_accel.tools.calibrate`): profiler rank-steps, with one
   overhead, none, or one per step (:func:`fit_costs`);
-- ``mimo-accel calibrate-gpu`` (:mod:`mimo_accel.tools.calibrate_gpu`): measured points, fitted
+- ``mimo-accel calibrate-gpu`` (:mod:`mimo_accel_dev.commands.calibrate_gpu`): measured points, fitted
   on relative error (``relative=True``);
 - the online calibration (:mod:`mimo_accel.costs.online`): the model in use put in seconds
   (:func:`scale_and_overhead`), and the within-step fit drawn towards it (:func:`fit_near`).

@@ -48,7 +48,7 @@ import re
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Optional
 
-__all__ = ["FlopsShape", "PEAK_BF16_TFLOPS", "peak_tflops_of", "shape_of", "step_flops", "throughput"]
+__all__ = ["FlopsShape", "PEAK_BF16_TFLOPS", "passes", "peak_tflops_of", "shape_of", "step_flops", "throughput"]
 
 
 @dataclass(frozen=True)
@@ -96,9 +96,15 @@ class FlopsShape:
         return cls(**{k: v for k, v in d.items() if k in names})
 
 
+def passes(trained: bool) -> float:
+    """A step's work over a module's forward FLOPs: 3 when trained (the forward, the backward to the
+    activations and to the weights), 1 when frozen."""
+    return 3.0 if trained else 1.0
+
+
 def step_flops(shape: FlopsShape, tokens: float, sq_tokens: float, *, trained: bool = True) -> float:
-    """A step's FLOPs of a module: forward + backward (3× forward) when trained, forward when frozen."""
-    return (3.0 if trained else 1.0) * shape.forward(tokens, sq_tokens)
+    """A step's FLOPs of a module: forward + backward when trained, forward when frozen (:func:`passes`)."""
+    return passes(trained) * shape.forward(tokens, sq_tokens)
 
 
 # what this count leaves out: config attribute -> why the module's FLOPs are null

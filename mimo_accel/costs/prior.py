@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Optional
 
-from mimo_accel.costs.flops import FlopsShape
+from mimo_accel.costs.flops import FlopsShape, passes
 from mimo_accel.costs.model import CostModel, ModuleCost
 
 __all__ = ["UNIT", "flops_prior"]
@@ -40,7 +40,7 @@ def flops_prior(shapes: Mapping[str, Optional[FlopsShape]], trained: Mapping[str
         if shape is None:
             unpriced.append(name)
             continue
-        steps = 3.0 if trained.get(name, True) else 1.0
+        steps = passes(trained.get(name, True))
         modules[name] = ModuleCost(a=steps * shape.per_token / UNIT, b=steps * shape.per_sq_token / UNIT)
     fit = {**base.fit, "start": "flops", **({"unpriced": sorted(unpriced)} if unpriced else {})}
     return CostModel(a=base.a, b=base.b, fit=fit, modules=modules), tuple(sorted(unpriced))

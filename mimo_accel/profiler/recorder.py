@@ -101,9 +101,9 @@ def _default_versions() -> dict[str, str]:
         versions["mimo_accel"] = __version__
     except Exception:  # pragma: no cover
         pass
-    torch = sys.modules.get("torch")
-    if torch is not None:
-        versions["torch"] = str(torch.__version__)
+    for name, module in (("torch", sys.modules.get("torch")), ("megatron-bridge", sys.modules.get("megatron.bridge"))):
+        if getattr(module, "__version__", None) is not None:
+            versions[name] = str(module.__version__)
     return versions
 
 

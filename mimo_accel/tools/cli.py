@@ -1,5 +1,5 @@
-"""`mimo-accel`: doctor, run, env, report, simulate, layout, index, calibrate, calibrate-gpu; from a checkout's
-`make setup` also the development commands rehearse and gpu-check (mimo_accel_dev)."""
+"""`mimo-accel`: doctor, run, env, report, layout (and simulate --layout), index, calibrate; from a
+checkout's `make setup` also the development commands rehearse, calibrate-gpu and gpu-check (mimo_accel_dev)."""
 
 from __future__ import annotations
 
@@ -156,18 +156,18 @@ def _doctor(args) -> int:
 DELEGATED = {
     "report": ("mimo_accel.tools.report", "before/after straggler report from profiler runs"),
     "rehearse": ("mimo_accel_dev.commands.rehearse", "CPU rehearsal of a real MegatronMIMO layout, baseline vs accelerated"),
-    "simulate": ("mimo_accel.tools.simulate", "the planners at cluster scale, no processes"),
-    "layout": ("mimo_accel.tools.layout", "the layouts (each module's TP/PP/DP) within a GPU budget that fit, "
-               "priced with and without mimo_accel, and the settings of the best"),
+    "layout": ("mimo_accel.tools.layout", "what a job's layout will do (--current), and the layouts (each module's "
+               "TP/PP/DP) within a GPU budget that fit, priced with and without mimo_accel, and the settings of the best"),
+    "simulate": ("mimo_accel.tools.simulate", "--layout SPEC: the same as layout --current SPEC"),
     "index": ("mimo_accel.tools.indexing", "build a per-sample cost index from a manifest or the training dataset"),
     "calibrate": ("mimo_accel.tools.calibrate", "fit the cost model from profiler logs"),
-    "calibrate-gpu": ("mimo_accel.tools.calibrate_gpu", "measure each module's cost curve on this machine's GPU "
+    "calibrate-gpu": ("mimo_accel_dev.commands.calibrate_gpu", "measure each module's cost curve on this machine's GPU "
                       "(Qwen3-VL vision, Qwen3-8B layers) and write the cost-model file"),
     "gpu-check": ("mimo_accel_dev.commands.gpu_check", "check on one GPU: packing under Transformer Engine, CUDA-event "
                   "timers, calibrate-gpu, online calibration, NVTX ranges"),
 }
 # Their modules are the development kit's (mimo_accel.tools.devkit): a wheel does not ship them.
-DEV_COMMANDS = ("rehearse", "gpu-check")
+DEV_COMMANDS = ("rehearse", "calibrate-gpu", "gpu-check")
 
 _CONFIG_HELP = ("a YAML file whose mimo_accel: section is the job's config (instead of the MIMO_ACCEL* "
                 "environment)")

@@ -1,4 +1,7 @@
-"""``mimo-accel layout``: the command line, checked, into :func:`~mimo_accel.tools.layout.advice.advise`."""
+"""``mimo-accel layout``: the command line, checked, into a :class:`~mimo_accel.tools.layout.problem.Request`
+and a :class:`~mimo_accel.tools.layout.advice.Search`. With a budget (``--gpus``, or a profile's) it
+searches and recommends; with ``--current SPEC`` alone it prices that layout: what the job will do.
+``mimo-accel simulate --layout SPEC`` is the latter, spelled as before."""
 
 from __future__ import annotations
 
@@ -11,65 +14,79 @@ from pathlib import Path
 from rich.console import Console
 
 from mimo_accel.tools.arguments import UsageError, fail, nonnegative_int, output_file, parse, peak_tflops, positive_int
-from mimo_accel.tools.layout.advice import OBJECTIVES, advise
-from mimo_accel.tools.layout.console import render_advice
+from mimo_accel.tools.layout.advice import ADVICE_FORMAT, MAX_BUDGET, Objective, Search, advise, price
+from mimo_accel.tools.layout.console import render_advice, render_row
 from mimo_accel.tools.layout.machine import CPU, GPUS
-from mimo_accel.tools.layout.models import PRESETS
-from mimo_accel.tools.layout.spec import parse_layout
+from mimo_accel.tools.layout.memory import RECOMPUTE, JobSettings
+from mimo_accel.tools.layout.models import MODEL_PRESETS
+from mimo_accel.tools.layout.problem import DEFAULT_STEPS, MAX_STEPS, DataRequest, MachineRequest, Request, build
+from mimo_accel.tools.layout.spec import LAYOUT_PRESETS, parse_layout
 from mimo_accel.workloads import ProfileError
 
 PROG = "mimo-accel layout"
 
 
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a number > 0, got {text!r}") from None
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a number > 0, got {text}")
-    return value
+def _number(low: float, high: float, what: str):
+    def check(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be {what}, got {text!r}") from None
+        if not low <= value < high:
+            raise argparse.ArgumentTypeError(f"must be {what}, got {text}")
+        return value
+    return check
 
 
-def _share(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a share in [0, 1), e.g. 0.1, got {text!r}") from None
-    if not 0 <= value < 1:
-        raise argparse.ArgumentTypeError(f"must be a share in [0, 1), e.g. 0.1, got {text}")
-    return value
+def _at_most(top: int, what: str):
+    def check(text: str) -> int:
+        value = positive_int(text)
+        if value > top:
+            raise argparse.ArgumentTypeError(f"{value} is more than {top} {what}; give at most {top}")
+        return value
+    return check
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser(prog: str = PROG) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog=PROG,
-        description="The non-colocated layouts (each module's TP/PP/DP, the micro-batch) of a MegatronMIMO model "
-                    "within a GPU budget that fit in memory, priced with mimo_accel's step model with and without "
-                    "mimo_accel, best first, and the settings that run the recommended one.")
+        prog=prog,
+        description="What a MegatronMIMO job will do and what it should run: the current layout (--current) "
+                    "priced with mimo_accel's step model under upstream as shipped, upstream's own packing and "
+                    "mimo_accel; with a GPU budget, every non-colocated layout that fits (each module's TP/PP/DP, "
+                    "the language model's PP split, the micro-batch), best first, and the settings of the "
+                    "recommended one (a change only where it is faster on every draw).")
     src = p.add_argument_group("costs and model")
     src.add_argument("--model", metavar="NAME|FILE",
-                     help=f"the model: a preset ({', '.join(PRESETS)}) or a YAML model file; with --from, it "
-                          "replaces the configs the profile holds")
+                     help=f"the model: a preset ({', '.join(MODEL_PRESETS)}, the default) or a YAML model file; with "
+                          "--from, it replaces the configs the profile holds")
     src.add_argument("--from", dest="profile", metavar="DIR",
-                     help="a profiled run (profile=DIR): its learnt costs, module configs, parallel sizes, GPUs, batch")
-    src.add_argument("--calibration", metavar="FILE",
-                     help="a `mimo-accel calibrate-gpu --points FILE` file: each module's measured efficiency "
-                          "(default: 0.40 of the peak)")
+                     help="a profiled run (MIMO_ACCEL=profile, a few steps on your GPUs): its learnt costs, module "
+                          "configs, parallel sizes, GPUs, batch; without it an encoder is priced from its FLOPs, "
+                          "which is not its GPU cost")
     mach = p.add_argument_group("machine")
-    mach.add_argument("--gpus", type=positive_int, metavar="N", help="the GPU budget (default: the profiled run's)")
+    mach.add_argument("--gpus", type=_at_most(MAX_BUDGET, "GPUs"), metavar="N",
+                      help="the GPU budget: search and recommend (default: the profiled run's)")
     mach.add_argument("--gpu", metavar="NAME", help=f"the GPU: {', '.join([*GPUS, CPU])} (cpu: the rehearsal's "
                                                     "CPU ranks, memory unbounded, communication 0); default h100, "
                                                     "or the profiled run's device")
-    mach.add_argument("--gpus-per-node", type=positive_int, default=8, metavar="N", help="GPUs a node (default 8)")
+    mach.add_argument("--gpus-per-node", type=_at_most(64, "GPUs a node"), default=8, metavar="N",
+                      help="GPUs a node (default 8)")
     mach.add_argument("--peak-tflops", type=peak_tflops, metavar="T", help="dense BF16 TFLOP/s per GPU (the table's)")
-    mach.add_argument("--memory-gib", type=_positive_float, metavar="G", help="memory per GPU in GiB (the table's)")
-    mach.add_argument("--intra-node-gbps", type=_positive_float, metavar="B", help="NVLink GB/s per GPU and direction")
-    mach.add_argument("--inter-node-gbps", type=_positive_float, metavar="B", help="network GB/s per GPU")
-    mach.add_argument("--memory-reserve", type=_share, metavar="F",
+    mach.add_argument("--memory-gib", type=_number(1e-9, float("inf"), "a number > 0"), metavar="G",
+                      help="memory per GPU in GiB (the table's)")
+    mach.add_argument("--intra-node-gbps", type=_number(1e-9, float("inf"), "a number > 0"), metavar="B",
+                      help="NVLink GB/s per GPU and direction")
+    mach.add_argument("--inter-node-gbps", type=_number(1e-9, float("inf"), "a number > 0"), metavar="B",
+                      help="network GB/s per GPU")
+    mach.add_argument("--memory-reserve", type=_number(0, 1, "a share in [0, 1), e.g. 0.1"), metavar="F",
                       help="share of each GPU's memory kept free for what the estimate leaves out (default 0.1)")
-    mach.add_argument("--no-distributed-optimizer", action="store_true",
-                      help="optimizer states unsharded (18 bytes a parameter, not 6 + 12/dp)")
+    job = p.add_argument_group("the job's settings (default: upstream's Qwen3.5-VL MIMO launcher's, or the "
+                               "profiled run's)")
+    job.add_argument("--sequence-parallel", action="store_true", help="sequence parallelism on (the launcher: off)")
+    job.add_argument("--recompute", choices=RECOMPUTE, help="activation recompute (the launcher: none)")
+    job.add_argument("--no-distributed-optimizer", action="store_true",
+                     help="optimizer states unsharded (18 bytes a parameter, not 6 + 12/dp)")
+    job.add_argument("--fp32", action="store_true", help="fp32 training (the launcher's --fp32), not bf16")
     data = p.add_argument_group("data")
     data.add_argument("--workload", metavar="NAME|PATH", help="workload profile the steps are drawn from "
                                                                "(default receipts)")
@@ -82,23 +99,24 @@ def _parser() -> argparse.ArgumentParser:
                                                          "of the global batch)")
     data.add_argument("--seq-length", type=positive_int, metavar="N", help="sequence length (default: the model's)")
     data.add_argument("--frozen", metavar="NAME[,NAME]", help="encoders that do not train")
-    data.add_argument("--steps", type=positive_int, default=4, help="global batches drawn to price (default 4)")
+    data.add_argument("--steps", type=_at_most(MAX_STEPS, "draws"), default=DEFAULT_STEPS,
+                      help=f"global batches drawn, each a draw every layout is priced on (default {DEFAULT_STEPS})")
     data.add_argument("--seed", type=nonnegative_int, default=0)
     out = p.add_argument_group("output")
-    out.add_argument("--objective", choices=OBJECTIVES, default="throughput",
+    out.add_argument("--objective", choices=[o.value for o in Objective], default=Objective.THROUGHPUT.value,
                      help="throughput: the job's samples/s (ties by tokens/s per GPU); per-gpu: tokens/s per "
                           "active GPU, the tutorial's metric")
     out.add_argument("--top", type=positive_int, default=5, help="layouts shown per table (default 5)")
     out.add_argument("--current", metavar="SPEC",
-                     help="the layout run today, priced beside them: 'images=tp1,pp1,dp1 language=tp4,pp2,dp2 mbs=2 "
-                          "gbs=32' or a preset (reference-27b)")
+                     help="the layout run today: 'images=tp1,pp1,dp1 language=tp4,pp2,dp2 mbs=2 gbs=32' or a preset "
+                          f"({', '.join(LAYOUT_PRESETS)}); alone, it is priced; with a budget, beside the others")
     out.add_argument("--all", dest="include_unfit", action="store_true",
                      help="also list the layouts that do not fit, and why")
-    out.add_argument("--json", metavar="FILE", help="write the answer (format mimo-accel-layout/1)")
+    out.add_argument("--json", metavar="FILE", help=f"write the answer (format {ADVICE_FORMAT})")
     return p
 
 
-def _sizes(text: str | None) -> list[int] | None:
+def _sizes(text: str | None) -> tuple[int, ...] | None:
     if text is None:
         return None
     try:
@@ -107,62 +125,71 @@ def _sizes(text: str | None) -> list[int] | None:
         values = []
     if not values or min(values) < 1:
         raise UsageError(f"--mbs {text}: give global micro-batch sizes as positive whole numbers, e.g. 2 or 2,4,8")
-    return values
+    return tuple(values)
 
 
-def _checked(args) -> dict:
-    """The advise() options of a command line, every input checked before any work."""
+def request_of(args, current_flag: str = "--current") -> tuple[Request, Search]:
+    """The request and the search of a command line, every input checked before any work
+    (``current_flag``: what the layout's flag is called where the error names it)."""
     output_file("--json", args.json)
-    if args.model is None and args.profile is None:
-        raise UsageError(f"give --model (a preset: {', '.join(PRESETS)}, or a YAML model file) or --from DIR (a "
-                         "profiled run)")
     if args.profile is not None and not Path(args.profile).is_dir():
         raise UsageError(f"--from {args.profile}: no such directory; give the DIR of a job run with profile=DIR")
-    for flag, path in (("--calibration", args.calibration), ("--index", args.index)):
-        if path is not None and not Path(path).is_file():
-            raise UsageError(f"{flag} {path}: no such file")
-    if args.model is not None and args.model not in PRESETS and not Path(args.model).is_file():
-        raise UsageError(f"--model {args.model}: no such preset or file; give one of {', '.join(PRESETS)}, or a YAML "
-                         "model file")
+    if args.index is not None and not Path(args.index).is_file():
+        raise UsageError(f"--index {args.index}: no such file")
+    if args.model is not None and args.model not in MODEL_PRESETS and not Path(args.model).is_file():
+        raise UsageError(f"--model {args.model}: no such preset or file; give one of {', '.join(MODEL_PRESETS)}, or a "
+                         "YAML model file")
     if args.workload is not None and args.index is not None:
         raise UsageError("--workload and --index both give the samples; give one")
     if args.rehearsal and args.index is not None:
         raise UsageError("--rehearsal draws a workload's [rehearsal] samples; drop it with --index")
-    if args.gpus is None and args.profile is None:
-        raise UsageError("give --gpus N, the GPU budget")
-    current = parse_layout(args.current, "--current") if args.current is not None else None
+    if args.gpus is None and args.profile is None and args.current is None:
+        raise UsageError(f"give --gpus N (the GPU budget: search), or {current_flag} SPEC (price the layout run today)")
+    current = parse_layout(args.current, current_flag) if args.current is not None else None
     if args.gbs is not None and current is not None and current.gbs != args.gbs:
-        raise UsageError(f"--gbs {args.gbs} and --current's gbs={current.gbs} differ; give one global batch")
-    workload = None
-    if args.workload is not None:
-        from mimo_accel.workloads import load_profile
+        raise UsageError(f"--gbs {args.gbs} and {current_flag}'s gbs={current.gbs} differ; give one global batch")
+    model = args.model
+    if model is None and current is not None and current.preset is not None and args.profile is None:
+        model = LAYOUT_PRESETS[current.preset][1]
+    settings = JobSettings(sequence_parallel=args.sequence_parallel, recompute=args.recompute or "none",
+                           distributed_optimizer=not args.no_distributed_optimizer,
+                           precision="fp32" if args.fp32 else "bf16")
+    if settings != JobSettings() or args.recompute:
+        settings = JobSettings(**{**settings.to_doc(), "source": "the command line"})
+    request = Request(
+        model=model, profile=args.profile,
+        machine=MachineRequest(args.gpu, args.peak_tflops, args.memory_gib, args.gpus_per_node, args.intra_node_gbps,
+                               args.inter_node_gbps, args.memory_reserve),
+        data=DataRequest(args.workload, args.index, args.rehearsal, args.gbs or (current.gbs if current else None),
+                         args.seq_length or (current.seq_length if current else None), args.steps, args.seed),
+        frozen=tuple(f for f in (args.frozen or "").split(",") if f), settings=settings)
+    return request, Search(args.gpus, _sizes(args.mbs), Objective(args.objective), args.top, current,
+                           args.include_unfit)
 
-        workload = load_profile(args.workload)
-    frozen = tuple(f for f in (args.frozen or "").split(",") if f)
-    source = args.profile if args.profile is not None else args.model
-    return dict(source=source, budget=args.gpus, mbs=_sizes(args.mbs), objective=args.objective, top=args.top,
-                current=current, include_unfit=args.include_unfit,
-                model=args.model if args.profile is not None else None, gpu=args.gpu,
-                peak_tflops=args.peak_tflops, memory_gib=args.memory_gib, gpus_per_node=args.gpus_per_node,
-                intra_node_gbps=args.intra_node_gbps, inter_node_gbps=args.inter_node_gbps,
-                reserve=args.memory_reserve, calibration=args.calibration, workload=workload, index=args.index,
-                rehearsal=args.rehearsal, gbs=args.gbs, seq_length=args.seq_length, steps=args.steps, seed=args.seed,
-                frozen=frozen, distributed_optimizer=not args.no_distributed_optimizer)
 
-
-def main(argv: Sequence[str] | None = None, *, console: Console | None = None) -> int:
-    """``mimo-accel layout``. Returns 0, or 2 (one ``error:`` line) on bad input."""
-    args = parse(_parser(), argv)
+def main(argv: Sequence[str] | None = None, *, console: Console | None = None, prog: str = PROG,
+         current_flag: str = "--current") -> int:
+    """``mimo-accel layout`` (``prog``: the command that asks). Returns 0, or 2 (one ``error:`` line) on bad input."""
+    args = parse(_parser(prog), argv)
     if isinstance(args, int):
         return args
     try:
-        options = _checked(args)
-        advice = advise(**options)
+        request, search = request_of(args, current_flag)
+        problem = build(request)
+        if search.budget is None and problem.gpus is None:
+            row = price(search.current, problem)
+            doc = {"format": ADVICE_FORMAT, "current": row.to_doc(), "assumptions": problem.settings.to_doc(),
+                   "data": {"source": problem.draws.source, "gbs": problem.gbs, "steps": problem.draws.steps},
+                   "costs": {"source": problem.seconds.describe()}, "notes": list(problem.notes)}
+            show = lambda c: render_row(row, problem, c)  # noqa: E731
+        else:
+            advice = advise(problem, search)
+            doc, show = advice.to_doc(), lambda c: render_advice(advice, c)  # noqa: E731
     except (ProfileError, ValueError, OSError) as e:
-        return fail(PROG, e)
-    render_advice(advice, console or (Console() if sys.stdout.isatty() else Console(width=200)))
+        return fail(prog, e)
+    show(console or (Console() if sys.stdout.isatty() else Console(width=200)))
     if args.json:
-        Path(args.json).write_text(json.dumps(advice.to_doc(), indent=2, allow_nan=False) + "\n", encoding="utf-8")
+        Path(args.json).write_text(json.dumps(doc, indent=2, allow_nan=False) + "\n", encoding="utf-8")
     return 0
 
 

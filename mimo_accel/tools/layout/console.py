@@ -1,4 +1,4 @@
-"""The advisor's tables and the settings that run its recommendation."""
+"""The advisor's tables, its answer and the settings that run it."""
 
 from __future__ import annotations
 
@@ -8,9 +8,15 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from mimo_accel.tools.layout.advice import TIE, Advice, Row, settings
+from mimo_accel.tools.layout.advice import TIE, Advice, Objective, Row, settings
+from mimo_accel.tools.layout.problem import Problem
 
 __all__ = ["render_advice", "render_row", "settings_lines"]
+
+TITLES = {"mimo_accel": "With mimo_accel (its step plan over packed real tokens)",
+          "padded": "Without mimo_accel (upstream as shipped: the original order, padded batches)",
+          "packed": "Upstream with its own in-batch packing (--pack-sequences-in-batch), the original order",
+          "pr4608": "The reorder of PR #4608's branch (reorder_buffer.py), packed"}
 
 
 def _each(values: Optional[dict], names, fmt: str) -> str:
@@ -19,35 +25,37 @@ def _each(values: Optional[dict], names, fmt: str) -> str:
     return " · ".join("—" if values.get(n) is None else format(values[n], fmt) for n in names)
 
 
-def _table(title: str, rows: list[Row], names, side: str) -> Table:
+def _table(title: str, rows: list[Row], names, plan: str) -> Table:
     t = Table(title=title, title_justify="left")
-    other = "without" if side == "with" else "with"
-    for col, just in (("#", "right"), ("layout", "left"), ("GPUs", "right"), ("step s", "right"),
-                      ("samples/s", "right"), ("tokens/s\nper GPU", "right"), (f"{other}:\nstep s", "right"),
-                      ("MFU\n" + " · ".join(names), "right"), ("GiB per GPU\n" + " · ".join(names), "right"),
-                      ("bound", "left"), ("busy share\n" + " · ".join(names), "right")):
-        t.add_column(col, justify=just)
+    for col in ("#", "layout", "GPUs", "step s\nmean (draws)", "samples/s", "tokens/s\nper GPU", "padded:\nstep s",
+                "MFU\n" + " · ".join(names), "GiB per GPU\n" + " · ".join(names), "bound",
+                "busy share\n" + " · ".join(names)):
+        t.add_column(col, justify="left" if col in ("layout", "bound") else "right", overflow="fold")
     for i, r in enumerate(rows, 1):
-        mine, theirs = (r.accelerated, r.baseline) if side == "with" else (r.baseline, r.accelerated)
+        mine, padded = r.figures.get(plan), r.figures.get("padded")
+        memory = _each(r.memory_gib_per_gpu, names, ".1f") + ("" if r.fits else " ✗")
         if mine is None:
-            t.add_row(str(i), r.spec, str(r.gpus), "—", "—", "—", "—", "—",
-                      _each(r.memory_gib_per_gpu, names, ".1f"), "—", r.why_not or "")
+            t.add_row(str(i), r.spec, str(r.gpus), *["—"] * 5, memory, "—", r.why_not or "")
             continue
-        t.add_row(str(i), r.spec, str(r.gpus), f"{mine.step_time_s:.3f}", f"{mine.samples_per_s:.1f}",
-                  f"{mine.tokens_per_s_per_gpu:,.0f}", f"{theirs.step_time_s:.3f}" if theirs else "—",
-                  _each(mine.mfu, names, ".0%"), _each(r.memory_gib_per_gpu, names, ".1f")
-                  + ("" if r.fits else " ✗"), mine.bound_module, _each(mine.busy_share, names, ".0%"))
+        d = mine.step_time_s_draws
+        t.add_row(str(i), r.spec, str(r.gpus), f"{mine.step_time_s:.3f} ({min(d):.3f}–{max(d):.3f})",
+                  f"{mine.samples_per_s:.1f}", f"{mine.tokens_per_s_per_gpu:,.0f}",
+                  f"{padded.step_time_s:.3f}" if padded else "—", _each(mine.mfu, names, ".0%"), memory,
+                  mine.bound_module or "—", _each(mine.busy_share, names, ".0%"))
     return t
 
 
 def settings_lines(row: Row) -> list[str]:
-    """Bridge's MegatronMIMOParallelismConfig and the Qwen3.5-VL launcher's flags for ``row``."""
+    """Bridge's MegatronMIMOParallelismConfig, the language model's split and the Qwen3.5-VL
+    launcher's flags for ``row``."""
     s = settings(row.layout)
     lines = ["MegatronMIMOParallelismConfig(module_parallelisms={"]
     for name, p in s["module_parallelisms"].items():
         args = ", ".join(f"{k}={v}" for k, v in p.items() if k != "context_parallel_size")
         lines.append(f'    "{name}": ModuleParallelismConfig({args}),')
     lines.append("})")
+    if s["language_config"]:
+        lines.append("language TransformerConfig: " + ", ".join(f"{k}={v}" for k, v in s["language_config"].items()))
     flags = " ".join(f"{k} {v}" for k, v in s["launcher"].items() if k.startswith("--"))
     comps = " ".join(f"--component {c}" for c in s["components"])
     lines.append(f"examples/megatron_mimo/qwen35_vl/finetune_qwen35_vl.py {flags} {comps}  "
@@ -55,8 +63,32 @@ def settings_lines(row: Row) -> list[str]:
     return lines
 
 
-def render_row(row: Row, console: Console, names) -> None:
-    console.print(_table("The layout priced", [row], names, "with"))
+def _head(console: Console, problem: Problem, what: str) -> None:
+    p = problem
+    console.print(f"[bold]mimo-accel layout[/] {escape(p.model.name)}{what}, on {escape(p.machine.describe())}")
+    console.print(escape(f"  data: {p.draws.source}, gbs {p.gbs}, seq {p.draws.seq_length}, {p.draws.steps} draws "
+                         f"(every layout priced on the same ones); costs: {p.seconds.describe()}"))
+    s = p.settings
+    console.print(escape(f"  memory as configured: sequence parallelism {'on' if s.sequence_parallel else 'off'}, "
+                         f"recompute {s.recompute}, distributed optimizer {'on' if s.distributed_optimizer else 'off'}"
+                         f", {s.precision} ({s.source})"))
+
+
+def _notes(console: Console, problem: Problem) -> None:
+    for note in problem.notes:
+        console.print(f"[yellow]note:[/] {escape(note)}")
+
+
+def render_row(row: Row, problem: Problem, console: Optional[Console] = None) -> None:
+    """One layout priced under every plan: what the job will do."""
+    console = console or Console()
+    _head(console, problem, f": {row.spec}")
+    names = list(problem.model.modules)
+    for plan in row.figures:
+        console.print(_table(TITLES[plan], [row], names, plan))
+    if not row.fits:
+        console.print(f"[red]does not fit:[/] {escape(row.why_not)}")
+    _notes(console, problem)
 
 
 def render_advice(advice: Advice, console: Optional[Console] = None) -> None:
@@ -64,31 +96,31 @@ def render_advice(advice: Advice, console: Optional[Console] = None) -> None:
     p = advice.problem
     names = list(p.model.modules)
     objective = ("the job's samples/s within the budget, within " f"{TIE:.0%} by tokens/s per GPU; layouts using "
-                 "at most half the budget after the rest") if advice.objective == "throughput" else \
+                 "at most half the budget after the rest") if advice.search.objective is Objective.THROUGHPUT else \
         f"tokens/s per active GPU, within {TIE:.0%} by samples/s"
-    console.print(f"[bold]mimo-accel layout[/] {escape(p.model.name)}, budget {advice.budget} GPUs, on "
-                  f"{escape(p.machine.describe())}")
-    console.print(escape(f"  data: {p.draws.source}, gbs {p.gbs}, seq {p.draws.seq_length}, {p.draws.steps} steps "
-                         f"drawn; costs: {p.seconds.describe()}; ranked by {objective}"))
-    console.print(_table("With mimo_accel (its step plan over packed real tokens), best first", advice.with_mimo_accel,
-                         names, "with"))
-    console.print(_table("Without mimo_accel (upstream as shipped: the original order, padded batches), best first",
-                         advice.without, names, "without"))
+    _head(console, p, f", budget {advice.budget} GPUs, ranked by {objective}")
+    for plan, rows in advice.ranked.items():
+        console.print(_table(TITLES[plan] + ", best first", rows, names, plan))
     if advice.current is not None:
-        console.print(_table("The current layout (--current, or the profiled run's)", [advice.current], names, "with"))
+        console.print(_table("The current layout (--current, or the profiled run's)", [advice.current], names,
+                             "mimo_accel"))
     if advice.unfit:
-        console.print(_table("Layouts that do not fit (--all)", advice.unfit[:50], names, "with"))
-    rec, base = advice.recommended, advice.recommended_without
-    gain = base.baseline.step_time_s / rec.accelerated.step_time_s
-    console.print(f"[bold]Recommended with mimo_accel:[/] {escape(rec.spec)} ({rec.gpus} GPUs): "
-                  f"{rec.accelerated.step_time_s:.3f} s a step, {rec.accelerated.samples_per_s:.1f} samples/s, "
-                  f"{gain:.2f}× the throughput of the best layout without it ({base.spec}: "
-                  f"{base.baseline.step_time_s:.3f} s); bound by {rec.accelerated.bound_module}")
+        console.print(_table("Layouts that do not fit (--all)", advice.unfit[:50], names, "mimo_accel"))
+    rec, acc = advice.recommended, advice.recommended.accelerated
+    gains = " and ".join(f"{g:.2f}× the throughput of {what}" for g, what in (
+        (advice.gain("padded"), "the best layout without it"),
+        (advice.gain("packed"), "the best with upstream's own packing")) if g)
+    if advice.keep_current:
+        console.print(f"[bold]Keep the current layout[/] {escape(rec.spec)}: {escape(advice.margin or '')}")
+    else:
+        console.print(f"[bold]Recommended with mimo_accel:[/] {escape(rec.spec)} ({rec.gpus} GPUs)" + (
+            f", over the current layout: {escape(advice.margin)}" if advice.margin else ""))
+    console.print(f"  {acc.step_time_s:.3f} s a step, {acc.samples_per_s:.1f} samples/s, {gains}; bound by "
+                  f"{acc.bound_module}", highlight=False)
     for line in settings_lines(rec):
         console.print(f"  {line}", highlight=False, soft_wrap=True)
     console.print("  mimo_accel: reorder_window=step with packing (the step plan priced here), e.g. "
                   "MIMO_ACCEL=shard,reorder,pack MIMO_ACCEL_REORDER_WINDOW=step", highlight=False)
-    for note in p.notes:
-        console.print(f"[yellow]note:[/] {escape(note)}")
+    _notes(console, p)
     s = advice.searched
     console.print(f"{s['layouts']} layouts fit, {s['priced']} priced, in {advice.elapsed_s:.1f} s")

@@ -1,6 +1,7 @@
 """The model whose layout is chosen: each module's FLOPs per token and per Σ L², its parameters,
-and the sizes its parallelism must divide. From a preset (:data:`PRESETS`), a small YAML file
-(:func:`load_model`), or a profile's header (:meth:`ModuleModel.from_shape`).
+what a layer stores for its backward, and the sizes its parallelism must divide. From a preset
+(:data:`MODEL_PRESETS`), a small YAML file (:func:`load_model`), or a profile's header
+(:meth:`ModuleModel.from_shape`).
 """
 
 from __future__ import annotations
@@ -10,18 +11,21 @@ from pathlib import Path
 from typing import Any, Mapping, Optional
 
 from mimo_accel.costs.flops import FlopsShape
-from mimo_accel.costs.memory import ParameterCount, parameter_count
 from mimo_accel.modules import LANGUAGE
+from mimo_accel.tools.layout.memory import ParameterCount, parameter_count
 
-__all__ = ["PRESETS", "ModelSpec", "ModuleModel", "load_model", "model_named"]
+__all__ = ["DEFAULT_MODEL", "MODEL_PRESETS", "ModelSpec", "ModuleModel", "load_model", "model_named"]
 
 
 @dataclass(frozen=True)
 class ModuleModel:
     """One module as the advisor prices it: forward FLOPs ``per_token`` (a token, or an encoder's
-    row) and ``per_sq_token`` (per unit of Σ L², its attention), its parameters, and the sizes a
-    TP must divide (``heads``, ``query_groups`` and any ``tp_divides``) or a PP its ``layers``.
-    An encoder sends ``out_hidden``-wide rows, one per ``merge``² of its rows, to the language model."""
+    row; ``output_per_token`` of it the language model's output layer, on its last PP stage) and
+    ``per_sq_token`` (per unit of Σ L², its attention), its parameters, and the sizes a TP must
+    divide (``heads``, ``query_groups`` and any ``tp_divides``) or a PP its ``layers``. An encoder
+    sends ``out_hidden``-wide rows, one per ``merge``² of its rows, to the language model.
+    ``linear_layers`` of its layers are linear attention (Gated DeltaNet), each storing
+    ``linear_bytes`` per token for its backward where an attention layer stores 8h (the part TP splits)."""
 
     name: str
     layers: int
@@ -37,6 +41,9 @@ class ModuleModel:
     out_hidden: int = 0
     trained: bool = True
     tp_divides: tuple[int, ...] = ()
+    output_per_token: float = 0.0
+    linear_layers: int = 0
+    linear_bytes: float = 0.0
 
     @property
     def is_language(self) -> bool:
@@ -56,12 +63,13 @@ class ModuleModel:
         encoder = name != LANGUAGE
         params = parameter_count(shape, tied=tied, encoder=encoder)
         if extra_params:
-            params = ParameterCount(params.layers, params.embedding, params.output, params.other + extra_params)
+            params = replace(params, other=params.other + extra_params)
         return cls(name=name, layers=shape.layers, hidden=shape.hidden, ffn_hidden=shape.ffn_hidden,
                    heads=shape.heads, query_groups=shape.query_groups, per_token=shape.per_token,
                    per_sq_token=shape.per_sq_token, params=params, vocab=shape.vocab,
                    merge=max(1, shape.merge) if encoder else 1,
-                   out_hidden=(shape.out_hidden or shape.hidden) if encoder else 0, trained=trained)
+                   out_hidden=(shape.out_hidden or shape.hidden) if encoder else 0, trained=trained,
+                   output_per_token=0.0 if encoder else 2.0 * shape.hidden * shape.vocab)
 
 
 @dataclass(frozen=True)
@@ -89,6 +97,10 @@ class ModelSpec:
     @property
     def frozen(self) -> tuple[str, ...]:
         return tuple(m for m, mm in self.modules.items() if not mm.trained)
+
+    def with_frozen(self, frozen) -> "ModelSpec":
+        return replace(self, modules={n: replace(m, trained=m.trained and n not in frozen)
+                                      for n, m in self.modules.items()})
 
 
 def qwen35_vl_27b() -> ModelSpec:
@@ -123,6 +135,12 @@ def qwen35_vl_27b() -> ModelSpec:
     layer 2h·q + 2h·kv + h·q + 4h = 104,878,080, the MLP 3·h·F = 267,386,880: 24,353,832,960 in the
     layers, 1,271,398,400 each for the embedding and the output layer (26.9 B in all).
 
+    What a DeltaNet layer stores for its backward, per token, in bf16 (where an attention layer's
+    Q, K, V and output projection's input take 8h, the part TP splits): the causal convolution's
+    input and output over q, k, v (2 · 2 · 10,240), the gate z, the recurrence's output and its
+    gated norm's output (3 · 2 · 6,144), the chunked delta rule's per-token WY factors (48 heads ·
+    64-token chunks · 2) and β, g (48 · 2 · 4): 84,352 bytes.
+
     Image encoder (transformers ``models/qwen3_5/configuration_qwen3_5.py``,
     ``Qwen3_5VisionConfig`` defaults, which the provider builds: depth 27, hidden 1152,
     intermediate 4304, 16 heads, GELU MLP, spatial merge 2; the provider: "Vision: depth=27,
@@ -140,7 +158,8 @@ def qwen35_vl_27b() -> ModelSpec:
         per_sq_token=16 * 4.0 * 6144 * 0.5,
         params=ParameterCount(layers=float(layer_params), embedding=float(h * vocab), output=float(h * vocab),
                               other=2.0 * h),
-        vocab=vocab, tp_divides=(16, 48))  # the DeltaNet's key and value heads split over TP too
+        vocab=vocab, tp_divides=(16, 48),  # the DeltaNet's key and value heads split over TP too
+        output_per_token=float(out), linear_layers=48, linear_bytes=2 * 2 * 10240 + 3 * 2 * 6144 + 48 * 64 * 2 + 384)
     vision = FlopsShape(layers=27, hidden=1152, ffn_hidden=4304, heads=16, query_groups=16, kv_channels=72,
                         gated=False, causal=False, merge=2, out_hidden=5120)
     images = ModuleModel.from_shape("images", vision, extra_params=float(1536 * 1152 + 2304 * 1152))
@@ -149,64 +168,85 @@ def qwen35_vl_27b() -> ModelSpec:
                      image_pixels=(200_704, 1_003_520))
 
 
-PRESETS = {"qwen35-vl-27b": qwen35_vl_27b}
+MODEL_PRESETS = {"qwen35-vl-27b": qwen35_vl_27b}
+DEFAULT_MODEL = "qwen35-vl-27b"
 
-# what a module of a model file may give: FlopsShape's fields, plus these
-_SHAPE_KEYS = {"layers", "hidden", "ffn_hidden", "heads", "query_groups", "kv_channels", "gated", "vocab",
-               "causal", "output_gate", "merge", "out_hidden"}
-_EXTRA_KEYS = {"frozen", "tied", "per_token_flops", "per_sq_token_flops", "parameters"}
+# what a module of a model file may give, and of which type: FlopsShape's fields, plus these
+_WHOLE = ("layers", "hidden", "ffn_hidden", "heads", "query_groups", "kv_channels", "vocab", "merge", "out_hidden")
+_SWITCHES = ("gated", "causal", "output_gate", "frozen", "tied")
+_AMOUNTS = ("per_token_flops", "per_sq_token_flops", "parameters")
 _TOP_KEYS = {"name", "seq_length", "gbs", "modules", "min_pixels", "max_pixels"}
+
+
+def _typed(where: str, d: Mapping, key: str, kind: str, default: Any = None) -> Any:
+    """``d[key]`` as a whole number >= 1 (``whole``; 0 allowed for vocab/merge/out_hidden), a YAML
+    boolean (``switch``) or a number >= 0 (``amount``); ValueError naming the key, file and fix."""
+    if key not in d:
+        return default
+    v = d[key]
+    if kind == "switch":
+        if not isinstance(v, bool):
+            raise ValueError(f"{where}{key}: {v!r} is not a boolean; write true or false, unquoted")
+        return v
+    if kind == "whole":
+        low = 0 if key in ("vocab", "merge", "out_hidden") else 1
+        if isinstance(v, bool) or not isinstance(v, int) or v < low:
+            raise ValueError(f"{where}{key}: {v!r} is not a whole number >= {low}; give one, e.g. {key}: 8")
+        return v
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0 or v == float("inf"):
+        raise ValueError(f"{where}{key}: {v!r} is not a number >= 0; give one, e.g. {key}: 1.5e9")
+    return float(v)
 
 
 def _module_of(path: str, name: str, d: Any) -> ModuleModel:
     where = f"{path}: modules.{name}"
     if not isinstance(d, Mapping):
-        raise ValueError(f"{where}: give a mapping of {', '.join(sorted(_SHAPE_KEYS))}")
-    unknown = sorted(set(d) - _SHAPE_KEYS - _EXTRA_KEYS)
+        raise ValueError(f"{where}: give a mapping of {', '.join(_WHOLE)}, ...")
+    unknown = sorted(set(d) - set(_WHOLE) - set(_SWITCHES) - set(_AMOUNTS))
     if unknown:
-        raise ValueError(f"{where}: unknown keys {unknown}; a module has {', '.join(sorted(_SHAPE_KEYS | _EXTRA_KEYS))}")
+        raise ValueError(f"{where}: unknown keys {unknown}; a module has {', '.join((*_WHOLE, *_SWITCHES, *_AMOUNTS))}")
     missing = [k for k in ("layers", "hidden", "ffn_hidden", "heads") if k not in d]
     if missing:
         raise ValueError(f"{where}: give {', '.join(missing)} (and query_groups, kv_channels where they differ "
                          "from heads, hidden/heads)")
-    try:
-        heads = int(d["heads"])
-        shape = FlopsShape(layers=int(d["layers"]), hidden=int(d["hidden"]), ffn_hidden=int(d["ffn_hidden"]),
-                           heads=heads, query_groups=int(d.get("query_groups", heads)),
-                           kv_channels=int(d.get("kv_channels", int(d["hidden"]) // heads)),
-                           gated=bool(d.get("gated", False)), vocab=int(d.get("vocab", 0)),
-                           causal=bool(d.get("causal", name == LANGUAGE)), output_gate=bool(d.get("output_gate", False)),
-                           merge=int(d.get("merge", 0)), out_hidden=int(d.get("out_hidden", 0)))
-    except (TypeError, ValueError, ZeroDivisionError) as e:
-        raise ValueError(f"{where}: {e}; give whole numbers for the sizes and true/false for the switches") from None
-    if min(shape.layers, shape.hidden, shape.ffn_hidden, shape.heads, shape.query_groups, shape.kv_channels) < 1:
-        raise ValueError(f"{where}: layers, hidden, ffn_hidden, heads, query_groups and kv_channels must be >= 1")
-    if name == LANGUAGE and shape.vocab < 1:
+    n = {k: _typed(f"{where}.", d, k, "whole") for k in _WHOLE}
+    s = {k: _typed(f"{where}.", d, k, "switch", k == "causal" and name == LANGUAGE) for k in _SWITCHES}
+    a = {k: _typed(f"{where}.", d, k, "amount") for k in _AMOUNTS}
+    heads, groups = n["heads"], n["query_groups"] or n["heads"]
+    if heads % groups:
+        raise ValueError(f"{where}.query_groups: {groups} does not divide heads ({heads}); give a divisor of it")
+    if n["kv_channels"] is None and n["hidden"] % heads:
+        raise ValueError(f"{where}.kv_channels: hidden ({n['hidden']}) is not a multiple of heads ({heads}); give "
+                         "kv_channels")
+    if name == LANGUAGE and not n["vocab"]:
         raise ValueError(f"{where}: give the language model's vocab (its output layer's size)")
-    m = ModuleModel.from_shape(name, shape, trained=not d.get("frozen", False), tied=bool(d.get("tied", False)))
-    overrides = {}
-    for key, attr in (("per_token_flops", "per_token"), ("per_sq_token_flops", "per_sq_token")):
-        if key in d:
-            overrides[attr] = float(d[key])
-    if "parameters" in d:  # the layers' parameters, where the FLOPs shape cannot count them (hybrid layers)
-        overrides["params"] = ParameterCount(float(d["parameters"]), m.params.embedding, m.params.output,
-                                             m.params.other)
-    if name == LANGUAGE and not m.trained:
-        raise ValueError(f"{where}: frozen: the language model trains in the step model; freeze encoders only")
-    return replace(m, **overrides) if overrides else m
+    if name == LANGUAGE and s["frozen"]:
+        raise ValueError(f"{where}.frozen: the language model trains in the step model; freeze encoders only")
+    shape = FlopsShape(layers=n["layers"], hidden=n["hidden"], ffn_hidden=n["ffn_hidden"], heads=heads,
+                       query_groups=groups, kv_channels=n["kv_channels"] or n["hidden"] // heads, gated=s["gated"],
+                       vocab=n["vocab"] or 0, causal=s["causal"], output_gate=s["output_gate"], merge=n["merge"] or 0,
+                       out_hidden=n["out_hidden"] or 0)
+    m = ModuleModel.from_shape(name, shape, trained=not s["frozen"], tied=s["tied"])
+    overrides = {attr: a[key] for key, attr in (("per_token_flops", "per_token"), ("per_sq_token_flops",
+                                                                                   "per_sq_token")) if a[key] is not None}
+    if a["parameters"] is not None:  # the layers' parameters, where the FLOPs shape cannot count them (hybrid layers)
+        overrides["params"] = replace(m.params, layers=a["parameters"])
+    return replace(m, **overrides)
 
 
 def load_model(path: str) -> ModelSpec:
     """A model file: ``name``, ``seq_length``, ``gbs`` (optional) and ``modules: {NAME: {layers,
     hidden, ffn_hidden, heads, query_groups, kv_channels, vocab, gated, causal, output_gate, merge,
-    out_hidden, frozen, tied, per_token_flops, per_sq_token_flops, parameters}}``."""
+    out_hidden, frozen, tied, per_token_flops, per_sq_token_flops, parameters}}``: sizes whole
+    numbers, switches YAML booleans, each key checked."""
     import yaml
 
     p = Path(path)
     try:
         doc = yaml.safe_load(p.read_text(encoding="utf-8"))
     except OSError as e:
-        raise ValueError(f"--model {path}: {e.strerror}; give a preset ({', '.join(PRESETS)}) or a YAML model file") from None
+        raise ValueError(f"--model {path}: {e.strerror}; give a preset ({', '.join(MODEL_PRESETS)}) or a YAML model "
+                         "file") from None
     except yaml.YAMLError as e:
         raise ValueError(f"--model {path}: not valid YAML ({' '.join(str(e).split())}); fix the syntax") from None
     if not isinstance(doc, Mapping) or not isinstance(doc.get("modules"), Mapping):
@@ -218,27 +258,21 @@ def load_model(path: str) -> ModelSpec:
     ordered = {n: m for n, m in mods.items() if n != LANGUAGE}
     if LANGUAGE in mods:
         ordered[LANGUAGE] = mods[LANGUAGE]
-    seq, gbs = doc.get("seq_length"), doc.get("gbs")
-    for key, v in (("seq_length", seq), ("gbs", gbs)):
-        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
-            raise ValueError(f"--model {path}: {key} must be a positive whole number, got {v!r}")
-    pixels = None
-    if "min_pixels" in doc or "max_pixels" in doc:
-        try:
-            pixels = (int(doc.get("min_pixels", 0)), int(doc["max_pixels"]))
-        except (KeyError, TypeError, ValueError):
-            raise ValueError(f"--model {path}: give max_pixels (and min_pixels) as whole numbers of pixels") from None
+    top = {k: _typed(f"--model {path}: ", doc, k, "whole") for k in ("seq_length", "gbs", "min_pixels", "max_pixels")}
+    if top["min_pixels"] is not None and top["max_pixels"] is None:
+        raise ValueError(f"--model {path}: give max_pixels with min_pixels (whole numbers of pixels)")
+    pixels = (top["min_pixels"] or 0, top["max_pixels"]) if top["max_pixels"] is not None else None
     try:
-        return ModelSpec(str(doc.get("name", p.stem)), ordered, seq, gbs, source=f"model file {path}",
-                         image_pixels=pixels)
+        return ModelSpec(str(doc.get("name", p.stem)), ordered, top["seq_length"], top["gbs"],
+                         source=f"model file {path}", image_pixels=pixels)
     except ValueError as e:
         raise ValueError(f"--model {path}: {e}") from None
 
 
 def model_named(name: str) -> ModelSpec:
     """A preset by name, or a model file by path."""
-    if name in PRESETS:
-        return PRESETS[name]()
+    if name in MODEL_PRESETS:
+        return MODEL_PRESETS[name]()
     if not Path(name).suffix and not Path(name).exists():
-        raise ValueError(f"--model {name}: no such preset; give one of {', '.join(PRESETS)}, or a YAML model file")
+        raise ValueError(f"--model {name}: no such preset; give one of {', '.join(MODEL_PRESETS)}, or a YAML model file")
     return load_model(name)

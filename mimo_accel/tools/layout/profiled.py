@@ -14,6 +14,7 @@ from mimo_accel.costs import CostModel, ModuleCost
 from mimo_accel.costs.flops import FlopsShape
 from mimo_accel.modules import LANGUAGE
 from mimo_accel.profiler.run import ProfileError, read_run
+from mimo_accel.tools.layout.memory import JobSettings
 from mimo_accel.tools.layout.models import ModelSpec, ModuleModel
 
 __all__ = ["Profiled", "read_profiled"]
@@ -34,6 +35,8 @@ class Profiled:
     stages: tuple = ()  # the language model's (c, a, b) per profiled stage, where its micro-batches tell them
     replayed_step_s: Optional[float] = None  # the run's step replayed from its measured times (p50)
     planned: bool = False  # whether the run planned and packed (mimo_accel on) or ran upstream's padded batches
+    settings: Optional[JobSettings] = None  # what the run's configs say of its memory, where its header records it
+    upstream_packing: bool = True  # whether its Bridge packs in its batches (0.7 on), as far as its header says
 
 
 def _learnt(run) -> dict[str, ModuleCost]:
@@ -169,6 +172,11 @@ def read_profiled(directory: str, model: Optional[ModelSpec] = None) -> Profiled
 
     replayed = summarize(run).get("step_time_replayed_p50")
     features = set((run.header.get("config") or {}).get("features") or ())
+    recorded = (layout.get("flops") or {}).get("settings")
+    settings = JobSettings(**recorded, source=f"the run's own configs in {directory} (the distributed optimizer "
+                                              "assumed: the provider does not say)") if recorded else None
+    bridge = (run.header.get("versions") or {}).get("megatron-bridge")
+    packing = bridge is None or tuple(int(x) for x in bridge.split(".")[:2] if x.isdigit()) >= (0, 7)
     return Profiled(model, CostModel(modules=learnt, fit={"units": "seconds"}), sizes,
                     int(run.world_size or len(run.ranks)), device, gbs, mbs, str(directory), notes, overheads, stages,
-                    replayed, {"reorder", "packing"} <= features)
+                    replayed, {"reorder", "packing"} <= features, settings, packing)

@@ -2,12 +2,12 @@
 
 A layout (:func:`layouts`): per module a TP that divides the GPUs of a node and the module's heads
 and query groups (a TP group stays inside a node), the language model's PP dividing its layers
-(an encoder is one stage), DPs whose lcm G divides the global micro-batch (each of the
-micro-batch sizes tried divides the global batch), every module's memory per GPU within the
-GPU's usable memory, and all of them within the budget. Modules are placed on consecutive ranks,
-widest TP first (the language model first among equals, as the tutorial places it), so that
-each TP group starts on a multiple of its size; a layout whose TP groups would straddle a node
-is left out.
+(an encoder is one stage) or split as megatron-core splits them unevenly (:func:`splits`), DPs
+whose lcm G divides the global micro-batch (each of the micro-batch sizes tried divides the global
+batch), every module's memory per GPU within the GPU's usable memory, and all of them within the
+budget. Modules are placed on consecutive ranks, widest TP first (the language model first among
+equals, as the tutorial places it), so that each TP group starts on a multiple of its size; a
+layout whose TP groups would straddle a node is left out.
 
 Pricing every layout with the step model would take minutes, so :func:`best_first` prices them
 in order of an optimistic figure from a lower bound on the step (:class:`Bound`) and stops when
@@ -24,14 +24,12 @@ from typing import Optional
 
 import numpy as np
 
-from mimo_accel.costs.memory import Footprint
 from mimo_accel.modules import LANGUAGE, Modules, module
-from mimo_accel.tools.layout.draws import Draws
-from mimo_accel.tools.layout.footprint import MemoryModel
-from mimo_accel.tools.layout.models import ModelSpec
-from mimo_accel.tools.layout.spec import LayoutSpec, spec_text
+from mimo_accel.tools.layout.memory import Footprint
+from mimo_accel.tools.layout.pricing import padded_cost
+from mimo_accel.tools.layout.spec import LayoutSpec, stage_layers
 
-__all__ = ["Bound", "Candidate", "best_first", "divisors", "layouts", "rank_offsets"]
+__all__ = ["Bound", "Candidate", "best_first", "divisors", "layouts", "rank_offsets", "splits"]
 
 
 def divisors(n: int) -> list[int]:
@@ -54,6 +52,32 @@ def aligned(modules: Modules, gpus_per_node: int) -> bool:
                for off in (rank_offsets(modules)[m.name],))
 
 
+def splits(problem, pp: int) -> list[tuple[Optional[int], Optional[int]]]:
+    """The language model's splits over ``pp`` stages worth pricing, as ``(first, last)`` layers
+    (None: megatron-core's even split): the even one where ``pp`` divides the layers, and of every
+    split megatron-core offers (the first and last stage's own counts, the stages between even) the
+    one whose busiest stage does the least work per token (its layers, the first stage's embedding,
+    the last's output layer and loss), where it differs; of equals, the one with the fewest layers
+    on the first stage (which holds the most micro-batches' activations)."""
+    layers = problem.model.modules[LANGUAGE].layers
+    out = [(None, None)] if layers % pp == 0 else []
+    if pp == 1:
+        return out
+    best, best_work = None, math.inf
+    for middle in range(1, layers // max(1, pp - 2) + 1) if pp > 2 else (0,):
+        rest = layers - (pp - 2) * middle
+        for first in range(1, rest):
+            candidate = stage_layers(layers, pp, first, rest - first) if rest - first >= 1 else None
+            if candidate is None:
+                continue
+            work = problem.seconds.stage_token_work(candidate)
+            if work < best_work - 1e-12:
+                best, best_work = (first, rest - first), work
+    if best is not None and not (layers % pp == 0 and best == (layers // pp,) * 2):
+        out.append(best)
+    return out
+
+
 @dataclass
 class Candidate:
     """A layout that fits (or, listed on request, one that does not: ``why_not``)."""
@@ -64,43 +88,44 @@ class Candidate:
     optimistic: float = 0.0
 
 
-def layouts(model: ModelSpec, memory: MemoryModel, *, budget: int, gbs: int, mbs: Iterable[int],
-            frozen: tuple[str, ...] = (), seq_length: Optional[int] = None,
-            unfit: Optional[list] = None, tp_held: Optional[dict[str, int]] = None) -> list[Candidate]:
-    """Every layout that fits (module docstring); ``unfit``, where given, collects those left out
-    by memory or placement (over budget or divisibility: never); ``tp_held``: modules whose TP is
-    not searched (held at the given size)."""
-    gpn = memory.machine.gpus_per_node
+def layouts(problem, *, budget: int, mbs: Iterable[int], unfit: Optional[list] = None) -> list[Candidate]:
+    """Every layout of ``problem`` that fits (module docstring); ``unfit``, where given, collects
+    those left out by memory or placement (over budget or divisibility: never)."""
+    memory, model, gbs = problem.memory, problem.model, problem.gbs
+    gpn = problem.machine.gpus_per_node
     lang = model.modules[LANGUAGE]
     encoders = list(model.encoders)
-    held = tp_held or {}
+    held = problem.tp_held
     tps = {n: [held[n]] if n in held else [t for t in divisors(gpn) if m.tp_fits(t)] for n, m in model.modules.items()}
+    # PP sizes megatron-core splits the layers over: evenly, or with the embedding and the loss
+    # counted as layers (account_for_{embedding,loss}_in_pipeline_split), each at its best split
+    sizes = {p for n in (lang.layers, lang.layers + 1, lang.layers + 2) for p in divisors(n) if p <= lang.layers}
+    options = {p: splits(problem, p) for p in sorted(sizes) if p + len(encoders) <= budget}
     out = []
     for b in sorted(set(mbs)):
         w = gbs // b
         dps = divisors(b)
-        smallest_encoders = len(encoders)  # one GPU each, at least
-        lang_options = [(t, p, d) for t, p, d in product(tps[LANGUAGE], divisors(lang.layers), dps)
-                        if t * p * d + smallest_encoders <= budget]
-        for t, p, d in lang_options:
-            lmem = memory.memory(LANGUAGE, t, p, d, b, w, p)
+        lang_options = [(t, p, d, s) for t, (p, ways) in product(tps[LANGUAGE], options.items()) for d in dps
+                        if t * p * d + len(encoders) <= budget for s in ways]
+        for t, p, d, (first, last) in lang_options:
+            lmem = memory.language(t, p, d, b, w, stage_layers(lang.layers, p, first, last))
             if unfit is None and memory.why_not({LANGUAGE: lmem}) is not None:
                 continue  # no encoder makes it fit
             left = budget - t * p * d
             per_encoder = [[(te, de) for te, de in product(tps[e], dps) if te * de <= left and (
-                unfit is not None or memory.why_not({e: memory.memory(e, te, 1, de, b, w, p)}) is None)]
+                unfit is not None or memory.why_not({e: memory.encoder(e, te, de, b, w, p)}) is None)]
                 for e in encoders]
             for combo in product(*per_encoder):
                 if t * p * d + sum(te * de for te, de in combo) > budget:
                     continue
                 mods = Modules(tuple(module(e, de, tp=te) for e, (te, de) in zip(encoders, combo))
                                + (module(LANGUAGE, d, tp=t, pp=p),))
-                foot = {e: memory.memory(e, te, 1, de, b, w, p) for e, (te, de) in zip(encoders, combo)}
+                foot = {e: memory.encoder(e, te, de, b, w, p) for e, (te, de) in zip(encoders, combo)}
                 foot[LANGUAGE] = lmem
                 why = memory.why_not(foot)
                 if why is None and not aligned(mods, gpn):
                     why = f"a TP group would straddle a node of {gpn} GPUs"
-                layout = LayoutSpec(spec_text(mods, b, gbs, frozen, seq_length), mods, b, gbs, tuple(frozen), seq_length)
+                layout = LayoutSpec(mods, b, gbs, problem.frozen, first=first, last=last)
                 if why is None:
                     out.append(Candidate(layout, foot))
                 elif unfit is not None:
@@ -109,25 +134,27 @@ def layouts(model: ModelSpec, memory: MemoryModel, *, budget: int, gbs: int, mbs
 
 
 class Bound:
-    """A lower bound on a layout's modelled step, per plan: the mean over the drawn steps of
-    ``max(busiest module's work / (dp·pp), the language model's work / (dp·pp) + (pp−1)/pp ·
-    its lightest cell)`` plus the step's end. No op of a GPU overlaps another, so a GPU is busy for
-    at least its share; the language model's last stage cannot start before its first micro-batch
-    has crossed the pp−1 stages before it, nor end before the last one's gradient has crossed them
-    back, a cell's worth (at least its lightest) of pipeline fill and drain."""
+    """A lower bound on a layout's modelled step, per plan: the mean over the drawn steps of the
+    busiest module's work over its GPUs, or the language model's last stage's (its share of the
+    work over the replicas) plus the pipeline's fill and drain of its lightest cell through the
+    stages before it, plus the step's end. No op of a GPU overlaps another, so a GPU is busy for at
+    least its share; the last stage cannot start before the first micro-batch has crossed the
+    stages before it, nor end before the last one's gradient has crossed them back."""
 
-    def __init__(self, draws: Draws, seconds, names: Iterable[str]):
-        self.draws, self.seconds = draws, seconds
+    def __init__(self, problem):
+        draws = problem.draws
+        self.draws, self.seconds = draws, problem.seconds
         n, s = draws.steps * draws.gbs, draws.steps
         idx = np.arange(n)
         tok = draws.index.tokens(idx).astype(np.float64)
-        encoders = [m for m in names if m != LANGUAGE]
+        encoders = list(problem.model.encoders)
         self.features = {LANGUAGE: (tok, tok * tok, np.ones(n))}  # k: per sample
         for e in encoders:
             col = draws.index.column_for(e, encoders, lambda *_: None)
             self.features[e] = tuple(np.asarray(f(col, idx), dtype=np.float64)
                                      for f in (draws.index.rows, draws.index.sq_rows, draws.index.items))
         self.shape = (s, draws.gbs)
+        self.mean_tokens = (tok.sum() / s, (tok * tok).sum() / s)
         self._sums: dict = {}
 
     def _module(self, name: str, cost) -> tuple[np.ndarray, np.ndarray]:
@@ -141,16 +168,21 @@ class Bound:
     def of(self, layout: LayoutSpec, padded: bool) -> float:
         model = self.seconds.cost_model(layout)
         worst = np.zeros(self.shape[0])
+        seq, gbs = self.draws.seq_length, self.draws.gbs
         for m in layout.modules:
             cost = model.of(m.name)
             if m.name == LANGUAGE and padded:
-                c = float(cost.language_costs(np.array([self.draws.seq_length]))[0])
-                total, lightest = np.full(self.shape[0], c * self.draws.gbs), np.full(self.shape[0], c)
+                c = padded_cost(model, seq)
+                total, lightest = np.full(self.shape[0], c * gbs), np.full(self.shape[0], c)
             else:
                 total, lightest = self._module(m.name, cost)
             mine = total / (m.dp * m.pp)
-            if m.name == LANGUAGE:
-                mine = mine + (m.pp - 1) / m.pp * (layout.mbs // m.dp) * lightest
+            if m.name == LANGUAGE and m.pp > 1:
+                per = layout.micro_batches * m.dp
+                t, q = (gbs * seq, gbs * seq * seq) if padded else self.mean_tokens
+                shares = self.seconds.stage_shares(layout, t / per, q / per) or [1.0 / m.pp] * m.pp
+                last = shares[-1] * total / m.dp + (1 - shares[-1]) * (layout.mbs // m.dp) * lightest
+                mine = np.maximum(max(shares) * total / m.dp, last)
             worst = np.maximum(worst, mine)
         return float(worst.mean()) + self.seconds.step_end(layout)
 

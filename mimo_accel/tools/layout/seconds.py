@@ -1,30 +1,34 @@
 """What a sample costs each module of a layout, in seconds, at that layout's TP and PP: one
 :class:`~mimo_accel.costs.CostModel` per layout (its coefficients), priced by the cost index as
-the job's planner prices it, and what the step adds after its pipeline.
+the job's planner prices it; each language PP stage's share of a micro-batch; and what the step
+adds after its pipeline.
 
-Three sources (docs/design.md, *The layout advisor*):
+Two sources (docs/design.md, *The layout advisor*):
 
-- :class:`FlopsSeconds`, from each module's config: ``steps · FLOPs / (tp · peak · e · r(tp))``,
-  steps 3 (forward and backward) or 1 (frozen), e the module's efficiency on one GPU
-  (``calibrate-gpu``'s points, else :data:`DEFAULT_EFFICIENCY`), r the share of it kept at TP tp;
+- :class:`FlopsSeconds`, from each module's config: ``passes · FLOPs / (tp · peak · e · r(tp))``,
+  passes 3 (forward and backward) or 1 (frozen), e the module's efficiency on one GPU (a stated
+  :data:`DEFAULT_EFFICIENCY` unless given), r the share of it kept at TP tp. An encoder's GPU cost
+  is not its FLOPs' share (upstream measured more); only a profile measures it;
 - :class:`LearntSeconds`, a profiled run's learnt model, for its own TP t0 and PP: the compute
-  part scaled by ``(t0/t) · r(t0)/r(t)``, its TP communication replaced by the new TP's;
-- :class:`GivenCosts`, a cost model as it is (``simulate --cost-model``, or the built-in units):
-  no scaling, no communication.
+  part scaled by ``(t0/t) · r(t0)/r(t)``, its TP communication replaced by the new TP's.
+
+A language stage's share: its layers' work, plus the output layer and the loss on the last
+stage (from FLOPs: 2·h·V a token; from a profile: what its last stage measured beyond its
+layers) and the embedding on the first (from a profile).
 
 Communication (:class:`Communication`), each a term of the per-sample coefficients or of the
 step's end, at the machine's bandwidths, none overlapped with compute:
 
-- TP (sequence parallel): per layer and pass, an all-gather and a reduce-scatter around
-  attention and around the MLP, ``4 · (tp−1)/tp · 2h`` bytes a token, two passes when trained;
+- TP: per layer and pass, an all-gather and a reduce-scatter around attention and around the MLP,
+  ``4 · (tp−1)/tp · 2h`` bytes a token, two passes when trained;
 - PP: each stage boundary sends a micro-batch's activations forward and their gradient back,
   each TP rank its ``1/tp`` share, ``2 · (pp−1) · 2h / tp`` bytes a token;
 - the encoder -> language transfer: one ``out_hidden``-wide bf16 row per ``merge²`` encoder rows,
   forward and (trained) its gradient back;
 - DP at the step's end: the distributed optimizer's reduce-scatter of the gradients (in fp32, as
   the Qwen3.5-VL example's ``grad_reduce_in_fp32=True``, not overlapped: ``overlap_grad_reduce=False``)
-  and all-gather of the bf16 weights, ``(dp−1)/dp · (4 + 2) · P_shard`` bytes per GPU; the step
-  waits for the slowest module's.
+  and all-gather of the bf16 weights, ``(dp−1)/dp · (4 + 2) · P_shard`` bytes per GPU (P_shard its
+  most loaded stage's parameters over TP); the step waits for the slowest module's.
 """
 
 from __future__ import annotations
@@ -38,13 +42,14 @@ from typing import Optional
 import numpy as np
 
 from mimo_accel.costs import CostModel, ModuleCost
+from mimo_accel.costs.flops import passes
 from mimo_accel.modules import LANGUAGE
 from mimo_accel.tools.layout.machine import Machine
+from mimo_accel.tools.layout.memory import stage_parameters
 from mimo_accel.tools.layout.models import ModelSpec, ModuleModel
-from mimo_accel.tools.layout.spec import LayoutSpec
+from mimo_accel.tools.layout.spec import LayoutSpec, stage_layers
 
-__all__ = ["DEFAULT_EFFICIENCY", "Communication", "FlopsSeconds", "GivenCosts", "LearntSeconds",
-           "efficiency_from_points", "tp_efficiency"]
+__all__ = ["DEFAULT_EFFICIENCY", "Communication", "FlopsSeconds", "LearntSeconds", "Seconds", "tp_efficiency"]
 
 DEFAULT_EFFICIENCY = 0.40  # a module's achieved share of the GPU's dense BF16 peak on one GPU
 HALF_WIDTH = 256  # per-GPU GEMM width at which a GEMM keeps half its wide-matrix efficiency
@@ -56,15 +61,6 @@ def tp_efficiency(hidden: int, tp: int) -> float:
     GEMM's efficiency taken as ``w / (w + 256)`` of its width per GPU ``w = hidden / tp``."""
     w = hidden / tp
     return (w / (w + HALF_WIDTH)) / (hidden / (hidden + HALF_WIDTH))
-
-
-def shard_parameters(m: ModuleModel, tp: int, pp: int) -> float:
-    """The parameters on the module's most loaded GPU (its first or last stage: the embedding or
-    the output layer, both V·h)."""
-    p = m.params
-    if not m.is_language:
-        return p.total / tp
-    return (p.layers / pp + p.embedding + (p.output if pp == 1 else 0.0) + p.other / pp) / tp
 
 
 @dataclass(frozen=True)
@@ -79,8 +75,7 @@ class Communication:
     def tp_per_token(self, m: ModuleModel, tp: int, trained: bool = True) -> float:
         if tp == 1 or not self.machine.communication:
             return 0.0
-        passes = 2 if trained else 1
-        return passes * 4 * (tp - 1) / tp * BF16 * m.hidden * m.layers / self._bw(True)
+        return (2 if trained else 1) * 4 * (tp - 1) / tp * BF16 * m.hidden * m.layers / self._bw(True)
 
     def pp_per_token(self, m: ModuleModel, tp: int, pp: int, module_gpus: int) -> float:
         if pp == 1 or not self.machine.communication:
@@ -90,20 +85,19 @@ class Communication:
     def transfer_per_row(self, m: ModuleModel, world: int, trained: bool = True) -> float:
         if not self.machine.communication or m.is_language:
             return 0.0
-        passes = 2 if trained else 1
-        return passes * BF16 * m.out_hidden / m.merge ** 2 / self._bw(world <= self.machine.gpus_per_node)
+        return (2 if trained else 1) * BF16 * m.out_hidden / m.merge ** 2 / self._bw(world <= self.machine.gpus_per_node)
 
-    def dp_sync(self, m: ModuleModel, tp: int, pp: int, dp: int, trained: bool = True) -> float:
+    def dp_sync(self, m: ModuleModel, tp: int, dp: int, layers: tuple[int, ...], trained: bool = True) -> float:
         if dp == 1 or not trained or not self.machine.communication:
             return 0.0
         within = tp * dp <= self.machine.gpus_per_node  # Bridge's grids: tp fastest, then dp
-        return (dp - 1) / dp * (FP32 + BF16) * shard_parameters(m, tp, pp) / self._bw(within)
+        return (dp - 1) / dp * (FP32 + BF16) * max(stage_parameters(m, layers)) / tp / self._bw(within)
 
 
-class _Seconds:
-    """A source of per-sample seconds: ``cost_model(layout)``, ``step_end(layout)``, ``units``."""
+class Seconds:
+    """A source of per-sample seconds (module docstring): ``cost_model(layout)``, ``step_end(layout)``,
+    ``stage_shares(layout, tokens, sq_tokens)``, ``micro_batch_overheads(layout)``."""
 
-    units = "s"
     model: Optional[ModelSpec] = None
     comm: Optional[Communication] = None
 
@@ -115,11 +109,16 @@ class _Seconds:
     def _trained(self, name: str, layout: LayoutSpec) -> bool:
         return name not in layout.frozen and self.module_of(name).trained
 
+    def layers(self, layout: LayoutSpec) -> tuple[int, ...]:
+        """The language model's layers on each of the layout's PP stages."""
+        return stage_layers(self.module_of(LANGUAGE).layers, layout.language.pp, layout.first, layout.last)
+
     def step_end(self, layout: LayoutSpec) -> float:
         if self.model is None or self.comm is None:
             return 0.0
-        return max((self.comm.dp_sync(self.model.modules[m.name], m.tp, m.pp, m.dp, self._trained(m.name, layout))
-                    for m in layout.modules), default=0.0)
+        return max(self.comm.dp_sync(self.model.modules[m.name], m.tp, m.dp,
+                                     self.layers(layout) if m.is_language else (1,), self._trained(m.name, layout))
+                   for m in layout.modules)
 
     def _module(self, name: str, tp: int, pp: int, gpus: int, world: int,
                 trained: bool) -> ModuleCost:  # pragma: no cover
@@ -130,10 +129,25 @@ class _Seconds:
         nothing unless a profile measured it."""
         return {}
 
-    def stage_shares(self, pp: int, tokens: float, sq_tokens: float) -> Optional[list[float]]:
-        """Each of the language model's ``pp`` stages' share of a micro-batch of ``tokens`` real
-        tokens (Σ L² ``sq_tokens``) a replica; None: even (nothing measured tells otherwise)."""
+    def _stage_work(self, layers: tuple[int, ...]) -> Optional[np.ndarray]:
+        """(stages, 3): each stage's (per micro-batch, per token, per token²) work; None: not known."""
         return None
+
+    def stage_token_work(self, layers: tuple[int, ...]) -> float:
+        """The busiest of the stages' work per token (inf where nothing tells the stages apart)."""
+        work = self._stage_work(layers)
+        return math.inf if work is None else float(work[:, 1].max())
+
+    def stage_shares(self, layout: LayoutSpec, tokens: float, sq_tokens: float) -> Optional[list[float]]:
+        """Each language PP stage's share of a micro-batch of ``tokens`` real tokens (Σ L² ``sq_tokens``)
+        a replica; None where it has one stage, or nothing tells the stages apart (then even)."""
+        if layout.language.pp == 1 or self.model is None:
+            return None
+        work = self._stage_work(self.layers(layout))
+        if work is None:
+            return None
+        times = work @ np.array([1.0, tokens, sq_tokens])
+        return (times / times.sum()).tolist() if times.sum() > 0 else None
 
     def _comm_a(self, m: ModuleModel, tp: int, pp: int, gpus: int, world: int, trained: bool) -> float:
         c = self.comm
@@ -148,38 +162,46 @@ class _Seconds:
         return self.model.modules[name]
 
 
-class FlopsSeconds(_Seconds):
+class FlopsSeconds(Seconds):
     """Seconds from each module's FLOPs at ``efficiency[name]`` (default :data:`DEFAULT_EFFICIENCY`)."""
 
-    def __init__(self, model: ModelSpec, machine: Machine, efficiency: Optional[Mapping[str, float]] = None,
-                 efficiency_source: str = ""):
+    def __init__(self, model: ModelSpec, machine: Machine, efficiency: Optional[Mapping[str, float]] = None):
         if not machine.peak_tflops:
             raise ValueError(f"pricing {model.name} from its FLOPs needs the GPU's peak ({machine.name} has none: CPU "
                              "ranks are priced from a profile of them, --from DIR); give --gpu, one of the table, or "
                              "--peak-tflops")
         self.model, self.machine, self.comm = model, machine, Communication(machine)
         self.efficiency = {m: float((efficiency or {}).get(m, DEFAULT_EFFICIENCY)) for m in model.modules}
-        self.efficiency_source = efficiency_source or f"the default {DEFAULT_EFFICIENCY:.2f} of the peak"
         self._module = lru_cache(maxsize=None)(self._module)
 
-    def _module(self, name: str, tp: int, pp: int, gpus: int, world: int, trained: bool) -> ModuleCost:
+    def _per_flop(self, name: str, tp: int, trained: bool) -> float:
         m = self.module_of(name)
-        steps = 3.0 if trained else 1.0
-        per_flop = steps / (tp * self.machine.peak_tflops * 1e12 * self.efficiency[name] * tp_efficiency(m.hidden, tp))
-        return ModuleCost(m.per_token * per_flop + self._comm_a(m, tp, pp, gpus, world, trained),
-                          m.per_sq_token * per_flop)
+        return passes(trained) / (tp * self.machine.peak_tflops * 1e12 * self.efficiency[name]
+                                  * tp_efficiency(m.hidden, tp))
+
+    def _module(self, name: str, tp: int, pp: int, gpus: int, world: int, trained: bool) -> ModuleCost:
+        m, per = self.module_of(name), self._per_flop(name, tp, trained)
+        return ModuleCost(m.per_token * per + self._comm_a(m, tp, pp, gpus, world, trained), m.per_sq_token * per)
+
+    def _stage_work(self, layers: tuple[int, ...]) -> np.ndarray:
+        m = self.module_of(LANGUAGE)
+        per_layer = np.array([0.0, m.per_token - m.output_per_token, m.per_sq_token]) / m.layers
+        work = np.outer(layers, per_layer)
+        work[-1, 1] += m.output_per_token
+        return work
 
     def describe(self) -> str:
         eff = ", ".join(f"{m} {e:.2f}" for m, e in self.efficiency.items())
-        return f"FLOPs of {self.model.name} at {eff} of the peak ({self.efficiency_source})"
+        return f"FLOPs of {self.model.name} at {eff} of the peak"
 
 
-class LearntSeconds(_Seconds):
+class LearntSeconds(Seconds):
     """Seconds from a profiled run's ``learnt`` model, each module's measured at ``profiled[name]``
     = (tp0, pp0): its coefficients are a replica's time (stages summed); ``overheads``: per module,
     what a micro-batch costs a replica whatever its size, as the run measured it (each layer's
     launches and Python, once per micro-batch: a layout with fewer, larger micro-batches pays it
-    fewer times), the same at any TP and PP (every rank of a stage runs every op of its layers)."""
+    fewer times), the same at any TP and PP (every rank of a stage runs every op of its layers);
+    ``stages``: the language model's (c, a, b) per profiled stage."""
 
     def __init__(self, learnt: CostModel, profiled: Mapping[str, tuple[int, int]], model: ModelSpec,
                  machine: Machine, source: str, overheads: Optional[Mapping[str, float]] = None,
@@ -202,30 +224,25 @@ class LearntSeconds(_Seconds):
     def micro_batch_overheads(self, layout: LayoutSpec) -> dict[str, float]:
         return {m.name: self.scale * self.overheads[m.name] for m in layout.modules if m.name in self.overheads}
 
-    def stage_shares(self, pp: int, tokens: float, sq_tokens: float) -> Optional[list[float]]:
-        """From the profiled stages: a stage of ``pp`` holds ``layers / pp`` layers, the first the
+    def _stage_work(self, layers: tuple[int, ...]) -> Optional[np.ndarray]:
+        """From the profiled stages: a stage of ``n`` layers holds ``n`` layers' work, the first the
         embedding, the last the output layer and the loss (what the profiled first and last stages
         cost over a middle one's layers: the output layer alone is a layer's worth at a small
         model's width)."""
         if self.stages is None:
             return None
         layer, first, last = self.stages
-        per = self.model.modules[LANGUAGE].layers / pp
-        work = np.array([per * layer] * pp)
+        work = np.outer(layers, layer)
         work[0] += first
         work[-1] += last
-        x = np.array([1.0, tokens, sq_tokens])
-        times = work @ x
-        return (times / times.sum()).tolist() if times.sum() > 0 else None
-
+        return work
 
     def _module(self, name: str, tp: int, pp: int, gpus: int, world: int, trained: bool) -> ModuleCost:
         m = self.module_of(name)
         c = self.learnt.of(name)
         t0, _ = self.profiled[name]
-        ratio = (t0 / tp) * tp_efficiency(m.hidden, t0) / tp_efficiency(m.hidden, tp)
+        ratio = (t0 / tp) * tp_efficiency(m.hidden, t0) / tp_efficiency(m.hidden, tp) * self.scale
         compute_a = max(c.a - self.comm.tp_per_token(m, t0, trained), 0.0)
-        ratio *= self.scale
         return ModuleCost(compute_a * ratio + self._comm_a(m, tp, pp, gpus, world, trained), c.b * ratio, c.k * ratio)
 
     def describe(self) -> str:
@@ -245,54 +262,3 @@ def _stage_parts(stages: Sequence[tuple[float, float, float]], layers: int):
     first = np.clip(per_stage[0] - held * layer, 0.0, None)
     last = np.clip(per_stage[-1] - held * layer, 0.0, None)
     return layer, first, last
-
-
-class GivenCosts(_Seconds):
-    """A cost model as it is: its coefficients for every layout, nothing added."""
-
-    def __init__(self, model: Optional[CostModel] = None, source: str = "default"):
-        self.given = CostModel() if model is None else model
-        self.source = source
-        self.units = "s" if self.given.fit.get("units") == "seconds" else "cost units"
-
-    def cost_model(self, layout: LayoutSpec) -> CostModel:
-        return self.given
-
-    def describe(self) -> str:
-        return f"the cost model {self.source} ({self.units})"
-
-
-def efficiency_from_points(path: str, peak_tflops: Optional[float] = None) -> tuple[dict[str, float], str]:
-    """``({"language": e, "encoder": e}, where)``: each module's measured FLOPs over its measured
-    time over the peak, summed over its points, from a ``calibrate-gpu --points`` file (one GPU,
-    TP 1). The peak: ``peak_tflops``, else the device the file names."""
-    from mimo_accel.costs.flops import FlopsShape, peak_tflops_of
-    from mimo_accel.tools.calibrate_gpu.results import read_points
-
-    doc, vision, language = read_points(path)
-    device = (doc.get("device") or {}).get("name")
-    peak = peak_tflops or (peak_tflops_of(device) or (None, None))[1]
-    if not peak:
-        raise ValueError(f"--calibration {path}: its points were measured on {device or 'an unnamed device'}, whose "
-                         "peak is not in the table; give --peak-tflops")
-    sv, sl = doc["shapes"]["vision"], doc["shapes"][LANGUAGE]
-    shapes = {
-        "encoder": FlopsShape(layers=sv["depth"], hidden=sv["hidden_size"], ffn_hidden=sv["intermediate_size"],
-                              heads=sv["num_heads"], query_groups=sv["num_heads"],
-                              kv_channels=sv["hidden_size"] // sv["num_heads"], causal=False,
-                              merge=sv["spatial_merge_size"], out_hidden=sv["out_hidden_size"]),
-        LANGUAGE: FlopsShape(layers=sl["layers"], hidden=sl["hidden_size"], ffn_hidden=sl["ffn_hidden_size"],
-                             heads=sl["num_heads"], query_groups=sl["num_query_groups"],
-                             kv_channels=sl["hidden_size"] // sl["num_heads"], gated=True),
-    }
-    out = {}
-    for key, measured in (("encoder", vision), (LANGUAGE, language)):
-        flops = sum(3.0 * shapes[key].forward(*m.point.features()[:2]) for m in measured)
-        seconds = math.fsum(m.median for m in measured)
-        if not measured or seconds <= 0:
-            raise ValueError(f"--calibration {path}: no {key} points with times; measure again with calibrate-gpu")
-        out[key] = flops / seconds / (peak * 1e12)
-        if not 0 < out[key] <= 1:
-            raise ValueError(f"--calibration {path}: its {key} points give {out[key]:.2f} of the {peak:g} TFLOP/s peak, "
-                             "which no GPU reaches; give the device's own peak with --peak-tflops, or measure again")
-    return out, f"measured on {device} ({path})"
