@@ -88,9 +88,9 @@ def test_the_reference_is_fitted_and_left_out_of_the_order(advice, tmp_path, mon
     console = Console(width=250, record=True)
     console.print(lc.table(check))
     text = console.export_text()
-    ref_line = next(line for line in text.splitlines() if "(reference)" in line)
-    assert ref_line.count("(fitted)") == 2 and "fitted: the advisor scales its costs" in text
-    assert all("(fitted)" not in line for line in text.splitlines() if "(recommended)" in line or "(third)" in line)
+    ref_line = next(line for line in text.splitlines() if "(reference, fitted)" in line)
+    assert ref_line.count(" s*") == 1 and ref_line.count("*") == 2 and "* fitted: the advisor scales its costs so the reference" in text
+    assert all("*" not in line for line in text.splitlines() if "(recommended)" in line or "(third)" in line)
 
 
 def _steps(*losses_tokens):

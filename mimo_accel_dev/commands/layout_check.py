@@ -185,26 +185,25 @@ def layout_check(advice, reference_dir: Path, runs: dict[str, Path], budget: int
 
 def table(check: dict):
     """The check as a rich Table: each rehearsed layout's ranks, predicted and replayed step and samples/s,
-    and its losses against the reference's."""
+    the reference's prediction marked fitted (its losses against the reference's: :func:`loss_table`)."""
     from rich.table import Table
 
     t = Table(title=f"The layout to run next (mimo-accel layout, at most {check['budget']} CPU ranks), rehearsed "
                     "and replayed", title_justify="left",
-              caption="fitted: the advisor scales its costs so that the reference prices at its replay",
+              caption="* fitted: the advisor scales its costs so the reference prices at its replay",
               caption_justify="left")
     for col in ("layout", "ranks", "predicted step", "replayed step", "samples/s predicted", "samples/s replayed",
-                "samples/s per rank", "loss vs reference"):
+                "samples/s per rank"):
         # a spec's parts fold onto lines of their own in a narrow terminal rather than being cut
         t.add_column(col, justify="left" if col == "layout" else "right", overflow="fold",
                      min_width=20 if col == "layout" else None)
     for spec, row in check["layouts"].items():
-        fitted = " (fitted)" if row["fitted"] else ""
+        fitted = "*" if row["fitted"] else ""
         per_s, ranks, replayed = row["replayed_samples_per_s"], row["ranks"], row["replayed_step_s"]
-        loss = row["loss_max_rel_diff"]
-        t.add_row(f"{spec} ({row['role']})", str(ranks), f"{row['predicted_step_s']:.3f} s{fitted}",
-                  f"{replayed:.3f} s" if replayed else "—", f"{row['predicted_samples_per_s']:.1f}{fitted}",
-                  f"{per_s:.1f}" if per_s else "—", f"{per_s / ranks:.2f}" if per_s and ranks else "—",
-                  "—" if row["role"] == "reference" else f"{loss:.1e}" if loss is not None else "not compared")
+        t.add_row(f"{spec} ({row['role']}{', fitted' if fitted else ''})", str(ranks),
+                  f"{row['predicted_step_s']:.3f} s{fitted}", f"{replayed:.3f} s" if replayed else "—",
+                  f"{row['predicted_samples_per_s']:.1f}{fitted}", f"{per_s:.1f}" if per_s else "—",
+                  f"{per_s / ranks:.2f}" if per_s and ranks else "—")
     return t
 
 
