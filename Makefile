@@ -40,15 +40,17 @@ $(STAMP): pyproject.toml requirements/constraints.txt requirements/megatron-runt
 
 # The main job: the user's path rehearsed on CPU ranks -- examples/train_mimo.py (Bridge's own
 # pretrain_megatron_mimo) with Bridge's Qwen3-VL vision model over receipt image files, upstream
-# as shipped, Bridge 0.7's own reorder (--peer upstream; --peer 4608: PR #4608's), and mimo_accel
-# (its cost model learnt while training, from the defaults), with the straggler report.
+# as shipped, the reorder buffer of Bridge PR #4608, not merged (--peer reorder-buffer; --peer 4608:
+# #4608 at 984a8a53), and mimo_accel (its cost model learnt while training, from the defaults), with
+# the straggler report.
 demo: $(STAMP)
-	$(VENV)/bin/mimo-accel rehearse --loop bridge --peer upstream --json rehearsal.json
+	$(VENV)/bin/mimo-accel rehearse --loop bridge --peer reorder-buffer --json rehearsal.json
 
 # Upstream's validated layout (images dp1 -> language pp2 dp2, TP 2 for its 4, 2-sample micro-batches,
 # 32 a step, reorder_window=step) on 9 CPU ranks, over receipt-like and fixed-size images; then the
 # layout `mimo-accel layout` recommends from the receipt-like run (at most 11 ranks) and a third
-# layout, rehearsed and replayed (about 15 minutes on 2 cores).
+# layout, rehearsed and replayed, their per-step losses held against the reference's (about 15 minutes
+# on 2 cores).
 demo-reference: $(STAMP)
 	$(VENV)/bin/mimo-accel rehearse --loop bridge --layout reference --json rehearsal-reference.json
 

@@ -1,10 +1,10 @@
-"""Bridge 0.7's merged reorder and mimo_accel's on Bridge's own loop: never two reorders.
+"""PR #4608's reorder_buffer and mimo_accel's reorder on Bridge's own loop: never two reorders.
 
-``examples/train_mimo.py --bridge-reorder`` puts the merged settings on ``cfg.dataset``
+``examples/train_mimo.py --bridge-reorder`` puts #4608's settings on ``cfg.dataset``
 (``megatron_mimo_scalable_dp``, ``megatron_mimo_intra_microbatch_reorder``) and wires them as
 upstream's Qwen3.5-VL example does: when it builds its iterators it reads the flags and wraps the
-train iterator in a reorder buffer. The buffer is a stand-in (``mimo_accel_dev.rehearse.merged_reorder``:
-no installable Bridge has the merged reorder), written from upstream's code: costs all-gathered over
+train iterator in a reorder buffer. The buffer is a stand-in (``mimo_accel_dev.rehearse.reorder_buffer``:
+no release and no Bridge main has #4608's reorder buffer), written from upstream's code: costs all-gathered over
 the module's DP group, each micro-batch planned alone by equal-size LPT over lcm(DPs) groups. On a
 Bridge without scalable reads every rank reads the whole micro-batch, so its exchange is the
 micro-batch laid out in the plan, which the step then slices; on one with them (#5525, which reads
@@ -93,7 +93,7 @@ def test_mimo_accel_reorder_replaces_bridges(workdir, bridge_alone, vdp, ldp):
     steps = _assert_paired(records)
     for st in statuses:
         assert "reorder" in st["active"]
-        said = [n for n in st["notes"] if "replaces Bridge's own" in n]
+        said = [n for n in st["notes"] if "replaces PR #4608's reorder buffer" in n]
         assert len(said) == 1 and "megatron_mimo_intra_microbatch_reorder" in said[0]
     if (vdp, ldp) == (2, 2):  # the same training as upstream's reorder, by the per-token loss
         want = steps_from_trace(bridge_alone[0])

@@ -4,13 +4,17 @@ the check compares the advisor's order and prediction with the replayed runs."""
 
 from __future__ import annotations
 
+from typing import Optional
+
 import pytest
+from rich.console import Console
 
 from mimo_accel.modules import LANGUAGE
 from mimo_accel.tools.layout import advise, build_problem
 from mimo_accel.tools.layout.spec import parse_layout
 from mimo_accel.workloads import load_profile
 from mimo_accel_dev.commands import layout_check as lc
+from mimo_accel_dev.rehearse.rehearsal import InvariantViolation
 from tests.test_layout import _profile
 
 
@@ -37,20 +41,98 @@ def test_a_layout_becomes_the_examples_flags():
                                                                                           "vision_layers": 2})
 
 
-def test_the_check_orders_and_scores_the_rehearsed_layouts(advice, tmp_path, monkeypatch):
+def _check(advice, tmp_path, monkeypatch, replayed_s: dict, diffs: Optional[dict] = None):
+    """The check over the reference, the recommended and the third layout, their replayed steps (seconds,
+    by role) and ranks given."""
     rec, ref = advice.recommended, advice.current
     third = lc.third_layout(advice, ref.spec)
     dirs = {rec.spec: tmp_path / "rec", ref.spec: tmp_path / "ref", third.spec: tmp_path / "third"}
-    # the replayed steps the runs gave (seconds) and their ranks: the recommended fastest, then the reference
-    replayed = {dirs[rec.spec]: (0.5, 4), dirs[ref.spec]: (1.0, 2), dirs[third.spec]: (2.0, 3)}
+    replayed = {tmp_path / role: value for role, value in replayed_s.items()}
     monkeypatch.setattr(lc, "_replayed", lambda path: replayed[path])
-    check = lc.layout_check(advice, tmp_path / "ref", dirs, 4)
+    diffs = {rec.spec: 1e-7, third.spec: 2e-7} if diffs is None else diffs
+    return lc.layout_check(advice, tmp_path / "ref", dirs, 4, diffs), rec, ref, third
+
+
+def test_the_check_orders_and_scores_the_rehearsed_layouts(advice, tmp_path, monkeypatch):
+    # the recommended fastest, then the reference, then the third
+    check, rec, ref, third = _check(advice, tmp_path, monkeypatch,
+                                    {"rec": (0.5, 4), "ref": (1.0, 2), "third": (2.0, 3)})
     gbs = advice.problem.gbs
     assert check["samples_per_s"] == {"reference": gbs / 1.0, "recommended": gbs / 0.5}
     assert check["gain"]["samples_per_s"] == pytest.approx(2.0)
     assert check["gain"]["samples_per_s_per_rank"] == pytest.approx(1.0)  # twice the samples on twice the ranks
     assert check["replayed_step_s"] == 0.5 and check["predicted_step_s"] == rec.accelerated.step_time_s
-    assert check["order"]["replayed"] == [rec.spec, ref.spec, third.spec]
+    assert check["order"]["replayed"] == [rec.spec, third.spec]
     assert check["order"]["same"] == (check["order"]["predicted"] == check["order"]["replayed"])
-    assert "x2.00 the reference's" in lc.verdict(check)
+    assert check["loss_max_rel_diff"] == {rec.spec: 1e-7, third.spec: 2e-7}
+    assert "x2.00 the reference's" in lc.verdict(check) and "within 2e-07 of the reference's" in lc.verdict(check)
     assert LANGUAGE in rec.spec
+
+
+def test_the_reference_is_fitted_and_left_out_of_the_order(advice, tmp_path, monkeypatch):
+    """The advisor scales its costs so that the reference prices at its replay: its row cannot be out of
+    place, so the order holds only the layouts priced before they ran, whatever the reference replayed."""
+    for ref_step in (0.1, 1.0, 9.0):  # fastest, between, slowest of the three
+        check, rec, ref, third = _check(advice, tmp_path, monkeypatch,
+                                        {"rec": (0.5, 4), "ref": (ref_step, 2), "third": (2.0, 3)})
+        assert check["reference_fitted"] is True
+        assert ref.spec not in check["order"]["predicted"] and ref.spec not in check["order"]["replayed"]
+        assert sorted(check["order"]["predicted"]) == sorted([rec.spec, third.spec])
+        assert check["layouts"][ref.spec]["fitted"] and not check["layouts"][rec.spec]["fitted"]
+        assert check["reference_replayed_step_s"] == ref_step
+    # the third replayed faster than the recommended: the two priced layouts are out of order, said
+    check, rec, ref, third = _check(advice, tmp_path, monkeypatch,
+                                    {"rec": (2.0, 4), "ref": (1.0, 2), "third": (0.5, 3)})
+    assert check["order"]["replayed"] == [third.spec, rec.spec] and not check["order"]["same"]
+    assert "NOT the order of the replay" in lc.verdict(check)
+    console = Console(width=250, record=True)
+    console.print(lc.table(check))
+    text = console.export_text()
+    ref_line = next(line for line in text.splitlines() if "(reference, fitted)" in line)
+    assert ref_line.count(" s*") == 1 and ref_line.count("*") == 2 and "* fitted: the advisor scales its costs so the reference" in text
+    assert all("*" not in line for line in text.splitlines() if "(recommended)" in line or "(third)" in line)
+
+
+def _steps(*losses_tokens):
+    return [{"loss_sum": loss * tokens, "tokens": tokens} for loss, tokens in losses_tokens]
+
+
+def test_a_layout_whose_losses_differ_past_the_tolerance_fails_loudly():
+    reference = _steps((7.6805, 727.0), (6.6640, 787.0), (6.0606, 724.0))
+    same = _steps((7.6805, 727.0), (6.66401, 787.0), (6.0606, 724.0))
+    diffs = lc.compare_losses(reference, {"same": same})
+    assert diffs["same"] == pytest.approx(1e-5 / 6.664, rel=1e-3)
+    # another start (Bridge seeds each pipeline stage apart): 1.2e-2 apart in the second step
+    apart = _steps((7.6278, 727.0), (6.5840, 787.0), (6.0606, 724.0))
+    with pytest.raises(InvariantViolation, match=r"1\.2e-02 \(apart\) relative, past 1e-02: not the same computation"):
+        lc.compare_losses(reference, {"same": same, "apart": apart})
+    # fewer tokens computed: refused whatever the loss
+    fewer = _steps((7.6805, 727.0), (6.6640, 780.0), (6.0606, 724.0))
+    with pytest.raises(InvariantViolation, match="iteration 2: 780 loss tokens against the reference's 787"):
+        lc.compare_losses(reference, {"fewer": fewer})
+    with pytest.raises(InvariantViolation, match="2 steps against the reference's 3"):
+        lc.compare_losses(reference, {"short": same[:2]})
+    console = Console(width=120, record=True)
+    console.print(lc.loss_table("ref", {"ref": reference, "same": same}, {"ref": "reference", "same": "recommended"}))
+    text = console.export_text()
+    assert "reference" in text and "recommended" in text and "6.664010" in text and "787" in text
+
+
+@pytest.mark.distributed
+def test_layouts_of_other_pipeline_depths_start_from_the_same_weights(tmp_path):
+    """Bridge seeds each pipeline stage apart; the rehearsal seeds each language layer by its number, so
+    the same samples on one stage or two give the same per-step losses (the layout check relies on it)."""
+    from rich.console import Console as Quiet
+
+    from mimo_accel_dev.commands.rehearsal_output import progress_bar
+    from mimo_accel_dev.rehearse import rehearsal
+
+    steps, runs = 2, {}
+    with progress_bar(Quiet(file=open(tmp_path / "progress.txt", "w"))) as progress:
+        for pp, mbs in ((1, 4), (2, 2)):
+            argv = ["--gbs", "4", "--language-pp", str(pp), "--language-layers", "2", "--vision-layers", "1"]
+            task = progress.add_task(f"pp{pp}", total=steps)
+            records = rehearsal.run_bridge(f"pp{pp}", {}, 1, 1, steps, mbs, tmp_path, tmp_path / "images", None, 0,
+                                           progress, task, tmp_path / "log.txt", extra_argv=argv, language_ranks=pp)
+            runs[pp] = rehearsal.bridge_steps(records, steps, 4, f"pp{pp}")
+    assert lc.compare_losses(runs[1], {"pp2": runs[2]})["pp2"] < 1e-5

@@ -264,7 +264,8 @@ def test_rehearse_bridge_loop_runs_the_example_with_qwen3vl_and_reports(tmp_path
 
     console = Console(file=open(tmp_path / "out.txt", "w"), width=120)
     # small (the demo's sizes are rehearsal.BRIDGE_DEFAULTS: 8 ranks, 48 samples a step, ~2 min)
-    # with the demo's peer, Bridge 0.7's reorder, as the third run (its table and JSON shape checked here)
+    # with the demo's peer, #4608's reorder_buffer, as the third run (its table and JSON shape checked here),
+    # named by its old name, which is still taken and said once
     result = rehearsing.rehearse_bridge(steps=2, vision_dp=2, language_dp=2, micro_batch=8, peer="upstream",
                                         out_dir=str(tmp_path / "runs"), json_path=str(tmp_path / "r.json"),
                                         console=console)
@@ -281,17 +282,18 @@ def test_rehearse_bridge_loop_runs_the_example_with_qwen3vl_and_reports(tmp_path
         # upstream 0.6.2 slices patch-packed images by image count: 0/1-image samples cannot be
         # split over 2 vision replicas. The report says so.
         assert "upstream cannot run" in result["before_note"]
-    assert "peer_name" not in doc and doc["peer"]["name"] == "Bridge 0.7's reorder"
+    assert "peer_name" not in doc and doc["peer"]["name"] == "#4608's reorder_buffer (ce55b79f)"
     # the machine's floor: every replica given the same samples, beside each module's straggler
     assert set(doc["floor"]["modules"]) == {"vision", "language"} and doc["floor"]["steps"] == 7
     assert all(v >= 1.0 for v in doc["floor"]["modules"].values())
     assert doc["after"]["per_module"]["vision"]["floor"] == doc["floor"]["modules"]["vision"]
-    assert doc["peer"]["label"] == "peer-upstream" and "per_module" in doc["peer"]
+    assert doc["peer"]["label"] == "peer-reorder-buffer" and "per_module" in doc["peer"]
     assert doc["peer"]["language_worse"] in (True, False)
     console.file.close()
     text = (tmp_path / "out.txt").read_text()
     assert "Per-iteration global loss" in text and "vision straggler" in text and "the machine's floor" in text
-    assert "Upstream as shipped, Bridge 0.7's reorder and mimo_accel" in text
+    assert "Upstream as shipped, #4608's reorder_buffer (ce55b79f) and mimo_accel" in text
+    assert text.count("--peer upstream is the old name of --peer reorder-buffer") == 1
     assert "the language model worse than mimo_accel's plan" in text
     # the profiler timed the encoder's forward and backward on both vision replicas, in both runs
     for side in ("before", "after"):

@@ -1,7 +1,7 @@
 """A Bridge with its own intra-microbatch reorder never runs with mimo_accel's reorder on as well.
 
 #4608's MegatronMIMOFeatureConfig on ConfigContainer.mimo: mimo_accel's steps aside, once, with a
-notice. Bridge 0.7's merged reorder (settings on cfg.dataset): mimo_accel's replaces it (the flag
+notice. PR #4608's reorder buffer (settings on cfg.dataset): mimo_accel's replaces it (the flag
 set off before the script builds its iterators), once, with a notice; without mimo_accel's reorder,
 upstream's runs and mimo_accel leaves the train loader untagged.
 
@@ -21,8 +21,8 @@ import pytest
 import mimo_accel
 from mimo_accel.patching import engine
 from mimo_accel.runtime.patches import loader_scope, setup
-from mimo_accel.runtime.upstream_reorder import (BUFFER_CLASS, BUFFER_MODULE, MERGED_REORDERS, STEPPED_ASIDE,
-                                                 merged_reorder, upstream_reorder)
+from mimo_accel.runtime.upstream_reorder import (BUFFER_CLASS, BUFFER_MODULE, BUFFER_REORDERS, STEPPED_ASIDE,
+                                                 buffer_reorder, upstream_reorder)
 
 
 @dataclasses.dataclass
@@ -144,10 +144,10 @@ def test_stepping_aside_does_not_warn_about_reorder_options(enabled, caplog):
     assert not [m for m in said if "has no effect" in m]
 
 
-# Bridge 0.7's merged reorder: settings on cfg.dataset (DirectHFSFTDatasetConfig) ---------------
+# PR #4608's reorder buffer: settings on cfg.dataset (DirectHFSFTDatasetConfig) ---------------
 
 @dataclasses.dataclass
-class MergedDatasetConfig:  # the merged reorder's fields and defaults (docs/training/mimo-intra-microbatch-reorder.md)
+class BufferDatasetConfig:  # the reorder buffer's fields and defaults (docs/training/mimo-intra-microbatch-reorder.md)
     megatron_mimo_scalable_dp: bool = False
     megatron_mimo_intra_microbatch_reorder: bool = False
     megatron_mimo_reorder_encoder_cost_weight: float = 1.0
@@ -156,8 +156,8 @@ class MergedDatasetConfig:  # the merged reorder's fields and defaults (docs/tra
     megatron_mimo_reorder_window_size: int = 1
 
 
-def _merged(scalable=True, reorder=True):
-    return types.SimpleNamespace(model=None, mimo=None, dataset=MergedDatasetConfig(scalable, reorder))
+def _buffered(scalable=True, reorder=True):
+    return types.SimpleNamespace(model=None, mimo=None, dataset=BufferDatasetConfig(scalable, reorder))
 
 
 def _setup_reading_the_flag(cfg):
@@ -179,19 +179,19 @@ def _setup_reading_the_flag(cfg):
     (False, True, False),  # upstream's buffer acts on its scalable reads only
     (True, True, True),
 ])
-def test_what_counts_as_bridges_merged_reorder(scalable, reorder, reorders):
-    assert (merged_reorder(_merged(scalable, reorder)) is not None) == reorders
+def test_what_counts_as_4608s_reorder_buffer(scalable, reorder, reorders):
+    assert (buffer_reorder(_buffered(scalable, reorder)) is not None) == reorders
 
 
 def test_mimo_accel_reorder_replaces_bridges_with_one_notice(enabled, caplog):
     runtime = enabled(reorder=True, packing=True)
-    cfg = _merged()
+    cfg = _buffered()
     with caplog.at_level(logging.WARNING, logger="mimo_accel"):
         assert _setup_reading_the_flag(cfg) is False  # the script builds no buffer
         loader_scope.wrap_loader_builder(lambda cfg, megatron_mimo_provider: None, runtime)(cfg, types.SimpleNamespace())
     assert cfg.dataset.megatron_mimo_intra_microbatch_reorder is False and cfg.dataset.megatron_mimo_scalable_dp
     assert runtime.reorders and runtime.upstream_moves_samples is None
-    said = [r.getMessage() for r in caplog.records if "replaces Bridge's own" in r.getMessage()]
+    said = [r.getMessage() for r in caplog.records if "replaces PR #4608's reorder buffer" in r.getMessage()]
     assert len(said) == 1 and "megatron_mimo_intra_microbatch_reorder" in said[0] and "reorder=False" in said[0]
     assert said[0] in mimo_accel.status()["notes"] and "reorder" in mimo_accel.status()["active"]
 
@@ -200,9 +200,9 @@ def test_without_mimo_accel_reorder_bridges_runs_and_the_loader_is_left_untagged
     from mimo_accel.runtime.patches import loaders
 
     runtime = enabled(sharded_reads=True, packing=True)
-    cfg = _merged()
+    cfg = _buffered()
     assert _setup_reading_the_flag(cfg) is True  # upstream's buffer is built
-    assert runtime.upstream_moves_samples is not None and MERGED_REORDERS in runtime.notices()
+    assert runtime.upstream_moves_samples is not None and BUFFER_REORDERS in runtime.notices()
     upstream_loader = object()
     assert loaders._canonical_share(upstream_loader, None, None, "train", None, runtime, None) is upstream_loader
 
@@ -216,7 +216,7 @@ def test_a_script_that_wraps_bridges_buffer_anyway_is_refused_before_the_first_b
 
     wrapped = setup.wrap_setup(setup_megatron_mimo, runtime)
     with pytest.raises(RuntimeError, match="two reorders must not run on one micro-batch"):
-        wrapped(types.SimpleNamespace(cfg=_merged(reorder=False)), build_data_iterators_fn=lambda: (buffer, None))
+        wrapped(types.SimpleNamespace(cfg=_buffered(reorder=False)), build_data_iterators_fn=lambda: (buffer, None))
     # the same object is no concern where mimo_accel does not reorder
     runtime.reorder_stepped_aside = "cfg.mimo.intra_microbatch_reorder=True"
     assert wrapped(types.SimpleNamespace(cfg=None), build_data_iterators_fn=lambda: (buffer, None))[0] is buffer

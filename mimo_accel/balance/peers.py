@@ -1,9 +1,9 @@
 """The peers' planners, for side-by-side comparison only (pure; the runtime never plans with them).
 
-Megatron-Bridge's merged intra-microbatch reorder (0.7 line,
-``src/megatron/bridge/data/megatron_mimo/reorder_buffer.py``: ``balanced_index_order``,
-``balanced_assignment``, ``build_window_route``; settings ``megatron_mimo_reorder_*`` on
-``DirectHFSFTDatasetConfig``) plans **each micro-batch alone**: one cost per sample,
+Megatron-Bridge PR #4608's intra-microbatch reorder (``src/megatron/bridge/data/megatron_mimo/reorder_buffer.py``,
+on #4608's branch only: not on Bridge main 067f987, in no release), in the version whose settings are
+``megatron_mimo_reorder_*`` on ``DirectHFSFTDatasetConfig`` (``balanced_index_order``,
+``balanced_assignment``, ``build_window_route``), plans **each micro-batch alone**: one cost per sample,
 ``encoder_cost_weight · patches + language_cost_weight · real tokens`` (defaults 1 and 0), cut into
 G = lcm(module DPs) equal-size groups by equal-cardinality LPT (most expensive first, ties by
 position; each to the cheapest group with room, ties by group id). Group g goes to replica
@@ -12,7 +12,7 @@ order (the canonical position). Its window only batches the exchange: no sample 
 micro-batch.
 
 Written here from that description (not copied); ``mimo_accel_dev.rehearse`` and ``mimo-accel simulate``
-run it as the peer named ``upstream``.
+run it as the peer named ``reorder-buffer`` (``upstream`` in ``simulate``).
 """
 
 from __future__ import annotations
@@ -21,24 +21,24 @@ from collections.abc import Sequence
 
 import numpy as np
 
-__all__ = ["ENCODER_COST_WEIGHT", "LANGUAGE_COST_WEIGHT", "merged_reorder_order", "merged_reorder_costs"]
+__all__ = ["ENCODER_COST_WEIGHT", "LANGUAGE_COST_WEIGHT", "reorder_buffer_order", "reorder_buffer_costs"]
 
-#: Bridge 0.7's defaults (``megatron_mimo_reorder_{encoder,language}_cost_weight``).
+#: #4608's reorder_buffer defaults (``megatron_mimo_reorder_{encoder,language}_cost_weight``).
 ENCODER_COST_WEIGHT = 1.0
 LANGUAGE_COST_WEIGHT = 0.0
 
 
-def merged_reorder_costs(patches: Sequence[float] | np.ndarray, tokens: Sequence[float] | np.ndarray, *,
+def reorder_buffer_costs(patches: Sequence[float] | np.ndarray, tokens: Sequence[float] | np.ndarray, *,
                          encoder_weight: float = ENCODER_COST_WEIGHT,
                          language_weight: float = LANGUAGE_COST_WEIGHT) -> np.ndarray:
-    """The merged reorder's one cost per sample: ``encoder_weight·patches + language_weight·tokens``.
+    """The reorder buffer's one cost per sample: ``encoder_weight·patches + language_weight·tokens``.
 
     Raises ValueError for weights that are negative, not finite, or both 0 (upstream's rule: at
     least one positive), and for counts that differ in length or are negative.
     """
     weights = np.array([encoder_weight, language_weight], dtype=np.float64)
     if not np.all(np.isfinite(weights)) or np.any(weights < 0) or not np.any(weights > 0):
-        raise ValueError(f"merged reorder weights (encoder {encoder_weight}, language {language_weight}): "
+        raise ValueError(f"reorder buffer weights (encoder {encoder_weight}, language {language_weight}): "
                          "both must be finite and >= 0, and at least one > 0")
     p = np.asarray(patches, dtype=np.float64)
     t = np.asarray(tokens, dtype=np.float64)
@@ -63,10 +63,10 @@ def _lpt_one(cost: np.ndarray, n_groups: int) -> list[int]:
     return [i for group in groups for i in group]
 
 
-def merged_reorder_order(costs: Sequence[float] | np.ndarray, n_groups: int, micro_batches: int = 1) -> list[int]:
-    """The merged reorder's plan of ``micro_batches`` consecutive micro-batches (a window).
+def reorder_buffer_order(costs: Sequence[float] | np.ndarray, n_groups: int, micro_batches: int = 1) -> list[int]:
+    """The reorder buffer's plan of ``micro_batches`` consecutive micro-batches (a window).
 
-    ``costs``: one cost per sample (:func:`merged_reorder_costs`), the window's micro-batches back to
+    ``costs``: one cost per sample (:func:`reorder_buffer_costs`), the window's micro-batches back to
     back. Returns a permutation of ``range(len(costs))`` in ``balance_modules``' convention: each
     micro-batch's block of the order is that micro-batch's samples, its G equal-size groups in
     canonical-group order (group g to replica ``g // (G / dp)`` of every module). Each micro-batch
@@ -85,3 +85,7 @@ def merged_reorder_order(costs: Sequence[float] | np.ndarray, n_groups: int, mic
     for j in range(micro_batches):
         order.extend(j * size + p for p in _lpt_one(c[j * size:(j + 1) * size], n_groups))
     return order
+
+
+# the names mimo_accel.tools.layout.pricing and benchmarks/bench_step_plan.py import
+merged_reorder_costs, merged_reorder_order = reorder_buffer_costs, reorder_buffer_order

@@ -8,14 +8,25 @@ communication term is 0 (what gloo's collectives cost is inside the measured thr
 run's own layout) and each module's TP is held at the run's (how TP scales on a CPU is not
 modelled). The recommended layout is rehearsed on Bridge's loop with mimo_accel on, over the same
 samples, and replayed; so is a third layout of the advisor's list, its predicted throughput
-between theirs and apart from both, so that the advisor's order of the three can be held against
-the replay's (a recommendation is checked the way a plan is)."""
+between theirs and apart from both, so that the advisor's order can be held against the replay's
+(a recommendation is checked the way a plan is).
+
+The order holds the two layouts priced before they ran: the advisor scales its costs so that the
+reference prices at its own replayed step, so the reference's prediction is fitted
+(``reference_fitted``) and cannot be out of place. Each rehearsed layout trains the reference's
+samples in the same steps from the same weights (the rehearsal seeds each language layer by its
+number, whatever the pipeline depth), so its per-step loss tokens must equal the reference's and its
+per-step global loss must agree within the before / after pair's tolerance (``loss_max_rel_diff``):
+a layout that computed other tokens, or other math, fails the check."""
 
 from __future__ import annotations
 
 import math
 from pathlib import Path
 from typing import Any, Optional
+
+from mimo_accel_dev.commands.rehearsal_output import LOSS_TOLERANCE
+from mimo_accel_dev.rehearse.rehearsal import InvariantViolation
 
 EXTRA_RANKS = 2
 COMMUNICATION = ("zero on CPU ranks: gloo's collectives run inside the measured thread times of the run's own "
@@ -81,9 +92,57 @@ def _replayed(run_dir: Path) -> tuple[Optional[float], int]:
     return summarize(run).get("step_time_replayed_p50"), int(run.world_size or len(run.ranks))
 
 
-def layout_check(advice, reference_dir: Path, runs: dict[str, Path], budget: int) -> dict[str, Any]:
-    """The JSON's ``layout_check`` from the advice and the rehearsed runs (``runs``: spec -> profile
-    directory, the reference's included)."""
+def compare_losses(reference: list[dict], runs: dict[str, list[dict]]) -> dict[str, float]:
+    """Each rehearsed layout's largest relative difference from the reference run in the step's global
+    loss (``runs``: spec -> :func:`~mimo_accel_dev.rehearse.rehearsal.bridge_steps`' result over the same
+    samples). Only the step's sum is compared: under the per-token loss a micro-batch's loss is a sum
+    over its own tokens, so another micro-batch size groups them otherwise. Raises past
+    :data:`~mimo_accel_dev.commands.rehearsal_output.LOSS_TOLERANCE`, or where a step's loss tokens differ."""
+    diffs = {}
+    for spec, steps in runs.items():
+        if len(steps) != len(reference):
+            raise InvariantViolation(f"layout {spec}: {len(steps)} steps against the reference's {len(reference)}")
+        worst = 0.0
+        for it, (ref, run) in enumerate(zip(reference, steps), start=1):
+            if run["tokens"] != ref["tokens"]:
+                raise InvariantViolation(f"layout {spec}, iteration {it}: {run['tokens']:.0f} loss tokens against the "
+                                         f"reference's {ref['tokens']:.0f}: it did not compute the same samples")
+            worst = max(worst, abs(run["loss_sum"] - ref["loss_sum"]) / max(abs(ref["loss_sum"]), 1e-12))
+        diffs[spec] = worst
+    apart = {spec: d for spec, d in diffs.items() if d > LOSS_TOLERANCE}
+    if apart:
+        raise InvariantViolation("per-step losses differ from the reference's by "
+                                 + ", ".join(f"{d:.1e} ({spec})" for spec, d in apart.items())
+                                 + f" relative, past {LOSS_TOLERANCE:.0e}: not the same computation")
+    return diffs
+
+
+def loss_table(reference: str, runs: dict[str, list[dict]], roles: dict[str, str]):
+    """Each rehearsed layout's per-step global loss (per token) beside the reference's, and the tokens
+    (``roles``: spec -> the column's name)."""
+    from rich.table import Table
+
+    t = Table(title="receipts: per-iteration global loss (per token) of each rehearsed layout, the same samples "
+                    "from the same weights")
+    specs = [reference, *(s for s in runs if s != reference)]
+    t.add_column("iteration", justify="right")
+    for spec in specs:
+        t.add_column(roles[spec], justify="right")
+    t.add_column("tokens", justify="right")
+    for it, ref in enumerate(runs[reference]):
+        t.add_row(str(it + 1), *(f"{runs[s][it]['loss_sum'] / runs[s][it]['tokens']:.6f}" for s in specs),
+                  f"{ref['tokens']:.0f}")
+    return t
+
+
+def layout_check(advice, reference_dir: Path, runs: dict[str, Path], budget: int,
+                 loss_max_rel_diff: dict[str, float]) -> dict[str, Any]:
+    """The JSON's ``layout_check`` from the advice, the rehearsed runs (``runs``: spec -> profile
+    directory, the reference's included) and :func:`compare_losses`' result.
+
+    The advisor scales its compute costs so that the run it reads, the reference, prices at its
+    replayed step: the reference's prediction is fitted, so the order is checked on the layouts
+    priced before they ran."""
     gbs = advice.problem.gbs
     ref = advice.current
     rec = advice.recommended
@@ -94,15 +153,21 @@ def layout_check(advice, reference_dir: Path, runs: dict[str, Path], budget: int
     per_s = {s: gbs / t if t else None for s, t in replayed.items()}
     per_rank = {s: v / ranks[s] if v else None for s, v in per_s.items()}
     predicted = {s: rows[s].accelerated.samples_per_s for s in runs if s in rows}
-    predicted_step = {s: rows[s].accelerated.step_time_s for s in runs if s in rows}
 
     def side(values: dict) -> dict:
         return {"reference": values.get(ref.spec), "recommended": values.get(rec.spec)}
 
     gain = {k: (v["recommended"] / v["reference"] if v["recommended"] and v["reference"] else None)
             for k, v in (("samples_per_s", side(per_s)), ("samples_per_s_per_rank", side(per_rank)))}
-    by_prediction = sorted(predicted, key=lambda s: -predicted[s])
-    by_replay = sorted((s for s in per_s if per_s[s] is not None), key=lambda s: -per_s[s])
+    priced = [s for s in predicted if s != ref.spec]
+    by_prediction = sorted(priced, key=lambda s: -predicted[s])
+    by_replay = sorted((s for s in priced if per_s[s] is not None), key=lambda s: -per_s[s])
+    role = {s: "reference" if s == ref.spec else "recommended" if s == rec.spec else "third" for s in runs}
+    layouts = {s: {"role": role[s], "ranks": ranks[s], "predicted_step_s": rows[s].accelerated.step_time_s,
+                   "replayed_step_s": replayed[s], "predicted_samples_per_s": predicted[s],
+                   "replayed_samples_per_s": per_s[s], "replayed_samples_per_s_per_rank": per_rank[s],
+                   "fitted": s == ref.spec, "loss_max_rel_diff": loss_max_rel_diff.get(s)}
+               for s in by_prediction + [ref.spec] if s in runs}
     step = replayed.get(rec.spec)
     return {
         "budget": budget, "communication": COMMUNICATION, "reference": ref.spec, "recommended": rec.spec,
@@ -110,42 +175,53 @@ def layout_check(advice, reference_dir: Path, runs: dict[str, Path], budget: int
         "predicted_step_s": rec.accelerated.step_time_s, "replayed_step_s": step,
         "predicted_error": abs(rec.accelerated.step_time_s / step - 1.0) if step else None,
         "reference_predicted_step_s": ref.accelerated.step_time_s, "reference_replayed_step_s": replayed.get(ref.spec),
+        "reference_fitted": True,
+        "loss_max_rel_diff": dict(loss_max_rel_diff), "loss_tolerance": LOSS_TOLERANCE,
         "order": {"predicted": by_prediction, "replayed": by_replay, "same": by_prediction == by_replay,
-                  "predicted_samples_per_s": predicted, "replayed_samples_per_s": per_s,
-                  "predicted_step_s": predicted_step, "replayed_step_s": replayed, "ranks": ranks},
-        "profiles": {s: str(p) for s, p in runs.items()}, "advice_from": str(reference_dir),
+                  "of": "the layouts priced before they ran (the reference's prediction is fitted to its replay)"},
+        "layouts": layouts, "profiles": {s: str(p) for s, p in runs.items()}, "advice_from": str(reference_dir),
     }
 
 
 def table(check: dict):
-    """The check as a rich Table: each rehearsed layout's ranks, predicted and replayed step and samples/s."""
+    """The check as a rich Table: each rehearsed layout's ranks, predicted and replayed step and samples/s,
+    the reference's prediction marked fitted (its losses against the reference's: :func:`loss_table`)."""
     from rich.table import Table
 
     t = Table(title=f"The layout to run next (mimo-accel layout, at most {check['budget']} CPU ranks), rehearsed "
-                    "and replayed", title_justify="left")
+                    "and replayed", title_justify="left",
+              caption="* fitted: the advisor scales its costs so the reference prices at its replay",
+              caption_justify="left")
     for col in ("layout", "ranks", "predicted step", "replayed step", "samples/s predicted", "samples/s replayed",
                 "samples/s per rank"):
         # a spec's parts fold onto lines of their own in a narrow terminal rather than being cut
         t.add_column(col, justify="left" if col == "layout" else "right", overflow="fold",
                      min_width=20 if col == "layout" else None)
-    order = check["order"]
-    for spec in order["predicted"]:
-        role = {check["reference"]: " (reference)", check["recommended"]: " (recommended)"}.get(spec, "")
-        per_s, ranks = order["replayed_samples_per_s"].get(spec), order["ranks"].get(spec)
-        replayed = order["replayed_step_s"].get(spec)
-        t.add_row(spec + role, str(ranks), f"{order['predicted_step_s'][spec]:.3f} s",
-                  f"{replayed:.3f} s" if replayed else "—", f"{order['predicted_samples_per_s'][spec]:.1f}",
-                  f"{per_s:.1f}" if per_s else "—", f"{per_s / ranks:.2f}" if per_s and ranks else "—")
+    for spec, row in check["layouts"].items():
+        fitted = "*" if row["fitted"] else ""
+        per_s, ranks, replayed = row["replayed_samples_per_s"], row["ranks"], row["replayed_step_s"]
+        t.add_row(f"{spec} ({row['role']}{', fitted' if fitted else ''})", str(ranks),
+                  f"{row['predicted_step_s']:.3f} s{fitted}", f"{replayed:.3f} s" if replayed else "—",
+                  f"{row['predicted_samples_per_s']:.1f}{fitted}", f"{per_s:.1f}" if per_s else "—",
+                  f"{per_s / ranks:.2f}" if per_s and ranks else "—")
     return t
 
 
 def verdict(check: dict) -> str:
     g, err, step = check["gain"], check["predicted_error"], check["replayed_step_s"]
+    diffs = check["loss_max_rel_diff"]
+    losses = (f"; per-step losses within {max(diffs.values()):.0e} of the reference's (same samples, same tokens)"
+              if diffs else "")
     if None in (g["samples_per_s"], g["samples_per_s_per_rank"], err, step):
         return (f"recommended {check['recommended']}: a rehearsed run has no replayed step (no per-micro-batch "
-                "times in its profile), so the advisor is not checked")
-    same = "the same order as" if check["order"]["same"] else "NOT the order of"
+                f"times in its profile), so the advisor is not checked{losses}")
+    order = check["order"]
+    if len(order["predicted"]) < 2:
+        ranked = "one layout priced before it ran, so no order to check"
+    else:
+        same = "the same order as" if order["same"] else "NOT the order of"
+        ranked = (f"the advisor ranks the {len(order['predicted'])} layouts priced before they ran in {same} the "
+                  "replay (the reference's prediction is fitted)")
     return (f"recommended {check['recommended']}: replayed samples/s x{g['samples_per_s']:.2f} the reference's, "
             f"x{g['samples_per_s_per_rank']:.2f} per rank; its predicted step {check['predicted_step_s']:.3f} s "
-            f"against {step:.3f} s replayed ({err:.0%} off); the advisor ranks the "
-            f"{len(check['order']['predicted'])} rehearsed layouts in {same} the replay")
+            f"against {step:.3f} s replayed ({err:.0%} off); {ranked}{losses}")

@@ -11,6 +11,10 @@ from typing import Optional
 from mimo_accel.costs.online import SCALE_ONLY  # a refit that only put the start in seconds
 from mimo_accel_dev.rehearse import rehearsal
 
+#: The largest relative difference between two runs' per-step losses that still counts as the same
+#: computation (the same samples, weights and math, summed in another order).
+LOSS_TOLERANCE = 1e-2
+
 
 def cpus_for_ranks(pin_one_cpu: bool, console) -> Optional[tuple[int, ...]]:
     """The CPUs the ranks are pinned to (None: not pinned), said on the console."""
@@ -64,7 +68,7 @@ def compare_and_report(console, title: str, unit: str, rows, out: Path, before_l
         worst = max(worst, rel)
         losses.add_row(name, f"{lb / tb:.6f}", f"{la / ta:.6f}", f"{int(tb)}", f"{rel:.1e}")
     console.print(losses)
-    if worst > 1e-2:
+    if worst > LOSS_TOLERANCE:
         raise rehearsal.InvariantViolation(f"per-{unit} losses differ by {worst:.1e} relative: not the same "
                                            "computation")
     doc = report.build(read_run(out / before_label), read_run(out / after_label), peak_tflops=peak_tflops,

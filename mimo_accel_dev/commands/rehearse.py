@@ -220,7 +220,7 @@ def _calibrated(run_dir: Path, out_file: Path) -> tuple[Optional[str], str]:
     return str(out_file), "calibrated on the before-run, s per row / row² / item / token: " + "; ".join(notes)
 
 
-PEERS = tuple(peers.LABELS)  # "4608", "upstream"
+PEERS = (*peers.LABELS, *peers.ALIASES)  # "4608", "reorder-buffer", and its old name "upstream"
 
 
 def rehearse_bridge(*, steps: Optional[int] = None, vision_dp: Optional[int] = None,
@@ -234,8 +234,9 @@ def rehearse_bridge(*, steps: Optional[int] = None, vision_dp: Optional[int] = N
     ``examples/train_mimo.py --encoder qwen3vl --dataset images --image-mix receipts``, baseline
     then accelerated (sharded reads + reorder + packing, planned from ``cost_model`` or the default
     coefficients, learnt while training unless ``calibrate_online`` is False), profiler on; with
-    ``peer`` (``"upstream"``: Bridge 0.7's merged reorder; ``"4608"``: upstream PR #4608) a run
-    between them plans as that peer does (:mod:`mimo_accel_dev.rehearse.peers`). Checks the
+    ``peer`` (``"reorder-buffer"``, old name ``"upstream"``: #4608's reorder_buffer; ``"4608"``: #4608 at
+    984a8a53, neither merged) a run between them plans as that peer does
+    (:mod:`mimo_accel_dev.rehearse.peers`). Checks the
     invariants on the traces and prints the report. One micro-batch of ``micro_batch`` samples per
     iteration."""
     from rich.console import Console
@@ -246,9 +247,11 @@ def rehearse_bridge(*, steps: Optional[int] = None, vision_dp: Optional[int] = N
     from mimo_accel.tools.report import sides
 
     script, steps, vdp, ldp, mbs = bridge_plan(example, steps, vision_dp, language_dp, micro_batch)
-    if peer is not None and peer not in PEERS:
-        raise ValueError(f"peer {peer!r}: the rehearsal knows the peers {list(PEERS)}")
     console = console or Console()
+    if peer is not None:
+        said, peer = peers.alias_note(peer), peers.resolve(peer)
+        if said:
+            console.print(f"[yellow]{said}[/yellow]", highlight=False)
     layout = Modules.from_dp_sizes({"vision": vdp, LANGUAGE: ldp})
     out, log = start_output(out_dir, log_path, f"mimo-accel rehearse --loop bridge: {layout}", console,
                       lambda out: f"[bold]mimo-accel rehearse --loop bridge[/bold]: "
@@ -350,8 +353,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="--loop bridge: pin the cost model (no online calibration) in the accelerated run")
     p.add_argument("--peer", choices=PEERS,
                    help="--loop bridge: a third run, between the two, where a peer's planner stands in for the "
-                        "joint plan, shown beside both: upstream (Bridge 0.7's merged reorder, its defaults) or "
-                        "4608 (upstream PR #4608); both equal-size LPT per micro-batch on the vision cost")
+                        "joint plan, shown beside both: reorder-buffer (Megatron-Bridge PR #4608's reorder_buffer, "
+                        "its defaults; 'upstream' is its old name) or 4608 (#4608 at 984a8a53); neither is merged; "
+                        "both equal-size LPT per micro-batch on the vision cost")
     p.add_argument("--layout", choices=("reference",),
                    help="--loop bridge: reference = upstream's validated layout (images dp1 -> language pp2 dp2, "
                         "TP 2 for its 4; 2-sample micro-batches, 32 a step), reorder_window=step, over receipt-like "

@@ -100,7 +100,7 @@ def rehearse_reference(*, steps: Optional[int] = None, out_dir: Optional[str] = 
             time.perf_counter() - t0, peak_tflops, after_label=f"{mix}-accelerated")
         losses[mix] = {side: [[r["loss_sum"], r["tokens"]] for r in runs[side]] for side in runs}
         if mix == "receipts" and check_layout:
-            checks[mix] = _check_layout(console, out, layout, steps, seed, log, cpus, cache)
+            checks[mix] = _check_layout(console, out, layout, steps, seed, log, cpus, cache, runs["accelerated"])
     own = {"profile": "bridge-loop:reference", "loop": "bridge", "layout": str(layout), "tutorial_layout": TUTORIAL,
            "stand_in": "language TP 2 for the tutorial's TP 4 (it does not fit this machine)", "steps": steps,
            "micro_batch": s["micro_batch"], "global_batch": s["global_batch"], "reorder_window": "step",
@@ -115,10 +115,11 @@ def rehearse_reference(*, steps: Optional[int] = None, out_dir: Optional[str] = 
     return {**docs[workloads[0]], **own}
 
 
-def _check_layout(console, out, layout, steps: int, seed: int, log, cpus, cache: dict) -> dict:
+def _check_layout(console, out, layout, steps: int, seed: int, log, cpus, cache: dict, reference_steps: list) -> dict:
     """The advisor's recommendation from the receipt-like run with mimo_accel on, and a third layout of
-    its list, each rehearsed with mimo_accel on over the same samples and replayed (the JSON's
-    ``layout_check``)."""
+    its list, each rehearsed with mimo_accel on over the same samples and replayed, its per-step losses
+    and loss tokens held against the reference run's (``reference_steps``) as the before / after pair's
+    are (the JSON's ``layout_check``)."""
     from pathlib import Path
 
     from mimo_accel_dev.commands import layout_check as lc
@@ -136,19 +137,25 @@ def _check_layout(console, out, layout, steps: int, seed: int, log, cpus, cache:
         console.print(f"[yellow]no layout check: {exc}[/yellow]", highlight=False)
         return {"skipped": str(exc)}
     rehearsed = {advice.current.spec: reference_dir}
+    trained, roles = {advice.current.spec: reference_steps}, {advice.current.spec: "reference"}
     third = lc.third_layout(advice, advice.current.spec)
     with progress_bar(console) as progress:
         for label, row in (("recommended", advice.recommended), ("third", third)):
             if row is None or row.spec in rehearsed:
                 continue
+            if row.layout.gbs != SHAPE["global_batch"]:  # other samples a step: no loss to hold against
+                raise rehearsal.InvariantViolation(f"the advisor's {label} layout {row.spec} trains {row.layout.gbs} "
+                                                   f"samples a step, the reference {SHAPE['global_batch']}")
             vdp, ldp, mbs, argv, ranks = lc.run_argv(row.layout, SHAPE)
             task = progress.add_task(f"receipts: {label} layout {row.spec}", total=steps)
             records = rehearsal.run_bridge(f"receipts-{label}", AFTER, vdp, ldp, steps, mbs, out, out / "images", None,
                                            seed, progress, task, log, cpus, extra_argv=argv, language_ranks=ranks,
                                            env=cache)
-            rehearsal.bridge_steps(records, steps, row.layout.gbs, f"receipts {label}")  # the same invariants
-            rehearsed[row.spec] = out / f"receipts-{label}"
-    check = lc.layout_check(advice, reference_dir, rehearsed, budget)
+            trained[row.spec] = rehearsal.bridge_steps(records, steps, row.layout.gbs, f"receipts {label}")
+            rehearsed[row.spec], roles[row.spec] = out / f"receipts-{label}", label
+    console.print(lc.loss_table(advice.current.spec, trained, roles))
+    diffs = lc.compare_losses(reference_steps, {s: v for s, v in trained.items() if s != advice.current.spec})
+    check = lc.layout_check(advice, reference_dir, rehearsed, budget, diffs)
     console.print(lc.table(check))
     console.print(lc.verdict(check), highlight=False)
     return check

@@ -140,11 +140,13 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "one block repeated on every canonical group): how unevenly the machine times equal work")
     p.add_argument("--dataloader-type", choices=("single", "cyclic"), default="single")
     p.add_argument("--scalable-dp", action="store_true",
-                   help="upstream's scalable reads (dataset.megatron_mimo_scalable_dp; Megatron-Bridge #5525)")
+                   help="upstream's scalable reads (dataset.megatron_mimo_scalable_dp; Megatron-Bridge PR #5525, "
+                        "not merged)")
     p.add_argument("--bridge-reorder", action="store_true",
-                   help="Bridge 0.7's merged reorder settings on cfg.dataset (megatron_mimo_scalable_dp, "
-                        "megatron_mimo_intra_microbatch_reorder), wired as its example wires them, with "
-                        "mimo_accel_dev.rehearse.merged_reorder standing in for its ReorderingBuffer")
+                   help="the settings of Megatron-Bridge PR #4608's reorder_buffer (not merged) on cfg.dataset "
+                        "(megatron_mimo_scalable_dp, megatron_mimo_intra_microbatch_reorder), wired as its "
+                        "example wires them, with "
+                        "mimo_accel_dev.rehearse.reorder_buffer standing in for its ReorderingBuffer")
     p.add_argument("--upstream-packing", action="store_true",
                    help="upstream's own step packing (dataset.enable_in_batch_packing; Megatron-Bridge main)")
     p.add_argument("--trace", default=None, help="append one JSON line per rank and training iteration")

@@ -42,13 +42,13 @@ Run as ``examples/train_mimo.py`` (its docstring shows the torchrun commands) or
 In-process use (tests): ``main(argv)`` initialises the process group from the torchrun
 environment unless one is initialised already, and leaves an existing one alone.
 
---scalable-dp: upstream's own scalable reads (Megatron-Bridge PR #5525, not in a release): sets
+--scalable-dp: upstream's own scalable reads (Megatron-Bridge PR #5525, not merged): sets
     ``dataset.megatron_mimo_scalable_dp``, so every rank reads only its share on the canonical grid
     and the forward step does not slice. --dataloader-type single|cyclic picks the sampler.
 
---bridge-reorder: Bridge 0.7's merged reorder settings on ``cfg.dataset`` (scalable reads and
+--bridge-reorder: PR #4608's reorder_buffer settings on ``cfg.dataset`` (scalable reads and
     ``megatron_mimo_intra_microbatch_reorder``), wired as upstream's Qwen3.5-VL example wires them
-    (read when the iterators are built), ``mimo_accel_dev.rehearse.merged_reorder`` standing in for its
+    (read when the iterators are built), ``mimo_accel_dev.rehearse.reorder_buffer`` standing in for its
     ``ReorderingBuffer``. The trace's ``bridge_reorder`` says whether the stand-in wrapped the iterator.
 
 --upstream-packing: upstream's own in-batch packing in the forward step (Megatron-Bridge main:
@@ -102,7 +102,7 @@ from megatron.bridge.training.pretrain_megatron_mimo import pretrain_megatron_mi
 from megatron.bridge.training.state import TrainState
 from megatron.bridge.training.tokenizers.config import TokenizerConfig
 
-from mimo_accel_dev.rehearse import merged_reorder, stack
+from mimo_accel_dev.rehearse import reorder_buffer, stack
 from mimo_accel.modules import Modules
 from mimo_accel.workloads import VISION
 from mimo_accel.runtime.reading.shard import SHARD_TAG_KEY
@@ -286,8 +286,8 @@ def make_build_data_iterators(args, trace: _Trace):
             return None, None
         module, dp_rank, dp_size, pp_rank, pp_size, tp_rank = _module_replica(megatron_mimo_infra)
         layout = build_layout(args)
-        # Bridge 0.7's wiring, decided from cfg.dataset as its example does when it builds the iterators
-        bridge_reorders = merged_reorder.wanted(cfg, layout.dp_sizes.values())
+        # #4608's wiring, decided from cfg.dataset as its example does when it builds the iterators
+        bridge_reorders = reorder_buffer.wanted(cfg, layout.dp_sizes.values())
         # every pipeline stage and TP rank of a replica loads (and traces) the same samples; the loss
         # is the last stage's, on each of its TP ranks
         trace.where = dict(rank=dist.get_rank(), module=module, dp_rank=dp_rank, dp_size=dp_size,
@@ -309,7 +309,7 @@ def make_build_data_iterators(args, trace: _Trace):
         keep_mask = "packing" in mimo_accel.status()["active"] or args.upstream_packing
         batches = iter(train_loader)
         if bridge_reorders:
-            batches = merged_reorder.MergedReorderStandIn(
+            batches = reorder_buffer.ReorderBufferStandIn(
                 batches, grid=layout.grid, dp_group=megatron_mimo_infra.module_to_grid_map[module].get_pg(["dp"]),
                 shared_reads=scalable)
         train_iter = stack.model_batches(batches, keep_attention_mask=keep_mask,
@@ -370,7 +370,7 @@ def build_config(args, layout: Modules) -> ConfigContainer:
         # Megatron-Bridge #5525: loaders.py and megatron_mimo_step.py read this from cfg.dataset.
         data.megatron_mimo_scalable_dp = True
     if args.bridge_reorder:
-        # Bridge 0.7's merged reorder (DirectHFSFTDatasetConfig's fields), wired by the stand-in
+        # #4608's reorder_buffer (DirectHFSFTDatasetConfig's fields there), wired by the stand-in
         data.megatron_mimo_scalable_dp = True
         data.megatron_mimo_intra_microbatch_reorder = True
     checkpoint = CheckpointConfig(save=args.save, load=args.load,

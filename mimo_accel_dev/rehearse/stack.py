@@ -168,6 +168,25 @@ def packed_local_attention():
     return PackedLocalAttention
 
 
+def seeded_transformer_layer():
+    """megatron-core's ``TransformerLayer`` drawing its weights from a seed of its own: the run's seed
+    and the layer's number in the whole model. Bridge seeds each pipeline stage apart (seed + 100 x
+    the stage), so the same model under another PP would start from other weights; seeded per layer,
+    every layout of a module starts from the same ones (the layout check compares their losses)."""
+    from megatron.core.transformer.transformer_layer import TransformerLayer, get_transformer_layer_offset
+    from megatron.core.utils import get_pg_rank
+
+    class SeededTransformerLayer(TransformerLayer):
+        def __init__(self, config, submodules, layer_number: int = 1, *args, init_seed: int = 0, **kwargs):
+            groups = kwargs.get("pg_collection")
+            stage = get_pg_rank(groups.pp) if groups is not None else None
+            whole = layer_number + get_transformer_layer_offset(config, kwargs.get("vp_stage"), stage)
+            torch.manual_seed(init_seed * 1_000_003 + whole)
+            super().__init__(config, submodules, layer_number, *args, **kwargs)
+
+    return SeededTransformerLayer
+
+
 # ----------------------------------------------------------------------------------------------
 # Data
 # ----------------------------------------------------------------------------------------------
@@ -840,6 +859,7 @@ def build_provider(cfg: StackConfig):
     names = [m.name for m in cfg.layout.encoders]  # rank order
     layer_spec = get_gpt_layer_local_spec()
     layer_spec.submodules.self_attention.submodules.core_attention = packed_local_attention()
+    layer_spec.module, layer_spec.params = seeded_transformer_layer(), {**layer_spec.params, "init_seed": cfg.seed}
     language = ModuleSpec(module=GPTModel, params=dict(
         config=_language_config(cfg), transformer_layer_spec=layer_spec,
         vocab_size=cfg.vocab_size, max_sequence_length=cfg.seq_length))

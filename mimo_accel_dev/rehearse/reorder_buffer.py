@@ -1,12 +1,13 @@
-"""A stand-in for Bridge 0.7's merged reorder wiring, for the rehearsal script (``--bridge-reorder``).
+"""A stand-in for the wiring of Megatron-Bridge PR #4608's reorder buffer (on #4608's branch only: not
+on Bridge main, in no release), for the rehearsal script (``--bridge-reorder``).
 
-Upstream (``src/megatron/bridge/data/megatron_mimo/reorder_buffer.py``, wired by the Qwen3.5-VL
+#4608 (``src/megatron/bridge/data/megatron_mimo/reorder_buffer.py``, wired by the Qwen3.5-VL
 example's ``_build_data_iterators``) wraps the train iterator in a ``ReorderingBuffer`` when
 ``cfg.dataset.megatron_mimo_scalable_dp`` and ``megatron_mimo_intra_microbatch_reorder`` are on and
 lcm(module DPs) > 1, reading both when the iterators are built. Per micro-batch it prices each sample
 (image placeholders × merge² as patches; real tokens from ``attention_mask``), all-gathers the costs
 over the module's DP group, plans with equal-size LPT over G groups
-(:func:`mimo_accel.balance.peers.merged_reorder_order`) and exchanges samples so that every rank
+(:func:`mimo_accel.balance.peers.reorder_buffer_order`) and exchanges samples so that every rank
 holds its planned groups in canonical order.
 
 This stand-in is written from that behaviour for the installed Bridge. Without scalable reads,
@@ -24,7 +25,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from mimo_accel.balance.peers import merged_reorder_costs, merged_reorder_order
+from mimo_accel.balance.peers import reorder_buffer_costs, reorder_buffer_order
 from mimo_accel_dev.rehearse import stack
 
 
@@ -107,8 +108,8 @@ def _joined(shares: list[dict]) -> dict:
     return out
 
 
-class MergedReorderStandIn:
-    """Iterator over ``batches`` laid out in the merged reorder's plan: whole global micro-batches,
+class ReorderBufferStandIn:
+    """Iterator over ``batches`` laid out in the reorder buffer's plan: whole global micro-batches,
     or with ``shared_reads`` each replica's share of one (upstream's scalable reads), exchanged."""
 
     def __init__(self, batches, *, grid: int, dp_group, merge: int = 2, shared_reads: bool = False):
@@ -135,12 +136,12 @@ class MergedReorderStandIn:
             batch = _joined(shares)
         patches = (batch["input_ids"] == stack.IMAGE_TOKEN_ID).sum(dim=1) * self.merge * self.merge
         tokens = batch["attention_mask"].sum(dim=1)
-        costs = merged_reorder_costs(patches.tolist(), tokens.tolist()).tolist()
+        costs = reorder_buffer_costs(patches.tolist(), tokens.tolist()).tolist()
         gathered = [None] * replicas
         dist.all_gather_object(gathered, costs, group=self.dp_group)
         if any(c != costs for c in gathered):
             raise RuntimeError("bridge-reorder stand-in: the replicas priced one micro-batch differently")
-        order = merged_reorder_order(costs, self.grid)
+        order = reorder_buffer_order(costs, self.grid)
         if self.shared_reads:
             share = len(order) // replicas
             replica = dist.get_rank(self.dp_group)
