@@ -1,5 +1,5 @@
 """The step plan on upstream's validated layout: the modelled step of mimo_accel's plan against the
-original order, upstream's merged reorder and a plain local search, with plan times.
+original order, PR #4608's reorder_buffer and a plain local search, with plan times.
 
 Run: python benchmarks/bench_step_plan.py [--steps 3] [--micro-batches 16,32] [--ratios 0.25,0.5,1,2]
                                           [--workloads receipts,documents,mixed_chat] [--seed 0] [--no-large]
@@ -21,7 +21,7 @@ cost over 2 replicas × 2 stages): the ratios sweep from language-bound to encod
 Plans, side by side on the same steps:
 
 * ``original``: the samples as they come;
-* ``upstream``: Bridge's merged reorder, defaults (:func:`mimo_accel.balance.peers.merged_reorder_order`
+* ``reorder_buffer``: PR #4608's reorder_buffer (ce55b79f, not merged), defaults (:func:`mimo_accel.balance.peers.reorder_buffer_order`
   on patches over G = lcm(DPs) = 2, each micro-batch alone);
 * ``mimo_accel``: :func:`mimo_accel.balance.plan_step`;
 * ``local search``: the yardstick, written here: from the original order, the best swap of two
@@ -51,12 +51,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_balance import _print_table, machine  # noqa: E402
 
 from mimo_accel.balance import balance_modules, plan_step, step_time  # noqa: E402
-from mimo_accel.balance.peers import merged_reorder_costs, merged_reorder_order  # noqa: E402
+from mimo_accel.balance.peers import reorder_buffer_costs, reorder_buffer_order  # noqa: E402
 
 DPS = {"images": 1, "language": 2}
 STAGES = {"language": 2}
 MBS = 2
-PLANS = ("original", "upstream", "mimo_accel", "local")
+PLANS = ("original", "reorder_buffer", "mimo_accel", "local")
 
 
 # ------------------------------------------------------------------------------------ workloads
@@ -127,7 +127,7 @@ def one_step(costs: dict, patches: np.ndarray, tokens: np.ndarray, micro_batches
     planned, ms = {}, {}
     for name, plan in (
             ("original", lambda: list(range(n))),
-            ("upstream", lambda: merged_reorder_order(merged_reorder_costs(patches, tokens), 2, micro_batches)),
+            ("reorder_buffer", lambda: reorder_buffer_order(reorder_buffer_costs(patches, tokens), 2, micro_batches)),
             ("mimo_accel", lambda: plan_step(costs, DPS, micro_batches, **kw)),
             ("local", lambda: local_search(costs, micro_batches, **kw))):
         t0 = time.perf_counter()
@@ -169,7 +169,7 @@ def report(rows: list[dict]) -> dict:
                       f"{_median(s['ms']['mimo_accel'] for s in r['steps']):.0f}",
                       f"{_median(s['ms']['local'] for s in r['steps']):.0f}"])
     _print_table("Modelled step over the original order's (median over the steps)",
-                 ["W", "encoder", "workload", "enc/lang stage", "original/bound", "upstream", "mimo_accel",
+                 ["W", "encoder", "workload", "enc/lang stage", "original/bound", "reorder_buffer", "mimo_accel",
                   "local search", "mimo/local", "plan ms mimo", "plan ms local"], table)
     every = [s for r in rows for s in r["steps"]]
     out = {p: _median(s["time"][p] / s["time"]["original"] for s in every) for p in PLANS[1:]}
@@ -220,7 +220,7 @@ def main(argv: list[str] | None = None) -> None:
     rows = run(args.workloads.split(","), [int(w) for w in args.micro_batches.split(",")],
                [float(r) for r in args.ratios.split(",")], args.steps, args.seed)
     out = report(rows)
-    print(f"median step over the original's, every configuration and step: upstream {out['upstream']:.3f}, "
+    print(f"median step over the original's, every configuration and step: reorder_buffer {out['reorder_buffer']:.3f}, "
           f"mimo_accel {out['mimo_accel']:.3f}, local search {out['local']:.3f}; mimo_accel over local search "
           f"{out['mimo_vs_local']:.3f}")
     for key in sorted(k for k in out if k.startswith("plan_ms_")):

@@ -17,7 +17,7 @@ from rich.console import Console
 
 from tests._hypothesis import examples
 
-from mimo_accel.modules import LANGUAGE
+from mimo_accel.modules import LANGUAGE, module
 from mimo_accel.profiler.recorder import FORMAT
 from mimo_accel.tools import simulate as sim
 from mimo_accel.tools.layout import (ADVICE_FORMAT, DataRequest, MachineRequest, NoLayoutFits, Objective, Request,
@@ -110,8 +110,8 @@ def _brute_force(problem, budget, gbs, gpn):
             if lt * lp * ld + vt * vd > budget or not (lang.tp_fits(lt) and vis.tp_fits(vt)):
                 continue
             w = gbs // b
-            foot = {LANGUAGE: mem.language(lt, lp, ld, b, w, (lang.layers // lp,) * lp),
-                    "vision": mem.encoder("vision", vt, vd, b, w, lp)}
+            foot = {LANGUAGE: mem.language(module(LANGUAGE, ld, tp=lt, pp=lp), b, w, (lang.layers // lp,) * lp),
+                    "vision": mem.encoder(module("vision", vd, tp=vt), b, w, lp)}
             if mem.why_not(foot) is None:
                 out.add(f"vision=tp{vt},pp1,dp{vd} language=tp{lt},pp{lp},dp{ld} mbs={b} gbs={gbs}")
     return out

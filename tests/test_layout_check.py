@@ -10,9 +10,8 @@ import pytest
 from rich.console import Console
 
 from mimo_accel.modules import LANGUAGE
-from mimo_accel.tools.layout import advise, build_problem
+from mimo_accel.tools.layout import DataRequest, Request, Search, advise, build
 from mimo_accel.tools.layout.spec import parse_layout
-from mimo_accel.workloads import load_profile
 from mimo_accel_dev.commands import layout_check as lc
 from mimo_accel_dev.rehearse.rehearsal import InvariantViolation
 from tests.test_layout import _profile
@@ -20,13 +19,13 @@ from tests.test_layout import _profile
 
 @pytest.fixture
 def advice(tmp_path):
-    problem = build_problem(str(_profile(tmp_path)), workload=load_profile("receipts"), rehearsal=True, steps=1)
-    return advise(problem, 2 + lc.EXTRA_RANKS, top=4)
+    problem = build(Request(profile=str(_profile(tmp_path)), data=DataRequest("receipts", rehearsal=True, steps=1)))
+    return advise(problem, Search(2 + lc.EXTRA_RANKS, top=4))
 
 
 def test_the_third_layout_is_neither_the_recommended_nor_the_reference(advice):
     third = lc.third_layout(advice, advice.current.spec)
-    assert third is not None and third.spec not in (advice.recommended.spec, advice.current.spec)
+    assert third is not None and third.spec not in (lc.to_check(advice).spec, advice.current.spec)
     assert third.gpus <= 2 + lc.EXTRA_RANKS
 
 
@@ -44,7 +43,7 @@ def test_a_layout_becomes_the_examples_flags():
 def _check(advice, tmp_path, monkeypatch, replayed_s: dict, diffs: Optional[dict] = None):
     """The check over the reference, the recommended and the third layout, their replayed steps (seconds,
     by role) and ranks given."""
-    rec, ref = advice.recommended, advice.current
+    rec, ref = lc.to_check(advice), advice.current
     third = lc.third_layout(advice, ref.spec)
     dirs = {rec.spec: tmp_path / "rec", ref.spec: tmp_path / "ref", third.spec: tmp_path / "third"}
     replayed = {tmp_path / role: value for role, value in replayed_s.items()}

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from tests._hypothesis import examples
 
 from mimo_accel.costs.flops import FlopsShape
-from mimo_accel.modules import LANGUAGE
+from mimo_accel.modules import LANGUAGE, module
 from mimo_accel.tools.layout import DataRequest, MachineRequest, Request, build
 from mimo_accel.tools.layout.memory import GIB, JobSettings, Memory, ParameterCount, bytes_per_parameter, parameter_count
 from mimo_accel.tools.layout.models import ModelSpec, ModuleModel
@@ -32,6 +32,10 @@ def _model(language: FlopsShape, encoder: FlopsShape | None = None, *, linear=(0
     lang = ModuleModel.from_shape(LANGUAGE, language)
     lang = ModuleModel(**{**lang.__dict__, "linear_layers": linear[0], "linear_bytes": linear[1]})
     return ModelSpec("m", {"vision": ModuleModel.from_shape("vision", enc), LANGUAGE: lang})
+
+
+def _lang(tp: int, pp: int, dp: int):
+    return module(LANGUAGE, dp, tp=tp, pp=pp)
 
 
 def _memory(model: ModelSpec, seq: int, job: JobSettings = SP, rows: float = 0.0) -> Memory:
@@ -55,7 +59,7 @@ def test_a_hand_worked_language_model():
     # per layer: Q,K,V,O 4·8·8 = 256, norms 4·8 = 32, MLP 2·8·16 = 256 -> 544; final norm 16; embeddings 80 each
     assert p == ParameterCount(layers=1088.0, embedding=80.0, output=80.0, other=16.0)
     mem = _memory(_model(HAND), seq=3)
-    f = mem.language(2, 1, 2, 2, 4, (2,))  # tp 2, pp 1, dp 2, a local micro-batch of 3 tokens
+    f = mem.language(_lang(2, 1, 2), 2, 4, (2,))  # tp 2, pp 1, dp 2, a local micro-batch of 3 tokens
     # states: (1088 + 80 + 80 + 16) / 2 = 632 params, at 6 + 12/2 = 12 bytes
     assert f.states == 632 * 12
     # activations: 3 tokens · 8·(18 + 4·2) per layer · 2 layers + 8·3 + 3·8, one micro-batch (pp 1),
@@ -63,7 +67,7 @@ def test_a_hand_worked_language_model():
     per_mb = 3 * 8 * 26 * 2 + 24 + 24
     assert f.activations == pytest.approx((per_mb + 4 * 3 * 8 * (1 + 10 / 8)) / 2)
     # pp 2: a layer a stage, the embedding on the first, two micro-batches in flight there
-    g = mem.language(1, 2, 1, 1, 4, (1, 1))
+    g = mem.language(_lang(1, 2, 1), 1, 4, (1, 1))
     assert g.stage == 0 and g.states == (1088 / 2 + 80 + 16 / 2) * 18
     assert g.activations == pytest.approx((3 * 8 * 26 * 1 + 24 + 24) * 2)
     assert g.total == g.states + g.activations and g.gib == g.total / GIB
@@ -74,11 +78,11 @@ def test_without_sequence_parallelism_tp_leaves_the_norms_and_masks_whole():
     outputs, the dropout masks) are not split by TP without sequence parallelism; nor is the
     embedding's 8 + h; the logits always are (a vocabulary-parallel output layer)."""
     mem = _memory(_model(HAND), seq=3, job=JobSettings())
-    f = mem.language(2, 1, 2, 2, 4, (2,))
+    f = mem.language(_lang(2, 1, 2), 2, 4, (2,))
     layer = 10 * 8 + (8 * 8 + 4 * 16) / 2  # 144 bytes a token
     assert f.activations == pytest.approx(3 * (2 * layer + 8 + 8) + 4 * 3 * 8 + 4 * 3 * 10 / 2)
     assert f.unsplit == pytest.approx(3 * (2 * 10 * 8 + 8 + 8)) and f.logits == pytest.approx(4 * 3 * 8 + 4 * 3 * 10 / 2)
-    full = _memory(_model(HAND), seq=3, job=JobSettings(recompute="full")).language(2, 1, 2, 2, 4, (2,))
+    full = _memory(_model(HAND), seq=3, job=JobSettings(recompute="full")).language(_lang(2, 1, 2), 2, 4, (2,))
     # full recompute: each layer's input (2h, whole without SP) and one layer recomputed at a time
     assert full.activations == pytest.approx(3 * (2 * 2 * 8 + 8 + 8) + 3 * layer + 4 * 3 * 8 + 4 * 3 * 10 / 2)
     assert full.activations < f.activations
@@ -87,8 +91,8 @@ def test_without_sequence_parallelism_tp_leaves_the_norms_and_masks_whole():
 def test_a_linear_attention_layer_stores_its_own_bytes():
     """A Gated DeltaNet layer stores its own activations in place of attention's 8h (the part TP
     splits): the hybrid model's 48 of 64 layers are counted so."""
-    plain = _memory(_model(HAND), seq=4).language(1, 1, 1, 1, 1, (2,))
-    hybrid = _memory(_model(HAND, linear=(1, 100.0)), seq=4).language(1, 1, 1, 1, 1, (2,))
+    plain = _memory(_model(HAND), seq=4).language(_lang(1, 1, 1), 1, 1, (2,))
+    hybrid = _memory(_model(HAND, linear=(1, 100.0)), seq=4).language(_lang(1, 1, 1), 1, 1, (2,))
     assert hybrid.activations - plain.activations == pytest.approx(4 * (100.0 - 8 * 8))
 
 
@@ -96,10 +100,10 @@ def test_the_last_stage_holds_the_logits_and_the_first_the_most_micro_batches():
     shape = FlopsShape(layers=8, hidden=64, ffn_hidden=128, heads=4, query_groups=4, kv_channels=16, vocab=100_000)
     mem = _memory(_model(shape), seq=512)
     # a huge vocabulary: the last stage's logits outweigh the first stage's extra micro-batches
-    f = mem.language(1, 2, 1, 1, 8, (4, 4))
+    f = mem.language(_lang(1, 2, 1), 1, 8, (4, 4))
     assert f.stage == 1 and f.logits == pytest.approx(4 * 512 * 64 + 4 * 512 * 100_000)
     # fewer layers on the last stage (an uneven split) take load off it
-    assert mem.language(1, 2, 1, 1, 8, (6, 2)).total < f.total
+    assert mem.language(_lang(1, 2, 1), 1, 8, (6, 2)).total < f.total
 
 
 def _bridge_estimate(*, L, h, F, n, g, kv, V, tp, pp, dp, seq, mbs, W, distributed=True):
@@ -131,7 +135,7 @@ def test_with_sequence_parallelism_the_language_model_matches_megatron_bridges_e
     shape = FlopsShape(layers=32, hidden=4096, ffn_hidden=11008, heads=32, query_groups=8, kv_channels=128,
                        gated=True, vocab=32768)
     job = JobSettings(sequence_parallel=True, recompute="selective", distributed_optimizer=distributed)
-    ours = _memory(_model(shape), 4096, job).language(tp, pp, dp, dp, W, stage_layers(32, pp))
+    ours = _memory(_model(shape), 4096, job).language(_lang(tp, pp, dp), dp, W, stage_layers(32, pp))
     weights, acts = _bridge_estimate(**cfg, tp=tp, pp=pp, dp=dp, seq=4096, mbs=1, W=W, distributed=distributed)
     assert ours.stage == 0 and ours.states == pytest.approx(weights, rel=1e-12)
     assert ours.activations == pytest.approx(acts, rel=1e-12)
@@ -145,11 +149,11 @@ def test_an_encoder_holds_the_micro_batches_in_flight_before_the_language_model(
     assert p.other == 2 * 16 + (16 * 4) ** 2 + 16 * 4 * 32  # final norm + the merger's two projections
     mem = _memory(_model(HAND, shape), seq=3, rows=100.0)  # each sample at most 100 rows
     # the encoder is the stage before the language model's 2 stages: 3 micro-batches of 1 sample in flight (W 8)
-    f = mem.encoder("vision", 1, 1, 1, 8, 2)
+    f = mem.encoder(module("vision", 1), 1, 8, 2)
     assert f.activations == 3 * 100 * (18 * 16 + 4 * 64) * 3
-    assert mem.encoder("vision", 1, 1, 1, 2, 2).activations == f.activations * 2 / 3  # W 2: two at most
+    assert mem.encoder(module("vision", 1), 1, 2, 2).activations == f.activations * 2 / 3  # W 2: two at most
     model = _model(HAND, shape).with_frozen(("vision",))
-    frozen = _memory(model, seq=3, rows=100.0).encoder("vision", 2, 1, 1, 8, 2)
+    frozen = _memory(model, seq=3, rows=100.0).encoder(module("vision", 1, tp=2), 1, 8, 2)
     assert frozen.states == p.total / 2 * 2.0 and frozen.activations == 0.0
 
 
@@ -161,12 +165,17 @@ def test_no_language_model_of_8_gpus_or_fewer_fits_the_27b_preset_as_the_launche
     for job in (JobSettings(), JobSettings(sequence_parallel=True)):
         problem = build(Request(machine=MachineRequest("h100"), settings=job, data=DataRequest(steps=1)))
         fits = {(t, p, d) for t in (1, 2, 4) for p in (1, 2, 4, 8) for d in (1, 2, 4, 8) if t * p * d <= 8
-                for f in [problem.memory.language(t, p, d, d, 32 // d, stage_layers(64, p))]
+                for f in [problem.memory.language(_lang(t, p, d), d, 32 // d, stage_layers(64, p))]
                 if problem.memory.why_not({LANGUAGE: f}) is None}
         assert fits == (set() if not job.sequence_parallel else {(4, 2, 1)})
     problem = build(Request(machine=MachineRequest("h100"), data=DataRequest(steps=1)))
-    why = problem.memory.why_not({LANGUAGE: problem.memory.language(4, 2, 1, 1, 32, (32, 32))})
+    why = problem.memory.why_not({LANGUAGE: problem.memory.language(_lang(4, 2, 1), 1, 32, (32, 32))})
     assert "what TP splits only with sequence parallelism" in why and "over the 72.0 GiB usable" in why
+    from mimo_accel.tools.layout import NoLayoutFits, Search, advise
+
+    with pytest.raises(NoLayoutFits, match="fits 9 GPUs of H100 SXM .*the nearest.*what TP splits only with sequence "
+                                           "parallelism.*give --gpus"):
+        advise(problem, Search(9))
 
 
 def test_an_encoders_heaviest_micro_batch_is_the_datas_whatever_the_draws():
@@ -192,7 +201,7 @@ def test_more_parallelism_never_needs_more_memory(tp, pp, dp, seq, w, sp, recomp
 
     def at(t=tp, d=dp, s=seq):
         m = mem if s == seq else _memory(_model(shape), s, JobSettings(sequence_parallel=sp, recompute=recompute))
-        return m.language(t, pp, d, d, w, stage_layers(8, pp))
+        return m.language(_lang(t, pp, d), d, w, stage_layers(8, pp))
 
     base = at()
     assert at(t=2 * tp).total <= base.total

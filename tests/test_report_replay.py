@@ -1,4 +1,4 @@
-"""The report's replayed step (mimo_accel.tools.report.replayed): each step's per-micro-batch
+"""The report's replayed step (mimo_accel.profiler.replayed): each step's per-micro-batch
 times replayed through the schedule, beside the plan's predicted step; an older profile without
 them is reported as before, the skip said once."""
 

@@ -90,7 +90,7 @@ def _profile_run(directory, work: dict[int, list[int]]):
 def test_a_video_encoder_is_profiled_calibrated_and_reported(tmp_path):
     from mimo_accel.profiler.run import read_run
     from mimo_accel.tools import report
-    from mimo_accel.tools.calibrate.observations import modules_in
+    from mimo_accel.profiler.observations import modules_in
 
     base = np.random.default_rng(3).integers(1000, 3000, 6).tolist()  # a step's rows per replica
     # replica 3 of the video encoder draws four times the others' rows in every step

@@ -86,6 +86,3 @@ def reorder_buffer_order(costs: Sequence[float] | np.ndarray, n_groups: int, mic
         order.extend(j * size + p for p in _lpt_one(c[j * size:(j + 1) * size], n_groups))
     return order
 
-
-# the names mimo_accel.tools.layout.pricing and benchmarks/bench_step_plan.py import
-merged_reorder_costs, merged_reorder_order = reorder_buffer_costs, reorder_buffer_order

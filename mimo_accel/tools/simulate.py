@@ -24,7 +24,6 @@ def main(argv: Optional[Sequence[str]] = None, *, console: Optional[Console] = N
     if not asked and not {"-h", "--help"} & set(argv):
         return fail(PROG, "give --layout SPEC (what that layout's job will do; the same as mimo-accel layout --current "
                           "SPEC); the planners' DP sweep is python benchmarks/bench_balance.py")
-    argv = ["--current" if a == "--layout" else a.replace("--layout=", "--current=", 1) for a in argv]
     return layout_main(argv, console=console, prog=PROG, current_flag="--layout")
 
 

@@ -39,9 +39,18 @@ SEPARATION = 1.10  # the third layout's predicted throughput at least this far f
 def advise_from(profile: Path, index: Path, budget: int, seq_length: int):
     """The advisor's answer from a rehearsal's profile and cost index, on CPU ranks (its top 12 of
     each side priced, for the third layout to be chosen among)."""
-    from mimo_accel.tools.layout import advise
+    from mimo_accel.tools.layout import DataRequest, Request, Search, advise, build
 
-    return advise(str(profile), budget, index=str(index), seq_length=seq_length, top=12)
+    problem = build(Request(profile=str(profile), data=DataRequest(index=str(index), seq_length=seq_length)))
+    return advise(problem, Search(budget, top=12))
+
+
+def to_check(advice):
+    """The layout the check rehearses: the recommendation, or, where the advisor keeps the reference
+    (no layout better on every draw), the best other layout it weighed."""
+    if not advice.keep_current:
+        return advice.recommended
+    return next(r for r in advice.ranked["mimo_accel"] if r.spec != advice.current.spec)
 
 
 def third_layout(advice, reference: str) -> Optional[Any]:
@@ -49,10 +58,10 @@ def third_layout(advice, reference: str) -> Optional[Any]:
     predicted samples/s is nearest the middle (in ratio) of theirs while :data:`SEPARATION` from
     both, so that the order of the three tests the model rather than the noise; else the one
     farthest from both."""
-    rec, ref = advice.recommended, advice.current
+    rec, ref = to_check(advice), advice.current
     if ref is None or ref.accelerated is None:
         return None
-    unique = {r.spec: r for r in (*advice.with_mimo_accel, *advice.without)}  # one row per layout
+    unique = {r.spec: r for rows in advice.ranked.values() for r in rows}  # one row per layout
     others = [r for spec, r in unique.items() if r.fits and r.accelerated and spec not in (rec.spec, reference)]
     if not others:
         return None
@@ -145,8 +154,8 @@ def layout_check(advice, reference_dir: Path, runs: dict[str, Path], budget: int
     priced before they ran."""
     gbs = advice.problem.gbs
     ref = advice.current
-    rec = advice.recommended
-    rows = {r.spec: r for r in (*advice.with_mimo_accel, *advice.without, ref) if r is not None}
+    rec = to_check(advice)
+    rows = {r.spec: r for r in (*(r for rs in advice.ranked.values() for r in rs), ref) if r is not None}
     replayed, ranks = {}, {}
     for spec, path in runs.items():
         replayed[spec], ranks[spec] = _replayed(path)

@@ -195,8 +195,8 @@ def _calibrated(run_dir: Path, out_file: Path) -> tuple[Optional[str], str]:
     on every replica, so they tell nothing of the cost of real tokens), said in the note."""
     from mimo_accel.costs import CostModel
     from mimo_accel.profiler.run import read_run
-    from mimo_accel.tools.calibrate.fitting import fit_modules
-    from mimo_accel.tools.calibrate.observations import CalibrationError, modules_in
+    from mimo_accel.profiler.fitting import fit_modules
+    from mimo_accel.profiler.observations import CalibrationError, modules_in
 
     run = read_run(run_dir)
     table, notes = {}, []

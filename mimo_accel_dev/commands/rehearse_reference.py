@@ -140,7 +140,7 @@ def _check_layout(console, out, layout, steps: int, seed: int, log, cpus, cache:
     trained, roles = {advice.current.spec: reference_steps}, {advice.current.spec: "reference"}
     third = lc.third_layout(advice, advice.current.spec)
     with progress_bar(console) as progress:
-        for label, row in (("recommended", advice.recommended), ("third", third)):
+        for label, row in (("recommended", lc.to_check(advice)), ("third", third)):
             if row is None or row.spec in rehearsed:
                 continue
             if row.layout.gbs != SHAPE["global_batch"]:  # other samples a step: no loss to hold against

@@ -60,8 +60,8 @@ from rich.console import Console
 from mimo_accel.modules import LANGUAGE
 from mimo_accel.profiler.run import NoProfileData, read_run
 from mimo_accel.tools.arguments import UsageError, fail, nonnegative_int, output_file, parse
-from mimo_accel.tools.calibrate.fitting import fit_modules
-from mimo_accel.tools.calibrate.observations import CalibrationError, modules_in
+from mimo_accel.profiler.fitting import fit_modules
+from mimo_accel.profiler.observations import CalibrationError, modules_in
 from mimo_accel.tools.calibrate.tables import render_modules
 
 __all__ = ["PROG", "main"]

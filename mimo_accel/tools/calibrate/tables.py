@@ -10,7 +10,7 @@ from rich.table import Table
 
 from mimo_accel.costs import CostModel
 from mimo_accel.modules import LANGUAGE
-from mimo_accel.tools.calibrate.observations import ProfileSpec, encoder_spec, language_spec
+from mimo_accel.profiler.observations import ProfileSpec, encoder_spec, language_spec
 
 __all__ = ["render_modules"]
 

@@ -329,8 +329,12 @@ def advise(problem: Problem, search: Search = Search()) -> Advice:
                  f"none fits at any size up to {MAX_BUDGET} GPUs: give a GPU with more memory, a smaller --mbs or "
                  "--seq-length, or other settings (sequence parallelism, recompute)")
         each = "" if problem.machine.memory_gib == float("inf") else f" ({problem.machine.memory_gib:g} GiB each)"
-        raise NoLayoutFits(f"no layout of {problem.model.name} fits {budget} GPUs of {problem.machine.name}{each}; "
-                           f"{where}")
+        tried: list = []
+        layouts(problem, budget=budget, mbs=sizes, unfit=tried)
+        near = min(tried, key=lambda c: max(f.total for f in c.memory.values()), default=None)
+        why = f" (the nearest, {near.layout.spec}: {near.why_not})" if near is not None else ""
+        raise NoLayoutFits(f"no layout of {problem.model.name} fits {budget} GPUs of {problem.machine.name}{each}"
+                           f"{why}; {where}")
     bound, cache, objective = Bound(problem), {}, search.objective
     gbs = problem.gbs
 

@@ -47,7 +47,7 @@ def _at_most(top: int, what: str):
     return check
 
 
-def _parser(prog: str = PROG) -> argparse.ArgumentParser:
+def _parser(prog: str = PROG, current_flag: str = "--current") -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog=prog,
         description="What a MegatronMIMO job will do and what it should run: the current layout (--current) "
@@ -107,7 +107,7 @@ def _parser(prog: str = PROG) -> argparse.ArgumentParser:
                      help="throughput: the job's samples/s (ties by tokens/s per GPU); per-gpu: tokens/s per "
                           "active GPU, the tutorial's metric")
     out.add_argument("--top", type=positive_int, default=5, help="layouts shown per table (default 5)")
-    out.add_argument("--current", metavar="SPEC",
+    out.add_argument(current_flag, dest="current", metavar="SPEC",
                      help="the layout run today: 'images=tp1,pp1,dp1 language=tp4,pp2,dp2 mbs=2 gbs=32' or a preset "
                           f"({', '.join(LAYOUT_PRESETS)}); alone, it is priced; with a budget, beside the others")
     out.add_argument("--all", dest="include_unfit", action="store_true",
@@ -170,7 +170,7 @@ def request_of(args, current_flag: str = "--current") -> tuple[Request, Search]:
 def main(argv: Sequence[str] | None = None, *, console: Console | None = None, prog: str = PROG,
          current_flag: str = "--current") -> int:
     """``mimo-accel layout`` (``prog``: the command that asks). Returns 0, or 2 (one ``error:`` line) on bad input."""
-    args = parse(_parser(prog), argv)
+    args = parse(_parser(prog, current_flag), argv)
     if isinstance(args, int):
         return args
     try:

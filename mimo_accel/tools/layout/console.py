@@ -16,7 +16,7 @@ __all__ = ["render_advice", "render_row", "settings_lines"]
 TITLES = {"mimo_accel": "With mimo_accel (its step plan over packed real tokens)",
           "padded": "Without mimo_accel (upstream as shipped: the original order, padded batches)",
           "packed": "Upstream with its own in-batch packing (--pack-sequences-in-batch), the original order",
-          "pr4608": "The reorder of PR #4608's branch (reorder_buffer.py), packed"}
+          "reorder_buffer": "PR #4608's reorder_buffer (ce55b79f, not merged), packed"}
 
 
 def _each(values: Optional[dict], names, fmt: str) -> str:

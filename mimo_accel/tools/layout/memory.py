@@ -197,10 +197,11 @@ class Memory:
         (a, ua), (b, ub) = self._layer(m, tp), self._layer(m, tp, linear=True)
         return (layers - lin) * a + lin * b, (layers - lin) * ua + lin * ub
 
-    def language(self, tp: int, pp: int, dp: int, mbs: int, micro_batches: int,
-                 layers: tuple[int, ...]) -> Footprint:
-        """The language model's most loaded stage at ``tp``/``pp``/``dp``, ``layers`` a stage."""
-        m, s = self.model.modules["language"], self.settings
+    def language(self, module, mbs: int, micro_batches: int, layers: tuple[int, ...]) -> Footprint:
+        """The language model's most loaded stage at ``module``'s sizes (a
+        :class:`~mimo_accel.modules.Module`), ``layers`` a stage."""
+        tp, pp, dp = module.tp, module.pp, module.dp
+        m, s = self.model.modules[module.name], self.settings
         wide = 2.0 if s.precision == "fp32" else 1.0
         t = float(mbs // dp * self.seq_length)
         full = self._layer(m, tp, whole=True)[0] if s.recompute == "full" else 0.0  # the layer recomputed
@@ -218,9 +219,11 @@ class Memory:
             worst = f if worst is None or f.total > worst.total else worst
         return worst
 
-    def encoder(self, name: str, tp: int, dp: int, mbs: int, micro_batches: int, stages_after: int) -> Footprint:
-        """An encoder's GPU (one stage, before the language model's first), holding ``min(W,
-        stages_after + 1)`` micro-batches of the heaviest ``mbs / dp`` samples each."""
+    def encoder(self, module, mbs: int, micro_batches: int, stages_after: int) -> Footprint:
+        """An encoder's GPU (``module``: its :class:`~mimo_accel.modules.Module`; one stage, before the
+        language model's first), holding ``min(W, stages_after + 1)`` micro-batches of the heaviest
+        ``mbs / dp`` samples each."""
+        name, tp, dp = module.name, module.tp, module.dp
         m, s = self.model.modules[name], self.settings
         states = m.params.total / tp * self._bytes(dp, m.trained)
         if not m.trained:
@@ -235,9 +238,8 @@ class Memory:
         from mimo_accel.tools.layout.spec import stage_layers
 
         lang = layout.language
-        out = {m.name: self.encoder(m.name, m.tp, m.dp, layout.mbs, layout.micro_batches, lang.pp)
-               for m in layout.modules.encoders}
-        out[lang.name] = self.language(lang.tp, lang.pp, lang.dp, layout.mbs, layout.micro_batches,
+        out = {m.name: self.encoder(m, layout.mbs, layout.micro_batches, lang.pp) for m in layout.modules.encoders}
+        out[lang.name] = self.language(lang, layout.mbs, layout.micro_batches,
                                        stage_layers(self.model.modules[lang.name].layers, lang.pp, layout.first,
                                                     layout.last))
         return out

@@ -11,8 +11,8 @@ end (the slowest module's DP gradient sync) is added. Plans (:data:`PLANS`):
   full sequence length (a padded batch computes it);
 * ``packed``: upstream with its own in-batch packing (Bridge main's ``--pack-sequences-in-batch``):
   the samples as they come, the language model on real tokens;
-* ``pr4608``: the reorder of Megatron-Bridge PR #4608's branch (``reorder_buffer.py``), its
-  defaults, each micro-batch alone, packed;
+* ``reorder_buffer``: the reorder of Megatron-Bridge PR #4608's ``reorder_buffer.py`` (ce55b79f,
+  not merged: equal-size LPT over lcm(DPs) groups), its defaults, each micro-batch alone, packed;
 * ``mimo_accel``: :func:`mimo_accel.balance.plan_step` over the step's micro-batches, as the job
   plans it (its stages even), packed.
 """
@@ -27,7 +27,7 @@ from typing import Optional
 import numpy as np
 
 from mimo_accel.balance import plan_step, step_time
-from mimo_accel.balance.peers import merged_reorder_costs, merged_reorder_order
+from mimo_accel.balance.peers import reorder_buffer_costs, reorder_buffer_order
 from mimo_accel.balance.replay import bound_module, module_shares, replay_plan
 from mimo_accel.costs import CostModel
 from mimo_accel.modules import LANGUAGE
@@ -37,7 +37,7 @@ from mimo_accel.tools.layout.spec import LayoutSpec
 
 __all__ = ["PLANS", "StepPrices", "busy_shares", "padded_cost", "price_steps"]
 
-PLANS = ("padded", "packed", "pr4608", "mimo_accel")
+PLANS = ("padded", "packed", "reorder_buffer", "mimo_accel")
 
 
 def padded_cost(model: CostModel, seq_length: int) -> float:
@@ -78,7 +78,7 @@ def _orders(plans, costs, layout: LayoutSpec, draws: Draws, idx, planner, ms) ->
         else:
             patches = sum((draws.index.rows(planner.columns[e.name], idx) for e in layout.modules.encoders),
                           np.zeros(n)).astype(float)
-            out[plan] = merged_reorder_order(merged_reorder_costs(patches, draws.index.tokens(idx)),
+            out[plan] = reorder_buffer_order(reorder_buffer_costs(patches, draws.index.tokens(idx)),
                                              layout.modules.grid, w)
         ms.setdefault(plan, []).append((time.perf_counter() - t0) * 1e3)
     return out

@@ -109,7 +109,7 @@ def _batch(run) -> tuple[Optional[int], Optional[int]]:
 def read_profiled(directory: str, model: Optional[ModelSpec] = None) -> Profiled:
     """The run in ``directory``; ``model`` (a ``--model`` file) replaces the configs its header holds.
     ValueError naming the fix: no profile there, no module configs and no ``model``, too few steps to fit."""
-    from mimo_accel.tools.calibrate.fitting import fit_modules
+    from mimo_accel.profiler.fitting import fit_modules
 
     try:
         run = read_run(directory)
@@ -168,9 +168,9 @@ def read_profiled(directory: str, model: Optional[ModelSpec] = None) -> Profiled
                      "size is in its cost per token (layouts with other micro-batch counts are priced less well)")
     gbs, mbs = _batch(run)
     device = (layout.get("flops") or {}).get("device_name") or run.header.get("device")
-    from mimo_accel.tools.report.summary import summarize
+    from mimo_accel.profiler.replayed import replayed_p50
 
-    replayed = summarize(run).get("step_time_replayed_p50")
+    replayed = replayed_p50(run)
     features = set((run.header.get("config") or {}).get("features") or ())
     recorded = (layout.get("flops") or {}).get("settings")
     settings = JobSettings(**recorded, source=f"the run's own configs in {directory} (the distributed optimizer "

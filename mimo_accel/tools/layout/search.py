@@ -108,19 +108,20 @@ def layouts(problem, *, budget: int, mbs: Iterable[int], unfit: Optional[list] =
         lang_options = [(t, p, d, s) for t, (p, ways) in product(tps[LANGUAGE], options.items()) for d in dps
                         if t * p * d + len(encoders) <= budget for s in ways]
         for t, p, d, (first, last) in lang_options:
-            lmem = memory.language(t, p, d, b, w, stage_layers(lang.layers, p, first, last))
+            language = module(LANGUAGE, d, tp=t, pp=p)
+            lmem = memory.language(language, b, w, stage_layers(lang.layers, p, first, last))
             if unfit is None and memory.why_not({LANGUAGE: lmem}) is not None:
                 continue  # no encoder makes it fit
             left = budget - t * p * d
-            per_encoder = [[(te, de) for te, de in product(tps[e], dps) if te * de <= left and (
-                unfit is not None or memory.why_not({e: memory.encoder(e, te, de, b, w, p)}) is None)]
-                for e in encoders]
+            per_encoder = [[x for te, de in product(tps[e], dps) if te * de <= left
+                            for x in [module(e, de, tp=te)]
+                            if unfit is not None or memory.why_not({e: memory.encoder(x, b, w, p)}) is None]
+                           for e in encoders]
             for combo in product(*per_encoder):
-                if t * p * d + sum(te * de for te, de in combo) > budget:
+                if t * p * d + sum(x.size for x in combo) > budget:
                     continue
-                mods = Modules(tuple(module(e, de, tp=te) for e, (te, de) in zip(encoders, combo))
-                               + (module(LANGUAGE, d, tp=t, pp=p),))
-                foot = {e: memory.encoder(e, te, de, b, w, p) for e, (te, de) in zip(encoders, combo)}
+                mods = Modules((*combo, language))
+                foot = {x.name: memory.encoder(x, b, w, p) for x in combo}
                 foot[LANGUAGE] = lmem
                 why = memory.why_not(foot)
                 if why is None and not aligned(mods, gpn):

@@ -1,7 +1,7 @@
 """Upstream as shipped, a peer's reorder and mimo_accel side by side (``mimo-accel rehearse --peer``).
 
 Each side is a run's summary (:func:`~.summary.summarize`); the peer's carries its ``name`` (what
-the table calls it: "Bridge 0.7's reorder", "PR #4608").
+the table calls it: "#4608's reorder_buffer (ce55b79f)", "#4608 at 984a8a53").
 """
 
 from __future__ import annotations

@@ -50,7 +50,7 @@ from mimo_accel.profiler import json_safe, module_seconds
 from mimo_accel.profiler.run import Run
 from mimo_accel.profiler import record_number as _num
 from mimo_accel.profiler.recorder import UNNAMED_ENCODER
-from mimo_accel.tools.report.replayed import replayed_steps
+from mimo_accel.profiler.replayed import replayed_steps, run_steps
 from mimo_accel.tools.report.throughput import module_throughput, peak_of
 
 
@@ -262,20 +262,10 @@ def summarize(run: Run, *, warmup: int = 1, peak_tflops: float | None = None) ->
     """Statistics of one run (see the module docstring for definitions). JSON-serialisable.
     ``peak_tflops``: the device's peak MFU is over (default: the device table's, where known)."""
     warnings = list(run.warnings)
-    all_steps = sorted({int(r["step"]) for log in run.ranks.values() for r in log.steps})
-    skipped: list[int] = []
-    if warmup > 0:
-        if len(all_steps) > warmup:
-            skipped = all_steps[:warmup]
-        else:
-            warnings.append(f"only {len(all_steps)} step(s) recorded; warm-up step(s) not excluded")
-    skip = set(skipped)
-    steps_of: dict[int, dict[int, dict[str, Any]]] = {
-        rank: {int(r["step"]): r for r in log.steps if int(r["step"]) not in skip} for rank, log in run.ranks.items()
-    }
-    modules: dict[str, list[int]] = defaultdict(list)
-    for rank in sorted(run.ranks):
-        modules[run.ranks[rank].module].append(rank)
+    steps_of, modules, _, skipped = run_steps(run, warmup)
+    if warmup > 0 and not skipped:
+        recorded = len({int(r["step"]) for log in run.ranks.values() for r in log.steps})
+        warnings.append(f"only {recorded} step(s) recorded; warm-up step(s) not excluded")
 
     # ---- step time
     step_time: dict[int, float] = {}

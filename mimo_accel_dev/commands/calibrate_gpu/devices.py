@@ -149,16 +149,12 @@ def session(device: str, log_path: str) -> Iterator[Any]:
     """One process as one rank of world size 1: the process group, megatron's global memory
     buffer and RNG tracker; on CPU the CPU layer (:func:`mimo_accel_dev.rehearse.cpu.activate`),
     never on CUDA. Yields the ``ProcessGroupCollection``; undoes what it set up."""
-    from mimo_accel.tools import devkit, quiet
+    from mimo_accel.tools import quiet
+    from mimo_accel_dev.rehearse import cpu as cpu_layer
 
-    cpu = None
-    if device == "cpu":  # megatron's CUDA paths run on CPU through the development kit's CPU layer
-        try:
-            cpu = devkit.import_dev(f"{devkit.DEV_PACKAGE}.rehearse.cpu", "--device cpu")
-        except devkit.DevKitMissing as exc:
-            raise MeasureError(str(exc)) from None
+    cpu = cpu_layer if device == "cpu" else None  # megatron's CUDA paths run on CPU through the CPU layer
     with quiet.output_to(log_path):
-        devkit.prepare_imports()  # the 3.11 back-port; stand-ins only for packages not installed
+        cpu_layer.prepare_imports()  # the 3.11 back-port; stand-ins only for packages not installed
         import torch
         import torch.distributed as dist
         from megatron.core import parallel_state

@@ -17,7 +17,7 @@ from mimo_accel.costs import CostModel, ModuleCost
 from mimo_accel.costs.fit import SingularDesign, fit_costs, within_steps
 from mimo_accel.modules import LANGUAGE
 from mimo_accel.profiler.run import Run
-from mimo_accel.tools.calibrate.observations import (CalibrationError, ProfileSpec, encoder_spec, language_spec,
+from mimo_accel.profiler.observations import (CalibrationError, ProfileSpec, encoder_spec, language_spec,
                                                      modules_in, observe)
 
 __all__ = ["fit_modules"]

@@ -27,6 +27,8 @@ and ``bound_module`` are null too.
 
 from __future__ import annotations
 
+import statistics
+from collections import defaultdict
 from collections.abc import Callable, Sequence
 from typing import Any, Optional
 
@@ -50,6 +52,29 @@ def _one_step(lines: dict[int, dict], placed, dps, pp, frozen) -> Replay:
         m = placed[rank][0]
         times[rank] = (micro.get(f"{m}_fwd") or [], micro.get(f"{m}_bwd") or [])
     return replay_ranks(times, placed, dps, pp, frozen)
+
+
+def run_steps(run: Run, warmup: int = 1) -> tuple[dict[int, dict[int, dict[str, Any]]], dict[str, list[int]],
+                                                 list[int], list[int]]:
+    """(each rank's step lines by step, the warm-up left out; each module's ranks; the steps with a
+    step time; the warm-up steps left out, none where the run is not longer than it)."""
+    every = sorted({int(r["step"]) for log in run.ranks.values() for r in log.steps})
+    skipped = every[:warmup] if warmup > 0 and len(every) > warmup else []
+    steps_of = {rank: {int(r["step"]): r for r in log.steps if int(r["step"]) not in skipped}
+                for rank, log in run.ranks.items()}
+    modules: dict[str, list[int]] = defaultdict(list)
+    for rank in sorted(run.ranks):
+        modules[run.ranks[rank].module].append(rank)
+    counted = sorted({s for recs in steps_of.values() for s, r in recs.items() if _num(r, "step_time_s") is not None})
+    return steps_of, modules, counted, skipped
+
+
+def replayed_p50(run: Run) -> Optional[float]:
+    """The run's step replayed, a device per rank (p50 after the warm-up step), as ``mimo-accel
+    report`` gives it; None where the profile has no per-micro-batch times."""
+    steps_of, modules, counted, _ = run_steps(run)
+    return replayed_steps(run, steps_of, modules, counted, lambda v: statistics.median(v) if v else None)[
+        "step_time_replayed_p50"]
 
 
 def _frozen(layout: dict, dps: dict) -> frozenset:
