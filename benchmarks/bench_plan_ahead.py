@@ -118,7 +118,7 @@ def _global_sampler(n: int, mbs: int):
 
 def run_mode(mode: str, dps: dict, index: CostIndex, windows: int, units: int, mbs: int) -> dict:
     from mimo_accel.runtime.reading.sampler import ShardedBatchSampler
-    from mimo_accel.runtime.reading.shard import ShardContext
+    from mimo_accel.runtime.context import ShardContext
 
     ctx = ShardContext("vision", 0, dps["vision"], Modules.from_dp_sizes(dps).grid, dps)
     n = windows * WINDOW * mbs

@@ -23,7 +23,8 @@ from mimo_accel.costs import CostIndex, CostModel
 from mimo_accel.costs.resize import FixedPatches
 from mimo_accel.planner import CostIndexPlanner, plan_costs
 from mimo_accel.grid import owned_groups, replica_samples
-from mimo_accel.runtime.reading.shard import SHARD_TAG_KEY, ShardContext
+from mimo_accel.runtime.context import ShardContext
+from mimo_accel.runtime.reading.shard import SHARD_TAG_KEY
 from mimo_accel_dev.rehearse.ranks import LANGUAGE, VISION, Modules, layout_of, module, run_ranks
 from tests._hypothesis import examples
 
@@ -102,7 +103,7 @@ def _expect_error(fn):
 
 
 def _exchange_scenarios(rank, world, layouts):
-    from mimo_accel.runtime.reading.shard import context_from_grids
+    from mimo_accel.runtime.context import context_from_grids
     from mimo_accel_dev.rehearse.ranks import build_grids, parallelism_config
 
     ds = _dataset()

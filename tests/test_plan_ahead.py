@@ -27,7 +27,8 @@ from mimo_accel.costs.resize import FixedPatches
 from mimo_accel.modules import Modules
 from mimo_accel.planner import CostIndexPlanner
 from mimo_accel.runtime.reading.sampler import ShardedBatchSampler, ShareRules, tagged_loader
-from mimo_accel.runtime.reading.shard import SHARD_TAG_KEY, ShardContext
+from mimo_accel.runtime.context import ShardContext
+from mimo_accel.runtime.reading.shard import SHARD_TAG_KEY
 from tests._hypothesis import examples
 
 DPS = {"vision": 2, "language": 4}

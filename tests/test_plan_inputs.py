@@ -19,7 +19,7 @@ from mimo_accel_dev.rehearse import stack as st
 from mimo_accel.costs import CostIndex, ResizeRule
 from mimo_accel.datasets.split_index import cost_index_for, index_digest
 from mimo_accel.runtime.reading.sampler import ShardedBatchSampler, check_window
-from mimo_accel.runtime.reading.shard import ShardContext
+from mimo_accel.runtime.context import ShardContext
 from mimo_accel_dev.rehearse.ranks import RankFailure, build_grids, layout_of, loader_config, run_ranks
 
 

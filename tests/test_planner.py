@@ -21,7 +21,7 @@ from mimo_accel.grid import canonical_grid
 from mimo_accel.modules import Modules
 from mimo_accel.planner import CostIndexPlanner
 from mimo_accel.runtime.reading.sampler import ShardedBatchSampler
-from mimo_accel.runtime.reading.shard import ShardContext
+from mimo_accel.runtime.context import ShardContext
 from mimo_accel.workloads import load_profile
 from tests._hypothesis import examples
 

@@ -21,7 +21,8 @@ from mimo_accel.profiler.run import read_run
 from mimo_accel.runtime.measuring.calibration import WindowModel
 from mimo_accel.runtime.measuring.profiling import Profiling, planned_spreads
 from mimo_accel.runtime.reading.sampler import ShardedBatchSampler, ShareRules, tagged_loader
-from mimo_accel.runtime.reading.shard import SHARD_TAG_KEY, ReplicaShare, ShardContext, tag_for
+from mimo_accel.runtime.context import ShardContext
+from mimo_accel.runtime.reading.shard import SHARD_TAG_KEY, ReplicaShare, tag_for
 from mimo_accel.runtime.state import Runtime
 
 DPS = {"vision": 2, "language": 4}

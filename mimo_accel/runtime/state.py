@@ -24,12 +24,10 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from mimo_accel.config import AccelConfig
 from mimo_accel.notices import Notices
-from mimo_accel.runtime.reading.shard import ShardContext, ShardLengths, StepRole, context_from_grids
+from mimo_accel.runtime.context import ShardContext, ShardLengths, StepRole, context_from_grids
 
 if TYPE_CHECKING:
     from mimo_accel.costs import CostModel
-    from mimo_accel.runtime.measuring.calibration import Calibration
-    from mimo_accel.runtime.measuring.profiling import Profiling
 
 logger = logging.getLogger("mimo_accel")
 
@@ -70,8 +68,11 @@ class Runtime:
     # stepped aside (None: it did not). The config stays as enabled: read what acts through
     # reorders, calibrates_online and features()
     reorder_stepped_aside: Optional[str] = None
-    profiling: Optional[Profiling] = None  # while the profiler (or online calibration) is on
-    calibration: Optional[Calibration] = None  # of the training run under way
+    # The measuring services (the layer above this one, so named here, not imported): the profiler's
+    # measuring.profiling.Profiling while it (or online calibration) is on, and the training run's
+    # measuring.calibration.Calibration.
+    profiling: Any = None
+    calibration: Any = None
     said: Notices = field(default_factory=lambda: Notices(logger))  # this run's notices, each said once
     lock: threading.RLock = field(default_factory=threading.RLock, repr=False)
 

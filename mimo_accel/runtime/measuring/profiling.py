@@ -39,7 +39,7 @@ import numpy as np
 
 from mimo_accel.config import AccelConfig
 from mimo_accel.modules import LANGUAGE
-from mimo_accel.runtime.reading.shard import ShardContext, StepRole
+from mimo_accel.runtime.context import ShardContext, StepRole
 
 if TYPE_CHECKING:
     from mimo_accel.runtime.measuring.calibration import Calibration

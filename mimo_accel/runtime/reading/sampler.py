@@ -28,7 +28,8 @@ import numpy as np
 from mimo_accel.grid import check_micro_batch
 from mimo_accel.nvtx import ranged
 from mimo_accel.planner import Prediction
-from mimo_accel.runtime.reading.shard import SHARD_TAG_KEY, ReplicaShare, ShardContext, tag_for
+from mimo_accel.runtime.context import ShardContext
+from mimo_accel.runtime.reading.shard import SHARD_TAG_KEY, ReplicaShare, tag_for
 
 # planner(global_indices, micro_batches) -> (the same indices in canonical-group order, what the plan
 # predicts: a planner.Prediction, or each module's spread, one number, or None); with

@@ -13,7 +13,7 @@ open (a ``contextvars`` variable, so nothing is found in stack frames or upstrea
   built (train, validation, test).
 
 Inside a scope, Bridge's sampling-info lookup (``get_megatron_mimo_sampling_info(config,
-grids)``) records the layout; the rank's :class:`~mimo_accel.runtime.reading.shard.ShardContext` is
+grids)``) records the layout; the rank's :class:`~mimo_accel.runtime.context.ShardContext` is
 worked out from it when the first loader is built. A lookup or a loader outside every scope (a
 unit test, a tool) is left to upstream. The patches that open scopes:
 :mod:`mimo_accel.runtime.patches.loader_scope` and :mod:`mimo_accel.runtime.patches.setup`.
@@ -27,7 +27,7 @@ import functools
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Optional
 
-from mimo_accel.runtime.reading.shard import ShardContext, context_from_grids
+from mimo_accel.runtime.context import ShardContext, context_from_grids
 from mimo_accel.runtime.state import Runtime
 
 # The order Bridge's builder makes the splits' datasets and loaders in.

@@ -10,7 +10,7 @@ from typing import Any, Optional
 from mimo_accel.costs import CostModel
 from mimo_accel.runtime.reading.exchange.reorder import ExchangeReorder, ExchangeStats
 from mimo_accel.grid import check_micro_batch
-from mimo_accel.runtime.reading.shard import ShardContext
+from mimo_accel.runtime.context import ShardContext
 
 
 def _as_list(read):

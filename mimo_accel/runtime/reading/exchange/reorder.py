@@ -20,7 +20,8 @@ from mimo_accel.runtime.reading.exchange.cost import DecodedModuleCosts
 from mimo_accel.runtime.reading.exchange.routes import ExchangeRoutes, route_exchange
 from mimo_accel.runtime.reading.exchange.wire import EncodedSample, decode_sample
 from mimo_accel.runtime.reading.sampler import SamplesRead, TaggingCollate
-from mimo_accel.runtime.reading.shard import SHARD_TAG_KEY, ReplicaShare, ShardContext
+from mimo_accel.runtime.context import ShardContext
+from mimo_accel.runtime.reading.shard import SHARD_TAG_KEY, ReplicaShare
 from mimo_accel.runtime.state import notify_with
 
 OVERLAP_ENV = "CUDA_DEVICE_MAX_CONNECTIONS"
@@ -111,7 +112,7 @@ class ExchangeReorder:
     construct it, in the same order relative to other group creations.
 
     group: the module's DP process group (defines the ranks, in DP-rank order).
-    ctx: this rank's :class:`~mimo_accel.runtime.reading.shard.ShardContext` (its ``dp_rank``/``dp_size`` must
+    ctx: this rank's :class:`~mimo_accel.runtime.context.ShardContext` (its ``dp_rank``/``dp_size`` must
         match ``group``; ``grid`` is G).
     cost_fn: ``sample -> {module: cost}`` for every module of the layout, or one number that prices
         every module alike (finite, >= 0), computed from the decoded sample; default
