@@ -135,16 +135,9 @@ class AccelConfig:
         if self.reorder_mode not in REORDER_MODES:
             raise ConfigError(f"reorder_mode={self.reorder_mode!r} is not one of {REORDER_MODES}; "
                               "write reorder_mode=plan or reorder_mode=exchange")
-        if isinstance(self.reorder_window, str) and self.reorder_window.strip().lower() == STEP_WINDOW:
-            object.__setattr__(self, "reorder_window", STEP_WINDOW)
-        for name, example in (("reorder_window", "reorder_window=4 or reorder_window=step"),
-                              ("pad_multiple", "pad_multiple=2")):
-            value = getattr(self, name)
-            if value == STEP_WINDOW and name == "reorder_window":
-                continue
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                what = "a positive integer or 'step'" if name == "reorder_window" else "a positive integer"
-                raise ConfigError(f"{name} must be {what}, got {value!r}; e.g. {example}")
+        object.__setattr__(self, "reorder_window", parse_window(self.reorder_window))
+        if not positive_int(self.pad_multiple):
+            raise ConfigError(f"pad_multiple must be a positive integer, got {self.pad_multiple!r}; e.g. pad_multiple=2")
         for name, what in (("cost_model", "file"), ("cost_index", "file"), ("profile", "directory")):
             value = getattr(self, name)
             if value is None:
@@ -167,18 +160,6 @@ class AccelConfig:
     def features(self) -> list[str]:
         names = [n for n in ("sharded_reads", "reorder", "packing") if getattr(self, n)]
         return names + (["profile"] if self.profile is not None else [])
-
-    def window_for(self, step_micro_batches: Optional[int]) -> int:
-        """The micro-batches planned together: ``reorder_window``, or for "step" the step's
-        ``step_micro_batches`` (ValueError naming the fix where those are unknown)."""
-        if self.reorder_window != STEP_WINDOW:
-            return self.reorder_window
-        if step_micro_batches is None:
-            raise ValueError("mimo_accel reorder_window=step needs the number of micro-batches per training "
-                             "step, which megatron-core's num-microbatches calculator did not have when the loader "
-                             "was built (Bridge's setup_megatron_mimo initialises it); build the loaders inside "
-                             "pretrain_megatron_mimo's build_data_iterators, or set reorder_window to a number")
-        return step_micro_batches
 
     def replace(self, **changes) -> "AccelConfig":
         unknown = set(changes) - {f.name for f in dataclasses.fields(self)}
@@ -238,15 +219,15 @@ class AccelConfig:
                 if raw not in TRUE_WORDS + FALSE_WORDS:
                     raise ConfigError(f"{var}={env[var]!r}: expected 1 or 0")
                 changes[name] = raw in TRUE_WORDS
-        for var, name in ((ENV_PAD_MULTIPLE, "pad_multiple"), (ENV_REORDER_WINDOW, "reorder_window")):
-            if name == "reorder_window" and env.get(var, "").strip().lower() == STEP_WINDOW:
-                changes[name] = STEP_WINDOW
-            elif env.get(var):
-                try:
-                    changes[name] = int(env[var])
-                except ValueError:
-                    raise ConfigError(f"{var}={env[var]!r} is not an integer"
-                                      f"{' or step' if name == 'reorder_window' else ''}; e.g. {var}=2") from None
+        if env.get(ENV_PAD_MULTIPLE):
+            try:
+                changes["pad_multiple"] = int(env[ENV_PAD_MULTIPLE])
+            except ValueError:
+                raise ConfigError(f"{ENV_PAD_MULTIPLE}={env[ENV_PAD_MULTIPLE]!r} is not an integer; "
+                                  f"e.g. {ENV_PAD_MULTIPLE}=2") from None
+        if env.get(ENV_REORDER_WINDOW):  # text: a number is one, anything else is parse_window's to judge
+            raw = env[ENV_REORDER_WINDOW]
+            changes["reorder_window"] = int(raw) if raw.strip().isdecimal() else raw
         try:
             return cls(**changes)
         except ConfigError as exc:  # name the variable the value came from
@@ -263,6 +244,46 @@ class AccelConfig:
             if value is not None and value != getattr(AccelConfig, name):
                 env[var] = ("1" if value else "0") if isinstance(value, bool) else str(value)
         return env
+
+
+def positive_int(value) -> bool:
+    """An int >= 1 (True is no count)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+def parse_window(value) -> Union[int, str]:
+    """``reorder_window`` as every spelling gives it (``enable()``, ``MIMO_ACCEL_REORDER_WINDOW``, the
+    YAML key, a ``key=value`` override): a positive integer, or ``"step"`` in any letter case; any
+    other value is a ConfigError with the one line each path says (after where it came from)."""
+    if isinstance(value, str) and value.strip().lower() == STEP_WINDOW:
+        return STEP_WINDOW
+    if not positive_int(value):
+        raise ConfigError(f"reorder_window must be a positive integer or step, got {value!r}; "
+                          "e.g. reorder_window=4 or reorder_window=step")
+    return value
+
+
+def resolve_window(window: Union[int, str], step_micro_batches: Optional[int]) -> int:
+    """The micro-batches planned together for a parsed ``reorder_window``: the number, or for "step"
+    the ``step_micro_batches`` of megatron-core's calculator. A window must tile a training step, so
+    that samples move between the micro-batches of one step and never into another (a resume
+    restarts at a step): ConfigError naming the valid values otherwise, or the fix where the step's
+    micro-batches are not known."""
+    if window == 1:
+        return 1
+    if step_micro_batches is None:
+        raise ConfigError(f"mimo_accel reorder_window={window} needs the number of micro-batches per training "
+                          "step, which megatron-core's num-microbatches calculator did not have when the loader "
+                          "was built (Bridge's setup_megatron_mimo initialises it); build the loaders inside "
+                          "pretrain_megatron_mimo's build_data_iterators, or set reorder_window=1")
+    if window == STEP_WINDOW:
+        return step_micro_batches
+    if step_micro_batches % window:
+        valid = [w for w in range(1, step_micro_batches + 1) if step_micro_batches % w == 0]
+        raise ConfigError(f"mimo_accel reorder_window={window} does not divide the {step_micro_batches} "
+                          "micro-batches of a training step, so a window would take samples from the next step. "
+                          f"Valid values: {valid} ({step_micro_batches} balances the whole global batch).")
+    return window
 
 
 def switches_from_words(raw: str, where: str) -> dict:

@@ -39,13 +39,13 @@ import re
 from dataclasses import dataclass
 from typing import Iterable, Optional, Union
 
-from mimo_accel.config import FLAGS, STEP_WINDOW, AccelConfig, ConfigError
+from mimo_accel.config import FLAGS, AccelConfig, ConfigError, parse_window, positive_int
 
 __all__ = ["SECTION", "Override", "is_override", "load_config", "parse_overrides"]
 
 SECTION = "mimo_accel"
 FIELDS = tuple(f.name for f in dataclasses.fields(AccelConfig))
-INTS = ("reorder_window", "pad_multiple")
+INTS = ("reorder_window", "pad_multiple")  # reorder_window: or "step" (parse_window)
 _OVERRIDE = re.compile(r"^(?P<op>\+\+|\+|~)?(?P<key>[A-Za-z_][A-Za-z0-9_.]*)(?:=(?P<value>.*))?$", re.S)
 
 
@@ -85,11 +85,13 @@ def _check_value(key: str, value, where: str) -> None:
     if key in FLAGS and not isinstance(value, bool):
         raise ConfigError(f"{where}: {SECTION}.{key} must be true or false, got {value!r}; "
                           f"write {key}=true or {key}=false")
-    if key == "reorder_window" and isinstance(value, str) and value.strip().lower() == STEP_WINDOW:
-        return
-    if key in INTS and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
-        raise ConfigError(f"{where}: {SECTION}.{key} must be a positive integer"
-                          f"{' or step' if key == 'reorder_window' else ''}, got {value!r}; e.g. {key}=2")
+    if key == "reorder_window":
+        try:
+            parse_window(value)
+        except ConfigError as exc:
+            raise ConfigError(f"{where}: {exc}") from None
+    elif key in INTS and not positive_int(value):
+        raise ConfigError(f"{where}: {SECTION}.{key} must be a positive integer, got {value!r}; e.g. {key}=2")
     if key not in FLAGS + INTS and value is not None and not isinstance(value, str):
         what = "plan or exchange" if key == "reorder_mode" else "a path, or null"
         raise ConfigError(f"{where}: {SECTION}.{key} must be {what}, got {value!r}")

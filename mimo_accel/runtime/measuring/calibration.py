@@ -34,9 +34,9 @@ import math
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
-from mimo_accel.config import STEP_WINDOW
+from mimo_accel.config import STEP_WINDOW, resolve_window
 from mimo_accel.costs import CostModel
 from mimo_accel.runtime.store import next_round, store_key
 
@@ -162,10 +162,10 @@ class Calibration:
     ``schedule`` is what every planner plans with; on the fitting rank, :meth:`observe` learns
     from each step's gathered figures and announces what it accepts. ``serial`` names the run's
     store keys (the same on every rank: setups run alike everywhere). ``state``: Bridge's
-    GlobalState (the iteration a resumed run starts from); ``window``: the reorder window."""
+    GlobalState (the iteration a resumed run starts from); ``window``: the ``reorder_window`` setting."""
 
     def __init__(self, start: CostModel, serial: int, *, save_dir: Optional[str] = None,
-                 load_dir: Optional[str] = None, notify=None, state: Any = None, window: int = 1):
+                 load_dir: Optional[str] = None, notify=None, state: Any = None, window: Union[int, str] = 1):
         self.state, self.window = state, window
         self.prefix = store_key("calibration", serial)
         self.schedule = Schedule(start)
@@ -203,8 +203,7 @@ class Calibration:
         from mimo_accel.runtime.reading.plan_ahead import DEPTH
 
         steps = micro_batches_per_step()
-        window = (steps or 1) if self.window == STEP_WINDOW else self.window
-        return lead_steps(window, steps, DEPTH)
+        return lead_steps(resolve_window(self.window, steps), steps, DEPTH)
 
     # ------------------------------------------------------------------------------ every rank
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional
 
+from mimo_accel.config import resolve_window
 from mimo_accel.runtime.reading import plan_inputs
 from mimo_accel.runtime.reading.schedule import micro_batches_per_step
 from mimo_accel.runtime.state import Runtime
@@ -77,8 +78,7 @@ def loader_order_for(dataset, sampler_settings: list, ctx, split: str, runtime: 
         # micro-batch on its own (its micro-batches per pass follow other settings).
         if split == "train" and cfg.reorder_window != 1:
             step_mbs = micro_batches_per_step()
-            window = cfg.window_for(step_mbs)
-            sampler.check_window(window, step_mbs)
+            window = resolve_window(cfg.reorder_window, step_mbs)
         if split == "train" and window == 1:
             _say_if_nothing_moves(ctx, micro_batch_size, runtime)
         models = None

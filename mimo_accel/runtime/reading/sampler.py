@@ -153,27 +153,6 @@ class ReadsOf:
     def __getattr__(self, name: str) -> Any:
         return getattr(self.__dict__["dataset"], name)
 
-def check_window(window: int, step_micro_batches: Optional[int]) -> None:
-    """A reorder window must tile the micro-batches of a training step, so that samples move between
-    the micro-batches of one step and never into another step (resume restarts at a step)."""
-    if window < 1:
-        raise ValueError(f"reorder window must be >= 1 micro-batch, got {window}")
-    if window == 1:
-        return
-    if step_micro_batches is None:
-        raise ValueError(
-            f"mimo_accel reorder_window={window} needs the number of micro-batches per training step, "
-            "which megatron-core's num-microbatches calculator did not have when the loader was built "
-            "(Bridge's setup_megatron_mimo initialises it); set reorder_window=1 or build the loaders "
-            "inside pretrain_megatron_mimo's build_data_iterators")
-    if step_micro_batches % window:
-        valid = [w for w in range(1, step_micro_batches + 1) if step_micro_batches % w == 0]
-        raise ValueError(
-            f"mimo_accel reorder_window={window} does not divide the {step_micro_batches} micro-batches "
-            f"of a training step, so a window would take samples from the next step. Valid values: "
-            f"{valid} ({step_micro_batches} balances the whole global batch).")
-
-
 @dataclass(frozen=True)
 class ShareRules:
     """How a sampler cuts upstream's micro-batches into this replica's shares: the windows planned
@@ -259,9 +238,9 @@ class ShareRules:
 class ShardedBatchSampler:
     """Yields this replica's share of every global micro-batch the upstream sampler yields.
 
-    With a planner and ``window`` > 1, ``window`` consecutive micro-batches are planned together;
-    ``window`` must divide ``step_micro_batches`` and the sampler must start at a window boundary
-    (a resume starts at a step), so a window never spans two training steps.
+    With a planner and ``window`` > 1, ``window`` consecutive micro-batches are planned together:
+    a window that tiles a training step (:func:`mimo_accel.config.resolve_window` checked it), and
+    the sampler must start at a window boundary (a resume starts at a step).
 
     With a planner, each pass (each ``iter()``) is planned ahead on a thread of its own
     (:class:`~mimo_accel.runtime.reading.plan_ahead.PlannedPass`), and each window's plan is agreed by every
@@ -273,14 +252,12 @@ class ShardedBatchSampler:
     """
 
     def __init__(self, global_sampler, ctx: ShardContext, planner: Optional[Planner] = None, window: int = 1,
-                 step_micro_batches: Optional[int] = None, start: Optional[tuple[int, int]] = None,
-                 check=None, in_process: bool = True, models=None):
+                 start: Optional[tuple[int, int]] = None, check=None, in_process: bool = True, models=None):
         window = window if planner is not None else 1
         # models(first micro-batch of a window) -> (cost model, digest, overheads) it is planned with
         # (online calibration), or None: the planner's own model
         self.models = models if planner is not None else None
         self.check = check if planner is not None else None
-        check_window(window, step_micro_batches)
         self.global_sampler = global_sampler
         # start: (consumed_samples, micro_batch_size) where the global sampler starts; default: its
         # own attributes (Megatron's flat samplers have them, #5525's canonical-group sampler does not)
@@ -288,7 +265,6 @@ class ShardedBatchSampler:
         self.ctx = ctx
         self.planner = planner
         self.window = window
-        self.step_micro_batches = step_micro_batches
         self.in_process = in_process  # the plan's arithmetic in a forked child (plan_ahead.ForkedPlanner)
         self.passes = 0  # passes planned so far (each iter() is one; the check keys them)
         self._last = None  # weakref to the pass handed out last
@@ -352,14 +328,15 @@ def shard_loader(loader, ctx: ShardContext, micro_batch_size: int, planner: Opti
                  window: int = 1, step_micro_batches: Optional[int] = None,
                  global_sampler=None, start: Optional[tuple[int, int]] = None, check=None, models=None):
     """A DataLoader over the same dataset/collate/workers that reads only this replica's share of
-    ``global_sampler``'s micro-batches (default: the upstream loader's own, global, batch sampler)."""
+    ``global_sampler``'s micro-batches (default: the upstream loader's own, global, batch sampler).
+    ``step_micro_batches``: what ``window`` was resolved against (the loader patches pass it on)."""
     check_micro_batch(micro_batch_size, ctx.grid)
     if global_sampler is None and getattr(loader, "batch_sampler", None) is None:
         raise TypeError("mimo_accel sharded reads: the upstream loader has no batch sampler to shard "
                         "(dataloader_type 'external' passes the dataset through). Use 'single' or "
                         "'cyclic', or turn sharded_reads off.")
-    sampler = ShardedBatchSampler(global_sampler or loader.batch_sampler, ctx, planner, window,
-                                  step_micro_batches, start, check, models=models)
+    sampler = ShardedBatchSampler(global_sampler or loader.batch_sampler, ctx, planner, window, start, check,
+                                  models=models)
     return tagged_loader(loader, ctx, sampler)
 
 
