@@ -47,8 +47,9 @@ def check_micro_batch(micro_batch_size: int, grid: int, what: str = "micro_batch
     return micro_batch_size // grid
 
 
-def replica_samples(positions: Sequence[int], dp_rank: int, dp_size: int, grid: int) -> list[int]:
-    """This replica's share of a global micro-batch given in canonical-group order."""
-    per_group = check_micro_batch(len(positions), grid, "global micro-batch length")
+def replica_samples(positions: Sequence[int], dp_rank: int, dp_size: int, grid: int) -> Sequence[int]:
+    """This replica's share of a global micro-batch given in canonical-group order (a slice of
+    ``positions``)."""
+    per_group = check_micro_batch(len(positions), grid, "global micro-batch size")
     groups = owned_groups(dp_rank, dp_size, grid)
-    return list(positions[groups.start * per_group: groups.stop * per_group])
+    return positions[groups.start * per_group: groups.stop * per_group]

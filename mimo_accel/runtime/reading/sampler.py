@@ -25,7 +25,7 @@ from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
 
 import numpy as np
 
-from mimo_accel.grid import check_micro_batch
+from mimo_accel.grid import check_micro_batch, replica_samples
 from mimo_accel.nvtx import ranged
 from mimo_accel.planner import Prediction
 from mimo_accel.runtime.context import ShardContext
@@ -178,6 +178,7 @@ class ShareRules:
         ordinal = 0
         for global_indices in source:
             pending.append(list(global_indices))
+            check_micro_batch(len(pending[-1]), self.ctx.grid, "global micro-batch size")
             if len(pending) == self.window:
                 yield ordinal, pending, state(), first + ordinal * self.window
                 ordinal += 1
@@ -191,8 +192,6 @@ class ShareRules:
         with (online calibration), or None (the planner's own)."""
         from mimo_accel.runtime.reading.plan_check import plan_digest
 
-        for b in batches:
-            check_micro_batch(len(b), self.ctx.grid, "global micro-batch size")
         # numpy, not lists, from here: this runs on the planner thread beside the training thread,
         # and what it does in Python it does holding the interpreter lock
         window = np.fromiter(itertools.chain.from_iterable(batches), dtype=np.int64, count=sum(map(len, batches)))
@@ -224,14 +223,10 @@ class ShareRules:
                predicted: ReplicaShare = ReplicaShare()) -> list[ReplicaShare]:
         """This replica's share of each micro-batch of a window ordered as ``order``, each with what
         ``predicted`` holds besides its indices."""
-        g = self.ctx.groups
-        out, start = [], 0
+        ctx, out, start = self.ctx, [], 0
         for b in batches:
-            check_micro_batch(len(b), self.ctx.grid, "global micro-batch size")
-            micro = order[start:start + len(b)]
+            mine = replica_samples(order[start:start + len(b)], ctx.dp_rank, ctx.dp_size, ctx.grid)
             start += len(b)
-            per_group = len(b) // self.ctx.grid
-            mine = micro[g.start * per_group: g.stop * per_group]
             out.append(replace(predicted, indices=tuple(mine.tolist() if isinstance(mine, np.ndarray) else mine)))
         return out
 
