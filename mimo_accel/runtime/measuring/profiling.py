@@ -1,29 +1,14 @@
-"""The profiler's hooks into a real MegatronMIMO run (installed at upstream's sites by
-:mod:`mimo_accel.runtime.patches.profiler` only when ``profile`` or online calibration is on).
+"""The profiler's hooks into a real MegatronMIMO run, installed at upstream's sites by
+:mod:`mimo_accel.runtime.patches.profiler` only when ``profile`` or online calibration is on.
 
-Every module is timed under its own name (:mod:`mimo_accel.modules`): regions ``<module>_fwd`` /
-``<module>_bwd`` for each encoder on its ranks (``vision_fwd``, ``audios_bwd``, ...) and
-``language_fwd`` / ``language_bwd`` for the language model on the language ranks.
-
-- the step's first look at this rank's MimoModel (:meth:`Profiling.saw_model`, from
-  ``runtime.local_batch.role_of_rank``): which ``ModalitySubmodules`` is which module (the model's
-  ``modality_submodules`` maps module name -> submodule), and a timer on the language model.
-- ``ModalitySubmodules.encode``: on first use, a forward/backward timer and a counting hook are
-  attached to each real encoder of the submodule, named by the submodule's module; the counts
-  (per step, summed over the rank's micro-batches; :func:`encoder_counts` says what is counted):
-  ``<module>_items``, ``<module>_rows``, ``<module>_sq_rows``.
-- the step's batch hook (:meth:`Profiling.record_batch`): samples, real tokens (``tokens`` = Σ L,
-  ``sq_tokens`` = Σ L² over the batch's samples; L = a sample's real length as packing takes it:
-  its attention-mask row where the mask marks padding, else from loss_mask and the placeholder
-  tokens, :func:`mimo_accel.sample_lengths.real_lengths`; packed: from ``cu_seqlens``), samples and
-  bytes read by this rank, and what the plan predicted for the batch (from its tag).
-- ``MimoOptimizer.step``: closes the step line (one line per training iteration) and, where
-  Bridge's logger writes to TensorBoard / W&B, hands it to :mod:`mimo_accel.runtime.measuring.metrics`.
-- ``train_megatron_mimo`` (via ``pretrain_megatron_mimo``): takes Bridge's ``global_state`` (its
-  logger config and writers) for the run's metrics and its provider's module configs for the
-  header's FLOPs shapes, and closes the file when training ends.
-
-Evaluation passes (forward-only under ``torch.no_grad``) are in no step line, for any module.
+Each module is timed under its own name (:mod:`mimo_accel.modules`: regions ``<module>_fwd`` /
+``<module>_bwd``). The step's first look at the MimoModel names its ``ModalitySubmodules`` and
+times the language model (:meth:`Profiling.saw_model`); ``encode`` times and counts each encoder
+(:func:`encoder_counts`); the step's batch hook counts samples, real tokens and reads
+(:meth:`Profiling.record_batch`); ``MimoOptimizer.step`` closes the step line and hands it to
+:mod:`mimo_accel.runtime.measuring.metrics`; ``train_megatron_mimo`` brings Bridge's
+``global_state`` and closes the file at the end. Evaluation passes (forward-only under
+``torch.no_grad``) are in no step line.
 """
 
 from __future__ import annotations
@@ -33,34 +18,15 @@ import functools
 import os
 import threading
 import weakref
-from typing import TYPE_CHECKING, Any, Optional, Protocol
+from typing import Any, Optional
 
 import numpy as np
 
 from mimo_accel.config import AccelConfig
 from mimo_accel.modules import LANGUAGE
-from mimo_accel.runtime.context import ShardContext, StepRole
+from mimo_accel.runtime.state import Runtime
 
-if TYPE_CHECKING:
-    from mimo_accel.runtime.measuring.calibration import Calibration
-
-
-class Host(Protocol):
-    """What profiling reads of the runtime that holds it (:class:`mimo_accel.runtime.state.Runtime`:
-    that module names :class:`Profiling` in a field, so this one does not import it back)."""
-
-    config: AccelConfig
-    profiling: Optional["Profiling"]
-    calibration: Optional[Calibration]
-    step_role: Optional[StepRole]
-
-    def shard_context(self) -> Optional[ShardContext]: ...
-
-    def features(self) -> list[str]: ...
-
-    def say_once(self, key: str, message: str) -> bool: ...
-
-    def notices(self) -> dict[str, str]: ...
+Host = Runtime  # the runtime that holds the profiler, as the profiler's patches name it
 
 ENV_LABEL = "MIMO_ACCEL_PROFILE_LABEL"
 
@@ -89,15 +55,9 @@ def _first_tensor(obj: Any, depth: int = 0):
 
     if isinstance(obj, torch.Tensor):
         return obj
-    if depth < 3 and isinstance(obj, (tuple, list)):
-        for o in obj:
-            t = _first_tensor(o, depth + 1)
-            if t is not None:
-                return t
-    if depth < 3 and isinstance(obj, dict):
-        for o in obj.values():
-            t = _first_tensor(o, depth + 1)
-            if t is not None:
+    if depth < 3 and isinstance(obj, (tuple, list, dict)):
+        for o in obj.values() if isinstance(obj, dict) else obj:
+            if (t := _first_tensor(o, depth + 1)) is not None:
                 return t
     return None
 
@@ -171,7 +131,7 @@ class Profiling:
     """The profiler's state in one training process: the rank's recorder, its module timers and
     the device-side counts of the current step."""
 
-    def __init__(self, runtime: Host):
+    def __init__(self, runtime: Runtime):
         self.runtime = runtime
         self._lock = threading.Lock()
         self._recorder = None
