@@ -1,29 +1,14 @@
 """The cost model learnt while training, the same on every data rank at every step.
 
-One rank fits: the job's last rank, which already gathers every rank's step figures for Bridge's
-writers (:mod:`mimo_accel.runtime.measuring.metrics`; while calibrating it gathers every step, on its own
-thread). An :class:`~mimo_accel.costs.online.OnlineCalibration` there refits each module from
-its replicas' step times and what they computed, and an accepted refit is *announced*: one store
-value holding the new model and the first iteration to be planned with it, far enough ahead that
-no planner thread (each plans at most a few windows ahead of training, in step with the others)
-has reached that iteration yet. Every data rank's planner thread reads the announcements before it
-plans a window and plans iteration ``t`` with the last model announced for an iteration ``<= t``
-(:class:`Schedule`), so the model changes at a step boundary every rank agrees on, never inside a
-window. The model's digest is part of each window's plan digest: the plan check would stop a rank
-that planned with another one.
-
-The cold start: a run's first refit is made from the first steps the profiler measures (the
-warm-up step left out, then :data:`FIRST_STEPS`), at iteration ``F``, and plans from iteration
-``F + 2`` (plus the steps a DataLoader's workers prefetch): every planner thread waits before it
-plans that iteration until the fitting rank has said whether it announces a model for it (one
-store key, set whether or not the refit is accepted). So the first calibrated plan does not wait
-out the queue of plans made ahead, and every rank still plans each iteration with one model.
-
-Resume: the announcements are also written beside Bridge's checkpoints
-(``{checkpoint.save}/mimo_accel/cost-models.json``), each with the last iteration whose times it
-learnt from. A run resumed from iteration ``N`` takes the announcements learnt from iterations
-``<= N`` and plans with them exactly as the interrupted run did; refits after that are its own. A
-checkpoint without the file starts from the configured model.
+One rank fits: the job's last rank, which gathers every rank's step figures anyway
+(:mod:`mimo_accel.runtime.measuring.metrics`). An accepted refit is *announced*: one store value
+holding the model and the first iteration planned with it, far enough ahead that no planner thread
+has reached it. Planner threads read the announcements before each window and plan iteration ``t``
+with the last model announced for an iteration ``<= t`` (:class:`Schedule`): the model changes at a
+step boundary every rank agrees on, and its digest is in every window's plan digest. The cold
+start's first refit plans iteration ``F + 2`` (every planner waits there for its verdict); the
+announcements are saved beside Bridge's checkpoints, so a resumed run plans as the interrupted one
+did. The whole story: docs/design.md, "The cost model learnt while training".
 """
 
 from __future__ import annotations
@@ -408,19 +393,13 @@ class Calibration:
 
 
 def step_observations(figures: list, language_per_micro_batch: bool = False) -> dict:
-    """Per module, one step's ``(features [rows, n], seconds [rows])`` from every rank's figures,
-    a row per replica: a replica's time is its PP stages summed, each its slowest rank
-    (:func:`~mimo_accel.modules.replica_seconds`; ``stages`` from a figure, 1 where absent), what
-    a sample costs the whole module as the step model and a FLOPs start price it; its features the
-    largest any of its ranks counted. A module with a replica that has no time is left out of that
-    step. A module of a single replica (and, with ``language_per_micro_batch``, the language model)
-    is observed a row per micro-batch where its ranks timed and counted each forward (the figures'
-    ``micro``; its stages summed the same way): its micro-batches differ within the step as
-    replicas would, so its cost's shape can be learnt (an encoder before a PP language model sets
-    the step's pace), and each holds as many items, so their level tells what a micro-batch costs
-    whatever its size (fitted at the machine's pace, for a step plan: a row's overhead is a
-    micro-batch's, not a replica's); without them a lone replica teaches only its scale
-    (:class:`~mimo_accel.costs.online.OnlineCalibration`)."""
+    """Per module, one step's ``(features [rows, n], seconds [rows])`` from every rank's figures, a
+    row per replica: its time its PP stages summed, each its slowest rank
+    (:func:`~mimo_accel.modules.replica_seconds`), its features the largest any of its ranks counted; a
+    module with an untimed replica is left out of that step. A module of one replica (and, with
+    ``language_per_micro_batch``, the language model) is observed a row per micro-batch where its
+    ranks gave them (the figures' ``micro``): its micro-batches differ as replicas would, and their
+    level tells what a micro-batch costs whatever its size."""
     import numpy as np
 
     from mimo_accel.costs.online import features_of
