@@ -1,34 +1,13 @@
 """``mimo_accel.load_config``: an :class:`~mimo_accel.config.AccelConfig` from the ``mimo_accel:``
 section of a YAML file and ``key=value`` overrides, the way Megatron Bridge reads its own config.
 
-.. code-block:: yaml
-
-    # run.yaml -- may be the same file Bridge's recipe loads (Bridge skips keys it does not know)
-    mimo_accel:
-      reorder: true
-      packing: true
-      cost_index: costs-{split}.npz
-      profile: runs/after
-
-.. code-block:: python
-
-    import mimo_accel
-    mimo_accel.enable(config=mimo_accel.load_config("run.yaml", overrides=["pad_multiple=2"]))
-
-The section is merged into an OmegaConf structured config of ``AccelConfig`` (interpolations such as
-``${oc.env:RUN_DIR}`` or ``${logger.tensorboard_dir}`` resolve against the whole file), then the
-overrides, in order, in the grammar of Bridge's ``process_config_with_overrides`` (Hydra's), values
-parsed as OmegaConf parses a dotlist (YAML scalars):
-
-- ``key=value`` sets an option (``packing=true``, ``mimo_accel.pad_multiple=2``, ``profile=null``);
-- ``+key=value`` and ``++key=value`` set it too: every option always exists (with its default), so
-  Bridge's "add" and "add or override" are both "set" here;
-- ``~key`` puts the option back to its default; ``~key=value`` does so only where it is ``value``
-  (else an error, as Hydra's).
-
-Defaults < file < overrides; the ``MIMO_ACCEL*`` environment is not read (``mimo-accel run --config``
-exports the result for the job). Every error is a :class:`~mimo_accel.config.ConfigError` that names
-the option, where its value came from, and what to write instead (an unknown key: the closest one).
+The section is merged into an OmegaConf structured config of ``AccelConfig`` (interpolations
+resolve against the whole file), then the overrides in order, in the grammar of Bridge's
+``process_config_with_overrides`` (``key=value``, ``+key=value``, ``++key=value``: set; ``~key``
+resets, ``~key=value`` only where it is that value), values parsed as OmegaConf parses a dotlist.
+Defaults < file < overrides; the ``MIMO_ACCEL*`` environment is not read. Every error is a
+:class:`~mimo_accel.config.ConfigError` naming the option, where its value came from and what to
+write instead. Examples: docs/usage.md, "A YAML config, Bridge's way".
 """
 
 from __future__ import annotations
