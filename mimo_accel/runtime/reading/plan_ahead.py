@@ -1,22 +1,14 @@
-"""Plans made ahead, off the training thread.
+"""Plans made ahead, off the training thread (docs/design.md, "Plans made ahead").
 
-torch iterates a DataLoader's batch sampler on the training thread, so a plan computed inside
-``next()`` is paid on the step's critical path. Here each pass over a reordering loader has a
-planner thread of its own: it reads upstream's sampler window by window, has the window planned,
-agrees the plan with every data-loading rank (:class:`~mimo_accel.runtime.reading.plan_check.WindowCheck`)
-and queues this replica's share, up to :data:`DEPTH` windows ahead of training. ``next()`` only
-takes the next share off the queue; if the plan is not ready, it waits for it (never another plan)
-and the wait travels with the batch to the profiler (``plan_wait_s``).
-
-The arithmetic runs in a forked child process (:class:`ForkedPlanner`): the planner is numpy
-driven from Python, and on a thread it would take the interpreter lock from a training thread that
-launches its kernels in Python. What runs on the planner thread is reading the sampler, a pipe
-round trip, the share's slicing and the store round trips of the check, which wait without the lock.
-
-The plan stays a pure function of its inputs: the shares yielded are those the serial plan gives,
-bit for bit. A pass reads a copy of upstream's sampler, and the sampler's own state (its
-``consumed_samples``, its epoch) is carried over to the loader's sampler as each window is taken,
-so a later iterator over the same loader starts where it would without planning ahead.
+torch iterates a DataLoader's batch sampler on the training thread, so a plan made inside
+``next()`` would be paid on the step's critical path. Each pass over a reordering loader has a
+planner thread of its own: it reads a copy of upstream's sampler window by window, has the window
+planned in a forked child (:class:`ForkedPlanner`: numpy on a thread would take the interpreter
+lock from the training thread), agrees the plan with every data-loading rank and queues this
+replica's share, up to :data:`DEPTH` windows ahead. ``next()`` takes the next share; a wait for it
+travels with the batch to the profiler (``plan_wait_s``). The shares are the serial plan's, bit for
+bit, and the copy's state (``consumed_samples``, epoch) is carried to the loader's sampler as each
+window is taken.
 """
 
 from __future__ import annotations

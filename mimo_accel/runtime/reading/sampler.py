@@ -1,19 +1,12 @@
 """Sharded (and planned) batch sampling on top of Megatron Bridge's own samplers.
 
-Upstream builds every MIMO data rank's sampler with dp_size=1, so every rank reads the whole
-global micro-batch. Here the upstream sampler is kept exactly as it is — it still decides the
-*global* order (so ``single``/``cyclic``, epoch seeds, ``consumed_samples`` resume and
-``drop_last`` behave as upstream, identically on every module) — and a wrapper yields only the
-share of each global micro-batch that this rank's module replica owns on the canonical grid.
-With a planner (reordering), the share is taken from the planned order instead of the loaded one,
-planned ahead off the training thread (:mod:`mimo_accel.runtime.reading.plan_ahead`), and every window's
-plan is agreed by every data-loading rank before it is yielded (``check``).
-
-Data flows one way: the sampler decides what a rank reads → the loader reads it → the step packs it.
-The sampler yields a :class:`~mimo_accel.runtime.reading.shard.ReplicaShare` (the indices and what the plan
-predicted for them); the read keeps it beside the samples (:class:`SamplesRead`) and the collate puts
-it in the batch's :class:`~mimo_accel.runtime.reading.shard.ShardTag`, through the loader's workers too, so
-nothing has to pair figures with batches afterwards.
+Upstream's sampler is kept exactly as it is: it still decides the *global* order (``single`` /
+``cyclic``, epoch seeds, ``consumed_samples`` resume and ``drop_last`` as upstream, alike on every
+module), and a wrapper yields only the share of each global micro-batch this rank's replica owns on
+the canonical grid; with a planner, the share of the planned order, planned ahead
+(:mod:`~mimo_accel.runtime.reading.plan_ahead`) and agreed by every data-loading rank. The share
+(:class:`~mimo_accel.runtime.reading.shard.ReplicaShare`) travels with its samples through the read
+and the loader's workers into the batch's tag, so nothing pairs figures with batches afterwards.
 """
 
 from __future__ import annotations
@@ -233,17 +226,12 @@ class ShareRules:
 class ShardedBatchSampler:
     """Yields this replica's share of every global micro-batch the upstream sampler yields.
 
-    With a planner and ``window`` > 1, ``window`` consecutive micro-batches are planned together:
-    a window that tiles a training step (:func:`mimo_accel.config.resolve_window` checked it), and
-    the sampler must start at a window boundary (a resume starts at a step).
-
-    With a planner, each pass (each ``iter()``) is planned ahead on a thread of its own
-    (:class:`~mimo_accel.runtime.reading.plan_ahead.PlannedPass`), and each window's plan is agreed by every
-    data-loading rank before it is yielded (``check``: a
-    :class:`~mimo_accel.runtime.reading.plan_check.WindowCheck`). The first pass starts planning when the
-    sampler is built, so a rank whose iterator is made lazily (a generator over the loader, as
-    Bridge's examples write) has its first windows planned before its first batch is asked for: the
-    ranks upstream in the pipeline wait for its plans before they train.
+    With a planner and ``window`` > 1, ``window`` consecutive micro-batches are planned together (a
+    window that tiles a training step: :func:`mimo_accel.config.resolve_window`); the sampler must
+    start at a window boundary (a resume starts at a step). Each pass (each ``iter()``) is planned
+    ahead on a thread of its own, each window agreed by the data-loading ranks (``check``). The first
+    pass starts when the sampler is built, so a rank whose iterator is made lazily (Bridge's
+    examples) has its first windows planned before its first batch is asked for.
     """
 
     def __init__(self, global_sampler, ctx: ShardContext, planner: Optional[Planner] = None, window: int = 1,
