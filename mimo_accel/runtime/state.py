@@ -1,16 +1,10 @@
 """All of mimo_accel's state in a training process, in one object the patch engine owns.
 
 ``enable()`` has the patch table (:func:`mimo_accel.patching.registry.runtime_for`) make a
-:class:`Runtime`, with what each enabled feature keeps in it, and hands it to every replacement it
-installs (a factory takes the original function and the runtime); ``disable()`` closes it and
-drops it, so nothing a feature learned or recorded outlives the patches that learned it. What
-stays at module level in the runtime lives as long as the process or the job's store, each with
-its reason where it is defined.
-
-No silent no-op: :meth:`Runtime.say_once` is how a feature that cannot act on the data it got
-says so once per process (a log warning; ``mimo_accel.status()["notes"]`` lists the same lines,
-and with the profiler on each is written into the next step line, which ``mimo-accel report``
-shows).
+:class:`Runtime` with what each enabled feature keeps in it and hands it to every replacement it
+installs; ``disable()`` closes and drops it, so nothing a feature learnt outlives its patches.
+:meth:`Runtime.say_once` is how a feature that cannot act on its data says so once (a log warning,
+``mimo_accel.status()["notes"]``, and the next step line with the profiler on).
 """
 
 from __future__ import annotations

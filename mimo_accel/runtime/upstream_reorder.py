@@ -1,34 +1,18 @@
 """A Bridge with its own intra-microbatch reorder: never two reorders on one micro-batch.
 
-Upstream has had its reorder in two shapes, and mimo_accel does one thing for each, said in one
-line at setup (``mimo_accel.status()["notes"]`` keeps it):
+Decided where Bridge hands over its ``ConfigContainer``, before any loader is built
+(``setup_megatron_mimo``, ``build_megatron_mimo_data_loaders``), and said once:
 
-- **Bridge 0.7's merged reorder** (``src/megatron/bridge/data/megatron_mimo/reorder_buffer.py``,
-  ``docs/training/mimo-intra-microbatch-reorder.md``): settings on the dataset config
-  (``DirectHFSFTDatasetConfig``), ``megatron_mimo_intra_microbatch_reorder`` acting on upstream's
-  scalable reads (``megatron_mimo_scalable_dp``); the training script (the Qwen3.5-VL example's
-  ``_build_data_iterators``) wraps the train iterator in a ``ReorderingBuffer`` when both are on,
-  reading them from ``cfg.dataset`` when it builds its iterators. It plans each micro-batch alone
-  and moves samples between replicas *after* they are read.
-
-  * mimo_accel's reorder on: **mimo_accel's reorder replaces it.** ``setup_megatron_mimo`` turns
-    ``cfg.dataset.megatron_mimo_intra_microbatch_reorder`` off before the script's
-    ``build_data_iterators`` runs (so no buffer is built), and says so, naming the flag and how to
-    keep upstream's instead. Should the iterators come back wrapped in a ``ReorderingBuffer`` all
-    the same (a script that decides from its own flags), setup refuses before the first batch.
-  * mimo_accel's reorder off: upstream's reorder runs. mimo_accel's batch tag could not describe
-    a batch whose samples the buffer exchanged (upstream keeps one sample's non-tensor fields), so
-    the canonical loader is left untagged (:mod:`mimo_accel.runtime.patches.loaders`): packing works as
-    enabled; the step's replica check and the profiler's per-sample counts are off, said once.
-
-- **PR #4608** (``MegatronMIMOFeatureConfig`` on ``ConfigContainer.mimo``, training/config.py at
-  984a8a538: ``intra_microbatch_reorder`` acting on ``mimo.scalable_dp``): mimo_accel's reorder
-  **steps aside** (its planner does not act on #4608's reads: each rank's sampler already reads a
-  module-local share, not the global micro-batch it plans); sharded reads, packing and the
-  profiler stay as enabled.
-
-Checked where Bridge hands over its ``ConfigContainer``, before any loader is built:
-``setup_megatron_mimo(state, ...)`` (``state.cfg``) and ``build_megatron_mimo_data_loaders(cfg, ...)``.
+- **Bridge 0.7's merged reorder** (``reorder_buffer.py``: ``cfg.dataset.megatron_mimo_intra_microbatch_reorder``
+  with ``megatron_mimo_scalable_dp``; the script wraps its train iterator in a ``ReorderingBuffer``,
+  which moves samples between replicas after they are read). With mimo_accel's reorder on, it
+  **replaces** it: setup turns the flag off before the script builds its iterators, and refuses an
+  iterator wrapped all the same. With it off, upstream's reorder runs and the canonical loader is
+  left untagged (the tag cannot describe samples the buffer moved): the step's replica check and the
+  profiler's per-sample counts are off, packing stays.
+- **PR #4608** (``cfg.mimo.intra_microbatch_reorder`` with ``scalable_dp``): mimo_accel's reorder
+  **steps aside** (each rank's sampler there already reads a module-local share, not the global
+  micro-batch it plans); sharded reads, packing and the profiler stay as enabled.
 """
 
 from __future__ import annotations
