@@ -1,24 +1,13 @@
 """Bridge's ``MegatronMIMODataset`` (0.6.2), probed from its raw examples, one encoder per modality.
 
-``examples`` is an HF ``datasets.Dataset`` (modality columns read from the arrow table, undecoded)
-or a list of dicts. Each modality (= module) column is costed with that modality's own processor
-(``processors[modality]``), into the index column of that module name:
-
-- images (a path, bytes, a PIL image, an undecoded HF ``{"bytes", "path"}`` cell, or a list of
-  those): Qwen2-VL / Qwen3-VL image processors give a :class:`ResizeRule`; a fixed-resolution
-  processor (CLIP, SigLIP) gives ``encoder_seq_lengths[modality]`` rows per image
-  (:class:`FixedPatches`);
-- audio (a path, bytes, an HF ``Audio`` cell, a waveform, or a list of clips): a Whisper-style
-  feature extractor (or a processor holding one) gives an :class:`AudioRule`; the clip's length is
-  read from its file header (``soundfile.info``); Whisper pads every clip to 30 s, so each clip
-  costs the same;
-- video (an array ``(T, H, W, C)`` / ``(T, C, H, W)`` or a list of frames, or a list of those): a
-  Qwen-VL video processor that does not sample frames itself groups them into t = ceil(T /
-  temporal patch size) temporal patches (:meth:`ResizeRule.video_rows`); a video file, or a
-  processor that samples frames, is refused with the fix.
-
-Tokens are the dataset's ``num_real_tokens``: every present modality's placeholders plus the
-truncated text tokens.
+``examples`` is an HF ``datasets.Dataset`` (modality columns read undecoded from the arrow table) or
+a list of dicts. Each modality's column is costed with that modality's processor into the index
+column of its name: images (paths, bytes, PIL images, HF cells, or lists of them) by a Qwen-VL
+:class:`ResizeRule`, or ``encoder_seq_lengths[modality]`` rows each for a fixed-resolution
+processor (:class:`FixedPatches`); audio by a Whisper-style :class:`AudioRule` from the clip's file
+header (every clip padded to 30 s costs the same); video arrays or frame lists by a Qwen-VL video
+processor's temporal patches (:meth:`ResizeRule.video_rows`; a video file, or a processor that
+samples frames, is refused with the fix). Tokens are the dataset's ``num_real_tokens``.
 """
 
 from __future__ import annotations

@@ -1,24 +1,15 @@
 """Per-sample costs without an index: derived when the loaders are built, once, in parallel.
 
-:func:`derive_cost_index` turns a dataset into the :class:`~mimo_accel.costs.CostIndex` that
-plan-mode reordering needs, with no setup: a dataset carrying ``mimo_accel_cost_index`` gives
-that; Bridge's ``MegatronMIMODataset`` and ``DirectSFTDataset`` are probed from their raw examples
-(image headers, the processor's resize rule, token counts; :mod:`mimo_accel.datasets`); anything
-else is a :class:`~mimo_accel.datasets.DeriveError` naming the three ways out.
-
-With a process group, each rank probes its contiguous 1/world share and one
-``all_gather_object`` assembles the whole index on every rank, so every rank holds the identical
-index (same arrays, same order) without a broadcast. The result is cached on disk keyed by the
-dataset's fingerprint and the resize settings (:meth:`SampleSource.fingerprint`) and by its files'
-names, sizes and first bytes (:mod:`mimo_accel.costs.contents`: a copy of the dataset in another
-directory has the same key, a file re-exported in place another), so a restart reads it back — memory-mapped, one copy in the page cache for the ranks of a node (a cache of an
-older file format is rebuilt): ``cache_dir`` argument, else ``$MIMO_ACCEL_CACHE_DIR``, else
-``$XDG_CACHE_HOME/mimo_accel`` (``~/.cache/mimo_accel``). ``mimo-accel index --dataset
-MODULE:FACTORY`` builds the same cache offline.
-
-Collectives (all ranks of ``group`` call it together): two ``all_gather_object`` when every rank
-finds the cache, three when the index is built. A failure on any rank (a missing image, a bad
-sample) reaches every rank as the same error, naming the rank: no rank is left waiting.
+:func:`derive_cost_index` gives the :class:`~mimo_accel.costs.CostIndex` plan mode needs, with no
+setup: a dataset's own ``mimo_accel_cost_index``, else Bridge's ``MegatronMIMODataset`` or
+``DirectSFTDataset`` probed from their raw examples (:mod:`mimo_accel.datasets`), else a
+:class:`~mimo_accel.datasets.DeriveError` naming the three ways out. Each rank of ``group`` probes
+a contiguous 1/world share and ``all_gather_object`` assembles the identical index everywhere
+(two gathers when every rank finds the cache, three when the index is built; a failure on any rank
+reaches every rank as the same error, naming it). The result is cached on disk, memory-mapped,
+under a key of the dataset's fingerprint, its resize settings and its files' contents digest
+(:mod:`mimo_accel.costs.contents`): ``cache_dir``, else ``$MIMO_ACCEL_CACHE_DIR``, else
+``~/.cache/mimo_accel``; ``mimo-accel index --dataset MODULE:FACTORY`` fills it offline.
 """
 
 from __future__ import annotations
