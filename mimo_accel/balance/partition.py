@@ -1,23 +1,14 @@
 """Equal-cardinality balanced partitioning of a micro-batch's samples into groups.
 
-A global micro-batch of N samples is cut into ``n_groups`` contiguous, equal-size groups, one per
-vision data-parallel group (canonical grid group). The group that draws the heavy images stalls
-all others, so :func:`balanced_order` permutes the samples so every group carries about the same
-cost. Every function here is pure and deterministic: the same costs give the same order on every
-rank and in every process, with ties broken by sample position, so no plan needs broadcasting.
-No step depends on a clock: the work is bounded by fixed round and candidate budgets, so a slow
-rank computes the very same plan as a fast one.
-
-An order is a permutation of ``range(N)``; its consecutive blocks of ``N // n_groups`` entries
-are the groups. Balancing a whole global batch (several micro-batches) is ``balanced_order`` over
-the concatenated costs with ``n_groups = micro_batches * groups``: every (micro-batch, group)
-then stays under the bound. To even out each replica's total over the step instead, balance the
-step over the replicas and deal each replica's samples into its micro-batches; ``mimo-accel
-simulate --reorder-window`` compares the two.
-
-Cost at cluster scale (4096 samples, 512 groups: ``benchmarks/bench_balance.py``): LPT runs as
-numpy batches that reproduce the heap's choices exactly, and the swap pass improves up to
-``n_groups / 2`` disjoint pairs of groups per vectorised round.
+A global micro-batch of N samples is cut into ``n_groups`` contiguous equal-size groups (the
+canonical grid's); :func:`balanced_order` permutes the samples so that every group carries about
+the same cost. An order is a permutation of ``range(N)`` whose consecutive blocks of
+``N // n_groups`` entries are the groups; a window of several micro-batches is ``balanced_order``
+over the concatenated costs with ``n_groups = micro_batches * groups``. Pure and deterministic:
+ties go to sample position and the work is bounded by round and candidate budgets, never a clock,
+so every rank computes the same order. At 4096 samples and 512 groups
+(``benchmarks/bench_balance.py``) LPT runs as numpy batches that reproduce the heap's choices, and
+the swap pass improves up to ``n_groups / 2`` disjoint pairs per vectorised round.
 """
 
 from __future__ import annotations

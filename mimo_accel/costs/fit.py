@@ -1,19 +1,11 @@
 """The one cost-model fitter: measured seconds ≈ features · w (+ an overhead), w >= 0 (pure numpy).
 
-Every cost model the package learns is fitted here, from observations (one row per replica and
-step, or per measured point) of a module's features (an encoder's rows, Σ rows², items; the
-language model's tokens, Σ tokens²) and its measured seconds:
-
-- ``mimo-accel calibrate`` (:mod:`mimo_accel.tools.calibrate`): profiler rank-steps, with one
-  overhead, none, or one per step (:func:`fit_costs`);
-- ``mimo-accel calibrate-gpu`` (:mod:`mimo_accel.tools.calibrate_gpu`): measured points, fitted
-  on relative error (``relative=True``);
-- the online calibration (:mod:`mimo_accel.costs.online`): the model in use put in seconds
-  (:func:`scale_and_overhead`), and the within-step fit drawn towards it (:func:`fit_near`).
-
-The solver is exact non-negative least squares (:func:`nnls`) on the column-normalised design,
-reduced to its few columns by a QR factorisation; a design whose columns cannot be told apart is
-refused (:class:`SingularDesign`) where the caller asks for the check.
+Every cost model the package learns is fitted here from a module's features and measured seconds:
+``mimo-accel calibrate`` (profiler rank-steps, with one overhead, none, or one per step:
+:func:`fit_costs`), ``mimo-accel calibrate-gpu`` (measured points, on relative error) and the
+online calibration (:func:`scale_and_overhead`, :func:`fit_near`). The solver is exact
+non-negative least squares (:func:`nnls`) on the column-normalised design; a design whose columns
+cannot be told apart is refused (:class:`SingularDesign`) where the caller asks.
 """
 
 from __future__ import annotations

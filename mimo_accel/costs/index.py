@@ -1,18 +1,12 @@
 """The cost index ("plan before read"): per-sample cost ingredients of a whole dataset, per module.
 
-It is built once from dataset metadata or file headers and stored beside the dataset: a planner can
-then cost any sample for every module of the layout without decoding it.
-
-Per encoder module (keyed by its config name, e.g. ``"vision"``, ``"audio"``), per sample: ``items``
-(its images / clips / videos), ``rows`` (the encoder rows of those items before merging),
-``sq_rows`` (Σ rows² over the items: the attention term), and the rule that gave the rows
-(:class:`~mimo_accel.costs.index_columns.EncoderColumns`); for the language module, ``tokens`` (the
-real tokens after packing: text + every modality's placeholders). :meth:`CostIndex.module_costs`
-prices every module of a layout with a :class:`~mimo_accel.costs.CostModel`.
-
-Each column is held in the narrowest unsigned integer type that holds its values, and bounded
-(:mod:`~mimo_accel.costs.index_columns`). Everything is checked when an index is built from arrays;
-lookups return int64. The file (format v4, packed, memory-mapped by :meth:`CostIndex.load`):
+Built once from dataset metadata or file headers, so a planner can cost any sample for every module
+without decoding it. Per encoder module (keyed by its config name), per sample: ``items``,
+``rows`` (encoder rows before merging), ``sq_rows`` (Σ rows² over the items: the attention term)
+and the rule that gave the rows (:class:`~mimo_accel.costs.index_columns.EncoderColumns`); for the
+language model, the real ``tokens`` after packing. :meth:`CostIndex.module_costs` prices every
+module with a :class:`~mimo_accel.costs.CostModel`. Columns are checked and bounded when built
+(:mod:`~mimo_accel.costs.index_columns`), lookups return int64; the file:
 :mod:`~mimo_accel.costs.index_format`.
 """
 
