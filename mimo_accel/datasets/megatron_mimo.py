@@ -21,6 +21,7 @@ from mimo_accel.costs import AudioRule, FixedPatches, ResizeRule
 from mimo_accel.costs.audio import AudioSizeError, audio_clips_in, audio_samples_of
 from mimo_accel.costs.files import map_reads
 from mimo_accel.costs.images import ImageSizeError, images_in, is_pil, image_size_of
+from mimo_accel.costs.index import per_sample_sums
 from mimo_accel.datasets.fingerprints import (
     callable_name,
     is_hf_dataset,
@@ -258,16 +259,7 @@ def _audio_columns(n: int, clips: list[_Clip], rule: AudioRule,
         c.samples = length
     lengths = [c.samples if c.samples is not None else _clip_length((c, rate)) for c in clips]
     per_clip = rule.rows_many(np.asarray(lengths, dtype=np.int64))
-    return _sums(n, [c.sample for c in clips], per_clip, per_clip * per_clip)
-
-
-def _sums(n: int, owner: list[int], rows: np.ndarray, sq: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    o = np.asarray(owner, dtype=np.int64)
-    out_rows, out_sq, count = np.zeros(n, np.int64), np.zeros(n, np.int64), np.zeros(n, np.int64)
-    np.add.at(out_rows, o, np.asarray(rows, dtype=np.int64))
-    np.add.at(out_sq, o, np.asarray(sq, dtype=np.int64))
-    np.add.at(count, o, 1)
-    return out_rows, out_sq, count
+    return per_sample_sums(n, [c.sample for c in clips], per_clip)
 
 
 # ------------------------------------------------------------------------------------- video
@@ -334,7 +326,7 @@ def _video_columns(n: int, videos: list[tuple[int, Any, str]],
             raise DeriveError(f"{where}: {exc}") from None
         rows.append(r)
         sq.append(q)
-    return _sums(n, [v[0] for v in videos], np.asarray(rows, np.int64), np.asarray(sq, np.int64))
+    return per_sample_sums(n, [v[0] for v in videos], rows, sq)
 
 
 def _mimo_real_tokens(text: np.ndarray, prefix: np.ndarray, seq: int) -> np.ndarray:

@@ -19,7 +19,7 @@ from mimo_accel.costs import CostIndex, FixedPatches, ResizeRule
 from mimo_accel.costs.contents import Contents, file_stamps
 from mimo_accel.costs.files import map_reads
 from mimo_accel.costs.images import ImageSizeError, RemoteImageError, is_local_file, image_size_of
-from mimo_accel.costs.index import DEFAULT_ENCODER
+from mimo_accel.costs.index import DEFAULT_ENCODER, per_sample_sums
 from mimo_accel.datasets.fingerprints import sha256_hex
 
 __all__ = ["PROBE_FORMAT", "DeriveError", "Probed", "SampleSource"]
@@ -137,14 +137,7 @@ def per_sample_patches(n: int, images: list[ImageItem],
                 except ValueError as exc:
                     raise DeriveError(f"{images[i].where}: {exc}") from None
             raise
-    owner = np.array([im.sample for im in images], dtype=np.int64)
-    patches = np.zeros(n, np.int64)
-    sq = np.zeros(n, np.int64)
-    count = np.zeros(n, np.int64)
-    np.add.at(patches, owner, per_image)
-    np.add.at(sq, owner, per_image * per_image)
-    np.add.at(count, owner, 1)
-    return patches, sq, count, per_image
+    return (*per_sample_sums(n, [im.sample for im in images], per_image), per_image)
 
 
 def token_lengths(tokenizer: Any, texts: list[str], **kwargs: Any) -> list[int]:
