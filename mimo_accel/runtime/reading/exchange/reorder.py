@@ -26,7 +26,7 @@ from mimo_accel.runtime.state import notify_with
 
 OVERLAP_ENV = "CUDA_DEVICE_MAX_CONNECTIONS"
 _MESSAGE_BYTES = 480  # error text carried by the status all-gather (utf-8, truncated)
-_STATUS_HEADER = struct.Struct("<qq")  # ok flag (1 = ok), local sample count
+_STATUS_HEADER = struct.Struct("<qqH")  # ok flag (1 = ok), local sample count, the error text's bytes
 
 
 class ExchangeError(RuntimeError):
@@ -213,19 +213,15 @@ class ExchangeReorder:
     def _status(self, n_local: int, error: Optional[BaseException]) -> int:
         msg = b"" if error is None else (
             f"{self.ctx.module} replica {self.ctx.dp_rank}: {error}".encode("utf-8", "replace")[:_MESSAGE_BYTES])
-        head = _STATUS_HEADER.pack(1 if error is None else 0, n_local)
-        payload = np.zeros(_STATUS_HEADER.size + 2 + _MESSAGE_BYTES, dtype=np.uint8)
-        payload[:_STATUS_HEADER.size] = np.frombuffer(head, dtype=np.uint8)
-        payload[_STATUS_HEADER.size:_STATUS_HEADER.size + 2] = np.frombuffer(struct.pack("<H", len(msg)), np.uint8)
-        payload[_STATUS_HEADER.size + 2:_STATUS_HEADER.size + 2 + len(msg)] = np.frombuffer(msg, np.uint8)
+        head = _STATUS_HEADER.pack(1 if error is None else 0, n_local, len(msg))
+        payload = np.frombuffer(head + msg.ljust(_MESSAGE_BYTES, b"\0"), dtype=np.uint8).copy()
         failures, counts = [], []
         for rank, row in enumerate(self._all_gather(payload)):
-            ok, n = _STATUS_HEADER.unpack(row[:_STATUS_HEADER.size].tobytes())
-            (length,) = struct.unpack("<H", row[_STATUS_HEADER.size:_STATUS_HEADER.size + 2].tobytes())
+            ok, n, length = _STATUS_HEADER.unpack_from(row)
             counts.append(n)
             if not ok:
-                failures.append((rank, row[_STATUS_HEADER.size + 2:_STATUS_HEADER.size + 2 + length]
-                                 .tobytes().decode("utf-8", "replace")))
+                text = row[_STATUS_HEADER.size:_STATUS_HEADER.size + length].tobytes()
+                failures.append((rank, text.decode("utf-8", "replace")))
         if failures:
             first = failures[0][1]
             raise ExchangeError(
