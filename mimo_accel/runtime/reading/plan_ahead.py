@@ -14,6 +14,7 @@ window is taken.
 from __future__ import annotations
 
 import copy
+import functools
 import logging
 import multiprocessing
 import os
@@ -33,7 +34,7 @@ from mimo_accel.nvtx import ranged
 logger = logging.getLogger("mimo_accel")
 
 DEPTH = 3  # windows queued ahead of the one training
-_POLL_S = 0.1  # how often a planner thread blocked on a full queue looks whether its pass was dropped
+_POLL_S = 0.1  # how often a thread blocked on a full queue looks whether its consumer is gone
 
 
 # ------------------------------------------------------------------------------ the arithmetic
@@ -174,19 +175,22 @@ class PassSpec:
     models: Optional[Callable[[int], Any]] = None
 
 
+def put_unless_stopped(out: "queue.Queue", item, stop: threading.Event) -> bool:
+    """Put ``item`` on the bounded queue ``out`` once there is room; False if ``stop`` is set first
+    (its consumer is gone: a producer thread must not block forever)."""
+    while not stop.is_set():
+        try:
+            out.put(item, timeout=_POLL_S)
+            return True
+        except queue.Full:
+            continue
+    return False
+
+
 def _feed(spec: PassSpec, out: "queue.Queue", stop: threading.Event, worker) -> None:
     """The planner thread: plan, agree and queue each window of the pass, ahead of training, with
     ``worker`` (a ForkedPlanner or InlinePlanner, closed when the pass ends)."""
-
-    def put(item) -> bool:
-        while not stop.is_set():
-            try:
-                out.put(item, timeout=_POLL_S)
-                return True
-            except queue.Full:
-                continue
-        return False
-
+    put = functools.partial(put_unless_stopped, out, stop=stop)
     check, posted = spec.check, False
     ordinal = 0
     try:

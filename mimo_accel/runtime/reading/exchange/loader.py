@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import queue
 import threading
 from collections.abc import Callable, Iterable, Iterator
@@ -9,6 +10,7 @@ from typing import Any, Optional
 
 from mimo_accel.costs import CostModel
 from mimo_accel.runtime.reading.exchange.reorder import ExchangeReorder, ExchangeStats
+from mimo_accel.runtime.reading.plan_ahead import put_unless_stopped
 from mimo_accel.grid import check_micro_batch
 from mimo_accel.runtime.context import ShardContext
 
@@ -65,15 +67,7 @@ class ExchangeLoader:
     def _overlapped(self) -> Iterator[Any]:
         q: queue.Queue = queue.Queue(maxsize=self.prefetch)
         stop = threading.Event()
-
-        def put(item) -> bool:
-            while not stop.is_set():
-                try:
-                    q.put(item, timeout=0.1)
-                    return True
-                except queue.Full:
-                    continue
-            return False
+        put = functools.partial(put_unless_stopped, q, stop=stop)
 
         def work() -> None:
             try:
