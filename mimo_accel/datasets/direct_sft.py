@@ -9,7 +9,6 @@ template's tokens with each image token expanded to its ``patches / merge²`` ro
 
 from __future__ import annotations
 
-import functools
 import inspect
 import json
 import os
@@ -26,7 +25,7 @@ from mimo_accel.datasets.fingerprints import (
     relocatable,
     tokenizer_fingerprint,
 )
-from mimo_accel.datasets.processors import QwenFetchResize, qwen_resize_rule
+from mimo_accel.datasets.processors import QwenFetchResize, qwen_resize_rule, unwrap
 from mimo_accel.datasets.sources import (
     WAYS_OUT,
     DeriveError,
@@ -65,10 +64,7 @@ def _collate_of(dataset: Any) -> Any:
 def _pixel_bounds(collate: Any) -> tuple[bool, Optional[int], Optional[int]]:
     """(takes min/max pixels, min_pixels, max_pixels) of a collate: its defaults, then a partial's
     keywords."""
-    keywords: dict[str, Any] = {}
-    while isinstance(collate, functools.partial):
-        keywords = {**collate.keywords, **keywords}
-        collate = collate.func
+    collate, keywords = unwrap(collate)
     try:
         params = inspect.signature(collate).parameters
     except (TypeError, ValueError):
