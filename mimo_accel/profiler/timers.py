@@ -85,7 +85,7 @@ class ModuleTimer:
             if output.requires_grad:
                 output.register_hook(self._on_output_grad)
             return
-        for t in _iter_tensors(output, self._torch.Tensor):
+        for t in iter_tensors(output, self._torch.Tensor):
             if t.requires_grad:
                 t.register_hook(self._on_output_grad)
 
@@ -124,15 +124,13 @@ class ModuleTimer:
         self._handles.clear()
 
 
-def _iter_tensors(obj: Any, tensor_type: type, _depth: int = 0) -> Iterator[Any]:
+def iter_tensors(obj: Any, tensor_type: type, _depth: int = 0) -> Iterator[Any]:
+    """The tensors of a module's output, in order, through nested tuples, lists and dicts."""
     if isinstance(obj, tensor_type):
         yield obj
-    elif _depth < 4 and isinstance(obj, (tuple, list)):
-        for o in obj:
-            yield from _iter_tensors(o, tensor_type, _depth + 1)
-    elif _depth < 4 and isinstance(obj, dict):
-        for o in obj.values():
-            yield from _iter_tensors(o, tensor_type, _depth + 1)
+    elif _depth < 4 and isinstance(obj, (tuple, list, dict)):
+        for o in obj.values() if isinstance(obj, dict) else obj:
+            yield from iter_tensors(o, tensor_type, _depth + 1)
 
 
 def attach_module_timer(module: Any, recorder: Recorder, name: str = "vision",

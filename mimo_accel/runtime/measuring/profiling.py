@@ -24,6 +24,7 @@ import numpy as np
 
 from mimo_accel.config import AccelConfig
 from mimo_accel.modules import LANGUAGE
+from mimo_accel.profiler.timers import iter_tensors
 from mimo_accel.runtime.state import Runtime
 
 Host = Runtime  # the runtime that holds the profiler, as the profiler's patches name it
@@ -48,18 +49,6 @@ def evaluating() -> bool:
     import torch
 
     return not torch.is_grad_enabled() and torch._C._current_graph_task_id() == -1
-
-
-def _first_tensor(obj: Any, depth: int = 0):
-    import torch
-
-    if isinstance(obj, torch.Tensor):
-        return obj
-    if depth < 3 and isinstance(obj, (tuple, list, dict)):
-        for o in obj.values() if isinstance(obj, dict) else obj:
-            if (t := _first_tensor(o, depth + 1)) is not None:
-                return t
-    return None
 
 
 def encoder_counts(inputs: dict, output: Any = None) -> Optional[tuple]:
@@ -98,7 +87,7 @@ def encoder_counts(inputs: dict, output: Any = None) -> Optional[tuple]:
     items = int(first.size(0))
     if not items:
         return 0, 0, 0
-    out = _first_tensor(output)
+    out = next(iter_tensors(output, torch.Tensor), None)
     if out is not None and out.dim() == 3 and out.size(0) == items:
         rows = int(out.size(1))
         return items, items * rows, items * rows * rows
