@@ -85,31 +85,22 @@ class ConfigError(ValueError):
 
 @dataclass(frozen=True)
 class AccelConfig:
-    """What ``mimo_accel.enable()`` turns on.
+    """What ``mimo_accel.enable()`` turns on (each option in full: docs/usage.md's table).
 
-    sharded_reads: each data rank reads only its module replica's share of the global micro-batch
-        (canonical grid G = lcm of module DPs); the forward step passes the share on unsliced.
-    reorder: balance every module's DP replicas (each encoder and the language model), planned
-        before reading (implies sharded_reads).
-    reorder_mode: "plan" (default: costs known before reading, from a cost index; zero bytes move)
-        or "exchange" (costs known after decoding; samples move with one all_to_all).
-    reorder_window: how many consecutive global micro-batches are planned together, or "step": the
-        micro-batches of one training step (read from megatron-core's calculator when the loader is
-        built), which balances each replica's step and the micro-batches the pipeline carries;
-        samples then move between the micro-batches of a step, never between steps.
-    cost_model: path of a cost-model file (``mimo-accel calibrate``), or None for the default
-        coefficients.
-    cost_index: path of a per-sample cost index (``mimo-accel index``); None means the dataset must
-        provide one (``dataset.mimo_accel_cost_index``).
+    sharded_reads: each data rank reads only its replica's canonical-grid share; no slice in the step.
+    reorder: balance every module's DP replicas, planned before reading (implies sharded_reads).
+    reorder_mode: "plan" (costs from a cost index; nothing moves) or "exchange" (after decoding).
+    reorder_window: micro-batches planned together (tiling a step), or "step": one training step's.
+    cost_model: a ``mimo-accel calibrate`` file, or None (each module's FLOPs, else the defaults).
+    cost_index: a ``mimo-accel index`` file (``{split}``: one per split), or None (the dataset's own,
+        else derived when the loaders are built).
     packing: THD-pack the language shard (no compute on padding).
     pad_multiple: pad every packed segment to a multiple of this (context parallelism needs 2·cp).
-    profile: None (off) or the directory the per-rank profiler writes ``rank<N>.jsonl`` to.
-    strict_gradients: refuse (an error naming the fix) a reorder that would change the gradient,
-        not only who computes it: with the language model's ``calculate_per_token_loss=False``
-        each language replica's loss is a mean over its own tokens. Off: said once.
-    calibrate_online: with ``reorder`` (plan mode), the cost model refits itself from the job's own
-        step times while it trains, starting from ``cost_model`` or each module's FLOPs
-        (:mod:`mimo_accel.runtime.measuring.calibration`); False pins it. No effect without reorder.
+    profile: None (off) or the directory of the per-rank ``rank<N>.jsonl`` profiler logs.
+    strict_gradients: refuse, rather than say once, a reorder that changes the gradient (the
+        language model's ``calculate_per_token_loss=False``).
+    calibrate_online: with reorder (plan mode), the cost model refits itself from the job's step
+        times (:mod:`mimo_accel.runtime.measuring.calibration`); False pins it.
     """
 
     sharded_reads: bool = False

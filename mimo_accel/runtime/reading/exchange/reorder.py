@@ -85,14 +85,11 @@ def _registered_group_names():
 def _new_gloo_group(parent, ranks: list[int]):
     """A gloo group over ``ranks``, created by those ranks only (collective over ``parent``).
 
-    Vision and language ranks build their exchange groups independently (ranks that load no data
-    never get here), so this uses ``new_group(use_local_synchronization=True)``. torch names such a
-    group by hashing its ranks with the creating rank's count of registered groups, and that count
-    differs between members whose group-membership histories differ (a rank that was in another
-    module's group earlier) — the members would then wait on different store keys forever. So the
-    members first agree on the largest count and pad theirs with single-rank groups, which register
-    without involving any other rank.
-    """
+    Encoder and language ranks build their groups independently, hence
+    ``new_group(use_local_synchronization=True)``; torch names such a group by its ranks and the
+    creating rank's count of registered groups, which differs between members with different
+    histories, and they would wait on different store keys forever. So the members agree on the
+    largest count first and pad theirs with single-rank groups (which involve no other rank)."""
     import torch.distributed as dist
 
     names = _registered_group_names()
@@ -108,23 +105,15 @@ def _new_gloo_group(parent, ranks: list[int]):
 class ExchangeReorder:
     """Reorder each global micro-batch of a module's DP group after decoding, with one all_to_all.
 
-    Collective at construction (when it creates a process group): every rank of ``group`` must
-    construct it, in the same order relative to other group creations.
-
-    group: the module's DP process group (defines the ranks, in DP-rank order).
-    ctx: this rank's :class:`~mimo_accel.runtime.context.ShardContext` (its ``dp_rank``/``dp_size`` must
-        match ``group``; ``grid`` is G).
-    cost_fn: ``sample -> {module: cost}`` for every module of the layout, or one number that prices
-        every module alike (finite, >= 0), computed from the decoded sample; default
-        :class:`DecodedModuleCosts` with ``cost_model`` (or the default :class:`CostModel`). The
-        plan is plan-before-read's joint plan of every module (:func:`route_exchange`).
-    collate_fn: collate for :meth:`collate`/:func:`exchange_loader`; ``None`` yields lists.
-    overlap: exchange the next micro-batch on a side thread (uses a dedicated group).
-    comm_group: a ready gloo group over the same ranks to use instead of creating one.
-    notify: ``say_once(key, message)`` for what the exchange could not act on (default: log once).
-    check: a :class:`~mimo_accel.runtime.reading.plan_check.FirstPlanCheck` over every data-loading rank: each
-        micro-batch's plan compared across the modules before this rank trains it (None: unchecked).
-    """
+    Collective at construction where it creates a process group: every rank of ``group`` (the
+    module's DP group, in DP-rank order, matching ``ctx``) constructs it, in the same order relative
+    to other group creations. ``cost_fn``: ``sample -> {module: cost}``, or one number for every
+    module (finite, >= 0), from the decoded sample (default :class:`DecodedModuleCosts` over
+    ``cost_model``); the plan is plan-before-read's joint plan (:func:`route_exchange`).
+    ``collate_fn``: collate for :meth:`collate` (None: lists). ``overlap``: exchange the next
+    micro-batch on a side thread, over a group of its own; ``comm_group``: a ready gloo group over the
+    same ranks instead. ``notify``: ``say_once(key, message)``. ``check``: a
+    :class:`~mimo_accel.runtime.reading.plan_check.FirstPlanCheck` (None: unchecked)."""
 
     def __init__(self, group, ctx: ShardContext, cost_fn: Optional[Callable[[Any], float]] = None,
                  collate_fn: Optional[Callable] = None, *, cost_model: Optional[CostModel] = None,
