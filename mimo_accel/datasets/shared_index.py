@@ -191,18 +191,13 @@ def derive_cost_index(dataset: Any, *, group: Any = None, cache_dir: CacheDir = 
                       progress: Optional[bool] = None, workers: Optional[int] = None) -> CostIndex:
     """The per-sample cost index of ``dataset``, identical on every rank of ``group``.
 
-    ``group``: a ``torch.distributed`` process group whose ranks all call this together, each
-    probing 1/world of the samples; None for a single process (it probes everything).
-    ``cache_dir``: where the index is cached (None: :func:`default_cache_dir`; False: no cache).
-    ``refresh``: ignore a cached index and rebuild it. ``progress``: a progress bar on the group's
-    rank 0 (None: when its share has 2048 samples or more). ``workers``: threads reading image
-    file headers per rank (None: a pool when a chunk has many files; 1: serial).
-
-    Deterministic: the index depends only on the dataset and its processors, never on the
-    world size or on which rank probed what. Raises :class:`DeriveError` (a ValueError) naming
-    the rank and sample when a sample cannot be probed, and naming the three ways out when the
-    dataset is of an unknown kind.
-    """
+    ``group``: a process group whose ranks all call this together, each probing 1/world of the
+    samples (None: one process probes all). ``cache_dir``: None for :func:`default_cache_dir`, False
+    for none; ``refresh`` rebuilds a cached index; ``progress``: a bar on the group's rank 0 (None:
+    from 2048 samples a share); ``workers``: threads reading file headers (1: serial). The index
+    depends only on the dataset and its processors, never on the world size. A sample that cannot be
+    probed is a :class:`DeriveError` naming the rank and sample; an unknown dataset names the three
+    ways out."""
     carried = getattr(dataset, "mimo_accel_cost_index", None)
     if carried is not None:
         if not isinstance(carried, CostIndex):
