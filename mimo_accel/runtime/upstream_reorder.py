@@ -80,13 +80,7 @@ def settle_upstream_reorder(cfg: Any, runtime: Runtime) -> None:
                 "profiler's per-sample counts are off there; packing stays as enabled. For mimo_accel's "
                 f"reorder instead, enable it (reorder=True): it then sets cfg.dataset.{MERGED_FLAG}=False."))
         return
-    _step_aside_if_4608_reorders(cfg, runtime)
-
-
-def _step_aside_if_4608_reorders(cfg: Any, runtime: Runtime) -> None:
-    if not runtime.reorders:
-        return
-    why = upstream_reorder(cfg)
+    why = upstream_reorder(cfg) if runtime.reorders else None
     if why is None:
         return
     runtime.reorder_stepped_aside = why

@@ -224,17 +224,15 @@ class Calibration:
             while self._seen < count:
                 key = f"{self.prefix}/{self._seen + 1}"
                 store.wait([key])
-                self._take(Announcement.from_doc(json.loads(store.get(key))))
+                a = Announcement.from_doc(json.loads(store.get(key)))
+                with self._lock:
+                    if a.step <= self.announced_through:
+                        raise RuntimeError(
+                            f"mimo_accel online calibration: the cost model announced for iteration {a.step} reached "
+                            f"this rank after it had planned iteration {self.announced_through}; ranks could plan one "
+                            "step with different models. Stopping rather than risk it.")
+                    self.schedule.add(a)
                 self._seen += 1
-
-    def _take(self, a: Announcement) -> None:
-        with self._lock:
-            if a.step <= self.announced_through:
-                raise RuntimeError(
-                    f"mimo_accel online calibration: the cost model announced for iteration {a.step} reached this "
-                    f"rank after it had planned iteration {self.announced_through}; ranks could plan one step "
-                    "with different models. Stopping rather than risk it.")
-            self.schedule.add(a)
 
     @property
     def start_iteration(self) -> int:

@@ -74,17 +74,12 @@ class Metrics:
         return cls(global_state, rank=dist.get_rank(), world=dist.get_world_size(), calibration=calibration,
                    writes=writes, lead=lead)
 
-    def iteration_logged(self) -> Optional[int]:
-        """The iteration the optimizer step now ending belongs to (Bridge counts it after the
-        step), when it is one Bridge logs; else None."""
-        iteration = int(self.state.train_state.step) + 1
-        return iteration if self.writes and iteration % self.interval == 0 else None
-
     def iteration_gathered(self) -> tuple[Optional[int], bool]:
-        """The iteration now ending when its figures are gathered (every one while calibrating, else
-        the logged ones), and whether it is logged."""
+        """The iteration the optimizer step now ending belongs to (Bridge counts it after the step)
+        when its figures are gathered (every one while calibrating, else the ones Bridge logs), and
+        whether Bridge logs it."""
         iteration = int(self.state.train_state.step) + 1
-        logged = self.iteration_logged() is not None
+        logged = self.writes and iteration % self.interval == 0
         return (iteration if logged or self.calibration is not None else None), logged
 
     def after_step(self, header: dict, record: dict) -> None:

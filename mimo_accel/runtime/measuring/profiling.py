@@ -38,10 +38,6 @@ UNKNOWN_LENGTHS = ("mimo_accel profile: some samples' real length is not known (
 _UNKNOWN = "unknown lengths"  # a pending count that is no counter: the samples of unknown length
 
 
-def _label(cfg: AccelConfig) -> str:
-    return os.environ.get(ENV_LABEL) or ("accelerated" if (cfg.sharded_reads or cfg.packing) else "baseline")
-
-
 def evaluating() -> bool:
     """A forward pass outside training: Bridge's ``evaluate`` runs its forward-only passes under
     ``torch.no_grad`` (a training step's batch fetch and encoder forward run with grad enabled;
@@ -178,7 +174,9 @@ class Profiling:
                             **({"flops": self._flops} if self._flops else {})},
                     config={"features": self.runtime.features(), "reorder_mode": cfg.reorder_mode,
                             "pad_multiple": cfg.pad_multiple},
-                    label=_label(cfg), regions=regions, counters=counters)
+                    label=os.environ.get(ENV_LABEL) or ("accelerated" if cfg.sharded_reads or cfg.packing
+                                                        else "baseline"),
+                    regions=regions, counters=counters)
         return self._recorder
 
     def saw_model(self, mimo_model) -> None:

@@ -15,15 +15,6 @@ from mimo_accel.runtime.reading.schedule import micro_batches_per_step
 from mimo_accel.runtime.state import Runtime
 
 
-def _data_ranks(ctx):
-    """The data-loading ranks as a gather group (None in a single process)."""
-    import torch.distributed as dist
-
-    from mimo_accel.runtime.store import RankSet
-
-    return RankSet(ctx.data_ranks) if dist.is_initialized() and len(ctx.data_ranks) > 1 else None
-
-
 @dataclasses.dataclass(frozen=True)
 class LoaderOrder:
     """How one split's loader orders its global micro-batches."""
@@ -65,7 +56,13 @@ def loader_order_for(dataset, sampler_settings: list, ctx, split: str, runtime: 
             fields["cost model"] = calibration.digest()
         order = LoaderOrder(cost_model=model)
         if cfg.reorder_mode == "plan":
-            index = cost_index_for(dataset, cfg.cost_index, split, group=_data_ranks(ctx), notify=runtime.say_once)
+            import torch.distributed as dist
+
+            from mimo_accel.runtime.store import RankSet
+
+            # the data-loading ranks derive an index together (a gather through the job's store)
+            group = RankSet(ctx.data_ranks) if dist.is_initialized() and len(ctx.data_ranks) > 1 else None
+            index = cost_index_for(dataset, cfg.cost_index, split, group=group, notify=runtime.say_once)
             fields["cost index"] = index_digest(index)
     plan_inputs.check_same_everywhere(fields, ctx.data_ranks, f"{split} loader")
     if index is not None:

@@ -136,12 +136,6 @@ class ForkedPlanner:
         self.process.join()  # no timeout: waitpid itself
 
 
-def can_fork() -> bool:
-    """Whether this process may fork a planner: POSIX, and not a daemonic multiprocessing child
-    (which may not have children)."""
-    return hasattr(os, "fork") and not multiprocessing.current_process().daemon
-
-
 class InlinePlanner:
     """The planner run on the planner thread itself (where forking is not possible)."""
 
@@ -242,7 +236,9 @@ class PlannedPass:
         # Forked here, on the thread that makes the pass (the one that forks the DataLoader's workers
         # too): a fork from the planner thread, racing one from that thread, hands each child the
         # other's half-made pipes, and each then waits seconds on the other's exit.
-        worker = ForkedPlanner(spec.planner) if spec.in_process and can_fork() else InlinePlanner(spec.planner)
+        # (POSIX only; a daemonic multiprocessing child may not have children)
+        can_fork = hasattr(os, "fork") and not multiprocessing.current_process().daemon
+        worker = ForkedPlanner(spec.planner) if spec.in_process and can_fork else InlinePlanner(spec.planner)
         self.thread = threading.Thread(target=_feed, args=(spec, self._queue, self._stop, worker), daemon=True,
                                        name=f"mimo-accel-plan-ahead-{spec.pass_no}")
         self.thread.start()

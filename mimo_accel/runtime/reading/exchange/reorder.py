@@ -62,26 +62,6 @@ class ExchangeStats:
     predicted_spreads: Optional[dict] = None  # each module's, the plan's (predicted_spread: the worst)
 
 
-def _refuse_overlap_if_unsafe() -> None:
-    if os.environ.get(OVERLAP_ENV, "").strip() == "1":
-        raise ExchangeError(
-            f"mimo_accel exchange: overlap=True is refused while {OVERLAP_ENV}=1. Upstream reproduced "
-            "a deadlock when samples are exchanged on a side thread while training kernels and "
-            f"collectives are serialised on one hardware queue. Use overlap=False, or unset "
-            f"{OVERLAP_ENV} (or set it > 1) if your setup allows.")
-
-
-def _registered_group_names():
-    """torch's registry of process-group names, or None where this torch has none.
-
-    The one use of a private torch attribute (``torch.distributed.distributed_c10d._world.pg_names``):
-    :func:`_new_gloo_group` counts the groups this rank has registered.
-    """
-    from torch.distributed import distributed_c10d as c10d
-
-    return getattr(getattr(c10d, "_world", None), "pg_names", None)
-
-
 def _new_gloo_group(parent, ranks: list[int]):
     """A gloo group over ``ranks``, created by those ranks only (collective over ``parent``).
 
@@ -91,8 +71,10 @@ def _new_gloo_group(parent, ranks: list[int]):
     histories, and they would wait on different store keys forever. So the members agree on the
     largest count first and pad theirs with single-rank groups (which involve no other rank)."""
     import torch.distributed as dist
+    from torch.distributed import distributed_c10d as c10d
 
-    names = _registered_group_names()
+    # torch's registry of group names (private, declared in patching.targets.INTERNALS), where it has one
+    names = getattr(getattr(c10d, "_world", None), "pg_names", None)
     if names is not None and len(ranks) > 1:
         counts: list = [None] * len(ranks)
         dist.all_gather_object(counts, len(names), group=parent)  # works on gloo and NCCL groups
@@ -121,8 +103,12 @@ class ExchangeReorder:
                  check=None):
         import torch.distributed as dist
 
-        if overlap:
-            _refuse_overlap_if_unsafe()  # before anything collective
+        if overlap and os.environ.get(OVERLAP_ENV, "").strip() == "1":  # refused before anything collective
+            raise ExchangeError(
+                f"mimo_accel exchange: overlap=True is refused while {OVERLAP_ENV}=1. Upstream reproduced "
+                "a deadlock when samples are exchanged on a side thread while training kernels and "
+                f"collectives are serialised on one hardware queue. Use overlap=False, or unset "
+                f"{OVERLAP_ENV} (or set it > 1) if your setup allows.")
         self.ctx = ctx
         self.overlap = bool(overlap)
         self.dps = dict(ctx.dp_sizes or {ctx.module: ctx.dp_size})
