@@ -87,32 +87,15 @@ def _save(index: CostIndex, path: Path, source: SampleSource, key: str) -> None:
         logger.warning("mimo_accel: could not write the cost-index cache %s: %s", path, exc)
 
 
-class _Group:
-    """The few collective operations used, over a torch.distributed group or a single process."""
+class _Alone:
+    """A single process as a gather group (what a :class:`~mimo_accel.runtime.store.RankSet` is for
+    several): rank 0 of 1, gathering its own object."""
 
-    def __init__(self, group: Any):
-        self.group = group
-        # a runtime.store.RankSet gathers through the job's store (a ProcessGroup has .gather too)
-        self.through_store = bool(getattr(group, "through_store", False))
-        if group is None:
-            self.rank, self.world = 0, 1
-        elif self.through_store:
-            self.rank, self.world = group.rank, group.world
-        else:
-            import torch.distributed as dist
+    rank, world = 0, 1
 
-            self.rank, self.world = dist.get_rank(group), dist.get_world_size(group)
-
-    def gather(self, obj: Any) -> list[Any]:
-        if self.group is None:
-            return [obj]
-        if self.through_store:
-            return self.group.gather(obj)
-        import torch.distributed as dist
-
-        out: list[Any] = [None] * self.world
-        dist.all_gather_object(out, obj, group=self.group)
-        return out
+    @staticmethod
+    def gather(obj: Any) -> list[Any]:
+        return [obj]
 
 
 def _raise_first_error(reports: list[tuple], what: Callable[[int], str], local: Optional[BaseException]) -> None:
@@ -140,7 +123,7 @@ def _progress_bar(enabled: bool, total: int, description: str):
     return progress, (lambda n: progress.advance(task, n))
 
 
-def _identify(dataset: Any, comm: "_Group", workers: Optional[int] = None) -> tuple[SampleSource, dict, Contents]:
+def _identify(dataset: Any, comm: Any, workers: Optional[int] = None) -> tuple[SampleSource, dict, Contents]:
     """(the dataset's source, its identity, its files' digest) — the same on every rank of ``comm``: the dataset's
     fingerprint and the digest of the files its costs are read from (names, sizes, first bytes:
     :mod:`mimo_accel.costs.contents`; each rank reads its share's files, the shares add up; one
@@ -183,7 +166,7 @@ def dataset_identity(dataset: Any, *, group: Any = None) -> tuple[dict, Contents
     """What a cost index of ``dataset`` must record to describe it (collective over ``group``):
     ``dataset`` (its fingerprint), ``contents`` (its files' digest: :meth:`Contents.record`),
     ``describe``, ``samples``; and that digest itself (it counts the files that could not be read)."""
-    _, identity, contents = _identify(dataset, _Group(group))
+    _, identity, contents = _identify(dataset, group if group is not None else _Alone)
     return identity, contents
 
 
@@ -191,8 +174,9 @@ def derive_cost_index(dataset: Any, *, group: Any = None, cache_dir: CacheDir = 
                       progress: Optional[bool] = None, workers: Optional[int] = None) -> CostIndex:
     """The per-sample cost index of ``dataset``, identical on every rank of ``group``.
 
-    ``group``: a process group whose ranks all call this together, each probing 1/world of the
-    samples (None: one process probes all). ``cache_dir``: None for :func:`default_cache_dir`, False
+    ``group``: the ranks that all call this together, each probing 1/world of the samples (a
+    :class:`~mimo_accel.runtime.store.RankSet`: ``rank``, ``world``, ``gather(obj)``; None: one
+    process probes all). ``cache_dir``: None for :func:`default_cache_dir`, False
     for none; ``refresh`` rebuilds a cached index; ``progress``: a bar on the group's rank 0 (None:
     from 2048 samples a share); ``workers``: threads reading file headers (1: serial). The index
     depends only on the dataset and its processors, never on the world size. A sample that cannot be
@@ -208,7 +192,7 @@ def derive_cost_index(dataset: Any, *, group: Any = None, cache_dir: CacheDir = 
                               f"the dataset has {len(dataset)}")
         return carried
 
-    comm = _Group(group)
+    comm = group if group is not None else _Alone
     rank, world = comm.rank, comm.world
     start = time.perf_counter()
 

@@ -83,8 +83,6 @@ class RankSet:
     number of times, in the same order. ``rank``/``world`` are this process's place in the set.
     """
 
-    through_store = True  # what a gather over it goes through (a ProcessGroup has .gather too)
-
     def __init__(self, ranks: Sequence[int]):
         import torch.distributed as dist
 
