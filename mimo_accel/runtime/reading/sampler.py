@@ -93,15 +93,6 @@ def _files_of(dataset, index: int) -> tuple:
     return tuple(p for v in values for p in paths(v))
 
 
-def load_error(dataset, index: int, exc: BaseException) -> SampleLoadError:
-    """The error naming sample ``index`` (and its file) of ``dataset`` that raised ``exc``."""
-    files = _files_of(dataset, index)
-    where = f" (file {', '.join(files)})" if files else ""
-    return SampleLoadError(
-        f"mimo_accel: sample {index} of {type(dataset).__name__}{where} failed to load: "
-        f"{type(exc).__name__}: {exc}", int(index), files)
-
-
 class ReadsOf:
     """The dataset as the sharded loader reads it: the same samples, read by a batch of indices at
     a time (torch's ``__getitems__``), so that the plan's figures stay with them. A sample that
@@ -119,7 +110,10 @@ class ReadsOf:
         except IndexError:  # out of range: the iteration protocol's signal, left as it is
             raise
         except Exception as exc:
-            raise load_error(self.dataset, index, exc) from exc
+            files = _files_of(self.dataset, index)
+            where = f" (file {', '.join(files)})" if files else ""
+            raise SampleLoadError(f"mimo_accel: sample {index} of {type(self.dataset).__name__}{where} failed to "
+                                  f"load: {type(exc).__name__}: {exc}", int(index), files) from exc
 
     @ranged("mimo_accel/read")  # NVTX on CUDA only (mimo_accel.nvtx)
     def __getitems__(self, share) -> SamplesRead:
