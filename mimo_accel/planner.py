@@ -1,9 +1,6 @@
-"""Plan-before-read reordering: the canonical-group order of a global micro-batch, from costs that
-every rank can compute without decoding a sample (a per-sample cost index, per module).
-
-Every rank of every module derives the same plan from the same global indices and the same
-index, so each encoder's replicas and the language replicas they feed read the same samples in the
-same order, and no sample byte moves between ranks. Pure: numpy only.
+"""Plan-before-read reordering: the canonical-group order of a global micro-batch from costs every
+rank computes without decoding a sample (a per-sample cost index), the same on every rank of every
+module, so no sample byte moves between ranks. Pure: numpy only.
 """
 
 from __future__ import annotations

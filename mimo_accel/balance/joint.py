@@ -407,16 +407,12 @@ def _improve(q: np.ndarray, replicas: np.ndarray, grid: int, groups: np.ndarray,
 def balance_modules(costs: Mapping[str, Sequence[float]], dps: Mapping[str, int], micro_batches: int = 1) -> list[int]:
     """A permutation of ``range(N)`` for every module at once.
 
-    ``costs`` maps each module name to its per-sample costs (1-D, the same N samples for every
-    module, finite and >= 0); ``dps`` maps each module name to its DP size. G = lcm of the DPs
-    (times ``micro_batches``: a window of consecutive micro-batches planned together, each cut
-    into its own G groups); the permutation is cut into G consecutive equal groups and module m's
-    replica r owns groups r·G/d_m … (r+1)·G/d_m − 1. It minimises the worst module's replica
-    spread; samples inside a group keep ascending position.
-
-    Raises ValueError for costs that are not finite numbers >= 0, modules that differ between
-    ``costs`` and ``dps``, or N not a multiple of G.
-    """
+    ``costs``: module name -> per-sample costs (1-D, the same N samples, finite, >= 0); ``dps``:
+    module name -> DP size. G = lcm of the DPs (times ``micro_batches``: a window of consecutive
+    micro-batches, each cut into its own G groups); module m's replica r owns groups r·G/d_m …
+    (r+1)·G/d_m − 1. It minimises the worst module's replica spread; a group's samples keep ascending
+    position. ValueError for bad costs, modules that differ between ``costs`` and ``dps``, or N not a
+    multiple of G."""
     names, q, replicas, grid, stop = _prepared(costs, dps, micro_batches)
     n = q.shape[1]
     contiguous = np.arange(n, dtype=np.int64).reshape(grid, -1) if n else np.zeros((grid, 0), np.int64)

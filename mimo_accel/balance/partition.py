@@ -135,12 +135,8 @@ def lower_bound(costs: _CostsLike, n_groups: int) -> float:
       members are distinct samples (>= c_i + the largest of those + fill, and >= c_i + their
       mean per group). For two samples per group this is exact: the sorted pairing's cost.
 
-    It ignores granularity: where costs come in near-multiples of a unit (documents of whole
-    pages at the resize cap, a few samples per group) group totals can only take a few values
-    around the mean, and the best splits found stay above it (the documents profile at 4096
-    samples / 512 groups: 0.5% in the median micro-batch, up to ~1.8%; a swap pass 20x longer
-    reaches 0.42%).
-    """
+    It ignores granularity: where costs come in near-multiples of a unit (whole pages at the resize
+    cap) the best splits stay above it (0.5 % in the documents profile's median micro-batch)."""
     return unchecked_lower_bound(_validate(costs, n_groups), n_groups)
 
 
@@ -209,18 +205,13 @@ def lpt_order(costs: _CostsLike, n_groups: int) -> list[int]:
 def balanced_order(costs: _CostsLike, n_groups: int) -> list[int]:
     """A permutation of ``range(len(costs))`` whose equal-size blocks have near-equal cost.
 
-    Equal-size LPT gives a first split; where it leaves many groups above target, largest
-    differencing (Karmarkar-Karp generalised to k equal-size groups) gives a second. A swap pass
-    then lowers the heavy groups of the better one, many disjoint pairs at a time, then the
-    heaviest against every other group, until the heaviest is within 0.1% of
-    :func:`lower_bound`, no swap helps, or its fixed work budget is spent. The result is compared
-    with its start and the contiguous split on exact group sums and the best kept (contiguous on
-    ties), so it is never worse than LPT or the contiguous split. Samples inside a group keep
-    ascending position; groups are ordered by their first sample.
-
-    Raises ValueError for costs that are not a 1-D sequence of finite numbers >= 0, or whose
-    length is not a multiple of ``n_groups``.
-    """
+    Equal-size LPT gives a first split and, where it leaves many groups above target, Karmarkar-Karp
+    generalised to k equal-size groups a second; a swap pass lowers the heavy groups of the better one
+    (many disjoint pairs at a time, then the heaviest against every other) until the heaviest is within
+    0.1% of :func:`lower_bound`, no swap helps, or its work budget is spent. The best of the result,
+    its start and the contiguous split on exact sums is kept (contiguous on ties). Samples in a group
+    keep ascending position; groups are ordered by their first sample. ValueError for costs that are
+    not a 1-D sequence of finite numbers >= 0, or whose length is not a multiple of ``n_groups``."""
     c = _exact(_validate(costs, n_groups))
     n = c.size
     if n_groups == 1 or n <= n_groups:  # one group, one sample per group, or nothing to split

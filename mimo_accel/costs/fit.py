@@ -228,17 +228,13 @@ def mean_overhead(predicted: np.ndarray, seconds: np.ndarray) -> float:
 def fit_near(features: np.ndarray, seconds: np.ndarray, steps: np.ndarray, centre: np.ndarray,
              prior: float) -> tuple[np.ndarray, np.ndarray]:
     """Coefficients fitted within steps (one free level per step), drawn towards ``centre`` (the
-    model in use, in seconds), and which features varied within steps (the others held at
-    ``centre``).
+    model in use, in seconds), and which features varied within steps (the others held at ``centre``).
 
-    The prior is a ridge towards ``centre`` that counts as much as ``prior`` steps' observations
-    that ``centre`` explains exactly (per feature, its within-step energy per step, and at least
-    as much as if it varied by :data:`PRIOR_FLOOR` of its mean size). Where ``centre`` lacks a
-    term the steps tell (a coefficient of 0), its centre is then moved to the candidate, scaled so
-    that its work totals the measured time, and the fit made again (:data:`RECENTRE` times): what
-    the steps tell stays as they tell it, and what they cannot tell (a feature the plan has
-    equalised) takes the share of the time the rest leaves, rather than keep the share a wrong
-    model gave it (all of it, when that model has no term for the rest)."""
+    The prior is a ridge towards ``centre`` worth ``prior`` steps that ``centre`` explains exactly (per
+    feature, its within-step energy per step, at least as if it varied by :data:`PRIOR_FLOOR` of its
+    mean). Where ``centre`` lacks a term the steps tell (a 0), the centre moves to the candidate,
+    scaled to the measured time, and the fit is made again (:data:`RECENTRE` times): what the steps
+    cannot tell then takes the share of the time the rest leaves, not the share a wrong model gave it."""
     x, y = features, seconds
     xt = within_steps(x, steps)
     yt = within_steps(y, steps)

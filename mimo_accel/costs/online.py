@@ -78,15 +78,12 @@ def features_of(module: str) -> tuple[str, ...]:
 class Refit:
     """One refit attempt of one module at a step boundary.
 
-    ``coefficients`` are the candidate's, in seconds (``a`` per row or token, ``b`` per row² or
-    token², ``k`` per item); ``overhead_s`` the per-replica time per step the coefficients leave
-    over (the same on every replica, so not in the model: a plan cannot change it, but a
-    predicted spread includes it). ``held_out_error_before`` / ``_after``: the mean over
-    ``held_out_steps`` of :func:`~mimo_accel.costs.share_error.replica_share_error` of the current
-    model and of the candidate; ``noise``: the candidate's median error on its training steps.
-    ``accepted``: whether the model in use now has these coefficients; ``reason`` says why or why
-    not. A dropped candidate (``reason`` "dropped: ...") keeps the model in use's ``coefficients``
-    and a NaN ``held_out_error_after``."""
+    ``coefficients``: the candidate's, in seconds; ``overhead_s``: the per-replica time per step they
+    leave over (in no plan, but in a predicted spread). ``held_out_error_before`` / ``_after``: the
+    mean :func:`~mimo_accel.costs.share_error.replica_share_error` over ``held_out_steps`` of the
+    current model and the candidate; ``noise``: the candidate's median error on its own steps.
+    ``accepted``: whether the model in use now has these coefficients, ``reason`` why or why not. A
+    dropped candidate keeps the model in use's coefficients and a NaN ``held_out_error_after``."""
 
     step: int
     module: str

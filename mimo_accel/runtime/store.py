@@ -1,10 +1,8 @@
-"""The job's rendezvous store, as every part of mimo_accel uses it: one namespace for its keys, one
-count of the rounds each part has run, a client per background thread, and a set of ranks that
-gathers Python objects through it.
-
-Bridge builds MIMO data loaders on the data-loading ranks only, so nothing collective over all
-ranks can run there; the store every rank already shares can carry a gather among any subset, a
-plan check, the calibration's announcements and the metrics' step figures.
+"""The job's rendezvous store, as every part of mimo_accel uses it: one namespace for its keys, a
+count of each part's rounds, a client per background thread, a wait that names the ranks that
+never came, and a set of ranks that gathers through it. Bridge builds MIMO loaders on the
+data-loading ranks only, so nothing collective over all ranks can run there: the store every rank
+shares carries the gathers, the plan checks, the announcements and the metrics' figures.
 """
 
 from __future__ import annotations

@@ -37,14 +37,11 @@ class ExchangeError(RuntimeError):
 class ExchangeStats:
     """One micro-batch's exchange, seen from one rank.
 
-    ``bytes_sent``/``bytes_received``/``samples_sent``/``samples_received``: this rank's share of the
-    sample payload (the status and cost all-gathers are ``meta_bytes``). ``samples_moved`` and
-    ``bytes_moved``: the whole DP group's (every rank reports the same). Spreads are per canonical
-    group, max/mean (1.0 is perfect); ``baseline_spread`` is the contiguous split's.
-    Wall times: ``cost_s`` costing and sizing the local samples; ``plan_s`` the status and cost
-    all-gathers plus planning (it includes waiting for the slowest replica); ``move_s`` serialising,
-    the all_to_all and deserialising; ``total_s`` all of it.
-    """
+    ``bytes_*`` / ``samples_*`` sent and received: this rank's share of the payload (the all-gathers are
+    ``meta_bytes``); ``*_moved``: the whole DP group's. Spreads are max/mean per canonical group (the
+    ``baseline_spread`` the contiguous split's). Wall times: ``cost_s`` pricing the local samples,
+    ``plan_s`` the all-gathers and the plan (waiting for the slowest replica included), ``move_s``
+    serialising, the all_to_all and deserialising, ``total_s`` all of it."""
 
     bytes_sent: int
     bytes_received: int
