@@ -22,7 +22,6 @@ from typing import Any, Optional
 
 import numpy as np
 
-from mimo_accel.config import AccelConfig
 from mimo_accel.modules import LANGUAGE
 from mimo_accel.profiler.timers import iter_tensors
 from mimo_accel.runtime.state import Runtime
@@ -141,11 +140,6 @@ class Profiling:
         self.metrics = None  # runtime.metrics.Metrics of the training run under way, if it logs
         self._flops: Optional[dict] = None  # the header's layout["flops"] (runtime.model_flops), from start_run
 
-    @property
-    def config(self) -> AccelConfig:
-        """The run's config, as enabled (what acts: ``runtime.features()``)."""
-        return self.runtime.config
-
     def recorder(self):
         """This rank's Recorder, created on first use (needs torch.distributed to be initialised)."""
         if self._recorder is not None:
@@ -154,14 +148,12 @@ class Profiling:
             if self._recorder is None:
                 import torch.distributed as dist
 
-                from mimo_accel.profiler import Recorder
+                from mimo_accel.profiler import Recorder, module_counters, module_regions
 
                 ctx = self.runtime.shard_context()
                 rank = dist.get_rank() if dist.is_initialized() else 0
                 world = dist.get_world_size() if dist.is_initialized() else 1
-                from mimo_accel.profiler import module_counters, module_regions
-
-                cfg = self.config
+                cfg = self.runtime.config  # as enabled (what acts: runtime.features())
                 # this rank's module: its regions (and an encoder's counters) in every step line
                 regions = module_regions(ctx.module) if ctx else ()
                 counters = module_counters(ctx.module) if ctx and ctx.module != LANGUAGE else ()
