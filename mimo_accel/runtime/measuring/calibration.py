@@ -82,12 +82,8 @@ class Schedule:
         self.announcements.append(announcement)
 
     def in_force(self, iteration: int) -> Optional[Announcement]:
-        """The announcement whose model plans ``iteration`` (None: the start model)."""
-        current = None
-        for a in self.announcements:
-            if a.step <= iteration:
-                current = a
-        return current
+        """The announcement whose model plans ``iteration`` (None: the start model); their steps rise."""
+        return next((a for a in reversed(self.announcements) if a.step <= iteration), None)
 
     def model_for(self, iteration: int) -> CostModel:
         a = self.in_force(iteration)
@@ -271,7 +267,10 @@ class Calibration:
         :class:`WindowModel` of the iteration it belongs to. ``prefetched``: the micro-batches the
         loader's workers take from its sampler ahead of training (a planner that waited for the
         first refit there would hold up the step that refit learns from)."""
+        import torch.distributed as dist
+
         from mimo_accel.runtime.reading.plan_inputs import digest
+        from mimo_accel.runtime.store import background_store
 
         ahead = -(-max(0, prefetched) // max(1, step_micro_batches))
         # a run resumed with models learnt before its checkpoint is no cold start: its refits wait out
@@ -280,19 +279,11 @@ class Calibration:
 
         def of_window(first_micro_batch: int) -> WindowModel:
             iteration = first_micro_batch // step_micro_batches + 1
-            model = self.model_for(iteration, self._store())
+            # the store through the planner thread's own client (None in a single process)
+            model = self.model_for(iteration, background_store() if dist.is_initialized() else None)
             return WindowModel(model, digest(model.to_doc()), self.schedule.overheads_for(iteration))
 
         return of_window
-
-    def _store(self):
-        import torch.distributed as dist
-
-        if not dist.is_initialized():
-            return None
-        from mimo_accel.runtime.store import background_store
-
-        return background_store()
 
     @property
     def language_per_micro_batch(self) -> bool:
