@@ -278,27 +278,28 @@ class Profiling:
         if count_tokens and (role is None or role.is_language):
             # the tensors the lengths come from, held (not copied) until the step's end
             self._unpacked.append({k: batch.get(k) for k in ("attention_mask", "loss_mask", "input_ids")})
-        if tag is not None:
-            if tag.bytes_exchanged:
-                rec.add(bytes_exchanged=int(tag.bytes_exchanged))
-            share = tag.share
-            if share is not None and share.step_time is not None:  # the step the plan expects (model units)
-                rec.set(predicted_step_s=share.step_time)
-            if share is not None and share.loads:  # each replica's planned load: the step's figure is their sum
-                for module, row in share.loads.items():
-                    seen = self._planned.get(module)
-                    row = np.asarray(row, dtype=np.float64)
-                    self._planned[module] = row.copy() if seen is None else seen + row
-                self._planned_overheads = dict(share.overheads)
-                if share.cost_model is not None:  # the cost model the step was planned with (online calibration)
-                    rec.set(cost_model=share.cost_model)
-            elif share is not None:  # a plan without loads (exchange mode): its micro-batch's figure, the last one's
-                if share.spread is not None:
-                    rec.set(predicted_spread=share.spread)
-                if share.spreads:
-                    rec.set(predicted_spreads=dict(share.spreads))
-            if share is not None and share.planned:
-                self._plan_wait_s = (self._plan_wait_s or 0.0) + share.plan_wait_s
+        if tag is not None and tag.bytes_exchanged:
+            rec.add(bytes_exchanged=int(tag.bytes_exchanged))
+        share = tag.share if tag is not None else None
+        if share is None:
+            return
+        if share.step_time is not None:  # the step the plan expects (model units)
+            rec.set(predicted_step_s=share.step_time)
+        if share.loads:  # each replica's planned load: the step's figure is their sum
+            for module, row in share.loads.items():
+                seen = self._planned.get(module)
+                row = np.asarray(row, dtype=np.float64)
+                self._planned[module] = row.copy() if seen is None else seen + row
+            self._planned_overheads = dict(share.overheads)
+            if share.cost_model is not None:  # the cost model the step was planned with (online calibration)
+                rec.set(cost_model=share.cost_model)
+        else:  # a plan without loads (exchange mode): its micro-batch's figure, the last one's
+            if share.spread is not None:
+                rec.set(predicted_spread=share.spread)
+            if share.spreads:
+                rec.set(predicted_spreads=dict(share.spreads))
+        if share.planned:
+            self._plan_wait_s = (self._plan_wait_s or 0.0) + share.plan_wait_s
 
     def record_packed(self, packing_kwargs: dict) -> None:
         """A language shard was packed: its real tokens (``tokens`` = Σ L, ``sq_tokens`` = Σ L² over
