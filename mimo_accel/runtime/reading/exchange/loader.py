@@ -34,7 +34,7 @@ class ExchangeLoader:
     With ``exchange.overlap`` a side thread reads, exchanges and collates up to ``prefetch``
     micro-batches ahead; errors raised there are re-raised here. ``on_exchange(stats)`` is called
     on the consuming thread when a batch is handed out (so a profiler attributes the bytes to the
-    step that uses them); ``last_stats`` holds the latest.
+    step that uses them).
     """
 
     def __init__(self, source: Iterable, exchange: ExchangeReorder, *, prefetch: int = 1,
@@ -45,13 +45,11 @@ class ExchangeLoader:
         self.exchange = exchange
         self.prefetch = prefetch
         self.on_exchange = on_exchange
-        self.last_stats: Optional[ExchangeStats] = None
 
     def __len__(self) -> int:
         return len(self.source)
 
     def _deliver(self, batch: Any, stats: ExchangeStats) -> Any:
-        self.last_stats = stats
         if self.on_exchange is not None:
             self.on_exchange(stats)
         return batch

@@ -17,7 +17,7 @@ import torch
 
 from mimo_accel.costs import CostModel
 from mimo_accel.runtime.reading.exchange.cost import DecodedModuleCosts
-from mimo_accel.runtime.reading.exchange.routes import ExchangeRoutes, route_exchange
+from mimo_accel.runtime.reading.exchange.routes import route_exchange
 from mimo_accel.runtime.reading.exchange.wire import EncodedSample, decode_sample
 from mimo_accel.runtime.reading.sampler import SamplesRead, TaggingCollate
 from mimo_accel.runtime.context import ShardContext
@@ -136,8 +136,6 @@ class ExchangeReorder:
         if dist.get_rank(self.comm_group) != ctx.dp_rank:
             raise ExchangeError("mimo_accel exchange: the exchange group orders ranks differently from "
                                 "the DP group; pass comm_group in DP-rank order")
-        self.last_plan: Optional[ExchangeRoutes] = None
-        self.last_stats: Optional[ExchangeStats] = None
         self._buffers: dict[str, np.ndarray] = {}
 
     def _buffer(self, name: str, size: int) -> np.ndarray:
@@ -275,7 +273,6 @@ class ExchangeReorder:
             predicted_spread=plan.predicted_spread, baseline_spread=plan.baseline_spread,
             cost_s=t1 - t0, plan_s=t2 - t1, move_s=t3 - t2, total_s=t3 - t0,
             predicted_spreads=dict(plan.predicted_spreads))
-        self.last_plan, self.last_stats = plan, stats
         return out, stats
 
     def collate(self, samples: list, stats: Optional[ExchangeStats] = None) -> Any:
