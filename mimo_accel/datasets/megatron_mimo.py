@@ -44,6 +44,7 @@ from mimo_accel.datasets.sources import (
     Probed,
     SampleSource,
     ImageItem,
+    local_path,
     per_sample_patches,
     read_sizes,
     token_lengths,
@@ -125,7 +126,7 @@ class MimoDatasetSource(SampleSource):
                     else:
                         items = images_in(cell)
                     for item in items:
-                        path = _local_path(item)
+                        path = local_path(item)
                         if path is not None:
                             yield start + j, path, "audio" if kind == "audio" else "image"
 
@@ -336,18 +337,6 @@ def _mimo_real_tokens(text: np.ndarray, prefix: np.ndarray, seq: int) -> np.ndar
     room = seq - prefix
     kept = np.where(room >= 0, np.minimum(text, room), np.maximum(text + room, 0))
     return np.minimum(np.where(prefix > 0, kept + prefix, text), seq)
-
-
-def _local_path(item: Any) -> Optional[str]:
-    """The local file an image or clip cell names (a path, ``file://`` path, or an undecoded HF
-    cell with a path and no bytes), else None."""
-    if isinstance(item, Mapping):
-        return _local_path(item.get("path")) if item.get("bytes") is None and item.get("path") else None
-    if isinstance(item, os.PathLike):
-        item = os.fspath(item)
-    if isinstance(item, str) and not item.startswith(("data:", "http://", "https://")):
-        return item[len("file://"):] if item.startswith("file://") else item
-    return None
 
 
 def looks_like_mimo_dataset(dataset: Any) -> bool:

@@ -120,6 +120,18 @@ def read_sizes(images: list[ImageItem], workers: Optional[int]) -> None:
 
 
 
+def local_path(item: Any) -> Optional[str]:
+    """The local file an image or clip cell names (a path, ``file://`` path, or an undecoded HF
+    cell with a path and no bytes), else None."""
+    if isinstance(item, Mapping):
+        return local_path(item.get("path")) if item.get("bytes") is None and item.get("path") else None
+    if isinstance(item, os.PathLike):
+        item = os.fspath(item)
+    if isinstance(item, str) and not item.startswith(("data:", "http://", "https://")):
+        return item[len("file://"):] if item.startswith("file://") else item
+    return None
+
+
 def per_sample_patches(n: int, images: list[ImageItem],
                 rule: ResizeRule | FixedPatches) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(Σp, Σp², image count) per sample of a chunk, and each image's patches."""
