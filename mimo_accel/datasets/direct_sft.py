@@ -173,13 +173,13 @@ class ConversationSource(SampleSource):
         if self.pre is not None:
             _fetch_resize(images, self.pre)
         n = stop - start
-        patches, sq, count, per_image = per_sample_patches(n, images, self.rule)
+        patches, sq, count, per_image = per_sample_patches(n, images, self.rules[DEFAULT_ENCODER])
         tokens = np.asarray(token_lengths(self.tokenizer, texts), dtype=np.int64).reshape(-1)
         if self.image_token:
             # The processor replaces each image token by the image's merged rows.
             rows, _, _ = per_sample_sums(n, [im.sample for im in images], per_image // (self.merge ** 2) - 1)
             tokens = tokens + rows
-        return Probed.single(patches, sq, tokens, count)
+        return Probed(tokens, {DEFAULT_ENCODER: (count, patches, sq)})
 
 
 def _vision_parts(conversation: list, i: int) -> list[Mapping[str, Any]]:

@@ -19,7 +19,7 @@ from mimo_accel.costs import CostIndex, FixedPatches, ResizeRule
 from mimo_accel.costs.contents import Contents, file_stamps
 from mimo_accel.costs.files import map_reads
 from mimo_accel.costs.images import ImageSizeError, RemoteImageError, is_local_file, image_size_of
-from mimo_accel.costs.index import DEFAULT_ENCODER, per_sample_sums
+from mimo_accel.costs.index import per_sample_sums
 from mimo_accel.datasets.fingerprints import sha256_hex
 
 __all__ = ["PROBE_FORMAT", "DeriveError", "Probed", "SampleSource"]
@@ -52,14 +52,6 @@ class Probed:
 
     tokens: np.ndarray
     encoders: Mapping[str, tuple[np.ndarray, np.ndarray, np.ndarray]]
-
-    @classmethod
-    def single(cls, patches: np.ndarray, sq_patches: np.ndarray, tokens: np.ndarray, images: np.ndarray,
-               module: str = DEFAULT_ENCODER) -> Probed:
-        """One encoder's columns (the v1 shape: Σp, Σp², tokens, images)."""
-        return cls(np.asarray(tokens, np.int64), {module: (np.asarray(images, np.int64),
-                                                           np.asarray(patches, np.int64),
-                                                           np.asarray(sq_patches, np.int64))})
 
     def __len__(self) -> int:
         return int(self.tokens.size)
@@ -173,13 +165,6 @@ class SampleSource:
     length: int = 0
     base_length: int = 0
     rules: dict[str, Any]
-
-    @property
-    def rule(self) -> Any:
-        """The single encoder's rule (ValueError with several)."""
-        if len(self.rules) != 1:
-            raise ValueError(f"{self.kind} has the encoders {list(self.rules)}: ask for one rule by name (rules)")
-        return next(iter(self.rules.values()))
 
     def fingerprint_material(self) -> dict[str, Any]:
         raise NotImplementedError

@@ -20,7 +20,7 @@ behind loaders.
 from __future__ import annotations
 
 from mimo_accel.runtime.reading.exchange.cost import DecodedModuleCosts
-from mimo_accel.runtime.reading.exchange.loader import ExchangeLoader, exchange_loader, exchange_shard_loader
+from mimo_accel.runtime.reading.exchange.loader import ExchangeLoader, exchange_shard_loader
 from mimo_accel.runtime.reading.exchange.routes import ExchangeRoutes, route_exchange
 from mimo_accel.runtime.reading.exchange.reorder import OVERLAP_ENV, ExchangeError, ExchangeReorder, ExchangeStats
 from mimo_accel.runtime.reading.exchange.wire import EncodedSample, decode_sample, encode_sample, serialized_size
@@ -34,7 +34,6 @@ __all__ = [
     "ExchangeStats",
     "decode_sample",
     "encode_sample",
-    "exchange_loader",
     "exchange_shard_loader",
     "route_exchange",
     "serialized_size",

@@ -94,12 +94,6 @@ class ExchangeLoader:
             thread.join(timeout=5.0)
 
 
-def exchange_loader(source: Iterable, exchange: ExchangeReorder, *, prefetch: int = 1,
-                    on_exchange: Optional[Callable[[ExchangeStats], None]] = None) -> ExchangeLoader:
-    """Batches of ``source`` (an iterable of lists of decoded samples) after the exchange."""
-    return ExchangeLoader(source, exchange, prefetch=prefetch, on_exchange=on_exchange)
-
-
 def exchange_shard_loader(loader, ctx: ShardContext, micro_batch_size: int, group, *,
                           cost_fn: Optional[Callable[[Any], float]] = None,
                           cost_model: Optional[CostModel] = None, overlap: bool = False,
