@@ -1,40 +1,28 @@
 """Each module's cost model learnt from the job's own step times (pure: numpy only).
 
-Fed per training step and module: one observation per data-parallel replica, its forward +
-backward seconds and its features summed over the step's micro-batches (an encoder's ``rows``,
-``Σ rows²``, ``items``; the language model's real ``tokens``, ``Σ tokens²``, ``samples``: what
-:class:`~mimo_accel.costs.ModuleCost` prices). A refit (:meth:`OnlineCalibration.refit`), per
-module over the last ``window`` steps, the newest ``held_out`` share held out:
+Fed per training step and module: a row per data-parallel replica, its forward + backward seconds
+and its features summed over the step (an encoder's ``rows``, ``Σ rows²``, ``items``; the language
+model's ``tokens``, ``Σ tokens²``, ``samples``: what :class:`~mimo_accel.costs.ModuleCost`
+prices). A refit (:meth:`OnlineCalibration.refit`) fits each module over its last ``window``
+steps, the newest ``held_out`` share held out, by these rules (docs/design.md tells why):
 
-1. **Within steps.** A plan compares one module's replicas within a step, so the fit is on how
-   they differ (one free level per step): what they share cannot change a plan.
-2. **Units.** The current model is scaled to seconds (its work totals the measured time): the
-   centre of the prior and of the plausibility bound, judged at its best level.
-3. **Near the current model.** Non-negative least squares with a ridge prior towards it
-   (:func:`~mimo_accel.costs.fit.fit_near`) worth ``prior`` steps, each feature's weight at least
-   as if it varied by 5 % of its mean: a few noisy steps cannot swing a coefficient the plan has
-   all but equalised.
-4. **Only what the steps tell.** A feature that never differs within a step keeps its share in
-   the current model's proportion. Where the model lacks a term the steps tell, the prior's centre
-   moves to the fit and the fit is repeated; a model that prices every term stays the centre (from
-   a FLOPs start, three steps of CPU timings once pulled b/a 25x off).
-5. **Better on held-out steps, and good enough.** The error of a step is the largest error in a
-   replica's share of it (:mod:`~mimo_accel.costs.share_error`); a refit is accepted only if its
-   mean held-out error beats the current model's by ``min_gain`` and is at most ``noise_factor``
-   times its median error on its own steps (at least :data:`NOISE_FLOOR`), else it keeps
-   learning. A FLOPs start is put in seconds at its first attempt (``Refit.scale_only``), so a step
-   plan weighs every module in one unit.
-6. **Implausible fits are dropped** (said once): a non-finite, negative or all-zero coefficient,
-   or one (or the predicted work) moved outside ``[1/bound, bound]`` while its term carries at
-   least 1 % of the work in both models.
-7. **At the machine's pace** (``keep_pace``, for a step plan): a module in seconds whose work is
-   off its newest ``pace_steps`` steps' time by more than ``keep_pace`` is rescaled, its shape
-   kept; one observed per micro-batch is fitted there as its rows' shape plus a cost per item,
-   which only its micro-batches' level tells.
+1. on how a step's replicas differ (one free level per step): what they share moves no plan;
+2. the current model scaled to seconds is the centre of the prior and of the plausibility bound;
+3. non-negative least squares with a ridge prior towards it worth ``prior`` steps
+   (:func:`~mimo_accel.costs.fit.fit_near`), each feature weighed at least as if it varied 5 %;
+4. a feature that never differs within a step keeps the current model's proportion; a term the
+   model lacks and the steps tell moves the prior's centre to the fit;
+5. accepted only if its mean held-out error (:mod:`~mimo_accel.costs.share_error`) beats the
+   current model's by ``min_gain`` and is at most ``noise_factor`` times its median error on its
+   own steps (at least :data:`NOISE_FLOOR`); a FLOPs start is put in seconds at its first attempt
+   (``Refit.scale_only``), so a step plan weighs every module in one unit;
+6. dropped, said once, where a coefficient is non-finite, negative or all zero, or it (or the
+   predicted work) moves outside ``[1/bound, bound]`` while its term carries 1 % of the work;
+7. ``keep_pace`` (a step plan): a module in seconds off its newest ``pace_steps`` steps' time by
+   more than that is rescaled, its shape kept, with a cost per item where its micro-batches tell one.
 
-Deterministic: steps in order, a fixed solver order, nothing random, so the same observations give
-bit-identical coefficients (the runtime fits on one rank and ships them anyway). The account with
-its measurements: docs/design.md, "The cost model learnt while training".
+Deterministic (steps in order, a fixed solver order, nothing random): the same observations give
+bit-identical coefficients on every rank, though the runtime fits on one rank and ships them.
 """
 
 from __future__ import annotations
