@@ -122,8 +122,6 @@ class ExchangeReorder:
                 f"mimo_accel exchange: the process group has {len(self.ranks)} ranks and this rank is "
                 f"{dist.get_rank(group)} in it, but the ShardContext says {ctx.module} replica "
                 f"{ctx.dp_rank}/{ctx.dp_size}; pass the module's DP group")
-        if ctx.grid % ctx.dp_size:
-            raise ExchangeError(f"mimo_accel exchange: G={ctx.grid} is not a multiple of dp_size {ctx.dp_size}")
         if comm_group is not None:
             if list(dist.get_process_group_ranks(comm_group)) != self.ranks:
                 raise ExchangeError("mimo_accel exchange: comm_group must hold the DP group's ranks in "
