@@ -136,19 +136,6 @@ class ForkedPlanner:
         self.process.join()  # no timeout: waitpid itself
 
 
-class InlinePlanner:
-    """The planner run on the planner thread itself (where forking is not possible)."""
-
-    def __init__(self, planner):
-        self.planner = planner
-
-    def __call__(self, indices, micro_batches: int, *extra):
-        return self.planner(indices, micro_batches, *extra)
-
-    def close(self) -> None:
-        pass
-
-
 # --------------------------------------------------------------------------------- the pass
 
 
@@ -183,7 +170,7 @@ def put_unless_stopped(out: "queue.Queue", item, stop: threading.Event) -> bool:
 
 def _feed(spec: PassSpec, out: "queue.Queue", stop: threading.Event, worker) -> None:
     """The planner thread: plan, agree and queue each window of the pass, ahead of training, with
-    ``worker`` (a ForkedPlanner or InlinePlanner, closed when the pass ends)."""
+    ``worker`` (a ForkedPlanner, closed when the pass ends, or the planner itself, run on this thread)."""
     put = functools.partial(put_unless_stopped, out, stop=stop)
     check, posted = spec.check, False
     ordinal = 0
@@ -214,7 +201,8 @@ def _feed(spec: PassSpec, out: "queue.Queue", stop: threading.Event, worker) -> 
                 logger.exception("mimo_accel: could not tell the other ranks that planning failed")
         put(("error", exc, None))
     finally:
-        worker.close()
+        if isinstance(worker, ForkedPlanner):
+            worker.close()
 
 
 class PlannedPass:
@@ -238,7 +226,7 @@ class PlannedPass:
         # other's half-made pipes, and each then waits seconds on the other's exit.
         # (POSIX only; a daemonic multiprocessing child may not have children)
         can_fork = hasattr(os, "fork") and not multiprocessing.current_process().daemon
-        worker = ForkedPlanner(spec.planner) if spec.in_process and can_fork else InlinePlanner(spec.planner)
+        worker = ForkedPlanner(spec.planner) if spec.in_process and can_fork else spec.planner
         self.thread = threading.Thread(target=_feed, args=(spec, self._queue, self._stop, worker), daemon=True,
                                        name=f"mimo-accel-plan-ahead-{spec.pass_no}")
         self.thread.start()
