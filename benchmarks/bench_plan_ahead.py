@@ -118,7 +118,7 @@ def _global_sampler(n: int, mbs: int):
 
 def run_mode(mode: str, dps: dict, index: CostIndex, windows: int, units: int, mbs: int) -> dict:
     from mimo_accel.runtime.reading.sampler import ShardedBatchSampler
-    from mimo_accel.runtime.reading.shard import ShardContext
+    from mimo_accel.runtime.context import ShardContext
 
     ctx = ShardContext("vision", 0, dps["vision"], Modules.from_dp_sizes(dps).grid, dps)
     n = windows * WINDOW * mbs
@@ -128,8 +128,7 @@ def run_mode(mode: str, dps: dict, index: CostIndex, windows: int, units: int, m
     elif mode == "serial":
         sampler = _Serial((n, mbs), planner, ctx)
     else:
-        sampler = ShardedBatchSampler(_global_sampler(n, mbs), ctx, planner, window=WINDOW,
-                                      step_micro_batches=WINDOW, in_process=(mode == "ahead, process"))
+        sampler = ShardedBatchSampler(_global_sampler(n, mbs), ctx, planner, window=WINDOW, in_process=(mode == "ahead, process"))
     it = iter(sampler)
     next_s, work_s, off_cpu, shares, cpu = [], [], [], [], []
     for _ in range(windows):

@@ -85,31 +85,22 @@ class ConfigError(ValueError):
 
 @dataclass(frozen=True)
 class AccelConfig:
-    """What ``mimo_accel.enable()`` turns on.
+    """What ``mimo_accel.enable()`` turns on (each option in full: docs/usage.md's table).
 
-    sharded_reads: each data rank reads only its module replica's share of the global micro-batch
-        (canonical grid G = lcm of module DPs); the forward step passes the share on unsliced.
-    reorder: balance every module's DP replicas (each encoder and the language model), planned
-        before reading (implies sharded_reads).
-    reorder_mode: "plan" (default: costs known before reading, from a cost index; zero bytes move)
-        or "exchange" (costs known after decoding; samples move with one all_to_all).
-    reorder_window: how many consecutive global micro-batches are planned together, or "step": the
-        micro-batches of one training step (read from megatron-core's calculator when the loader is
-        built), which balances each replica's step and the micro-batches the pipeline carries;
-        samples then move between the micro-batches of a step, never between steps.
-    cost_model: path of a cost-model file (``mimo-accel calibrate``), or None for the default
-        coefficients.
-    cost_index: path of a per-sample cost index (``mimo-accel index``); None means the dataset must
-        provide one (``dataset.mimo_accel_cost_index``).
+    sharded_reads: each data rank reads only its replica's canonical-grid share; no slice in the step.
+    reorder: balance every module's DP replicas, planned before reading (implies sharded_reads).
+    reorder_mode: "plan" (costs from a cost index; nothing moves) or "exchange" (after decoding).
+    reorder_window: micro-batches planned together (tiling a step), or "step": one training step's.
+    cost_model: a ``mimo-accel calibrate`` file, or None (each module's FLOPs, else the defaults).
+    cost_index: a ``mimo-accel index`` file (``{split}``: one per split), or None (the dataset's own,
+        else derived when the loaders are built).
     packing: THD-pack the language shard (no compute on padding).
     pad_multiple: pad every packed segment to a multiple of this (context parallelism needs 2·cp).
-    profile: None (off) or the directory the per-rank profiler writes ``rank<N>.jsonl`` to.
-    strict_gradients: refuse (an error naming the fix) a reorder that would change the gradient,
-        not only who computes it: with the language model's ``calculate_per_token_loss=False``
-        each language replica's loss is a mean over its own tokens. Off: said once.
-    calibrate_online: with ``reorder`` (plan mode), the cost model refits itself from the job's own
-        step times while it trains, starting from ``cost_model`` or each module's FLOPs
-        (:mod:`mimo_accel.runtime.measuring.calibration`); False pins it. No effect without reorder.
+    profile: None (off) or the directory of the per-rank ``rank<N>.jsonl`` profiler logs.
+    strict_gradients: refuse, rather than say once, a reorder that changes the gradient (the
+        language model's ``calculate_per_token_loss=False``).
+    calibrate_online: with reorder (plan mode), the cost model refits itself from the job's step
+        times (:mod:`mimo_accel.runtime.measuring.calibration`); False pins it.
     """
 
     sharded_reads: bool = False
@@ -135,16 +126,9 @@ class AccelConfig:
         if self.reorder_mode not in REORDER_MODES:
             raise ConfigError(f"reorder_mode={self.reorder_mode!r} is not one of {REORDER_MODES}; "
                               "write reorder_mode=plan or reorder_mode=exchange")
-        if isinstance(self.reorder_window, str) and self.reorder_window.strip().lower() == STEP_WINDOW:
-            object.__setattr__(self, "reorder_window", STEP_WINDOW)
-        for name, example in (("reorder_window", "reorder_window=4 or reorder_window=step"),
-                              ("pad_multiple", "pad_multiple=2")):
-            value = getattr(self, name)
-            if value == STEP_WINDOW and name == "reorder_window":
-                continue
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                what = "a positive integer or 'step'" if name == "reorder_window" else "a positive integer"
-                raise ConfigError(f"{name} must be {what}, got {value!r}; e.g. {example}")
+        object.__setattr__(self, "reorder_window", parse_window(self.reorder_window))
+        if not positive_int(self.pad_multiple):
+            raise ConfigError(f"pad_multiple must be a positive integer, got {self.pad_multiple!r}; e.g. pad_multiple=2")
         for name, what in (("cost_model", "file"), ("cost_index", "file"), ("profile", "directory")):
             value = getattr(self, name)
             if value is None:
@@ -167,18 +151,6 @@ class AccelConfig:
     def features(self) -> list[str]:
         names = [n for n in ("sharded_reads", "reorder", "packing") if getattr(self, n)]
         return names + (["profile"] if self.profile is not None else [])
-
-    def window_for(self, step_micro_batches: Optional[int]) -> int:
-        """The micro-batches planned together: ``reorder_window``, or for "step" the step's
-        ``step_micro_batches`` (ValueError naming the fix where those are unknown)."""
-        if self.reorder_window != STEP_WINDOW:
-            return self.reorder_window
-        if step_micro_batches is None:
-            raise ValueError("mimo_accel reorder_window=step needs the number of micro-batches per training "
-                             "step, which megatron-core's num-microbatches calculator did not have when the loader "
-                             "was built (Bridge's setup_megatron_mimo initialises it); build the loaders inside "
-                             "pretrain_megatron_mimo's build_data_iterators, or set reorder_window to a number")
-        return step_micro_batches
 
     def replace(self, **changes) -> "AccelConfig":
         unknown = set(changes) - {f.name for f in dataclasses.fields(self)}
@@ -238,15 +210,15 @@ class AccelConfig:
                 if raw not in TRUE_WORDS + FALSE_WORDS:
                     raise ConfigError(f"{var}={env[var]!r}: expected 1 or 0")
                 changes[name] = raw in TRUE_WORDS
-        for var, name in ((ENV_PAD_MULTIPLE, "pad_multiple"), (ENV_REORDER_WINDOW, "reorder_window")):
-            if name == "reorder_window" and env.get(var, "").strip().lower() == STEP_WINDOW:
-                changes[name] = STEP_WINDOW
-            elif env.get(var):
-                try:
-                    changes[name] = int(env[var])
-                except ValueError:
-                    raise ConfigError(f"{var}={env[var]!r} is not an integer"
-                                      f"{' or step' if name == 'reorder_window' else ''}; e.g. {var}=2") from None
+        if env.get(ENV_PAD_MULTIPLE):
+            try:
+                changes["pad_multiple"] = int(env[ENV_PAD_MULTIPLE])
+            except ValueError:
+                raise ConfigError(f"{ENV_PAD_MULTIPLE}={env[ENV_PAD_MULTIPLE]!r} is not an integer; "
+                                  f"e.g. {ENV_PAD_MULTIPLE}=2") from None
+        if env.get(ENV_REORDER_WINDOW):  # text: a number is one, anything else is parse_window's to judge
+            raw = env[ENV_REORDER_WINDOW]
+            changes["reorder_window"] = int(raw) if raw.strip().isdecimal() else raw
         try:
             return cls(**changes)
         except ConfigError as exc:  # name the variable the value came from
@@ -263,6 +235,46 @@ class AccelConfig:
             if value is not None and value != getattr(AccelConfig, name):
                 env[var] = ("1" if value else "0") if isinstance(value, bool) else str(value)
         return env
+
+
+def positive_int(value) -> bool:
+    """An int >= 1 (True is no count)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+def parse_window(value) -> Union[int, str]:
+    """``reorder_window`` as every spelling gives it (``enable()``, ``MIMO_ACCEL_REORDER_WINDOW``, the
+    YAML key, a ``key=value`` override): a positive integer, or ``"step"`` in any letter case; any
+    other value is a ConfigError with the one line each path says (after where it came from)."""
+    if isinstance(value, str) and value.strip().lower() == STEP_WINDOW:
+        return STEP_WINDOW
+    if not positive_int(value):
+        raise ConfigError(f"reorder_window must be a positive integer or step, got {value!r}; "
+                          "e.g. reorder_window=4 or reorder_window=step")
+    return value
+
+
+def resolve_window(window: Union[int, str], step_micro_batches: Optional[int]) -> int:
+    """The micro-batches planned together for a parsed ``reorder_window``: the number, or for "step"
+    the ``step_micro_batches`` of megatron-core's calculator. A window must tile a training step, so
+    that samples move between the micro-batches of one step and never into another (a resume
+    restarts at a step): ConfigError naming the valid values otherwise, or the fix where the step's
+    micro-batches are not known."""
+    if window == 1:
+        return 1
+    if step_micro_batches is None:
+        raise ConfigError(f"mimo_accel reorder_window={window} needs the number of micro-batches per training "
+                          "step, which megatron-core's num-microbatches calculator did not have when the loader "
+                          "was built (Bridge's setup_megatron_mimo initialises it); build the loaders inside "
+                          "pretrain_megatron_mimo's build_data_iterators, or set reorder_window=1")
+    if window == STEP_WINDOW:
+        return step_micro_batches
+    if step_micro_batches % window:
+        valid = [w for w in range(1, step_micro_batches + 1) if step_micro_batches % w == 0]
+        raise ConfigError(f"mimo_accel reorder_window={window} does not divide the {step_micro_batches} "
+                          "micro-batches of a training step, so a window would take samples from the next step. "
+                          f"Valid values: {valid} ({step_micro_batches} balances the whole global batch).")
+    return window
 
 
 def switches_from_words(raw: str, where: str) -> dict:

@@ -1,34 +1,13 @@
 """``mimo_accel.load_config``: an :class:`~mimo_accel.config.AccelConfig` from the ``mimo_accel:``
 section of a YAML file and ``key=value`` overrides, the way Megatron Bridge reads its own config.
 
-.. code-block:: yaml
-
-    # run.yaml -- may be the same file Bridge's recipe loads (Bridge skips keys it does not know)
-    mimo_accel:
-      reorder: true
-      packing: true
-      cost_index: costs-{split}.npz
-      profile: runs/after
-
-.. code-block:: python
-
-    import mimo_accel
-    mimo_accel.enable(config=mimo_accel.load_config("run.yaml", overrides=["pad_multiple=2"]))
-
-The section is merged into an OmegaConf structured config of ``AccelConfig`` (interpolations such as
-``${oc.env:RUN_DIR}`` or ``${logger.tensorboard_dir}`` resolve against the whole file), then the
-overrides, in order, in the grammar of Bridge's ``process_config_with_overrides`` (Hydra's), values
-parsed as OmegaConf parses a dotlist (YAML scalars):
-
-- ``key=value`` sets an option (``packing=true``, ``mimo_accel.pad_multiple=2``, ``profile=null``);
-- ``+key=value`` and ``++key=value`` set it too: every option always exists (with its default), so
-  Bridge's "add" and "add or override" are both "set" here;
-- ``~key`` puts the option back to its default; ``~key=value`` does so only where it is ``value``
-  (else an error, as Hydra's).
-
-Defaults < file < overrides; the ``MIMO_ACCEL*`` environment is not read (``mimo-accel run --config``
-exports the result for the job). Every error is a :class:`~mimo_accel.config.ConfigError` that names
-the option, where its value came from, and what to write instead (an unknown key: the closest one).
+The section is merged into an OmegaConf structured config of ``AccelConfig`` (interpolations
+resolve against the whole file), then the overrides in order, in the grammar of Bridge's
+``process_config_with_overrides`` (``key=value``, ``+key=value``, ``++key=value``: set; ``~key``
+resets, ``~key=value`` only where it is that value), values parsed as OmegaConf parses a dotlist.
+Defaults < file < overrides; the ``MIMO_ACCEL*`` environment is not read. Every error is a
+:class:`~mimo_accel.config.ConfigError` naming the option, where its value came from and what to
+write instead. Examples: docs/usage.md, "A YAML config, Bridge's way".
 """
 
 from __future__ import annotations
@@ -39,13 +18,13 @@ import re
 from dataclasses import dataclass
 from typing import Iterable, Optional, Union
 
-from mimo_accel.config import FLAGS, STEP_WINDOW, AccelConfig, ConfigError
+from mimo_accel.config import FLAGS, AccelConfig, ConfigError, parse_window, positive_int
 
 __all__ = ["SECTION", "Override", "is_override", "load_config", "parse_overrides"]
 
 SECTION = "mimo_accel"
 FIELDS = tuple(f.name for f in dataclasses.fields(AccelConfig))
-INTS = ("reorder_window", "pad_multiple")
+INTS = ("reorder_window", "pad_multiple")  # reorder_window: or "step" (parse_window)
 _OVERRIDE = re.compile(r"^(?P<op>\+\+|\+|~)?(?P<key>[A-Za-z_][A-Za-z0-9_.]*)(?:=(?P<value>.*))?$", re.S)
 
 
@@ -85,11 +64,13 @@ def _check_value(key: str, value, where: str) -> None:
     if key in FLAGS and not isinstance(value, bool):
         raise ConfigError(f"{where}: {SECTION}.{key} must be true or false, got {value!r}; "
                           f"write {key}=true or {key}=false")
-    if key == "reorder_window" and isinstance(value, str) and value.strip().lower() == STEP_WINDOW:
-        return
-    if key in INTS and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
-        raise ConfigError(f"{where}: {SECTION}.{key} must be a positive integer"
-                          f"{' or step' if key == 'reorder_window' else ''}, got {value!r}; e.g. {key}=2")
+    if key == "reorder_window":
+        try:
+            parse_window(value)
+        except ConfigError as exc:
+            raise ConfigError(f"{where}: {exc}") from None
+    elif key in INTS and not positive_int(value):
+        raise ConfigError(f"{where}: {SECTION}.{key} must be a positive integer, got {value!r}; e.g. {key}=2")
     if key not in FLAGS + INTS and value is not None and not isinstance(value, str):
         what = "plan or exchange" if key == "reorder_mode" else "a path, or null"
         raise ConfigError(f"{where}: {SECTION}.{key} must be {what}, got {value!r}")

@@ -1,10 +1,8 @@
 """The canonical grid: how one global micro-batch is shared between modules with different DP.
 
-G = lcm of all module DP sizes. The global micro-batch is G contiguous groups; a module with DP d
-owns G/d consecutive groups per replica. Because every module cuts the same global order into the
-same G groups, vision replica r and the language replica(s) it feeds through BridgeCommunicator
-(fan-in: language i concatenates vision i·k … i·k+k−1; fan-out: vision i feeds language i·k+j in
-part order j) hold the same samples in the same order. Pure: no torch, no megatron.
+G = lcm of the module DP sizes; the global micro-batch is G contiguous groups and a module with DP d
+owns G/d consecutive groups per replica, so every encoder replica and the language replica(s) it
+feeds through BridgeCommunicator (fan-in, fan-out) hold the same samples in the same order. Pure.
 """
 
 from __future__ import annotations
@@ -47,8 +45,9 @@ def check_micro_batch(micro_batch_size: int, grid: int, what: str = "micro_batch
     return micro_batch_size // grid
 
 
-def replica_samples(positions: Sequence[int], dp_rank: int, dp_size: int, grid: int) -> list[int]:
-    """This replica's share of a global micro-batch given in canonical-group order."""
-    per_group = check_micro_batch(len(positions), grid, "global micro-batch length")
+def replica_samples(positions: Sequence[int], dp_rank: int, dp_size: int, grid: int) -> Sequence[int]:
+    """This replica's share of a global micro-batch given in canonical-group order (a slice of
+    ``positions``)."""
+    per_group = check_micro_batch(len(positions), grid, "global micro-batch size")
     groups = owned_groups(dp_rank, dp_size, grid)
-    return list(positions[groups.start * per_group: groups.stop * per_group])
+    return positions[groups.start * per_group: groups.stop * per_group]

@@ -1,16 +1,11 @@
 """The modules of a MegatronMIMO layout: the one model of a layout that everything in mimo_accel reads.
 
-A non-colocated MIMO job has one language module (megatron-core's key ``"language"``) and one or
-more encoders, each named freely by the user (``"vision"``, or upstream's own ``"images"`` and
-``"audios"``), each on its own grid with its own tensor-, pipeline- and data-parallel size. Each
-module has a ``kind``: what it encodes (``image``, ``video``, ``audio``; the language model's is
-``text``). Everything that depends on *which* modules exist — the canonical grid, what the planner
-balances, which cost-index column prices a module, what the profiler names a module's time, what
-the report and the simulation show — iterates over a :class:`Modules`, so that adding an encoder
-adds data, not code paths. Every module is priced by the cost-index column of its name and timed
-under its name (profiler regions ``<name>_fwd`` / ``<name>_bwd``).
-
-Pure: no torch, no megatron (the parallelism config is read by attribute only).
+One language module (megatron-core's key ``"language"``) and one or more encoders named freely by
+the user (``"vision"``, upstream's ``"images"``, ``"audios"``), each with its own TP/PP/DP and a
+``kind`` (what it encodes: ``image``, ``video``, ``audio``; the language model's is ``text``).
+Everything that depends on which modules exist (the grid, the plan, the cost-index column and
+profiler regions named after each module, the report) iterates over a :class:`Modules`, so an
+encoder more is data, not code. Pure: the parallelism config is read by attribute only.
 """
 
 from __future__ import annotations
@@ -30,11 +25,6 @@ KINDS = ("image", "video", "audio", "text")
 # upstream's examples use. Any other encoder name is an image encoder unless its kind is given.
 _KIND_OF_NAME = {"vision": "image", "image": "image", "images": "image", "video": "video", "videos": "video",
                  "audio": "audio", "audios": "audio", LANGUAGE: "text"}
-
-
-def kind_of(name: str) -> str:
-    """The kind the module name ``name`` implies (``"image"`` for a name mimo_accel does not know)."""
-    return _KIND_OF_NAME.get(name, "image")
 
 
 @dataclass(frozen=True)
@@ -76,13 +66,13 @@ def replica_seconds(times: Mapping[int, float], stages: int) -> float:
 
 
 def module(name: str, dp: int, *, kind: Optional[str] = None, tp: int = 1, pp: int = 1) -> Module:
-    """The checked :class:`Module` ``name`` with ``dp`` replicas (kind: given, else :func:`kind_of`)."""
+    """The checked :class:`Module` ``name`` with ``dp`` replicas (kind: given, else its name's)."""
     if not isinstance(name, str) or not name:
         raise ValueError(f"a module needs a non-empty name, got {name!r}")
     for what, size in (("data", dp), ("tensor", tp), ("pipeline", pp)):
         if isinstance(size, bool) or not isinstance(size, int) or size < 1:
             raise ValueError(f"module {name!r}: {what}-parallel size must be a positive integer, got {size!r}")
-    kind = kind_of(name) if kind is None else kind
+    kind = _KIND_OF_NAME.get(name, "image") if kind is None else kind
     if kind not in KINDS:
         raise ValueError(f"module {name!r}: kind must be one of {', '.join(KINDS)}, got {kind!r}")
     if (name == LANGUAGE) != (kind == "text"):
@@ -161,10 +151,6 @@ class Modules:
     def grid(self) -> int:
         """G = lcm of the module DP sizes (:func:`mimo_accel.grid.canonical_grid`)."""
         return canonical_grid(m.dp for m in self.all)
-
-    def encoder_groups(self) -> Optional[int]:
-        """How many groups the encoder-only plan balances: the largest encoder DP (None: no encoder)."""
-        return max((m.dp for m in self.encoders), default=None)
 
     @property
     def world_size(self) -> int:

@@ -1,17 +1,11 @@
 """NVTX ranges around mimo_accel's work, for Nsight Systems; on CPU nothing at all.
 
-On a process where CUDA is available, these show on the timeline (``nsys profile -t cuda,nvtx``),
-each named ``mimo_accel/...``:
-
-* ``mimo_accel/plan`` — planning a reorder window from the cost index (plan mode);
-* ``mimo_accel/read`` — the sharded loader reading this replica's samples of a micro-batch;
-* ``mimo_accel/pack`` — THD-packing the language shard;
-* ``mimo_accel/<module>_fwd`` / ``mimo_accel/<module>_bwd`` — the profiler's module timers
-  (``vision_fwd``, ``language_bwd``, ...; only with ``profile`` on, on CUDA).
-
-Whether NVTX is on is decided once per process, the first time a range is asked for after torch
-is imported: ``torch.cuda.is_available()``. Where it is not (a CPU run, torch's CPU build, whose
-``torch.cuda.nvtx`` functions raise), no NVTX function is called; torch is never imported for it.
+Where CUDA is available these show on the timeline (``nsys profile -t cuda,nvtx``):
+``mimo_accel/plan`` (planning a reorder window), ``mimo_accel/read`` (the sharded loader reading
+a share), ``mimo_accel/pack`` (THD packing) and, with ``profile`` on, the module timers'
+``mimo_accel/<module>_fwd`` / ``_bwd``. Whether NVTX is on is decided once per process, the first
+time a range is asked for after torch is imported (``torch.cuda.is_available()``); where it is not
+(torch's CPU build, whose ``torch.cuda.nvtx`` raises) no NVTX function is called.
 """
 
 from __future__ import annotations
@@ -58,22 +52,9 @@ def enabled() -> bool:
     return _nvtx() is not None
 
 
-@contextlib.contextmanager
-def nvtx_range(name: str) -> Iterator[None]:
-    """``with nvtx_range("mimo_accel/x"):`` — a push/pop range on this thread (nothing on CPU)."""
-    ops = _nvtx()
-    if ops is None:
-        yield
-        return
-    ops.range_push(name)
-    try:
-        yield
-    finally:
-        ops.range_pop()
-
-
 def ranged(name: str) -> Callable[[Callable], Callable]:
-    """Decorator: each call of the function runs inside ``nvtx_range(name)``."""
+    """Decorator: each call of the function runs inside a push/pop range ``name`` on its thread
+    (nothing on CPU)."""
 
     def decorate(fn: Callable) -> Callable:
         @functools.wraps(fn)

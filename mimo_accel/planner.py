@@ -1,9 +1,6 @@
-"""Plan-before-read reordering: the canonical-group order of a global micro-batch, from costs that
-every rank can compute without decoding a sample (a per-sample cost index, per module).
-
-Every rank of every module derives the same plan from the same global indices and the same
-index, so each encoder's replicas and the language replicas they feed read the same samples in the
-same order, and no sample byte moves between ranks. Pure: numpy only.
+"""Plan-before-read reordering: the canonical-group order of a global micro-batch from costs every
+rank computes without decoding a sample (a per-sample cost index), the same on every rank of every
+module, so no sample byte moves between ranks. Pure: numpy only.
 """
 
 from __future__ import annotations
@@ -23,16 +20,11 @@ from mimo_accel.nvtx import ranged
 class CostIndexPlanner:
     """``planner(global_indices, micro_batches) -> (indices in canonical-group order, prediction)``.
 
-    Prices every module of the layout (``modules``: each encoder by its own column of the cost
-    index, the language model by its real tokens; :meth:`CostIndex.module_costs`) and plans them
-    all at once with :func:`mimo_accel.balance.balance_modules` on the canonical grid G = lcm of
-    the module DPs, in any layout (1:1, fan-in, fan-out, several encoders). The prediction's
-    ``spreads`` map each module to its predicted replica spread (:func:`mimo_accel.balance.module_spreads`).
-
-    A layout encoder the index cannot price is an error here, when the planner is built
-    (:class:`mimo_accel.costs.index.IndexModulesError` naming both sides): never the image plan
-    applied to another encoder's replicas.
-    """
+    Prices every module of the layout (each encoder by its own column of the cost index, the language
+    model by its real tokens: :meth:`CostIndex.module_costs`) and plans them all at once on the
+    canonical grid (:func:`plan_costs`), in any layout. An encoder the index cannot price is an error
+    when the planner is built (:class:`~mimo_accel.costs.index.IndexModulesError`), never another
+    encoder's plan applied to its replicas."""
 
     def __init__(self, index: CostIndex, model: CostModel, modules: Modules,
                  notify: Optional[Callable[[str, str], object]] = None, frozen: Sequence[str] = ()):

@@ -10,7 +10,7 @@ import logging
 import pytest
 
 import mimo_accel
-from mimo_accel.config import CONFIG_ENV, AccelConfig, ConfigError, check_environment
+from mimo_accel.config import CONFIG_ENV, AccelConfig, ConfigError, check_environment, resolve_window
 
 
 @pytest.fixture
@@ -328,15 +328,44 @@ def test_options_with_their_feature_on_are_not_warned(clean_engine, caplog):
     assert not [r for r in caplog.records if "has no effect" in r.getMessage()]
 
 
-def test_a_window_of_one_step_in_every_way_it_can_be_set(tmp_path):
-    want = AccelConfig(reorder=True, reorder_window="step")
-    assert AccelConfig(reorder=True, reorder_window="Step") == want
-    assert AccelConfig.from_env({"MIMO_ACCEL": "reorder", "MIMO_ACCEL_REORDER_WINDOW": "step"}) == want
-    assert mimo_accel.load_config(_yaml(tmp_path, "mimo_accel: {reorder: true, reorder_window: step}\n")) == want
-    assert mimo_accel.load_config(None, ["reorder=true", "reorder_window=step"]) == want
-    assert AccelConfig.from_env(want.to_env()) == want
-    assert want.window_for(16) == 16 and AccelConfig(reorder_window=4).window_for(16) == 4
-    with pytest.raises(ValueError, match="reorder_window=step needs the number of micro-batches per training step"):
-        want.window_for(None)
-    with pytest.raises(ConfigError, match="MIMO_ACCEL_REORDER_WINDOW='steps' is not an integer or step"):
-        AccelConfig.from_env({"MIMO_ACCEL": "reorder", "MIMO_ACCEL_REORDER_WINDOW": "steps"})
+# Each way a user sets reorder_window, as a function of the value written: AccelConfig's own field,
+# enable()'s keyword, the environment, the YAML section and a key=value override.
+WINDOW_SPELLINGS = {
+    "AccelConfig": lambda value, tmp: AccelConfig(reorder=True, reorder_window=value),
+    "environment": lambda value, tmp: AccelConfig.from_env({"MIMO_ACCEL": "reorder",
+                                                            "MIMO_ACCEL_REORDER_WINDOW": str(value)}),
+    "YAML": lambda value, tmp: mimo_accel.load_config(
+        _yaml(tmp, f"mimo_accel: {{reorder: true, reorder_window: {value}}}\n")),
+    "override": lambda value, tmp: mimo_accel.load_config(None, ["reorder=true", f"reorder_window={value}"]),
+}
+
+
+@pytest.mark.parametrize("spelling", sorted(WINDOW_SPELLINGS))
+@pytest.mark.parametrize("written, value", [(4, 4), ("step", "step"), ("Step", "step")])
+def test_every_spelling_of_a_window_gives_the_same_value(spelling, written, value, tmp_path):
+    cfg = WINDOW_SPELLINGS[spelling](written, tmp_path)
+    assert cfg == AccelConfig(reorder=True, reorder_window=value)
+    assert AccelConfig.from_env(cfg.to_env()) == cfg
+
+
+@pytest.mark.parametrize("spelling", sorted(WINDOW_SPELLINGS))
+@pytest.mark.parametrize("written", [0, "steps"])
+def test_every_spelling_of_a_bad_window_says_the_same_line(spelling, written, tmp_path):
+    """One parser (config.parse_window): each path prefixes where the value came from, if anything."""
+    with pytest.raises(ConfigError) as caught:
+        WINDOW_SPELLINGS[spelling](written, tmp_path)
+    line = (f"reorder_window must be a positive integer or step, got {written!r}; "
+            "e.g. reorder_window=4 or reorder_window=step")
+    where = {"AccelConfig": "", "environment": "MIMO_ACCEL_REORDER_WINDOW: ", "YAML": f"{tmp_path / 'run.yaml'}: ",
+             "override": f"override 'reorder_window={written}': "}[spelling]
+    assert str(caught.value) == where + line
+
+
+def test_a_window_is_resolved_against_the_step_and_must_tile_it():
+    assert resolve_window("step", 16) == 16 and resolve_window(4, 16) == 4 and resolve_window(1, None) == 1
+    with pytest.raises(ConfigError, match=r"reorder_window=3 does not divide.*Valid values: \[1, 2, 4\]"):
+        resolve_window(3, 4)
+    for window in (2, "step"):
+        with pytest.raises(ConfigError, match=f"reorder_window={window} needs the number of micro-batches per "
+                                              "training step.*or set reorder_window=1"):
+            resolve_window(window, None)

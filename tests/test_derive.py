@@ -557,14 +557,14 @@ def test_real_tokens_follow_the_datasets_slicing(text, prefix, seq):
 
 
 def _two_ranks(rank, world, root, cache):
-    import torch.distributed as dist
+    from mimo_accel.runtime.store import RankSet
 
     root = Path(root)
     probed = []
     real = MimoDatasetSource._probe_chunk
     MimoDatasetSource._probe_chunk = lambda self, start, stop, workers: probed.append((start, stop)) or real(
         self, start, stop, workers)
-    group = dist.new_group(list(range(world)), backend="gloo")
+    group = RankSet(range(world))  # the data-loading ranks, gathering through the job's store
     ds = mimo_dataset(all_kinds_of_examples(root, write=False), qwen_processor())  # the parent wrote them
     first = shared_index.derive_cost_index(ds, group=group, cache_dir=cache)
     built = list(probed)

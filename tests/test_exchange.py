@@ -23,7 +23,8 @@ from mimo_accel.costs import CostIndex, CostModel
 from mimo_accel.costs.resize import FixedPatches
 from mimo_accel.planner import CostIndexPlanner, plan_costs
 from mimo_accel.grid import owned_groups, replica_samples
-from mimo_accel.runtime.reading.shard import SHARD_TAG_KEY, ShardContext
+from mimo_accel.runtime.context import ShardContext
+from mimo_accel.runtime.reading.shard import SHARD_TAG_KEY
 from mimo_accel_dev.rehearse.ranks import LANGUAGE, VISION, Modules, layout_of, module, run_ranks
 from tests._hypothesis import examples
 
@@ -102,7 +103,7 @@ def _expect_error(fn):
 
 
 def _exchange_scenarios(rank, world, layouts):
-    from mimo_accel.runtime.reading.shard import context_from_grids
+    from mimo_accel.runtime.context import context_from_grids
     from mimo_accel_dev.rehearse.ranks import build_grids, parallelism_config
 
     ds = _dataset()
@@ -125,20 +126,20 @@ def _exchange_scenarios(rank, world, layouts):
         # The loader path: collated and tagged batches, same samples as reorder().
         seen = []
         batches = [(b[st.SAMPLE_ID_KEY].tolist(), b[SHARD_TAG_KEY])
-                   for b in ex.exchange_loader(_shards(ctx, ds), exchange, on_exchange=seen.append)]
+                   for b in ex.ExchangeLoader(_shards(ctx, ds), exchange, on_exchange=seen.append)]
         # On top of an upstream loader (global sampler, dp_size=1), as the loader hook would build it.
         shard_loader = ex.exchange_shard_loader(_upstream_loader(ds), ctx, MICRO_BATCH, pg)
         from_upstream = [b[st.SAMPLE_ID_KEY].tolist() for b in itertools.islice(shard_loader, STEPS)]
         # Overlapped: a side thread exchanges on its own group; same result.
         overlapped_ex = ex.ExchangeReorder(pg, ctx, collate_fn=st.collate, overlap=True)
         assert overlapped_ex.comm_group is not pg
-        overlapped = [b[st.SAMPLE_ID_KEY].tolist() for b in ex.exchange_loader(_shards(ctx, ds), overlapped_ex,
+        overlapped = [b[st.SAMPLE_ID_KEY].tolist() for b in ex.ExchangeLoader(_shards(ctx, ds), overlapped_ex,
                                                                               prefetch=2)]
         # Failures: raise on one replica, NaN on one replica, raise inside the overlap thread.
         shard0 = _shards(ctx, ds, 1)[0]
         raised = _expect_error(lambda: ex.ExchangeReorder(pg, ctx, _RaiseOn(BAD_SAMPLE, ctx)).reorder(shard0))
         nan = _expect_error(lambda: ex.ExchangeReorder(pg, ctx, _NaNOn(BAD_SAMPLE, ctx)).reorder(shard0))
-        overlap_err = _expect_error(lambda: list(ex.exchange_loader(
+        overlap_err = _expect_error(lambda: list(ex.ExchangeLoader(
             [shard0], ex.ExchangeReorder(pg, ctx, _RaiseOn(BAD_SAMPLE, ctx), st.collate, comm_group=overlapped_ex.comm_group,
                                          overlap=True))))
         # ... and the group still works afterwards (nobody was left inside a collective).

@@ -252,11 +252,12 @@ def test_the_contents_digest_adds_up_over_shares_and_follows_positions(tmp_path)
 
 
 def _two_ranks_check(rank, world, root):
-    import torch.distributed as dist
     from pathlib import Path
 
+    from mimo_accel.runtime.store import RankSet
+
     root = Path(root)
-    group = dist.new_group(list(range(world)), backend="gloo")
+    group = RankSet(range(world))  # the data-loading ranks, gathering through the job's store
     mine = [{"image": str(root / "copy" / f"{i}.png"), "text": "describe " * (i + 1)} for i in range(5)]
     ds = mimo_dataset(mine, qwen_processor())
     accepted = len(cost_index_for(ds, str(root / "manifest.jsonl.npz"), "train", group=group))

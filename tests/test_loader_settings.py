@@ -11,7 +11,8 @@ import torch
 from torch.utils.data import BatchSampler, DataLoader, SequentialSampler
 
 from mimo_accel.runtime.reading.sampler import loader_settings, tagged_loader
-from mimo_accel.runtime.reading.shard import SHARD_TAG_KEY, ShardContext
+from mimo_accel.runtime.context import ShardContext
+from mimo_accel.runtime.reading.shard import SHARD_TAG_KEY
 
 CTX = ShardContext("vision", 0, 1, 1, {"vision": 1, "language": 1})
 

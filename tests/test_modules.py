@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mimo_accel.modules import KINDS, LANGUAGE, Modules, kind_of, module, replica_seconds
+from mimo_accel.modules import KINDS, LANGUAGE, Modules, module, replica_seconds
 from tests._hypothesis import examples
 
 
@@ -18,14 +18,14 @@ def test_every_module_has_its_name_its_kind_and_its_sizes():
     assert [(m.name, m.kind, m.dp, m.tp, m.pp) for m in mods] == [
         ("images", "image", 2, 1, 1), ("audios", "audio", 4, 1, 1), ("language", "text", 1, 1, 1)]
     assert [m.name for m in mods.encoders] == ["images", "audios"] and mods.language.is_language
-    assert mods.grid == 4 and mods.encoder_groups() == 4 and mods.dp_sizes == {"images": 2, "audios": 4, "language": 1}
+    assert mods.grid == 4 and mods.dp_sizes == {"images": 2, "audios": 4, "language": 1}
     assert mods["audios"].dp == 4 and "audios" in mods and "vision" not in mods and len(mods) == 3
     with pytest.raises(KeyError, match="modules: images, audios, language"):
         mods["vision"]
 
 
 def test_a_kind_is_given_or_implied_by_the_name():
-    assert [kind_of(n) for n in ("vision", "images", "video", "videos", "audio", "audios", LANGUAGE, "ocr")] == [
+    assert [module(n, 1).kind for n in ("vision", "images", "video", "videos", "audio", "audios", LANGUAGE, "ocr")] == [
         "image", "image", "video", "video", "audio", "audio", "text", "image"]
     mods = Modules.from_dp_sizes({"clips": 2, LANGUAGE: 2}, kinds={"clips": "video"})
     assert mods["clips"].kind == "video" and set(KINDS) == {"image", "video", "audio", "text"}

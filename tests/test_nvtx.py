@@ -15,9 +15,9 @@ from mimo_accel.grid import canonical_grid
 from mimo_accel.planner import CostIndexPlanner
 from mimo_accel.profiler import Recorder, attach_module_timer
 from mimo_accel.runtime.reading.sampler import shard_loader
-from mimo_accel.runtime.reading.shard import SHARD_TAG_KEY, ShardContext
+from mimo_accel.runtime.context import ShardContext, StepRole
+from mimo_accel.runtime.reading.shard import SHARD_TAG_KEY
 from mimo_accel.runtime.local_batch import pack_for_language_model
-from mimo_accel.runtime.reading.shard import StepRole
 
 N, MBS = 16, 4
 

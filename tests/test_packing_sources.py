@@ -13,7 +13,7 @@ from mimo_accel.config import AccelConfig
 from mimo_accel.sample_lengths import lengths_from_loss_mask
 from mimo_accel.runtime.state import Runtime
 from mimo_accel.runtime.local_batch import pack_for_language_model
-from mimo_accel.runtime.reading.shard import StepRole
+from mimo_accel.runtime.context import StepRole
 from tests.test_derive import VISION_TOKEN, all_kinds_of_examples, ground_truth, mimo_dataset, qwen_processor
 
 

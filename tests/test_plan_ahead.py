@@ -27,7 +27,8 @@ from mimo_accel.costs.resize import FixedPatches
 from mimo_accel.modules import Modules
 from mimo_accel.planner import CostIndexPlanner
 from mimo_accel.runtime.reading.sampler import ShardedBatchSampler, ShareRules, tagged_loader
-from mimo_accel.runtime.reading.shard import SHARD_TAG_KEY, ShardContext
+from mimo_accel.runtime.context import ShardContext
+from mimo_accel.runtime.reading.shard import SHARD_TAG_KEY
 from tests._hypothesis import examples
 
 DPS = {"vision": 2, "language": 4}
@@ -90,7 +91,7 @@ def test_planned_ahead_shares_equal_the_serial_plan(kind, micro_batches, window,
         window = 1  # a window spans whole steps; the short tail is planned alone in any case
     want = _serial(_megatron_sampler(kind, n, mbs, drop_last=not short), planner, window)
     got = list(ShardedBatchSampler(_megatron_sampler(kind, n, mbs, drop_last=not short), CTX, planner, window=window,
-                                   step_micro_batches=4, in_process=in_process))
+                                   in_process=in_process))
     assert [g.indices for g in got] == [w.indices for w in want]
     assert [(g.spread, g.spreads) for g in got] == [(w.spread, w.spreads) for w in want]
     for g, w in zip(got, want):  # each micro-batch's planned load per replica rides with its share
@@ -101,20 +102,19 @@ def test_planned_ahead_shares_equal_the_serial_plan(kind, micro_batches, window,
 def test_upstream_sampler_state_moves_as_it_does_without_planning_ahead():
     mbs, n = 16, 16 * 12
     planned, unplanned = _megatron_sampler("cyclic", n, mbs), _megatron_sampler("cyclic", n, mbs)
-    ahead = iter(ShardedBatchSampler(planned, CTX, _planner(n), window=2, step_micro_batches=2))
+    ahead = iter(ShardedBatchSampler(planned, CTX, _planner(n), window=2))
     plain = iter(ShardedBatchSampler(unplanned, CTX))
     for _ in range(4):  # two windows taken: the planner has read further ahead, the sampler has not
         next(ahead), next(plain)
     assert planned.consumed_samples == unplanned.consumed_samples == 4 * mbs
     # a new iterator over the same loader continues where the loader's sampler is, as without planning
-    again = list(ShardedBatchSampler(planned, CTX, _planner(n), window=2, step_micro_batches=2))
+    again = list(ShardedBatchSampler(planned, CTX, _planner(n), window=2))
     assert len(again) == 12 - 4
     assert planned.consumed_samples == n
 
 
 def test_a_resume_inside_a_window_is_refused_at_the_first_batch():
-    sampler = ShardedBatchSampler(_megatron_sampler("single", 256, 16, consumed=16), CTX, _planner(256), window=2,
-                                  step_micro_batches=2)
+    sampler = ShardedBatchSampler(_megatron_sampler("single", 256, 16, consumed=16), CTX, _planner(256), window=2)
     with pytest.raises(ValueError, match="consumed_samples=16, 1 micro-batches in, which is not the start of a window"):
         next(iter(sampler))
 

@@ -18,8 +18,8 @@ from mimo_accel.runtime.reading import plan_inputs
 from mimo_accel_dev.rehearse import stack as st
 from mimo_accel.costs import CostIndex, ResizeRule
 from mimo_accel.datasets.split_index import cost_index_for, index_digest
-from mimo_accel.runtime.reading.sampler import ShardedBatchSampler, check_window
-from mimo_accel.runtime.reading.shard import ShardContext
+from mimo_accel.runtime.reading.sampler import ShardedBatchSampler
+from mimo_accel.runtime.context import ShardContext
 from mimo_accel_dev.rehearse.ranks import RankFailure, build_grids, layout_of, loader_config, run_ranks
 
 
@@ -62,15 +62,6 @@ def test_one_cost_index_per_split(tmp_path):
         cost_index_for(ds, plain, "validation")
 
 
-def test_window_must_tile_the_step_and_names_the_valid_values():
-    check_window(2, 4)
-    check_window(1, None)
-    with pytest.raises(ValueError, match=r"Valid values: \[1, 2, 4\]"):
-        check_window(3, 4)
-    with pytest.raises(ValueError, match="micro-batches per training step"):
-        check_window(2, None)
-
-
 class _Sampler(list):
     """Stands for upstream's batch sampler (a list of global micro-batches plus its attributes)."""
 
@@ -89,19 +80,17 @@ def test_windowed_plans_stay_in_their_step_and_resume_exactly():
     batches = [list(range(i * mbs, (i + 1) * mbs)) for i in range(step_mbs * steps)]
     ctx = ShardContext("vision", 0, 1, 1, {"vision": 1, "language": 1})
     planner = CostIndexPlanner(index, CostModel(), Modules.from_dp_sizes({"vision": 1, "language": 1}))
-    whole = list(ShardedBatchSampler(_Sampler(batches, 0, mbs), ctx, planner, window=step_mbs,
-                                     step_micro_batches=step_mbs))
+    whole = list(ShardedBatchSampler(_Sampler(batches, 0, mbs), ctx, planner, window=step_mbs))
     for s in range(steps):  # each step trains exactly its own samples
         got = sorted(i for b in whole[s * step_mbs:(s + 1) * step_mbs] for i in b.indices)
         assert got == list(range(s * mbs * step_mbs, (s + 1) * mbs * step_mbs))
     # resume at step 2 (upstream's sampler then starts at consumed = 2 steps): the same batches
     consumed = 2 * step_mbs * mbs
     resumed = list(ShardedBatchSampler(_Sampler(batches[2 * step_mbs:], consumed, mbs), ctx, planner,
-                                       window=step_mbs, step_micro_batches=step_mbs))
+                                       window=step_mbs))
     assert [b.indices for b in resumed] == [b.indices for b in whole[2 * step_mbs:]]
     with pytest.raises(ValueError, match="not the start of a window"):
-        list(ShardedBatchSampler(_Sampler(batches[3:], 3 * mbs, mbs), ctx, planner, window=step_mbs,
-                                 step_micro_batches=step_mbs))
+        list(ShardedBatchSampler(_Sampler(batches[3:], 3 * mbs, mbs), ctx, planner, window=step_mbs))
 
 
 def _build_with_index(rank, world, index_path_for_rank):

@@ -21,7 +21,7 @@ from mimo_accel.grid import canonical_grid
 from mimo_accel.modules import Modules
 from mimo_accel.planner import CostIndexPlanner
 from mimo_accel.runtime.reading.sampler import ShardedBatchSampler
-from mimo_accel.runtime.reading.shard import ShardContext
+from mimo_accel.runtime.context import ShardContext
 from mimo_accel.workloads import load_profile
 from tests._hypothesis import examples
 
@@ -78,7 +78,7 @@ def _read(vdp, ldp, batches, index, window=1):
         planner = CostIndexPlanner(index, CostModel(), ctx.modules)
         # the plan on the planner thread itself: forking a planner per replica and example would be the
         # test's time (the forked planner: tests/test_plan_ahead.py)
-        shares = ShardedBatchSampler(batches, ctx, planner, window=window, step_micro_batches=2, in_process=False)
+        shares = ShardedBatchSampler(batches, ctx, planner, window=window, in_process=False)
         out[(ctx.module, ctx.dp_rank)] = [list(share.indices) for share in shares]
     return out
 

@@ -517,7 +517,7 @@ class _Clips(torch.nn.Module):
 def _profiling(tmp_path, module: str, dp_sizes: dict, dp_rank: int = 0):
     from mimo_accel.config import AccelConfig
     from mimo_accel.runtime.measuring.profiling import Profiling
-    from mimo_accel.runtime.reading.shard import ShardContext
+    from mimo_accel.runtime.context import ShardContext
     from mimo_accel.runtime.state import Runtime
 
     runtime = Runtime(AccelConfig(profile=str(tmp_path)))
@@ -605,7 +605,8 @@ def test_what_an_encoder_counts():
 
 
 def test_the_wait_for_plans_is_summed_per_step_from_the_batches_tags(tmp_path):
-    from mimo_accel.runtime.reading.shard import ReplicaShare, ShardContext, tag_for
+    from mimo_accel.runtime.context import ShardContext
+    from mimo_accel.runtime.reading.shard import ReplicaShare, tag_for
 
     runtime = _profiling(tmp_path, "vision", {"vision": 2, "language": 2})
     ctx = ShardContext("vision", 0, 2, 2, {"vision": 2, "language": 2})
@@ -642,7 +643,7 @@ def test_the_real_tokens_of_batches_that_are_not_packed(tmp_path):
     the placeholders; a mask that marks padding -> its rows. No source, or samples the loss_mask
     cannot describe: said once."""
     from mimo_accel.runtime.measuring.profiling import NO_TOKEN_SOURCE, UNKNOWN_LENGTHS
-    from mimo_accel.runtime.reading.shard import StepRole
+    from mimo_accel.runtime.context import StepRole
 
     ph, pad = 5, 9
     ids = torch.tensor([[1, 2, ph, ph, ph, pad, pad, pad], [1, 2, 3, pad, pad, pad, pad, pad]])

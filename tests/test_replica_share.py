@@ -21,7 +21,8 @@ from mimo_accel.profiler.run import read_run
 from mimo_accel.runtime.measuring.calibration import WindowModel
 from mimo_accel.runtime.measuring.profiling import Profiling, planned_spreads
 from mimo_accel.runtime.reading.sampler import ShardedBatchSampler, ShareRules, tagged_loader
-from mimo_accel.runtime.reading.shard import SHARD_TAG_KEY, ReplicaShare, ShardContext, tag_for
+from mimo_accel.runtime.context import ShardContext
+from mimo_accel.runtime.reading.shard import SHARD_TAG_KEY, ReplicaShare, tag_for
 from mimo_accel.runtime.state import Runtime
 
 DPS = {"vision": 2, "language": 4}
@@ -51,7 +52,7 @@ def test_the_plan_rides_from_the_sampler_through_a_worker_to_the_step_line(tmp_p
     model = WindowModel(CostModel(), "digest-7", {"language": 0.5})  # online calibration's, for every window
     upstream = samplers.MegatronPretrainingSampler(total_samples=n, consumed_samples=0, micro_batch_size=mbs,
                                                    data_parallel_rank=0, data_parallel_size=1, drop_last=True)
-    sampler = ShardedBatchSampler(upstream, CTX, planner, window=2, step_micro_batches=2, in_process=False,
+    sampler = ShardedBatchSampler(upstream, CTX, planner, window=2, in_process=False,
                                   models=lambda first_micro_batch: model)
     source = torch.utils.data.DataLoader(list(range(n)), batch_size=mbs, num_workers=1, collate_fn=_collate)
     want, _, _ = ShareRules(CTX, 2).plan(planner, [list(range(0, mbs)), list(range(mbs, 2 * mbs))], model)

@@ -18,7 +18,7 @@ from torch.utils.data import DataLoader
 
 from mimo_accel_dev.rehearse import stack as st
 from mimo_accel.runtime.reading.sampler import ReadsOf, SamplesRead, ShardedBatchSampler, tagged_loader
-from mimo_accel.runtime.reading.shard import ShardContext
+from mimo_accel.runtime.context import ShardContext
 
 N = 8
 

@@ -16,7 +16,8 @@ from mimo_accel.config import AccelConfig
 from mimo_accel.patching import engine
 from mimo_accel.runtime.patches import step
 from mimo_accel.runtime.measuring.profiling import Profiling
-from mimo_accel.runtime.reading.shard import SHARD_TAG_KEY, ShardContext, ShardTag, StepRole
+from mimo_accel.runtime.context import ShardContext, StepRole
+from mimo_accel.runtime.reading.shard import SHARD_TAG_KEY, ShardTag
 from mimo_accel.runtime.state import Runtime
 
 

@@ -12,7 +12,7 @@ from mimo_accel.patching import engine
 from mimo_accel.planner import CostIndexPlanner
 from mimo_accel.runtime.patches import setup
 from mimo_accel.runtime.provider import frozen_encoders
-from mimo_accel.runtime.reading.shard import ShardContext
+from mimo_accel.runtime.context import ShardContext
 
 from .test_planner import _index
 

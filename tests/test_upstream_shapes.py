@@ -26,8 +26,8 @@ from mimo_accel.patching import targets as T
 from mimo_accel.patching.engine import PatchError
 from mimo_accel.runtime.patches import fanin
 from mimo_accel.runtime.reading import scope
-from mimo_accel.runtime.reading.shard import SHARD_TAG_KEY, ShardContext
-from mimo_accel.runtime.reading.shard import StepRole
+from mimo_accel.runtime.context import ShardContext, StepRole
+from mimo_accel.runtime.reading.shard import SHARD_TAG_KEY
 
 EXTRA = "extra"
 MARK = "upstream-only value"

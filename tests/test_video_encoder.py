@@ -165,7 +165,7 @@ def test_the_profiler_places_an_encoder_it_was_not_shown_by_its_kind():
     the layout's encoder of its kind. megatron-core has no video submodule class: a stand-in."""
     from mimo_accel.config import AccelConfig
     from mimo_accel.runtime.measuring.profiling import Profiling
-    from mimo_accel.runtime.reading.shard import ShardContext
+    from mimo_accel.runtime.context import ShardContext
     from mimo_accel.runtime.state import Runtime
 
     class VideoModalitySubmodules(torch.nn.Module):

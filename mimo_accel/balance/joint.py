@@ -1,30 +1,22 @@
 """One plan for every module: each encoder's replicas and the language model's replicas together.
 
-A global micro-batch of N samples is cut into G = lcm(module DPs) consecutive, equal-size groups
-(the canonical grid); module m with DP d_m gives replica r the groups r·G/d_m … (r+1)·G/d_m − 1.
-Each module prices every sample with its own cost (an encoder: its rows and attention; the
-language model: its real tokens after packing; 0 where a sample has nothing for it), and the step
-waits for the slowest replica of *any* module. :func:`balance_modules` returns the permutation
-whose worst module has the smallest replica spread it can find (max/mean of the replica loads).
+A global micro-batch is cut into G = lcm(module DPs) equal-size groups; module m's replica r owns
+groups r·G/d_m … (r+1)·G/d_m − 1. Each module prices each sample with its own cost (0 where a
+sample has nothing for it), and the step waits for the slowest replica of *any* module, so
+:func:`balance_modules` returns the order whose worst module has the smallest replica spread it
+finds. In integers, so every rank computes the same plan on any hardware:
 
-How (all in integers, so every rank computes the same plan on any hardware):
+1. each module scaled so its mean replica load is ``2**20`` units (one replica, or no cost: left out);
+2. start from the equal-size partitioner over the modules whose replicas are groups (DP = G),
+   the groups then dealt into every coarser module's replicas where the DPs form a chain;
+3. rounds of swaps between disjoint pairs of groups (under the heaviest replicas against light
+   ones, no two pairs touching one replica of any module), each taking the swap that lowers the
+   heaviest replica it touches most (in units of each module's bound); then single swaps for the
+   heaviest replica;
+4. the best of the result, its start and the contiguous split kept (contiguous on ties).
 
-1. Each module's costs are scaled so that its mean replica load is ``2**20`` units; modules with
-   one replica or no cost in this micro-batch constrain nothing and are left out.
-2. Start: the equal-size partitioner (:func:`mimo_accel.balance.partition.balanced_order`) cuts
-   the samples into G groups by the summed cost of the modules whose replicas *are* groups (DP =
-   G); where the DPs form a chain (each divides the next), the groups are then dealt into every
-   coarser module's replicas, coarsest last, so that each coarser module starts balanced too.
-3. Improve: rounds of swaps between disjoint pairs of groups — the groups under the heaviest
-   replicas against light ones, no two pairs touching the same replica of any module — each pair
-   taking the swap that lowers the heaviest replica it touches the most (loads in units of each
-   module's bound, so no module counts more than another), ties to the swap that leaves the pair's
-   modules the most even; then a tail of single swaps for the heaviest replica of any module.
-4. The result is compared with its start and the contiguous split on the exact integer loads and
-   the best kept (contiguous on ties).
-
-The work is bounded by round and candidate budgets (never a clock), ties go to the earlier sample
-or group, and the samples of a group keep ascending position.
+Work is bounded by rounds and candidates (never a clock), ties go to the earlier sample or group,
+and a group's samples keep ascending position.
 """
 
 from __future__ import annotations
@@ -415,16 +407,12 @@ def _improve(q: np.ndarray, replicas: np.ndarray, grid: int, groups: np.ndarray,
 def balance_modules(costs: Mapping[str, Sequence[float]], dps: Mapping[str, int], micro_batches: int = 1) -> list[int]:
     """A permutation of ``range(N)`` for every module at once.
 
-    ``costs`` maps each module name to its per-sample costs (1-D, the same N samples for every
-    module, finite and >= 0); ``dps`` maps each module name to its DP size. G = lcm of the DPs
-    (times ``micro_batches``: a window of consecutive micro-batches planned together, each cut
-    into its own G groups); the permutation is cut into G consecutive equal groups and module m's
-    replica r owns groups r·G/d_m … (r+1)·G/d_m − 1. It minimises the worst module's replica
-    spread; samples inside a group keep ascending position.
-
-    Raises ValueError for costs that are not finite numbers >= 0, modules that differ between
-    ``costs`` and ``dps``, or N not a multiple of G.
-    """
+    ``costs``: module name -> per-sample costs (1-D, the same N samples, finite, >= 0); ``dps``:
+    module name -> DP size. G = lcm of the DPs (times ``micro_batches``: a window of consecutive
+    micro-batches, each cut into its own G groups); module m's replica r owns groups r·G/d_m …
+    (r+1)·G/d_m − 1. It minimises the worst module's replica spread; a group's samples keep ascending
+    position. ValueError for bad costs, modules that differ between ``costs`` and ``dps``, or N not a
+    multiple of G."""
     names, q, replicas, grid, stop = _prepared(costs, dps, micro_batches)
     n = q.shape[1]
     contiguous = np.arange(n, dtype=np.int64).reshape(grid, -1) if n else np.zeros((grid, 0), np.int64)

@@ -1,23 +1,14 @@
 """Equal-cardinality balanced partitioning of a micro-batch's samples into groups.
 
-A global micro-batch of N samples is cut into ``n_groups`` contiguous, equal-size groups, one per
-vision data-parallel group (canonical grid group). The group that draws the heavy images stalls
-all others, so :func:`balanced_order` permutes the samples so every group carries about the same
-cost. Every function here is pure and deterministic: the same costs give the same order on every
-rank and in every process, with ties broken by sample position, so no plan needs broadcasting.
-No step depends on a clock: the work is bounded by fixed round and candidate budgets, so a slow
-rank computes the very same plan as a fast one.
-
-An order is a permutation of ``range(N)``; its consecutive blocks of ``N // n_groups`` entries
-are the groups. Balancing a whole global batch (several micro-batches) is ``balanced_order`` over
-the concatenated costs with ``n_groups = micro_batches * groups``: every (micro-batch, group)
-then stays under the bound. To even out each replica's total over the step instead, balance the
-step over the replicas and deal each replica's samples into its micro-batches; ``mimo-accel
-simulate --reorder-window`` compares the two.
-
-Cost at cluster scale (4096 samples, 512 groups: ``benchmarks/bench_balance.py``): LPT runs as
-numpy batches that reproduce the heap's choices exactly, and the swap pass improves up to
-``n_groups / 2`` disjoint pairs of groups per vectorised round.
+A global micro-batch of N samples is cut into ``n_groups`` contiguous equal-size groups (the
+canonical grid's); :func:`balanced_order` permutes the samples so that every group carries about
+the same cost. An order is a permutation of ``range(N)`` whose consecutive blocks of
+``N // n_groups`` entries are the groups; a window of several micro-batches is ``balanced_order``
+over the concatenated costs with ``n_groups = micro_batches * groups``. Pure and deterministic:
+ties go to sample position and the work is bounded by round and candidate budgets, never a clock,
+so every rank computes the same order. At 4096 samples and 512 groups
+(``benchmarks/bench_balance.py``) LPT runs as numpy batches that reproduce the heap's choices, and
+the swap pass improves up to ``n_groups / 2`` disjoint pairs per vectorised round.
 """
 
 from __future__ import annotations
@@ -144,12 +135,8 @@ def lower_bound(costs: _CostsLike, n_groups: int) -> float:
       members are distinct samples (>= c_i + the largest of those + fill, and >= c_i + their
       mean per group). For two samples per group this is exact: the sorted pairing's cost.
 
-    It ignores granularity: where costs come in near-multiples of a unit (documents of whole
-    pages at the resize cap, a few samples per group) group totals can only take a few values
-    around the mean, and the best splits found stay above it (the documents profile at 4096
-    samples / 512 groups: 0.5% in the median micro-batch, up to ~1.8%; a swap pass 20x longer
-    reaches 0.42%).
-    """
+    It ignores granularity: where costs come in near-multiples of a unit (whole pages at the resize
+    cap) the best splits stay above it (0.5 % in the documents profile's median micro-batch)."""
     return unchecked_lower_bound(_validate(costs, n_groups), n_groups)
 
 
@@ -218,18 +205,13 @@ def lpt_order(costs: _CostsLike, n_groups: int) -> list[int]:
 def balanced_order(costs: _CostsLike, n_groups: int) -> list[int]:
     """A permutation of ``range(len(costs))`` whose equal-size blocks have near-equal cost.
 
-    Equal-size LPT gives a first split; where it leaves many groups above target, largest
-    differencing (Karmarkar-Karp generalised to k equal-size groups) gives a second. A swap pass
-    then lowers the heavy groups of the better one, many disjoint pairs at a time, then the
-    heaviest against every other group, until the heaviest is within 0.1% of
-    :func:`lower_bound`, no swap helps, or its fixed work budget is spent. The result is compared
-    with its start and the contiguous split on exact group sums and the best kept (contiguous on
-    ties), so it is never worse than LPT or the contiguous split. Samples inside a group keep
-    ascending position; groups are ordered by their first sample.
-
-    Raises ValueError for costs that are not a 1-D sequence of finite numbers >= 0, or whose
-    length is not a multiple of ``n_groups``.
-    """
+    Equal-size LPT gives a first split and, where it leaves many groups above target, Karmarkar-Karp
+    generalised to k equal-size groups a second; a swap pass lowers the heavy groups of the better one
+    (many disjoint pairs at a time, then the heaviest against every other) until the heaviest is within
+    0.1% of :func:`lower_bound`, no swap helps, or its work budget is spent. The best of the result,
+    its start and the contiguous split on exact sums is kept (contiguous on ties). Samples in a group
+    keep ascending position; groups are ordered by their first sample. ValueError for costs that are
+    not a 1-D sequence of finite numbers >= 0, or whose length is not a multiple of ``n_groups``."""
     c = _exact(_validate(costs, n_groups))
     n = c.size
     if n_groups == 1 or n <= n_groups:  # one group, one sample per group, or nothing to split

@@ -1,24 +1,8 @@
-"""Per-sample costs of every module: the Qwen-VL resize rule, audio clip rows, a cost model, and a
-cost index.
-
-Everything here is pure and deterministic, so every rank computes the same cost for the same
-sample without talking to any other rank.
-
-- :mod:`~mimo_accel.costs.images`: an image's (height, width) from its header, bytes, PIL image or array
-- :mod:`~mimo_accel.costs.resize`: how many patches an image or video becomes (``ResizeRule``, ``FixedPatches``)
-- :mod:`~mimo_accel.costs.audio`: how many encoder rows an audio clip becomes (``AudioRule``), a clip's length
-  from its file header
-- :mod:`~mimo_accel.costs.rules`: a rule back from its dict (``rule_from_dict``)
-- :mod:`~mimo_accel.costs.model`: what a sample costs each module (``CostModel``, ``ModuleCost``, its JSON file)
-- :mod:`~mimo_accel.costs.index`: a whole dataset's cost ingredients per module (``CostIndex`` and its ``.npz`` file)
-- :mod:`~mimo_accel.costs.index_columns`: one encoder's columns in it, checked and bounded (``EncoderColumns``)
-- :mod:`~mimo_accel.costs.index_format`: its file, format v4 (header and packed columns), written and read
-- :mod:`~mimo_accel.costs.index_file`: that file's arrays, memory-mapped where they lie
-- :mod:`~mimo_accel.costs.fit`: the one cost-model fitter (exact non-negative least squares) every calibration calls
-- :mod:`~mimo_accel.costs.online`: each module's model learnt from the job's own step times (``OnlineCalibration``)
-- :mod:`~mimo_accel.costs.flops`: a module's model FLOPs from its TransformerConfig (``FlopsShape``), the GPU
-  peak table, and the per-step throughput figures (samples/s, tokens/s and TFLOP/s per GPU, MFU)
-- :mod:`~mimo_accel.costs.prior`: the cost model a job starts from without one: each module's step FLOPs
+"""Per-sample costs of every module, pure and deterministic, so every rank computes the same cost for
+the same sample alone: the resize rules (``images``, ``resize``, ``audio``, ``rules``), the cost
+model (``model``), the cost index and its file (``index``, ``index_columns``, ``index_format``,
+``index_file``, ``packed``, ``contents``), the one fitter (``fit``) and the online refit
+(``online``, ``observations``, ``share_error``), FLOPs (``flops``, ``prior``) and memory (``memory``).
 """
 
 from mimo_accel.costs.audio import AudioRule

@@ -1,12 +1,8 @@
 """How many encoder rows an audio clip becomes (:class:`AudioRule`), and a clip's length in samples
 without decoding it: from the file's header (``soundfile.info``), an undecoded HF ``Audio`` cell, a
-decoded ``{"array", "sampling_rate"}`` cell or a waveform array.
-
-A Whisper-style feature extractor turns ``n`` samples into ``n // hop_length`` log-mel frames
-(its STFT is centred and the last frame dropped) and its encoder halves them (a stride-2
-convolution): 30 s at 16 kHz -> 3000 frames -> 1500 rows. Whisper's own call pads and truncates
-every clip to ``chunk_length`` seconds, so every clip costs the same there (and a sample without
-audio costs 0).
+decoded ``{"array", "sampling_rate"}`` cell or a waveform array. A Whisper-style extractor makes
+``n // hop_length`` log-mel frames and its encoder halves them (30 s at 16 kHz: 3000 frames, 1500
+rows); Whisper pads every clip to ``chunk_length`` seconds, so every clip costs the same there.
 """
 
 from __future__ import annotations

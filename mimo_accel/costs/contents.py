@@ -1,23 +1,12 @@
 """What the costs of an index were read from, by content: per sample, each of its files' base name,
 size and first bytes, hashed into one digest that is the same wherever the files sit.
 
-A cost index built from a manifest and the dataset a training job builds over the same files (or
-over copies of them, in another directory or on node-local scratch) record the same digest; an
-index of other files does not. What goes in, and why:
-
-- the **base name**, not the path: a copy to another directory keeps it, and a manifest names its
-  files relative to itself while a dataset holds them however it was built;
-- the **size** and a SHA-256 of the first :data:`HEAD_BYTES`: every cost is read from a file's
-  header (an image's dimensions, a clip's length), which lies there, so a file re-exported in place
-  at another size changes the digest;
-- **no modification time**: ``cp`` without ``-p``, an object-store download or an unpacked archive
-  gives every copy a new one while the bytes, and the costs, are the same;
-- the **sample position**: the same files in another order are another index.
-
-The digest is a sum modulo 2^256 of one SHA-256 per sample (over its position and its files), so
-the ranks of a job each hash a share and the shares add up to what one process hashing every
-sample gets: the world size never enters. It detects accidents (another dataset, a file missing or
-rewritten), not forgeries.
+The base name, not the path (a copy elsewhere, or a manifest naming its files relative to itself,
+keeps it); the size and a SHA-256 of the first :data:`HEAD_BYTES` (every cost is read from a
+header, which lies there); no modification time (``cp``, a download or an unpacked archive gives
+copies new ones, not new costs); the sample's position. The digest is a sum modulo 2^256 of one
+SHA-256 per sample, so the ranks each hash a share and the shares add up to one process's digest.
+It detects accidents, not forgeries (docs/design.md, "What an index records").
 """
 
 from __future__ import annotations

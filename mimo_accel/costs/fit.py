@@ -1,19 +1,11 @@
 """The one cost-model fitter: measured seconds ≈ features · w (+ an overhead), w >= 0 (pure numpy).
 
-Every cost model the package learns is fitted here, from observations (one row per replica and
-step, or per measured point) of a module's features (an encoder's rows, Σ rows², items; the
-language model's tokens, Σ tokens²) and its measured seconds:
-
-- ``mimo-accel calibrate`` (:mod:`mimo_accel.tools.calibrate`): profiler rank-steps, with one
-  overhead, none, or one per step (:func:`fit_costs`);
-- ``mimo-accel calibrate-gpu`` (:mod:`mimo_accel_dev.commands.calibrate_gpu`): measured points, fitted
-  on relative error (``relative=True``);
-- the online calibration (:mod:`mimo_accel.costs.online`): the model in use put in seconds
-  (:func:`scale_and_overhead`), and the within-step fit drawn towards it (:func:`fit_near`).
-
-The solver is exact non-negative least squares (:func:`nnls`) on the column-normalised design,
-reduced to its few columns by a QR factorisation; a design whose columns cannot be told apart is
-refused (:class:`SingularDesign`) where the caller asks for the check.
+Every cost model the package learns is fitted here from a module's features and measured seconds:
+``mimo-accel calibrate`` (profiler rank-steps, with one overhead, none, or one per step:
+:func:`fit_costs`), ``mimo-accel calibrate-gpu`` (measured points, on relative error) and the
+online calibration (:func:`scale_and_overhead`, :func:`fit_near`). The solver is exact
+non-negative least squares (:func:`nnls`) on the column-normalised design; a design whose columns
+cannot be told apart is refused (:class:`SingularDesign`) where the caller asks.
 """
 
 from __future__ import annotations
@@ -236,17 +228,13 @@ def mean_overhead(predicted: np.ndarray, seconds: np.ndarray) -> float:
 def fit_near(features: np.ndarray, seconds: np.ndarray, steps: np.ndarray, centre: np.ndarray,
              prior: float) -> tuple[np.ndarray, np.ndarray]:
     """Coefficients fitted within steps (one free level per step), drawn towards ``centre`` (the
-    model in use, in seconds), and which features varied within steps (the others held at
-    ``centre``).
+    model in use, in seconds), and which features varied within steps (the others held at ``centre``).
 
-    The prior is a ridge towards ``centre`` that counts as much as ``prior`` steps' observations
-    that ``centre`` explains exactly (per feature, its within-step energy per step, and at least
-    as much as if it varied by :data:`PRIOR_FLOOR` of its mean size). Where ``centre`` lacks a
-    term the steps tell (a coefficient of 0), its centre is then moved to the candidate, scaled so
-    that its work totals the measured time, and the fit made again (:data:`RECENTRE` times): what
-    the steps tell stays as they tell it, and what they cannot tell (a feature the plan has
-    equalised) takes the share of the time the rest leaves, rather than keep the share a wrong
-    model gave it (all of it, when that model has no term for the rest)."""
+    The prior is a ridge towards ``centre`` worth ``prior`` steps that ``centre`` explains exactly (per
+    feature, its within-step energy per step, at least as if it varied by :data:`PRIOR_FLOOR` of its
+    mean). Where ``centre`` lacks a term the steps tell (a 0), the centre moves to the candidate,
+    scaled to the measured time, and the fit is made again (:data:`RECENTRE` times): what the steps
+    cannot tell then takes the share of the time the rest leaves, not the share a wrong model gave it."""
     x, y = features, seconds
     xt = within_steps(x, steps)
     yt = within_steps(y, steps)

@@ -34,36 +34,19 @@ def image_size_from_header(path: str | os.PathLike[str]) -> tuple[int, int]:
     Pillow (lazy ``Image.open``, no decode) is only a fallback for other formats. EXIF rotation is
     not applied: it swaps height and width but leaves the patch count unchanged.
     """
-    path = Path(path)
     with open(path, "rb") as f:
-        head = f.read(64)
-        try:
-            size = _parse_header(f, head)
-        except (struct.error, IndexError):
-            raise ValueError(f"{path}: image header is truncated") from None
-        except ValueError as exc:
-            raise ValueError(f"{path}: {exc}") from None
-    if size is not None:
-        return size
-    try:
-        from PIL import Image
-    except ImportError:
-        raise ValueError(
-            f"{path}: not a PNG, JPEG, GIF, BMP or WebP file; install Pillow to read other formats"
-        ) from None
-    try:
-        with Image.open(path) as im:
-            width, height = im.size
-    except Exception as exc:  # Pillow raises many types for unreadable files
-        raise ValueError(f"{path}: cannot read image size ({exc})") from None
-    return int(height), int(width)
+        return _size_from_stream(f, str(Path(path)), "file")
 
 
 def image_size_from_bytes(data: bytes | bytearray | memoryview, where: str = "image bytes") -> tuple[int, int]:
     """``(height, width)`` of an encoded image held in memory (e.g. an undecoded HF ``Image``
     cell), from its header only; the same formats and fallback as :func:`image_size_from_header`.
     ``where`` names the image in error messages."""
-    f = io.BytesIO(data)
+    return _size_from_stream(io.BytesIO(data), where, "image")
+
+
+def _size_from_stream(f: Any, where: str, what: str) -> tuple[int, int]:
+    """The built-in header parser, else Pillow's lazy open, on the seekable ``f`` (a ``what``)."""
     head = f.read(64)
     try:
         size = _parse_header(f, head)
@@ -77,7 +60,7 @@ def image_size_from_bytes(data: bytes | bytearray | memoryview, where: str = "im
         from PIL import Image
     except ImportError:
         raise ValueError(
-            f"{where}: not a PNG, JPEG, GIF, BMP or WebP image; install Pillow to read other formats"
+            f"{where}: not a PNG, JPEG, GIF, BMP or WebP {what}; install Pillow to read other formats"
         ) from None
     try:
         f.seek(0)

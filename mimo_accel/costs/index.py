@@ -1,18 +1,12 @@
 """The cost index ("plan before read"): per-sample cost ingredients of a whole dataset, per module.
 
-It is built once from dataset metadata or file headers and stored beside the dataset: a planner can
-then cost any sample for every module of the layout without decoding it.
-
-Per encoder module (keyed by its config name, e.g. ``"vision"``, ``"audio"``), per sample: ``items``
-(its images / clips / videos), ``rows`` (the encoder rows of those items before merging),
-``sq_rows`` (Σ rows² over the items: the attention term), and the rule that gave the rows
-(:class:`~mimo_accel.costs.index_columns.EncoderColumns`); for the language module, ``tokens`` (the
-real tokens after packing: text + every modality's placeholders). :meth:`CostIndex.module_costs`
-prices every module of a layout with a :class:`~mimo_accel.costs.CostModel`.
-
-Each column is held in the narrowest unsigned integer type that holds its values, and bounded
-(:mod:`~mimo_accel.costs.index_columns`). Everything is checked when an index is built from arrays;
-lookups return int64. The file (format v4, packed, memory-mapped by :meth:`CostIndex.load`):
+Built once from dataset metadata or file headers, so a planner can cost any sample for every module
+without decoding it. Per encoder module (keyed by its config name), per sample: ``items``,
+``rows`` (encoder rows before merging), ``sq_rows`` (Σ rows² over the items: the attention term)
+and the rule that gave the rows (:class:`~mimo_accel.costs.index_columns.EncoderColumns`); for the
+language model, the real ``tokens`` after packing. :meth:`CostIndex.module_costs` prices every
+module with a :class:`~mimo_accel.costs.CostModel`. Columns are checked and bounded when built
+(:mod:`~mimo_accel.costs.index_columns`), lookups return int64; the file:
 :mod:`~mimo_accel.costs.index_format`.
 """
 
@@ -121,11 +115,7 @@ class CostIndex:
         tokens = np.fromiter((s.tokens for s in shapes), dtype=np.int64, count=len(shapes))
         hw = np.array([size for s in shapes for size in s.image_sizes], dtype=np.int64).reshape(-1, 2)
         per_image = rule.patches_many(hw[:, 0], hw[:, 1])
-        owner = np.repeat(np.arange(len(shapes)), counts)
-        patches = np.zeros(len(shapes), dtype=np.int64)
-        sq_patches = np.zeros(len(shapes), dtype=np.int64)
-        np.add.at(patches, owner, per_image)
-        np.add.at(sq_patches, owner, per_image * per_image)
+        patches, sq_patches, _ = per_sample_sums(len(shapes), np.repeat(np.arange(len(shapes)), counts), per_image)
         return cls(tokens, {module: (counts, patches, sq_patches, rule)})
 
     def __len__(self) -> int:
@@ -290,6 +280,17 @@ class CostIndex:
         checked against the file, no column scanned). Anything malformed, or a file of an older format,
         raises ValueError naming the file and the fix."""
         return cls._of(*read_index(path))
+
+
+def per_sample_sums(n: int, owner: Any, rows: Any, sq: Any = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(Σ rows, Σ sq, item count) per sample of ``n``, item j belonging to sample ``owner[j]``;
+    ``sq`` defaults to each item's rows² (its attention term)."""
+    o, rows = np.asarray(owner, dtype=np.int64), np.asarray(rows, dtype=np.int64)
+    sums, squares, count = (np.zeros(n, np.int64) for _ in range(3))
+    np.add.at(sums, o, rows)
+    np.add.at(squares, o, rows * rows if sq is None else np.asarray(sq, dtype=np.int64))
+    np.add.at(count, o, 1)
+    return sums, squares, count
 
 
 def _int64(column: np.ndarray, i: np.ndarray) -> np.ndarray:

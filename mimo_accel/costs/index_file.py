@@ -1,11 +1,9 @@
 """The cost index's file: a stored (uncompressed) ``.npz`` whose arrays are memory-mapped in place.
 
-``np.savez`` writes each array as a ``.npy`` member of a zip, uncompressed. Here every member's data
-also starts on a 64-byte boundary of the file (padding in the zip local header's extra field, as
-Android's ``zipalign`` does), so a reader maps the file once and views each array where it lies:
-the ranks of a node share one copy in the page cache, and opening the file costs the same at any
-length (the zip's central directory and each member's few header bytes are all that is read).
-numpy reads the file as any ``.npz`` (``np.load``).
+Each member's data starts on a 64-byte boundary of the file (padding in the zip local header's
+extra field, as Android's ``zipalign`` does), so a reader maps the file once and views each array
+where it lies: the ranks of a node share one page-cache copy, and opening reads only the zip's
+directory and each member's header. ``np.load`` reads it as any ``.npz``.
 """
 
 from __future__ import annotations

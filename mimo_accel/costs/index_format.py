@@ -1,15 +1,11 @@
 """The cost index's file, format v4: what :meth:`CostIndex.save <mimo_accel.costs.CostIndex.save>`
-writes and :meth:`CostIndex.load <mimo_accel.costs.CostIndex.load>` maps (the ``.npz`` container
-and its mapped arrays: :mod:`~mimo_accel.costs.index_file`).
+writes and :meth:`CostIndex.load <mimo_accel.costs.CostIndex.load>` maps.
 
 A JSON ``header`` (format, length, the encoders in order with their rules, each column's width in
-bits, the digest) and the columns ``tokens``, ``e<j>_items``, ``e<j>_rows``, ``e<j>_sq_rows`` for
-the j-th encoder, each packed in as many bits as its largest value needs
-(:mod:`~mimo_accel.costs.packed`: every rank of a node soon maps the whole file, so its bytes per
-sample are each rank's memory) and 64-byte aligned. Reading maps them read-only — the ranks of a
-node share one copy in the page cache — and reads only the header, so loading costs the same at any
-length: the values were checked when the file was written, and a width within the bounds holds no
-value beyond them. A file of an older format is refused with the command that rebuilds it.
+bits, the digest) and the columns ``tokens``, ``e<j>_items``, ``e<j>_rows``, ``e<j>_sq_rows``, each
+packed (:mod:`~mimo_accel.costs.packed`) and 64-byte aligned (:mod:`~mimo_accel.costs.index_file`).
+Loading maps them read-only and reads the header only, so it costs the same at any length (values
+were checked when written). A file of an older format is refused with the command that rebuilds it.
 """
 
 from __future__ import annotations

@@ -1,17 +1,10 @@
 """What a sample costs each module of the layout (a fitted model, and its JSON file).
 
-Per module (the user's config names; the language model is ``"language"``):
-
-- an encoder: ``a·rows + b·sq_rows + k·items`` over the sample's items of that modality (images,
-  clips, videos): ``rows`` the encoder rows before merging, ``sq_rows`` Σ rows² over the items (its
-  attention), ``items`` their count;
-- the language model: ``a·tokens + b·tokens² + k`` over the sample's real tokens (text + every
-  modality's placeholders), default a = 1, b = 1/8192, k = 0; ``k`` is what a sample costs
-  whatever its length (a micro-batch's forward and backward beside its tokens, shared by its
-  samples: every replica's micro-batches hold as many).
-
-An encoder without its own entry is priced by the model's default encoder coefficients ``a``,
-``b`` (and k = 0).
+An encoder: ``a·rows + b·sq_rows + k·items`` over the sample's items of that modality (``rows``
+before merging, ``sq_rows`` Σ rows² over the items: its attention). The language model:
+``a·tokens + b·tokens² + k`` over the real tokens, default a = 1, b = 1/8192, k = 0; ``k`` is what
+a sample costs whatever its length (its share of a micro-batch's fixed work). An encoder without
+an entry of its own is priced by the default encoder coefficients ``a``, ``b`` (k = 0).
 """
 
 from __future__ import annotations

@@ -1,72 +1,28 @@
 """Each module's cost model learnt from the job's own step times (pure: numpy only).
 
-What it is fed, per training step and module: one observation per data-parallel replica, the
-replica's measured forward + backward seconds in the step and its features summed over the step's
-micro-batches — the quantities :class:`~mimo_accel.costs.ModuleCost` prices:
+Fed per training step and module: a row per data-parallel replica, its forward + backward seconds
+and its features summed over the step (an encoder's ``rows``, ``Σ rows²``, ``items``; the language
+model's ``tokens``, ``Σ tokens²``, ``samples``: what :class:`~mimo_accel.costs.ModuleCost`
+prices). A refit (:meth:`OnlineCalibration.refit`) fits each module over its last ``window``
+steps, the newest ``held_out`` share held out, by these rules (docs/design.md tells why):
 
-- an encoder: ``rows``, ``Σ rows²``, ``items`` (``a·rows + b·sq_rows + k·items``);
-- the language model: real ``tokens``, ``Σ tokens²``, ``samples`` (``a·tokens + b·tokens² + k·samples``).
+1. on how a step's replicas differ (one free level per step): what they share moves no plan;
+2. the current model scaled to seconds is the centre of the prior and of the plausibility bound;
+3. non-negative least squares with a ridge prior towards it worth ``prior`` steps
+   (:func:`~mimo_accel.costs.fit.fit_near`), each feature weighed at least as if it varied 5 %;
+4. a feature that never differs within a step keeps the current model's proportion; a term the
+   model lacks and the steps tell moves the prior's centre to the fit;
+5. accepted only if its mean held-out error (:mod:`~mimo_accel.costs.share_error`) beats the
+   current model's by ``min_gain`` and is at most ``noise_factor`` times its median error on its
+   own steps (at least :data:`NOISE_FLOOR`); a FLOPs start is put in seconds at its first attempt
+   (``Refit.scale_only``), so a step plan weighs every module in one unit;
+6. dropped, said once, where a coefficient is non-finite, negative or all zero, or it (or the
+   predicted work) moves outside ``[1/bound, bound]`` while its term carries 1 % of the work;
+7. ``keep_pace`` (a step plan): a module in seconds off its newest ``pace_steps`` steps' time by
+   more than that is rescaled, its shape kept, with a cost per item where its micro-batches tell one.
 
-How a refit is made (:meth:`OnlineCalibration.refit`), per module, over the last ``window``
-observed steps, the newest ``held_out`` share of them held out:
-
-1. **Within steps.** A plan only compares one module's replicas within a step; what they all
-   share (a per-step overhead, the machine slower for a while) cannot change it. So the fit is on
-   how the replicas of each step differ (one free level per step).
-2. **Units.** The current model, in any unit (the defaults price a row at 1), is scaled to
-   seconds, ``λ·(a, b, k)`` with its predicted work totalling the training steps' measured time:
-   the same model for a plan, now comparable with the candidate (the centre of the prior and of
-   the plausibility bound). It is judged at its best level (a scale and a per-replica overhead).
-3. **Non-negative, near the current model.** Non-negative least squares with a ridge prior towards the scaled
-   current model (:func:`~mimo_accel.costs.fit.fit_near`): the prior counts as much as ``prior``
-   steps' observations that the current model explains exactly (per feature, its mean
-   within-step energy per step, and at least as much as if the feature varied by 5 % of its
-   mean: one the plan has all but equalised tells little, and its coefficient stays put rather
-   than follow the noise), so a few noisy steps cannot swing the coefficients and many steps
-   outweigh it.
-4. **Only what the steps can tell.** A feature that never differs between the replicas of a step
-   (equal image counts everywhere: ``k`` cannot be told from the per-step level) is left out of
-   the fit, its coefficient in the current model's proportion to the rest. Features that vary
-   together are resolved by the prior. Where the current model lacks a term the steps tell (a
-   coefficient of 0), the prior's centre is then moved to the fit, scaled so its work totals the
-   measured time, and the fit repeated: what the steps cannot tell takes the share of the time
-   that what they tell leaves (a start without a quadratic term gave its linear term all of it).
-   A model that prices every such term stays the prior's centre: moved to each fit, it would leave
-   a few noisy early steps unopposed (from a FLOPs start, three steps of CPU timings once pulled
-   the vision encoder's b/a 25x off, and later fits held it there).
-5. **Better on held-out steps, or not at all.** Both models (each with its fitted overhead)
-   predict every held-out step's replica times; the error of a step is the largest error in a
-   replica's share of the step's mean time, ``max_r |p_r/mean(p) − m_r/mean(m)|``
-   (:mod:`~mimo_accel.costs.share_error`): it bounds the predicted straggler's error and also sees
-   the right spread on the wrong replica. The refit is accepted only if its mean held-out error
-   is below the current model's by ``min_gain`` (relative) **and** at most ``noise_factor`` times
-   the steps' own noise, its median error on the steps it was fitted on (at least
-   :data:`NOISE_FLOOR`): a fit far worse on its held-out steps has not learnt the cost, they hold
-   what no model of its terms explains (on a CPU, a replica faulting in memory as its step first
-   outgrows every earlier one: +0.1-0.4 s on a 0.3 s step). It is kept learning.
-   A start in FLOPs (:mod:`~mimo_accel.costs.prior`) is put in seconds at each module's first
-   attempt, its shape learnt or not (one replica: its scale alone), so that a step plan weighs
-   every module in one unit (``Refit.scale_only``): scaled so that its work totals the measured
-   time, with no overhead set aside (a plan prices none).
-6. **Implausible fits are dropped.** A candidate with a non-finite or negative coefficient, with
-   every coefficient 0, with a coefficient outside ``[1/bound, bound]`` times its current
-   (scaled) value while its term carries at least 1 % of the predicted work in both models (a
-   term negligible in either may come or go: ``k`` from 0 once items turn out to cost, ``b``
-   towards 0 under flash attention), or whose predicted work (mean over the training
-   observations) is outside ``[1/bound, bound]`` times the current model's (``bound`` = 100),
-   is dropped; the model in use is kept and the reason said once per module (``notify``).
-7. **At the machine's pace** (``keep_pace``, for a step plan). Once in seconds, a module whose
-   predicted work is off the newest ``pace_steps`` steps' measured time by more than
-   ``keep_pace`` (relative) is rescaled to it, its shape kept: a step plan weighs the modules
-   against each other in seconds, and a machine's pace drifts from the first steps a model was
-   learnt from. A module observed per micro-batch (a lone encoder; the language model, stages summed)
-   is fitted to that pace as its rows' shape scaled plus a cost per item (sample), ``k``: its
-   micro-batches hold as many, so only their level tells what one costs.
-
-Determinism: observations are kept per step and fitted in step order, the solver tries its
-supports in a fixed order, and nothing is random, so the same observations give bit-identical
-coefficients (and the same :class:`CostModel`, so the same digest) on every rank of a machine.
-The runtime fits on one rank and ships the coefficients; it does not rely on that.
+Deterministic (steps in order, a fixed solver order, nothing random): the same observations give
+bit-identical coefficients on every rank, though the runtime fits on one rank and ships them.
 """
 
 from __future__ import annotations
@@ -110,15 +66,12 @@ def features_of(module: str) -> tuple[str, ...]:
 class Refit:
     """One refit attempt of one module at a step boundary.
 
-    ``coefficients`` are the candidate's, in seconds (``a`` per row or token, ``b`` per row² or
-    token², ``k`` per item); ``overhead_s`` the per-replica time per step the coefficients leave
-    over (the same on every replica, so not in the model: a plan cannot change it, but a
-    predicted spread includes it). ``held_out_error_before`` / ``_after``: the mean over
-    ``held_out_steps`` of :func:`~mimo_accel.costs.share_error.replica_share_error` of the current
-    model and of the candidate; ``noise``: the candidate's median error on its training steps.
-    ``accepted``: whether the model in use now has these coefficients; ``reason`` says why or why
-    not. A dropped candidate (``reason`` "dropped: ...") keeps the model in use's ``coefficients``
-    and a NaN ``held_out_error_after``."""
+    ``coefficients``: the candidate's, in seconds; ``overhead_s``: the per-replica time per step they
+    leave over (in no plan, but in a predicted spread). ``held_out_error_before`` / ``_after``: the
+    mean :func:`~mimo_accel.costs.share_error.replica_share_error` over ``held_out_steps`` of the
+    current model and the candidate; ``noise``: the candidate's median error on its own steps.
+    ``accepted``: whether the model in use now has these coefficients, ``reason`` why or why not. A
+    dropped candidate keeps the model in use's coefficients and a NaN ``held_out_error_after``."""
 
     step: int
     module: str
@@ -155,24 +108,14 @@ class Refit:
 class OnlineCalibration:
     """Learns every module's cost coefficients from per-step replica times (see the module doc).
 
-    ``start``: the model a job starts with (a file, or the defaults); :attr:`model` is it, updated
-    by every accepted refit. ``modules``: the layout's module names (the language model is
-    ``"language"``).
-
-    Options: ``min_steps`` observed steps before a module's first refit (at least 3), then one
-    attempt per ``every`` new steps; ``window`` the newest steps a fit uses; ``held_out`` the
-    share of them (the newest; at least one, and two are left to fit) a candidate is judged on;
-    ``prior`` the weight of the current model, in steps; ``warmup`` the first steps of each
-    module left out (they pay for allocation and compilation); ``min_gain`` how much lower
-    (relative) the held-out error must be; ``noise_factor`` how far above the steps' own noise it
-    may be (point 5; ``math.inf``: no such bound); ``bound`` the plausibility factor (point 6 of the
-    module doc); ``keep_pace`` (None: off) the relative drift past which a module in seconds is
-    rescaled to the pace of its newest ``pace_steps`` steps (point 7). The plans need not have
-    been made with :attr:`model`: the fit only reads what
-    each replica did and how long it took. ``notify(key,
-    message)`` is told of what the calibration cannot act on, at every attempt that meets it,
-    under a key per module and kind, so that a say-once notifier (the runtime's) says each once
-    (default: a warning on this module's logger, once per key).
+    ``start``: the model a job starts with; :attr:`model` is it, updated by every accepted refit.
+    ``modules``: the layout's module names. Options: ``min_steps`` observed steps before a module's
+    first refit, then one attempt per ``every`` new steps; ``window`` the newest steps a fit uses,
+    ``held_out`` the share of them a candidate is judged on; ``prior`` the current model's weight in
+    steps; ``warmup`` the first steps left out (allocation, compilation); ``min_gain``,
+    ``noise_factor`` (point 5; ``math.inf``: no bound), ``bound`` (point 6), ``keep_pace`` and
+    ``pace_steps`` (point 7; None: off). ``notify(key, message)`` hears what it cannot act on, under
+    a key per module and kind (default: a warning once per key).
     """
 
     def __init__(self, start: CostModel, modules: Sequence[str], *, min_steps: int = 4, every: int = 1,
@@ -351,7 +294,7 @@ class OnlineCalibration:
             w, varying = fit_near(x, y, train.labels, centre, self.prior)
         names = features_of(module)
         if not varying.any():
-            self._say(f"online:{module}:nothing-varies",
+            self._notify(f"online:{module}:nothing-varies",
                       f"mimo_accel online calibration: {module}: no feature ({', '.join(names)}) differs between its "
                       "replicas within a step (one replica, or equal work on every one), so its cost cannot be learnt "
                       "from the step times; its model stays as it is (a start in FLOPs is put in seconds, once)")
@@ -365,14 +308,14 @@ class OnlineCalibration:
         # the language model's samples never differ (as many in every replica): news only where the pace tells k
         held = [f"{names[j]} ({_COEFFICIENTS[j]})" for j in np.flatnonzero(~varying) if paced or names[j] != "samples"]
         if held:
-            self._say(f"online:{module}:held:{','.join(held)}",
+            self._notify(f"online:{module}:held:{','.join(held)}",
                       f"mimo_accel online calibration: {module}: {', '.join(held)} never differs between its "
                       "replicas within a step, so the steps cannot tell its coefficient (it keeps the current "
                       "model's proportion" + ("; the fit to the machine's pace sets k" if paced else "") + ")")
         with np.errstate(all="ignore"):
             problem = self._implausible(module, w, centre, x)
         if problem is not None:
-            self._say(f"online:{module}:dropped",
+            self._notify(f"online:{module}:dropped",
                       f"mimo_accel online calibration: {module}: the refit at step {step} {problem}; it is dropped and "
                       "the model in use is kept (said once: later refits are judged the same way). Check the module's "
                       "timings, or start from a cost model measured on this hardware (mimo-accel calibrate-gpu)")
@@ -393,7 +336,7 @@ class OnlineCalibration:
         noise = judged["noise"]
         if after > self.noise_factor * noise:  # better than a model that missed those steps too
             why = f"held-out error {after:.3f} is over {self.noise_factor:g}x the {noise:.3f} its own steps leave"
-            self._say(f"online:{module}:not-good-enough",
+            self._notify(f"online:{module}:not-good-enough",
                       f"mimo_accel online calibration: {module}: the refit at step {step} is not planned with: its "
                       f"{why} (they hold what its terms do not explain); the model in use plans while it learns "
                       "(said once: later refits are judged the same way)")
@@ -487,9 +430,6 @@ class OnlineCalibration:
         self._model = replace(self._model, modules=modules, fit={**self._model.fit, "online": online})
         self._level[module] = (1.0, refit.overhead_s)
         self._to_seconds.discard(module)
-
-    def _say(self, key: str, message: str) -> None:
-        self._notify(key, message)
 
 
 # ------------------------------------------------------------------------------------ the fit

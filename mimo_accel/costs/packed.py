@@ -1,15 +1,11 @@
 """A column of unsigned integers held in exactly as many bits as its largest value needs.
 
-The cost index is memory-mapped by every data rank of a node, and this kernel maps a whole
-page-cache folio per fault, so every rank soon maps the whole file: each one's share of it (PSS)
-is the file over the ranks, and the file's bytes per sample are the cost. Byte-aligned columns
-round each count up to 8, 16 or 32 bits (13-bit token counts in 16, 30-bit Σ rows² in 32);
-packed, a sample costs the sum of its columns' bit widths. numpy has no packed integer arrays and
-no library kept here does it (``np.packbits`` packs single bits), hence this module.
-
-Value ``i`` of a column of width ``w`` lies at bits ``[i·w, i·w + w)`` of a little-endian stream of
-64-bit words, followed by one spare word, so that a value is two word reads, two shifts and a mask
-wherever it lies (``w <= 63``).
+Every data rank of a node maps the cost index, and this kernel maps a whole page-cache folio per
+fault, so each rank's share of memory is the file over the ranks: its bytes per sample are the
+cost (byte-aligned columns would round 13-bit token counts to 16, 30-bit Σ rows² to 32). numpy
+packs no integers (``np.packbits`` packs bits), hence this module. Value ``i`` of width ``w`` lies
+at bits ``[i·w, i·w + w)`` of little-endian 64-bit words plus a spare word, so a lookup is two
+word reads, two shifts and a mask (``w <= 63``).
 """
 
 from __future__ import annotations

@@ -1,19 +1,10 @@
-"""Per-sample cost ingredients read from the datasets Bridge builds, with no pixel decoded.
-
-For each sample: how many images (0, 1 or N), each image's size from its file or bytes header (or
-a PIL image's ``.size``), the vision processor's own resize rule, and the real language tokens —
-what :class:`mimo_accel.costs.CostIndex` holds. Anything else raises :class:`DeriveError` naming
-the three ways out.
-
-- :mod:`~mimo_accel.datasets.sources`: what every probe shares (``SampleSource``, ``Probed``, ``DeriveError``)
-- :mod:`~mimo_accel.datasets.processors`: the resize rules of HF processors
-- :mod:`~mimo_accel.datasets.fingerprints`: what a derived index depends on, hashed
-- :mod:`~mimo_accel.datasets.megatron_mimo`: Bridge's ``MegatronMIMODataset``
-- :mod:`~mimo_accel.datasets.direct_sft`: Bridge's ``DirectSFTDataset`` (HF SFT conversations)
-- :mod:`~mimo_accel.datasets.dispatch`: which of the two reads a dataset (``source_for``)
-- :mod:`~mimo_accel.datasets.shared_index`: ``derive_cost_index``: every rank probes a share, all
-  gather, cached on disk
-- :mod:`~mimo_accel.datasets.split_index`: which index a split plans from (``cost_index_for``)
+"""Per-sample cost ingredients read from the datasets Bridge builds, with no pixel decoded: each
+sample's items, their sizes from file headers (or a PIL image's ``.size``), the processor's own
+resize rule, and the real language tokens, as :class:`mimo_accel.costs.CostIndex` holds them.
+Bridge's ``MegatronMIMODataset`` (``megatron_mimo``) and ``DirectSFTDataset`` (``direct_sft``) are
+read (``dispatch``), over what every probe shares (``sources``, ``processors``, ``fingerprints``);
+``shared_index`` derives and caches an index across ranks, ``split_index`` picks a split's. Any
+other dataset is a :class:`DeriveError` naming the three ways out.
 """
 
 from mimo_accel.datasets.dispatch import source_for

@@ -9,16 +9,14 @@ template's tokens with each image token expanded to its ``patches / merge²`` ro
 
 from __future__ import annotations
 
-import functools
 import inspect
 import json
-import os
 from typing import Any, Mapping, Optional
 
 import numpy as np
 
 from mimo_accel.costs import ResizeRule
-from mimo_accel.costs.index import DEFAULT_ENCODER
+from mimo_accel.costs.index import DEFAULT_ENCODER, per_sample_sums
 from mimo_accel.datasets.fingerprints import (
     callable_name,
     sha256_hex,
@@ -26,13 +24,14 @@ from mimo_accel.datasets.fingerprints import (
     relocatable,
     tokenizer_fingerprint,
 )
-from mimo_accel.datasets.processors import QwenFetchResize, qwen_resize_rule
+from mimo_accel.datasets.processors import QwenFetchResize, qwen_resize_rule, unwrap
 from mimo_accel.datasets.sources import (
     WAYS_OUT,
     DeriveError,
     Probed,
     SampleSource,
     ImageItem,
+    local_path,
     per_sample_patches,
     read_sizes,
     token_lengths,
@@ -65,10 +64,7 @@ def _collate_of(dataset: Any) -> Any:
 def _pixel_bounds(collate: Any) -> tuple[bool, Optional[int], Optional[int]]:
     """(takes min/max pixels, min_pixels, max_pixels) of a collate: its defaults, then a partial's
     keywords."""
-    keywords: dict[str, Any] = {}
-    while isinstance(collate, functools.partial):
-        keywords = {**collate.keywords, **keywords}
-        collate = collate.func
+    collate, keywords = unwrap(collate)
     try:
         params = inspect.signature(collate).parameters
     except (TypeError, ValueError):
@@ -142,13 +138,9 @@ class ConversationSource(SampleSource):
             if not isinstance(conversation, list):
                 continue
             for part in _vision_parts(conversation, i):
-                obj = part["image"] if "image" in part else part.get("image_url")
-                if isinstance(obj, Mapping) and obj.get("bytes") is None and obj.get("path"):
-                    obj = obj["path"]
-                if isinstance(obj, os.PathLike):
-                    obj = os.fspath(obj)
-                if isinstance(obj, str) and not obj.startswith(("data:", "http://", "https://")):
-                    yield i, obj[len("file://"):] if obj.startswith("file://") else obj, "image"
+                path = local_path(part["image"] if "image" in part else part.get("image_url"))
+                if path is not None:
+                    yield i, path, "image"
 
     def _probe_chunk(self, start: int, stop: int, workers: Optional[int]) -> Probed:
         images: list[ImageItem] = []
@@ -181,15 +173,13 @@ class ConversationSource(SampleSource):
         if self.pre is not None:
             _fetch_resize(images, self.pre)
         n = stop - start
-        patches, sq, count, per_image = per_sample_patches(n, images, self.rule)
+        patches, sq, count, per_image = per_sample_patches(n, images, self.rules[DEFAULT_ENCODER])
         tokens = np.asarray(token_lengths(self.tokenizer, texts), dtype=np.int64).reshape(-1)
         if self.image_token:
             # The processor replaces each image token by the image's merged rows.
-            rows = np.zeros(n, np.int64)
-            owner = np.array([im.sample for im in images], dtype=np.int64)
-            np.add.at(rows, owner, per_image // (self.merge ** 2) - 1)
+            rows, _, _ = per_sample_sums(n, [im.sample for im in images], per_image // (self.merge ** 2) - 1)
             tokens = tokens + rows
-        return Probed.single(patches, sq, tokens, count)
+        return Probed(tokens, {DEFAULT_ENCODER: (count, patches, sq)})
 
 
 def _vision_parts(conversation: list, i: int) -> list[Mapping[str, Any]]:

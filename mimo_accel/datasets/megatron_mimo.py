@@ -1,24 +1,13 @@
 """Bridge's ``MegatronMIMODataset`` (0.6.2), probed from its raw examples, one encoder per modality.
 
-``examples`` is an HF ``datasets.Dataset`` (modality columns read from the arrow table, undecoded)
-or a list of dicts. Each modality (= module) column is costed with that modality's own processor
-(``processors[modality]``), into the index column of that module name:
-
-- images (a path, bytes, a PIL image, an undecoded HF ``{"bytes", "path"}`` cell, or a list of
-  those): Qwen2-VL / Qwen3-VL image processors give a :class:`ResizeRule`; a fixed-resolution
-  processor (CLIP, SigLIP) gives ``encoder_seq_lengths[modality]`` rows per image
-  (:class:`FixedPatches`);
-- audio (a path, bytes, an HF ``Audio`` cell, a waveform, or a list of clips): a Whisper-style
-  feature extractor (or a processor holding one) gives an :class:`AudioRule`; the clip's length is
-  read from its file header (``soundfile.info``); Whisper pads every clip to 30 s, so each clip
-  costs the same;
-- video (an array ``(T, H, W, C)`` / ``(T, C, H, W)`` or a list of frames, or a list of those): a
-  Qwen-VL video processor that does not sample frames itself groups them into t = ceil(T /
-  temporal patch size) temporal patches (:meth:`ResizeRule.video_rows`); a video file, or a
-  processor that samples frames, is refused with the fix.
-
-Tokens are the dataset's ``num_real_tokens``: every present modality's placeholders plus the
-truncated text tokens.
+``examples`` is an HF ``datasets.Dataset`` (modality columns read undecoded from the arrow table) or
+a list of dicts. Each modality's column is costed with that modality's processor into the index
+column of its name: images (paths, bytes, PIL images, HF cells, or lists of them) by a Qwen-VL
+:class:`ResizeRule`, or ``encoder_seq_lengths[modality]`` rows each for a fixed-resolution
+processor (:class:`FixedPatches`); audio by a Whisper-style :class:`AudioRule` from the clip's file
+header (every clip padded to 30 s costs the same); video arrays or frame lists by a Qwen-VL video
+processor's temporal patches (:meth:`ResizeRule.video_rows`; a video file, or a processor that
+samples frames, is refused with the fix). Tokens are the dataset's ``num_real_tokens``.
 """
 
 from __future__ import annotations
@@ -32,6 +21,7 @@ from mimo_accel.costs import AudioRule, FixedPatches, ResizeRule
 from mimo_accel.costs.audio import AudioSizeError, audio_clips_in, audio_samples_of
 from mimo_accel.costs.files import map_reads
 from mimo_accel.costs.images import ImageSizeError, images_in, is_pil, image_size_of
+from mimo_accel.costs.index import per_sample_sums
 from mimo_accel.datasets.fingerprints import (
     callable_name,
     is_hf_dataset,
@@ -54,6 +44,7 @@ from mimo_accel.datasets.sources import (
     Probed,
     SampleSource,
     ImageItem,
+    local_path,
     per_sample_patches,
     read_sizes,
     token_lengths,
@@ -135,7 +126,7 @@ class MimoDatasetSource(SampleSource):
                     else:
                         items = images_in(cell)
                     for item in items:
-                        path = _local_path(item)
+                        path = local_path(item)
                         if path is not None:
                             yield start + j, path, "audio" if kind == "audio" else "image"
 
@@ -269,16 +260,7 @@ def _audio_columns(n: int, clips: list[_Clip], rule: AudioRule,
         c.samples = length
     lengths = [c.samples if c.samples is not None else _clip_length((c, rate)) for c in clips]
     per_clip = rule.rows_many(np.asarray(lengths, dtype=np.int64))
-    return _sums(n, [c.sample for c in clips], per_clip, per_clip * per_clip)
-
-
-def _sums(n: int, owner: list[int], rows: np.ndarray, sq: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    o = np.asarray(owner, dtype=np.int64)
-    out_rows, out_sq, count = np.zeros(n, np.int64), np.zeros(n, np.int64), np.zeros(n, np.int64)
-    np.add.at(out_rows, o, np.asarray(rows, dtype=np.int64))
-    np.add.at(out_sq, o, np.asarray(sq, dtype=np.int64))
-    np.add.at(count, o, 1)
-    return out_rows, out_sq, count
+    return per_sample_sums(n, [c.sample for c in clips], per_clip)
 
 
 # ------------------------------------------------------------------------------------- video
@@ -345,7 +327,7 @@ def _video_columns(n: int, videos: list[tuple[int, Any, str]],
             raise DeriveError(f"{where}: {exc}") from None
         rows.append(r)
         sq.append(q)
-    return _sums(n, [v[0] for v in videos], np.asarray(rows, np.int64), np.asarray(sq, np.int64))
+    return per_sample_sums(n, [v[0] for v in videos], rows, sq)
 
 
 def _mimo_real_tokens(text: np.ndarray, prefix: np.ndarray, seq: int) -> np.ndarray:
@@ -355,18 +337,6 @@ def _mimo_real_tokens(text: np.ndarray, prefix: np.ndarray, seq: int) -> np.ndar
     room = seq - prefix
     kept = np.where(room >= 0, np.minimum(text, room), np.maximum(text + room, 0))
     return np.minimum(np.where(prefix > 0, kept + prefix, text), seq)
-
-
-def _local_path(item: Any) -> Optional[str]:
-    """The local file an image or clip cell names (a path, ``file://`` path, or an undecoded HF
-    cell with a path and no bytes), else None."""
-    if isinstance(item, Mapping):
-        return _local_path(item.get("path")) if item.get("bytes") is None and item.get("path") else None
-    if isinstance(item, os.PathLike):
-        item = os.fspath(item)
-    if isinstance(item, str) and not item.startswith(("data:", "http://", "https://")):
-        return item[len("file://"):] if item.startswith("file://") else item
-    return None
 
 
 def looks_like_mimo_dataset(dataset: Any) -> bool:

@@ -69,7 +69,7 @@ def qwen_resize_rule(processor: Any, *, min_pixels: Optional[int] = None,
         raise DeriveError(f"{owner}: {exc}") from None
 
 
-def _unwrap(obj: Any) -> tuple[Any, dict[str, Any]]:
+def unwrap(obj: Any) -> tuple[Any, dict[str, Any]]:
     """A callable behind any ``functools.partial`` layers, and the keywords they set."""
     keywords: dict[str, Any] = {}
     while isinstance(obj, functools.partial):
@@ -78,18 +78,14 @@ def _unwrap(obj: Any) -> tuple[Any, dict[str, Any]]:
     return obj, keywords
 
 
-def _feature_extractor(processor: Any) -> Any:
-    """The audio feature extractor a processor is or holds (``.feature_extractor``; partials are
-    looked through)."""
-    return _extractor_and_keywords(processor)[0]
-
-
 def _extractor_and_keywords(processor: Any) -> tuple[Any, dict[str, Any]]:
-    outer, outer_kw = _unwrap(processor)
+    """The audio feature extractor a processor is or holds (``.feature_extractor``), partials looked
+    through, and the keywords they set."""
+    outer, outer_kw = unwrap(processor)
     inner = getattr(outer, "feature_extractor", None)
     if inner is None:
         return outer, outer_kw
-    fe, inner_kw = _unwrap(inner)
+    fe, inner_kw = unwrap(inner)
     return fe, {**inner_kw, **outer_kw}
 
 
@@ -161,8 +157,8 @@ def qwen_video_rule(processor: Any, owner: str = "video") -> ResizeRule:
 
 
 def is_audio(processor: Any) -> bool:
-    ip = _image_processor(_feature_extractor(processor))
-    fe = _feature_extractor(processor)
+    fe = _extractor_and_keywords(processor)[0]
+    ip = _image_processor(fe)
     return (getattr(ip, "sampling_rate", None) is not None or getattr(fe, "sampling_rate", None) is not None
             or getattr(ip, "feature_size", None) is not None)
 

@@ -1,24 +1,15 @@
 """Per-sample costs without an index: derived when the loaders are built, once, in parallel.
 
-:func:`derive_cost_index` turns a dataset into the :class:`~mimo_accel.costs.CostIndex` that
-plan-mode reordering needs, with no setup: a dataset carrying ``mimo_accel_cost_index`` gives
-that; Bridge's ``MegatronMIMODataset`` and ``DirectSFTDataset`` are probed from their raw examples
-(image headers, the processor's resize rule, token counts; :mod:`mimo_accel.datasets`); anything
-else is a :class:`~mimo_accel.datasets.DeriveError` naming the three ways out.
-
-With a process group, each rank probes its contiguous 1/world share and one
-``all_gather_object`` assembles the whole index on every rank, so every rank holds the identical
-index (same arrays, same order) without a broadcast. The result is cached on disk keyed by the
-dataset's fingerprint and the resize settings (:meth:`SampleSource.fingerprint`) and by its files'
-names, sizes and first bytes (:mod:`mimo_accel.costs.contents`: a copy of the dataset in another
-directory has the same key, a file re-exported in place another), so a restart reads it back — memory-mapped, one copy in the page cache for the ranks of a node (a cache of an
-older file format is rebuilt): ``cache_dir`` argument, else ``$MIMO_ACCEL_CACHE_DIR``, else
-``$XDG_CACHE_HOME/mimo_accel`` (``~/.cache/mimo_accel``). ``mimo-accel index --dataset
-MODULE:FACTORY`` builds the same cache offline.
-
-Collectives (all ranks of ``group`` call it together): two ``all_gather_object`` when every rank
-finds the cache, three when the index is built. A failure on any rank (a missing image, a bad
-sample) reaches every rank as the same error, naming the rank: no rank is left waiting.
+:func:`derive_cost_index` gives the :class:`~mimo_accel.costs.CostIndex` plan mode needs, with no
+setup: a dataset's own ``mimo_accel_cost_index``, else Bridge's ``MegatronMIMODataset`` or
+``DirectSFTDataset`` probed from their raw examples (:mod:`mimo_accel.datasets`), else a
+:class:`~mimo_accel.datasets.DeriveError` naming the three ways out. Each rank of ``group`` probes
+a contiguous 1/world share and ``all_gather_object`` assembles the identical index everywhere
+(two gathers when every rank finds the cache, three when the index is built; a failure on any rank
+reaches every rank as the same error, naming it). The result is cached on disk, memory-mapped,
+under a key of the dataset's fingerprint, its resize settings and its files' contents digest
+(:mod:`mimo_accel.costs.contents`): ``cache_dir``, else ``$MIMO_ACCEL_CACHE_DIR``, else
+``~/.cache/mimo_accel``; ``mimo-accel index --dataset MODULE:FACTORY`` fills it offline.
 """
 
 from __future__ import annotations
@@ -96,32 +87,15 @@ def _save(index: CostIndex, path: Path, source: SampleSource, key: str) -> None:
         logger.warning("mimo_accel: could not write the cost-index cache %s: %s", path, exc)
 
 
-class _Group:
-    """The few collective operations used, over a torch.distributed group or a single process."""
+class _Alone:
+    """A single process as a gather group (what a :class:`~mimo_accel.runtime.store.RankSet` is for
+    several): rank 0 of 1, gathering its own object."""
 
-    def __init__(self, group: Any):
-        self.group = group
-        # a runtime.store.RankSet gathers through the job's store (a ProcessGroup has .gather too)
-        self.through_store = bool(getattr(group, "through_store", False))
-        if group is None:
-            self.rank, self.world = 0, 1
-        elif self.through_store:
-            self.rank, self.world = group.rank, group.world
-        else:
-            import torch.distributed as dist
+    rank, world = 0, 1
 
-            self.rank, self.world = dist.get_rank(group), dist.get_world_size(group)
-
-    def gather(self, obj: Any) -> list[Any]:
-        if self.group is None:
-            return [obj]
-        if self.through_store:
-            return self.group.gather(obj)
-        import torch.distributed as dist
-
-        out: list[Any] = [None] * self.world
-        dist.all_gather_object(out, obj, group=self.group)
-        return out
+    @staticmethod
+    def gather(obj: Any) -> list[Any]:
+        return [obj]
 
 
 def _raise_first_error(reports: list[tuple], what: Callable[[int], str], local: Optional[BaseException]) -> None:
@@ -149,7 +123,7 @@ def _progress_bar(enabled: bool, total: int, description: str):
     return progress, (lambda n: progress.advance(task, n))
 
 
-def _identify(dataset: Any, comm: "_Group", workers: Optional[int] = None) -> tuple[SampleSource, dict, Contents]:
+def _identify(dataset: Any, comm: Any, workers: Optional[int] = None) -> tuple[SampleSource, dict, Contents]:
     """(the dataset's source, its identity, its files' digest) — the same on every rank of ``comm``: the dataset's
     fingerprint and the digest of the files its costs are read from (names, sizes, first bytes:
     :mod:`mimo_accel.costs.contents`; each rank reads its share's files, the shares add up; one
@@ -192,7 +166,7 @@ def dataset_identity(dataset: Any, *, group: Any = None) -> tuple[dict, Contents
     """What a cost index of ``dataset`` must record to describe it (collective over ``group``):
     ``dataset`` (its fingerprint), ``contents`` (its files' digest: :meth:`Contents.record`),
     ``describe``, ``samples``; and that digest itself (it counts the files that could not be read)."""
-    _, identity, contents = _identify(dataset, _Group(group))
+    _, identity, contents = _identify(dataset, group if group is not None else _Alone)
     return identity, contents
 
 
@@ -200,18 +174,14 @@ def derive_cost_index(dataset: Any, *, group: Any = None, cache_dir: CacheDir = 
                       progress: Optional[bool] = None, workers: Optional[int] = None) -> CostIndex:
     """The per-sample cost index of ``dataset``, identical on every rank of ``group``.
 
-    ``group``: a ``torch.distributed`` process group whose ranks all call this together, each
-    probing 1/world of the samples; None for a single process (it probes everything).
-    ``cache_dir``: where the index is cached (None: :func:`default_cache_dir`; False: no cache).
-    ``refresh``: ignore a cached index and rebuild it. ``progress``: a progress bar on the group's
-    rank 0 (None: when its share has 2048 samples or more). ``workers``: threads reading image
-    file headers per rank (None: a pool when a chunk has many files; 1: serial).
-
-    Deterministic: the index depends only on the dataset and its processors, never on the
-    world size or on which rank probed what. Raises :class:`DeriveError` (a ValueError) naming
-    the rank and sample when a sample cannot be probed, and naming the three ways out when the
-    dataset is of an unknown kind.
-    """
+    ``group``: the ranks that all call this together, each probing 1/world of the samples (a
+    :class:`~mimo_accel.runtime.store.RankSet`: ``rank``, ``world``, ``gather(obj)``; None: one
+    process probes all). ``cache_dir``: None for :func:`default_cache_dir`, False
+    for none; ``refresh`` rebuilds a cached index; ``progress``: a bar on the group's rank 0 (None:
+    from 2048 samples a share); ``workers``: threads reading file headers (1: serial). The index
+    depends only on the dataset and its processors, never on the world size. A sample that cannot be
+    probed is a :class:`DeriveError` naming the rank and sample; an unknown dataset names the three
+    ways out."""
     carried = getattr(dataset, "mimo_accel_cost_index", None)
     if carried is not None:
         if not isinstance(carried, CostIndex):
@@ -222,7 +192,7 @@ def derive_cost_index(dataset: Any, *, group: Any = None, cache_dir: CacheDir = 
                               f"the dataset has {len(dataset)}")
         return carried
 
-    comm = _Group(group)
+    comm = group if group is not None else _Alone
     rank, world = comm.rank, comm.world
     start = time.perf_counter()
 

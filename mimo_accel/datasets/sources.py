@@ -19,7 +19,7 @@ from mimo_accel.costs import CostIndex, FixedPatches, ResizeRule
 from mimo_accel.costs.contents import Contents, file_stamps
 from mimo_accel.costs.files import map_reads
 from mimo_accel.costs.images import ImageSizeError, RemoteImageError, is_local_file, image_size_of
-from mimo_accel.costs.index import DEFAULT_ENCODER
+from mimo_accel.costs.index import per_sample_sums
 from mimo_accel.datasets.fingerprints import sha256_hex
 
 __all__ = ["PROBE_FORMAT", "DeriveError", "Probed", "SampleSource"]
@@ -52,14 +52,6 @@ class Probed:
 
     tokens: np.ndarray
     encoders: Mapping[str, tuple[np.ndarray, np.ndarray, np.ndarray]]
-
-    @classmethod
-    def single(cls, patches: np.ndarray, sq_patches: np.ndarray, tokens: np.ndarray, images: np.ndarray,
-               module: str = DEFAULT_ENCODER) -> Probed:
-        """One encoder's columns (the v1 shape: Σp, Σp², tokens, images)."""
-        return cls(np.asarray(tokens, np.int64), {module: (np.asarray(images, np.int64),
-                                                           np.asarray(patches, np.int64),
-                                                           np.asarray(sq_patches, np.int64))})
 
     def __len__(self) -> int:
         return int(self.tokens.size)
@@ -120,6 +112,18 @@ def read_sizes(images: list[ImageItem], workers: Optional[int]) -> None:
 
 
 
+def local_path(item: Any) -> Optional[str]:
+    """The local file an image or clip cell names (a path, ``file://`` path, or an undecoded HF
+    cell with a path and no bytes), else None."""
+    if isinstance(item, Mapping):
+        return local_path(item.get("path")) if item.get("bytes") is None and item.get("path") else None
+    if isinstance(item, os.PathLike):
+        item = os.fspath(item)
+    if isinstance(item, str) and not item.startswith(("data:", "http://", "https://")):
+        return item[len("file://"):] if item.startswith("file://") else item
+    return None
+
+
 def per_sample_patches(n: int, images: list[ImageItem],
                 rule: ResizeRule | FixedPatches) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(Σp, Σp², image count) per sample of a chunk, and each image's patches."""
@@ -137,14 +141,7 @@ def per_sample_patches(n: int, images: list[ImageItem],
                 except ValueError as exc:
                     raise DeriveError(f"{images[i].where}: {exc}") from None
             raise
-    owner = np.array([im.sample for im in images], dtype=np.int64)
-    patches = np.zeros(n, np.int64)
-    sq = np.zeros(n, np.int64)
-    count = np.zeros(n, np.int64)
-    np.add.at(patches, owner, per_image)
-    np.add.at(sq, owner, per_image * per_image)
-    np.add.at(count, owner, 1)
-    return patches, sq, count, per_image
+    return (*per_sample_sums(n, [im.sample for im in images], per_image), per_image)
 
 
 def token_lengths(tokenizer: Any, texts: list[str], **kwargs: Any) -> list[int]:
@@ -168,13 +165,6 @@ class SampleSource:
     length: int = 0
     base_length: int = 0
     rules: dict[str, Any]
-
-    @property
-    def rule(self) -> Any:
-        """The single encoder's rule (ValueError with several)."""
-        if len(self.rules) != 1:
-            raise ValueError(f"{self.kind} has the encoders {list(self.rules)}: ask for one rule by name (rules)")
-        return next(iter(self.rules.values()))
 
     def fingerprint_material(self) -> dict[str, Any]:
         raise NotImplementedError

@@ -19,19 +19,13 @@ def cost_index_for(dataset, path: Optional[str], split: str = "train", group=Non
                    notify: Optional[Callable[[str, str], object]] = None) -> CostIndex:
     """The cost index of one split's dataset.
 
-    ``path`` with ``{split}`` in it names one file per split (``train``, ``validation``, ``test``);
-    a plain path is the train split's index only — an index never describes two datasets. Without
-    a file: the index the dataset carries (``mimo_accel_cost_index``), else one derived from the
-    dataset's raw examples (:func:`mimo_accel.datasets.shared_index.derive_cost_index`; every rank
-    of ``group`` probes its share, cached on disk).
-
-    A file must describe this very dataset: its length, its split, the files its costs were read
-    from (names, sizes and first bytes, wherever they lie: :mod:`mimo_accel.costs.contents`; every
-    ``mimo-accel index`` records them) and, for an index built from a dataset, the dataset's
-    fingerprint, all checked (collective over ``group``); a file recording no such fingerprint of
-    its files is checked by its length alone, said once. A configured file that differs from the
-    index the dataset carries wins, said once.
-    """
+    ``path`` with ``{split}`` in it names one file per split; a plain path is the train split's only
+    (an index never describes two datasets). Without a file: the dataset's own
+    (``mimo_accel_cost_index``), else one derived from its raw examples (:func:`derive_cost_index`,
+    collective over ``group``). A file must describe this very dataset (its length, its split, the
+    files its costs were read from and, where recorded, the dataset's fingerprint; one recording no
+    fingerprint of its files is checked by its length alone, said once), and wins over the dataset's
+    own, said once."""
     carried = getattr(dataset, "mimo_accel_cost_index", None)
     if path is not None and (SPLIT_FIELD in path or split == "train"):
         file = path.replace(SPLIT_FIELD, split)

@@ -1,29 +1,12 @@
-"""The clocks a rank's regions are timed with, and the device they are for.
+"""The clocks a rank's regions are timed with, and the device they are for (the header's ``"clock"``).
 
-Clocks (recorded in the header under ``"clock"``):
-
-* ``step_time_s`` is always **wall** time (``time.perf_counter``) from :meth:`Recorder.begin_step`
-  (or the previous :meth:`Recorder.end_step`) to :meth:`Recorder.end_step`: it is what the user
-  waits for, and on a GPU the step has synchronised by then (the loss is read on the host).
-* ``step_cpu_s`` is the host CPU time of the same interval: process CPU time when the region clock
-  is ``process_cpu``, else the calling thread's CPU time (on CUDA: the host side's own work).
-* Regions (any ``<name>_s``: a module's forward and backward are ``<module>_fwd_s`` /
-  ``<module>_bwd_s``, e.g. ``vision_fwd_s``, ``language_fwd_s``) use the **region clock**:
-
-  - ``"cuda_event"`` on CUDA: a pair of timing events per region, recorded on the current stream;
-    elapsed times are resolved at ``end_step`` after one ``synchronize`` of the last pending event
-    (no other host sync is added).
-  - ``"thread_cpu"`` on CPU with one intra-op thread (``time.thread_time``): CPU time of the calling
-    thread, so ranks that share a small machine (oversubscription) are not charged for each
-    other's time slices.
-  - ``"process_cpu"`` on CPU with several intra-op threads (``time.process_time``): the calling
-    thread's clock would miss the work of torch's OpenMP workers, so the whole process is counted
-    (it then also counts any background threads that run during the region).
-  - ``"wall"`` on request.
-
-  On a host clock, a region stopped on a different thread from the one that started it (CPU
-  autograd runs backward on the calling thread, so this should not happen) falls back to wall
-  time for that interval and is counted in the step's ``clock_fallbacks`` field.
+``step_time_s`` is always wall time (what the user waits for; on a GPU the step has synchronised by
+its end); ``step_cpu_s`` the host CPU time of the same interval. Regions (``<module>_fwd_s``, ...)
+use the region clock: ``"cuda_event"`` on CUDA (event pairs, resolved at ``end_step`` after one
+synchronize), ``"thread_cpu"`` on CPU with one intra-op thread (ranks sharing a small machine are
+not charged for each other's slices), ``"process_cpu"`` with several (the calling thread's clock
+would miss torch's OpenMP workers), or ``"wall"`` on request. A host-clock region stopped on another
+thread than it started on falls back to wall time, counted in the step's ``clock_fallbacks``.
 """
 
 from __future__ import annotations

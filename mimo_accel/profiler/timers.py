@@ -13,24 +13,15 @@ from mimo_accel.profiler.recorder import Recorder, module_regions
 class ModuleTimer:
     """Times an ``nn.Module``'s forward and backward as regions ``<name>_fwd`` / ``<name>_bwd``.
 
-    * forward: forward-pre-hook → forward-hook (``always_call``, so an exception closes it).
-      Forwards that run *inside* a backward (activation recomputation) are not counted as forward;
-      their time falls inside the backward region.
-    * backward: starts when the gradient of the module's output arrives (a hook on each output
-      tensor, registered by the forward hook; outputs may be tensors or nested tuples/lists/dicts)
-      and stops when the backward pass (autograd graph task) that delivered it finishes (an
-      autograd final callback). On a vision-encoder rank, that backward is the encoder's own; when
-      the encoder shares a graph with other modules it is the tail of it (the encoder ran first, so
-      its backward runs last).
-
-    ``skip``: a predicate asked at each forward's start; when it says yes that forward (and so
-    its backward) is not timed, e.g. an evaluation pass. The timer declares its two regions to the
-    recorder (:meth:`Recorder.declare`), so every later step line carries them, null when untimed.
-
-    Why not ``register_full_backward_hook`` for the end: when no module input requires grad (a
-    vision encoder's pixel values never do) torch fires it as soon as the *output* gradient
-    arrives, so it would measure ~0.
-    """
+    Forward: forward-pre-hook to forward-hook (``always_call``, so an exception closes it); a forward
+    run inside a backward (activation recomputation) counts in the backward. Backward: from the
+    arrival of the gradient of the module's output (a hook on each output tensor, registered by the
+    forward hook) to the end of the autograd graph task that delivered it (a final callback; where the
+    encoder shares a graph with other modules, its tail: the encoder ran first). Not
+    ``register_full_backward_hook``: where no input requires grad (pixel values never do) torch fires
+    it as the output gradient arrives, measuring ~0. ``skip``: asked at each forward's start; a yes
+    leaves that forward and its backward untimed (an evaluation pass). The regions are declared to the
+    recorder, so every later step line carries them, null when untimed."""
 
     def __init__(self, module: Any, recorder: Recorder, name: str = "vision",
                  skip: Callable[[], bool] | None = None) -> None:
@@ -85,7 +76,7 @@ class ModuleTimer:
             if output.requires_grad:
                 output.register_hook(self._on_output_grad)
             return
-        for t in _iter_tensors(output, self._torch.Tensor):
+        for t in iter_tensors(output, self._torch.Tensor):
             if t.requires_grad:
                 t.register_hook(self._on_output_grad)
 
@@ -124,15 +115,13 @@ class ModuleTimer:
         self._handles.clear()
 
 
-def _iter_tensors(obj: Any, tensor_type: type, _depth: int = 0) -> Iterator[Any]:
+def iter_tensors(obj: Any, tensor_type: type, _depth: int = 0) -> Iterator[Any]:
+    """The tensors of a module's output, in order, through nested tuples, lists and dicts."""
     if isinstance(obj, tensor_type):
         yield obj
-    elif _depth < 4 and isinstance(obj, (tuple, list)):
-        for o in obj:
-            yield from _iter_tensors(o, tensor_type, _depth + 1)
-    elif _depth < 4 and isinstance(obj, dict):
-        for o in obj.values():
-            yield from _iter_tensors(o, tensor_type, _depth + 1)
+    elif _depth < 4 and isinstance(obj, (tuple, list, dict)):
+        for o in obj.values() if isinstance(obj, dict) else obj:
+            yield from iter_tensors(o, tensor_type, _depth + 1)
 
 
 def attach_module_timer(module: Any, recorder: Recorder, name: str = "vision",

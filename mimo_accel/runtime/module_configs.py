@@ -12,19 +12,15 @@ from typing import Any, Iterator
 from mimo_accel.modules import LANGUAGE
 
 
-def _is_transformer_config(obj: Any) -> bool:
+def _spec_configs(spec: Any) -> Iterator[tuple[str, Any]]:
+    """(param name, TransformerConfig) of a ModuleSpec's params."""
     try:
         from megatron.core.transformer.transformer_config import TransformerConfig
     except ImportError:  # pragma: no cover - megatron is what is being patched
-        return False
-    return isinstance(obj, TransformerConfig)
-
-
-def _spec_configs(spec: Any) -> Iterator[tuple[str, Any]]:
-    """(param name, TransformerConfig) of a ModuleSpec's params."""
+        return
     params = getattr(spec, "params", None) or {}
     for key, value in params.items():
-        if _is_transformer_config(value):
+        if isinstance(value, TransformerConfig):
             yield key, value
 
 

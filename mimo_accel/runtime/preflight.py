@@ -1,26 +1,14 @@
 """What the model's and the layout's configs must agree on before mimo_accel trains with them.
 
-Run where Bridge hands over its ``MegatronMIMOProvider`` (``cfg.model``): before the model is built
-(``setup_megatron_mimo``, :func:`mimo_accel.runtime.patches.setup.wrap_setup`) and when the MIMO loaders
-are built (``build_megatron_mimo_data_loaders``). Every check reads configs only; nothing is
-collective.
-
-- **TP/PP size of each module** (any feature on): a module's ``TransformerConfig`` whose
-  ``tensor_model_parallel_size`` or ``pipeline_model_parallel_size`` differs from its grid in
-  ``MegatronMIMOParallelismConfig`` is refused. Upstream builds the module from the config's sizes
-  in places (megatron-core's ``get_num_layers_to_build`` reads the config's PP size: every stage
-  builds every layer; the RoPE length under sequence parallelism reads its TP size), while the
-  process groups come from the grid; a torch_dist checkpoint then stores two stages' layers under
-  the same keys and a resume loads the wrong weights. Bridge does not check. An encoder spec whose
-  config is passed as ``transformer_config`` has its TP size set from the grid by Bridge itself
-  (``MegatronMIMOProvider._inject_pg_collection_into_modality_spec``): only its PP size is checked.
-- **Packing under context parallelism**: ``pad_multiple`` must be a multiple of the language
-  grid's ``2 * cp`` (:func:`mimo_accel.packing.check_alignment`).
-- **Reorder under per-replica loss normalisation**: with the language model's
-  ``calculate_per_token_loss=False`` (megatron-core's default), each language replica's loss is a
-  mean over its own tokens per micro-batch, so moving samples between language replicas (or
-  between the micro-batches of a step) changes the gradient. Said once; an error with
-  ``strict_gradients``.
+Run where Bridge hands over its ``MegatronMIMOProvider``: before the model is built
+(``setup_megatron_mimo``) and when the MIMO loaders are built; configs only, nothing collective.
+A module's ``TransformerConfig`` TP/PP size must be its grid's (megatron-core builds layers from
+the config's sizes and process groups from the grid: every stage would build every layer, and a
+torch_dist resume would load the wrong weights; an encoder's ``transformer_config`` gets its TP
+from Bridge itself, so only its PP is checked). Packing under context parallelism needs
+``pad_multiple`` a multiple of ``2·cp``. A reorder under per-replica loss normalisation
+(``calculate_per_token_loss=False``) changes the gradient: said once, refused with
+``strict_gradients``.
 """
 
 from __future__ import annotations
@@ -87,10 +75,14 @@ def check_sizes(provider: Any) -> None:
             "grid's:\n  " + "\n  ".join(differ))
 
 
-def language_cp(provider: Any) -> int:
+def _language_grid(provider: Any) -> Optional[Any]:
+    """The language model's ``ModuleParallelismConfig`` in the provider's MIMO parallelism config."""
     parallelism = getattr(provider, "megatron_mimo_parallelism_config", None)
-    grid = (getattr(parallelism, "module_parallelisms", None) or {}).get(LANGUAGE)
-    return int(getattr(grid, "context_parallel_size", 1) or 1)
+    return (getattr(parallelism, "module_parallelisms", None) or {}).get(LANGUAGE)
+
+
+def language_cp(provider: Any) -> int:
+    return int(getattr(_language_grid(provider), "context_parallel_size", 1) or 1)
 
 
 def check_loss_normalisation(provider: Any, runtime: Runtime) -> None:
@@ -102,10 +94,7 @@ def check_loss_normalisation(provider: Any, runtime: Runtime) -> None:
     config = language_config(provider)
     if config is None or getattr(config, "calculate_per_token_loss", True):
         return
-    parallelism = getattr(provider, "megatron_mimo_parallelism_config", None)
-    grid = (getattr(parallelism, "module_parallelisms", None) or {}).get(LANGUAGE)
-    language_dp = getattr(grid, "data_parallel_size", None)
-    if language_dp == 1 and cfg.reorder_window == 1:
+    if getattr(_language_grid(provider), "data_parallel_size", None) == 1 and cfg.reorder_window == 1:
         return  # one language replica, one micro-batch: its samples and their weights stay the same
     if cfg.strict_gradients:
         raise ValueError(per_replica_loss_message(strict=True))

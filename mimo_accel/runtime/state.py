@@ -1,16 +1,10 @@
 """All of mimo_accel's state in a training process, in one object the patch engine owns.
 
 ``enable()`` has the patch table (:func:`mimo_accel.patching.registry.runtime_for`) make a
-:class:`Runtime`, with what each enabled feature keeps in it, and hands it to every replacement it
-installs (a factory takes the original function and the runtime); ``disable()`` closes it and
-drops it, so nothing a feature learned or recorded outlives the patches that learned it. What
-stays at module level in the runtime lives as long as the process or the job's store, each with
-its reason where it is defined.
-
-No silent no-op: :meth:`Runtime.say_once` is how a feature that cannot act on the data it got
-says so once per process (a log warning; ``mimo_accel.status()["notes"]`` lists the same lines,
-and with the profiler on each is written into the next step line, which ``mimo-accel report``
-shows).
+:class:`Runtime` with what each enabled feature keeps in it and hands it to every replacement it
+installs; ``disable()`` closes and drops it, so nothing a feature learnt outlives its patches.
+:meth:`Runtime.say_once` is how a feature that cannot act on its data says so once (a log warning,
+``mimo_accel.status()["notes"]``, and the next step line with the profiler on).
 """
 
 from __future__ import annotations
@@ -24,12 +18,10 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from mimo_accel.config import AccelConfig
 from mimo_accel.notices import Notices
-from mimo_accel.runtime.reading.shard import ShardContext, ShardLengths, StepRole, context_from_grids
+from mimo_accel.runtime.context import ShardContext, ShardLengths, StepRole, context_from_grids
 
 if TYPE_CHECKING:
     from mimo_accel.costs import CostModel
-    from mimo_accel.runtime.measuring.calibration import Calibration
-    from mimo_accel.runtime.measuring.profiling import Profiling
 
 logger = logging.getLogger("mimo_accel")
 
@@ -70,8 +62,11 @@ class Runtime:
     # stepped aside (None: it did not). The config stays as enabled: read what acts through
     # reorders, calibrates_online and features()
     reorder_stepped_aside: Optional[str] = None
-    profiling: Optional[Profiling] = None  # while the profiler (or online calibration) is on
-    calibration: Optional[Calibration] = None  # of the training run under way
+    # The measuring services (the layer above this one, so named here, not imported): the profiler's
+    # measuring.profiling.Profiling while it (or online calibration) is on, and the training run's
+    # measuring.calibration.Calibration.
+    profiling: Any = None
+    calibration: Any = None
     said: Notices = field(default_factory=lambda: Notices(logger))  # this run's notices, each said once
     lock: threading.RLock = field(default_factory=threading.RLock, repr=False)
 

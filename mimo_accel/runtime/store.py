@@ -1,19 +1,23 @@
-"""The job's rendezvous store, as every part of mimo_accel uses it: one namespace for its keys, one
-count of the rounds each part has run, a client per background thread, and a set of ranks that
-gathers Python objects through it.
-
-Bridge builds MIMO data loaders on the data-loading ranks only, so nothing collective over all
-ranks can run there; the store every rank already shares can carry a gather among any subset, a
-plan check, the calibration's announcements and the metrics' step figures.
+"""The job's rendezvous store, as every part of mimo_accel uses it: one namespace for its keys, a
+count of each part's rounds, a client per background thread, a wait that names the ranks that
+never came, and a set of ranks that gathers through it. Bridge builds MIMO loaders on the
+data-loading ranks only, so nothing collective over all ranks can run there: the store every rank
+shares carries the gathers, the plan checks, the announcements and the metrics' figures.
 """
 
 from __future__ import annotations
 
+import datetime
 import pickle
 import threading
-from typing import Sequence
+import time
+from typing import Optional, Sequence
 
 ROOT = "mimo_accel"  # every key mimo_accel sets in the job's store starts here
+# A wait that can be stopped waits this long at a time, so a stop is seen that soon (a thread still in
+# a store call when the interpreter exits can abort the process); each such wait that times out (a
+# rank over a second late) logs a c10d socket warning.
+_POLL_S = 1.0
 
 _lock = threading.Lock()
 # what -> rounds of it this process has run (the same count on every rank taking part: they run
@@ -77,8 +81,6 @@ class RankSet:
     number of times, in the same order. ``rank``/``world`` are this process's place in the set.
     """
 
-    through_store = True  # what a gather over it goes through (a ProcessGroup has .gather too)
-
     def __init__(self, ranks: Sequence[int]):
         import torch.distributed as dist
 
@@ -95,10 +97,28 @@ class RankSet:
         prefix = store_key("gather", ranks_key(self.ranks), n)
         keys = [f"{prefix}/{r}" for r in self.ranks]
         store.set(keys[self.rank], pickle.dumps(obj))
+        wait_for(store, keys, self.ranks,
+                 f"mimo_accel: ranks {{missing}} never reached this point (rank {self.ranks[self.rank]} waited for them)")
+        return [pickle.loads(v) for v in store.multi_get(keys)]
+
+
+def wait_for(store, keys: list[str], ranks: Sequence[int], failure: str,
+             stop: Optional[threading.Event] = None) -> bool:
+    """Wait until each of ``ranks`` has set its key of ``keys``, up to the store's own timeout, then
+    raise a RuntimeError: ``failure`` with ``{missing}`` the ranks that never came. With ``stop``, the
+    wait gives up (False) soon after it is set."""
+    deadline = time.monotonic() + store.timeout.total_seconds()
+    while True:
         try:
-            store.wait(keys)
-        except Exception as exc:  # the store's own timeout: say who never came
-            missing = [r for r, k in zip(self.ranks, keys) if not store.check([k])]
-            raise RuntimeError(f"mimo_accel: ranks {missing} never reached this point (rank "
-                               f"{self.ranks[self.rank]} waited for them): {exc}") from exc
-        return [pickle.loads(store.get(k)) for k in keys]
+            if stop is None:
+                store.wait(keys)
+            else:
+                store.wait(keys, datetime.timedelta(seconds=max(0.001, min(_POLL_S, deadline - time.monotonic()))))
+            return True
+        except Exception as exc:  # noqa: BLE001 - the store's timeout (DistStoreError), or this short wait's
+            if stop is not None and stop.is_set():
+                return False
+            if stop is not None and time.monotonic() < deadline:
+                continue
+            missing = [r for r, k in zip(ranks, keys) if not store.check([k])]
+            raise RuntimeError(f"{failure.format(missing=missing)}: {exc}") from exc

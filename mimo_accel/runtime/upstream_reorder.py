@@ -1,36 +1,21 @@
 """A Bridge with its own intra-microbatch reorder: never two reorders on one micro-batch.
 
-Upstream's reorder is Megatron-Bridge PR #4608's (not on Bridge main 067f987, in no release). It has
-had two shapes, and mimo_accel does one thing for each, said in one line at setup
-(``mimo_accel.status()["notes"]`` keeps it):
+Decided where Bridge hands over its ``ConfigContainer``, before any loader is built
+(``setup_megatron_mimo``, ``build_megatron_mimo_data_loaders``), and said once. Upstream's reorder
+is Megatron-Bridge PR #4608's (not on Bridge main 067f987, in no release), in two shapes:
 
-- **#4608's reorder buffer** with its settings on the dataset config (``reorder_buffer.py`` and
-  ``docs/training/mimo-intra-microbatch-reorder.md`` as the search index holds them, commit ce55b79f):
-  settings on the dataset config
-  (``DirectHFSFTDatasetConfig``), ``megatron_mimo_intra_microbatch_reorder`` acting on upstream's
-  scalable reads (``megatron_mimo_scalable_dp``); the training script (the Qwen3.5-VL example's
-  ``_build_data_iterators``) wraps the train iterator in a ``ReorderingBuffer`` when both are on,
-  reading them from ``cfg.dataset`` when it builds its iterators. It plans each micro-batch alone
-  and moves samples between replicas *after* they are read.
-
-  * mimo_accel's reorder on: **mimo_accel's reorder replaces it.** ``setup_megatron_mimo`` turns
-    ``cfg.dataset.megatron_mimo_intra_microbatch_reorder`` off before the script's
-    ``build_data_iterators`` runs (so no buffer is built), and says so, naming the flag and how to
-    keep upstream's instead. Should the iterators come back wrapped in a ``ReorderingBuffer`` all
-    the same (a script that decides from its own flags), setup refuses before the first batch.
-  * mimo_accel's reorder off: upstream's reorder runs. mimo_accel's batch tag could not describe
-    a batch whose samples the buffer exchanged (upstream keeps one sample's non-tensor fields), so
-    the canonical loader is left untagged (:mod:`mimo_accel.runtime.patches.loaders`): packing works as
-    enabled; the step's replica check and the profiler's per-sample counts are off, said once.
-
-- **#4608 at its head 984a8a53** (``MegatronMIMOFeatureConfig`` on ``ConfigContainer.mimo``,
-  training/config.py: ``intra_microbatch_reorder`` acting on ``mimo.scalable_dp``): mimo_accel's reorder
-  **steps aside** (its planner does not act on #4608's reads: each rank's sampler already reads a
-  module-local share, not the global micro-batch it plans); sharded reads, packing and the
-  profiler stay as enabled.
-
-Checked where Bridge hands over its ``ConfigContainer``, before any loader is built:
-``setup_megatron_mimo(state, ...)`` (``state.cfg``) and ``build_megatron_mimo_data_loaders(cfg, ...)``.
+- **#4608's reorder buffer** (``reorder_buffer.py``, commit ce55b79f:
+  ``cfg.dataset.megatron_mimo_intra_microbatch_reorder`` with ``megatron_mimo_scalable_dp``; the
+  script wraps its train iterator in a ``ReorderingBuffer``, which moves samples between replicas
+  after they are read). With mimo_accel's reorder on, it **replaces** it: setup turns the flag off
+  before the script builds its iterators, and refuses an iterator wrapped all the same. With it off,
+  upstream's reorder runs and the canonical loader is left untagged (the tag cannot describe samples
+  the buffer moved): the step's replica check and the profiler's per-sample counts are off, packing
+  stays.
+- **#4608 at its head 984a8a53** (``cfg.mimo.intra_microbatch_reorder`` with ``scalable_dp``):
+  mimo_accel's reorder **steps aside** (each rank's sampler there already reads a module-local
+  share, not the global micro-batch it plans); sharded reads, packing and the profiler stay as
+  enabled.
 """
 
 from __future__ import annotations
@@ -98,13 +83,7 @@ def settle_upstream_reorder(cfg: Any, runtime: Runtime) -> None:
                 "profiler's per-sample counts are off there; packing stays as enabled. For mimo_accel's "
                 f"reorder instead, enable it (reorder=True): it then sets cfg.dataset.{BUFFER_FLAG}=False."))
         return
-    _step_aside_if_4608_reorders(cfg, runtime)
-
-
-def _step_aside_if_4608_reorders(cfg: Any, runtime: Runtime) -> None:
-    if not runtime.reorders:
-        return
-    why = upstream_reorder(cfg)
+    why = upstream_reorder(cfg) if runtime.reorders else None
     if why is None:
         return
     runtime.reorder_stepped_aside = why

@@ -588,9 +588,9 @@ def _exercise_ranges(setup: _Setup) -> None:
     from mimo_accel.planner import CostIndexPlanner
     from mimo_accel.profiler import Recorder, attach_module_timer
     from mimo_accel.runtime.reading.sampler import shard_loader
-    from mimo_accel.runtime.reading.shard import SHARD_TAG_KEY, ShardContext
+    from mimo_accel.runtime.context import ShardContext, StepRole
+    from mimo_accel.runtime.reading.shard import SHARD_TAG_KEY
     from mimo_accel.runtime.local_batch import pack_for_language_model
-    from mimo_accel.runtime.reading.shard import StepRole
 
     n, batch_size = 16, 4
     rng = np.random.default_rng(0)

@@ -1,29 +1,14 @@
 """The cost model learnt while training, the same on every data rank at every step.
 
-One rank fits: the job's last rank, which already gathers every rank's step figures for Bridge's
-writers (:mod:`mimo_accel.runtime.measuring.metrics`; while calibrating it gathers every step, on its own
-thread). An :class:`~mimo_accel.costs.online.OnlineCalibration` there refits each module from
-its replicas' step times and what they computed, and an accepted refit is *announced*: one store
-value holding the new model and the first iteration to be planned with it, far enough ahead that
-no planner thread (each plans at most a few windows ahead of training, in step with the others)
-has reached that iteration yet. Every data rank's planner thread reads the announcements before it
-plans a window and plans iteration ``t`` with the last model announced for an iteration ``<= t``
-(:class:`Schedule`), so the model changes at a step boundary every rank agrees on, never inside a
-window. The model's digest is part of each window's plan digest: the plan check would stop a rank
-that planned with another one.
-
-The cold start: a run's first refit is made from the first steps the profiler measures (the
-warm-up step left out, then :data:`FIRST_STEPS`), at iteration ``F``, and plans from iteration
-``F + 2`` (plus the steps a DataLoader's workers prefetch): every planner thread waits before it
-plans that iteration until the fitting rank has said whether it announces a model for it (one
-store key, set whether or not the refit is accepted). So the first calibrated plan does not wait
-out the queue of plans made ahead, and every rank still plans each iteration with one model.
-
-Resume: the announcements are also written beside Bridge's checkpoints
-(``{checkpoint.save}/mimo_accel/cost-models.json``), each with the last iteration whose times it
-learnt from. A run resumed from iteration ``N`` takes the announcements learnt from iterations
-``<= N`` and plans with them exactly as the interrupted run did; refits after that are its own. A
-checkpoint without the file starts from the configured model.
+One rank fits: the job's last rank, which gathers every rank's step figures anyway
+(:mod:`mimo_accel.runtime.measuring.metrics`). An accepted refit is *announced*: one store value
+holding the model and the first iteration planned with it, far enough ahead that no planner thread
+has reached it. Planner threads read the announcements before each window and plan iteration ``t``
+with the last model announced for an iteration ``<= t`` (:class:`Schedule`): the model changes at a
+step boundary every rank agrees on, and its digest is in every window's plan digest. The cold
+start's first refit plans iteration ``F + 2`` (every planner waits there for its verdict); the
+announcements are saved beside Bridge's checkpoints, so a resumed run plans as the interrupted one
+did. The whole story: docs/design.md, "The cost model learnt while training".
 """
 
 from __future__ import annotations
@@ -34,9 +19,9 @@ import math
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
-from mimo_accel.config import STEP_WINDOW
+from mimo_accel.config import STEP_WINDOW, resolve_window
 from mimo_accel.costs import CostModel
 from mimo_accel.runtime.store import next_round, store_key
 
@@ -97,12 +82,8 @@ class Schedule:
         self.announcements.append(announcement)
 
     def in_force(self, iteration: int) -> Optional[Announcement]:
-        """The announcement whose model plans ``iteration`` (None: the start model)."""
-        current = None
-        for a in self.announcements:
-            if a.step <= iteration:
-                current = a
-        return current
+        """The announcement whose model plans ``iteration`` (None: the start model); their steps rise."""
+        return next((a for a in reversed(self.announcements) if a.step <= iteration), None)
 
     def model_for(self, iteration: int) -> CostModel:
         a = self.in_force(iteration)
@@ -162,10 +143,10 @@ class Calibration:
     ``schedule`` is what every planner plans with; on the fitting rank, :meth:`observe` learns
     from each step's gathered figures and announces what it accepts. ``serial`` names the run's
     store keys (the same on every rank: setups run alike everywhere). ``state``: Bridge's
-    GlobalState (the iteration a resumed run starts from); ``window``: the reorder window."""
+    GlobalState (the iteration a resumed run starts from); ``window``: the ``reorder_window`` setting."""
 
     def __init__(self, start: CostModel, serial: int, *, save_dir: Optional[str] = None,
-                 load_dir: Optional[str] = None, notify=None, state: Any = None, window: int = 1):
+                 load_dir: Optional[str] = None, notify=None, state: Any = None, window: Union[int, str] = 1):
         self.state, self.window = state, window
         self.prefix = store_key("calibration", serial)
         self.schedule = Schedule(start)
@@ -203,8 +184,7 @@ class Calibration:
         from mimo_accel.runtime.reading.plan_ahead import DEPTH
 
         steps = micro_batches_per_step()
-        window = (steps or 1) if self.window == STEP_WINDOW else self.window
-        return lead_steps(window, steps, DEPTH)
+        return lead_steps(resolve_window(self.window, steps), steps, DEPTH)
 
     # ------------------------------------------------------------------------------ every rank
 
@@ -240,17 +220,15 @@ class Calibration:
             while self._seen < count:
                 key = f"{self.prefix}/{self._seen + 1}"
                 store.wait([key])
-                self._take(Announcement.from_doc(json.loads(store.get(key))))
+                a = Announcement.from_doc(json.loads(store.get(key)))
+                with self._lock:
+                    if a.step <= self.announced_through:
+                        raise RuntimeError(
+                            f"mimo_accel online calibration: the cost model announced for iteration {a.step} reached "
+                            f"this rank after it had planned iteration {self.announced_through}; ranks could plan one "
+                            "step with different models. Stopping rather than risk it.")
+                    self.schedule.add(a)
                 self._seen += 1
-
-    def _take(self, a: Announcement) -> None:
-        with self._lock:
-            if a.step <= self.announced_through:
-                raise RuntimeError(
-                    f"mimo_accel online calibration: the cost model announced for iteration {a.step} reached this "
-                    f"rank after it had planned iteration {self.announced_through}; ranks could plan one step "
-                    "with different models. Stopping rather than risk it.")
-            self.schedule.add(a)
 
     @property
     def start_iteration(self) -> int:
@@ -289,7 +267,10 @@ class Calibration:
         :class:`WindowModel` of the iteration it belongs to. ``prefetched``: the micro-batches the
         loader's workers take from its sampler ahead of training (a planner that waited for the
         first refit there would hold up the step that refit learns from)."""
+        import torch.distributed as dist
+
         from mimo_accel.runtime.reading.plan_inputs import digest
+        from mimo_accel.runtime.store import background_store
 
         ahead = -(-max(0, prefetched) // max(1, step_micro_batches))
         # a run resumed with models learnt before its checkpoint is no cold start: its refits wait out
@@ -298,19 +279,11 @@ class Calibration:
 
         def of_window(first_micro_batch: int) -> WindowModel:
             iteration = first_micro_batch // step_micro_batches + 1
-            model = self.model_for(iteration, self._store())
+            # the store through the planner thread's own client (None in a single process)
+            model = self.model_for(iteration, background_store() if dist.is_initialized() else None)
             return WindowModel(model, digest(model.to_doc()), self.schedule.overheads_for(iteration))
 
         return of_window
-
-    def _store(self):
-        import torch.distributed as dist
-
-        if not dist.is_initialized():
-            return None
-        from mimo_accel.runtime.store import background_store
-
-        return background_store()
 
     @property
     def language_per_micro_batch(self) -> bool:
@@ -409,19 +382,13 @@ class Calibration:
 
 
 def step_observations(figures: list, language_per_micro_batch: bool = False) -> dict:
-    """Per module, one step's ``(features [rows, n], seconds [rows])`` from every rank's figures,
-    a row per replica: a replica's time is its PP stages summed, each its slowest rank
-    (:func:`~mimo_accel.modules.replica_seconds`; ``stages`` from a figure, 1 where absent), what
-    a sample costs the whole module as the step model and a FLOPs start price it; its features the
-    largest any of its ranks counted. A module with a replica that has no time is left out of that
-    step. A module of a single replica (and, with ``language_per_micro_batch``, the language model)
-    is observed a row per micro-batch where its ranks timed and counted each forward (the figures'
-    ``micro``; its stages summed the same way): its micro-batches differ within the step as
-    replicas would, so its cost's shape can be learnt (an encoder before a PP language model sets
-    the step's pace), and each holds as many items, so their level tells what a micro-batch costs
-    whatever its size (fitted at the machine's pace, for a step plan: a row's overhead is a
-    micro-batch's, not a replica's); without them a lone replica teaches only its scale
-    (:class:`~mimo_accel.costs.online.OnlineCalibration`)."""
+    """Per module, one step's ``(features [rows, n], seconds [rows])`` from every rank's figures, a
+    row per replica: its time its PP stages summed, each its slowest rank
+    (:func:`~mimo_accel.modules.replica_seconds`), its features the largest any of its ranks counted; a
+    module with an untimed replica is left out of that step. A module of one replica (and, with
+    ``language_per_micro_batch``, the language model) is observed a row per micro-batch where its
+    ranks gave them (the figures' ``micro``): its micro-batches differ as replicas would, and their
+    level tells what a micro-batch costs whatever its size."""
     import numpy as np
 
     from mimo_accel.costs.online import features_of

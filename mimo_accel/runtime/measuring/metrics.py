@@ -1,86 +1,31 @@
 """mimo_accel's per-step figures in Megatron Bridge's own TensorBoard and W&B writers.
 
-Bridge's MIMO loop logs through ``GlobalState.tensorboard_logger`` / ``.wandb_logger``, which
-exist on the job's last rank only (``cfg.logger.tensorboard_dir`` / ``cfg.logger.wandb_project``
-set). With the profiler on, every logged iteration (``iteration % cfg.logger.log_interval == 0``,
-the interval of Bridge's own MIMO ``iteration-time`` scalar) adds, under ``mimo_accel/``:
-
-* per module ``m`` (each encoder under its config name, and ``language``):
-  ``m/straggler`` (max / mean over the module's DP replicas of their forward + backward time this
-  step; a replica's time is the max over its TP/PP ranks), ``m/straggler_planned`` (what the plan
-  predicted for it, with ``reorder``: the step line's ``predicted_spreads``, i.e. the plan of the
-  step's last micro-batch), ``m/slowest_replica_s`` and ``m/slowest_replica`` (its DP
-  rank), ``m/samples_read_per_rank`` and ``m/bytes_read_per_rank`` (mean over the module's ranks);
-* ``language/tokens``: a histogram of the real tokens each language replica computed this step
-  (packed: its ``cu_seqlens``; else its attention-mask rows), beside the scalars
-  ``language/tokens_max``, ``language/tokens_mean`` and ``language/tokens_straggler`` (max / mean):
-  no tag's count grows with the data-parallel size;
-* per module ``m``, its throughput this step (:func:`mimo_accel.costs.flops.throughput`; the step's
-  time: the longest ``step_time_s`` of any rank): ``m/samples_per_s``, ``m/tokens_per_s_per_gpu``
-  (the language model's real tokens, an encoder's rows), ``m/tflops_per_gpu`` (its model FLOPs, where
-  the writing rank's profile header has the module's FLOPs shape) and ``m/mfu`` (where the device is
-  in :data:`~mimo_accel.costs.flops.PEAK_BF16_TFLOPS`); per GPU: over the module's tp·cp·pp·dp ranks;
-* per module ``m``, ``m/busy_share``: the step replayed on a device per rank from every rank's
-  forward and backward times per micro-batch (:mod:`mimo_accel.balance.replay`, the report's
-  replay), the mean over the module's devices (replica × PP stage) of busy time / the replayed
-  step; 1 − it is the share its ranks wait. The module whose busiest device is busiest bounds the
-  step (the report names it);
-* ``reads/samples``, ``reads/bytes``, ``reads/bytes_exchanged``: summed over every rank;
-* ``plan_wait_s`` (with ``reorder``): the longest any rank's training thread waited this step for a
-  plan made ahead (0 while planning keeps up).
-
-These are the report's definitions (:mod:`mimo_accel.tools.report`), for one step.
-
-How the figures reach the logging rank: every rank reaches the optimizer-step hook once per
-iteration (:func:`mimo_accel.runtime.patches.profiler.wrap_optimizer_step`). On a logged iteration each
-rank puts its step figures (a few numbers and its micro-batches' times in whole microseconds, as
-JSON) under its own key in the job's rendezvous store —
-a ``set`` that does not wait for anyone. The writing rank hands the rest to a thread of its own,
-over its own connection to the store (a clone), so its training thread never waits there: the
-thread waits for the others' keys, reads them with one ``multi_get``, marks the iteration done (one
-key), deletes the writing rank's own key and writes the scalars to TensorBoard. One logged
-iteration is in flight at a time: the writing rank's next optimizer-step hook (on any iteration)
-collects it — by then every rank has long set its key, so it is done — logs its W&B row on the
-training thread (W&B drops a row of a step older than its latest, and Bridge logs the next step
-right after the hook) and raises its error there, e.g. the ranks that never came, named. So the
-writes are in iteration order, and :meth:`Metrics.close` at the end of training collects the last.
-Each other rank deletes its own keys once it sees them done, at its next logged iteration or when
-training ends, so no rank deletes for the others. No process group is created and no collective
-runs, so no rank can be left waiting in one.
-
-Why only with the profiler: the figures are the profiler's (its encoder and language-model timers,
-its read counts); without ``profile`` none of them exist and nothing here is installed.
+Bridge's writers exist on the job's last rank only. On every logged iteration (``iteration %
+cfg.logger.log_interval == 0``; every iteration while the cost model is learnt online) each rank
+puts its step figures (:func:`~mimo_accel.runtime.measuring.step_figures.rank_figures`) under its
+own key in the job's rendezvous store, a ``set`` that waits for no one. The last rank hands the
+rest to a thread of its own over its own store client: it waits for every rank's key, reads them
+with one ``multi_get``, marks the iteration read, lets the online calibration learn and writes the
+scalars to TensorBoard. The next optimizer-step hook collects it on the training thread (logs its
+W&B row, raises its error, e.g. the ranks that never came); each other rank deletes its keys once
+they are read. No process group, no collective. The scalars are listed in docs/usage.md, the way
+they travel in docs/design.md; without the profiler none of them exist.
 """
 
 from __future__ import annotations
 
-import datetime
 import json
 import logging
 import queue
 import threading
-import time
 from typing import Any, Optional
 
 import numpy as np
 
 from mimo_accel.runtime.measuring.step_figures import model_scalars, rank_figures, step_histograms, step_scalars
-from mimo_accel.runtime.store import next_round, store_key
+from mimo_accel.runtime.store import default_store, next_round, store_key, wait_for
 
 logger = logging.getLogger("mimo_accel")
-
-# The metrics thread waits in the store this long at a time, so a failed run's stop is seen that
-# soon (a thread still in a store call when the interpreter exits can abort the process); each
-# wait that times out (a rank over a second late) logs a c10d socket warning.
-_POLL_S = 1.0
-
-# ---------------------------------------------------------------------------------- in training
-
-
-def _store():
-    from mimo_accel.runtime.store import default_store
-
-    return default_store()
 
 
 class Metrics:
@@ -129,17 +74,12 @@ class Metrics:
         return cls(global_state, rank=dist.get_rank(), world=dist.get_world_size(), calibration=calibration,
                    writes=writes, lead=lead)
 
-    def iteration_logged(self) -> Optional[int]:
-        """The iteration the optimizer step now ending belongs to (Bridge counts it after the
-        step), when it is one Bridge logs; else None."""
-        iteration = int(self.state.train_state.step) + 1
-        return iteration if self.writes and iteration % self.interval == 0 else None
-
     def iteration_gathered(self) -> tuple[Optional[int], bool]:
-        """The iteration now ending when its figures are gathered (every one while calibrating, else
-        the logged ones), and whether it is logged."""
+        """The iteration the optimizer step now ending belongs to (Bridge counts it after the step)
+        when its figures are gathered (every one while calibrating, else the ones Bridge logs), and
+        whether Bridge logs it."""
         iteration = int(self.state.train_state.step) + 1
-        logged = self.iteration_logged() is not None
+        logged = self.writes and iteration % self.interval == 0
         return (iteration if logged or self.calibration is not None else None), logged
 
     def after_step(self, header: dict, record: dict) -> None:
@@ -203,7 +143,7 @@ class Metrics:
             worker.shutdown()
 
     def store(self):
-        return self._store if self._store is not None else _store()
+        return self._store if self._store is not None else default_store()
 
     def _key(self, iteration: int, rank: int) -> str:
         return store_key("metrics", self.run, iteration, rank)
@@ -247,7 +187,8 @@ class Metrics:
         SummaryWriter, or None) and are returned (None: not logged, or ``stop`` was set while it
         waited)."""
         keys = [self._key(iteration, r) for r in range(self.world)]
-        if not self._wait(store, keys, iteration, stop):
+        if not wait_for(store, keys, range(self.world), f"mimo_accel metrics: ranks {{missing}} never reached the end of "
+                        f"iteration {iteration} (rank {self.rank} waited for their figures)", stop):
             return None
         values = store.multi_get(keys)
         store.set(self._done_key(), str(iteration))
@@ -269,26 +210,6 @@ class Metrics:
                 tensorboard.add_histogram(name, np.asarray(values, dtype=np.float64), iteration)
         self._histograms = histograms  # for the W&B row, on the training thread
         return scalars
-
-    def _wait(self, store, keys: list[str], iteration: int, stop: Optional[threading.Event]) -> bool:
-        """Wait for ``keys`` up to the store's own timeout, in short waits so that a ``stop`` is seen
-        (False); a timeout names the ranks that never came."""
-        import torch.distributed as dist
-
-        deadline = time.monotonic() + store.timeout.total_seconds()
-        while True:
-            try:
-                store.wait(keys, datetime.timedelta(seconds=max(0.001, min(_POLL_S, deadline - time.monotonic()))))
-                return True
-            except dist.DistStoreError as exc:  # this short wait's timeout
-                if stop is not None and stop.is_set():
-                    return False
-                if time.monotonic() < deadline:
-                    continue
-                missing = [r for r, k in enumerate(keys) if not store.check([k])]
-                raise RuntimeError(f"mimo_accel metrics: ranks {missing} never reached the end of iteration "
-                                   f"{iteration} (rank {self.rank} waited for their figures): {exc}") from exc
-
 
 class _Job:
     """One logged iteration handed to the metrics thread (and the TensorBoard writer it writes to):

@@ -1,29 +1,14 @@
-"""The profiler's hooks into a real MegatronMIMO run (installed at upstream's sites by
-:mod:`mimo_accel.runtime.patches.profiler` only when ``profile`` or online calibration is on).
+"""The profiler's hooks into a real MegatronMIMO run, installed at upstream's sites by
+:mod:`mimo_accel.runtime.patches.profiler` only when ``profile`` or online calibration is on.
 
-Every module is timed under its own name (:mod:`mimo_accel.modules`): regions ``<module>_fwd`` /
-``<module>_bwd`` for each encoder on its ranks (``vision_fwd``, ``audios_bwd``, ...) and
-``language_fwd`` / ``language_bwd`` for the language model on the language ranks.
-
-- the step's first look at this rank's MimoModel (:meth:`Profiling.saw_model`, from
-  ``runtime.local_batch.role_of_rank``): which ``ModalitySubmodules`` is which module (the model's
-  ``modality_submodules`` maps module name -> submodule), and a timer on the language model.
-- ``ModalitySubmodules.encode``: on first use, a forward/backward timer and a counting hook are
-  attached to each real encoder of the submodule, named by the submodule's module; the counts
-  (per step, summed over the rank's micro-batches; :func:`encoder_counts` says what is counted):
-  ``<module>_items``, ``<module>_rows``, ``<module>_sq_rows``.
-- the step's batch hook (:meth:`Profiling.record_batch`): samples, real tokens (``tokens`` = Σ L,
-  ``sq_tokens`` = Σ L² over the batch's samples; L = a sample's real length as packing takes it:
-  its attention-mask row where the mask marks padding, else from loss_mask and the placeholder
-  tokens, :func:`mimo_accel.sample_lengths.real_lengths`; packed: from ``cu_seqlens``), samples and
-  bytes read by this rank, and what the plan predicted for the batch (from its tag).
-- ``MimoOptimizer.step``: closes the step line (one line per training iteration) and, where
-  Bridge's logger writes to TensorBoard / W&B, hands it to :mod:`mimo_accel.runtime.measuring.metrics`.
-- ``train_megatron_mimo`` (via ``pretrain_megatron_mimo``): takes Bridge's ``global_state`` (its
-  logger config and writers) for the run's metrics and its provider's module configs for the
-  header's FLOPs shapes, and closes the file when training ends.
-
-Evaluation passes (forward-only under ``torch.no_grad``) are in no step line, for any module.
+Each module is timed under its own name (:mod:`mimo_accel.modules`: regions ``<module>_fwd`` /
+``<module>_bwd``). The step's first look at the MimoModel names its ``ModalitySubmodules`` and
+times the language model (:meth:`Profiling.saw_model`); ``encode`` times and counts each encoder
+(:func:`encoder_counts`); the step's batch hook counts samples, real tokens and reads
+(:meth:`Profiling.record_batch`); ``MimoOptimizer.step`` closes the step line and hands it to
+:mod:`mimo_accel.runtime.measuring.metrics`; ``train_megatron_mimo`` brings Bridge's
+``global_state`` and closes the file at the end. Evaluation passes (forward-only under
+``torch.no_grad``) are in no step line.
 """
 
 from __future__ import annotations
@@ -33,34 +18,15 @@ import functools
 import os
 import threading
 import weakref
-from typing import TYPE_CHECKING, Any, Optional, Protocol
+from typing import Any, Optional
 
 import numpy as np
 
-from mimo_accel.config import AccelConfig
 from mimo_accel.modules import LANGUAGE
-from mimo_accel.runtime.reading.shard import ShardContext, StepRole
+from mimo_accel.profiler.timers import iter_tensors
+from mimo_accel.runtime.state import Runtime
 
-if TYPE_CHECKING:
-    from mimo_accel.runtime.measuring.calibration import Calibration
-
-
-class Host(Protocol):
-    """What profiling reads of the runtime that holds it (:class:`mimo_accel.runtime.state.Runtime`:
-    that module names :class:`Profiling` in a field, so this one does not import it back)."""
-
-    config: AccelConfig
-    profiling: Optional["Profiling"]
-    calibration: Optional[Calibration]
-    step_role: Optional[StepRole]
-
-    def shard_context(self) -> Optional[ShardContext]: ...
-
-    def features(self) -> list[str]: ...
-
-    def say_once(self, key: str, message: str) -> bool: ...
-
-    def notices(self) -> dict[str, str]: ...
+Host = Runtime  # the runtime that holds the profiler, as the profiler's patches name it
 
 ENV_LABEL = "MIMO_ACCEL_PROFILE_LABEL"
 
@@ -71,10 +37,6 @@ UNKNOWN_LENGTHS = ("mimo_accel profile: some samples' real length is not known (
 _UNKNOWN = "unknown lengths"  # a pending count that is no counter: the samples of unknown length
 
 
-def _label(cfg: AccelConfig) -> str:
-    return os.environ.get(ENV_LABEL) or ("accelerated" if (cfg.sharded_reads or cfg.packing) else "baseline")
-
-
 def evaluating() -> bool:
     """A forward pass outside training: Bridge's ``evaluate`` runs its forward-only passes under
     ``torch.no_grad`` (a training step's batch fetch and encoder forward run with grad enabled;
@@ -82,24 +44,6 @@ def evaluating() -> bool:
     import torch
 
     return not torch.is_grad_enabled() and torch._C._current_graph_task_id() == -1
-
-
-def _first_tensor(obj: Any, depth: int = 0):
-    import torch
-
-    if isinstance(obj, torch.Tensor):
-        return obj
-    if depth < 3 and isinstance(obj, (tuple, list)):
-        for o in obj:
-            t = _first_tensor(o, depth + 1)
-            if t is not None:
-                return t
-    if depth < 3 and isinstance(obj, dict):
-        for o in obj.values():
-            t = _first_tensor(o, depth + 1)
-            if t is not None:
-                return t
-    return None
 
 
 def encoder_counts(inputs: dict, output: Any = None) -> Optional[tuple]:
@@ -138,7 +82,7 @@ def encoder_counts(inputs: dict, output: Any = None) -> Optional[tuple]:
     items = int(first.size(0))
     if not items:
         return 0, 0, 0
-    out = _first_tensor(output)
+    out = next(iter_tensors(output, torch.Tensor), None)
     if out is not None and out.dim() == 3 and out.size(0) == items:
         rows = int(out.size(1))
         return items, items * rows, items * rows * rows
@@ -171,7 +115,7 @@ class Profiling:
     """The profiler's state in one training process: the rank's recorder, its module timers and
     the device-side counts of the current step."""
 
-    def __init__(self, runtime: Host):
+    def __init__(self, runtime: Runtime):
         self.runtime = runtime
         self._lock = threading.Lock()
         self._recorder = None
@@ -196,11 +140,6 @@ class Profiling:
         self.metrics = None  # runtime.metrics.Metrics of the training run under way, if it logs
         self._flops: Optional[dict] = None  # the header's layout["flops"] (runtime.model_flops), from start_run
 
-    @property
-    def config(self) -> AccelConfig:
-        """The run's config, as enabled (what acts: ``runtime.features()``)."""
-        return self.runtime.config
-
     def recorder(self):
         """This rank's Recorder, created on first use (needs torch.distributed to be initialised)."""
         if self._recorder is not None:
@@ -209,14 +148,12 @@ class Profiling:
             if self._recorder is None:
                 import torch.distributed as dist
 
-                from mimo_accel.profiler import Recorder
+                from mimo_accel.profiler import Recorder, module_counters, module_regions
 
                 ctx = self.runtime.shard_context()
                 rank = dist.get_rank() if dist.is_initialized() else 0
                 world = dist.get_world_size() if dist.is_initialized() else 1
-                from mimo_accel.profiler import module_counters, module_regions
-
-                cfg = self.config
+                cfg = self.runtime.config  # as enabled (what acts: runtime.features())
                 # this rank's module: its regions (and an encoder's counters) in every step line
                 regions = module_regions(ctx.module) if ctx else ()
                 counters = module_counters(ctx.module) if ctx and ctx.module != LANGUAGE else ()
@@ -229,7 +166,9 @@ class Profiling:
                             **({"flops": self._flops} if self._flops else {})},
                     config={"features": self.runtime.features(), "reorder_mode": cfg.reorder_mode,
                             "pad_multiple": cfg.pad_multiple},
-                    label=_label(cfg), regions=regions, counters=counters)
+                    label=os.environ.get(ENV_LABEL) or ("accelerated" if cfg.sharded_reads or cfg.packing
+                                                        else "baseline"),
+                    regions=regions, counters=counters)
         return self._recorder
 
     def saw_model(self, mimo_model) -> None:
@@ -339,27 +278,28 @@ class Profiling:
         if count_tokens and (role is None or role.is_language):
             # the tensors the lengths come from, held (not copied) until the step's end
             self._unpacked.append({k: batch.get(k) for k in ("attention_mask", "loss_mask", "input_ids")})
-        if tag is not None:
-            if tag.bytes_exchanged:
-                rec.add(bytes_exchanged=int(tag.bytes_exchanged))
-            share = tag.share
-            if share is not None and share.step_time is not None:  # the step the plan expects (model units)
-                rec.set(predicted_step_s=share.step_time)
-            if share is not None and share.loads:  # each replica's planned load: the step's figure is their sum
-                for module, row in share.loads.items():
-                    seen = self._planned.get(module)
-                    row = np.asarray(row, dtype=np.float64)
-                    self._planned[module] = row.copy() if seen is None else seen + row
-                self._planned_overheads = dict(share.overheads)
-                if share.cost_model is not None:  # the cost model the step was planned with (online calibration)
-                    rec.set(cost_model=share.cost_model)
-            elif share is not None:  # a plan without loads (exchange mode): its micro-batch's figure, the last one's
-                if share.spread is not None:
-                    rec.set(predicted_spread=share.spread)
-                if share.spreads:
-                    rec.set(predicted_spreads=dict(share.spreads))
-            if share is not None and share.planned:
-                self._plan_wait_s = (self._plan_wait_s or 0.0) + share.plan_wait_s
+        if tag is not None and tag.bytes_exchanged:
+            rec.add(bytes_exchanged=int(tag.bytes_exchanged))
+        share = tag.share if tag is not None else None
+        if share is None:
+            return
+        if share.step_time is not None:  # the step the plan expects (model units)
+            rec.set(predicted_step_s=share.step_time)
+        if share.loads:  # each replica's planned load: the step's figure is their sum
+            for module, row in share.loads.items():
+                seen = self._planned.get(module)
+                row = np.asarray(row, dtype=np.float64)
+                self._planned[module] = row.copy() if seen is None else seen + row
+            self._planned_overheads = dict(share.overheads)
+            if share.cost_model is not None:  # the cost model the step was planned with (online calibration)
+                rec.set(cost_model=share.cost_model)
+        else:  # a plan without loads (exchange mode): its micro-batch's figure, the last one's
+            if share.spread is not None:
+                rec.set(predicted_spread=share.spread)
+            if share.spreads:
+                rec.set(predicted_spreads=dict(share.spreads))
+        if share.planned:
+            self._plan_wait_s = (self._plan_wait_s or 0.0) + share.plan_wait_s
 
     def record_packed(self, packing_kwargs: dict) -> None:
         """A language shard was packed: its real tokens (``tokens`` = Σ L, ``sq_tokens`` = Σ L² over

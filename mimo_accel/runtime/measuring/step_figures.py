@@ -89,7 +89,7 @@ def _micro_figures(module: str, record: dict) -> Optional[dict]:
     micro = record.get("micro")
     if not isinstance(micro, dict):
         return None
-    forward, backward = micro.get(f"{module}_fwd"), micro.get(f"{module}_bwd")
+    forward, backward = (micro.get(region) for region in module_regions(module))
     if module == LANGUAGE:
         samples = record_number(record, "samples")
         calls = len(forward) if isinstance(forward, list) else 0
@@ -132,10 +132,7 @@ def step_scalars(figures: Iterable[dict], flops: Optional[dict] = None) -> dict[
         if module == "unknown":  # a rank whose place in the layout the profiler never learnt: reads only
             continue
         p = f"{PREFIX}/{module}"
-        replicas: dict[int, float] = {}
-        for f in ranks:
-            if f["time_s"] is not None:
-                replicas[f["dp_rank"]] = max(replicas.get(f["dp_rank"], 0.0), f["time_s"])
+        replicas = _per_replica(ranks, "time_s")  # a replica's time: its slowest rank's
         if replicas:
             order = sorted(replicas)
             times = [replicas[d] for d in order]

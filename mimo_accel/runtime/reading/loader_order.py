@@ -9,18 +9,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional
 
+from mimo_accel.config import resolve_window
 from mimo_accel.runtime.reading import plan_inputs
 from mimo_accel.runtime.reading.schedule import micro_batches_per_step
 from mimo_accel.runtime.state import Runtime
-
-
-def _data_ranks(ctx):
-    """The data-loading ranks as a gather group (None in a single process)."""
-    import torch.distributed as dist
-
-    from mimo_accel.runtime.store import RankSet
-
-    return RankSet(ctx.data_ranks) if dist.is_initialized() and len(ctx.data_ranks) > 1 else None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,7 +56,13 @@ def loader_order_for(dataset, sampler_settings: list, ctx, split: str, runtime: 
             fields["cost model"] = calibration.digest()
         order = LoaderOrder(cost_model=model)
         if cfg.reorder_mode == "plan":
-            index = cost_index_for(dataset, cfg.cost_index, split, group=_data_ranks(ctx), notify=runtime.say_once)
+            import torch.distributed as dist
+
+            from mimo_accel.runtime.store import RankSet
+
+            # the data-loading ranks derive an index together (a gather through the job's store)
+            group = RankSet(ctx.data_ranks) if dist.is_initialized() and len(ctx.data_ranks) > 1 else None
+            index = cost_index_for(dataset, cfg.cost_index, split, group=group, notify=runtime.say_once)
             fields["cost index"] = index_digest(index)
     plan_inputs.check_same_everywhere(fields, ctx.data_ranks, f"{split} loader")
     if index is not None:
@@ -77,8 +75,7 @@ def loader_order_for(dataset, sampler_settings: list, ctx, split: str, runtime: 
         # micro-batch on its own (its micro-batches per pass follow other settings).
         if split == "train" and cfg.reorder_window != 1:
             step_mbs = micro_batches_per_step()
-            window = cfg.window_for(step_mbs)
-            sampler.check_window(window, step_mbs)
+            window = resolve_window(cfg.reorder_window, step_mbs)
         if split == "train" and window == 1:
             _say_if_nothing_moves(ctx, micro_batch_size, runtime)
         models = None

@@ -1,27 +1,20 @@
-"""Plans made ahead, off the training thread.
+"""Plans made ahead, off the training thread (docs/design.md, "Plans made ahead").
 
-torch iterates a DataLoader's batch sampler on the training thread, so a plan computed inside
-``next()`` is paid on the step's critical path. Here each pass over a reordering loader has a
-planner thread of its own: it reads upstream's sampler window by window, has the window planned,
-agrees the plan with every data-loading rank (:class:`~mimo_accel.runtime.reading.plan_check.WindowCheck`)
-and queues this replica's share, up to :data:`DEPTH` windows ahead of training. ``next()`` only
-takes the next share off the queue; if the plan is not ready, it waits for it (never another plan)
-and the wait travels with the batch to the profiler (``plan_wait_s``).
-
-The arithmetic runs in a forked child process (:class:`ForkedPlanner`): the planner is numpy
-driven from Python, and on a thread it would take the interpreter lock from a training thread that
-launches its kernels in Python. What runs on the planner thread is reading the sampler, a pipe
-round trip, the share's slicing and the store round trips of the check, which wait without the lock.
-
-The plan stays a pure function of its inputs: the shares yielded are those the serial plan gives,
-bit for bit. A pass reads a copy of upstream's sampler, and the sampler's own state (its
-``consumed_samples``, its epoch) is carried over to the loader's sampler as each window is taken,
-so a later iterator over the same loader starts where it would without planning ahead.
+torch iterates a DataLoader's batch sampler on the training thread, so a plan made inside
+``next()`` would be paid on the step's critical path. Each pass over a reordering loader has a
+planner thread of its own: it reads a copy of upstream's sampler window by window, has the window
+planned in a forked child (:class:`ForkedPlanner`: numpy on a thread would take the interpreter
+lock from the training thread), agrees the plan with every data-loading rank and queues this
+replica's share, up to :data:`DEPTH` windows ahead. ``next()`` takes the next share; a wait for it
+travels with the batch to the profiler (``plan_wait_s``). The shares are the serial plan's, bit for
+bit, and the copy's state (``consumed_samples``, epoch) is carried to the loader's sampler as each
+window is taken.
 """
 
 from __future__ import annotations
 
 import copy
+import functools
 import logging
 import multiprocessing
 import os
@@ -41,7 +34,7 @@ from mimo_accel.nvtx import ranged
 logger = logging.getLogger("mimo_accel")
 
 DEPTH = 3  # windows queued ahead of the one training
-_POLL_S = 0.1  # how often a planner thread blocked on a full queue looks whether its pass was dropped
+_POLL_S = 0.1  # how often a thread blocked on a full queue looks whether its consumer is gone
 
 
 # ------------------------------------------------------------------------------ the arithmetic
@@ -143,25 +136,6 @@ class ForkedPlanner:
         self.process.join()  # no timeout: waitpid itself
 
 
-def can_fork() -> bool:
-    """Whether this process may fork a planner: POSIX, and not a daemonic multiprocessing child
-    (which may not have children)."""
-    return hasattr(os, "fork") and not multiprocessing.current_process().daemon
-
-
-class InlinePlanner:
-    """The planner run on the planner thread itself (where forking is not possible)."""
-
-    def __init__(self, planner):
-        self.planner = planner
-
-    def __call__(self, indices, micro_batches: int, *extra):
-        return self.planner(indices, micro_batches, *extra)
-
-    def close(self) -> None:
-        pass
-
-
 # --------------------------------------------------------------------------------- the pass
 
 
@@ -182,19 +156,22 @@ class PassSpec:
     models: Optional[Callable[[int], Any]] = None
 
 
+def put_unless_stopped(out: "queue.Queue", item, stop: threading.Event) -> bool:
+    """Put ``item`` on the bounded queue ``out`` once there is room; False if ``stop`` is set first
+    (its consumer is gone: a producer thread must not block forever)."""
+    while not stop.is_set():
+        try:
+            out.put(item, timeout=_POLL_S)
+            return True
+        except queue.Full:
+            continue
+    return False
+
+
 def _feed(spec: PassSpec, out: "queue.Queue", stop: threading.Event, worker) -> None:
     """The planner thread: plan, agree and queue each window of the pass, ahead of training, with
-    ``worker`` (a ForkedPlanner or InlinePlanner, closed when the pass ends)."""
-
-    def put(item) -> bool:
-        while not stop.is_set():
-            try:
-                out.put(item, timeout=_POLL_S)
-                return True
-            except queue.Full:
-                continue
-        return False
-
+    ``worker`` (a ForkedPlanner, closed when the pass ends, or the planner itself, run on this thread)."""
+    put = functools.partial(put_unless_stopped, out, stop=stop)
     check, posted = spec.check, False
     ordinal = 0
     try:
@@ -224,7 +201,8 @@ def _feed(spec: PassSpec, out: "queue.Queue", stop: threading.Event, worker) -> 
                 logger.exception("mimo_accel: could not tell the other ranks that planning failed")
         put(("error", exc, None))
     finally:
-        worker.close()
+        if isinstance(worker, ForkedPlanner):
+            worker.close()
 
 
 class PlannedPass:
@@ -246,7 +224,9 @@ class PlannedPass:
         # Forked here, on the thread that makes the pass (the one that forks the DataLoader's workers
         # too): a fork from the planner thread, racing one from that thread, hands each child the
         # other's half-made pipes, and each then waits seconds on the other's exit.
-        worker = ForkedPlanner(spec.planner) if spec.in_process and can_fork() else InlinePlanner(spec.planner)
+        # (POSIX only; a daemonic multiprocessing child may not have children)
+        can_fork = hasattr(os, "fork") and not multiprocessing.current_process().daemon
+        worker = ForkedPlanner(spec.planner) if spec.in_process and can_fork else spec.planner
         self.thread = threading.Thread(target=_feed, args=(spec, self._queue, self._stop, worker), daemon=True,
                                        name=f"mimo-accel-plan-ahead-{spec.pass_no}")
         self.thread.start()

@@ -1,24 +1,14 @@
 """Same plan everywhere, at every window, before it trains.
 
-Every data-loading rank plans alone (no plan is broadcast), and equal inputs
-(:mod:`mimo_accel.runtime.reading.plan_inputs`) do not make equal plans where the arithmetic differs
-between nodes: a rank whose plan differs would pair one sample's text with another's encoder rows,
-silently whenever the placeholder counts happen to match. So every window's plan is agreed by
-every data-loading rank before any of them trains it (:class:`WindowCheck`, used by the planner
-thread that plans ahead: :mod:`mimo_accel.runtime.reading.plan_ahead`), and exchange mode, which plans
-each micro-batch where it is read, compares each rank's plan with the first one posted
-(:class:`FirstPlanCheck`).
-
-The agreement goes through the job's rendezvous store, in a constant number of store operations
-per rank and window whatever the number of ranks: each rank posts its plan's digest with one
-``compare_set`` (the first poster's digest stays; every later one learns it and compares), counts
-itself in with one ``add``, and the rank that completes the count writes the window's verdict,
-which every rank waits for. Only when the verdict is not "agreed" does every rank post its own
-digest, so that the error can name the ranks on each side.
-
-Waits run on a clone of the store's client (:func:`~mimo_accel.runtime.store.background_store`):
-a client's operations are serialised, so a wait on the training thread's client would hold up
-every store call the training thread makes meanwhile.
+Equal inputs (:mod:`~mimo_accel.runtime.reading.plan_inputs`) do not make equal plans where the
+arithmetic differs between nodes, and a differing plan would pair one sample's text with another's
+encoder rows. So every window's plan is agreed by every data-loading rank before any trains it
+(:class:`WindowCheck`, on the planner threads), in four store operations per rank and window
+whatever the number of ranks: ``compare_set`` of its digest (the first poster's stays), an ``add``
+to count in, a wait for the verdict the last rank writes, a ``get``; only a verdict other than
+"agreed" has every rank post its own digest, so the error names each side. Exchange mode, which
+plans where it reads, compares each rank's plan with the first posted (:class:`FirstPlanCheck`).
+Waits use a background client of the store (:func:`~mimo_accel.runtime.store.background_store`).
 """
 
 from __future__ import annotations
@@ -61,15 +51,11 @@ def _sides(outcomes: dict[int, str]) -> str:
 class WindowCheck:
     """Every window's plan, agreed by the data-loading ``ranks`` before any of them trains it.
 
-    :meth:`agree` blocks until every rank has posted its plan of the window, and raises
-    :class:`PlanMismatch` naming the ranks on each side when they differ. Every rank calls it for
-    the windows of a pass in order (the planner thread does, ahead of training), so no rank is
-    more than one window ahead of another in the check; a rank that stops planning early posts
-    :meth:`abandon` for its next window, so the others are not left waiting.
-
-    Per rank and window: ``compare_set``, ``add``, ``wait``, ``get``; the rank completing a window
-    also writes the verdict and deletes the keys of the window before (every rank has read its
-    verdict by then).
+    :meth:`agree` blocks until every rank has posted the window and raises :class:`PlanMismatch`
+    naming each side when they differ. Every rank agrees a pass's windows in order, so none is more
+    than a window ahead of another; a rank that stops early posts :meth:`abandon` for its next window
+    so the others are not left waiting. The rank completing a window deletes the keys of the one
+    before (every rank has read its verdict by then).
     """
 
     def __init__(self, ranks: Sequence[int], what: str, *, me: Optional[int] = None, store=None,
@@ -172,13 +158,10 @@ class WindowCheck:
 
 
 class FirstPlanCheck:
-    """Exchange mode's check: each rank compares its plan of a micro-batch with the first one posted,
-    before it trains that micro-batch.
-
-    Exchange mode plans a micro-batch where it is read (on the language ranks only after the
-    encoder's first output arrived), so no rank can wait for all the others without stalling the
-    pipeline. The rank whose plan differs from the first posted stops before training it, and the
-    iteration cannot complete without it. Per rank and micro-batch: ``compare_set`` and ``add``.
+    """Exchange mode's check: each rank compares its plan of a micro-batch with the first one posted
+    (``compare_set`` and ``add``), before it trains it. It plans where it reads (a language rank only
+    after the encoder's first output), so no rank may wait for all: the one that differs stops, and
+    the iteration cannot complete without it.
     """
 
     def __init__(self, ranks: Sequence[int], what: str, *, me: Optional[int] = None, store=None,

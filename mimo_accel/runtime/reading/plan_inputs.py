@@ -1,11 +1,9 @@
 """Same inputs everywhere: what a plan depends on is compared across the data-loading ranks.
 
-Every rank derives its plan alone (no plan is broadcast), so a cost index, cost model, option or
-dataset that differs between nodes would silently pair one replica's text with another's images
-whenever the placeholder counts happen to match. Before the first batch, the data-loading ranks
-exchange short digests of their plan inputs once per loader; a mismatch is an error that names
-the ranks on each side. Equal inputs do not guarantee equal plans on different hardware, so the
-plans themselves are agreed too, at every window (:mod:`mimo_accel.runtime.reading.plan_check`).
+No plan is broadcast, so a cost index, cost model, option or dataset that differs between nodes
+would silently pair one replica's text with another's images. Before the first batch the data ranks
+exchange digests of their plan inputs once per loader; a mismatch is an error naming the ranks on
+each side. The plans themselves are agreed too (:mod:`mimo_accel.runtime.reading.plan_check`).
 """
 
 from __future__ import annotations

@@ -1,19 +1,12 @@
 """Sharded (and planned) batch sampling on top of Megatron Bridge's own samplers.
 
-Upstream builds every MIMO data rank's sampler with dp_size=1, so every rank reads the whole
-global micro-batch. Here the upstream sampler is kept exactly as it is — it still decides the
-*global* order (so ``single``/``cyclic``, epoch seeds, ``consumed_samples`` resume and
-``drop_last`` behave as upstream, identically on every module) — and a wrapper yields only the
-share of each global micro-batch that this rank's module replica owns on the canonical grid.
-With a planner (reordering), the share is taken from the planned order instead of the loaded one,
-planned ahead off the training thread (:mod:`mimo_accel.runtime.reading.plan_ahead`), and every window's
-plan is agreed by every data-loading rank before it is yielded (``check``).
-
-Data flows one way: the sampler decides what a rank reads → the loader reads it → the step packs it.
-The sampler yields a :class:`~mimo_accel.runtime.reading.shard.ReplicaShare` (the indices and what the plan
-predicted for them); the read keeps it beside the samples (:class:`SamplesRead`) and the collate puts
-it in the batch's :class:`~mimo_accel.runtime.reading.shard.ShardTag`, through the loader's workers too, so
-nothing has to pair figures with batches afterwards.
+Upstream's sampler is kept exactly as it is: it still decides the *global* order (``single`` /
+``cyclic``, epoch seeds, ``consumed_samples`` resume and ``drop_last`` as upstream, alike on every
+module), and a wrapper yields only the share of each global micro-batch this rank's replica owns on
+the canonical grid; with a planner, the share of the planned order, planned ahead
+(:mod:`~mimo_accel.runtime.reading.plan_ahead`) and agreed by every data-loading rank. The share
+(:class:`~mimo_accel.runtime.reading.shard.ReplicaShare`) travels with its samples through the read
+and the loader's workers into the batch's tag, so nothing pairs figures with batches afterwards.
 """
 
 from __future__ import annotations
@@ -25,10 +18,11 @@ from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
 
 import numpy as np
 
-from mimo_accel.grid import check_micro_batch
+from mimo_accel.grid import check_micro_batch, replica_samples
 from mimo_accel.nvtx import ranged
 from mimo_accel.planner import Prediction
-from mimo_accel.runtime.reading.shard import SHARD_TAG_KEY, ReplicaShare, ShardContext, tag_for
+from mimo_accel.runtime.context import ShardContext
+from mimo_accel.runtime.reading.shard import SHARD_TAG_KEY, ReplicaShare, tag_for
 
 # planner(global_indices, micro_batches) -> (the same indices in canonical-group order, what the plan
 # predicts: a planner.Prediction, or each module's spread, one number, or None); with
@@ -99,15 +93,6 @@ def _files_of(dataset, index: int) -> tuple:
     return tuple(p for v in values for p in paths(v))
 
 
-def load_error(dataset, index: int, exc: BaseException) -> SampleLoadError:
-    """The error naming sample ``index`` (and its file) of ``dataset`` that raised ``exc``."""
-    files = _files_of(dataset, index)
-    where = f" (file {', '.join(files)})" if files else ""
-    return SampleLoadError(
-        f"mimo_accel: sample {index} of {type(dataset).__name__}{where} failed to load: "
-        f"{type(exc).__name__}: {exc}", int(index), files)
-
-
 class ReadsOf:
     """The dataset as the sharded loader reads it: the same samples, read by a batch of indices at
     a time (torch's ``__getitems__``), so that the plan's figures stay with them. A sample that
@@ -125,7 +110,10 @@ class ReadsOf:
         except IndexError:  # out of range: the iteration protocol's signal, left as it is
             raise
         except Exception as exc:
-            raise load_error(self.dataset, index, exc) from exc
+            files = _files_of(self.dataset, index)
+            where = f" (file {', '.join(files)})" if files else ""
+            raise SampleLoadError(f"mimo_accel: sample {index} of {type(self.dataset).__name__}{where} failed to "
+                                  f"load: {type(exc).__name__}: {exc}", int(index), files) from exc
 
     @ranged("mimo_accel/read")  # NVTX on CUDA only (mimo_accel.nvtx)
     def __getitems__(self, share) -> SamplesRead:
@@ -152,27 +140,6 @@ class ReadsOf:
     def __getattr__(self, name: str) -> Any:
         return getattr(self.__dict__["dataset"], name)
 
-def check_window(window: int, step_micro_batches: Optional[int]) -> None:
-    """A reorder window must tile the micro-batches of a training step, so that samples move between
-    the micro-batches of one step and never into another step (resume restarts at a step)."""
-    if window < 1:
-        raise ValueError(f"reorder window must be >= 1 micro-batch, got {window}")
-    if window == 1:
-        return
-    if step_micro_batches is None:
-        raise ValueError(
-            f"mimo_accel reorder_window={window} needs the number of micro-batches per training step, "
-            "which megatron-core's num-microbatches calculator did not have when the loader was built "
-            "(Bridge's setup_megatron_mimo initialises it); set reorder_window=1 or build the loaders "
-            "inside pretrain_megatron_mimo's build_data_iterators")
-    if step_micro_batches % window:
-        valid = [w for w in range(1, step_micro_batches + 1) if step_micro_batches % w == 0]
-        raise ValueError(
-            f"mimo_accel reorder_window={window} does not divide the {step_micro_batches} micro-batches "
-            f"of a training step, so a window would take samples from the next step. Valid values: "
-            f"{valid} ({step_micro_batches} balances the whole global batch).")
-
-
 @dataclass(frozen=True)
 class ShareRules:
     """How a sampler cuts upstream's micro-batches into this replica's shares: the windows planned
@@ -198,6 +165,7 @@ class ShareRules:
         ordinal = 0
         for global_indices in source:
             pending.append(list(global_indices))
+            check_micro_batch(len(pending[-1]), self.ctx.grid, "global micro-batch size")
             if len(pending) == self.window:
                 yield ordinal, pending, state(), first + ordinal * self.window
                 ordinal += 1
@@ -211,8 +179,6 @@ class ShareRules:
         with (online calibration), or None (the planner's own)."""
         from mimo_accel.runtime.reading.plan_check import plan_digest
 
-        for b in batches:
-            check_micro_batch(len(b), self.ctx.grid, "global micro-batch size")
         # numpy, not lists, from here: this runs on the planner thread beside the training thread,
         # and what it does in Python it does holding the interpreter lock
         window = np.fromiter(itertools.chain.from_iterable(batches), dtype=np.int64, count=sum(map(len, batches)))
@@ -244,42 +210,31 @@ class ShareRules:
                predicted: ReplicaShare = ReplicaShare()) -> list[ReplicaShare]:
         """This replica's share of each micro-batch of a window ordered as ``order``, each with what
         ``predicted`` holds besides its indices."""
-        g = self.ctx.groups
-        out, start = [], 0
+        ctx, out, start = self.ctx, [], 0
         for b in batches:
-            check_micro_batch(len(b), self.ctx.grid, "global micro-batch size")
-            micro = order[start:start + len(b)]
+            mine = replica_samples(order[start:start + len(b)], ctx.dp_rank, ctx.dp_size, ctx.grid)
             start += len(b)
-            per_group = len(b) // self.ctx.grid
-            mine = micro[g.start * per_group: g.stop * per_group]
             out.append(replace(predicted, indices=tuple(mine.tolist() if isinstance(mine, np.ndarray) else mine)))
         return out
 
 class ShardedBatchSampler:
     """Yields this replica's share of every global micro-batch the upstream sampler yields.
 
-    With a planner and ``window`` > 1, ``window`` consecutive micro-batches are planned together;
-    ``window`` must divide ``step_micro_batches`` and the sampler must start at a window boundary
-    (a resume starts at a step), so a window never spans two training steps.
-
-    With a planner, each pass (each ``iter()``) is planned ahead on a thread of its own
-    (:class:`~mimo_accel.runtime.reading.plan_ahead.PlannedPass`), and each window's plan is agreed by every
-    data-loading rank before it is yielded (``check``: a
-    :class:`~mimo_accel.runtime.reading.plan_check.WindowCheck`). The first pass starts planning when the
-    sampler is built, so a rank whose iterator is made lazily (a generator over the loader, as
-    Bridge's examples write) has its first windows planned before its first batch is asked for: the
-    ranks upstream in the pipeline wait for its plans before they train.
+    With a planner and ``window`` > 1, ``window`` consecutive micro-batches are planned together (a
+    window that tiles a training step: :func:`mimo_accel.config.resolve_window`); the sampler must
+    start at a window boundary (a resume starts at a step). Each pass (each ``iter()``) is planned
+    ahead on a thread of its own, each window agreed by the data-loading ranks (``check``). The first
+    pass starts when the sampler is built, so a rank whose iterator is made lazily (Bridge's
+    examples) has its first windows planned before its first batch is asked for.
     """
 
     def __init__(self, global_sampler, ctx: ShardContext, planner: Optional[Planner] = None, window: int = 1,
-                 step_micro_batches: Optional[int] = None, start: Optional[tuple[int, int]] = None,
-                 check=None, in_process: bool = True, models=None):
+                 start: Optional[tuple[int, int]] = None, check=None, in_process: bool = True, models=None):
         window = window if planner is not None else 1
         # models(first micro-batch of a window) -> (cost model, digest, overheads) it is planned with
         # (online calibration), or None: the planner's own model
         self.models = models if planner is not None else None
         self.check = check if planner is not None else None
-        check_window(window, step_micro_batches)
         self.global_sampler = global_sampler
         # start: (consumed_samples, micro_batch_size) where the global sampler starts; default: its
         # own attributes (Megatron's flat samplers have them, #5525's canonical-group sampler does not)
@@ -287,7 +242,6 @@ class ShardedBatchSampler:
         self.ctx = ctx
         self.planner = planner
         self.window = window
-        self.step_micro_batches = step_micro_batches
         self.in_process = in_process  # the plan's arithmetic in a forked child (plan_ahead.ForkedPlanner)
         self.passes = 0  # passes planned so far (each iter() is one; the check keys them)
         self._last = None  # weakref to the pass handed out last
@@ -351,14 +305,15 @@ def shard_loader(loader, ctx: ShardContext, micro_batch_size: int, planner: Opti
                  window: int = 1, step_micro_batches: Optional[int] = None,
                  global_sampler=None, start: Optional[tuple[int, int]] = None, check=None, models=None):
     """A DataLoader over the same dataset/collate/workers that reads only this replica's share of
-    ``global_sampler``'s micro-batches (default: the upstream loader's own, global, batch sampler)."""
+    ``global_sampler``'s micro-batches (default: the upstream loader's own, global, batch sampler).
+    ``step_micro_batches``: what ``window`` was resolved against (the loader patches pass it on)."""
     check_micro_batch(micro_batch_size, ctx.grid)
     if global_sampler is None and getattr(loader, "batch_sampler", None) is None:
         raise TypeError("mimo_accel sharded reads: the upstream loader has no batch sampler to shard "
                         "(dataloader_type 'external' passes the dataset through). Use 'single' or "
                         "'cyclic', or turn sharded_reads off.")
-    sampler = ShardedBatchSampler(global_sampler or loader.batch_sampler, ctx, planner, window,
-                                  step_micro_batches, start, check, models=models)
+    sampler = ShardedBatchSampler(global_sampler or loader.batch_sampler, ctx, planner, window, start, check,
+                                  models=models)
     return tagged_loader(loader, ctx, sampler)
 
 

@@ -1,22 +1,13 @@
 """The loader scope: which MIMO loaders are being built now, for which split, on which layout.
 
-Loaders are sharded only inside a scope, which the patched entry points that build MIMO loaders
-open (a ``contextvars`` variable, so nothing is found in stack frames or upstream's local names):
-
-- Bridge's ``build_megatron_mimo_data_loaders(cfg, train_state, megatron_mimo_provider, ...)``:
-  the scope learns the split of every dataset from what the provider's ``build_datasets`` returns
-  to it (train, validation, test, in that order), so a split without a dataset cannot shift the
-  others (#5525 skips the loader builder for it; 0.6.2 calls it with None);
-- the script's own ``build_data_iterators`` as ``pretrain_megatron_mimo``'s setup calls it (the
-  shape of upstream's Qwen3.5-VL example, which looks the sampling info up and calls
-  ``build_pretraining_data_loader`` itself): there the loaders are named in the order they are
-  built (train, validation, test).
-
-Inside a scope, Bridge's sampling-info lookup (``get_megatron_mimo_sampling_info(config,
-grids)``) records the layout; the rank's :class:`~mimo_accel.runtime.reading.shard.ShardContext` is
-worked out from it when the first loader is built. A lookup or a loader outside every scope (a
-unit test, a tool) is left to upstream. The patches that open scopes:
-:mod:`mimo_accel.runtime.patches.loader_scope` and :mod:`mimo_accel.runtime.patches.setup`.
+Loaders are sharded only inside a scope (a ``contextvars`` variable: nothing is read from stack
+frames), which the patches open around Bridge's ``build_megatron_mimo_data_loaders`` (the splits
+named by what the provider's ``build_datasets`` returns: train, validation, test, so a split
+without a dataset shifts none) and around the script's own ``build_data_iterators`` as
+``pretrain_megatron_mimo``'s setup calls it (the loaders named in the order they are built).
+Inside a scope, Bridge's sampling-info lookup records the layout, and the rank's
+:class:`~mimo_accel.runtime.context.ShardContext` is worked out from it at the first loader. A
+lookup or loader outside every scope (a unit test, a tool) is left to upstream.
 """
 
 from __future__ import annotations
@@ -27,7 +18,7 @@ import functools
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Optional
 
-from mimo_accel.runtime.reading.shard import ShardContext, context_from_grids
+from mimo_accel.runtime.context import ShardContext, context_from_grids
 from mimo_accel.runtime.state import Runtime
 
 # The order Bridge's builder makes the splits' datasets and loaders in.

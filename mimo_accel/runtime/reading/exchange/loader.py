@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import queue
 import threading
 from collections.abc import Callable, Iterable, Iterator
@@ -9,8 +10,9 @@ from typing import Any, Optional
 
 from mimo_accel.costs import CostModel
 from mimo_accel.runtime.reading.exchange.reorder import ExchangeReorder, ExchangeStats
+from mimo_accel.runtime.reading.plan_ahead import put_unless_stopped
 from mimo_accel.grid import check_micro_batch
-from mimo_accel.runtime.reading.shard import ShardContext
+from mimo_accel.runtime.context import ShardContext
 
 
 def _as_list(read):
@@ -32,7 +34,7 @@ class ExchangeLoader:
     With ``exchange.overlap`` a side thread reads, exchanges and collates up to ``prefetch``
     micro-batches ahead; errors raised there are re-raised here. ``on_exchange(stats)`` is called
     on the consuming thread when a batch is handed out (so a profiler attributes the bytes to the
-    step that uses them); ``last_stats`` holds the latest.
+    step that uses them).
     """
 
     def __init__(self, source: Iterable, exchange: ExchangeReorder, *, prefetch: int = 1,
@@ -43,13 +45,11 @@ class ExchangeLoader:
         self.exchange = exchange
         self.prefetch = prefetch
         self.on_exchange = on_exchange
-        self.last_stats: Optional[ExchangeStats] = None
 
     def __len__(self) -> int:
         return len(self.source)
 
     def _deliver(self, batch: Any, stats: ExchangeStats) -> Any:
-        self.last_stats = stats
         if self.on_exchange is not None:
             self.on_exchange(stats)
         return batch
@@ -65,15 +65,7 @@ class ExchangeLoader:
     def _overlapped(self) -> Iterator[Any]:
         q: queue.Queue = queue.Queue(maxsize=self.prefetch)
         stop = threading.Event()
-
-        def put(item) -> bool:
-            while not stop.is_set():
-                try:
-                    q.put(item, timeout=0.1)
-                    return True
-                except queue.Full:
-                    continue
-            return False
+        put = functools.partial(put_unless_stopped, q, stop=stop)
 
         def work() -> None:
             try:
@@ -100,12 +92,6 @@ class ExchangeLoader:
         finally:
             stop.set()
             thread.join(timeout=5.0)
-
-
-def exchange_loader(source: Iterable, exchange: ExchangeReorder, *, prefetch: int = 1,
-                    on_exchange: Optional[Callable[[ExchangeStats], None]] = None) -> ExchangeLoader:
-    """Batches of ``source`` (an iterable of lists of decoded samples) after the exchange."""
-    return ExchangeLoader(source, exchange, prefetch=prefetch, on_exchange=on_exchange)
 
 
 def exchange_shard_loader(loader, ctx: ShardContext, micro_batch_size: int, group, *,

@@ -17,15 +17,16 @@ import torch
 
 from mimo_accel.costs import CostModel
 from mimo_accel.runtime.reading.exchange.cost import DecodedModuleCosts
-from mimo_accel.runtime.reading.exchange.routes import ExchangeRoutes, route_exchange
+from mimo_accel.runtime.reading.exchange.routes import route_exchange
 from mimo_accel.runtime.reading.exchange.wire import EncodedSample, decode_sample
 from mimo_accel.runtime.reading.sampler import SamplesRead, TaggingCollate
-from mimo_accel.runtime.reading.shard import SHARD_TAG_KEY, ReplicaShare, ShardContext
+from mimo_accel.runtime.context import ShardContext
+from mimo_accel.runtime.reading.shard import SHARD_TAG_KEY, ReplicaShare
 from mimo_accel.runtime.state import notify_with
 
 OVERLAP_ENV = "CUDA_DEVICE_MAX_CONNECTIONS"
 _MESSAGE_BYTES = 480  # error text carried by the status all-gather (utf-8, truncated)
-_STATUS_HEADER = struct.Struct("<qq")  # ok flag (1 = ok), local sample count
+_STATUS_HEADER = struct.Struct("<qqH")  # ok flag (1 = ok), local sample count, the error text's bytes
 
 
 class ExchangeError(RuntimeError):
@@ -36,14 +37,11 @@ class ExchangeError(RuntimeError):
 class ExchangeStats:
     """One micro-batch's exchange, seen from one rank.
 
-    ``bytes_sent``/``bytes_received``/``samples_sent``/``samples_received``: this rank's share of the
-    sample payload (the status and cost all-gathers are ``meta_bytes``). ``samples_moved`` and
-    ``bytes_moved``: the whole DP group's (every rank reports the same). Spreads are per canonical
-    group, max/mean (1.0 is perfect); ``baseline_spread`` is the contiguous split's.
-    Wall times: ``cost_s`` costing and sizing the local samples; ``plan_s`` the status and cost
-    all-gathers plus planning (it includes waiting for the slowest replica); ``move_s`` serialising,
-    the all_to_all and deserialising; ``total_s`` all of it.
-    """
+    ``bytes_*`` / ``samples_*`` sent and received: this rank's share of the payload (the all-gathers are
+    ``meta_bytes``); ``*_moved``: the whole DP group's. Spreads are max/mean per canonical group (the
+    ``baseline_spread`` the contiguous split's). Wall times: ``cost_s`` pricing the local samples,
+    ``plan_s`` the all-gathers and the plan (waiting for the slowest replica included), ``move_s``
+    serialising, the all_to_all and deserialising, ``total_s`` all of it."""
 
     bytes_sent: int
     bytes_received: int
@@ -61,40 +59,19 @@ class ExchangeStats:
     predicted_spreads: Optional[dict] = None  # each module's, the plan's (predicted_spread: the worst)
 
 
-def _refuse_overlap_if_unsafe() -> None:
-    if os.environ.get(OVERLAP_ENV, "").strip() == "1":
-        raise ExchangeError(
-            f"mimo_accel exchange: overlap=True is refused while {OVERLAP_ENV}=1. Upstream reproduced "
-            "a deadlock when samples are exchanged on a side thread while training kernels and "
-            f"collectives are serialised on one hardware queue. Use overlap=False, or unset "
-            f"{OVERLAP_ENV} (or set it > 1) if your setup allows.")
-
-
-def _registered_group_names():
-    """torch's registry of process-group names, or None where this torch has none.
-
-    The one use of a private torch attribute (``torch.distributed.distributed_c10d._world.pg_names``):
-    :func:`_new_gloo_group` counts the groups this rank has registered.
-    """
-    from torch.distributed import distributed_c10d as c10d
-
-    return getattr(getattr(c10d, "_world", None), "pg_names", None)
-
-
 def _new_gloo_group(parent, ranks: list[int]):
     """A gloo group over ``ranks``, created by those ranks only (collective over ``parent``).
 
-    Vision and language ranks build their exchange groups independently (ranks that load no data
-    never get here), so this uses ``new_group(use_local_synchronization=True)``. torch names such a
-    group by hashing its ranks with the creating rank's count of registered groups, and that count
-    differs between members whose group-membership histories differ (a rank that was in another
-    module's group earlier) — the members would then wait on different store keys forever. So the
-    members first agree on the largest count and pad theirs with single-rank groups, which register
-    without involving any other rank.
-    """
+    Encoder and language ranks build their groups independently, hence
+    ``new_group(use_local_synchronization=True)``; torch names such a group by its ranks and the
+    creating rank's count of registered groups, which differs between members with different
+    histories, and they would wait on different store keys forever. So the members agree on the
+    largest count first and pad theirs with single-rank groups (which involve no other rank)."""
     import torch.distributed as dist
+    from torch.distributed import distributed_c10d as c10d
 
-    names = _registered_group_names()
+    # torch's registry of group names (private, declared in patching.targets.INTERNALS), where it has one
+    names = getattr(getattr(c10d, "_world", None), "pg_names", None)
     if names is not None and len(ranks) > 1:
         counts: list = [None] * len(ranks)
         dist.all_gather_object(counts, len(names), group=parent)  # works on gloo and NCCL groups
@@ -107,23 +84,15 @@ def _new_gloo_group(parent, ranks: list[int]):
 class ExchangeReorder:
     """Reorder each global micro-batch of a module's DP group after decoding, with one all_to_all.
 
-    Collective at construction (when it creates a process group): every rank of ``group`` must
-    construct it, in the same order relative to other group creations.
-
-    group: the module's DP process group (defines the ranks, in DP-rank order).
-    ctx: this rank's :class:`~mimo_accel.runtime.reading.shard.ShardContext` (its ``dp_rank``/``dp_size`` must
-        match ``group``; ``grid`` is G).
-    cost_fn: ``sample -> {module: cost}`` for every module of the layout, or one number that prices
-        every module alike (finite, >= 0), computed from the decoded sample; default
-        :class:`DecodedModuleCosts` with ``cost_model`` (or the default :class:`CostModel`). The
-        plan is plan-before-read's joint plan of every module (:func:`route_exchange`).
-    collate_fn: collate for :meth:`collate`/:func:`exchange_loader`; ``None`` yields lists.
-    overlap: exchange the next micro-batch on a side thread (uses a dedicated group).
-    comm_group: a ready gloo group over the same ranks to use instead of creating one.
-    notify: ``say_once(key, message)`` for what the exchange could not act on (default: log once).
-    check: a :class:`~mimo_accel.runtime.reading.plan_check.FirstPlanCheck` over every data-loading rank: each
-        micro-batch's plan compared across the modules before this rank trains it (None: unchecked).
-    """
+    Collective at construction where it creates a process group: every rank of ``group`` (the
+    module's DP group, in DP-rank order, matching ``ctx``) constructs it, in the same order relative
+    to other group creations. ``cost_fn``: ``sample -> {module: cost}``, or one number for every
+    module (finite, >= 0), from the decoded sample (default :class:`DecodedModuleCosts` over
+    ``cost_model``); the plan is plan-before-read's joint plan (:func:`route_exchange`).
+    ``collate_fn``: collate for :meth:`collate` (None: lists). ``overlap``: exchange the next
+    micro-batch on a side thread, over a group of its own; ``comm_group``: a ready gloo group over the
+    same ranks instead. ``notify``: ``say_once(key, message)``. ``check``: a
+    :class:`~mimo_accel.runtime.reading.plan_check.FirstPlanCheck` (None: unchecked)."""
 
     def __init__(self, group, ctx: ShardContext, cost_fn: Optional[Callable[[Any], float]] = None,
                  collate_fn: Optional[Callable] = None, *, cost_model: Optional[CostModel] = None,
@@ -131,8 +100,12 @@ class ExchangeReorder:
                  check=None):
         import torch.distributed as dist
 
-        if overlap:
-            _refuse_overlap_if_unsafe()  # before anything collective
+        if overlap and os.environ.get(OVERLAP_ENV, "").strip() == "1":  # refused before anything collective
+            raise ExchangeError(
+                f"mimo_accel exchange: overlap=True is refused while {OVERLAP_ENV}=1. Upstream reproduced "
+                "a deadlock when samples are exchanged on a side thread while training kernels and "
+                f"collectives are serialised on one hardware queue. Use overlap=False, or unset "
+                f"{OVERLAP_ENV} (or set it > 1) if your setup allows.")
         self.ctx = ctx
         self.overlap = bool(overlap)
         self.dps = dict(ctx.dp_sizes or {ctx.module: ctx.dp_size})
@@ -149,8 +122,6 @@ class ExchangeReorder:
                 f"mimo_accel exchange: the process group has {len(self.ranks)} ranks and this rank is "
                 f"{dist.get_rank(group)} in it, but the ShardContext says {ctx.module} replica "
                 f"{ctx.dp_rank}/{ctx.dp_size}; pass the module's DP group")
-        if ctx.grid % ctx.dp_size:
-            raise ExchangeError(f"mimo_accel exchange: G={ctx.grid} is not a multiple of dp_size {ctx.dp_size}")
         if comm_group is not None:
             if list(dist.get_process_group_ranks(comm_group)) != self.ranks:
                 raise ExchangeError("mimo_accel exchange: comm_group must hold the DP group's ranks in "
@@ -163,8 +134,6 @@ class ExchangeReorder:
         if dist.get_rank(self.comm_group) != ctx.dp_rank:
             raise ExchangeError("mimo_accel exchange: the exchange group orders ranks differently from "
                                 "the DP group; pass comm_group in DP-rank order")
-        self.last_plan: Optional[ExchangeRoutes] = None
-        self.last_stats: Optional[ExchangeStats] = None
         self._buffers: dict[str, np.ndarray] = {}
 
     def _buffer(self, name: str, size: int) -> np.ndarray:
@@ -212,19 +181,15 @@ class ExchangeReorder:
     def _status(self, n_local: int, error: Optional[BaseException]) -> int:
         msg = b"" if error is None else (
             f"{self.ctx.module} replica {self.ctx.dp_rank}: {error}".encode("utf-8", "replace")[:_MESSAGE_BYTES])
-        head = _STATUS_HEADER.pack(1 if error is None else 0, n_local)
-        payload = np.zeros(_STATUS_HEADER.size + 2 + _MESSAGE_BYTES, dtype=np.uint8)
-        payload[:_STATUS_HEADER.size] = np.frombuffer(head, dtype=np.uint8)
-        payload[_STATUS_HEADER.size:_STATUS_HEADER.size + 2] = np.frombuffer(struct.pack("<H", len(msg)), np.uint8)
-        payload[_STATUS_HEADER.size + 2:_STATUS_HEADER.size + 2 + len(msg)] = np.frombuffer(msg, np.uint8)
+        head = _STATUS_HEADER.pack(1 if error is None else 0, n_local, len(msg))
+        payload = np.frombuffer(head + msg.ljust(_MESSAGE_BYTES, b"\0"), dtype=np.uint8).copy()
         failures, counts = [], []
         for rank, row in enumerate(self._all_gather(payload)):
-            ok, n = _STATUS_HEADER.unpack(row[:_STATUS_HEADER.size].tobytes())
-            (length,) = struct.unpack("<H", row[_STATUS_HEADER.size:_STATUS_HEADER.size + 2].tobytes())
+            ok, n, length = _STATUS_HEADER.unpack_from(row)
             counts.append(n)
             if not ok:
-                failures.append((rank, row[_STATUS_HEADER.size + 2:_STATUS_HEADER.size + 2 + length]
-                                 .tobytes().decode("utf-8", "replace")))
+                text = row[_STATUS_HEADER.size:_STATUS_HEADER.size + length].tobytes()
+                failures.append((rank, text.decode("utf-8", "replace")))
         if failures:
             first = failures[0][1]
             raise ExchangeError(
@@ -306,7 +271,6 @@ class ExchangeReorder:
             predicted_spread=plan.predicted_spread, baseline_spread=plan.baseline_spread,
             cost_s=t1 - t0, plan_s=t2 - t1, move_s=t3 - t2, total_s=t3 - t0,
             predicted_spreads=dict(plan.predicted_spreads))
-        self.last_plan, self.last_stats = plan, stats
         return out, stats
 
     def collate(self, samples: list, stats: Optional[ExchangeStats] = None) -> Any:

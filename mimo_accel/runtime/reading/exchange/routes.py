@@ -52,9 +52,6 @@ class ExchangeRoutes:
             owner[p] = k // self.n_local
         return tuple(owner)
 
-    def owner_after(self) -> list[int]:
-        return list(self._owner_after)
-
     @cached_property
     def _flows(self) -> dict[tuple[int, int], list[int]]:
         flows: dict[tuple[int, int], list[int]] = {}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pickle
 import struct
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 import torch
@@ -24,23 +24,32 @@ class _TensorRef:
         return (_TensorRef, (self.index, self.dtype, self.shape, self.nbytes))
 
 
+def _walk(obj: Any, leaf) -> Any:
+    """``obj`` rebuilt through its plain dicts, lists and tuples, each other value as ``leaf(value)``
+    (in the same order every time: the tensors' order on the wire)."""
+    if type(obj) is dict:
+        return {k: _walk(v, leaf) for k, v in obj.items()}
+    if type(obj) is list:
+        return [_walk(v, leaf) for v in obj]
+    if type(obj) is tuple:
+        return tuple(_walk(v, leaf) for v in obj)
+    return leaf(obj)
+
+
 def _flatten(obj: Any, tensors: list) -> Any:
-    if isinstance(obj, torch.Tensor):
-        if obj.layout != torch.strided:
-            raise TypeError(f"exchange cannot serialise a {obj.layout} tensor; densify it in the dataset")
-        t = obj.detach()
-        if t.device.type != "cpu":
-            t = t.cpu()
-        t = t.contiguous()
+    """The skeleton of ``obj``: each tensor (appended to ``tensors``) as a :class:`_TensorRef`, anything
+    else (ints, strings, numpy arrays, ...) pickled as it is."""
+
+    def ref(value):
+        if not isinstance(value, torch.Tensor):
+            return value
+        if value.layout != torch.strided:
+            raise TypeError(f"exchange cannot serialise a {value.layout} tensor; densify it in the dataset")
+        t = value.detach().cpu().contiguous()
         tensors.append(t)
         return _TensorRef(len(tensors) - 1, t.dtype, tuple(t.shape), t.numel() * t.element_size())
-    if type(obj) is dict:
-        return {k: _flatten(v, tensors) for k, v in obj.items()}
-    if type(obj) is list:
-        return [_flatten(v, tensors) for v in obj]
-    if type(obj) is tuple:
-        return tuple(_flatten(v, tensors) for v in obj)
-    return obj  # anything else (ints, strings, numpy arrays, ...) is pickled as it is
+
+    return _walk(obj, ref)
 
 
 class EncodedSample:
@@ -68,29 +77,6 @@ class EncodedSample:
         return offset
 
 
-def _rebuild(obj: Any, tensors: list) -> Any:
-    if isinstance(obj, _TensorRef):
-        return tensors[obj.index]
-    if type(obj) is dict:
-        return {k: _rebuild(v, tensors) for k, v in obj.items()}
-    if type(obj) is list:
-        return [_rebuild(v, tensors) for v in obj]
-    if type(obj) is tuple:
-        return tuple(_rebuild(v, tensors) for v in obj)
-    return obj
-
-
-def _collect_refs(obj: Any, refs: list) -> None:
-    if isinstance(obj, _TensorRef):
-        refs.append(obj)
-    elif type(obj) is dict:
-        for v in obj.values():
-            _collect_refs(v, refs)
-    elif type(obj) in (list, tuple):
-        for v in obj:
-            _collect_refs(v, refs)
-
-
 def encode_sample(sample: Any) -> bytes:
     """The bytes of one sample as the exchange sends it (for tests and tools)."""
     enc = EncodedSample(sample)
@@ -114,13 +100,16 @@ def decode_sample(buf: Any, offset: int = 0) -> tuple[Any, int]:
     offset += _SAMPLE_HEADER.size
     skeleton = pickle.loads(data[offset:offset + skel_len].tobytes())
     offset += skel_len
-    refs: list[_TensorRef] = []
-    _collect_refs(skeleton, refs)
-    tensors: list[Optional[torch.Tensor]] = [None] * len(refs)
-    for ref in sorted(refs, key=lambda r: r.index):  # written in index order
-        t = torch.empty(ref.shape, dtype=ref.dtype)
-        if ref.nbytes:
-            t.reshape(-1).view(torch.uint8).numpy()[:] = data[offset:offset + ref.nbytes]
-        tensors[ref.index] = t
-        offset += ref.nbytes
-    return _rebuild(skeleton, tensors), offset
+
+    def read(value):  # the tensors follow the skeleton in the order the walk meets their refs
+        nonlocal offset
+        if not isinstance(value, _TensorRef):
+            return value
+        t = torch.empty(value.shape, dtype=value.dtype)
+        if value.nbytes:
+            t.reshape(-1).view(torch.uint8).numpy()[:] = data[offset:offset + value.nbytes]
+        offset += value.nbytes
+        return t
+
+    sample = _walk(skeleton, read)
+    return sample, offset
