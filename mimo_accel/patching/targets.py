@@ -160,6 +160,13 @@ SHAPES = (
           tested_here=True,
           evidence="the whole test suite runs on source builds of Bridge 067f987 / Megatron-LM 2a75ac12c54b "
                    "(make test-upstream; docs/compatibility.md has the run)"),
+    # Bridge main 067f987 with Megatron-LM main d98e8a6 (newer than the pin): #6606 sends the bridge's
+    # payloads through batch_isend_irecv and gives each module's first PP stage the last backward's
+    # grad sync; #6570 (GTP), #6604 and #6745 leave every target above as at 2a75ac1.
+    Shape("main-lm", bridge=("0.7.0+067f987",), core=("0.20.0+d98e8a6",), native_packing=True,
+          tested_here=True,
+          evidence="the whole test suite runs on source builds of Bridge 067f987 / Megatron-LM d98e8a64dd "
+                   "(make test-upstream; docs/compatibility.md has the run)"),
     # Upstream's scalable reads, open PR #5525 (branch pull-request/5525, head 958575fc3 of
     # 2026-08-12, branched from main at 600d069b8, before main's eval_micro_batch_size) with the
     # Megatron-LM it pins, 24bad8e677 (0.20.0). It reports 0.7.0 like main, at its own commit.
