@@ -36,6 +36,7 @@ Two things are the project's own, because nothing upstream fits on a CPU:
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence
 
@@ -808,6 +809,29 @@ def _transformer_config(num_layers: int, hidden: int, heads: int, module: Option
     )
 
 
+@functools.lru_cache(maxsize=None)
+def _owning_groups(submodules_class: type) -> type:
+    """``submodules_class`` that owns the process groups Bridge's provider hands its encoders.
+
+    Megatron-LM main (#6570, megatron/core/models/mimo/optimizer.py ``get_mimo_optimizer``) builds
+    each module's optimizer from the modality submodule's own ``pg_collection``; Bridge main
+    (067f987, ``MegatronMIMOProvider._inject_pg_collection_into_modality_spec``) injects it into the
+    encoders' params only, so its own providers fail there. This is what Bridge will have to do."""
+
+    class Owning(submodules_class):
+        @classmethod
+        def from_spec(cls, module_spec, *args, **kwargs):
+            built = super().from_spec(module_spec, *args, **kwargs)
+            if built.pg_collection is None:
+                encoders = (module_spec.submodules or {}).get("encoders", {}).values()
+                built.pg_collection = next((e.params["pg_collection"] for e in encoders
+                                            if "pg_collection" in (e.params or {})), None)
+            return built
+
+    Owning.__name__ = Owning.__qualname__ = submodules_class.__name__
+    return Owning
+
+
 def build_provider(cfg: StackConfig):
     """The ``MegatronMIMOProvider`` for the tiny stack (not yet built)."""
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
@@ -828,13 +852,13 @@ def build_provider(cfg: StackConfig):
         encoder = ModuleSpec(module=NativeViT, params=dict(
             config=_vision_config(cfg), patch_dim=cfg.patch_dim, out_hidden=cfg.hidden,
             merge=cfg.merge, resample_rows=cfg.resample_rows))
-    submodules = {cfg.vision_module: ModuleSpec(module=VisionModalitySubmodules, params={},
+    submodules = {cfg.vision_module: ModuleSpec(module=_owning_groups(VisionModalitySubmodules), params={},
                                                 submodules={"encoders": {ENCODER_NAME: encoder}})}
     special = {cfg.vision_module: IMAGE_TOKEN_ID}
     if cfg.audio_module is not None:
         clips = ModuleSpec(module=audio_mod.AudioEncoder, params=dict(
             transformer_config=_audio_config(cfg), num_mel_bins=cfg.mel_bins, out_hidden=cfg.hidden))
-        submodules[cfg.audio_module] = ModuleSpec(module=AudioModalitySubmodules, params={},
+        submodules[cfg.audio_module] = ModuleSpec(module=_owning_groups(AudioModalitySubmodules), params={},
                                                   submodules={"encoders": {AUDIO_ENCODER_NAME: clips}})
         special[cfg.audio_module] = AUDIO_TOKEN_ID
     names = [m.name for m in cfg.layout.encoders]  # rank order
