@@ -265,6 +265,26 @@ def collate(samples: Sequence[dict], *, vision: str = VISION) -> dict:
     return batch
 
 
+def collate_bridge(samples: Sequence[dict], *, vision: str = VISION) -> dict:
+    """Bridge's own ``megatron_mimo_collate_fn`` over samples of 0 or 1 image, all of one size: the
+    image inputs of the samples that have one, stacked, and, where some sample has none, where they
+    are (``_mimo_sample_indices``, PR #4986); the stacked patches become the encoder's patch-packed
+    input, as :func:`collate`'s."""
+    from megatron.bridge.data.megatron_mimo.collate import megatron_mimo_collate_fn
+
+    text = ("input_ids", "labels", "loss_mask", "attention_mask", "position_ids")
+    items = [{**{k: s[k] for k in text}, "modality_inputs": {vision: {
+        "hidden_states": s["hidden_states"], "grid_thw": s["grid_thw"]}} if s["grid_thw"].numel() else {}}
+        for s in samples]
+    batch = megatron_mimo_collate_fn(items, modality_names=[vision])
+    images = batch["modality_inputs"].get(vision)
+    if images is not None:
+        batch["modality_inputs"][vision] = {ENCODER_NAME: {k: images[k].flatten(0, 1)
+                                                           for k in ("hidden_states", "grid_thw")}}
+    batch[SAMPLE_ID_KEY] = torch.tensor([s["sample_id"] for s in samples], dtype=torch.long)
+    return batch
+
+
 def model_batches(batches, *, keep_attention_mask: bool = False, seen_ids: Optional[list] = None,
                   local_view: Optional[Callable[[dict], dict]] = None, seen_patches: Optional[list] = None):
     """Adapt loader batches for ``MimoModel.forward``, as Bridge's Qwen3.5-VL example does.
