@@ -92,9 +92,13 @@ def pack_for_language_model(batch: dict, role: StepRole, pad_multiple: int,
     from mimo_accel.packing import pack_language_shard
 
     lengths = (known if known is not None else shard_lengths(batch, role, say_once)).lengths
+    from megatron.core.packed_seq_params import PackedSeqParams
+
     packed, kwargs = pack_language_shard(batch, lengths, pad_multiple=pad_multiple,
                                          tp_size=role.sequence_parallel_size,
                                          cp_size=role.context_parallel_size,
                                          is_first_stage=role.is_first_stage)
+    if "pad_between_seqs" not in PackedSeqParams.__dataclass_fields__:  # a core before it (#4986's pin): TE infers it
+        del kwargs["pad_between_seqs"]
     packed["packing_kwargs"] = kwargs
     return packed
