@@ -97,7 +97,7 @@ def test_cp_aligned_pack_has_the_shapes_the_thd_path_expects(cp, tp, pad_multipl
     assert all((b - a) % (2 * cp) == 0 for a, b in zip(cu_padded, cu_padded[1:]))
     assert all(b - a >= n for a, b, n in zip(cu_padded, cu_padded[1:], (y - x for x, y in zip(cu, cu[1:]))))
     assert kw["max_seqlen_q"] == max(b - a for a, b in zip(cu_padded, cu_padded[1:]))
-    params = PackedSeqParams(qkv_format="thd", total_tokens=T, **kw)
+    params = PackedSeqParams(qkv_format="thd", total_tokens=T, **local_batch.thd_kwargs(kw))
     assert params.seq_idx.numel() == T  # one segment index per token, no extra segment past T
     # every CP rank holds T / cp tokens, each segment contributing 2 whole chunks
     parts = [_cp_indices(cu_padded, cp, r) for r in range(cp)]

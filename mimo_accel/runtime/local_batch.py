@@ -92,13 +92,17 @@ def pack_for_language_model(batch: dict, role: StepRole, pad_multiple: int,
     from mimo_accel.packing import pack_language_shard
 
     lengths = (known if known is not None else shard_lengths(batch, role, say_once)).lengths
-    from megatron.core.packed_seq_params import PackedSeqParams
-
     packed, kwargs = pack_language_shard(batch, lengths, pad_multiple=pad_multiple,
                                          tp_size=role.sequence_parallel_size,
                                          cp_size=role.context_parallel_size,
                                          is_first_stage=role.is_first_stage)
-    if "pad_between_seqs" not in PackedSeqParams.__dataclass_fields__:  # a core before it (#4986's pin): TE infers it
-        del kwargs["pad_between_seqs"]
-    packed["packing_kwargs"] = kwargs
+    packed["packing_kwargs"] = thd_kwargs(kwargs)
     return packed
+
+
+def thd_kwargs(kwargs: dict) -> dict:
+    """The packer's kwargs as the installed megatron-core's ``PackedSeqParams`` takes them: a core
+    before ``pad_between_seqs`` (#4986's pin, adfb8ec79) has none, and Transformer Engine infers it."""
+    from megatron.core.packed_seq_params import PackedSeqParams
+
+    return {k: v for k, v in kwargs.items() if k != "pad_between_seqs" or k in PackedSeqParams.__dataclass_fields__}
