@@ -17,7 +17,6 @@ These tests need a megatron-bridge whose collate records sparse modalities (#498
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -25,17 +24,12 @@ import pytest
 
 from mimo_accel_dev.rehearse.ranks import run_ranks
 
-from ._example import run_example, steps_from_trace
+from ._example import bridge_source, run_example, steps_from_trace
 
 SPARSE_KEY = "_mimo_sample_indices"
 
 
-def _has_sparse_collate() -> bool:
-    spec = importlib.util.find_spec("megatron.bridge.data.megatron_mimo.collate")
-    return spec is not None and SPARSE_KEY in Path(spec.origin).read_text()
-
-
-pytestmark = pytest.mark.skipif(not _has_sparse_collate(),
+pytestmark = pytest.mark.skipif(SPARSE_KEY not in bridge_source("data/megatron_mimo/collate.py"),
                                 reason="this megatron-bridge's MIMO collate records no sparse modalities (PR #4986)")
 
 MBS, GBS, ITERS = 4, 8, 4
