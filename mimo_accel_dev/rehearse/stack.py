@@ -320,12 +320,14 @@ def _provider_class():
 
     @dataclass(kw_only=True)
     class SyntheticMIMOProvider(MegatronMIMODatasetProvider):
-        """A MegatronMIMO dataset provider over :class:`SyntheticVLMDataset` (train split only)."""
+        """A MegatronMIMO dataset provider over :class:`SyntheticVLMDataset` (a validation split
+        where asked for one, made the same way)."""
 
         dataset_factory: Callable[[int], torch.utils.data.Dataset] = None
 
         def build_datasets(self, context):
-            return self.dataset_factory(context.train_samples), None, None
+            valid = self.dataset_factory(context.valid_samples) if context.valid_samples else None
+            return self.dataset_factory(context.train_samples), valid, None
 
         def get_collate_fn(self):
             return collate
