@@ -391,10 +391,11 @@ def build_config(args, layout: Modules) -> ConfigContainer:
         scheduler=SchedulerConfig(
             lr_decay_style="constant", lr_warmup_iters=0,
             # core/optimizer_param_scheduler.py: resuming with another train_iters changes
-            # lr_decay_steps (checked against the checkpoint); pin it (a Bridge without
-            # scheduler.max_steps, as PR #4986's base, through lr_decay_iters).
-            **{"max_steps" if "max_steps" in SchedulerConfig.__dataclass_fields__ else "lr_decay_iters":
-               max(args.lr_max_steps, args.train_iters)},
+            # lr_decay_steps (checked against the checkpoint); pin it. A Bridge without
+            # scheduler.max_steps (PR #4986's base) derives every step count from train_iters:
+            # there a resume takes the checkpoint's (LR and weight decay are constant here).
+            **({"max_steps": max(args.lr_max_steps, args.train_iters)}
+               if "max_steps" in SchedulerConfig.__dataclass_fields__ else {"use_checkpoint_opt_param_scheduler": True}),
             # core/optimizer_param_scheduler.py: start_wd is None on the MIMO path, which never
             # derives it from the optimizer's weight decay.
             start_weight_decay=0.0, end_weight_decay=0.0, weight_decay_incr_style="constant"),
