@@ -16,6 +16,17 @@ MEGATRON_PKGS := megatron-core==0.19.2 megatron-bridge==0.6.2 $(MODELOPT)
 # make test-upstream: the same suite on megatron-bridge / megatron-core built from source trees,
 # in a second venv (see upstream/upstream_venv.py).
 UPSTREAM_VENV ?= .venv-upstream
+# The upstreams docs/compatibility.md reports, by name: "Megatron-Bridge commit, Megatron-LM commit".
+# make test-upstream UPSTREAM=main-lm BRIDGE_GIT=/path/to/Megatron-Bridge LM_GIT=/path/to/Megatron-LM
+UPSTREAM_main    := 067f987df 2a75ac12c54b
+UPSTREAM_main-lm := 067f987df d98e8a64dd
+UPSTREAM_5525    := 958575fc3 24bad8e677
+UPSTREAM_4986    := fdf31e415 adfb8ec79
+ifdef UPSTREAM
+UPSTREAM_PAIR := $(or $(UPSTREAM_$(UPSTREAM)),$(error UPSTREAM=$(UPSTREAM): not one of main main-lm 5525 4986))
+UPSTREAM_VENV := .venv-upstream-$(UPSTREAM)
+UPSTREAM_FROM_GIT := $(BRIDGE_GIT)@$(word 1,$(UPSTREAM_PAIR)) $(LM_GIT)@$(word 2,$(UPSTREAM_PAIR))
+endif
 
 .PHONY: demo demo-reference test setup doctor clean test-upstream-peer test-upstream
 
@@ -73,8 +84,11 @@ test-upstream-peer: $(STAMP)
 # installs the two trees with --no-deps; idempotent (a stamp records the requirement files and
 # the trees' commits/contents). Or check both out of git repositories (clones or mirrors) into a
 # temp dir: UPSTREAM_FROM_GIT="BRIDGE_GIT@COMMIT CORE_GIT@COMMIT". PYTEST_ARGS: extra pytest args.
-# UPSTREAM_VENV=.venv-upstream-NAME keeps one venv per upstream (e.g. main and PR #5525).
+# UPSTREAM_VENV=.venv-upstream-NAME keeps one venv per upstream (e.g. main and PR #5525); UPSTREAM=NAME
+# picks one of the named pairs above (its venv .venv-upstream-NAME), checked out of BRIDGE_GIT / LM_GIT.
 test-upstream:
+	@test -z "$(UPSTREAM)" -o \( -n "$(BRIDGE_GIT)" -a -n "$(LM_GIT)" \) || { \
+		echo "make test-upstream UPSTREAM=$(UPSTREAM): give BRIDGE_GIT and LM_GIT (Megatron-Bridge and Megatron-LM clones or mirrors)"; exit 2; }
 	@test -n "$(UPSTREAM_FROM_GIT)" -o \( -n "$(UPSTREAM_BRIDGE)" -a -n "$(UPSTREAM_CORE)" \) || { \
 		echo "usage: make test-upstream UPSTREAM_BRIDGE=/path/to/Megatron-Bridge UPSTREAM_CORE=/path/to/Megatron-LM"; \
 		echo "   or: make test-upstream UPSTREAM_FROM_GIT='BRIDGE_GIT@COMMIT CORE_GIT@COMMIT'"; exit 2; }

@@ -21,9 +21,9 @@ import pytest
 
 from mimo_accel_dev.rehearse.ranks import run_ranks
 
-from ._example import train_rank
+from ._example import LANGUAGE_PP_DP, train_rank
 
-pytestmark = pytest.mark.distributed
+pytestmark = [pytest.mark.distributed, LANGUAGE_PP_DP]
 
 MBS, GBS, ITERS, WORLD = 2, 8, 4, 5
 ALL = dict(sharded_reads=True, reorder=True, packing=True, calibrate_online=False)

@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mimo_accel.packing import LABEL_PAD, PackingStats, pack_language_shard, pack_layout
+from mimo_accel.runtime.local_batch import thd_kwargs
 from tests._hypothesis import examples
 
 PLACEHOLDER = 99  # an image-placeholder token id; never used as padding here
@@ -404,7 +405,7 @@ def test_packed_seq_params_accepts_the_kwargs():
     batch = make_batch([3, 2, 4], 6)
     for k, tp in ((1, 1), (4, 2)):
         _, kw = pack_language_shard(batch, pad_multiple=k, tp_size=tp)
-        params = psp_mod.PackedSeqParams(qkv_format="thd", **kw)
+        params = psp_mod.PackedSeqParams(qkv_format="thd", **thd_kwargs(kw))
         assert params.cu_seqlens_q_padded is kw["cu_seqlens_q_padded"]
         assert params.max_seqlen_q == kw["max_seqlen_q"]
 
@@ -414,7 +415,7 @@ def test_mimo_model_builds_thd_params_from_the_kwargs():
     import megatron.core.models.mimo.model.base as base
     _, kw = pack_language_shard(make_batch([3, 2, 4], 6), pad_multiple=2)
     # _build_packed_seq_params does not touch self; it is what MimoModel.forward runs
-    params = base.MimoModel._build_packed_seq_params(None, dict(kw))
+    params = base.MimoModel._build_packed_seq_params(None, thd_kwargs(kw))
     assert params.qkv_format == "thd"
     assert params.cu_seqlens_q_padded.tolist() == [0, 4, 6, 10]
 
@@ -505,7 +506,7 @@ def test_real_gpt_model_packed_loss_matches_unpacked(megatron_cpu, position_embe
         b = packed_batch or batch
         params = None
         if packing_kwargs is not None:
-            params = PackedSeqParams(qkv_format="thd", **packing_kwargs)
+            params = PackedSeqParams(qkv_format="thd", **thd_kwargs(packing_kwargs))
         loss = model(b["input_ids"], b["position_ids"], None if params else causal(seq_len),
                      labels=b["labels"], packed_seq_params=params)
         (loss * b["loss_mask"]).sum().backward()

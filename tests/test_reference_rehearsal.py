@@ -11,8 +11,11 @@ import pytest
 
 from mimo_accel_dev.commands import rehearse as rehearsing
 
+from ._example import LANGUAGE_PP_DP
+
 
 @pytest.mark.distributed
+@LANGUAGE_PP_DP
 def test_the_reference_layout_trains_upstreams_validated_shape_before_and_after(tmp_path):
     from rich.console import Console
 

@@ -5,6 +5,7 @@ the per-replica sets equal upstream's under ``single``, rows land with the sampl
 
 from __future__ import annotations
 
+import itertools
 from types import SimpleNamespace
 
 import pytest
@@ -14,6 +15,8 @@ from mimo_accel_dev.rehearse import stack as st
 from mimo_accel.grid import canonical_grid, owned_groups
 from mimo_accel_dev.rehearse.ranks import (LANGUAGE, VISION, build_grids, layout_of, loader_config, module_of_rank,
                                        parallelism_config, run_ranks)
+
+from ._example import bridge_source
 
 LAYOUTS = [(1, 2), (2, 1), (2, 2), (2, 4), (4, 2), (1, 4), (4, 4)]
 SAMPLERS = ["single", "cyclic"]
@@ -310,3 +313,39 @@ def test_the_split_of_a_loader_is_the_dataset_the_builders_provider_built():
         ["train", "validation", "test"]
     with scope.loader_scope(runtime) as open_scope:  # a script's own builder: the build order decides
         assert [open_scope.split_of(ds) for ds in (train, test)] == ["train", "validation"]
+
+
+# Megatron-Bridge main (#5606) sizes the valid/test loaders by cfg.validation.eval_micro_batch_size
+EVAL_MBS = "eval_micro_batch_size" in bridge_source("data/megatron_mimo/loaders.py")
+
+
+def _train_and_eval_shards(rank, world):
+    import mimo_accel
+
+    mimo_accel.enable(sharded_reads=True)
+    try:
+        from megatron.bridge.data.megatron_mimo.loaders import build_megatron_mimo_data_loaders  # after enable
+
+        layout = layout_of(2, 1)
+        grids = build_grids(layout)
+        provider = st.build_provider(st.StackConfig(layout=layout))
+        provider._grids = grids
+        data = st.make_data_provider(lambda n: st.SyntheticVLMDataset(n, st.uniform_spec(), seq_length=64,
+                                                                     patch_dim=24, vocab_size=2048))
+        train, valid, _ = build_megatron_mimo_data_loaders(loader_config(provider, 2, eval_micro_batch_size=4),
+                                                           SimpleNamespace(consumed_train_samples=0), data, 8, 8, 0)
+        ids = lambda loader: [b[st.SAMPLE_ID_KEY].tolist() for b in itertools.islice(loader, 2)]  # noqa: E731
+        return module_of_rank(layout, rank), grids[module_of_rank(layout, rank)].get_pg(["dp"]).rank(), ids(train), ids(valid)
+    finally:
+        mimo_accel.disable()
+
+
+@pytest.mark.distributed
+@pytest.mark.skipif(not EVAL_MBS, reason="this megatron-bridge's MIMO loaders size evaluation by the training "
+                                         "micro-batch (#5606 is on main)")
+def test_sharded_evaluation_reads_the_eval_micro_batch_each_replica_its_share():
+    # vision dp 2, language dp 1: training micro-batches of 2 samples, evaluation ones of 4
+    for module, dp_rank, train, valid in run_ranks(_train_and_eval_shards, 3, deadline_s=120):
+        dp = 2 if module == VISION else 1
+        assert train == [list(range(j * 2 + dp_rank * 2 // dp, j * 2 + (dp_rank + 1) * 2 // dp)) for j in range(2)]
+        assert valid == [list(range(j * 4 + dp_rank * 4 // dp, j * 4 + (dp_rank + 1) * 4 // dp)) for j in range(2)]

@@ -139,9 +139,12 @@ def _one_training_step(rank, world, vdp, ldp):
     losses, grad_norm = stack.train_step(st.model_batches(batches), num_microbatches=2,
                                          micro_batch_size=mbs)
     with_grad, total = st.module_parameters_with_grad(stack)
+    from megatron.core.utils import get_model_config
+
+    config = get_model_config(stack.model)
     return dict(module=module_of_rank(layout, rank), grad_norm=float(grad_norm),
-                losses=[[float(x) for x in l["lm loss"]] for l in losses],
-                with_grad=with_grad, total=total)
+                losses=[[float(x) for x in l["lm loss"]] for l in losses], with_grad=with_grad, total=total,
+                grad_sync=(config.no_sync_func is not None, config.grad_sync_func))
 
 
 @pytest.mark.distributed
@@ -157,3 +160,8 @@ def test_one_real_non_colocated_training_step(vdp, ldp):
     assert all(torch.isfinite(torch.tensor(l)).all() for r in lang for l in r["losses"])
     # Every rank agrees on the global gradient norm (MimoOptimizer reduces it across modules).
     assert len({round(r["grad_norm"], 5) for r in results}) == 1
+    # Bridge's MIMO setup holds gradient sync back between micro-batches but sets no grad_sync_func,
+    # so megatron-core's 1F1B syncs every stage from its last backward on, whichever PP stage it is
+    # (Megatron-LM main's #6606 changes only what a grad_sync_func does): the step model's end
+    # (docs/design.md, "The step's end") rests on this.
+    assert all(r["grad_sync"] == (True, None) for r in results)

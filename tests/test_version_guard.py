@@ -70,11 +70,15 @@ def _bindings():
     ("0.6.2", "0.20.0", "untested", "0.6"),
     ("0.6.2", "0.19.2+abcdef1", "untested", "0.6"),  # a source build is not the release
     ("0.6.0+1234abc", "0.19.2", "untested", "0.6"),  # main between June and August reported 0.6.0
+    ("0.6.0+fdf31e415", "0.19.0+adfb8ec792", "tested", "sparse-4986"),  # PR #4986's head and its core
+    ("0.6.0+fdf31e415", "0.19.2", "untested", "0.6"),  # #4986 with a released core: not a tested pair
     ("0.7.0", "0.20.0", "untested", "main"),  # a release 0.7.0 is not commit 067f987
     ("0.7.0+1234567", "0.20.0+2a75ac1", "untested", "main"),
     ("0.7.0+958575fc3", "0.20.0+24bad8e677", "tested", "scalable-5525"),  # PR #5525's head and its core
     ("0.7.0+958575fc3", "0.20.0+2a75ac1", "untested", "main"),  # #5525 with main's core: not a tested pair
     ("0.7.0+067f987", "0.20.0+24bad8e", "untested", "main"),
+    ("0.7.0+067f987df", "0.20.0+d98e8a64dd", "tested", "main-lm"),  # Megatron-LM main, newer than the pin
+    ("0.7.0+067f987", "0.20.0+d98e8a7", "untested", "main"),  # nor another commit beside it
     ("0.9.1", "0.22.0", "untested", "main"),
     ("0.5.1", "0.19.2", "untested", "0.6"),
 ])

@@ -68,6 +68,9 @@ logger = logging.getLogger("mimo_accel")
 # Said once per process whatever enable()/disable() come between (a Runtime lives one enable): a
 # (bridge, core) pair untested or a newer patch release, an unknown MIMO_ACCEL* name
 _said = Notices(logger)
+SPARSE_NOTE = ("sharded_reads: this Bridge's slice keeps each modality's samples where some lack it (PR #4986, "
+               "_mimo_sample_indices); every replica reads and collates its own share, which upstream's slice "
+               "takes as one replica's whole batch (DP 1): the indices come off, the rows stay")
 
 
 def installed_versions() -> tuple[Optional[str], Optional[str]]:
@@ -310,6 +313,8 @@ def enable(cfg: AccelConfig) -> AccelConfig:
         if cfg.packing and shape.native_packing:
             _state.notes.append("packing: upstream's step packs (sequence_pack); mimo_accel's packer replaces "
                                 "its pack_language_shard and turns step packing on (resolve_step_packing)")
+        if cfg.sharded_reads and shape.sparse_modalities:
+            runtime.say_once("sharded_reads:sparse-modalities", SPARSE_NOTE)
         try:
             for site in now:
                 _apply(site, by_site[site])

@@ -130,6 +130,7 @@ class Shape:
     tested_here: bool  # False: declared from reading upstream's source, not run by this project's tests
     evidence: str  # what the declaration rests on
     scalable_reads: bool = False  # upstream's own canonical-grid reads (megatron_mimo_scalable_dp)
+    sparse_modalities: bool = False  # upstream's slice keeps a sparse modality's samples (_mimo_sample_indices)
 
     @property
     def support(self) -> str:
@@ -160,6 +161,13 @@ SHAPES = (
           tested_here=True,
           evidence="the whole test suite runs on source builds of Bridge 067f987 / Megatron-LM 2a75ac12c54b "
                    "(make test-upstream; docs/compatibility.md has the run)"),
+    # Bridge main 067f987 with Megatron-LM main d98e8a6 (newer than the pin): #6606 sends the bridge's
+    # payloads through batch_isend_irecv and gives each module's first PP stage the last backward's
+    # grad sync; #6570 (GTP), #6604 and #6745 leave every target above as at 2a75ac1.
+    Shape("main-lm", bridge=("0.7.0+067f987",), core=("0.20.0+d98e8a6",), native_packing=True,
+          tested_here=True,
+          evidence="the whole test suite runs on source builds of Bridge 067f987 / Megatron-LM d98e8a64dd "
+                   "(make test-upstream; docs/compatibility.md has the run)"),
     # Upstream's scalable reads, open PR #5525 (branch pull-request/5525, head 958575fc3 of
     # 2026-08-12, branched from main at 600d069b8, before main's eval_micro_batch_size) with the
     # Megatron-LM it pins, 24bad8e677 (0.20.0). It reports 0.7.0 like main, at its own commit.
@@ -170,6 +178,14 @@ SHAPES = (
           tested_here=True, scalable_reads=True,
           evidence="the whole test suite runs on source builds of Bridge 958575fc3 (PR #5525) / Megatron-LM "
                    "24bad8e677 (make test-upstream), scalable reads included"),
+    # Sparse modality DP ownership, open PR #4986 (head fdf31e415, on main of 2026-07-21, which
+    # reported 0.6.0+<commit>) with the Megatron-LM it pins, adfb8ec79 (0.19.0). Its collate records
+    # where a modality's samples are (_mimo_sample_indices) when some sample lacks it, and its slice
+    # hands each DP shard those samples' rows, at DP 1 too. Every target is as in 0.6.2.
+    Shape("sparse-4986", bridge=("0.6.0+fdf31e4",), core=("0.19.0+adfb8ec",), native_packing=False,
+          tested_here=True, sparse_modalities=True,
+          evidence="the whole test suite runs on source builds of Bridge fdf31e415 (PR #4986) / Megatron-LM "
+                   "adfb8ec79 (make test-upstream), sparse modalities included"),
 )
 
 @dataclass(frozen=True)

@@ -96,5 +96,13 @@ def pack_for_language_model(batch: dict, role: StepRole, pad_multiple: int,
                                          tp_size=role.sequence_parallel_size,
                                          cp_size=role.context_parallel_size,
                                          is_first_stage=role.is_first_stage)
-    packed["packing_kwargs"] = kwargs
+    packed["packing_kwargs"] = thd_kwargs(kwargs)
     return packed
+
+
+def thd_kwargs(kwargs: dict) -> dict:
+    """The packer's kwargs as the installed megatron-core's ``PackedSeqParams`` takes them: a core
+    before ``pad_between_seqs`` (#4986's pin, adfb8ec79) has none, and Transformer Engine infers it."""
+    from megatron.core.packed_seq_params import PackedSeqParams
+
+    return {k: v for k, v in kwargs.items() if k != "pad_between_seqs" or k in PackedSeqParams.__dataclass_fields__}

@@ -235,6 +235,7 @@ def check_packing(setup: _Setup) -> Check:
     from megatron.core.packed_seq_params import PackedSeqParams
 
     from mimo_accel.packing import pack_language_shard
+    from mimo_accel.runtime.local_batch import thd_kwargs
 
     title = "packing parity under Transformer Engine"
     te_version = _transformer_engine() if setup.cuda else None
@@ -268,7 +269,7 @@ def check_packing(setup: _Setup) -> Check:
         if len(starts) != len(lengths):
             problems.append(f"pad_multiple {k}: the pack has {len(starts)} segments for {len(lengths)} samples")
             continue
-        loss, objective, grads = _loss_and_grads(model, packed, None, PackedSeqParams(qkv_format="thd", **kw))
+        loss, objective, grads = _loss_and_grads(model, packed, None, PackedSeqParams(qkv_format="thd", **thd_kwargs(kw)))
         tokens = torch.cat([loss[0, s:s + n] for s, n in zip(starts, lengths)])
         errors = {"per_token_loss": _rel(tokens, ref_loss[real]), "mean_loss": _rel(objective, ref_objective),
                   "gradient": _rel(grads, ref_grads)}
@@ -283,7 +284,7 @@ def check_packing(setup: _Setup) -> Check:
     whole = torch.tensor([0, t], dtype=torch.int32, device=setup.device)
     leaky = dict(kw, cu_seqlens_q=whole, cu_seqlens_kv=whole, cu_seqlens_q_padded=whole, cu_seqlens_kv_padded=whole,
                  max_seqlen_q=t, max_seqlen_kv=t, pad_between_seqs=False)
-    loss, _, grads = _loss_and_grads(model, packed, None, PackedSeqParams(qkv_format="thd", **leaky))
+    loss, _, grads = _loss_and_grads(model, packed, None, PackedSeqParams(qkv_format="thd", **thd_kwargs(leaky)))
     first = lengths[0]
     leak = max(_rel(loss[0, first:int(real.sum())], ref_loss[real][first:]), _rel(grads, ref_grads))
     figures["leaky_pack"] = leak

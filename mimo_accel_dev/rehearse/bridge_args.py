@@ -111,6 +111,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "real image files written at startup (no index), with an audio modality also real WAV "
                         "clips beside them")
     p.add_argument("--varied", action="store_true", help="synthetic: 0-3 images of varied sizes per sample")
+    p.add_argument("--sparse", action="store_true",
+                   help="synthetic: 0 or 1 4x4 image per sample, collated by Bridge's megatron_mimo_collate_fn "
+                        "(its PR #4986 records where the images are: sparse modality DP ownership)")
     p.add_argument("--image-dir", default=None,
                    help="images: where the image files are written/reused (default: a fixed temp dir)")
     p.add_argument("--image-rows", type=int, default=None,
@@ -190,9 +193,11 @@ def parse_args(argv=None) -> argparse.Namespace:
                     "the rows per image follow its grid: bound them with --max-image-rows instead")
     elif args.max_image_rows is not None:
         p.error("--max-image-rows applies to --encoder qwen3vl (--encoder native takes --image-rows)")
+    if args.varied and args.sparse:
+        p.error("--varied and --sparse are two synthetic datasets: give one")
     if args.dataset == "images":
-        if args.varied:
-            p.error("--varied applies to --dataset synthetic")
+        if args.varied or args.sparse:
+            p.error("--varied and --sparse apply to --dataset synthetic")
         if args.encoder == "qwen3vl":
             args.max_image_rows = 16 if args.max_image_rows is None else args.max_image_rows
             if not 1 <= args.max_image_rows < args.seq_length:

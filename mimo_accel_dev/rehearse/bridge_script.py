@@ -131,12 +131,14 @@ class SyntheticVLMProvider(MegatronMIMODatasetProvider):
     # which the base MegatronMIMODatasetProvider does not declare.
     seq_length: int = 64
     varied: bool = False  # 0-3 images of varied sizes per sample instead of one 4x4 image
+    sparse: bool = False  # 0 or 1 4x4 image per sample, collated by Bridge's own collate
     patch_dim: int = 24
     vocab_size: int = 2048
     vision: str = VISION  # the image modality's (encoder module's) name
 
     def _dataset(self, num_samples: int, seed: int):
-        spec = stack.VariedSpec() if self.varied else stack.uniform_spec(1, 4, 8)
+        spec = (stack.VariedSpec() if self.varied else stack.VariedSpec(max_images=1, sides=(4,)) if self.sparse
+                else stack.uniform_spec(1, 4, 8))
         return stack.SyntheticVLMDataset(num_samples, spec, seq_length=self.seq_length,
                                          patch_dim=self.patch_dim, vocab_size=self.vocab_size, seed=seed)
 
@@ -145,11 +147,12 @@ class SyntheticVLMProvider(MegatronMIMODatasetProvider):
         return self._dataset(context.train_samples, seed=0), valid, None
 
     def get_collate_fn(self):
+        collate = stack.collate_bridge if self.sparse else stack.collate
         if self.vision != VISION:
             from functools import partial
 
-            return partial(stack.collate, vision=self.vision)
-        return stack.collate
+            return partial(collate, vision=self.vision)
+        return collate
 
 
 @dataclass(kw_only=True)
@@ -360,7 +363,8 @@ def build_config(args, layout: Modules) -> ConfigContainer:
                                  encoder=args.encoder, image_mix=args.image_mix, vision=vision, audio=audio,
                                  equal_work=(args.mbs, layout.grid) if args.equal_work else (), **loader)
     else:
-        data = SyntheticVLMProvider(seq_length=args.seq_length, varied=args.varied, patch_dim=scfg.patch_dim,
+        data = SyntheticVLMProvider(seq_length=args.seq_length, varied=args.varied, sparse=args.sparse,
+                                    patch_dim=scfg.patch_dim,
                                     vocab_size=scfg.vocab_size, vision=vision, **loader)
     if args.upstream_packing:
         # Megatron-Bridge main, training/megatron_mimo_step.py (resolve_step_packing) reads these.
@@ -387,8 +391,11 @@ def build_config(args, layout: Modules) -> ConfigContainer:
         scheduler=SchedulerConfig(
             lr_decay_style="constant", lr_warmup_iters=0,
             # core/optimizer_param_scheduler.py: resuming with another train_iters changes
-            # lr_decay_steps (checked against the checkpoint); pin it.
-            max_steps=max(args.lr_max_steps, args.train_iters),
+            # lr_decay_steps (checked against the checkpoint); pin it. A Bridge without
+            # scheduler.max_steps (PR #4986's base) derives every step count from train_iters:
+            # there a resume takes the checkpoint's (LR and weight decay are constant here).
+            **({"max_steps": max(args.lr_max_steps, args.train_iters)}
+               if "max_steps" in SchedulerConfig.__dataclass_fields__ else {"use_checkpoint_opt_param_scheduler": True}),
             # core/optimizer_param_scheduler.py: start_wd is None on the MIMO path, which never
             # derives it from the optimizer's weight decay.
             start_weight_decay=0.0, end_weight_decay=0.0, weight_decay_incr_style="constant"),

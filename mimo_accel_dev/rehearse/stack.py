@@ -36,6 +36,7 @@ Two things are the project's own, because nothing upstream fits on a CPU:
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence
 
@@ -283,6 +284,26 @@ def collate(samples: Sequence[dict], *, vision: str = VISION) -> dict:
     return batch
 
 
+def collate_bridge(samples: Sequence[dict], *, vision: str = VISION) -> dict:
+    """Bridge's own ``megatron_mimo_collate_fn`` over samples of 0 or 1 image, all of one size: the
+    image inputs of the samples that have one, stacked, and, where some sample has none, where they
+    are (``_mimo_sample_indices``, PR #4986); the stacked patches become the encoder's patch-packed
+    input, as :func:`collate`'s."""
+    from megatron.bridge.data.megatron_mimo.collate import megatron_mimo_collate_fn
+
+    text = ("input_ids", "labels", "loss_mask", "attention_mask", "position_ids")
+    items = [{**{k: s[k] for k in text}, "modality_inputs": {vision: {
+        "hidden_states": s["hidden_states"], "grid_thw": s["grid_thw"]}} if s["grid_thw"].numel() else {}}
+        for s in samples]
+    batch = megatron_mimo_collate_fn(items, modality_names=[vision])
+    images = batch["modality_inputs"].get(vision)
+    if images is not None:
+        batch["modality_inputs"][vision] = {ENCODER_NAME: {k: images[k].flatten(0, 1)
+                                                           for k in ("hidden_states", "grid_thw")}}
+    batch[SAMPLE_ID_KEY] = torch.tensor([s["sample_id"] for s in samples], dtype=torch.long)
+    return batch
+
+
 def model_batches(batches, *, keep_attention_mask: bool = False, seen_ids: Optional[list] = None,
                   local_view: Optional[Callable[[dict], dict]] = None, seen_patches: Optional[list] = None):
     """Adapt loader batches for ``MimoModel.forward``, as Bridge's Qwen3.5-VL example does.
@@ -318,12 +339,14 @@ def _provider_class():
 
     @dataclass(kw_only=True)
     class SyntheticMIMOProvider(MegatronMIMODatasetProvider):
-        """A MegatronMIMO dataset provider over :class:`SyntheticVLMDataset` (train split only)."""
+        """A MegatronMIMO dataset provider over :class:`SyntheticVLMDataset` (a validation split
+        where asked for one, made the same way)."""
 
         dataset_factory: Callable[[int], torch.utils.data.Dataset] = None
 
         def build_datasets(self, context):
-            return self.dataset_factory(context.train_samples), None, None
+            valid = self.dataset_factory(context.valid_samples) if context.valid_samples else None
+            return self.dataset_factory(context.train_samples), valid, None
 
         def get_collate_fn(self):
             return collate
@@ -827,6 +850,29 @@ def _transformer_config(num_layers: int, hidden: int, heads: int, module: Option
     )
 
 
+@functools.lru_cache(maxsize=None)
+def _owning_groups(submodules_class: type) -> type:
+    """``submodules_class`` that owns the process groups Bridge's provider hands its encoders.
+
+    Megatron-LM main (#6570, megatron/core/models/mimo/optimizer.py ``get_mimo_optimizer``) builds
+    each module's optimizer from the modality submodule's own ``pg_collection``; Bridge main
+    (067f987, ``MegatronMIMOProvider._inject_pg_collection_into_modality_spec``) injects it into the
+    encoders' params only, so its own providers fail there. This is what Bridge will have to do."""
+
+    class Owning(submodules_class):
+        @classmethod
+        def from_spec(cls, module_spec, *args, **kwargs):
+            built = super().from_spec(module_spec, *args, **kwargs)
+            if built.pg_collection is None:
+                encoders = (module_spec.submodules or {}).get("encoders", {}).values()
+                built.pg_collection = next((e.params["pg_collection"] for e in encoders
+                                            if "pg_collection" in (e.params or {})), None)
+            return built
+
+    Owning.__name__ = Owning.__qualname__ = submodules_class.__name__
+    return Owning
+
+
 def build_provider(cfg: StackConfig):
     """The ``MegatronMIMOProvider`` for the tiny stack (not yet built)."""
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
@@ -847,13 +893,13 @@ def build_provider(cfg: StackConfig):
         encoder = ModuleSpec(module=NativeViT, params=dict(
             config=_vision_config(cfg), patch_dim=cfg.patch_dim, out_hidden=cfg.hidden,
             merge=cfg.merge, resample_rows=cfg.resample_rows))
-    submodules = {cfg.vision_module: ModuleSpec(module=VisionModalitySubmodules, params={},
+    submodules = {cfg.vision_module: ModuleSpec(module=_owning_groups(VisionModalitySubmodules), params={},
                                                 submodules={"encoders": {ENCODER_NAME: encoder}})}
     special = {cfg.vision_module: IMAGE_TOKEN_ID}
     if cfg.audio_module is not None:
         clips = ModuleSpec(module=audio_mod.AudioEncoder, params=dict(
             transformer_config=_audio_config(cfg), num_mel_bins=cfg.mel_bins, out_hidden=cfg.hidden))
-        submodules[cfg.audio_module] = ModuleSpec(module=AudioModalitySubmodules, params={},
+        submodules[cfg.audio_module] = ModuleSpec(module=_owning_groups(AudioModalitySubmodules), params={},
                                                   submodules={"encoders": {AUDIO_ENCODER_NAME: clips}})
         special[cfg.audio_module] = AUDIO_TOKEN_ID
     names = [m.name for m in cfg.layout.encoders]  # rank order

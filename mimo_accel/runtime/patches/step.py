@@ -109,7 +109,9 @@ def wrap_slice(original: Callable, runtime: Runtime) -> Callable:
         loaded_bytes = tensor_bytes(batch) if profiling is not None else 0
         if tag is not None:
             check_replica(tag, dp_rank, dp_size)
-            local, read = batch, tag.samples
+            # the share was collated alone: upstream's slice takes it whole, as one replica's batch
+            # (Bridge #4986's slice then takes its sparse modality indices off; elsewhere a no-op)
+            local, read = call.but(dp_rank=0, dp_size=1).to(original), tag.samples
         else:
             if cfg.sharded_reads and dp_size > 1:
                 _warn_whole_batch_once(runtime)

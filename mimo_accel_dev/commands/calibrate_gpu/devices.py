@@ -195,7 +195,7 @@ def session(device: str, log_path: str) -> Iterator[Any]:
         else:
             cpu.seed_cpu_rng_tracker(1)
         g = dist.group.WORLD
-        yield ProcessGroupCollection(tp=g, cp=g, pp=g, dp=g, dp_cp=g)
+        yield ProcessGroupCollection(tp=g, cp=g, pp=g, dp=g, dp_cp=g, embd=None, pos_embd=None)
     finally:
         if buffer:
             parallel_state.destroy_global_memory_buffer()
