@@ -1,27 +1,25 @@
 """The step the pipeline runs: its modelled time (:func:`step_time`) and a plan that shortens it
 (:func:`plan_step`). Pure, numpy only.
 
-The model is the step of megatron-core's ``forward_backward_pipelining_without_interleaving``
-(``megatron/core/pipeline_parallel/schedules.py``) over MegatronMIMO's multi-module pipeline
-(``pipeline_parallel/multimodule_communicator.py``):
+The model is megatron-core's ``forward_backward_pipelining_without_interleaving`` over MegatronMIMO's
+multi-module pipeline (``pipeline_parallel/schedules.py``, ``multimodule_communicator.py``):
 
 - each encoder's DP replicas are the stage before the language model's first PP stage, joined by
-  the canonical grid: a language replica's micro-batch needs every encoder replica that holds one
-  of its groups (fan-in), and an encoder replica's backward needs every language replica it feeds
-  (fan-out);
-- the language model's replicas each run ``stages["language"]`` PP stages, a micro-batch's work
-  split over them by ``stage_shares`` (evenly where not given: the first stage holds the
-  embedding and the last the output layer and the loss, so Megatron's stages are not even);
-- every stage runs 1F1B: ``min(W, stages after it)`` warm-up forwards (upstream's
-  ``num_warmup_microbatches = total_stages - current_stage - 1``), then one forward / one backward,
-  then the cool-down backwards; a forward is 1/3 of a trained module's time, a backward 2/3; a
-  frozen encoder runs its forwards back to back (nothing comes back to it);
+  the canonical grid (fan-in: a language micro-batch needs every encoder replica holding one of its
+  groups; fan-out: an encoder's backward needs every language replica it feeds);
+- a language replica runs ``stages["language"]`` PP stages, a micro-batch's work split by
+  ``stage_shares`` (evenly where not given; Megatron's first stage holds the embedding, its last
+  the output layer and the loss);
+- every stage runs 1F1B: ``min(W, stages after it)`` warm-up forwards, one forward / one backward,
+  the cool-down backwards; a forward is 1/3 of a trained module's time, a backward 2/3; a frozen
+  encoder runs its forwards back to back;
 - an op starts when its stage is free and its inputs are there (no transfer time); the step ends
-  when every stage's last op is done (the replicas of a module meet at the gradient all-reduce).
+  when every stage's last op is done (the ranks meet at the gradient all-reduce; design.md, "The
+  step's end").
 
 Orders follow :func:`~mimo_accel.balance.balance_modules`' convention: micro-batch j is block j of
-the order, cut into G = lcm(DPs) equal canonical groups; module m's replica r owns groups
-r·G/d_m … (r+1)·G/d_m − 1.
+the order, cut into G = lcm(DPs) canonical groups; module m's replica r owns groups r·G/d_m …
+(r+1)·G/d_m − 1.
 """
 
 from __future__ import annotations
@@ -41,18 +39,11 @@ _QUANT = float(1 << 24)  # the largest sample cost, in the plan's integer units
 _SHARE_UNITS = 1 << 12  # a language stage's share of a micro-batch, in integer units
 _CHUNK, _FIRST_CHUNK = 512, 32  # candidate moves evaluated at once, at most (in a round's first: the best-ranked)
 _ROUNDS = 400  # moves a plan may make
-# op evaluations (ops x candidate plans) a plan may spend searching: at 64 samples (W 32, 320
-# ops) about 0.2 s on a 2-vCPU VM; most of the reference layout's searches converge before it
-_WORK = 3 << 20
-# samples up to which a plan gets all of it; above, a share falling as 1/N (and a move's
-# evaluation grows with N): at 4096 samples the search adds less than balance_modules' own time
-_FULL_WORK_UP_TO = 64
+_WORK = 3 << 20  # op evaluations a plan may spend: at 64 samples (320 ops) about 0.2 s on 2 vCPUs
+_FULL_WORK_UP_TO = 64  # samples up to which a plan gets all of _WORK; above, a share falling as 1/N
 _HOT = 64  # samples on the critical path a round moves, at most
 _PARTNERS = 256  # samples they may swap with, at most
 _SWAPS_KEPT = 8 * _CHUNK  # moves of each kind a round considers (the most promising by the critical path)
-
-
-# ------------------------------------------------------------------------------------ checks
 
 
 def _checked(costs, dps, micro_batches, stages, frozen):
@@ -76,9 +67,7 @@ def _checked(costs, dps, micro_batches, stages, frozen):
         if name != LANGUAGE and s > 1:
             raise ValueError(f"stages[{name!r}] = {s}: the step model takes an encoder as one stage; give its "
                              "PP as 1 (its time per sample is the whole replica's)")
-    if isinstance(frozen, str):
-        frozen = (frozen,)
-    frozen = frozenset(frozen)
+    frozen = frozenset((frozen,) if isinstance(frozen, str) else frozen)
     for name in sorted(frozen):
         if name not in arrays:
             raise ValueError(f"frozen names {name!r}, which is not a module of costs/dps ({names})")
@@ -86,9 +75,6 @@ def _checked(costs, dps, micro_batches, stages, frozen):
             raise ValueError(f"frozen names the language module {LANGUAGE!r}: only an encoder can be frozen in "
                              "the step model; train the language model or leave it out of frozen")
     return arrays, names, int(stages.get(LANGUAGE, 1)), frozen
-
-
-# ------------------------------------------------------------------------------------- model
 
 
 def _depths(preds: list[list[int]]) -> np.ndarray:
@@ -286,7 +272,6 @@ def step_time(costs: Mapping[str, Sequence[float]], dps: Mapping[str, int], orde
     ``micro_batches``: W, the step's micro-batches (blocks of ``order``); ``stage_shares``: each
     language stage's share of a micro-batch's work (default even: :func:`stage_weights`). ``order``
     may also be a 2-D array of permutations, one a row: then an array of their step times.
-
     Raises ValueError naming the fix: modules that differ between ``costs`` and ``dps``, no
     ``"language"`` module, a module whose every cost is 0 (costs in different units), costs that
     are not finite and >= 0, N not a multiple of W·G, stages < 1, encoder stages > 1, a frozen
@@ -297,9 +282,6 @@ def step_time(costs: Mapping[str, Sequence[float]], dps: Mapping[str, int], orde
     span, _, _ = pipe.run(pipe.loads(c, orders))
     times = span / pipe.scale
     return float(times[0]) if np.asarray(order).ndim == 1 else times
-
-
-# -------------------------------------------------------------------------------------- plan
 
 
 def _smallest(values: np.ndarray, k: int) -> np.ndarray:
@@ -486,20 +468,15 @@ def plan_step(costs: Mapping[str, Sequence[float]], dps: Mapping[str, int], micr
     """A permutation of ``range(N)`` in :func:`balance_modules`' convention whose modelled step
     (:func:`step_time`, same arguments) is as short as the search finds.
 
-    Samples move between the step's micro-batches and replicas, and the micro-batches are
-    reordered, so it acts where a cell (micro-batch, replica) holds one sample. Starts: the
-    original order, :func:`balance_modules`' plan (every cell even; where a group holds more than
-    one sample) and a pipeline start (:func:`_pyramid`); the best of them is improved by a local
-    search on the step model (:class:`_Search`). Decisions are made in integer units (costs scaled
-    so the largest sample is 2**24, held exactly in float64), so every rank plans the same on any
-    CPU; ties go to the earlier candidate. The work is bounded by move and evaluation budgets,
-    never a clock: up to 64 samples the whole budget, above a share falling as 1/N, so at
-    cluster sizes (thousands of samples, many per cell) the plan is mostly balance_modules' with a
-    few pipeline moves (at 4096 samples, W 8, 512 groups: 1.2-1.5x balance_modules' time on a
-    2-vCPU VM, docs/measurements.md). The result is never worse than the original order in the
-    model (the original on ties); samples inside a canonical group keep ascending position.
-
-    Raises ValueError as :func:`step_time` does.
+    Samples move between micro-batches and replicas, and micro-batches are reordered. Starts: the
+    original order, :func:`balance_modules`' plan (where a group holds more than one sample) and a
+    pipeline start (:func:`_pyramid`); the best is improved by a local search (:class:`_Search`) in
+    integer units (the largest sample is 2**24, exact in float64), so every rank plans the same on
+    any CPU; ties go to the earlier candidate. The work is bounded by move and evaluation budgets,
+    never a clock (up to 64 samples the whole budget, above a share falling as 1/N: at 4096
+    samples, W 8, 1.2-1.5x balance_modules' time, docs/measurements.md). Never worse than the
+    original order in the model (the original on ties); samples inside a group keep ascending
+    position. Raises ValueError as :func:`step_time` does.
     """
     pipe, c, n = _model(costs, dps, micro_batches, stages, frozen, stage_shares)
     q = np.rint(c / c.max() * _QUANT)  # integers held in float64: every sum below is exact
