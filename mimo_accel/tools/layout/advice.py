@@ -302,7 +302,7 @@ def _keep(current: Optional[Row], best: Row, objective: Objective, gbs: int) -> 
     ours, theirs = (objective.score(r.accelerated.step_time_s_draws, r.gpus, gbs) for r in (current, best))
     better = int((theirs > ours).sum())
     mean = float(theirs.mean() / ours.mean() - 1)
-    said = (f"{best.spec} is {mean:+.1%} on the mean and better on {better} of {len(ours)} draws "
+    said = (f"the best found is {mean:+.1%} on the mean and better on {better} of {len(ours)} draws "
             f"({float((theirs / ours - 1).min()):+.1%} … {float((theirs / ours - 1).max()):+.1%})")
     return better < len(ours), said
 

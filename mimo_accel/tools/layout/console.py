@@ -111,10 +111,13 @@ def render_advice(advice: Advice, console: Optional[Console] = None) -> None:
         (advice.gain("padded"), "the best layout without it"),
         (advice.gain("packed"), "the best with upstream's own packing")) if g)
     if advice.keep_current:
-        console.print(f"[bold]Keep the current layout[/] {escape(rec.spec)}: {escape(advice.margin or '')}")
+        best = "" if advice.best.spec == rec.spec else f" (the best found: {escape(advice.best.spec)})"
+        console.print(f"[bold]Keep the current layout[/] {escape(rec.spec)}: {escape(advice.margin or '')}{best}")
     else:
-        console.print(f"[bold]Recommended with mimo_accel:[/] {escape(rec.spec)} ({rec.gpus} GPUs)" + (
-            f", over the current layout: {escape(advice.margin)}" if advice.margin else ""))
+        console.print(f"[bold]Recommended with mimo_accel:[/] {escape(rec.spec)} ({rec.gpus} GPUs)")
+        if advice.margin:
+            console.print(f"  against the current layout ({escape(advice.current.spec)}): {escape(advice.margin)}",
+                          highlight=False)
     console.print(f"  {acc.step_time_s:.3f} s a step, {acc.samples_per_s:.1f} samples/s, {gains}; bound by "
                   f"{acc.bound_module}", highlight=False)
     for line in settings_lines(rec):
