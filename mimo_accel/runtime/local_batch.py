@@ -9,7 +9,8 @@ from typing import Callable, Optional
 
 from mimo_accel.modules import LANGUAGE
 from mimo_accel.nvtx import ranged
-from mimo_accel.runtime.reading.shard import ShardLengths, ShardTag, StepRole
+from mimo_accel.runtime.context import ShardLengths, StepRole
+from mimo_accel.runtime.reading.shard import ShardTag
 from mimo_accel.runtime.state import Runtime
 
 

@@ -26,7 +26,6 @@ from mimo_accel.modules import LANGUAGE
 from mimo_accel.profiler.timers import iter_tensors
 from mimo_accel.runtime.state import Runtime
 
-Host = Runtime  # the runtime that holds the profiler, as the profiler's patches name it
 
 ENV_LABEL = "MIMO_ACCEL_PROFILE_LABEL"
 

@@ -63,7 +63,7 @@ def _share(loader, a: UpstreamCall, ctx, split: str, dp_group, runtime: Runtime)
                                      notify=runtime.say_once,
                                      check=plan_check_for(ctx, f"{split} loader", FirstPlanCheck))
     return sampler.shard_loader(loader, ctx, a["micro_batch_size"], planner=order.planner, window=order.window,
-                                step_micro_batches=order.step_micro_batches, check=order.check, models=order.models)
+                                check=order.check, models=order.models)
 
 
 def wrap_canonical_loader(original: Callable, runtime: Runtime) -> Callable:
@@ -122,6 +122,6 @@ def _canonical_share(loader, a: UpstreamCall, ctx, split: str, dp_group, runtime
         micro_batch_size=a["micro_batch_size"], grid_size=ctx.grid, groups=list(range(ctx.grid)),
         data_sharding=a["data_sharding"], drop_last=a["drop_last"])
     return sampler.shard_loader(loader, ctx, a["micro_batch_size"], planner=order.planner, window=order.window,
-                                step_micro_batches=order.step_micro_batches, global_sampler=everything,
+                                global_sampler=everything,
                                 start=(a["consumed_samples"], a["micro_batch_size"]), check=order.check,
                                 models=order.models)

@@ -7,11 +7,12 @@ from __future__ import annotations
 
 from typing import Callable, Optional
 
-from mimo_accel.runtime.measuring.profiling import Host, Profiling, evaluating
+from mimo_accel.runtime.measuring.profiling import Profiling, evaluating
 from mimo_accel.runtime.patches.upstream_call import UpstreamCall, replacing
+from mimo_accel.runtime.state import Runtime
 
 
-def wrap_encode(original: Callable, runtime: Host) -> Callable:
+def wrap_encode(original: Callable, runtime: Runtime) -> Callable:
     @replacing(original)
     def encode(call: UpstreamCall):
         profiling = runtime.profiling
@@ -26,7 +27,7 @@ def wrap_encode(original: Callable, runtime: Host) -> Callable:
     return encode
 
 
-def wrap_optimizer_step(original: Callable, runtime: Host) -> Callable:
+def wrap_optimizer_step(original: Callable, runtime: Runtime) -> Callable:
     @replacing(original)
     def step(call: UpstreamCall):
         result = call.to(original)
@@ -37,7 +38,7 @@ def wrap_optimizer_step(original: Callable, runtime: Host) -> Callable:
     return step
 
 
-def wrap_train_entry(original: Callable, runtime: Host) -> Callable:
+def wrap_train_entry(original: Callable, runtime: Runtime) -> Callable:
     @replacing(original)
     def train_megatron_mimo(call: UpstreamCall):
         profiling: Optional[Profiling] = runtime.profiling

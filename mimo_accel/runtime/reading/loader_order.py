@@ -7,7 +7,6 @@ inputs (:mod:`mimo_accel.runtime.reading.plan_inputs`). Asked for by the loader 
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
 
 from mimo_accel.config import resolve_window
 from mimo_accel.runtime.reading import plan_inputs
@@ -22,7 +21,6 @@ class LoaderOrder:
     planner: object = None  # a sampler.Planner (plan mode), else None
     cost_model: object = None  # the CostModel reorder prices samples with
     window: int = 1  # micro-batches planned together
-    step_micro_batches: Optional[int] = None
     check: object = None  # a plan_check.WindowCheck: every window's plan agreed by the data ranks
     models: object = None  # online calibration: first micro-batch -> its calibration.WindowModel
 
@@ -87,7 +85,7 @@ def loader_order_for(dataset, sampler_settings: list, ctx, split: str, runtime: 
                                  "its windows cannot be told apart by step: the cost model stays as configured")
             else:
                 models = calibration.models(steps, sampler.prefetched(loader))
-        order = LoaderOrder(planner, order.cost_model, window, step_mbs, plan_check_for(ctx, f"{split} loader"), models)
+        order = LoaderOrder(planner, order.cost_model, window, plan_check_for(ctx, f"{split} loader"), models)
     return order
 
 

@@ -12,8 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional
 
-# StepRole and ShardLengths are imported from here by runtime/local_batch.py
-from mimo_accel.runtime.context import ShardContext, ShardLengths, StepRole  # noqa: F401
+from mimo_accel.runtime.context import ShardContext
 
 SHARD_TAG_KEY = "mimo_accel_shard"
 
