@@ -45,12 +45,19 @@ def advise_from(profile: Path, index: Path, budget: int, seq_length: int):
     return advise(problem, Search(budget, top=12))
 
 
+def _rehearsable(row) -> bool:
+    """Whether the rehearsal's stack builds ``row``'s layout: its language layers split evenly over
+    the PP stages (the stack passes megatron-core no first / last stage split)."""
+    return row.layout.first is None and row.layout.last is None
+
+
 def to_check(advice):
     """The layout the check rehearses: the recommendation, or, where the advisor keeps the reference
-    (no layout better on every draw), the best other layout it weighed."""
-    if not advice.keep_current:
+    (no layout better on every draw) or recommends an uneven PP split the stack does not build, the
+    best other layout it weighed that the stack builds."""
+    if not advice.keep_current and _rehearsable(advice.recommended):
         return advice.recommended
-    return next(r for r in advice.ranked["mimo_accel"] if r.spec != advice.current.spec)
+    return next(r for r in advice.ranked["mimo_accel"] if r.spec != advice.current.spec and _rehearsable(r))
 
 
 def third_layout(advice, reference: str) -> Optional[Any]:
@@ -62,7 +69,8 @@ def third_layout(advice, reference: str) -> Optional[Any]:
     if ref is None or ref.accelerated is None:
         return None
     unique = {r.spec: r for rows in advice.ranked.values() for r in rows}  # one row per layout
-    others = [r for spec, r in unique.items() if r.fits and r.accelerated and spec not in (rec.spec, reference)]
+    others = [r for spec, r in unique.items()
+              if r.fits and r.accelerated and _rehearsable(r) and spec not in (rec.spec, reference)]
     if not others:
         return None
     s_rec, s_ref = rec.accelerated.samples_per_s, ref.accelerated.samples_per_s
