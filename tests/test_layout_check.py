@@ -29,6 +29,20 @@ def test_the_third_layout_is_neither_the_recommended_nor_the_reference(advice):
     assert third.gpus <= 2 + lc.EXTRA_RANKS
 
 
+def test_the_check_rehearses_only_layouts_the_stack_builds(advice):
+    # the rehearsal's stack splits the language layers evenly: a first/last split is not rehearsed
+    import dataclasses
+
+    uneven = next(r for r in advice.ranked["mimo_accel"] if r.spec != advice.current.spec)
+    moved = dataclasses.replace(uneven, layout=dataclasses.replace(uneven.layout, first=1, last=1))
+    advice.ranked["mimo_accel"].insert(0, moved)
+    advice.recommended, advice.keep_current = moved, False
+    checked = lc.to_check(advice)
+    assert checked is not moved and checked.layout.first is None and checked.layout.last is None
+    third = lc.third_layout(advice, advice.current.spec)
+    assert third is None or third.layout.first is None
+
+
 def test_a_layout_becomes_the_examples_flags():
     layout = parse_layout("vision=tp1,pp1,dp2 language=tp2,pp4,dp1 mbs=2 gbs=32")
     vdp, ldp, mbs, argv, ranks = lc.run_argv(layout, {"language_layers": 8, "vision_layers": 2})
