@@ -302,7 +302,8 @@ class TaggingCollate:
 
 
 def shard_loader(loader, ctx: ShardContext, micro_batch_size: int, planner: Optional[Planner] = None,
-                 window: int = 1, global_sampler=None, start: Optional[tuple[int, int]] = None, check=None, models=None):
+                 window: int = 1, global_sampler=None, start: Optional[tuple[int, int]] = None, check=None,
+                 models=None):
     """A DataLoader over the same dataset/collate/workers that reads only this replica's share of
     ``global_sampler``'s micro-batches (default: the upstream loader's own, global, batch sampler)."""
     check_micro_batch(micro_batch_size, ctx.grid)
