@@ -71,6 +71,8 @@ class RunSettings:
     save: Optional[str] = None
     load: Optional[str] = None
     train_iters: Optional[int] = None
+    save_rng: bool = True  # each rank's RNG state in the checkpoint (checkpoint.save_rng)
+    rng_per_dp: bool = False  # kept per DP rank too (rng.data_parallel_random_init)
 
     @property
     def grid(self) -> int:
@@ -84,7 +86,7 @@ class RunSettings:
                 "micro_batch": self.micro_batch, "format": self.format, "optimizer_sharding": self.optimizer_sharding,
                 "dataloader_type": self.dataloader_type, "data_sharding": self.data_sharding,
                 "canonical_reads": self.canonical_reads, "save": self.save, "load": self.load,
-                "train_iters": self.train_iters}
+                "train_iters": self.train_iters, "save_rng": self.save_rng, "rng_per_dp": self.rng_per_dp}
 
     @classmethod
     def from_doc(cls, doc: Mapping[str, Any]) -> "RunSettings":
@@ -92,7 +94,8 @@ class RunSettings:
                    int(doc["global_batch"]), int(doc["micro_batch"]), str(doc.get("format") or "torch_dist"),
                    doc.get("optimizer_sharding"), str(doc.get("dataloader_type") or "single"),
                    bool(doc.get("data_sharding", True)), bool(doc.get("canonical_reads", False)), {},
-                   doc.get("save"), doc.get("load"), doc.get("train_iters"))
+                   doc.get("save"), doc.get("load"), doc.get("train_iters"), bool(doc.get("save_rng", True)),
+                   bool(doc.get("rng_per_dp", False)))
 
 
 @dataclass(frozen=True)
@@ -134,12 +137,13 @@ def _model(saved: RunSettings, now: RunSettings) -> list[Barrier]:
     return []
 
 
-def load_barriers(saved: RunSettings, now: RunSettings, *, load_optim: bool = True,
+def load_barriers(saved: RunSettings, now: RunSettings, *, load_optim: bool = True, load_rng: bool = True,
                   auto_format: bool = False) -> list[Barrier]:
     """What stops ``now`` loading the checkpoint ``saved`` wrote: another model, another format, a
-    format or an optimizer sharding that does not reshard to ``now``'s TP/PP. ``load_optim``: the
-    optimizer's state is loaded (Bridge's ``checkpoint.load_optim``, not ``finetune``);
-    ``auto_format``: Bridge detects the format itself (``checkpoint.auto_detect_ckpt_format``)."""
+    format, an optimizer sharding or RNG states that do not reshard to ``now``'s TP/PP. ``load_optim``
+    / ``load_rng``: the optimizer's state / the RNG states are loaded (Bridge's
+    ``checkpoint.load_optim`` / ``load_rng``, not ``finetune``); ``auto_format``: Bridge detects the
+    format itself (``checkpoint.auto_detect_ckpt_format``)."""
     out = _model(saved, now)
     if out:
         return out
@@ -161,6 +165,14 @@ def load_barriers(saved: RunSettings, now: RunSettings, *, load_optim: bool = Tr
                            "save with checkpoint.dist_ckpt_optim_fully_reshardable=True (upstream's Qwen3.5-VL launcher "
                            "sets it) and resume from that checkpoint, keep each module's TP and PP, or set "
                            "checkpoint.load_optim=False to start the optimizer's state afresh"))
+    dp_moved = saved.rng_per_dp and any(saved.parallelism[m][2] != s[2] for m, s in now.parallelism.items())
+    if (moved or dp_moved) and saved.save_rng and load_rng:
+        keyed = "TP/PP/DP" if saved.rng_per_dp else "TP/PP"
+        out.append(Barrier("rng", f"the checkpoint holds each rank's RNG state (checkpoint.save_rng=True) by its {keyed} "
+                                  f"rank, and {where or 'the DP sizes change'}: Bridge skips its TP/PP check for "
+                                  "MegatronMIMO, so its load would stop on a missing rng_state key",
+                           "set checkpoint.load_rng=False (the new ranks draw from the seed, as Megatron does on a "
+                           "TP/PP change; upstream's Qwen3.5-VL launcher saves none: save_rng=False)"))
     return out
 
 

@@ -20,7 +20,7 @@ SHAPES = {"the language model": {"num_layers": 8, "hidden_size": 64}, "images's 
                                                                                                "hidden_size": 32}}
 # upstream's validated layout (images dp1 -> language tp4 pp2 dp2), its launcher's checkpoint settings
 REF = RunSettings({"images": (1, 1, 1), "language": (4, 2, 2)}, 32, 2, "torch_dist",
-                  optimizer_sharding(True, "torch_dist", True), "cyclic", shapes=SHAPES, save="/ckpt")
+                  optimizer_sharding(True, "torch_dist", True), "cyclic", shapes=SHAPES, save="/ckpt", save_rng=False)
 
 
 def on(layout: dict, **changes) -> RunSettings:
@@ -60,6 +60,18 @@ def test_an_optimizer_sharded_by_dp_only_does_not_follow_a_tp_or_pp_change(shard
     assert optimizer_sharding(True, "torch_dist", False) == "dp_reshardable"
     assert optimizer_sharding(True, "fsdp_dtensor", False) in FULLY_RESHARDABLE
     assert optimizer_sharding(False, "torch_dist", True) is None
+
+
+def test_rng_states_kept_per_tp_and_pp_rank_do_not_follow_a_tp_or_pp_change():
+    saved = dataclasses.replace(REF, save_rng=True)
+    assert load_barriers(saved, on({"images": (1, 1, 2), "language": (4, 2, 1)})) == []  # kept per TP/PP rank
+    moved = on({"images": (1, 1, 1), "language": (2, 2, 2)})
+    (b,) = load_barriers(saved, moved)
+    assert b.what == "rng" and "missing rng_state key" in b.why and "checkpoint.load_rng=False" in b.fix
+    assert load_barriers(saved, moved, load_rng=False) == []
+    per_dp = dataclasses.replace(saved, rng_per_dp=True)
+    (b,) = load_barriers(per_dp, on({"images": (1, 1, 2), "language": (4, 2, 1)}))
+    assert b.what == "rng" and "TP/PP/DP rank" in b.why
 
 
 def test_a_checkpoint_of_another_model_is_named_as_such():

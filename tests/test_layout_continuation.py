@@ -18,7 +18,7 @@ from tests.test_layout import _profile
 
 RUN = {"parallelism": {"vision": [1, 1, 1], "language": [1, 1, 1]}, "global_batch": 8, "micro_batch": 4,
        "format": "torch_dist", "optimizer_sharding": None, "dataloader_type": "single", "data_sharding": True,
-       "canonical_reads": False, "save": "/ckpt/run", "load": None, "train_iters": 100}
+       "canonical_reads": False, "save": "/ckpt/run", "load": None, "train_iters": 100, "save_rng": False}
 
 
 def _run(directory: Path, **changes) -> Path:

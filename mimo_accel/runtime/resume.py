@@ -102,7 +102,9 @@ def settings_of(cfg: Any) -> Optional[RunSettings]:
     return RunSettings(parallelism, int(_get(train, "global_batch_size") or 0), int(_get(train, "micro_batch_size") or 0),
                        fmt, sharding, str(_get(data, "dataloader_type") or "single"),
                        bool(_get(data, "data_sharding", True)), bool(_get(data, "megatron_mimo_scalable_dp", False)),
-                       shapes_of(model), _get(checkpoint, "save"), _get(checkpoint, "load"), _get(train, "train_iters"))
+                       shapes_of(model), _get(checkpoint, "save"), _get(checkpoint, "load"), _get(train, "train_iters"),
+                       bool(_get(checkpoint, "save_rng", True)),
+                       bool(_get(_get(cfg, "rng"), "data_parallel_random_init", False)))
 
 
 def run_record(cfg: Any) -> Optional[dict]:
@@ -166,8 +168,9 @@ def check_before_load(cfg: Any, notify: Callable[[str, str], object]) -> Optiona
         raise ResumeRefused(f"mimo_accel: cannot resume from {directory}: it is not a MegatronMIMO checkpoint (its "
                             f"{RUN_CONFIG} has no megatron_mimo_parallelism_config); start from its weights "
                             "(checkpoint.pretrained_checkpoint) instead")
-    load_optim = bool(_get(checkpoint, "load_optim", True)) and not _get(checkpoint, "finetune", False)
-    barriers = load_barriers(saved, now, load_optim=load_optim,
+    restart = not _get(checkpoint, "finetune", False)  # finetune loads the weights alone
+    barriers = load_barriers(saved, now, load_optim=restart and bool(_get(checkpoint, "load_optim", True)),
+                             load_rng=restart and bool(_get(checkpoint, "load_rng", True)),
                              auto_format=bool(_get(checkpoint, "auto_detect_ckpt_format", False)))
     if barriers:
         raise _refusal(directory, now, barriers)
