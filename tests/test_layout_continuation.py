@@ -63,7 +63,7 @@ def test_a_budget_that_changes_the_global_batch_is_no_continuation(tmp_path):
     way = doc["continue"]
     assert way["command"] is None and [b["what"] for b in way["cannot_carry_over"]] == ["global batch"]
     assert "cannot carry over (global batch): the run trains global batches of 8 and this layout 16" in text
-    assert "keep the global batch at 8 (--gbs 8)" in text and "The run cannot continue" in text
+    assert "keep the global batch at 8 (--gbs 8)" in text and "What stops continuing the run" in text
 
 
 def test_the_run_goes_on_where_the_advisor_keeps_its_layout(tmp_path):

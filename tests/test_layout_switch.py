@@ -73,19 +73,17 @@ def test_a_switch_that_trains_other_samples_or_another_loss_fails_loudly(advice,
                             _steps(range(3, 5), 1.001))
 
 
-def test_the_resume_drops_the_rng_state_only_where_a_module_changes_tp_or_pp(tmp_path):
-    from types import SimpleNamespace
+def test_the_resume_takes_the_fix_the_advisor_names_and_stops_where_it_says_none_will_do(tmp_path):
+    from mimo_accel.carry_over import Barrier
+    from mimo_accel.tools.layout.continuation import Continuation
 
-    from mimo_accel.tools.layout.spec import parse_layout
-
-    def row(spec):
-        return SimpleNamespace(layout=parse_layout(spec))
-
-    ref = row("vision=tp1,pp1,dp1 language=tp2,pp2,dp2 mbs=2 gbs=32")
-    assert switch.resume_argv(tmp_path, ref, row("vision=tp1,pp1,dp2 language=tp2,pp2,dp1 mbs=2 gbs=32")) == [
-        "--load", str(tmp_path)]
-    assert switch.resume_argv(tmp_path, ref, row("vision=tp1,pp1,dp1 language=tp2,pp4,dp1 mbs=2 gbs=32"))[-1] == (
-        "--no-load-rng")
+    rng = Barrier("rng", "the checkpoint holds each rank's RNG state", "set checkpoint.load_rng=False")
+    assert switch.resume_argv(tmp_path, Continuation("run", "x", "cmd")) == ["--load", str(tmp_path)]
+    assert switch.resume_argv(tmp_path, Continuation("run", "x", barriers=(rng,))) == [
+        "--load", str(tmp_path), "--no-load-rng"]
+    optimizer = Barrier("optimizer", "saved 'dp_reshardable'", "save fully reshardable")
+    with pytest.raises(InvariantViolation, match="cannot continue on x: saved 'dp_reshardable'"):
+        switch.resume_argv(tmp_path, Continuation("run", "x", barriers=(rng, optimizer)))
     assert switch.save_argv(tmp_path, 20) == ["--save", str(tmp_path), "--save-interval", "10"]
 
 

@@ -9,9 +9,10 @@ uninterrupted run's samples, each once, and the global per-step loss stays withi
 :data:`~mimo_accel_dev.commands.layout_check.LOSS_TOLERANCE` of it; the replayed step after the switch
 is held against the advisor's prediction, beside the reference's own before and after it.
 
-The checkpoint holds each rank's RNG state by its TP/PP rank (Bridge's ``save_rng`` default), which
-Bridge's MegatronMIMO load does not reshard: where the layout changes a module's TP or PP, the resume
-sets ``load_rng=False`` (``--no-load-rng``; the rehearsal's models have no dropout).
+The resume takes the flags ``layout --from`` says continue the run: the checkpoint holds each rank's
+RNG state by its TP/PP rank (Bridge's ``save_rng`` default), which Bridge's MegatronMIMO load does not
+reshard, so where the layout changes a module's TP or PP it names ``load_rng=False``, which the resume
+sets (``--no-load-rng``; the rehearsal's models have no dropout).
 """
 
 from __future__ import annotations
@@ -42,12 +43,15 @@ def save_argv(ckpt: Path, steps: int) -> list[str]:
     return ["--save", str(ckpt), "--save-interval", str(steps // 2)]
 
 
-def resume_argv(kept: Path, reference, row) -> list[str]:
-    """The flags that resume ``row``'s layout from ``kept``: ``--no-load-rng`` where a module's TP or PP
-    differs from the ``reference`` row's."""
-    ref = {m.name: (m.tp, m.pp) for m in reference.layout.modules}
-    moved = any(ref.get(m.name) != (m.tp, m.pp) for m in row.layout.modules)
-    return ["--load", str(kept), *(["--no-load-rng"] if moved else [])]
+def resume_argv(kept: Path, way) -> list[str]:
+    """The example's flags that resume from ``kept`` as ``mimo-accel layout --from`` says to continue the
+    run (``way``, its :class:`~mimo_accel.tools.layout.continuation.Continuation`): with ``--no-load-rng``
+    where it says the RNG states cannot carry over (the fix it names); InvariantViolation where it says
+    anything else cannot."""
+    stops = [b for b in way.barriers if b.what != "rng"]
+    if stops:
+        raise InvariantViolation(f"mimo-accel layout says the run cannot continue on {way.layout}: {stops[0].line()}")
+    return ["--load", str(kept), *(["--no-load-rng"] if way.barriers else [])]
 
 
 def trained_ids(records: list[dict]) -> dict[int, dict[str, list[int]]]:
@@ -76,7 +80,7 @@ def _replayed(run_dir: Path, first: int, last: int) -> Optional[float]:
 
 def switch_check(advice, checked, at: int, steps: int, reference_dir: Path, reference_records: list[dict],
                  reference_steps: list[dict], switch_dir: Path, switch_records: list[dict],
-                 switch_steps: list[dict]) -> dict[str, Any]:
+                 switch_steps: list[dict], way=None) -> dict[str, Any]:
     """The JSON's ``layout_check.switch``: the reference run saved at ``at`` and continued to ``steps`` on
     the checked layout (``switch_*``: its profile, trace and :func:`bridge_steps` from ``at + 1``).
     Raises where it trained other samples than the uninterrupted run, or another loss."""
@@ -101,7 +105,7 @@ def switch_check(advice, checked, at: int, steps: int, reference_dir: Path, refe
             "replayed_step_s": replayed, "predicted_step_s": predicted,
             "reference_predicted_step_s": advice.current.accelerated.step_time_s,
             "predicted_error": abs(predicted / replayed["after"] - 1.0) if replayed["after"] else None,
-            "profile": str(switch_dir)}
+            "profile": str(switch_dir), "continue": way.to_doc() if way is not None else None}
 
 
 def table(switch: dict):

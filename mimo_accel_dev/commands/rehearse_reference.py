@@ -181,23 +181,25 @@ def _check_layout(console, out, layout, steps: int, seed: int, log, cpus, cache:
 def _switch(console, out, advice, checked, steps: int, seed: int, log, cpus, cache: dict, reference_dir,
             reference_records: list, reference_steps: list) -> dict:
     """The reference run, saved at its half, continued on the checked layout to the end."""
+    from mimo_accel.tools.layout.continuation import continuation, render_continuation
     from mimo_accel_dev.commands import layout_check as lc
     from mimo_accel_dev.commands.rehearsal_output import progress_bar
 
     at = steps // 2
     kept = switch.interrupted_after(out / "ckpt-receipts", at)
+    way = continuation(str(reference_dir), checked.row, advice.current)  # what `layout --from` says of it
+    render_continuation(way, console)
     vdp, ldp, mbs, argv, ranks = lc.run_argv(checked.row.layout, SHAPE)
     name = "receipts-switch"
     with progress_bar(console) as progress:
         task = progress.add_task(f"receipts: from iteration {at} on the {checked.role} layout {checked.spec}",
                                  total=steps)
         records = rehearsal.run_bridge(name, AFTER, vdp, ldp, steps, mbs, out, out / "images", None, seed, progress,
-                                       task, log, cpus, extra_argv=argv + switch.resume_argv(kept, advice.current,
-                                                                                             checked.row),
+                                       task, log, cpus, extra_argv=argv + switch.resume_argv(kept, way),
                                        language_ranks=ranks, env=cache)
     resumed = rehearsal.bridge_steps(records, steps, checked.row.layout.gbs, "receipts switch", first=at + 1)
     check = switch.switch_check(advice, checked, at, steps, reference_dir, reference_records, reference_steps,
-                                out / name, records, resumed)
+                                out / name, records, resumed, way)
     console.print(switch.table(check))
     console.print(switch.verdict(check), highlight=False)
     return check

@@ -131,7 +131,7 @@ def render_continuation(way: Continuation, console: Optional[Console] = None) ->
                       "layout", highlight=False)
         return
     where = f", from its checkpoints in {escape(way.checkpoint_dir)}" if way.checkpoint_dir else ""
-    head = "To continue" if way.command else "The run cannot continue"
+    head = "To continue" if way.command else "What stops continuing"
     console.print(f"[bold]{head} the run in {escape(way.run_dir)} on {escape(way.layout)}[/]{where}:", highlight=False)
     if way.command:
         console.print(f"  {escape(way.command)}", highlight=False, soft_wrap=True)
