@@ -38,7 +38,8 @@ def _steps(iterations, scale=1.0):
 
 def test_the_switch_holds_the_samples_losses_and_prediction(advice, tmp_path, monkeypatch):  # noqa: F811
     checked = lc.to_check(advice)
-    replays = {(tmp_path / "ref", 1, 2): 1.0, (tmp_path / "ref", 3, 4): 1.02, (tmp_path / "sw", 3, 4): 0.5}
+    # each profile counts its steps from its own start: the resumed run's 0, 1 are iterations 3, 4
+    replays = {(tmp_path / "ref", 0, 1): 1.0, (tmp_path / "ref", 2, 3): 1.02, (tmp_path / "sw", 0, 1): 0.5}
     monkeypatch.setattr(switch, "_replayed", lambda d, a, b: replays[(d, a, b)])
     reference, steps = _records(range(1, 5)), _steps(range(1, 5))
     # the switched layout holds the same samples a step elsewhere (another DP split, rotated)

@@ -68,8 +68,9 @@ def trained_ids(records: list[dict]) -> dict[int, dict[str, list[int]]]:
 
 
 def _replayed(run_dir: Path, first: int, last: int) -> Optional[float]:
-    """The median replayed step of a profile over its iterations ``first``..``last`` (its warm-up step
-    left out); None where it has none there."""
+    """The median replayed step of a profile over its steps ``first``..``last``, counted from the run's
+    start (a resumed run's too: step 0 is its first iteration, its warm-up, left out); None where it
+    has none there."""
     from mimo_accel.profiler.run import read_run
     from mimo_accel.tools.report.summary import summarize
 
@@ -97,9 +98,10 @@ def switch_check(advice, checked, at: int, steps: int, reference_dir: Path, refe
                                      f"{ {m: len(v) for m, v in want[it].items()} })")
     diff = compare_losses(reference_steps[at:], {checked.spec: switch_steps})[checked.spec]
     predicted = checked.row.accelerated.step_time_s
-    # the first step after a start pays for its allocations: the profiles leave it out, as here
-    replayed = {"before": _replayed(reference_dir, 1, at), "after": _replayed(switch_dir, at + 1, steps),
-                "reference_after": _replayed(reference_dir, at + 1, steps)}
+    # the reference's steps 0..at-1 are iterations 1..at, the resumed run's 0.. iterations at+1..; the
+    # first step after a start pays for its allocations: the profiles leave it out
+    replayed = {"before": _replayed(reference_dir, 0, at - 1), "after": _replayed(switch_dir, 0, steps - at - 1),
+                "reference_after": _replayed(reference_dir, at, steps - 1)}
     return {"at_iteration": at, "iterations": [at + 1, steps], "from": advice.current.spec, "to": checked.spec,
             "role": checked.role, "sample_ids_equal": True, "loss_max_rel_diff": diff, "loss_tolerance": LOSS_TOLERANCE,
             "replayed_step_s": replayed, "predicted_step_s": predicted,
