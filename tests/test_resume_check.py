@@ -17,10 +17,11 @@ from mimo_accel.runtime.resume import ResumeRefused, check_before_load, check_or
 
 
 def _config(*flags: str, save: str = "/ckpt", load=None):
+    """The example's config; a resume drops the RNG states (kept per TP/PP rank: the test of that below)."""
     from mimo_accel_dev.rehearse import bridge_script as bs
 
     args = bs.parse_args(["--cpu", "--mbs", "2", "--gbs", "8", "--save", save,
-                          *(["--load", str(load)] if load else []), *flags])
+                          *(["--load", str(load), "--no-load-rng"] if load else []), *flags])
     return bs.build_config(args, bs.build_layout(args))
 
 
@@ -63,6 +64,18 @@ def test_the_same_model_on_other_dp_tp_and_pp_sizes_resumes(tmp_path):
     assert resumed.tp_changed() == {"language": (2, 1)}
     assert "resuming" in said.lines["resume:layout"] and "resume:global-batch" not in said.lines
     assert check_before_load(_config(*OTHER), Said()) is None  # nothing to resume from
+
+
+def test_rng_states_kept_per_tp_and_pp_rank_stop_a_resume_that_would_load_them(tmp_path):
+    root = _saved(tmp_path, _config(*REFERENCE))
+    now = _config(*OTHER, load=root)
+    now.checkpoint.load_rng = True
+    text = _refused(now)
+    assert "each rank's RNG state (checkpoint.save_rng=True)" in text and "set checkpoint.load_rng=False" in text
+    dp_only = _config("--vision-dp", "2", "--language-dp", "4", "--language-tp", "2", "--language-pp", "2",
+                      "--mbs", "4", load=root)
+    dp_only.checkpoint.load_rng = True
+    assert check_before_load(dp_only, Said()) is not None  # the same TP/PP ranks: their states load
 
 
 def test_the_iteration_bridge_loads_is_the_one_checked(tmp_path):

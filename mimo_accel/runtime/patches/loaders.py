@@ -34,7 +34,7 @@ def _settings(a: UpstreamCall, names=_SETTINGS) -> list:
 def _resumes_in_order(runtime: Runtime, a: UpstreamCall, split: str, window: int, canonical: bool) -> None:
     """A resumed run's train loader reads on from the next sample of the checkpoint's global order,
     or the run stops here, before its first step (:mod:`mimo_accel.runtime.resume`)."""
-    if split == "train":
+    if split == "train" and runtime.resumed is not None:
         check_order(runtime.resumed, samples=len(a["dataset"]), consumed=int(a["consumed_samples"] or 0),
                     window=window, canonical=canonical)
 
