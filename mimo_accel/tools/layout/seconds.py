@@ -100,6 +100,7 @@ class Seconds:
 
     model: Optional[ModelSpec] = None
     comm: Optional[Communication] = None
+    measured = False  # whether every module's seconds were measured (a profile), not assumed
 
     def cost_model(self, layout: LayoutSpec) -> CostModel:
         world = layout.gpus
@@ -150,9 +151,21 @@ class Seconds:
         return (times / times.sum()).tolist() if times.sum() > 0 else None
 
     def _comm_a(self, m: ModuleModel, tp: int, pp: int, gpus: int, world: int, trained: bool) -> float:
+        return sum(self._comm_terms(m, tp, pp, gpus, world, trained).values())
+
+    def _comm_terms(self, m: ModuleModel, tp: int, pp: int, gpus: int, world: int, trained: bool) -> dict[str, float]:
         c = self.comm
-        return (c.tp_per_token(m, tp, trained) + c.pp_per_token(m, tp, pp, gpus)
-                + c.transfer_per_row(m, world, trained))
+        return {"tp_comm": c.tp_per_token(m, tp, trained),
+                "p2p": c.pp_per_token(m, tp, pp, gpus) + c.transfer_per_row(m, world, trained)}
+
+    def comm_parts(self, layout: LayoutSpec) -> dict[str, dict[str, float]]:
+        """Per module, the seconds a token (an encoder's row) spends in TP collectives
+        (``tp_comm``) and P2P sends (``p2p``: PP stages, encoder -> language): the communication
+        part of its cost model's per-token coefficient."""
+        if self.comm is None:
+            return {}
+        return {m.name: self._comm_terms(self.module_of(m.name), m.tp, m.pp, m.size, layout.gpus,
+                                         self._trained(m.name, layout)) for m in layout.modules}
 
     def module_of(self, name: str) -> ModuleModel:
         if self.model is None or name not in self.model.modules:
@@ -202,6 +215,8 @@ class LearntSeconds(Seconds):
     launches and Python, once per micro-batch: a layout with fewer, larger micro-batches pays it
     fewer times), the same at any TP and PP (every rank of a stage runs every op of its layers);
     ``stages``: the language model's (c, a, b) per profiled stage."""
+
+    measured = True
 
     def __init__(self, learnt: CostModel, profiled: Mapping[str, tuple[int, int]], model: ModelSpec,
                  machine: Machine, source: str, overheads: Optional[Mapping[str, float]] = None,
