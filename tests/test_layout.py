@@ -64,7 +64,8 @@ def test_the_preset_states_the_hybrid_language_models_flops_and_parameters():
     m = model_named("qwen35-vl-27b")
     lang, images = m.modules[LANGUAGE], m.modules["images"]
     assert lang.per_token == 51_549_831_168 and lang.per_sq_token == 196_608  # the docstring's derivation
-    assert lang.output_per_token == 2 * 5120 * 248320 and lang.linear_layers == 48 and lang.linear_bytes == 84_352
+    assert lang.output_per_token == 2 * 5120 * 248320 and lang.linear_layers == 48 and lang.linear_bytes == 109_248
+    assert (lang.attention_bytes, lang.mlp_bytes) == (96_576, 6 * 17408)  # gated attention, q/k norms; SwiGLU
     assert 26.8e9 < lang.params.total < 27.0e9 and 0.45e9 < images.params.total < 0.47e9
     assert [t for t in (1, 2, 4, 8) if lang.tp_fits(t)] == [1, 2, 4]  # 4 query groups
     assert m.seq_length == 4096 and m.gbs == 32 and m.image_pixels == (200_704, 1_003_520)
