@@ -395,7 +395,7 @@ def advise(problem: Problem, search: Search = Search()) -> Advice:
         evens = [c for c in found if c.layout.split is None]
         priced = best_first(evens, lambda c: float(objective.score(bound.of(c.layout, False), c.layout.gpus, gbs)),
                             lambda c: float(objective.score(step(c, "mimo_accel"), c.layout.gpus, gbs)),
-                            top=search.top, tie=search.tie, group=group)
+                            top=1, tie=search.tie, group=group)
         entries = [(gbs / step(c, "mimo_accel"), 1.0 / (step(c, "mimo_accel") * c.layout.gpus), c) for _, c in priced]
         pick = _ordered(entries, objective, budget, search.tie)[0][2] if entries else None
         if pick is not None:
