@@ -92,7 +92,7 @@ def test_the_tutorials_layout_is_kept_at_17_gpus_and_the_answer_says_why(tmp_pat
     out = tmp_path / "a.json"
     console = Console(record=True, width=400)
     assert main(["--model", "qwen35-vl-27b", "--gpus", "17", "--gpu", "h100", "--current", "reference-27b",
-                 "--json", str(out)], console=console) == 0
+                 "--steps", "4", "--top", "3", "--json", str(out)], console=console) == 0
     doc = json.loads(out.read_text())
     assert doc["format"] == "mimo-accel-layout/3" and doc["keep_current"] and doc["recommended"] == REFERENCE
     change = doc["change"]
@@ -113,7 +113,7 @@ def test_an_uneven_pick_comes_with_its_launcher_lines_and_the_best_even_split(tm
     with the launcher as it is, priced."""
     out = tmp_path / "a.json"
     console = Console(record=True, width=400)
-    assert main(["--gpus", "17", "--gpu", "h100", "--json", str(out)], console=console) == 0
+    assert main(["--gpus", "17", "--gpu", "h100", "--steps", "2", "--top", "3", "--json", str(out)], console=console) == 0
     doc = json.loads(out.read_text())
     rows = {r["spec"]: r for r in doc["rows"]}
     rec, even = rows[doc["recommended"]], rows[doc["even_alternative"]]
