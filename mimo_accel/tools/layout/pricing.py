@@ -38,9 +38,9 @@ from mimo_accel.tools.layout.spec import LayoutSpec
 __all__ = ["PARTS", "PLANS", "StepPrices", "busy_shares", "padded_cost", "price_steps"]
 
 PLANS = ("padded", "packed", "reorder_buffer", "mimo_accel")
-#: what a step is made of (:func:`busy_shares`): the busiest GPU's compute (its layers, output layer and
-#: loss), TP collectives, P2P sends (PP stages, encoder -> language), padded tokens; the 1F1B bubble it
-#: waits; the step's end (the DP gradient sync)
+#: what a step is made of (:func:`busy_shares`): the bound module's busiest GPU's compute (its layers,
+#: output layer and loss), TP collectives, P2P sends (PP stages, encoder -> language), padded tokens;
+#: the 1F1B bubble it waits; the step's end (the DP gradient sync)
 PARTS = ("compute", "tp_comm", "p2p", "padding", "bubble", "dp_sync")
 
 
@@ -164,9 +164,9 @@ def busy_shares(layout: LayoutSpec, prices: StepPrices, plan: str,
     by :func:`~mimo_accel.balance.replay.bound_module`), the mean over the steps priced.
 
     The parts (:data:`PARTS`, seconds, summing to the mean step): the bound module's busiest GPU's
-    own time split as that module's priced seconds split (``comm[module]``: the TP and P2P seconds per token or row,
-    :meth:`~mimo_accel.tools.layout.seconds.Seconds.comm_parts`; under ``padded`` the padded tokens'
-    share of the language model's), the 1F1B bubble (the rest of the replayed step: what that GPU
+    own time split as that module's priced seconds split (``comm[module]``: the TP and P2P seconds a
+    token or row, :meth:`~mimo_accel.tools.layout.seconds.Seconds.comm_parts`; under ``padded`` the
+    padded tokens' share of the language model's), the 1F1B bubble (the rest of the replayed step: what that GPU
     waits), and the step's end (the DP gradient sync, the same on every draw)."""
     from mimo_accel.balance.replay import Shares
 
