@@ -107,6 +107,16 @@ def test_the_tutorials_layout_is_kept_at_17_gpus_and_the_answer_says_why(tmp_pat
     assert "MFU, assumed" in text and "MFU here is assumed, not measured" in text
 
 
+def test_one_layout_priced_from_flops_says_its_mfu_is_assumed(tmp_path):
+    out = tmp_path / "a.json"
+    console = Console(record=True, width=400)
+    assert main(["--current", "reference-27b", "--steps", "1", "--json", str(out)], console=console) == 0
+    row = json.loads(out.read_text())["current"]
+    assert not row["mfu_measured"] and row["mfu"][LANGUAGE] > 0
+    assert sum(row["step_parts"].values()) == pytest.approx(row["step_time_s"])
+    assert "MFU, assumed" in console.export_text() and "MFU here is assumed, not measured" in console.export_text()
+
+
 def test_an_uneven_pick_comes_with_its_launcher_lines_and_the_best_even_split(tmp_path):
     """Without a current layout the best is recommended: at 17 H100s an uneven split, printed with
     the lines that build it in upstream's launcher, and beside it the best even split, which runs

@@ -78,6 +78,9 @@ def _head(console: Console, problem: Problem, what: str) -> None:
 
 
 def _notes(console: Console, problem: Problem) -> None:
+    if not problem.seconds.measured:
+        console.print("[yellow]note:[/] MFU here is assumed, not measured: the stated efficiency times each module's "
+                      "busy share of the step (FLOPs priced at the assumed efficiency); a profile measures it")
     for note in problem.notes:
         console.print(f"[yellow]note:[/] {escape(note)}")
 
@@ -137,9 +140,6 @@ def render_advice(advice: Advice, console: Optional[Console] = None) -> None:
             console.print(f"  {line}", highlight=False, soft_wrap=True)
     console.print("  mimo_accel: reorder_window=step with packing (the step plan priced here), e.g. "
                   "MIMO_ACCEL=shard,reorder,pack MIMO_ACCEL_REORDER_WINDOW=step", highlight=False)
-    if not measured:
-        console.print("[yellow]note:[/] MFU here is assumed, not measured: the stated efficiency times each module's "
-                      "busy share of the step (FLOPs priced at the assumed efficiency); a profile measures it")
     _notes(console, p)
     s = advice.searched
     console.print(f"{s['layouts']} layouts fit, {s['priced']} priced, in {advice.elapsed_s:.1f} s")
