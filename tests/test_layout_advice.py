@@ -114,7 +114,8 @@ def test_one_layout_priced_from_flops_says_its_mfu_is_assumed(tmp_path):
     row = json.loads(out.read_text())["current"]
     assert not row["mfu_measured"] and row["mfu"][LANGUAGE] > 0
     assert sum(row["step_parts"].values()) == pytest.approx(row["step_time_s"])
-    assert "MFU, assumed" in console.export_text() and "MFU here is assumed, not measured" in console.export_text()
+    text = console.export_text()
+    assert "MFU, assumed" in text and "MFU here is assumed, not measured" in text
 
 
 def test_an_uneven_pick_comes_with_its_launcher_lines_and_the_best_even_split(tmp_path):
