@@ -130,13 +130,13 @@ def _settings(built: dict[str, dict], directory: str, notes: list[str]) -> Optio
     if lang is None:
         return None
 
-    def said(record: dict) -> tuple:
-        return (record.get("sequence_parallel"), record.get("recompute_granularity"), record.get("precision"))
-
-    differ = [m for m, r in built.items() if m != LANGUAGE and said(r) != said(lang)]
-    if differ:
-        notes.append(f"{', '.join(differ)} built with other sequence parallelism, recompute or precision than the "
-                     "language model; the memory model prices every module with the language model's")
+    fields = ("sequence_parallel", "recompute_granularity", "precision")
+    for m, record in built.items():
+        differ = [f"{k} {record.get(k)} (the language model's: {lang.get(k)})" for k in fields
+                  if m != LANGUAGE and record.get(k) != lang.get(k)]
+        if differ:
+            notes.append(f"{m} was built with {', '.join(differ)}; the memory model prices every module with the "
+                         "language model's")
     precision = lang.get("precision") or "bf16"
     if precision == "fp16":
         notes.append("fp16 priced as bf16 (the same bytes a parameter and an activation)")
