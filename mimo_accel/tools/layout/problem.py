@@ -242,8 +242,11 @@ _SETTINGS = ("sequence_parallel", "recompute", "distributed_optimizer", "precisi
 def _said(settings: JobSettings, fields) -> str:
     words = {"sequence_parallel": "sequence parallelism", "recompute": "recompute",
              "distributed_optimizer": "the distributed optimizer", "precision": "precision"}
-    return ", ".join(f"{words[k]} {'on' if v is True else 'off' if v is False else v}"
-                     for k in fields for v in (getattr(settings, k),))
+
+    def value(v) -> str:
+        return ("on" if v else "off") if isinstance(v, bool) else str(v)
+
+    return ", ".join(f"{words[k]} {value(getattr(settings, k))}" for k in fields)
 
 
 def _scale_to_replay(profiled, spec: ModelSpec, seconds: LearntSeconds, drawn, notes: list[str]) -> None:
