@@ -235,17 +235,19 @@ class LearntSeconds(Seconds):
     what a micro-batch costs a replica whatever its size, as the run measured it (each layer's
     launches and Python, once per micro-batch: a layout with fewer, larger micro-batches pays it
     fewer times), the same at any TP and PP (every rank of a stage runs every op of its layers);
-    ``stages``: the language model's (c, a, b) per profiled stage."""
+    ``stages``: the language model's (c, a, b) per profiled stage, ``held`` the layers each held
+    (empty: even)."""
 
     measured = True
 
     def __init__(self, learnt: CostModel, profiled: Mapping[str, tuple[int, int]], model: ModelSpec,
                  machine: Machine, source: str, overheads: Optional[Mapping[str, float]] = None,
-                 stages: Sequence[tuple[float, float, float]] = ()):
+                 stages: Sequence[tuple[float, float, float]] = (), held: Sequence[int] = ()):
         self.learnt, self.profiled, self.model = learnt, dict(profiled), model
         self.machine, self.comm, self.source = machine, Communication(machine), source
         self.overheads = dict(overheads or {})
-        self.stages = _stage_parts(stages, model.modules[LANGUAGE].layers) if len(stages) > 1 else None
+        layers = model.modules[LANGUAGE].layers
+        self.stages = _stage_parts(stages, held or [layers / len(stages)] * len(stages)) if len(stages) > 1 else None
         self.scale = 1.0  # every compute cost's, to the profiled run's replayed step (:func:`fit_scale`)
         self._module = lru_cache(maxsize=None)(self._module)
 
@@ -287,14 +289,15 @@ class LearntSeconds(Seconds):
         return f"learnt in {self.source} (at {at}), scaled to each layout's TP{over}"
 
 
-def _stage_parts(stages: Sequence[tuple[float, float, float]], layers: int):
+def _stage_parts(stages: Sequence[tuple[float, float, float]], held: Sequence[float]):
     """``(per layer, the first stage's own, the last stage's own)`` as ``(c, a, b)`` arrays, from the
-    profiled stages' fits: a layer's from the middle stages (the first's where there are none: its
-    embedding taken as nothing), what the first and last hold beyond their layers clipped at 0."""
+    profiled stages' fits and the layers each held: a layer's from the middle stages (the first's
+    where there are none: its embedding taken as nothing), what the first and last hold beyond their
+    layers clipped at 0."""
     per_stage = np.array(stages, dtype=np.float64)
-    held = layers / len(stages)
-    middle = per_stage[1:-1] if len(stages) > 2 else per_stage[:1]
-    layer = np.median(middle, axis=0) / held
-    first = np.clip(per_stage[0] - held * layer, 0.0, None)
-    last = np.clip(per_stage[-1] - held * layer, 0.0, None)
+    n = np.asarray(held, dtype=np.float64)[:, None]
+    middle = (per_stage / n)[1:-1] if len(stages) > 2 else (per_stage / n)[:1]
+    layer = np.median(middle, axis=0)
+    first = np.clip(per_stage[0] - n[0] * layer, 0.0, None)
+    last = np.clip(per_stage[-1] - n[-1] * layer, 0.0, None)
     return layer, first, last
