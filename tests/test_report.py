@@ -24,12 +24,15 @@ def write_run(
     layout: dict | None = None,
     label: str = "baseline",
     fmt: str = FORMAT,
+    run_id: str | None = "",
 ) -> Path:
     """Write ``rank<N>.jsonl`` files. ``ranks[r]`` = {module, dp_rank, dp_size, steps: [dict(...)]};
     each step dict holds step fields; missing ones get defaults (vision_fwd_s / vision_bwd_s null
-    in every line)."""
+    in every line). ``run_id``: every header's (default: one made of the directory's path; None:
+    none, as files written before the recorder had one)."""
     directory.mkdir(parents=True, exist_ok=True)
     world_size = world_size if world_size is not None else len(ranks)
+    run_id = f"run-{abs(hash(str(directory))) % 10**8:08d}" if run_id == "" else run_id
     for rank, spec in ranks.items():
         header = {
             "kind": "header", "format": fmt, "rank": rank, "world_size": world_size,
@@ -37,6 +40,8 @@ def write_run(
             "layout": LAYOUT if layout is None else layout, "versions": {}, "config": {}, "device": "cpu",
             "label": label, "clock": {"step": "wall", "regions": "thread_cpu"},
         }
+        if run_id is not None:
+            header["run_id"] = run_id
         lines = [header]
         for i, st in enumerate(spec["steps"]):
             rec = {
@@ -209,7 +214,10 @@ def test_missing_language_replica_estimates_global_samples(tmp_path):
     (d / "rank3.jsonl").unlink()
     s = summarize(read_run(d))
     assert s["samples_per_step"] == 8
-    assert any("1 of 2 DP replicas" in w for w in s["warnings"])
+    # one count of the replicas for the straggler and the global samples alike
+    assert [w for w in s["warnings"] if "replica" in w] == [
+        "only 1 of 2 language DP replicas have data (missing: replica 1); its straggler ratio covers those present "
+        "and its global samples are scaled up from them"]
 
 
 def test_mismatched_layouts_warn(tmp_path, capsys):
@@ -555,7 +563,7 @@ def test_the_report_of_recorder_files_with_every_module_timed(tmp_path):
         m = ("vision", "audios", "language")[rank // 2]
         rec = Recorder(tmp_path, rank=rank, world_size=6, module=m, dp_rank=rank % 2, dp_size=2,
                        layout={"dp": {"vision": 2, "audios": 2, "language": 2}}, label="rec", device="cpu",
-                       regions=module_regions(m))
+                       regions=module_regions(m), run_id="r1")
         torch.manual_seed(rank)
         net = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Tanh(), torch.nn.Linear(64, 1))
         attach_module_timer(net, rec, name=m)

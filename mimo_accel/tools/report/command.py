@@ -1,4 +1,4 @@
-"""``mimo-accel report BEFORE_DIR [AFTER_DIR] [--json PATH] [--html PATH] [--png PATH] [--warmup N]
+"""``mimo-accel report BEFORE_DIR [AFTER_DIR] [--run ID] [--json PATH] [--html PATH] [--png PATH] [--warmup N]
 [--peak-tflops T]``:
 the report document (:func:`build`), its JSON, and the command."""
 
@@ -13,7 +13,7 @@ from typing import Any
 
 from rich.console import Console
 
-from mimo_accel.profiler.run import NoProfileData, Run, read_run
+from mimo_accel.profiler.run import MixedRuns, ProfileError, Run, UnknownRun, read_run
 from mimo_accel.profiler import json_safe
 from mimo_accel.tools.arguments import (UsageError, add_peak_option, fail, nonnegative_int, output_file, parse,
                                         require_extra)
@@ -38,6 +38,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("before", metavar="BEFORE_DIR", help="profile directory (the baseline in a comparison)")
     p.add_argument("after", metavar="AFTER_DIR", nargs="?", help="profile directory to compare against BEFORE_DIR")
+    p.add_argument("--run", metavar="ID", action="append", default=[],
+                   help="of a directory holding the rank files of several runs, report the run ID (its id or the "
+                        "start of it, as the refusal names them); repeat for several directories")
     p.add_argument("--json", metavar="PATH", help="write the statistics as JSON")
     p.add_argument("--html", metavar="PATH", help="write the report as HTML")
     p.add_argument("--png", metavar="PATH", help="write charts (needs matplotlib)")
@@ -76,9 +79,25 @@ def write_json(path: str | Path, doc: dict[str, Any], **extra: Any) -> None:
     Path(path).write_text(text + "\n", encoding="utf-8")
 
 
+def _read(directory: str, runs: list[str]) -> Run:
+    """The run in ``directory``: all its rank files, or, where they belong to several runs, the one
+    of ``runs`` that names one of them (a directory of one run ignores ``runs``)."""
+    try:
+        return read_run(directory)
+    except MixedRuns as mixed:
+        for run in runs:
+            try:
+                return read_run(directory, run=run)
+            except UnknownRun:
+                continue
+        if runs:
+            raise ProfileError(f"{mixed}; --run {', '.join(runs)} names none of them") from None
+        raise
+
+
 def main(argv: Sequence[str] | None = None, *, console: Console | None = None) -> int:
     """``mimo-accel report``. Returns 0, or 2 (one ``mimo-accel report: error:`` line) on a bad command
-    line, an input without readable data or a failed export."""
+    line, an input without readable data or of several runs, or a failed export."""
     args = parse(_parser(), argv)
     if isinstance(args, int):
         return args
@@ -87,10 +106,10 @@ def main(argv: Sequence[str] | None = None, *, console: Console | None = None) -
             output_file(flag, getattr(args, flag[2:]))
         if args.png:
             require_extra("--png", "matplotlib", "charts")
-        before = read_run(args.before)
-        after = read_run(args.after) if args.after else None
-        floor = read_run(args.floor) if args.floor else None
-    except (UsageError, NoProfileData) as e:
+        before = _read(args.before, args.run)
+        after = _read(args.after, args.run) if args.after else None
+        floor = _read(args.floor, args.run) if args.floor else None
+    except (UsageError, ProfileError) as e:
         return fail(PROG, e)
     doc = build(before, after, warmup=args.warmup, peak_tflops=args.peak_tflops, floor=floor)
     for w in doc["warnings"]:

@@ -77,8 +77,11 @@ def lookup(summary: dict[str, Any] | None, key: str) -> Any:
     return value
 
 
-def _module_dp(summary: dict[str, Any]) -> dict[str, int]:
-    return {m: len(r) for m, r in summary.get("modules", {}).items()}
+def replicas_text(summary: dict[str, Any]) -> str:
+    """Each module's DP replicas with data, of its DP size (``images 2 of 2, language 3 of 4``): the
+    count the side's own warnings give."""
+    return ", ".join(f"{m} {t.get('replicas_present', t.get('replicas'))} of {t.get('dp_size', '?')}"
+                     for m, t in (summary.get("per_module") or {}).items())
 
 
 def compare(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
@@ -97,8 +100,8 @@ def compare(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
         )
     if before.get("world_size") != after.get("world_size"):
         warnings.append(f"before has world size {before.get('world_size')}, after {after.get('world_size')}")
-    if _module_dp(before) != _module_dp(after) and before.get("layout") == after.get("layout"):
-        warnings.append(f"ranks per module differ: before {_module_dp(before)}, after {_module_dp(after)}")
+    if replicas_text(before) != replicas_text(after) and before.get("layout") == after.get("layout"):
+        warnings.append(f"DP replicas with data differ: before {replicas_text(before)}; after {replicas_text(after)}")
     if before.get("device") != after.get("device"):
         warnings.append(f"before ran on {before.get('device')}, after on {after.get('device')}")
     b_sps, a_sps = before.get("samples_per_step"), after.get("samples_per_step")

@@ -136,6 +136,14 @@ def _module_time(run: Run, steps_of: dict[int, dict[int, dict[str, Any]]], name:
     timed_ranks = [r for r in ranks if per_rank[str(r)]["n"]]
     if ranks and not timed_ranks:
         warnings.append(f"the {name} ranks recorded no {name}_fwd_s/{name}_bwd_s; {name} statistics unavailable")
+    # one count of a module's replicas for every message: those with a counted step line
+    present = sorted({run.ranks[r].dp_rank for r in ranks if steps_of[r]})
+    dp_size = max((run.ranks[r].dp_size for r in ranks), default=0)
+    if present and len(present) < dp_size:
+        absent = [d for d in range(dp_size) if d not in present]
+        warnings.append(f"only {len(present)} of {dp_size} {name} DP replicas have data (missing: "
+                        f"{'replica' if len(absent) == 1 else 'replicas'} {', '.join(map(str, absent))}); its "
+                        "straggler ratio covers those present and its global samples are scaled up from them")
 
     replicas: dict[int, list[int]] = defaultdict(list)
     for rank in timed_ranks:
@@ -156,12 +164,11 @@ def _module_time(run: Run, steps_of: dict[int, dict[int, dict[str, Any]]], name:
             f"{name} replicas logged different steps; straggler statistics use the {len(common)} step(s) all "
             f"{len(replica_time)} replica(s) logged"
         )
-    dp_size = max((run.ranks[r].dp_size for r in ranks), default=0)
-    if replica_time and len(replica_time) < dp_size:
-        warnings.append(
-            f"only {len(replica_time)} of {dp_size} {name} DP replicas have data; the straggler ratio "
-            "covers those present"
-        )
+    untimed = [d for d in present if d not in replica_time]
+    if replica_time and untimed:
+        warnings.append(f"{name} DP {'replica' if len(untimed) == 1 else 'replicas'} {', '.join(map(str, untimed))} "
+                        f"logged steps without {name} time; the straggler ratio covers the {len(replica_time)} "
+                        "timed")
     ratios: list[float] = []
     ratio_steps: list[int] = []  # the steps of ``ratios`` (a step whose replicas all took 0 s has none)
     maxes: list[float] = []
@@ -197,6 +204,8 @@ def _module_time(run: Run, steps_of: dict[int, dict[int, dict[str, Any]]], name:
     return {
         "ranks": list(ranks),
         "replicas": len(replica_time),
+        "replicas_present": len(present),
+        "dp_size": dp_size,
         "steps": len(common),
         "max_over_mean_p50": _pct(ratios, 50),
         "max_over_mean_p99": _pct(ratios, 99),
@@ -332,12 +341,7 @@ def summarize(run: Run, *, warmup: int = 1, peak_tflops: float | None = None) ->
             vals = [d[s] for d in by_dp.values() if s in d]
             if vals:
                 per_step[s] = sum(vals) * (dp_size / len(vals) if len(vals) < dp_size else 1.0)
-        if len(by_dp) < dp_size and any(per_step.values()):
-            warnings.append(
-                f"module {mod!r}: {len(by_dp)} of {dp_size} DP replicas have data; its global samples per step are "
-                "estimated from those present"
-            )
-        global_samples[mod] = per_step
+        global_samples[mod] = per_step  # a replica short: said once with the module's time (_module_time)
     samples_per_s = samples_per_step = None
     if samples_module is not None:
         gs = global_samples[samples_module]
@@ -385,6 +389,7 @@ def summarize(run: Run, *, warmup: int = 1, peak_tflops: float | None = None) ->
         {
             "label": run.label,
             "directory": str(run.directory),
+            "run_id": run.run_id,
             "world_size": run.world_size,
             "ranks_present": sorted(r for r, log in run.ranks.items() if log.steps),
             "modules": {m: rs for m, rs in sorted(modules.items())},
