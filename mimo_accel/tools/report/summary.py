@@ -35,6 +35,11 @@ model (``language``):
 * the step on a device per rank (``step_time_replayed_p50``) and the plan's (``step_time_predicted_p50``),
   each module's busy and wait shares of it (``per_module.<m>.busy_share_p50``, ``.busy_share_max_p50``,
   ``.wait_share_p50``) and the module that bounds it (``bound_module``, ``bound_steps``): :mod:`~.replayed`.
+* the run: ``run_id`` (every rank's header's; None for older files), ``features`` (what acted, as
+  the header records it, the profiler left out; None where the header does not say),
+  ``reorder_mode``; ``work`` and ``equal_work``: what the run computed each step, :mod:`~.work`.
+* a module's DP replicas: ``per_module.<m>.replicas_present`` (with a counted step line; the count
+  every warning gives) of ``dp_size``, ``replicas`` (timed).
 * The first ``--warmup`` step numbers (default 1) are excluded from every statistic.
 """
 
@@ -52,6 +57,7 @@ from mimo_accel.profiler import record_number as _num
 from mimo_accel.profiler.recorder import UNNAMED_ENCODER
 from mimo_accel.profiler.replayed import replayed_steps, run_steps
 from mimo_accel.tools.report.throughput import module_throughput, peak_of
+from mimo_accel.tools.report.work import per_replica, step_work
 
 
 REPORT_FORMAT = "mimo-accel-report/2"
@@ -243,13 +249,7 @@ def _replica_counter(run: Run, steps_of, ranks: list[int], key: str) -> dict[str
     """A counter per DP replica of ``ranks`` (max over its TP/PP ranks, which all see the same
     batch): its mean per step (``{dp_rank: mean}``), the mean over replicas, and the per-step
     max / mean over the replicas (p50)."""
-    by_dp: dict[int, dict[int, float]] = defaultdict(dict)
-    for rank in ranks:
-        dp = run.ranks[rank].dp_rank
-        for st, r in steps_of[rank].items():
-            v = _num(r, key)
-            if v is not None:
-                by_dp[dp][st] = max(by_dp[dp].get(st, 0.0), v)
+    by_dp = per_replica(run, steps_of, ranks, key)
     means = {str(dp): _mean(list(v.values())) for dp, v in sorted(by_dp.items())}
     common = sorted(set.intersection(*(set(v) for v in by_dp.values()))) if by_dp else []
     ratios = []
@@ -385,11 +385,18 @@ def summarize(run: Run, *, warmup: int = 1, peak_tflops: float | None = None) ->
     waits = [plan_wait[s] for s in sorted(plan_wait)]
 
     header = run.header
+    config = header.get("config") if isinstance(header.get("config"), dict) else {}
+    features = config.get("features")
     return json_safe(
         {
             "label": run.label,
             "directory": str(run.directory),
             "run_id": run.run_id,
+            # what acted in the run (its header's), the profiler left out: every profile has it; None
+            # where the header does not say
+            "features": [f for f in features if f != "profile"] if isinstance(features, list) else None,
+            "reorder_mode": config.get("reorder_mode"),
+            **step_work(run, steps_of, modules),
             "world_size": run.world_size,
             "ranks_present": sorted(r for r, log in run.ranks.items() if log.steps),
             "modules": {m: rs for m, rs in sorted(modules.items())},
