@@ -178,3 +178,44 @@ def test_every_rank_of_a_run_writes_one_id_and_two_runs_started_alike_get_two(tm
     shutil.copy(tmp_path / "first" / "rank2.jsonl", tmp_path / "second" / "rank2.jsonl")
     with pytest.raises(MixedRuns, match=rf"run {ids['first']} \(rank2\.jsonl\)"):
         read_run(tmp_path / "second")
+
+
+_TORCHRUN_RANK = """
+import sys
+import torch.distributed as dist
+dist.init_process_group("gloo")
+from mimo_accel.config import AccelConfig
+from mimo_accel.runtime.measuring.profiling import Profiling
+from mimo_accel.runtime.state import Runtime
+profiling = Profiling(Runtime(AccelConfig(profile=sys.argv[1])))
+rec = profiling.recorder()
+rec.add(samples=1)
+rec.end_step()
+dist.barrier()
+profiling.close()
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.distributed  # torchrun, two ranks, twice
+def test_under_torchrun_two_runs_of_one_command_get_two_ids(tmp_path):
+    """torchrun's static rendezvous with the same port and no --rdzv-id (TORCHELASTIC_RUN_ID "none"):
+    the workers share the agent's store, whose token tells the two runs apart."""
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "rank.py"
+    script.write_text(_TORCHRUN_RANK)
+    port = str(_free_port())
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "TORCHELASTIC_"))}
+    ids = []
+    for name in ("first", "second"):
+        subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", port,
+                        str(script), str(tmp_path / name)], check=True, env=env, timeout=180,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        run = read_run(tmp_path / name, run=None)
+        assert {(log.header["run_id"], log.header["run_id_from"]) for log in run.ranks.values()} == {
+            (run.run_id, "store")} and len(run.ranks) == 2
+        ids.append(run.run_id)
+    assert ids[0] != ids[1]
