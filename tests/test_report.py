@@ -222,6 +222,19 @@ def test_missing_language_replica_estimates_global_samples(tmp_path):
         "and its global samples are scaled up from them"]
 
 
+def test_one_count_of_replicas_in_every_message(tmp_path):
+    """A run short of a language replica: its own warning and the comparison's give the same count
+    (replicas with data, of the DP size), never a count of rank files beside one of replicas."""
+    before, after = two_by_two(tmp_path / "b"), two_by_two(tmp_path / "a", label="accelerated")
+    (after / "rank3.jsonl").unlink()
+    doc = build(read_run(before), read_run(after))
+    said = [w for w in doc["warnings"] if "replica" in w]
+    assert said == ["after: only 1 of 2 language DP replicas have data (missing: replica 1); its straggler ratio "
+                    "covers those present and its global samples are scaled up from them",
+                    "DP replicas with data differ: before vision 2 of 2, language 2 of 2; after vision 2 of 2, "
+                    "language 1 of 2"]
+
+
 def test_mismatched_layouts_warn(tmp_path, capsys):
     b = two_by_two(tmp_path / "b")
     other = {"vision": {"tp": 1, "pp": 1, "dp": 1}, "language": {"tp": 1, "pp": 1, "dp": 2}}

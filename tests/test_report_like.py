@@ -116,9 +116,10 @@ def test_each_runs_features_on_top_and_a_verdict_that_names_the_gain(tmp_path):
     assert runs["before"][:2] == ["baseline", "none"] and runs["after"][0] == "all"
     assert "sharded_reads, reorder, packing" in " ".join(text.split())
     assert doc["warnings"] == []
-    assert doc["verdict"] == (f"after (sharded_reads, reorder, packing) is faster than before (none): step time p50 "
-                              f"{_change(doc, 'step_time_p50')}, throughput {_change(doc, 'samples_per_s')}; 3 features "
-                              "changed at once (report A B C ...: one a run splits the gain)")
+    assert doc["verdict"] == (
+        f"after (sharded_reads, reorder, packing) is faster than before (none): step time p50 "
+        f"{_change(doc, 'step_time_p50')}, throughput {_change(doc, 'samples_per_s')}; 3 features changed at once "
+        "(report A B C ...: one a run splits the gain)")
     assert "verdict: after (sharded_reads, reorder, packing) is faster" in " ".join(text.split())
     assert "after against before: +sharded_reads +reorder +packing" in text
 
@@ -137,9 +138,12 @@ def test_one_feature_at_a_time(tmp_path):
     d = feature_run(tmp_path / "packing", ["sharded_reads", "reorder", "packing"], balanced_rows=True,
                     balanced_tokens=True, packed=True)
     console = _console()
-    out = tmp_path / "r.json"
-    assert main([str(a), str(b), str(c), str(d), "--json", str(out)], console=console) == 0
+    out, html = tmp_path / "r.json", tmp_path / "r.html"
+    assert main([str(a), str(b), str(c), str(d), "--json", str(out), "--html", str(html)], console=console) == 0
     doc = json.loads(out.read_text())
+    page = html.read_text(encoding="utf-8")  # the page has the same blocks
+    assert "<caption>Gain of each run over the one before it (over the first)</caption>" in page
+    assert '<th class="num">C +reorder</th>' in page and '<p class="verdict">verdict: D (' in page
     assert [s["label"] for s in doc["runs"]] == ["baseline", "reads", "reorder", "packing"]
     assert doc["before"]["label"] == "baseline" and doc["after"]["label"] == "packing"
     assert [(g["run"], g["adds"], g["feature"]) for g in doc["gains"]] == [

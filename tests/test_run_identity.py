@@ -59,7 +59,8 @@ def test_one_run_of_a_mixed_directory_is_taken_by_its_id(tmp_path, capsys):
     out = tmp_path / "r.json"
     assert report([str(late), "--run", "slurm42.0-bbbb33334444", "--json", str(out)], console=_console()) == 0
     doc = json.loads(out.read_text())
-    assert doc["before"]["run_id"] == "slurm42.0-bbbb33334444" and doc["before"]["ranks_present"] == [0, 1, 2, 3, 4, 6, 7]
+    assert doc["before"]["run_id"] == "slurm42.0-bbbb33334444"
+    assert doc["before"]["ranks_present"] == [0, 1, 2, 3, 4, 6, 7]
     assert any("only 3 of 4 language DP replicas have data" in w for w in doc["warnings"])
     assert calibrate.main([str(late), "--run", "slurm42.0-aaaa"], console=_console()) == 0  # the other run: rank 5
     with pytest.raises(UnknownRun, match=r"--run slurm42 names several runs here; its runs: run slurm42.0-bbbb"):

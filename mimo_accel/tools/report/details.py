@@ -87,7 +87,8 @@ def _calibration_table(side: dict[str, Any]) -> ReportTable | None:
     for r in refits:
         c = r.get("coefficients") or {}
         t.rows.append([str(r.get("step")), str(r.get("module")), *(fmt(c.get(x), "sci") for x in ("a", "b", "k")),
-                       f"{fmt(r.get('held_out_error_before'), 'ratio')} → {fmt(r.get('held_out_error_after'), 'ratio')}",
+                       f"{fmt(r.get('held_out_error_before'), 'ratio')} → "
+                       f"{fmt(r.get('held_out_error_after'), 'ratio')}",
                        str(r.get("announced_for", MISSING))])
     return t
 
