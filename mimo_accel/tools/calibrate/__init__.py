@@ -73,8 +73,6 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=PROG,
                                 description="Fit each module's cost model from its own measured times in a profiler run.")
     p.add_argument("run_dir", metavar="RUN_DIR", help="profile directory (rank<N>.jsonl files)")
-    p.add_argument("--run", metavar="ID", help="of a directory holding the rank files of several runs, fit the run ID "
-                                               "(its id or the start of it, as the refusal names them)")
     p.add_argument("--out", metavar="PATH", help="write the cost-model file (use it as cost_model=PATH, "
                                                  "MIMO_ACCEL_COST_MODEL=PATH, or simulate --cost-model PATH)")
     p.add_argument("--json", metavar="PATH", help="write the fit statistics as JSON")
@@ -84,6 +82,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--per-step", action="store_true",
                    help="one overhead per step (what all replicas of a step share: its fixed work, the machine's "
                         "speed at the time); R² is then the share of the within-step variation explained")
+    p.add_argument("--run", metavar="ID", help="of a directory holding the rank files of several runs, fit the run ID "
+                                               "(its id or the start of it, as the refusal names them)")
     return p
 
 
