@@ -28,7 +28,9 @@ def enable(config: Optional[AccelConfig] = None, **overrides) -> AccelConfig:
     whether megatron.bridge is imported before or after; calling it again with the same config
     is a no-op, with another config it re-patches. Raises :class:`ConfigError` (nothing patched)
     for a bad option: a switch that is not a bool, a count that is not a positive int, a
-    ``cost_model`` / ``cost_index`` file that does not exist. Returns the active config.
+    ``cost_model`` / ``cost_index`` file that does not exist, a ``profile`` (or
+    ``MIMO_ACCEL_CACHE_DIR``) directory that cannot be made and written. Relative paths are made
+    absolute against this process's current directory. Returns the active config.
     """
     from mimo_accel.config import resolve
     from mimo_accel.patching import engine
@@ -37,8 +39,8 @@ def enable(config: Optional[AccelConfig] = None, **overrides) -> AccelConfig:
         raise ConfigError(f"enable(config=...) takes an AccelConfig (e.g. mimo_accel.load_config('run.yaml')), "
                           f"got {type(config).__name__}")
     cfg = resolve(config, overrides)
-    cfg.check_files()
-    return engine.enable(cfg)
+    cfg.check_paths()
+    return engine.enable(cfg.absolute())
 
 
 def load_config(path=None, overrides=(), *, base: Optional[AccelConfig] = None) -> AccelConfig:

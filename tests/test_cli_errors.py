@@ -125,22 +125,24 @@ def test_run_gives_the_job_the_config_and_replaces_stale_variables(files):
 @pytest.mark.megatron
 def test_env_prints_the_exports_a_launcher_evals(files):
     proc = _cli("env", "--config", str(files / "run.yaml"), "--features", "shard,pack", "profile=runs/x",
-                MIMO_ACCEL_COST_INDEX="stale-index.npz")
+                cwd=files, MIMO_ACCEL_COST_INDEX="stale-index.npz")
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.strip().splitlines()
-    assert lines[:4] == ["unset MIMO_ACCEL_COST_INDEX", "export MIMO_ACCEL=sharded_reads,packing",
-                         "export MIMO_ACCEL_PROFILE=runs/x", "export MIMO_ACCEL_PAD_MULTIPLE=2"]
-    assert len(lines) == 5 and lines[4].startswith(f"export PYTHONPATH={cli.BOOTSTRAP_DIR}{os.pathsep}{ROOT}")
-    # what an sbatch script does with them: every Python process of the job enables mimo_accel
+    assert lines[0].startswith("# mimo_accel turns on sharded_reads, packing, profile (into ")
+    assert lines[1:] == ["unset MIMO_ACCEL_COST_INDEX", "export MIMO_ACCEL=sharded_reads,packing,profile",
+                         f"export MIMO_ACCEL_PROFILE={files / 'runs' / 'x'}", "export MIMO_ACCEL_PAD_MULTIPLE=2"]
+    # what an sbatch script does with them: every Python process of the job enables mimo_accel through the
+    # install's startup hook, with nothing on PYTHONPATH, and the profile where env was run
     probe = ("import sys, mimo_accel; s = mimo_accel.status(); "
              "print(s['active'], s['config'].pad_multiple, s['config'].profile)")
     script = f'eval "$({sys.executable} -m mimo_accel env --config {files / "run.yaml"} --features shard,pack ' \
-             f'profile=runs/x)" && {sys.executable} -c "{probe}"'
-    run = subprocess.run(["bash", "-c", script], env=_clean_env(), cwd=files, capture_output=True, text=True,
-                         timeout=120)
+             f'profile=runs/x)" && cd / && {sys.executable} -c "{probe}"'
+    env = _clean_env()
+    del env["PYTHONPATH"]
+    run = subprocess.run(["bash", "-c", script], env=env, cwd=files, capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
-    assert run.stdout.strip() == "['sharded_reads', 'packing', 'profile'] 2 runs/x"
-    assert "mimo_accel: enabled sharded_reads, packing, profile (runs/x) on megatron-bridge" in run.stderr
+    assert run.stdout.strip() == f"['sharded_reads', 'packing', 'profile'] 2 {files / 'runs' / 'x'}"
+    assert f"mimo_accel: enabled sharded_reads, packing, profile ({files / 'runs' / 'x'}) on megatron-bridge" in run.stderr
 
 
 @pytest.mark.parametrize("exc, words", [
@@ -488,9 +490,9 @@ TYPED = [
      ["cost_model='~/costs/model.json': no such file"], None),
     (["run", "--config", "{d}/run.yaml", "--", "python", "{d}/train.py"], {}, "run",
      ["'reorder_windows' is not a mimo_accel option; did you mean 'reorder_window'?"], None),
-    (["run", "--features", "pack", "--", sys.executable, "-E", "{d}/train.py"], {}, "run",
-     ["does not run the bootstrap mimo-accel run puts on PYTHONPATH (-E: it ignores the PYTHON* variables",
-      "drop -E"], None),
+    (["run", "--features", "pack", "--", sys.executable, "-S", "{d}/train.py"], {}, "run",
+     ["runs neither mimo_accel's startup hook nor the bootstrap mimo-accel run puts on PYTHONPATH (-S: it skips the "
+      "site import", "drop -S"], None),
     (["run", "--features", "all", "--", "{d}/launch", "--nproc-per-node", "2", "{d}/train.py"], {}, "run",
      ["the Python '{d}/launch' runs, {d}/other-venv/bin/python", "has no torch", "nothing would be enabled"], None),
     (["layout", "--current", "images=tp1,pp1,dp1 language=tp4,pp3,dp2 mbs=2 gbs=32"], {}, "layout",
@@ -530,9 +532,9 @@ def test_run_refuses_a_python_that_cannot_import_mimo_accel(typed, monkeypatch, 
 
 
 @pytest.mark.parametrize("flags, words", [
-    (["-I"], "(-I: isolated mode ignores PYTHONPATH)"),
-    (["-u", "-S"], "(-S: it skips the site import that runs sitecustomize)"),
-    (["-IS"], "(-I: isolated mode ignores PYTHONPATH)"),
+    (["-S"], "(-S: it skips the site import that runs startup hooks and sitecustomize)"),
+    (["-u", "-S"], "(-S: it skips the site import that runs startup hooks and sitecustomize)"),
+    (["-IS"], "(-S: it skips the site import that runs startup hooks and sitecustomize)"),
 ])
 def test_run_refuses_startup_options_that_skip_the_bootstrap(typed, flags, words):
     proc = _cli("run", "--features", "shard", "--", sys.executable, *flags, str(typed / "train.py"))
@@ -552,6 +554,10 @@ def test_run_starts_a_job_whose_python_enables_mimo_accel(typed, tmp_path):
     script.chmod(0o755)
     proc = _cli("run", "--features", "pack", "--", str(script))
     assert proc.returncode == 0 and proc.stdout.strip() == "['packing']", proc.stderr
+    # isolated mode ignores PYTHONPATH, not the install's startup hook
+    proc = _cli("run", "--features", "shard", "--", sys.executable, "-I", "-c", probe, "x")
+    assert proc.returncode == 0 and proc.stdout.strip() == "['sharded_reads'] ['x']", proc.stderr
+    assert proc.stderr.count("mimo_accel: enabled") == 1  # the hook and run's bootstrap: enabled once
 
 
 def test_run_says_when_it_cannot_ask_the_jobs_python():
@@ -579,7 +585,7 @@ def test_bridge_override_grammar_reaches_the_job():
     proc = _cli("env", "+packing=true", "++mimo_accel.pad_multiple=2", "--features", "reorder", "~reorder",
                 "+reorder_window=3", "~reorder_window=3")
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.splitlines()[:2] == ["export MIMO_ACCEL=sharded_reads,packing",
+    assert proc.stdout.splitlines()[1:] == ["export MIMO_ACCEL=sharded_reads,packing",
                                             "export MIMO_ACCEL_PAD_MULTIPLE=2"]
 
 

@@ -96,6 +96,22 @@ def test_launcher_with_variable_unset_does_nothing_at_all():
     assert proc.stdout.split() == ["False", "False"]
 
 
+def test_the_startup_hooks_read_the_off_words_of_the_config():
+    """The startup hook (one line in a .pth, run before anything can be imported) and run's
+    sitecustomize spell the off words themselves: the same ones the config reads."""
+    import ast
+    import re
+
+    from mimo_accel.config import OFF_WORDS
+
+    pth = (ROOT / "mimo_accel" / "_bootstrap" / "mimo_accel.pth").read_text()
+    assert pth.count("\n") == 1 and pth.startswith("import os;")
+    site = (ROOT / "mimo_accel" / "_bootstrap" / "sitecustomize.py").read_text()
+    for text in (pth, site):
+        spelled = re.findall(r"\((?:''|\"\"), [^)]*\)", text)  # the tuples that start with ""
+        assert len(spelled) == 1 and ast.literal_eval(spelled[0]) == OFF_WORDS, text
+
+
 def test_launcher_chains_an_existing_sitecustomize(tmp_path):
     (tmp_path / "sitecustomize.py").write_text("import builtins; builtins.USER_SITECUSTOMIZE_RAN = True\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith("MIMO_ACCEL")}
