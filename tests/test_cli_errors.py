@@ -79,6 +79,12 @@ BAD = [
     (["run", "--features", "reorder", "cost_index={d}/c-{{split}}.npz", "--", "true"], {}, "run",
      ["c-train.npz' (the train split of", "mimo-accel index"]),
     (["run", "--bogus", "--", "true"], {}, "run", ["unrecognized arguments: --bogus"]),
+    # a file as the profile directory: stopped before the job starts, naming the setting
+    (["run", "--features", "all", "profile={d}/run.yaml", "--", "true"], {}, "run",
+     ["profile='{d}/run.yaml': {d}/run.yaml is a file, not a directory", "profile=DIR, MIMO_ACCEL_PROFILE=DIR"]),
+    (["env"], {"MIMO_ACCEL": "profile", "MIMO_ACCEL_PROFILE": "{d}/run.yaml/runs"}, "env",
+     ["{d}/run.yaml is a file, so the directory {d}/run.yaml/runs cannot be made"]),
+    (["env"], {"MIMO_ACCEL_CACHE_DIR": "{d}/run.yaml"}, "env", ["MIMO_ACCEL_CACHE_DIR='{d}/run.yaml'"]),
     (["env", "bogus"], {}, "env", ["'bogus' is not key=value"]),
     (["env", "pad_multiple=0"], {}, "env", ["pad_multiple must be a positive integer, got 0"]),
     (["env", "--config", "{d}/bridge-only.yaml"], {}, "env", ["has no mimo_accel: section"]),
@@ -103,7 +109,7 @@ BAD = [
 @pytest.mark.parametrize("args, env, cmd, words", BAD, ids=[" ".join(b[0])[:60] for b in BAD])
 def test_bad_invocations_end_in_one_error_line(files, args, env, cmd, words):
     args = [a.format(d=files) for a in args]
-    proc = _cli(*args, **env)
+    proc = _cli(*args, **{k: v.format(d=files) for k, v in env.items()})
     _one_error_line(proc, cmd, *[w.format(d=files) for w in words])
     if cmd == "run":
         assert proc.stdout == ""  # the command never started
@@ -175,6 +181,20 @@ def test_bootstrap_stops_a_job_with_one_line_on_a_bad_value():
     assert "Fatal Python error" not in proc.stderr and "Traceback" not in proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("mimo_accel: error: MIMO_ACCEL='shard,turbo': unknown value")
+
+
+@pytest.mark.megatron
+def test_a_file_as_the_profile_directory_stops_the_job_before_its_script(tmp_path):
+    """Today's failure was a FileExistsError deep inside Megatron's schedule, after the model was built:
+    the job's own start refuses it, in one line naming the setting, before the script runs."""
+    (tmp_path / "profile").write_text("a file\n")
+    env = _clean_env(MIMO_ACCEL="all", MIMO_ACCEL_PROFILE=str(tmp_path / "profile"))
+    proc = subprocess.run([sys.executable, str(ROOT / "examples" / "train_mimo.py"), "--cpu"], env=env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stdout == "" and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    (line,) = proc.stderr.splitlines()
+    assert line.startswith(f"mimo_accel: error: profile='{tmp_path / 'profile'}': {tmp_path / 'profile'} is a file, "
+                           "not a directory"), line
 
 
 def test_bootstrap_leaves_an_interpreter_without_torch_alone(tmp_path):
