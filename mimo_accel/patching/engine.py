@@ -1,8 +1,9 @@
 """The patch engine: enable/disable as a lifecycle, like OpenTelemetry's BaseInstrumentor.
 
 - The installed megatron-bridge *and* megatron-core versions are checked against the declared
-  shapes (targets.py) *before* anything is patched: a newer patch release of a shape's releases is
-  accepted with one notice (its targets are checked as every shape's are); any other pair outside
+  shapes (targets.py) *before* anything is patched: a newer patch release of a shape's releases, or
+  a source build of its versions at another commit, is accepted with one notice (its targets are
+  checked as every shape's are); any other pair outside
   every shape is refused unless ``MIMO_ACCEL_ALLOW_UNTESTED=1``, which picks the nearest shape and
   warns once. Every target of a
   site is then validated before that site is patched, tested shape or not, and so is every
@@ -112,8 +113,9 @@ def check_versions(m: T.Match) -> T.Shape:
 
 
 def _say_patch_release_once(m: T.Match) -> None:
-    """A newer patch release whose imported targets were all checked: one notice per process."""
-    if m.status != "patch":
+    """A newer patch release or another source build whose imported targets were all checked: one
+    notice per process."""
+    if m.status not in ("patch", "build"):
         return
     _said.say_once((m.bridge, m.core), (
         f"mimo_accel: {m.installed}: {'; '.join(m.problems)}; accepted as shape '{m.shape.name}' "

@@ -121,8 +121,9 @@ def support_line(m) -> str:
 
     if m.status in ("tested", "declared"):
         return f"{m.shape.support}: {m.shape.evidence}"
-    if m.status == "patch":
-        return (f"newer patch release, accepted as shape '{m.shape.name}' where its targets match "
+    if m.status in ("patch", "build"):
+        what = "newer patch release" if m.status == "patch" else "source build"
+        return (f"{what}, accepted as shape '{m.shape.name}' where its targets match "
                 f"({'; '.join(m.problems)})")
     why = "; ".join(m.problems)
     if m.status == "untested" and _allowed():
