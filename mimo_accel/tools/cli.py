@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
-from mimo_accel.tools.arguments import TRACEBACK_ENV, UsageError, one_line, output_file
+from mimo_accel.tools.arguments import TRACEBACK_ENV, UsageError, one_line, one_line_errors, output_file
 
 BOOTSTRAP_DIR = Path(__file__).resolve().parents[1] / "_bootstrap"
 
@@ -273,7 +273,7 @@ def build_parser() -> argparse.ArgumentParser:
     for name, (_, help_) in DELEGATED.items():
         dev = "; a development command: a checkout's make setup" if name in DEV_COMMANDS else ""
         sub.add_parser(name, help=help_ + f" (mimo-accel {name} --help{dev})")
-    return p
+    return one_line_errors(p)
 
 
 def _subparser(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:
