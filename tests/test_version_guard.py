@@ -253,6 +253,28 @@ def test_doctor_shows_versions_and_the_match(guard, monkeypatch, capsys, bridge,
     assert support.split(",")[0] in out and core in out
 
 
+def test_doctor_shows_what_the_environment_turns_on(guard, monkeypatch, capsys, tmp_path):
+    """doctor is a process of its own (nothing is enabled in it): it says what MIMO_ACCEL* here turn
+    on in a job, and how, or the one line that would stop the job."""
+    guard("0.6.2", "0.19.2")
+    monkeypatch.setenv("MIMO_ACCEL", "reorder,profile")
+    monkeypatch.setenv("MIMO_ACCEL_PROFILE", str(tmp_path / "runs"))
+    info = doctor.collect()
+    assert info["env_features"] == ["sharded_reads", "reorder", "profile"] and info["env_error"] is None
+    assert info["startup_hook"] and info["startup_hook"].endswith("mimo_accel.pth")  # make setup's install has it
+    assert doctor.main() == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "on from MIMO_ACCEL* here" in out and "sharded_reads │ yes │ yes" in out and "packing │ yes │ no" in out
+    assert (f"a Python process started with them turns on sharded_reads, reorder, profile, through the startup hook "
+            f"{info['startup_hook']}") in out
+    assert mimo_accel.status()["active"] == []  # nothing enabled in doctor's own process
+    (tmp_path / "file").write_text("x")
+    monkeypatch.setenv("MIMO_ACCEL_PROFILE", str(tmp_path / "file"))
+    assert doctor.main() == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "a job started with them stops at its start: profile=" in out and "is a file, not a directory" in out
+
+
 def test_doctor_without_torch_says_what_is_missing():
     code = ("import sys; sys.modules['torch'] = None  # as if torch were not installed\n"
             "from mimo_accel.tools import cli; sys.exit(cli.main(['doctor']))")
