@@ -283,8 +283,10 @@ def _subparser(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentP
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     from mimo_accel.config import ConfigError
+    from mimo_accel.notices import own_lines
     from mimo_accel.tools.devkit import DevKitMissing, import_dev
 
+    own_lines()  # what the tools log: one prefix, on stderr
     argv = list(sys.argv[1:] if argv is None else argv)
     cmd = argv[0] if argv and not argv[0].startswith("-") else None
     try:
