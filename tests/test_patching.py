@@ -212,13 +212,15 @@ def test_explicit_arguments_override_environment_override_defaults(monkeypatch):
 
 
 def test_profiler_off_installs_no_wrappers_and_on_installs_the_hooks(clean_engine):
+    """The encoders are timed only with the profiler (or online calibration); the optimizer step,
+    where rank 0's step line comes from, ends every feature's step."""
     from megatron.core.models.mimo.optimizer import MimoOptimizer
     from megatron.core.models.mimo.submodules.base import ModalitySubmodules
 
     encode, step = ModalitySubmodules.__dict__["encode"], MimoOptimizer.__dict__["step"]
     mimo_accel.enable(sharded_reads=True, packing=True)
-    assert ModalitySubmodules.__dict__["encode"] is encode and MimoOptimizer.__dict__["step"] is step
-    assert not any("encode" in p or "MimoOptimizer" in p for p in mimo_accel.status()["patched"])
+    assert ModalitySubmodules.__dict__["encode"] is encode and MimoOptimizer.__dict__["step"] is not step
+    assert not any("encode" in p for p in mimo_accel.status()["patched"])
     mimo_accel.enable(sharded_reads=True, packing=True, profile="/tmp/mimo-accel-unused")
     assert ModalitySubmodules.__dict__["encode"] is not encode and MimoOptimizer.__dict__["step"] is not step
     mimo_accel.disable()
