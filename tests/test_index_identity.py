@@ -102,8 +102,12 @@ def test_a_file_that_differs_from_the_dataset_s_own_index_is_said(tmp_path):
 # ----------------------------------------------------------------------------------------------
 
 
-def _manifest_index(tmp_path, examples, name="manifest.jsonl"):
-    """``mimo-accel index MANIFEST`` over the examples' image files (relative to the manifest)."""
+QWEN2_RULE = ["--patch-size", "14", "--min-pixels", str(56 * 56), "--max-pixels", str(28 * 28 * 1280)]  # qwen_processor()'s
+
+
+def _manifest_index(tmp_path, examples, name="manifest.jsonl", rule=QWEN2_RULE):
+    """``mimo-accel index MANIFEST`` over the examples' image files (relative to the manifest), with
+    the resize rule ``rule`` gives (options)."""
     import json
     from pathlib import Path
 
@@ -113,7 +117,7 @@ def _manifest_index(tmp_path, examples, name="manifest.jsonl"):
     lines = [{"images": [os.path.relpath(e["image"], tmp_path)], "text": e["text"]} for e in examples]
     manifest.write_text("".join(json.dumps(line) + "\n" for line in lines))
     out = tmp_path / (name + ".npz")
-    assert indexing.main([str(manifest), "--out", str(out)]) == 0
+    assert indexing.main([str(manifest), *rule, "--out", str(out)]) == 0
     return str(out), Path(manifest)
 
 
@@ -211,7 +215,7 @@ def test_an_index_recording_no_files_is_checked_by_its_length_alone_said_once(tm
     for _ in range(2):
         assert cost_index_for(ds, str(old), "train", notify=runtime.say_once).digest() == index.digest()
     (note,) = _notices(runtime)
-    assert "records no fingerprint of its files" in note and "only its length could be checked" in note
+    assert "records no fingerprint of its files" in note and "only its length and resize rule could be checked" in note
 
 
 def test_an_index_file_keeps_the_contents_digest_in_its_header(tmp_path):

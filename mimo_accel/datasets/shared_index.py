@@ -20,7 +20,7 @@ import os
 import socket
 import time
 from pathlib import Path
-from typing import Any, Callable, Optional, Union
+from typing import Any, Callable, NamedTuple, Optional, Union
 
 from mimo_accel.costs import CostIndex
 from mimo_accel.costs.files import atomic_write
@@ -29,7 +29,7 @@ from mimo_accel.datasets.dispatch import source_for
 from mimo_accel.datasets.fingerprints import sha256_hex
 from mimo_accel.datasets.sources import DeriveError, Probed, SampleSource
 
-__all__ = ["ENV_CACHE_DIR", "cache_path", "default_cache_dir", "derive_cost_index", "share"]
+__all__ = ["ENV_CACHE_DIR", "Identified", "cache_path", "default_cache_dir", "derive_cost_index", "identify", "share"]
 
 ENV_CACHE_DIR = "MIMO_ACCEL_CACHE_DIR"
 _PROGRESS_FROM = 2048  # samples in rank 0's share from which a progress bar is shown by default
@@ -123,11 +123,20 @@ def _progress_bar(enabled: bool, total: int, description: str):
     return progress, (lambda n: progress.advance(task, n))
 
 
-def _identify(dataset: Any, comm: Any, workers: Optional[int] = None) -> tuple[SampleSource, dict, Contents]:
-    """(the dataset's source, its identity, its files' digest) — the same on every rank of ``comm``: the dataset's
+class Identified(NamedTuple):
+    """A dataset as every rank of a group sees it alike (:func:`identify`)."""
+
+    source: SampleSource  # what reads it: its rules, its files
+    identity: dict  # what an index of it records (:func:`dataset_identity`)
+    contents: Contents  # its files' digest, with the files that could not be read
+
+
+def identify(dataset: Any, comm: Any = None, workers: Optional[int] = None) -> Identified:
+    """The dataset's source, identity and files' digest — the same on every rank of ``comm`` (None: one process): the dataset's
     fingerprint and the digest of the files its costs are read from (names, sizes, first bytes:
     :mod:`mimo_accel.costs.contents`; each rank reads its share's files, the shares add up; one
     gather). An unknown dataset fails every rank."""
+    comm = comm if comm is not None else _Alone
     rank, world = comm.rank, comm.world
     failure: Optional[BaseException] = None
     try:
@@ -152,7 +161,7 @@ def _identify(dataset: Any, comm: Any, workers: Optional[int] = None) -> tuple[S
     contents = sum((h[4] for h in hellos), Contents())  # the shares cover every sample once
     identity = {"dataset": fingerprint, "contents": contents.record(), "describe": source.describe(),
                 "samples": source.length}
-    return source, identity, contents
+    return Identified(source, identity, contents)
 
 
 def cache_key(identity: dict) -> str:
@@ -166,7 +175,7 @@ def dataset_identity(dataset: Any, *, group: Any = None) -> tuple[dict, Contents
     """What a cost index of ``dataset`` must record to describe it (collective over ``group``):
     ``dataset`` (its fingerprint), ``contents`` (its files' digest: :meth:`Contents.record`),
     ``describe``, ``samples``; and that digest itself (it counts the files that could not be read)."""
-    _, identity, contents = _identify(dataset, group if group is not None else _Alone)
+    _, identity, contents = identify(dataset, group)
     return identity, contents
 
 
@@ -197,7 +206,7 @@ def derive_cost_index(dataset: Any, *, group: Any = None, cache_dir: CacheDir = 
     start = time.perf_counter()
 
     # 1. Every rank names what it sees; an unknown dataset fails everywhere, together.
-    source, identity, _ = _identify(dataset, comm, workers)
+    source, identity, _ = identify(dataset, comm, workers)
     key = cache_key(identity)
 
     # 2. The cache: used only when every rank holds the identical index.

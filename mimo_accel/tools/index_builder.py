@@ -21,7 +21,8 @@ Manifest format (JSON Lines, one object per sample, in dataset order; blank line
   ``tokens`` when you have them: the estimate only matters if the cost model weighs tokens.
 
 Vision patches come from the processor's resize rule (:class:`mimo_accel.costs.ResizeRule`,
-Qwen2-VL's ``smart_resize``), so pass the rule of the processor you train with. The manifest is
+Qwen2-VL's ``smart_resize``), which has no default here: a manifest with images needs the rule of the
+processor you train with (``--processor``, or its patch size and pixel bounds). The manifest is
 read :data:`CHUNK_LINES` lines at a time behind a progress bar, no Python object per sample kept.
 The index (format v4, packed and memory-mapped by a training job) holds the manifest's images as the column of
 one encoder module, ``vision`` unless ``--module NAME`` names it as the layout does (``images``,
@@ -62,6 +63,8 @@ DEFAULT_MODULE = "vision"  # the encoder module a manifest's images price (--mod
 CHARS_PER_TOKEN = 4
 CHUNK_LINES = 1 << 16  # manifest lines parsed, sized and indexed at a time
 DEFAULT_WORKERS = 1  # header-reading threads (benchmarks/bench_index.py --manifest: see docs/measurements.md)
+NO_RULE_FIX = ("`mimo-accel index --processor NAME_OR_PATH`, or --patch-size, --min-pixels and --max-pixels; "
+               "rule=ResizeRule(...) in Python")
 
 
 class ManifestError(ValueError):
@@ -195,8 +198,12 @@ class _Columns:
         n = len(shapes)
         counts = np.fromiter((len(s.image_sizes) for s in shapes), dtype=np.int64, count=n)
         hw = np.array([size for s in shapes for size in s.image_sizes], dtype=np.int64).reshape(-1, 2)
+        if rule is None and hw.size:
+            first = int(np.flatnonzero(counts)[0])
+            raise ManifestError(f"{where(first)}: a sample with images, and no resize rule to price them: give the "
+                                f"rule of the processor you train with ({NO_RULE_FIX})")
         try:
-            per_image = rule.patches_many(hw[:, 0], hw[:, 1])
+            per_image = rule.patches_many(hw[:, 0], hw[:, 1]) if hw.size else np.zeros(0, np.int64)
         except ValueError:
             # Find the sample the rule refuses (e.g. aspect ratio above 200) and name it.
             for i, shape in enumerate(shapes):
@@ -215,6 +222,7 @@ class _Columns:
             self.parts[key].append(a.astype(np.min_scalar_type(int(a.max()) if a.size else 0)))
 
     def index(self, rule: Any, module: str) -> CostIndex:
+        rule = ResizeRule() if rule is None else rule  # a column needs one; without images it prices nothing
         whole = {}
         for key, parts in self.parts.items():
             whole[key] = np.concatenate(parts) if parts else np.zeros(0, np.uint8)  # the widest part's type
@@ -230,15 +238,16 @@ def build_index_from_manifest(path: str | os.PathLike[str], rule: Optional[Resiz
     """The cost index of the samples a JSONL manifest lists (format: see the module docstring), its
     images the column of encoder ``module``, read :data:`CHUNK_LINES` lines at a time.
 
+    ``rule``: the resize rule of the processor the job trains with; None only for a manifest
+    without images (one with images is refused at its first: no default fits every processor).
     ``workers``: threads reading a chunk's image headers (None: :data:`DEFAULT_WORKERS`; 1: serial).
     ``on_progress(bytes)``: called after each chunk with the bytes of the manifest read so far.
     The index's identity records the digest of its image files (``contents``: names, sizes, first
     bytes, :mod:`mimo_accel.costs.contents`), which a training job compares with its dataset's;
     not when a sample gives ``image_sizes`` (the dataset's files for those are unknown here).
     Raises :class:`ManifestError` (a ValueError) naming the manifest line for a bad line, a missing
-    or unreadable image, or an image the resize rule refuses.
+    or unreadable image, an image the resize rule refuses, or images without a rule.
     """
-    rule = ResizeRule() if rule is None else rule
     workers = DEFAULT_WORKERS if workers is None else workers
     if workers < 1:
         raise ValueError(f"workers must be >= 1, got {workers}")
@@ -259,8 +268,7 @@ def build_index_from_manifest(path: str | os.PathLike[str], rule: Optional[Resiz
 def build_index_from_dataset(dataset: Any, shape_fn: Callable[[int], SampleShape],
                              rule: Optional[ResizeRule] = None, *, module: str = DEFAULT_MODULE) -> CostIndex:
     """The cost index of an in-memory dataset: ``shape_fn(i)`` gives sample i's :class:`SampleShape`
-    (its images: encoder ``module``'s column)."""
-    rule = ResizeRule() if rule is None else rule
+    (its images: encoder ``module``'s column, priced by ``rule``, which a dataset with images needs)."""
     columns = _Columns()
     for lo in range(0, len(dataset), CHUNK_LINES):
         shapes = []
