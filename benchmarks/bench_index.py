@@ -210,6 +210,7 @@ def _probe(args, console) -> None:
 
         per_rank = -(-args.total // args.ranks)
         probe_s = per_rank / per_core
+        fingerprint_s *= per_rank / len(ds)  # every row of a rank's share (benchmarks/bench_identity.py)
         gather_mb = args.total * 4 * 8 / 2**20
         total_s = probe_s + fingerprint_s
         summary = Table(title=f"deriving the index of {args.total:,} samples on {args.ranks} ranks",
@@ -223,7 +224,7 @@ def _probe(args, console) -> None:
                                                f"{len(ds) / tokenize_s:,.0f} texts/s)")
         summary.add_row("samples per rank", f"{per_rank:,}")
         summary.add_row("probe time per rank", f"{probe_s:.2f} s")
-        summary.add_row("fingerprint (sampled rows + tokenizer), per rank", f"{fingerprint_s:.2f} s")
+        summary.add_row("fingerprint (every row of its share + tokenizer), per rank", f"{fingerprint_s:.2f} s")
         summary.add_row("all_gather payload", f"{gather_mb:.0f} MB in all (4 int64 per sample)")
         verdict = "[green]under a minute[/]" if total_s < 60 else "[red]over a minute[/]"
         summary.add_row("extrapolated time (probe + fingerprint)", f"{total_s:.2f} s — {verdict}")

@@ -23,6 +23,7 @@ from mimo_accel.costs.contents import Contents, file_stamps
 from mimo_accel.costs.images import image_size_of
 from mimo_accel.datasets import DeriveError, MimoDatasetSource, Probed, QwenFetchResize, qwen_resize_rule, shared_index
 from mimo_accel.datasets.megatron_mimo import _mimo_real_tokens
+from mimo_accel.datasets.sources import Inputs
 from mimo_accel_dev.rehearse.stack import offline_tokenizer
 from tests._hypothesis import examples
 
@@ -614,9 +615,12 @@ def test_more_ranks_than_samples_and_world_size_independence(tmp_path):
     ds = mimo_dataset(all_kinds_of_examples(tmp_path), qwen_processor())
     source = MimoDatasetSource(ds)
     whole = source.to_index(source.probe(0, source.base_length)).digest()
-    contents = source.contents(0, source.base_length)
+    inputs = source.read_inputs(0, source.base_length)
     for world in (2, 3, 16):
         parts = [source.probe(*shared_index.share(r, world, source.base_length)) for r in range(world)]
         assert source.to_index(Probed.concat(parts)).digest() == whole
-        shares = [source.contents(*shared_index.share(r, world, source.base_length)) for r in range(world)]
-        assert sum(shares, Contents()).digest == contents.digest and contents.files == 7
+        shares = [source.read_inputs(*shared_index.share(r, world, source.base_length)) for r in range(world)]
+        added = sum(shares, Inputs.none())
+        assert added.contents.digest == inputs.contents.digest and inputs.contents.files == 7
+        assert added.texts.digest == inputs.texts.digest and inputs.texts.samples == len(ds)
+        assert added.rows.digest == inputs.rows.digest and inputs.rows.samples == len(ds)

@@ -8,7 +8,7 @@ from typing import Callable, Optional
 import numpy as np
 
 from mimo_accel.costs import CostIndex
-from mimo_accel.costs.contents import Contents
+from mimo_accel.costs.contents import Contents, SampleDigest
 from mimo_accel.costs.index import DEFAULT_ENCODER
 from mimo_accel.costs.resize import ResizeRule
 from mimo_accel.costs.rules import rule_text
@@ -63,7 +63,8 @@ def _check_describes(index: CostIndex, file: str, dataset, split: str, group, no
     of the same files in another directory (what is compared: :mod:`mimo_accel.costs.contents`)."""
     recorded = index.identity
     rebuild = (f"`mimo-accel index --dataset MODULE:FACTORY --split {split} --out {file}`" if "manifest" not in recorded
-               else f"`mimo-accel index MANIFEST --split {split} --out {file}` from this dataset's manifest")
+               else f"`mimo-accel index MANIFEST --processor PROCESSOR --split {split} --out {file}` from this "
+               "dataset's manifest, with its processor")
     fix = (f"rebuild it for this dataset ({rebuild}), or name one file per split with '{SPLIT_FIELD}' in the path "
            f"(e.g. costs-{SPLIT_FIELD}.npz)")
     if recorded.get("split") not in (None, split):
@@ -89,6 +90,7 @@ def _check_describes(index: CostIndex, file: str, dataset, split: str, group, no
             f"mimo_accel reorder: the cost index {file} describes another dataset: its files (names, sizes, first "
             f"bytes) {theirs.describe(what)}, this {split} dataset's {contents.describe(mine['describe'])}; {fix}")
     _check_rules(index, file, seen.source.rules, split, "manifest" in recorded)
+    _check_texts(recorded, mine, file, split, fix, notify)
     if theirs is None:
         if notify is not None:
             why = ("records its files in a form this mimo_accel does not read (a newer version's?)" if "contents" in recorded else
@@ -97,11 +99,44 @@ def _check_describes(index: CostIndex, file: str, dataset, split: str, group, no
             notify(f"index-identity:{file}", f"mimo_accel reorder: the cost index {file} {why}, so only its length "
                    f"and resize rule could be checked against the {split} dataset; `mimo-accel index` records one")
         return
-    if recorded.get("dataset") and recorded["dataset"] != mine["dataset"]:
+    if not recorded.get("dataset"):
+        return  # a manifest's index: its files, rule and texts are what it knows of the dataset
+    if recorded.get("format") != mine["format"]:
+        if notify is not None:
+            notify(f"index-format:{file}", f"mimo_accel reorder: the cost index {file} fingerprints its dataset's rows "
+                   f"as another mimo_accel did ({recorded.get('format', 'an older scheme')}, this one "
+                   f"{mine['format']}), so its files and resize rule were checked against the {split} dataset, its "
+                   f"rows' other inputs (texts, cells) and settings were not; rebuild it ({rebuild}) to check them all")
+        return
+    if recorded["dataset"] != mine["dataset"]:
         raise ValueError(
             f"mimo_accel reorder: the cost index {file} describes another dataset: its files are this one's but its "
-            f"dataset fingerprint (examples, tokenizer, processors) {recorded['dataset'][:16]} ({what}), this {split} "
-            f"dataset's {mine['dataset'][:16]} ({mine['describe']}); {fix}")
+            f"dataset fingerprint (every row's cost inputs, tokenizer, processors) {recorded['dataset'][:16]} "
+            f"({what}), this {split} dataset's {mine['dataset'][:16]} ({mine['describe']}); {fix}")
+
+
+def _check_texts(recorded: dict, mine: dict, file: str, split: str, fix: str, notify) -> None:
+    """Refuse an index read from other texts than the dataset's (its token counts are theirs);
+    say once where either side has none to compare: a manifest that gives token counts, a
+    dataset whose texts are conversations."""
+    theirs, ours = SampleDigest.from_record(recorded.get("texts")), SampleDigest.from_record(mine.get("texts"))
+    if theirs is not None and ours is not None:
+        if theirs.digest != ours.digest:
+            raise ValueError(
+                f"mimo_accel reorder: the cost index {file} describes another dataset: its texts "
+                f"{theirs.describe('texts', recorded.get('describe', '?'))}, this {split} dataset's "
+                f"{ours.describe('texts', mine['describe'])} (its token counts are the other texts'); {fix}")
+        return
+    if notify is None or "manifest" not in recorded:
+        return  # a derived index: the dataset fingerprint covers the texts
+    if theirs is None:
+        notify(f"index-texts:{file}", f"mimo_accel reorder: the cost index {file} records no digest of its texts (its "
+               "manifest gives \"tokens\" without \"text\" on some line), so its token counts could not be checked "
+               f"against the {split} dataset's texts; give each line's \"text\" too for mimo_accel to check them")
+    else:
+        notify(f"index-texts:{file}", f"mimo_accel reorder: the {split} dataset ({mine['describe']}) holds no texts a "
+               f"manifest gives (a conversation's turns, rendered by its chat template), so the texts of the cost "
+               f"index {file} could not be checked against it; its files and rule were")
 
 
 def _check_rules(index: CostIndex, file: str, rules: dict, split: str, from_manifest: bool) -> None:

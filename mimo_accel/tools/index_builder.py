@@ -19,6 +19,9 @@ Manifest format (JSON Lines, one object per sample, in dataset order; blank line
 - ``tokens``: the sample's real text tokens, or ``text``: tokens are then *estimated* as
   ``ceil(len(text) / 4)`` (about four characters per token for English BPE vocabularies). Give
   ``tokens`` when you have them: the estimate only matters if the cost model weighs tokens.
+- ``text`` is also what the index checks the dataset's texts by: given on every line (with
+  ``tokens`` or without), as the dataset holds it (a MegatronMIMODataset's text column), its
+  digest is recorded and a training job refuses the index once a text differs.
 
 Vision patches come from the processor's resize rule (:class:`mimo_accel.costs.ResizeRule`,
 Qwen2-VL's ``smart_resize``), which has no default here: a manifest with images needs the rule of the
@@ -46,7 +49,7 @@ import numpy as np
 
 from mimo_accel.costs import CostIndex, ResizeRule, SampleShape, image_size_from_header
 from mimo_accel.costs.files import map_reads
-from mimo_accel.costs.contents import Contents, file_stamp
+from mimo_accel.costs.contents import Contents, SampleDigest, file_stamp
 
 __all__ = [
     "INDEX_SUFFIX",
@@ -93,6 +96,7 @@ class _Entry:
     images: tuple[Path, ...]  # files whose headers give the sizes
     sizes: tuple[tuple[int, int], ...]  # sizes given in the manifest
     tokens: int
+    text: Optional[str]  # its text, where given (its digest is recorded)
 
 
 def _parse_line(text: str, line: int, where: str, base: Path) -> _Entry:
@@ -122,18 +126,19 @@ def _parse_line(text: str, line: int, where: str, base: Path) -> _Entry:
         if not ok:
             raise bad("\"image_sizes\" must be a list of [height, width] pairs of positive integers")
         sizes = [(s[0], s[1]) for s in raw]
+    text = doc.get("text")
+    if text is not None and not isinstance(text, str):
+        raise bad("\"text\" must be a string")
     if "tokens" in doc:
         tokens = doc["tokens"]
         if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 0:
             raise bad(f"\"tokens\" must be a non-negative integer, got {tokens!r}")
-    elif "text" in doc:
-        if not isinstance(doc["text"], str):
-            raise bad("\"text\" must be a string")
-        tokens = estimate_tokens(doc["text"])
+    elif text is not None:
+        tokens = estimate_tokens(text)
     else:
         raise bad("each sample needs \"tokens\" (its real text tokens) or \"text\" (tokens estimated "
                   f"as len(text)/{CHARS_PER_TOKEN})")
-    return _Entry(line, tuple(images), tuple(sizes), tokens)
+    return _Entry(line, tuple(images), tuple(sizes), tokens, text)
 
 
 def manifest_chunks(path: str | os.PathLike[str], lines: Optional[int] = None) -> Iterator[tuple[list[_Entry], int]]:
@@ -243,15 +248,16 @@ def build_index_from_manifest(path: str | os.PathLike[str], rule: Optional[Resiz
     ``workers``: threads reading a chunk's image headers (None: :data:`DEFAULT_WORKERS`; 1: serial).
     ``on_progress(bytes)``: called after each chunk with the bytes of the manifest read so far.
     The index's identity records the digest of its image files (``contents``: names, sizes, first
-    bytes, :mod:`mimo_accel.costs.contents`), which a training job compares with its dataset's;
-    not when a sample gives ``image_sizes`` (the dataset's files for those are unknown here).
+    bytes, :mod:`mimo_accel.costs.contents`), not when a sample gives ``image_sizes`` (the
+    dataset's files for those are unknown here); and of its texts (``texts``) when every line gives
+    its ``text``. A training job compares both with its dataset's.
     Raises :class:`ManifestError` (a ValueError) naming the manifest line for a bad line, a missing
     or unreadable image, an image the resize rule refuses, or images without a rule.
     """
     workers = DEFAULT_WORKERS if workers is None else workers
     if workers < 1:
         raise ValueError(f"workers must be >= 1, got {workers}")
-    columns, contents, sized, sample = _Columns(), Contents(), False, 0
+    columns, contents, texts, sized, sample = _Columns(), Contents(), SampleDigest(), False, 0
     for entries, done in manifest_chunks(path):
         read = _read_sizes(entries, str(path), workers)
         shapes = [SampleShape(tuple(read[i][0] for i in e.images) + e.sizes, e.tokens) for e in entries]
@@ -259,10 +265,15 @@ def build_index_from_manifest(path: str | os.PathLike[str], rule: Optional[Resiz
         for e in entries:
             sized = sized or bool(e.sizes)
             contents.add(sample, [str(i) for i in e.images], [read[i][1] for i in e.images])
+            if texts is not None and e.text is not None:
+                texts.add(sample, e.text.encode())
+            else:  # a line without its text: the index's texts cannot be compared with the dataset's
+                texts = None
             sample += 1
         if on_progress is not None:
             on_progress(done)
-    return columns.index(rule, module).with_identity(contents=None if sized else contents.record())
+    return columns.index(rule, module).with_identity(contents=None if sized else contents.record(),
+                                                     texts=texts.record() if texts is not None else None)
 
 
 def build_index_from_dataset(dataset: Any, shape_fn: Callable[[int], SampleShape],
