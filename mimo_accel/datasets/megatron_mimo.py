@@ -40,6 +40,9 @@ from mimo_accel.datasets.sources import (
     SampleSource,
     ImageItem,
     RowInputs,
+    SampleError,
+    empty_list_problem,
+    is_empty_list,
     local_path,
     per_sample_patches,
     read_sizes,
@@ -47,6 +50,8 @@ from mimo_accel.datasets.sources import (
 )
 
 __all__ = ["MimoDatasetSource"]
+
+_ID_KEYS = ("id", "sample_id", "uid")  # a row's own name, where it has one, beside its position
 
 
 class MimoDatasetSource(SampleSource):
@@ -122,7 +127,18 @@ class MimoDatasetSource(SampleSource):
                 text = get(self.text_column, "")
                 inputs = {column: relocatable(get(column)) for column in self.modalities.values()}
                 inputs[self.text_column] = text
-                yield RowInputs(start + j, tuple(files), text if isinstance(text, str) else str(text), inputs)
+                problems = tuple(empty_list_problem(self._sample_name(start + j), column)
+                                 for column in self.modalities.values() if is_empty_list(get(column)))
+                yield RowInputs(start + j, tuple(files), text if isinstance(text, str) else str(text), inputs, problems)
+
+    def _sample_name(self, i: int) -> str:
+        """``sample i``, with the row's ``id`` where it has one (read for a message only)."""
+        try:
+            row = self.examples[i]
+            key = next((k for k in _ID_KEYS if isinstance(row, Mapping) and row.get(k) is not None), None)
+        except Exception:  # the name is a courtesy: the position alone names the sample
+            return f"sample {i}"
+        return f"sample {i} ({key} {row[key]!r})" if key else f"sample {i}"
 
     def _rows(self, start: int, stop: int) -> list[Mapping[str, Any]]:
         ex = self.examples
@@ -159,6 +175,8 @@ class MimoDatasetSource(SampleSource):
                 if modality in self.special and modality not in self.rows_per_placeholder:
                     prefix[j] += self.enc_lengths.get(modality, 1)
                 cell, kind = row[column], self.kinds[modality]
+                if is_empty_list(cell):
+                    raise SampleError(empty_list_problem(self._sample_name(i), column))
                 several = isinstance(cell, (list, tuple))
                 if kind == "image":
                     rule = self.rules[modality]

@@ -27,7 +27,15 @@ from mimo_accel.costs.files import atomic_write
 from mimo_accel.costs.contents import Contents
 from mimo_accel.datasets.dispatch import source_for
 from mimo_accel.datasets.fingerprints import sha256_hex
-from mimo_accel.datasets.sources import PROBE_FORMAT, DeriveError, Inputs, Probed, SampleSource, fingerprint_of
+from mimo_accel.datasets.sources import (
+    PROBE_FORMAT,
+    DeriveError,
+    Inputs,
+    Probed,
+    SampleError,
+    SampleSource,
+    fingerprint_of,
+)
 
 __all__ = ["ENV_CACHE_DIR", "Identified", "cache_path", "default_cache_dir", "derive_cost_index", "identify", "share"]
 
@@ -103,11 +111,13 @@ def _raise_first_error(reports: list[tuple], what: Callable[[int], str], local: 
         raise local  # a single process: the error as it was raised
     for r, report in enumerate(reports):
         if report[0] == "error":
-            raise DeriveError(f"mimo_accel: deriving per-sample costs failed on {what(r)}: {report[1]}")
+            kind = SampleError if report[2] else DeriveError  # a bad sample stays one on every rank
+            raise kind(f"mimo_accel: deriving per-sample costs failed on {what(r)}: {report[1]}")
 
 
-def _error_text(exc: BaseException) -> str:
-    return str(exc) if isinstance(exc, DeriveError) else f"{type(exc).__name__}: {exc}"
+def _error_report(exc: BaseException) -> tuple:
+    text = str(exc) if isinstance(exc, DeriveError) else f"{type(exc).__name__}: {exc}"
+    return "error", text, isinstance(exc, SampleError)
 
 
 def _progress_bar(enabled: bool, total: int, description: str):
@@ -146,7 +156,7 @@ def identify(dataset: Any, comm: Any = None, workers: Optional[int] = None) -> I
         hello: tuple = ("ok", source.settings_fingerprint(), source.length, source.base_length,
                         source.read_inputs(lo, hi, workers))
     except Exception as exc:  # reported to every rank below, so none waits in a collective
-        source, hello, failure = None, ("error", _error_text(exc)), exc
+        source, hello, failure = None, _error_report(exc), exc
     hellos = comm.gather(hello)
     _raise_first_error(hellos, lambda r: f"rank {r}", failure)
     assert source is not None
@@ -244,7 +254,7 @@ def derive_cost_index(dataset: Any, *, group: Any = None, cache_dir: CacheDir = 
                 probed = source.probe(lo, hi, on_progress=bar[1], workers=workers)
         part: tuple = ("ok", probed, time.perf_counter() - t0)
     except Exception as exc:
-        part, failure = ("error", _error_text(exc)), exc
+        part, failure = _error_report(exc), exc
     parts = comm.gather(part)
     _raise_first_error(parts, lambda r: f"rank {r} (samples {share(r, world, source.base_length)[0]}.."
                                         f"{share(r, world, source.base_length)[1] - 1})", failure)

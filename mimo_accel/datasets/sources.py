@@ -22,7 +22,7 @@ from mimo_accel.costs.images import ImageSizeError, RemoteImageError, is_local_f
 from mimo_accel.costs.index import per_sample_sums
 from mimo_accel.datasets.fingerprints import canonical_bytes, sha256_hex
 
-__all__ = ["PROBE_FORMAT", "DeriveError", "Inputs", "Probed", "RowInputs", "SampleSource"]
+__all__ = ["PROBE_FORMAT", "DeriveError", "Inputs", "Probed", "RowInputs", "SampleError", "SampleSource"]
 
 # /2: one column set per encoder module; /3: file names as base names; /4: every row's cost inputs
 PROBE_FORMAT = "mimo-accel-probe/4"
@@ -39,6 +39,22 @@ _CONTENTS_CHUNK = 4096  # base samples whose inputs (files' heads, texts, cells)
 
 class DeriveError(ValueError):
     """Per-sample costs cannot be derived from this dataset or sample; the message names the fix."""
+
+
+class SampleError(DeriveError):
+    """A sample the dataset itself would fail to load; the message names it and the fix."""
+
+
+def empty_list_problem(where: str, column: str) -> str:
+    """What a modality cell holding an empty list is, named (``where``: the sample)."""
+    return (f"{where}, column {column!r}: an empty list; Bridge's MegatronMIMODataset hands it to the processor, "
+            "which fails (\"need at least one array to concatenate\"). Give None, or leave the column out, for a "
+            "sample without one")
+
+
+def is_empty_list(cell: Any) -> bool:
+    """A list (or tuple) cell with nothing but None in it: no item to process, not None either."""
+    return isinstance(cell, (list, tuple)) and all(v is None for v in cell)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -86,12 +102,13 @@ class RowInputs(NamedTuple):
     from, as (path, kind: ``"image"`` or ``"audio"``); the text its tokens are counted from (None:
     a form no manifest gives, a conversation's turns); and every cost input of the row (its
     modality cells, files by base name: :func:`~mimo_accel.datasets.fingerprints.relocatable`, and
-    its text), JSON-able."""
+    its text), JSON-able; and what the dataset would fail to load in it (``problems``, each named)."""
 
     sample: int
     files: tuple[tuple[str, str], ...]
     text: Optional[str]
     inputs: Any
+    problems: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -248,7 +265,8 @@ class SampleSource:
         """The :class:`Inputs` of base samples ``[lo, hi)``: their files' heads read (a thread pool
         unless ``workers`` is 1) and each counted at every dataset position that repeats it (dataset
         sample i is base sample ``i % base_length``), as are the texts; each row's cost inputs once,
-        at its base position (the lengths are in :meth:`settings_fingerprint`)."""
+        at its base position (the lengths are in :meth:`settings_fingerprint`). A sample the dataset
+        would fail to load is a :class:`SampleError` naming it."""
         contents, rows = Contents(), SampleDigest()
         texts: Optional[SampleDigest] = SampleDigest()
         chunk: list[RowInputs] = []
@@ -270,6 +288,8 @@ class SampleSource:
             chunk.clear()
 
         for row in self.row_inputs(lo, hi):
+            if row.problems:  # found before the job, which would stop at this sample
+                raise SampleError(row.problems[0])
             chunk.append(row)
             if len(chunk) >= _CONTENTS_CHUNK:
                 add_chunk()

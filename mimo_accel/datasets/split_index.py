@@ -13,7 +13,7 @@ from mimo_accel.costs.index import DEFAULT_ENCODER
 from mimo_accel.costs.resize import ResizeRule
 from mimo_accel.costs.rules import rule_text
 from mimo_accel.datasets.shared_index import derive_cost_index, identify
-from mimo_accel.datasets.sources import DeriveError
+from mimo_accel.datasets.sources import DeriveError, SampleError
 
 __all__ = ["SPLIT_FIELD", "cost_index_for", "index_digest"]
 
@@ -77,6 +77,8 @@ def _check_describes(index: CostIndex, file: str, dataset, split: str, group, no
     # that may differ between them: the plan-input check after this names such ranks).
     try:
         seen = identify(dataset, group)
+    except SampleError:  # a sample the job would stop at: said now, with its name
+        raise
     except DeriveError as exc:  # a dataset mimo_accel cannot fingerprint: the length is all it can check
         if notify is not None:
             notify(f"index-identity:{file}", f"mimo_accel reorder: the cost index {file} could not be checked "

@@ -320,8 +320,9 @@ def _main_dataset(args) -> int:
         except ValueError as exc:
             raise UsageError(f"--verify decodes the files of Bridge's MegatronMIMODataset and DirectSFTDataset: "
                              f"{one_line(exc)}") from None
-        verified = _verify(_dataset_files(source), "decoding the dataset's files", source.base_length, False,
-                           args.workers)
+        problems: list[str] = []
+        verified = _verify(_dataset_files(source, problems), "decoding the dataset's files", source.base_length,
+                           False, args.workers, problems)
     written: list[Any] = []
     index = derive_cost_index(dataset, cache_dir=args.cache_dir, refresh=args.refresh, progress=True,
                               workers=args.workers)
@@ -411,18 +412,24 @@ def _manifest_files(manifest: Path) -> Iterator[tuple[list, int]]:
         yield [(f"{manifest}:{line}", str(image), "image") for image, line in first.items()], done
 
 
-def _dataset_files(source: Any) -> Iterator[tuple[list, int]]:
-    """The image and audio files of each chunk of a dataset's samples, and the samples done then."""
+def _dataset_files(source: Any, problems: list[str]) -> Iterator[tuple[list, int]]:
+    """The image and audio files of each chunk of a dataset's samples, and the samples done then;
+    the samples the dataset would fail to load (an empty list for an image) go to ``problems``."""
     step = 4096
     for start in range(0, source.base_length, step):
         stop = min(source.base_length, start + step)
-        yield [(f"sample {i}", path, kind) for i, path, kind in source.local_files(start, stop)], stop
+        files = []
+        for row in source.row_inputs(start, stop):
+            problems.extend(row.problems)
+            files.extend((f"sample {row.sample}", path, kind) for path, kind in row.files)
+        yield files, stop
 
 
 def _verify(batches: Iterator[tuple[list, int]], description: str, total: int, in_bytes: bool,
-            workers: Optional[int]) -> int:
+            workers: Optional[int], problems: Sequence[str] = ()) -> int:
     """Decode every file of ``batches`` (:mod:`mimo_accel.tools.decode_check`); the files checked,
-    or a ValueError after listing on stdout, one line each, those that cannot be decoded."""
+    or a ValueError after listing on stdout, one line each, the samples that cannot be loaded
+    (``problems``, filled while ``batches`` runs) and the files that cannot be decoded."""
     from mimo_accel.tools.decode_check import undecodable
 
     checked = 0
@@ -435,11 +442,14 @@ def _verify(batches: Iterator[tuple[list, int]], description: str, total: int, i
 
     with _progress(description, total, in_bytes) as advance:
         bad = list(undecodable(counted(), workers=workers, on_progress=advance))
+    for problem in problems:
+        print(problem)
     for (where, path, _), why in bad:
         print(f"{where}: {path}: {why}")
-    if bad:
-        raise ValueError(f"{len(bad):,} of {checked:,} files cannot be decoded (listed above): fix or drop them and "
-                         "index again; nothing was written")
+    found = [f"{len(problems):,} sample{'s' if len(problems) != 1 else ''} cannot be loaded"] if problems else []
+    found += [f"{len(bad):,} of {checked:,} files cannot be decoded"] if bad else []
+    if found:
+        raise ValueError(f"{' and '.join(found)} (listed above): fix or drop them and index again; nothing was written")
     return checked
 
 
