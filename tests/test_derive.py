@@ -149,7 +149,7 @@ def test_rule_comes_from_the_processor_settings():
 
 def test_several_images_per_sample_and_max_samples(tmp_path):
     paths = [str(write_image(tmp_path / f"{i}.png", 60 + 40 * i, 90)) for i in range(3)]
-    ex = [{"image": paths, "text": "a"}, {"image": paths[:1], "text": "a"}, {"image": [], "text": "a"},
+    ex = [{"image": paths, "text": "a"}, {"image": paths[:1], "text": "a"}, {"image": None, "text": "a"},
           {"image": paths[1], "text": "a"}]
     rule = ResizeRule()
     p = [rule.patches(90, 60 + 40 * i) for i in range(3)]
@@ -225,7 +225,7 @@ def test_hf_list_of_images_column(tmp_path):
     import datasets
 
     paths = [str(write_image(tmp_path / f"{i}.png", 64 * (i + 1), 64)) for i in range(3)]
-    hf = datasets.Dataset.from_dict({"image": [paths, paths[:1], []], "text": ["a", "a", "a"]})
+    hf = datasets.Dataset.from_dict({"image": [paths, paths[:1], None], "text": ["a", "a", "a"]})
     hf = hf.cast_column("image", datasets.Sequence(datasets.Image()))
     index = shared_index.derive_cost_index(mimo_dataset(hf, qwen_processor()), cache_dir=False)
     p = [ResizeRule().patches(64, 64 * (i + 1)) for i in range(3)]
