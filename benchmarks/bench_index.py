@@ -244,6 +244,7 @@ def _manifest(args, console) -> None:
     from PIL import Image
     from rich.table import Table
 
+    from mimo_accel.costs import ResizeRule
     from mimo_accel.tools import index_builder
 
     with tempfile.TemporaryDirectory(prefix="mimo-bench-manifest-") as tmp:
@@ -264,7 +265,7 @@ def _manifest(args, console) -> None:
             best = float("inf")
             for _ in range(3):
                 t = time.perf_counter()
-                index = index_builder.build_index_from_manifest(root / "m.jsonl", workers=workers)
+                index = index_builder.build_index_from_manifest(root / "m.jsonl", ResizeRule(), workers=workers)
                 best = min(best, time.perf_counter() - t)
             assert len(index) == args.manifest_files
             rates[workers] = args.manifest_files / best
@@ -303,6 +304,7 @@ def _digest_and_verify(root: Path, n: int, console) -> None:
     1 thread and on one per CPU (its default), best of 3 each."""
     from rich.table import Table
 
+    from mimo_accel.costs import ResizeRule
     from mimo_accel.tools import decode_check, index_builder
 
     def best(fn) -> float:
@@ -317,7 +319,7 @@ def _digest_and_verify(root: Path, n: int, console) -> None:
         real = index_builder.file_stamp
         index_builder.file_stamp = lambda path: b""
         try:
-            index_builder.build_index_from_manifest(root / "m.jsonl", workers=1)
+            index_builder.build_index_from_manifest(root / "m.jsonl", ResizeRule(), workers=1)
         finally:
             index_builder.file_stamp = real
 
@@ -328,7 +330,7 @@ def _digest_and_verify(root: Path, n: int, console) -> None:
 
     rates = {"headers alone (the stamp stubbed out)": best(headers_alone),
              "headers and the contents digest (mimo-accel index)": best(
-                 lambda: index_builder.build_index_from_manifest(root / "m.jsonl", workers=1)),
+                 lambda: index_builder.build_index_from_manifest(root / "m.jsonl", ResizeRule(), workers=1)),
              "--verify's decoding, 1 thread": best(lambda: decode(1)),
              f"--verify's decoding, {os.cpu_count()} threads (the default)": best(lambda: decode(None))}
     table = Table(title=f"the files' digest and --verify over the same {n:,} files, best of 3", title_justify="left")
@@ -343,11 +345,12 @@ def _digest_and_verify(root: Path, n: int, console) -> None:
 def _index_manifest_in_a_fresh_process(path: str) -> tuple[float, int, int, int]:
     import resource
 
+    from mimo_accel.costs import ResizeRule
     from mimo_accel.tools import index_builder  # imported before the baseline: only the indexing counts
 
     baseline = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     t = time.perf_counter()
-    index = index_builder.build_index_from_manifest(path)
+    index = index_builder.build_index_from_manifest(path, ResizeRule())
     index.save(path + ".npz")
     seconds = time.perf_counter() - t
     return seconds, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, baseline, len(index)
