@@ -34,6 +34,16 @@ def _folded(total: int, h: "hashlib._Hash") -> int:
     return (total + int.from_bytes(h.digest(), "big")) % _MODULUS
 
 
+def _read_record(record: Any, scheme: str, count: str) -> Optional[tuple[int, int]]:
+    """(the sum, the count) a digest's record holds, or None for none, another scheme or a malformed one."""
+    if not isinstance(record, Mapping) or record.get("scheme") != scheme:
+        return None
+    digest, n = record.get("digest"), record.get(count)
+    if not (isinstance(digest, str) and re.fullmatch(r"[0-9a-f]{64}", digest) and isinstance(n, int)):
+        return None
+    return int(digest, 16), n
+
+
 def file_stamp(path: str | os.PathLike[str]) -> bytes:
     """One file's part of the digest: its base name, size and the SHA-256 of its first bytes
     (OSError when it cannot be read)."""
@@ -98,12 +108,8 @@ class Contents:
     def from_record(cls, record: Any) -> Optional["Contents"]:
         """The digest a cost index recorded (:meth:`record`); None when it records none, or one of
         another scheme."""
-        if not isinstance(record, Mapping) or record.get("scheme") != SCHEME:
-            return None
-        digest, files = record.get("digest"), record.get("files")
-        if not (isinstance(digest, str) and re.fullmatch(r"[0-9a-f]{64}", digest) and isinstance(files, int)):
-            return None
-        return cls(int(digest, 16), files)
+        read = _read_record(record, SCHEME, "files")
+        return cls(*read) if read is not None else None
 
     def describe(self, what: str = "") -> str:
         """The digest's head, its file count (and unreadable files) and ``what``, for messages."""
@@ -142,12 +148,8 @@ class SampleDigest:
     @classmethod
     def from_record(cls, record: Any, scheme: str = TEXTS_SCHEME) -> Optional["SampleDigest"]:
         """The digest :meth:`record` wrote; None for none, or one of another scheme."""
-        if not isinstance(record, Mapping) or record.get("scheme") != scheme:
-            return None
-        digest, samples = record.get("digest"), record.get("samples")
-        if not (isinstance(digest, str) and re.fullmatch(r"[0-9a-f]{64}", digest) and isinstance(samples, int)):
-            return None
-        return cls(int(digest, 16), samples)
+        read = _read_record(record, scheme, "samples")
+        return cls(*read) if read is not None else None
 
     def describe(self, noun: str = "texts", what: str = "") -> str:
         """The digest's head, its sample count and ``what``, for messages."""
