@@ -156,9 +156,10 @@ def _check_rules(index: CostIndex, file: str, rules: dict, split: str, from_mani
             rebuild = f"`mimo-accel index --dataset MODULE:FACTORY --split {split} --out {file}`"
         elif isinstance(rule, ResizeRule) and not rule.frames_in_budget:
             module = f" --module {column}" if column != DEFAULT_ENCODER else ""
-            rebuild = (f"`mimo-accel index MANIFEST --processor PROCESSOR{module} --split {split} --out {file}` with "
-                       f"the processor you train with, or give its rule: `--patch-size {rule.patch_size} --merge-size "
-                       f"{rule.merge_size} --min-pixels {rule.min_pixels} --max-pixels {rule.max_pixels}`")
+            rebuild = (f"`mimo-accel index MANIFEST --patch-size {rule.patch_size} --merge-size {rule.merge_size} "
+                       f"--min-pixels {rule.min_pixels} --max-pixels {rule.max_pixels}{module} --split {split} --out "
+                       f"{file}`, or `--processor PROCESSOR` (the one you train with) for its rule, with these pixel "
+                       "bounds where a collate sets its own")
         else:  # a rule a manifest cannot give: the dataset's own costs instead
             rebuild = (f"derive it from the dataset instead: drop the cost index (the job derives it), or "
                        f"`mimo-accel index --dataset MODULE:FACTORY --split {split} --out {file}`")
