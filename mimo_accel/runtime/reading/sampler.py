@@ -93,6 +93,16 @@ def _files_of(dataset, index: int) -> tuple:
     return tuple(p for v in values for p in paths(v))
 
 
+def _if_empty(path: str) -> str:
+    """``, empty: 0 bytes`` after an empty file's name (its decoder says only that it cannot read it)."""
+    import os
+
+    try:
+        return ", empty: 0 bytes" if os.path.getsize(path) == 0 else ""
+    except OSError:
+        return ""
+
+
 class ReadsOf:
     """The dataset as the sharded loader reads it: the same samples, read by a batch of indices at
     a time (torch's ``__getitems__``), so that the plan's figures stay with them. A sample that
@@ -111,7 +121,7 @@ class ReadsOf:
             raise
         except Exception as exc:
             files = _files_of(self.dataset, index)
-            where = f" (file {', '.join(files)})" if files else ""
+            where = f" (file {', '.join(f + _if_empty(f) for f in files)})" if files else ""
             raise SampleLoadError(f"mimo_accel: sample {index} of {type(self.dataset).__name__}{where} failed to "
                                   f"load: {type(exc).__name__}: {exc}", int(index), files) from exc
 
