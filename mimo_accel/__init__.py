@@ -5,9 +5,10 @@
     # or from a YAML file's `mimo_accel:` section, with key=value overrides:
     mimo_accel.enable(config=mimo_accel.load_config("run.yaml", overrides=["pad_multiple=2"]))
 
-or, with no code change, ``MIMO_ACCEL=all mimo-accel run -- torchrun ... train.py`` (or
-``mimo-accel run --config run.yaml -- ...``; ``mimo-accel env`` prints the variables for launchers
-that cannot wrap a command). Importing this package patches nothing; every feature is off until
+or, with no code change, ``MIMO_ACCEL=all`` in the job's environment: the startup hook an install
+puts in site-packages (``mimo_accel.pth``) enables it in every Python process at its start
+(``mimo-accel env`` prints the variables of a config; ``mimo-accel run --config run.yaml -- ...``
+sets them for a command). Importing this package patches nothing; every feature is off until
 enabled.
 """
 

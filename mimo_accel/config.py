@@ -199,8 +199,8 @@ class AccelConfig:
                                   "... --out FILE`, or leave cost_index unset to take the dataset's own index "
                                   "or derive one from its examples")
         if self.profile is not None and (problem := directory_problem(self.profile)):
-            raise ConfigError(f"profile={self.profile!r}: {problem}; give the profiler a directory it can make and "
-                              f"write its rank<N>.jsonl files in (profile=DIR, {ENV_PROFILE}=DIR)")
+            raise ConfigError(f"profile={self.profile!r}: {problem}; give the profiler a directory it can make "
+                              f"and write its rank<N>.jsonl files in (profile=DIR, {ENV_PROFILE}=DIR)")
         cache = (os.environ if environ is None else environ).get(ENV_CACHE_DIR)
         if cache and (problem := directory_problem(os.path.expanduser(cache))):
             raise ConfigError(f"{ENV_CACHE_DIR}={cache!r}: {problem}; give a directory mimo_accel can make and write "

@@ -3,7 +3,8 @@ commands, as written (tests/_doc_commands.py reads them), each in a directory of
 ``examples/`` linked in and no ``MIMO_ACCEL*`` variable in the launcher's environment.
 
 - NeMo-Run's LocalExecutor runs torchrun over examples/train_mimo.py on 3 CPU ranks (real
-  nemo-run, real torchrun, gloo ranks); the job's profile and rank 0's log show mimo_accel acted.
+  nemo-run, real torchrun, gloo ranks); the job's profile and rank 0's step line show mimo_accel
+  acted.
 - NeMo-Run's SlurmExecutor, ``--dryrun``: the sbatch script it would submit exports the variables
   ``mimo-accel env --json`` gave before its ``srun --container-image ... torchrun``. Nothing is
   submitted (there is no cluster here): ``/shared/`` is made this test's directory.
@@ -112,3 +113,9 @@ def test_the_local_executor_runs_torchrun_with_mimo_accel_on_from_env_vars_alone
         assert "vision" in step["predicted_spreads"]  # the plan priced every replica's share
     # packing acted on the language shard (its lengths from the loss mask: Bridge's all-ones attention_mask)
     assert any("mimo_accel packing" in note for s in steps for note in s.get("notes", []))
+    # and rank 0 said so at the first step: the reads, the plan, the padding removed
+    line = re.search(r"mimo_accel: step 1: on: sharded_reads, reorder, packing, profile; read per rank: "
+                     r"vision (\d+), language (\d+) of (\d+) samples .*; packing removed (\d+) of (\d+) language", out)
+    assert line, out[-6000:]
+    vision_read, language_read, whole, removed, padded = map(int, line.groups())
+    assert vision_read * 2 == language_read == whole and 0 < removed < padded

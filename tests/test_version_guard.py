@@ -123,18 +123,6 @@ def test_the_installed_source_is_read_without_importing_it():
         assert os.path.isdir(os.path.join(root, *parts[:-1]))
 
 
-@pytest.mark.megatron
-def test_a_source_build_is_accepted_with_one_notice(guard, caplog):
-    guard("0.6.2+1a2b3c4", "0.19.2")
-    with caplog.at_level(logging.WARNING, logger="mimo_accel"):
-        mimo_accel.enable(sharded_reads=True)
-        mimo_accel.enable(sharded_reads=True, packing=True)
-    st = mimo_accel.status()
-    assert st["support"] == "build" and st["shape"] == "0.6" and st["patched"]
-    notices = [r.getMessage() for r in caplog.records if "is a source build" in r.getMessage()]
-    assert len(notices) == 1 and "megatron-bridge 0.6.2+1a2b3c4" in notices[0] and "shape '0.6'" in notices[0]
-
-
 def test_match_without_a_package():
     m = T.match("0.6.2", None)
     assert m.status == "missing" and m.shape is None and "megatron-core is not installed" in m.problems
@@ -176,15 +164,17 @@ def test_allow_untested_uses_the_nearest_shape_and_warns_once(guard, monkeypatch
 
 
 @pytest.mark.megatron
-def test_a_newer_patch_release_is_accepted_with_one_notice(guard, caplog):
-    guard("0.6.3", "0.19.2")
+@pytest.mark.parametrize("bridge, support, said", [("0.6.3", "patch", "newer patch release"),
+                                                   ("0.6.2+1a2b3c4", "build", "is a source build")])
+def test_a_newer_patch_release_or_a_source_build_is_accepted_with_one_notice(guard, caplog, bridge, support, said):
+    guard(bridge, "0.19.2")
     with caplog.at_level(logging.WARNING, logger="mimo_accel"):
         mimo_accel.enable(sharded_reads=True)
         mimo_accel.enable(sharded_reads=True, packing=True)
     st = mimo_accel.status()
-    assert st["support"] == "patch" and st["shape"] == "0.6" and st["patched"]
-    notices = [r.getMessage() for r in caplog.records if "newer patch release" in r.getMessage()]
-    assert len(notices) == 1 and "megatron-bridge 0.6.3" in notices[0] and "shape '0.6'" in notices[0]
+    assert st["support"] == support and st["shape"] == "0.6" and st["patched"]
+    notices = [r.getMessage() for r in caplog.records if said in r.getMessage()]
+    assert len(notices) == 1 and f"megatron-bridge {bridge}" in notices[0] and "shape '0.6'" in notices[0]
 
 
 def _rename_first_parameter_of_the_slice(monkeypatch):
@@ -251,6 +241,28 @@ def test_doctor_shows_versions_and_the_match(guard, monkeypatch, capsys, bridge,
     assert doctor.main() == rc
     out = capsys.readouterr().out
     assert support.split(",")[0] in out and core in out
+
+
+def test_doctor_shows_what_the_environment_turns_on(guard, monkeypatch, capsys, tmp_path):
+    """doctor is a process of its own (nothing is enabled in it): it says what MIMO_ACCEL* here turn
+    on in a job, and how, or the one line that would stop the job."""
+    guard("0.6.2", "0.19.2")
+    monkeypatch.setenv("MIMO_ACCEL", "reorder,profile")
+    monkeypatch.setenv("MIMO_ACCEL_PROFILE", str(tmp_path / "runs"))
+    info = doctor.collect()
+    assert info["env_features"] == ["sharded_reads", "reorder", "profile"] and info["env_error"] is None
+    assert info["startup_hook"] and info["startup_hook"].endswith("mimo_accel.pth")  # make setup's install has it
+    assert doctor.main() == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "on from MIMO_ACCEL* here" in out and "sharded_reads │ yes │ yes" in out and "packing │ yes │ no" in out
+    assert (f"a Python process started with them turns on sharded_reads, reorder, profile, through the startup hook "
+            f"{info['startup_hook']}") in out
+    assert mimo_accel.status()["active"] == []  # nothing enabled in doctor's own process
+    (tmp_path / "file").write_text("x")
+    monkeypatch.setenv("MIMO_ACCEL_PROFILE", str(tmp_path / "file"))
+    assert doctor.main() == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "a job started with them stops at its start: profile=" in out and "is a file, not a directory" in out
 
 
 def test_doctor_without_torch_says_what_is_missing():

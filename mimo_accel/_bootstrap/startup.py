@@ -112,3 +112,15 @@ def at_interpreter_start() -> None:
     """The startup hook's entry (``mimo_accel.pth``): start at the end of site's set-up."""
     if outcome is None and _AtSiteEnd not in sys.meta_path:
         sys.meta_path.insert(0, _AtSiteEnd)
+
+
+def installed_hook():
+    """Where this interpreter's startup hook is (a ``mimo_accel.pth`` in a site directory on
+    ``sys.path``), or None: then only ``enable()`` or ``mimo-accel run`` turn mimo_accel on here."""
+    from pathlib import Path
+
+    for entry in sys.path:
+        hook = Path(entry or os.curdir) / "mimo_accel.pth"
+        if hook.is_file():
+            return hook
+    return None

@@ -34,7 +34,7 @@ import wrapt
 
 from mimo_accel.config import AccelConfig
 from mimo_accel.config import allow_untested as config_allow_untested
-from mimo_accel.notices import Notices
+from mimo_accel.notices import Notices, own_lines
 from mimo_accel.patching import registry
 from mimo_accel.patching import targets as T
 from mimo_accel.patching.swaps import SwapSet
@@ -279,6 +279,7 @@ def _warn_changes(previous: AccelConfig, cfg: AccelConfig) -> None:
 
 
 def enable(cfg: AccelConfig) -> AccelConfig:
+    own_lines()
     with _lock:
         _warn_unknown_variables()
         if cfg == _state.config and (_state.generation or not cfg.any_feature):
@@ -344,18 +345,10 @@ def enabled_line(cfg: AccelConfig, shape: T.Shape, m: T.Match) -> str:
 
 
 def _announce(cfg: AccelConfig, shape: T.Shape, m: T.Match) -> None:
-    """One INFO line, the level of Bridge's own milestones ("Starting MegatronMIMO pretraining"):
-    Bridge's setup_logging runs at INFO and drops WARNING records (filter_warnings), and its MIMO
-    example configures INFO. enable() often runs before anything configures logging (the launcher's
-    sitecustomize, a call at the top of the script), where Python would show WARNING and above only:
-    then the line goes to stderr directly, unless the "mimo_accel" logger was given a level."""
-    line = enabled_line(cfg, shape, m)
-    if logger.hasHandlers() or logger.level != logging.NOTSET:
-        logger.info(line)
-        return
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(name)s: %(message)s"))
-    handler.handle(logger.makeRecord(logger.name, logging.INFO, __file__, 0, line, (), None))
+    """One INFO line, the level of Bridge's own milestones ("Starting MegatronMIMO pretraining"),
+    through mimo_accel's own handler (:func:`mimo_accel.notices.own_lines`): shown whatever the job's
+    logging set-up, with one prefix."""
+    logger.info(enabled_line(cfg, shape, m))
 
 
 def _disable_locked() -> None:

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
-from mimo_accel.tools.arguments import TRACEBACK_ENV, UsageError, one_line, output_file
+from mimo_accel.tools.arguments import TRACEBACK_ENV, UsageError, one_line, one_line_errors, output_file
 
 BOOTSTRAP_DIR = Path(__file__).resolve().parents[1] / "_bootstrap"
 
@@ -273,7 +273,7 @@ def build_parser() -> argparse.ArgumentParser:
     for name, (_, help_) in DELEGATED.items():
         dev = "; a development command: a checkout's make setup" if name in DEV_COMMANDS else ""
         sub.add_parser(name, help=help_ + f" (mimo-accel {name} --help{dev})")
-    return p
+    return one_line_errors(p)
 
 
 def _subparser(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:
@@ -283,8 +283,10 @@ def _subparser(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentP
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     from mimo_accel.config import ConfigError
+    from mimo_accel.notices import own_lines
     from mimo_accel.tools.devkit import DevKitMissing, import_dev
 
+    own_lines()  # what the tools log: one prefix, on stderr
     argv = list(sys.argv[1:] if argv is None else argv)
     cmd = argv[0] if argv and not argv[0].startswith("-") else None
     try:

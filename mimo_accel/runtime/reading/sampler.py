@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
 
 import numpy as np
 
-from mimo_accel.grid import check_micro_batch, replica_samples
+from mimo_accel.grid import check_micro_batch, moved_between_replicas, replica_samples
 from mimo_accel.nvtx import ranged
 from mimo_accel.planner import Prediction
 from mimo_accel.runtime.context import ShardContext
@@ -195,6 +195,9 @@ class ShareRules:
         steps = [p[1].step_time for p in parts if isinstance(p[1], Prediction) and p[1].step_time is not None]
         shares = self.shares(batches, order, ReplicaShare(spread=spread, spreads=spreads,
                                                           step_time=steps[0] if len(parts) == 1 and steps else None))
+        starts = np.cumsum([0, *map(len, batches)])
+        shares = [replace(share, moved=moved_between_replicas(b, order[lo:hi], self.ctx.dp_size))
+                  for share, b, lo, hi in zip(shares, batches, starts[:-1], starts[1:])]
         if all(isinstance(p[1], Prediction) and p[1].loads for p in parts):  # each micro-batch's load per replica
             overheads, digest = ({}, None) if model is None else (dict(model.overheads), model.digest)
             # float64 arrays, not lists: a window's loads per replica would be thousands of Python

@@ -73,8 +73,8 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=PROG,
                                 description="Fit each module's cost model from its own measured times in a profiler run.")
     p.add_argument("run_dir", metavar="RUN_DIR", help="profile directory (rank<N>.jsonl files)")
-    p.add_argument("--out", metavar="PATH", help="write the cost-model file (use it as cost_model=PATH, "
-                                                 "MIMO_ACCEL_COST_MODEL=PATH, or simulate --cost-model PATH)")
+    p.add_argument("--out", metavar="PATH", help="write the cost-model file (use it as cost_model=PATH or "
+                                                 "MIMO_ACCEL_COST_MODEL=PATH)")
     p.add_argument("--json", metavar="PATH", help="write the fit statistics as JSON")
     p.add_argument("--warmup", type=nonnegative_int, default=1, metavar="N",
                    help="skip the first N step numbers (default 1)")
@@ -86,7 +86,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _use(path: str) -> str:
-    return f"use: cost_model={path} or MIMO_ACCEL_COST_MODEL={path}, or mimo-accel simulate --cost-model {path}"
+    return f"use: cost_model={path} or MIMO_ACCEL_COST_MODEL={path}"
 
 
 def main(argv: Sequence[str] | None = None, *, console: Console | None = None) -> int:

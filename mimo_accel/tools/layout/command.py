@@ -50,7 +50,7 @@ def _at_most(top: int, what: str):
 def _parser(prog: str = PROG, current_flag: str = "--current") -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog=prog,
-        description="What a MegatronMIMO job will do and what it should run: the current layout (--current) "
+        description=f"What a MegatronMIMO job will do and what it should run: the current layout ({current_flag}) "
                     "priced with mimo_accel's step model under upstream as shipped, upstream's own packing and "
                     "mimo_accel; with a GPU budget, every non-colocated layout that fits (each module's TP/PP/DP, "
                     "the language model's PP split, the micro-batch), best first, and the settings of the "
@@ -93,7 +93,7 @@ def _parser(prog: str = PROG, current_flag: str = "--current") -> argparse.Argum
     data.add_argument("--index", metavar="FILE", help="a `mimo-accel index` cost index the steps are drawn from")
     data.add_argument("--rehearsal", action="store_true", help="draw the workload's CPU-sized [rehearsal] samples "
                                                                "(to price with a CPU rehearsal's profile)")
-    data.add_argument("--gbs", type=positive_int, metavar="N", help="global batch (default: --current's, the "
+    data.add_argument("--gbs", type=positive_int, metavar="N", help=f"global batch (default: {current_flag}'s, the "
                                                                     "profile's or the model's)")
     data.add_argument("--mbs", metavar="N[,N...]", help="global micro-batch sizes to try (default: every divisor "
                                                          "of the global batch)")

@@ -123,7 +123,7 @@ def render_advice(advice: Advice, console: Optional[Console] = None) -> None:
     for line in settings_lines(rec):
         console.print(f"  {line}", highlight=False, soft_wrap=True)
     console.print("  mimo_accel: reorder_window=step with packing (the step plan priced here), e.g. "
-                  "MIMO_ACCEL=shard,reorder,pack MIMO_ACCEL_REORDER_WINDOW=step", highlight=False)
+                  "MIMO_ACCEL=reorder,packing MIMO_ACCEL_REORDER_WINDOW=step", highlight=False)
     _notes(console, p)
     s = advice.searched
     console.print(f"{s['layouts']} layouts fit, {s['priced']} priced, in {advice.elapsed_s:.1f} s")
