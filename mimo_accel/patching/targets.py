@@ -73,8 +73,9 @@ MODULE_DP_INFO = (Target(STEP, "_get_module_dp_info", STEP, ("megatron_mimo_mode
 LOADER_BUILDER = _everywhere("build_megatron_mimo_data_loaders", LOADERS, ("cfg", "megatron_mimo_provider"),
                              DATA_PKG)
 SETUP_ENTRY = (Target(PRETRAIN, "setup_megatron_mimo", SETUP, ("state", "build_data_iterators_fn")),)
-# the profiler's metrics take Bridge's GlobalState (its logger config and writers) from global_state
-TRAIN_ENTRY = (Target(PRETRAIN, "train_megatron_mimo", TRAIN, ("global_state",)),)
+# the profiler's metrics take Bridge's GlobalState (its logger config and writers) from global_state,
+# its header how the job was built from the model trained
+TRAIN_ENTRY = (Target(PRETRAIN, "train_megatron_mimo", TRAIN, ("global_state", "model")),)
 ENCODE = (Target(MIMO_SUBMODULES, "ModalitySubmodules.encode", MIMO_SUBMODULES,
                  ("self", "encoders_data_batch")),)
 OPTIMIZER_STEP = (Target(MIMO_OPTIMIZER, "MimoOptimizer.step", MIMO_OPTIMIZER, ("self",)),)

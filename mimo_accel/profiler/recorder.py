@@ -16,7 +16,9 @@ a module's region in the step, ``{"<module>_fwd": [seconds, ...]}`` in call orde
 micro-batch, and where the runtime counted them, an encoder's counters per forward
 (``"<module>_rows": [rows, ...]``) and a language rank's real tokens per micro-batch (``"tokens"``,
 ``"sq_tokens"``), :meth:`Recorder.add_micro`. The header lists what was
-declared at creation (``regions``, ``counters``).
+declared at creation (``regions``, ``counters``), and ``build``: how this rank's modules were
+built (their pipeline split, sequence parallelism, recompute, precision, the distributed optimizer:
+:mod:`mimo_accel.runtime.measuring.job_build`), null where the run did not say.
 :func:`mimo_accel.profiler.run.read_run` refuses a file of an older format (``FORMAT_V1``), naming the
 rerun that records this one.
 
@@ -138,6 +140,7 @@ class Recorder:
         config: dict[str, Any] | None = None,
         versions: dict[str, str] | None = None,
         label: str = "",
+        build: dict[str, Any] | None = None,
         device: str = "auto",
         clock: str = "auto",
         append: bool = False,
@@ -182,6 +185,7 @@ class Recorder:
             "layout": dict(layout or {}),
             "versions": {**_default_versions(), **(versions or {})},
             "config": dict(config or {}),
+            "build": dict(build) if build is not None else None,
             "device": self.device,
             "label": str(label),
             "clock": {"step": "wall", "step_cpu": cpu_name, "regions": self._clock.name},

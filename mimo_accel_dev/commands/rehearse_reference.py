@@ -52,8 +52,8 @@ def rehearse_reference(*, steps: Optional[int] = None, out_dir: Optional[str] = 
                        workloads: Sequence[str] = tuple(WORKLOADS), check_layout: bool = True) -> dict:
     """Each of ``workloads`` (default both) before and after on the reference shape; the first's
     report at the JSON's top level (the receipt-like one's), the fixed-size one's under
-    ``fixed_size``; with ``check_layout``, the receipt-like run's recommended layout rehearsed
-    (:mod:`~mimo_accel_dev.commands.layout_check`), under ``layout_check``."""
+    ``fixed_size``; with ``check_layout``, the layout the advisor recommends from the receipt-like run
+    rehearsed (:mod:`~mimo_accel_dev.commands.layout_check`), under ``layout_check``."""
     from rich.console import Console
 
     from mimo_accel.modules import LANGUAGE, Modules, module
@@ -116,10 +116,10 @@ def rehearse_reference(*, steps: Optional[int] = None, out_dir: Optional[str] = 
 
 
 def _check_layout(console, out, layout, steps: int, seed: int, log, cpus, cache: dict, reference_steps: list) -> dict:
-    """The advisor's recommendation from the receipt-like run with mimo_accel on, and a third layout of
-    its list, each rehearsed with mimo_accel on over the same samples and replayed, its per-step losses
-    and loss tokens held against the reference run's (``reference_steps``) as the before / after pair's
-    are (the JSON's ``layout_check``)."""
+    """The advisor's answer from the receipt-like run with mimo_accel on; the layout it recommends (or,
+    where it keeps the current one, the best it found, labelled so) and a third layout of its list, each
+    rehearsed with mimo_accel on over the same samples and replayed, its per-step losses and loss tokens
+    held against the reference run's (``reference_steps``) (the JSON's ``layout_check``)."""
     from pathlib import Path
 
     from mimo_accel_dev.commands import layout_check as lc
@@ -136,26 +136,31 @@ def _check_layout(console, out, layout, steps: int, seed: int, log, cpus, cache:
     except ValueError as exc:  # a run too short to learn from: said, and the JSON says why
         console.print(f"[yellow]no layout check: {exc}[/yellow]", highlight=False)
         return {"skipped": str(exc)}
+    checked = lc.to_check(advice)
+    if not isinstance(checked, lc.Checked):  # nothing the rehearsal can build: said, not guessed
+        check = lc.nothing_to_check(advice, budget, checked)
+        console.print(lc.verdict(check), highlight=False)
+        return check
     rehearsed = {advice.current.spec: reference_dir}
     trained, roles = {advice.current.spec: reference_steps}, {advice.current.spec: "reference"}
-    third = lc.third_layout(advice, advice.current.spec)
     with progress_bar(console) as progress:
-        for label, row in (("recommended", lc.to_check(advice)), ("third", third)):
+        for label, row in ((checked.role, checked.row), ("third", lc.third_layout(advice, checked))):
             if row is None or row.spec in rehearsed:
                 continue
             if row.layout.gbs != SHAPE["global_batch"]:  # other samples a step: no loss to hold against
                 raise rehearsal.InvariantViolation(f"the advisor's {label} layout {row.spec} trains {row.layout.gbs} "
                                                    f"samples a step, the reference {SHAPE['global_batch']}")
             vdp, ldp, mbs, argv, ranks = lc.run_argv(row.layout, SHAPE)
+            name = f"receipts-{label.replace(' ', '-')}"
             task = progress.add_task(f"receipts: {label} layout {row.spec}", total=steps)
-            records = rehearsal.run_bridge(f"receipts-{label}", AFTER, vdp, ldp, steps, mbs, out, out / "images", None,
+            records = rehearsal.run_bridge(name, AFTER, vdp, ldp, steps, mbs, out, out / "images", None,
                                            seed, progress, task, log, cpus, extra_argv=argv, language_ranks=ranks,
                                            env=cache)
             trained[row.spec] = rehearsal.bridge_steps(records, steps, row.layout.gbs, f"receipts {label}")
-            rehearsed[row.spec], roles[row.spec] = out / f"receipts-{label}", label
+            rehearsed[row.spec], roles[row.spec] = out / name, label
     console.print(lc.loss_table(advice.current.spec, trained, roles))
     diffs = lc.compare_losses(reference_steps, {s: v for s, v in trained.items() if s != advice.current.spec})
-    check = lc.layout_check(advice, reference_dir, rehearsed, budget, diffs)
+    check = lc.layout_check(advice, checked, reference_dir, rehearsed, budget, diffs)
     console.print(lc.table(check))
     console.print(lc.verdict(check), highlight=False)
     return check

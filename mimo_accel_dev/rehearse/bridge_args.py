@@ -77,6 +77,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--language-pp", type=int, default=1,
                    help="language pipeline-parallel size: world = encoders' ranks + language tp*pp*dp; the "
                         "language model's layers split evenly across the stages (default: one layer a stage)")
+    p.add_argument("--language-first-stage-layers", type=int, default=None, metavar="N",
+                   help="the language model's layers on its first PP stage (megatron-core's "
+                        "num_layers_in_first_pipeline_stage; the rest even over the stages between)")
+    p.add_argument("--language-last-stage-layers", type=int, default=None, metavar="N",
+                   help="the language model's layers on its last PP stage (num_layers_in_last_pipeline_stage)")
+    p.add_argument("--language-recompute", choices=("selective", "full"), default=None,
+                   help="the language model's activation recompute (megatron-core's recompute_granularity; full: "
+                        "each layer's input kept, recompute_method uniform over one layer)")
     p.add_argument("--vision-pp", type=int, default=1,
                    help="encoder pipeline parallelism: only 1 (upstream does not support encoder PP > 1)")
     p.add_argument("--modalities", default=VISION,
@@ -165,11 +173,23 @@ def parse_args(argv=None) -> argparse.Namespace:
                 "docs: encoder PP > 1 is not supported); pipeline the language model with --language-pp")
     if args.language_pp < 1:
         p.error(f"--language-pp must be >= 1 (got {args.language_pp})")
+    first, last = args.language_first_stage_layers, args.language_last_stage_layers
     if args.language_layers is None:
         args.language_layers = stack.StackConfig.language_layers * args.language_pp
-    elif args.language_layers % args.language_pp:  # megatron-core splits the layers evenly
-        p.error(f"--language-layers {args.language_layers} must divide evenly across --language-pp "
-                f"{args.language_pp} stages")
+        if first is not None or last is not None:
+            p.error("--language-first/last-stage-layers split the --language-layers: give --language-layers too")
+    if first is None and last is None:
+        if args.language_layers % args.language_pp:  # megatron-core splits the layers evenly
+            p.error(f"--language-layers {args.language_layers} must divide evenly across --language-pp "
+                    f"{args.language_pp} stages (or give --language-first/last-stage-layers)")
+    else:
+        from mimo_accel.tools.layout.spec import stage_layers
+
+        try:
+            stage_layers(args.language_layers, args.language_pp, first, last)
+        except ValueError as exc:
+            p.error(f"--language-first-stage-layers {first} --language-last-stage-layers {last} with --language-layers "
+                    f"{args.language_layers} --language-pp {args.language_pp}: {exc}")
     try:
         audio = modality_names(args)[1]
     except ValueError as exc:

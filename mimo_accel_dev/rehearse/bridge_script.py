@@ -56,12 +56,15 @@ environment unless one is initialised already, and leaves an existing one alone.
 
 --trace FILE: every rank appends one JSON line per finished training iteration: rank, module (the
     module's name: a modality's, or ``language``), dp_rank/dp_size, pp_rank/pp_size (its pipeline
-    stage), iteration, ``ids`` (the sample ids it trained, one list per micro-batch: every stage of a
-    replica lists the same) and, on the last language stage, ``loss_sum``/``tokens``/``loss`` of
+    stage), iteration, ``layer_numbers`` (the megatron-core transformer layers the rank built, by their
+    number in the whole model), ``ids`` (the sample ids it trained, one list per micro-batch: every stage
+    of a replica lists the same) and, on the last language stage, ``loss_sum``/``tokens``/``loss`` of
     those micro-batches (other ranks: null).
 
 --language-pp N: the language model on N pipeline stages (its layers split evenly; default one
-    layer a stage), trained by megatron-core's multi-module 1F1B schedule: world size = the
+    layer a stage; --language-first-stage-layers / --language-last-stage-layers set megatron-core's
+    uneven split, ``num_layers_in_{first,last}_pipeline_stage`` on the language model's
+    TransformerConfig), trained by megatron-core's multi-module 1F1B schedule: world size = the
     encoders' ranks + language tp*pp*dp. Every language stage loads the same samples (the first
     stage uses input_ids, the last labels and loss_mask). Encoders take no PP (--vision-pp > 1
     is refused: upstream does not support encoder PP > 1).
@@ -338,7 +341,11 @@ def build_config(args, layout: Modules) -> ConfigContainer:
     audio_sizes = (dict(audio_hidden=args.audio_hidden, audio_layers=args.audio_layers)
                    if audio is not None else {})
     scfg = stack.StackConfig(layout=layout, seq_length=args.seq_length, seed=args.seed, lr=args.lr,
-                             hidden=args.hidden, language_layers=args.language_layers, encoder=args.encoder, vision_hidden=args.vision_hidden, vision_layers=args.vision_layers,
+                             hidden=args.hidden, language_layers=args.language_layers,
+                             language_first=args.language_first_stage_layers,
+                             language_last=args.language_last_stage_layers,
+                             language_recompute=args.language_recompute, encoder=args.encoder,
+                             vision_hidden=args.vision_hidden, vision_layers=args.vision_layers,
                              vision_heads=args.vision_heads, vision_module=vision, audio_module=audio,
                              **audio_sizes,
                              **(dict(patch_dim=stack.QWEN2_PATCH_DIM, resample_rows=args.image_rows)

@@ -69,6 +69,8 @@ class TracedForwardStep:
             self.trace.flush()
             os.kill(os.getpid(), signal.SIGKILL)
         self.trace.begin(iteration)
+        if "layer_numbers" not in self.trace.where:
+            self.trace.where["layer_numbers"] = self.trace.current["layer_numbers"] = built_layer_numbers(model)
         output, loss_func = self.forward_step(state, data_iterator, model)
         self.trace.take_ids()
         if loss_func is None:
@@ -81,6 +83,14 @@ class TracedForwardStep:
             return total, tokens, report
 
         return output, traced_loss
+
+
+def built_layer_numbers(model) -> list[int]:
+    """The numbers, in the whole model, of the megatron-core transformer layers this rank built (its
+    pipeline stage's share of its module: what a PP split decided)."""
+    from megatron.core.transformer.transformer_layer import TransformerLayer
+
+    return sorted(int(m.layer_number) for m in model.modules() if isinstance(m, TransformerLayer))
 
 
 def _kill_switch() -> Optional[tuple[int, int]]:

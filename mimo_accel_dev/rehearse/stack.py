@@ -173,7 +173,11 @@ def seeded_transformer_layer():
     """megatron-core's ``TransformerLayer`` drawing its weights from a seed of its own: the run's seed
     and the layer's number in the whole model. Bridge seeds each pipeline stage apart (seed + 100 x
     the stage), so the same model under another PP would start from other weights; seeded per layer,
-    every layout of a module starts from the same ones (the layout check compares their losses)."""
+    every layout of a module starts from the same ones (the layout check compares their losses). The
+    layer's number is megatron-core's own (``get_transformer_layer_offset`` over the config, which reads
+    ``num_layers_in_{first,last}_pipeline_stage``), so an uneven split numbers its layers as the even
+    one does; the output layer, drawn after the model's last layer on the last stage, follows that
+    layer's seed in every layout."""
     from megatron.core.transformer.transformer_layer import TransformerLayer, get_transformer_layer_offset
     from megatron.core.utils import get_pg_rank
 
@@ -748,6 +752,13 @@ class StackConfig:
     vision_hidden: int = 32
     vision_layers: int = 1
     language_layers: int = 1
+    # The language model's layers on its first / last PP stage (megatron-core's
+    # num_layers_in_{first,last}_pipeline_stage; the rest even over the stages between). None: even.
+    language_first: Optional[int] = None
+    language_last: Optional[int] = None
+    # megatron-core's recompute_granularity of the language model: None, "selective" (core attention) or
+    # "full" (each layer's input kept: recompute_method "uniform", one layer a chunk)
+    language_recompute: Optional[str] = None
     heads: int = 4
     vision_heads: Optional[int] = None  # None: ``heads``
     # None: the encoder's own — 24 for NativeViT, 1536 (3·2·16²) for qwen3vl, which takes no other.
@@ -805,6 +816,11 @@ class StackConfig:
             self.patch_dim = PATCH_DIM
         elif self.patch_dim is None:
             self.patch_dim = 24
+        if self.language_first is not None or self.language_last is not None:
+            from mimo_accel.tools.layout.spec import stage_layers
+
+            # refused here, naming the fix, rather than by megatron-core's config mid-build
+            stage_layers(self.language_layers, self.layout.language.pp, self.language_first, self.language_last)
 
 
 def encoder_transformer_config(provider, module: str = VISION):
@@ -831,10 +847,14 @@ def _audio_config(cfg: StackConfig):
 
 
 def _language_config(cfg: StackConfig):
-    return _transformer_config(cfg.language_layers, cfg.hidden, cfg.heads, cfg.layout.language)
+    full = dict(recompute_method="uniform", recompute_num_layers=1) if cfg.language_recompute == "full" else {}
+    return _transformer_config(cfg.language_layers, cfg.hidden, cfg.heads, cfg.layout.language,
+                               num_layers_in_first_pipeline_stage=cfg.language_first,
+                               num_layers_in_last_pipeline_stage=cfg.language_last,
+                               recompute_granularity=cfg.language_recompute, **full)
 
 
-def _transformer_config(num_layers: int, hidden: int, heads: int, module: Optional[Module] = None):
+def _transformer_config(num_layers: int, hidden: int, heads: int, module: Optional[Module] = None, **split):
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     # TP/PP sizes as the module's grid has them (megatron-core builds layers from the config's)
@@ -847,6 +867,7 @@ def _transformer_config(num_layers: int, hidden: int, heads: int, module: Option
         bias_activation_fusion=False, bias_dropout_fusion=False, apply_rope_fusion=False,
         masked_softmax_fusion=False, gradient_accumulation_fusion=False,
         moe_token_dispatcher_type="alltoall",  # required with variable_seq_lengths
+        **split,
     )
 
 

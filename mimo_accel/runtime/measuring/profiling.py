@@ -138,6 +138,7 @@ class Profiling:
         self._planned_overheads: dict = {}
         self.metrics = None  # runtime.metrics.Metrics of the training run under way, if it logs
         self._flops: Optional[dict] = None  # the header's layout["flops"] (runtime.model_flops), from start_run
+        self._build: Optional[dict] = None  # the header's build (measuring.job_build), from start_run
 
     def recorder(self):
         """This rank's Recorder, created on first use (needs torch.distributed to be initialised)."""
@@ -167,7 +168,7 @@ class Profiling:
                             "pad_multiple": cfg.pad_multiple},
                     label=os.environ.get(ENV_LABEL) or ("accelerated" if cfg.sharded_reads or cfg.packing
                                                         else "baseline"),
-                    regions=regions, counters=counters)
+                    regions=regions, counters=counters, build=self._build)
         return self._recorder
 
     def saw_model(self, mimo_model) -> None:
@@ -232,14 +233,18 @@ class Profiling:
                 self._recorder.close()
             self._recorder = None
 
-    def start_run(self, global_state) -> None:
-        """Bridge's training loop starts with ``global_state``: its figures go to Bridge's writers
-        when its logger has any (:meth:`mimo_accel.runtime.measuring.metrics.Metrics.for_run`); each module's
-        FLOPs shape is read from its provider for the profile header (:mod:`~mimo_accel.runtime.measuring.model_flops`)."""
+    def start_run(self, global_state, model=None) -> None:
+        """Bridge's training loop starts with ``global_state`` and the ``model`` it trains: its figures go
+        to Bridge's writers when its logger has any (:meth:`mimo_accel.runtime.measuring.metrics.Metrics.for_run`);
+        each module's FLOPs shape is read from its provider for the profile header
+        (:mod:`~mimo_accel.runtime.measuring.model_flops`), and how this rank's modules were built from
+        the model (:mod:`~mimo_accel.runtime.measuring.job_build`)."""
+        from mimo_accel.runtime.measuring.job_build import job_build
         from mimo_accel.runtime.measuring.metrics import Metrics
         from mimo_accel.runtime.measuring.model_flops import flops_layout
 
         self._flops = flops_layout(getattr(getattr(global_state, "cfg", None), "model", None))
+        self._build = job_build(model, global_state) if model is not None else None
 
         if self.runtime.calibration is not None:  # every rank: what a resumed run learnt before (once)
             self.runtime.calibration.restore()

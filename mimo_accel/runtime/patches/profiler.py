@@ -46,7 +46,7 @@ def wrap_train_entry(original: Callable, runtime: Runtime) -> Callable:
     def train_megatron_mimo(call: UpstreamCall):
         profiling: Optional[Profiling] = runtime.profiling
         if profiling is not None:
-            profiling.start_run(call["global_state"])
+            profiling.start_run(call["global_state"], call["model"])
         if runtime.activity is not None:
             runtime.activity.start_run(call["global_state"])
         failed = True
