@@ -49,6 +49,8 @@ NOT_HERE = (
     (r"torchrun --nproc-per-node 8\b", "a job of 8 GPU ranks (NCCL)"),
     (r"(?<![\w/])train\.py\b", "train.py stands for the user's own training script"),
     (r"^s(run|batch)\b", "a Slurm launcher: there is no cluster here (docs/cluster.md)"),
+    (r"(?m)^\s*standard_provider\.", "lines to paste into upstream's launcher (its _build_mimo_provider), "
+                                       "not a script of their own"),
     (r"^pip install\b", "installs into the job's environment: make setup installs it here, and "
                           "tests/test_install.py installs the wheel in a fresh virtualenv"),
     (r"^tensorboard\b", "TensorBoard's web server runs until stopped; tests/test_tensorboard.py reads the "
