@@ -7,15 +7,19 @@ can run it (or its page marks the block so). A new example none of these covers 
 Each runs in a directory of its own, holding what the examples before it on the page leave there
 (the docs' own ``# run.yaml``) and the runs they name, from tests/data/profiles:
 
-- ``runs/before``, ``runs/now``: ``profile/``, and ``runs/after``: ``all/``, the profiles of two runs
-  of examples/train_mimo.py on 3 CPU ranks (images dp1 -> language dp2, Bridge's MegatronMIMODataset
-  over image files, 8 iterations), the profiler alone and every feature::
+- ``runs/before``, ``runs/now``, ``runs/baseline``: ``profile/``, ``runs/reads``: ``reads/``,
+  ``runs/reorder``: ``reorder/``, and ``runs/after``, ``runs/packing``: ``all/``, the profiles of four
+  runs of examples/train_mimo.py on 3 CPU ranks (images dp1 -> language dp2, Bridge's
+  MegatronMIMODataset over image files, 8 iterations), the profiler alone, then sharded reads,
+  reorder and packing added one at a time::
 
       NO_VCS_VERSION=1 MIMO_ACCEL=profile MIMO_ACCEL_PROFILE=tests/data/profiles/profile mimo-accel run -- \\
           .venv/bin/torchrun --nproc-per-node 3 examples/train_mimo.py --cpu --vision-dp 1 --language-dp 2 \\
           --dataset images --train-iters 8
 
-  (``all/`` with MIMO_ACCEL=all; NO_VCS_VERSION keeps Bridge's version free of the checkout's commit).
+  (``reads/`` with MIMO_ACCEL=profile,sharded_reads, ``reorder/`` with
+  MIMO_ACCEL=profile,sharded_reads,reorder, ``all/`` with MIMO_ACCEL=all; NO_VCS_VERSION keeps
+  Bridge's version free of the checkout's commit).
 - ``runs/cache/costs.npz`` and ``costs-train.npz`` (``run.yaml``'s ``cost_index``):
   tests/data/profiles/costs.npz, the cost index the second run derived of that dataset.
 
@@ -89,7 +93,8 @@ FILES = {e.name: e.text for e in EXAMPLES if e.kind == "file"}
 def _workdir(key: str) -> Path:
     """A directory with what the examples presuppose (the module docstring)."""
     d = _early.scratch(f"doc-{key}")
-    for name, src in (("before", "profile"), ("now", "profile"), ("after", "all")):
+    for name, src in (("before", "profile"), ("now", "profile"), ("after", "all"), ("baseline", "profile"),
+                      ("reads", "reads"), ("reorder", "reorder"), ("packing", "all")):
         shutil.copytree(DATA / src, d / "runs" / name)
     (d / "runs" / "cache").mkdir()
     for target in (d / "runs" / "cache" / "costs.npz", d / "costs-train.npz"):
