@@ -33,7 +33,7 @@ endif
 setup: $(STAMP)
 
 # Idempotent: re-runs only when the venv is missing or a requirement file changed.
-$(STAMP): pyproject.toml requirements/constraints.txt requirements/megatron-runtime.txt requirements/dev.txt
+$(STAMP): pyproject.toml setup.py mimo_accel/_bootstrap/mimo_accel.pth requirements/constraints.txt requirements/megatron-runtime.txt requirements/dev.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	# torch first, pinned to the CPU build, so no resolver swaps in a CUDA build later.

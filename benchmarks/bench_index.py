@@ -210,6 +210,7 @@ def _probe(args, console) -> None:
 
         per_rank = -(-args.total // args.ranks)
         probe_s = per_rank / per_core
+        fingerprint_s *= per_rank / len(ds)  # every row of a rank's share (benchmarks/bench_identity.py)
         gather_mb = args.total * 4 * 8 / 2**20
         total_s = probe_s + fingerprint_s
         summary = Table(title=f"deriving the index of {args.total:,} samples on {args.ranks} ranks",
@@ -223,7 +224,7 @@ def _probe(args, console) -> None:
                                                f"{len(ds) / tokenize_s:,.0f} texts/s)")
         summary.add_row("samples per rank", f"{per_rank:,}")
         summary.add_row("probe time per rank", f"{probe_s:.2f} s")
-        summary.add_row("fingerprint (sampled rows + tokenizer), per rank", f"{fingerprint_s:.2f} s")
+        summary.add_row("fingerprint (every row of its share + tokenizer), per rank", f"{fingerprint_s:.2f} s")
         summary.add_row("all_gather payload", f"{gather_mb:.0f} MB in all (4 int64 per sample)")
         verdict = "[green]under a minute[/]" if total_s < 60 else "[red]over a minute[/]"
         summary.add_row("extrapolated time (probe + fingerprint)", f"{total_s:.2f} s — {verdict}")
@@ -243,6 +244,7 @@ def _manifest(args, console) -> None:
     from PIL import Image
     from rich.table import Table
 
+    from mimo_accel.costs import ResizeRule
     from mimo_accel.tools import index_builder
 
     with tempfile.TemporaryDirectory(prefix="mimo-bench-manifest-") as tmp:
@@ -263,7 +265,7 @@ def _manifest(args, console) -> None:
             best = float("inf")
             for _ in range(3):
                 t = time.perf_counter()
-                index = index_builder.build_index_from_manifest(root / "m.jsonl", workers=workers)
+                index = index_builder.build_index_from_manifest(root / "m.jsonl", ResizeRule(), workers=workers)
                 best = min(best, time.perf_counter() - t)
             assert len(index) == args.manifest_files
             rates[workers] = args.manifest_files / best
@@ -302,6 +304,7 @@ def _digest_and_verify(root: Path, n: int, console) -> None:
     1 thread and on one per CPU (its default), best of 3 each."""
     from rich.table import Table
 
+    from mimo_accel.costs import ResizeRule
     from mimo_accel.tools import decode_check, index_builder
 
     def best(fn) -> float:
@@ -316,7 +319,7 @@ def _digest_and_verify(root: Path, n: int, console) -> None:
         real = index_builder.file_stamp
         index_builder.file_stamp = lambda path: b""
         try:
-            index_builder.build_index_from_manifest(root / "m.jsonl", workers=1)
+            index_builder.build_index_from_manifest(root / "m.jsonl", ResizeRule(), workers=1)
         finally:
             index_builder.file_stamp = real
 
@@ -327,7 +330,7 @@ def _digest_and_verify(root: Path, n: int, console) -> None:
 
     rates = {"headers alone (the stamp stubbed out)": best(headers_alone),
              "headers and the contents digest (mimo-accel index)": best(
-                 lambda: index_builder.build_index_from_manifest(root / "m.jsonl", workers=1)),
+                 lambda: index_builder.build_index_from_manifest(root / "m.jsonl", ResizeRule(), workers=1)),
              "--verify's decoding, 1 thread": best(lambda: decode(1)),
              f"--verify's decoding, {os.cpu_count()} threads (the default)": best(lambda: decode(None))}
     table = Table(title=f"the files' digest and --verify over the same {n:,} files, best of 3", title_justify="left")
@@ -342,11 +345,12 @@ def _digest_and_verify(root: Path, n: int, console) -> None:
 def _index_manifest_in_a_fresh_process(path: str) -> tuple[float, int, int, int]:
     import resource
 
+    from mimo_accel.costs import ResizeRule
     from mimo_accel.tools import index_builder  # imported before the baseline: only the indexing counts
 
     baseline = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     t = time.perf_counter()
-    index = index_builder.build_index_from_manifest(path)
+    index = index_builder.build_index_from_manifest(path, ResizeRule())
     index.save(path + ".npz")
     seconds = time.perf_counter() - t
     return seconds, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, baseline, len(index)

@@ -5,9 +5,10 @@
     # or from a YAML file's `mimo_accel:` section, with key=value overrides:
     mimo_accel.enable(config=mimo_accel.load_config("run.yaml", overrides=["pad_multiple=2"]))
 
-or, with no code change, ``MIMO_ACCEL=all mimo-accel run -- torchrun ... train.py`` (or
-``mimo-accel run --config run.yaml -- ...``; ``mimo-accel env`` prints the variables for launchers
-that cannot wrap a command). Importing this package patches nothing; every feature is off until
+or, with no code change, ``MIMO_ACCEL=all`` in the job's environment: the startup hook an install
+puts in site-packages (``mimo_accel.pth``) enables it in every Python process at its start
+(``mimo-accel env`` prints the variables of a config; ``mimo-accel run --config run.yaml -- ...``
+sets them for a command). Importing this package patches nothing; every feature is off until
 enabled.
 """
 
@@ -28,7 +29,9 @@ def enable(config: Optional[AccelConfig] = None, **overrides) -> AccelConfig:
     whether megatron.bridge is imported before or after; calling it again with the same config
     is a no-op, with another config it re-patches. Raises :class:`ConfigError` (nothing patched)
     for a bad option: a switch that is not a bool, a count that is not a positive int, a
-    ``cost_model`` / ``cost_index`` file that does not exist. Returns the active config.
+    ``cost_model`` / ``cost_index`` file that does not exist, a ``profile`` (or
+    ``MIMO_ACCEL_CACHE_DIR``) directory that cannot be made and written. Relative paths are made
+    absolute against this process's current directory. Returns the active config.
     """
     from mimo_accel.config import resolve
     from mimo_accel.patching import engine
@@ -37,8 +40,8 @@ def enable(config: Optional[AccelConfig] = None, **overrides) -> AccelConfig:
         raise ConfigError(f"enable(config=...) takes an AccelConfig (e.g. mimo_accel.load_config('run.yaml')), "
                           f"got {type(config).__name__}")
     cfg = resolve(config, overrides)
-    cfg.check_files()
-    return engine.enable(cfg)
+    cfg.check_paths()
+    return engine.enable(cfg.absolute())
 
 
 def load_config(path=None, overrides=(), *, base: Optional[AccelConfig] = None) -> AccelConfig:

@@ -25,6 +25,7 @@ ENV_STRICT_GRADIENTS = "MIMO_ACCEL_STRICT_GRADIENTS"  # 1: refuse what would cha
 ENV_CALIBRATE_ONLINE = "MIMO_ACCEL_CALIBRATE_ONLINE"  # 0: the cost model stays as configured
 ENV_ALLOW_UNTESTED = "MIMO_ACCEL_ALLOW_UNTESTED"  # 1: patch an untested upstream as the nearest shape
 ENV_TRACEBACK = "MIMO_ACCEL_TRACEBACK"  # 1: a command's error with its traceback (tools/arguments.py)
+ENV_CACHE_DIR = "MIMO_ACCEL_CACHE_DIR"  # where derived cost indexes are cached (datasets/shared_index.py)
 
 #: The option each MIMO_ACCEL_<FIELD> variable sets (the switches come from MIMO_ACCEL's words).
 ENV_OPTIONS = {
@@ -42,22 +43,22 @@ CONFIG_ENV = (ENV_FEATURES,) + tuple(ENV_OPTIONS.values())
 #: The other variables mimo_accel reads, and what each is for: with CONFIG_ENV, every name it knows.
 OTHER_ENV = {
     ENV_ALLOW_UNTESTED: "1: patch an untested megatron-bridge/megatron-core pair as the nearest shape",
-    "MIMO_ACCEL_CACHE_DIR": "where derived cost indexes are cached",
+    ENV_CACHE_DIR: "where derived cost indexes are cached",
     ENV_TRACEBACK: "1: a mimo-accel command's error with its traceback",
     "MIMO_ACCEL_PROFILE_LABEL": "the label a profiler run records (set by mimo-accel rehearse)",
     "MIMO_ACCEL_IMPORT_LOG": "where a rehearsal's forkserver writes its import output (set by mimo-accel rehearse)",
 }
 KNOWN_ENV = CONFIG_ENV + tuple(OTHER_ENV)
 
-# MIMO_ACCEL=<comma list>: the words users write, and the fields they turn on.
+# MIMO_ACCEL=<comma list>: the words users write (the fields' names), and the fields they turn on.
 FEATURE_WORDS = {
-    "shard": ("sharded_reads",),
     "sharded_reads": ("sharded_reads",),
     "reorder": ("sharded_reads", "reorder"),
-    "pack": ("packing",),
     "packing": ("packing",),
     "profile": ("profile",),
 }
+# shorter spellings accepted for the same fields, listed nowhere else
+WORD_ALIASES = {"shard": "sharded_reads", "pack": "packing"}
 ALL_WORDS = ("all",)
 OFF_WORDS = ("", "0", "off", "none", "false")
 REORDER_MODES = ("plan", "exchange")
@@ -77,6 +78,8 @@ ACTS_IN = {
     "pad_multiple": "packing",
 }
 DEFAULT_PROFILE_DIR = "mimo-accel-profile"  # MIMO_ACCEL=profile without MIMO_ACCEL_PROFILE
+#: The options that name a path, and what each names (checked, and made absolute, where they are set).
+PATH_OPTIONS = {"profile": "directory", "cost_model": "file", "cost_index": "file"}
 
 
 class ConfigError(ValueError):
@@ -148,6 +151,11 @@ class AccelConfig:
     def any_feature(self) -> bool:
         return self.sharded_reads or self.reorder or self.packing or self.profile is not None
 
+    def switch_words(self) -> list[str]:
+        """The ``MIMO_ACCEL`` words of this config (``reorder`` implies ``sharded_reads``)."""
+        return ((["reorder"] if self.reorder else ["sharded_reads"] if self.sharded_reads else []) +
+                (["packing"] if self.packing else []) + (["profile"] if self.profile is not None else []))
+
     def features(self) -> list[str]:
         names = [n for n in ("sharded_reads", "reorder", "packing") if getattr(self, n)]
         return names + (["profile"] if self.profile is not None else [])
@@ -174,8 +182,10 @@ class AccelConfig:
                              "samples after decoding them): drop cost_index, or set reorder_mode=plan")
         return lines
 
-    def check_files(self) -> None:
-        """The files the options name exist (``enable()`` calls it): ConfigError naming the fix."""
+    def check_paths(self, environ: Optional[Mapping[str, str]] = None) -> None:
+        """Every path the options name, before anything starts (``enable()``, ``mimo-accel run`` / ``env``):
+        the files exist, and the profile directory, and ``MIMO_ACCEL_CACHE_DIR`` of ``environ`` (default:
+        this process's), can be made and written. ConfigError naming the setting and the fix."""
         if self.cost_model is not None and not Path(self.cost_model).is_file():
             raise ConfigError(f"cost_model={self.cost_model!r}: no such file. Pass the file `mimo-accel calibrate "
                               "RUN_DIR --out FILE` wrote, or leave cost_model unset for the built-in coefficients")
@@ -188,6 +198,20 @@ class AccelConfig:
                 raise ConfigError(f"cost_index={train!r}{which}: no such file. Build it with `mimo-accel index "
                                   "... --out FILE`, or leave cost_index unset to take the dataset's own index "
                                   "or derive one from its examples")
+        if self.profile is not None and (problem := directory_problem(self.profile)):
+            raise ConfigError(f"profile={self.profile!r}: {problem}; give the profiler a directory it can make "
+                              f"and write its rank<N>.jsonl files in (profile=DIR, {ENV_PROFILE}=DIR)")
+        cache = (os.environ if environ is None else environ).get(ENV_CACHE_DIR)
+        if cache and (problem := directory_problem(os.path.expanduser(cache))):
+            raise ConfigError(f"{ENV_CACHE_DIR}={cache!r}: {problem}; give a directory mimo_accel can make and write "
+                              "its derived cost indexes in, or unset it for ~/.cache/mimo_accel")
+
+    def absolute(self) -> "AccelConfig":
+        """This config with every path option made absolute against the current directory: the
+        processes of a job may start elsewhere (a launcher's own directory, each node's)."""
+        changes = {name: os.path.abspath(value) for name in PATH_OPTIONS
+                   if (value := getattr(self, name)) is not None and not os.path.isabs(value)}
+        return self.replace(**changes) if changes else self
 
     @classmethod
     def from_env(cls, environ: Optional[Mapping[str, str]] = None) -> "AccelConfig":
@@ -227,14 +251,31 @@ class AccelConfig:
 
     def to_env(self) -> dict:
         """The ``MIMO_ACCEL*`` variables that describe this config (``from_env`` gives it back)."""
-        words = (["reorder"] if self.reorder else ["sharded_reads"] if self.sharded_reads else []) + \
-            (["packing"] if self.packing else [])
+        words = self.switch_words()
         env = {ENV_FEATURES: ",".join(words) or "0"}
         for name, var in ENV_OPTIONS.items():
             value = getattr(self, name)
             if value is not None and value != getattr(AccelConfig, name):
                 env[var] = ("1" if value else "0") if isinstance(value, bool) else str(value)
         return env
+
+
+def directory_problem(path: Union[str, os.PathLike]) -> Optional[str]:
+    """Why ``path`` cannot be a directory mimo_accel makes (with its parents) and writes in; None
+    where it can. Nothing is made here."""
+    p = Path(path)
+    if p.exists():
+        if not p.is_dir():
+            return f"{p} is a file, not a directory"
+        return None if os.access(p, os.W_OK | os.X_OK) else f"the directory {p} is not writable"
+    above = p.parent
+    while not above.exists() and above != above.parent:
+        above = above.parent
+    if not above.is_dir():
+        return f"{above} is a file, so the directory {p} cannot be made"
+    if not os.access(above, os.W_OK | os.X_OK):
+        return f"the directory {above} is not writable, so {p} cannot be made in it"
+    return None
 
 
 def positive_int(value) -> bool:
@@ -283,13 +324,14 @@ def switches_from_words(raw: str, where: str) -> dict:
     changes: dict = {}
     words = [w.strip() for w in raw.split(",") if w.strip()] if raw not in OFF_WORDS else []
     for word in words:
+        word = WORD_ALIASES.get(word, word)
         if word in ALL_WORDS:
             changes.update(sharded_reads=True, reorder=True, packing=True)
         elif word in FEATURE_WORDS:
             for name in FEATURE_WORDS[word]:
                 changes[name] = True
         else:
-            valid = sorted(set(FEATURE_WORDS) | set(ALL_WORDS)) + ["0 (off)"]
+            valid = [*ALL_WORDS, *FEATURE_WORDS, "0 (off)"]
             raise ConfigError(f"{where}: unknown value {word!r}. Valid values (comma-separated): {', '.join(valid)}")
     return changes
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 import math
 from typing import Iterable, Sequence
 
+import numpy as np
+
 
 def canonical_grid(dp_sizes: Iterable[int]) -> int:
     """G = lcm of the module DP sizes."""
@@ -51,3 +53,15 @@ def replica_samples(positions: Sequence[int], dp_rank: int, dp_size: int, grid: 
     per_group = check_micro_batch(len(positions), grid, "global micro-batch size")
     groups = owned_groups(dp_rank, dp_size, grid)
     return positions[groups.start * per_group: groups.stop * per_group]
+
+
+def moved_between_replicas(before: Sequence[int], after: Sequence[int], dp_size: int) -> int:
+    """How many samples of a global micro-batch a replica of a module with ``dp_size`` replicas gets
+    that another one would have got: ``before`` in upstream's order (replica r takes the r-th
+    contiguous part), ``after`` the same samples as planned."""
+    b, a = np.asarray(before), np.asarray(after)
+    per = len(b) // dp_size if dp_size else 0
+    if not per or len(a) != len(b):
+        return 0
+    # each sample's position in either order, matched by sorting the samples
+    return int(np.count_nonzero(np.argsort(b, kind="stable") // per != np.argsort(a, kind="stable") // per))

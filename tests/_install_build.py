@@ -1,8 +1,10 @@
 """What tests/test_install.py checks, built: a wheel from a copy of the tree (as from a fresh clone,
-no network), installed with pip into a target directory, and a fresh venv holding torch (linked)
-and the wheel with its declared dependencies. Run as a script by the suite's early-command runner
-(tests/_early.py), on a core the in-process tests leave idle: ``python _install_build.py ROOT OUT``
-prints ``{"wheel", "target", "files", "venv", "linked"}`` as JSON."""
+no network), installed with pip into a target directory, a fresh venv holding torch (linked) and
+the wheel with its declared dependencies, and a second venv holding all of that (linked) and the
+installed megatron-core / megatron-bridge (linked: enable() reads their versions, the import hooks
+wait for their modules). Run as a script by the suite's early-command runner (tests/_early.py), on
+a core the in-process tests leave idle: ``python _install_build.py ROOT OUT`` prints ``{"wheel",
+"target", "files", "venv", "linked", "megatron_venv"}`` as JSON."""
 
 from __future__ import annotations
 
@@ -51,13 +53,14 @@ def install(root: Path, out: Path) -> dict:
     return {"wheel": str(wheel), "target": str(target), "files": files}
 
 
-def linked_torch(site: Path) -> list[str]:
+def linked_torch(site: Path, roots=("torch",), follow: bool = True) -> list[str]:
     """Link the torch this interpreter runs with (and what torch itself requires) into ``site``: a
-    fresh environment that holds torch only, in seconds instead of unpacking a torch wheel."""
+    fresh environment that holds torch only, in seconds instead of unpacking a torch wheel.
+    ``roots``: other distributions; ``follow=False``: without what they require."""
     from importlib import metadata
     from packaging.requirements import Requirement
 
-    linked, todo = [], ["torch"]
+    linked, todo = [], list(roots)
     while todo:
         dist = metadata.distribution(todo.pop())
         name = dist.metadata["Name"]
@@ -68,7 +71,7 @@ def linked_torch(site: Path) -> list[str]:
         for top in {Path(str(f)).parts[0] for f in dist.files or ()} - {"..", "__pycache__"}:
             if not (site / top).exists():
                 (site / top).symlink_to(base / top)
-        for raw in dist.requires or ():
+        for raw in (dist.requires or ()) if follow else ():
             req = Requirement(raw)
             if req.marker is None or req.marker.evaluate({"extra": ""}):
                 todo.append(req.name)
@@ -85,13 +88,17 @@ def declared_requirements(wheel: Path) -> list[str]:
     return [str(r) for r in reqs if r.marker is None or r.marker.evaluate({"extra": ""})]
 
 
+def _site_of(python: Path) -> Path:
+    return Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                               capture_output=True, text=True, check=True, timeout=60).stdout.strip())
+
+
 def fresh_venv(wheel: Path, out: Path) -> dict:
     """A venv with torch (linked) and the wheel installed by pip with its declared dependencies."""
     venv = out / "fresh" / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
     python = venv / "bin" / "python"
-    site = Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                               capture_output=True, text=True, check=True, timeout=60).stdout.strip())
+    site = _site_of(python)
     linked = linked_torch(site)
     # this pip installs into the fresh venv (--python): the venv needs no pip of its own;
     # --no-compile: byte-compiling every installed file first (numpy, rich, ...) only costs seconds
@@ -104,8 +111,22 @@ def fresh_venv(wheel: Path, out: Path) -> dict:
     return {"venv": str(venv), "linked": linked}
 
 
+def megatron_venv(fresh: Path, out: Path) -> str:
+    """A venv holding the fresh venv's site-packages (linked, the startup hook included) and this
+    interpreter's megatron-core and megatron-bridge (linked, without their requirements)."""
+    venv = out / "fresh-megatron" / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    site = _site_of(venv / "bin" / "python")
+    for entry in _site_of(fresh / "bin" / "python").iterdir():
+        if not (site / entry.name).exists():
+            (site / entry.name).symlink_to(entry)
+    linked_torch(site, roots=("megatron-core", "megatron-bridge"), follow=False)
+    return str(venv)
+
+
 if __name__ == "__main__":
     root, out = Path(sys.argv[1]), Path(sys.argv[2])
     built = install(root, out)
     built.update(fresh_venv(Path(built["wheel"]), out))
+    built["megatron_venv"] = megatron_venv(Path(built["venv"]), out)
     print(json.dumps(built))

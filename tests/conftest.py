@@ -157,3 +157,21 @@ def _guard_rank_starts() -> None:
         return popen(self, args, *rest, **kwargs)
 
     subprocess.Popen.__init__ = no_unmarked_torchrun
+
+
+@pytest.fixture(autouse=True)
+def _mimo_accel_lines_reach_caplog(request):
+    """mimo_accel's lines stop at its own logger (mimo_accel.notices): a test that reads them with
+    ``caplog`` gets caplog's handler on that logger too."""
+    if "caplog" not in request.fixturenames:
+        yield
+        return
+    import logging
+
+    handler = request.getfixturevalue("caplog").handler
+    logger = logging.getLogger("mimo_accel")
+    logger.addHandler(handler)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)

@@ -61,6 +61,8 @@ IN_PROCESS = [
                  id="calibration"),
     pytest.param("bench_plan_ahead.py", ["--windows", "2", "--layouts", "1:1,three", "--work-s", "0.01",
                                          "--samples", "256", "--groups", "32"], "same as serial", id="plan-ahead"),
+    pytest.param("bench_identity.py", ["--rows", "300", "--files", "4", "--repeat", "1"],
+                 "a dataset's identity at 300 rows", id="identity"),
 ]
 
 

@@ -79,6 +79,12 @@ BAD = [
     (["run", "--features", "reorder", "cost_index={d}/c-{{split}}.npz", "--", "true"], {}, "run",
      ["c-train.npz' (the train split of", "mimo-accel index"]),
     (["run", "--bogus", "--", "true"], {}, "run", ["unrecognized arguments: --bogus"]),
+    # a file as the profile directory: stopped before the job starts, naming the setting
+    (["run", "--features", "all", "profile={d}/run.yaml", "--", "true"], {}, "run",
+     ["profile='{d}/run.yaml': {d}/run.yaml is a file, not a directory", "profile=DIR, MIMO_ACCEL_PROFILE=DIR"]),
+    (["env"], {"MIMO_ACCEL": "profile", "MIMO_ACCEL_PROFILE": "{d}/run.yaml/runs"}, "env",
+     ["{d}/run.yaml is a file, so the directory {d}/run.yaml/runs cannot be made"]),
+    (["env"], {"MIMO_ACCEL_CACHE_DIR": "{d}/run.yaml"}, "env", ["MIMO_ACCEL_CACHE_DIR='{d}/run.yaml'"]),
     (["env", "bogus"], {}, "env", ["'bogus' is not key=value"]),
     (["env", "pad_multiple=0"], {}, "env", ["pad_multiple must be a positive integer, got 0"]),
     (["env", "--config", "{d}/bridge-only.yaml"], {}, "env", ["has no mimo_accel: section"]),
@@ -103,7 +109,7 @@ BAD = [
 @pytest.mark.parametrize("args, env, cmd, words", BAD, ids=[" ".join(b[0])[:60] for b in BAD])
 def test_bad_invocations_end_in_one_error_line(files, args, env, cmd, words):
     args = [a.format(d=files) for a in args]
-    proc = _cli(*args, **env)
+    proc = _cli(*args, **{k: v.format(d=files) for k, v in env.items()})
     _one_error_line(proc, cmd, *[w.format(d=files) for w in words])
     if cmd == "run":
         assert proc.stdout == ""  # the command never started
@@ -125,22 +131,24 @@ def test_run_gives_the_job_the_config_and_replaces_stale_variables(files):
 @pytest.mark.megatron
 def test_env_prints_the_exports_a_launcher_evals(files):
     proc = _cli("env", "--config", str(files / "run.yaml"), "--features", "shard,pack", "profile=runs/x",
-                MIMO_ACCEL_COST_INDEX="stale-index.npz")
+                cwd=files, MIMO_ACCEL_COST_INDEX="stale-index.npz")
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.strip().splitlines()
-    assert lines[:4] == ["unset MIMO_ACCEL_COST_INDEX", "export MIMO_ACCEL=sharded_reads,packing",
-                         "export MIMO_ACCEL_PROFILE=runs/x", "export MIMO_ACCEL_PAD_MULTIPLE=2"]
-    assert len(lines) == 5 and lines[4].startswith(f"export PYTHONPATH={cli.BOOTSTRAP_DIR}{os.pathsep}{ROOT}")
-    # what an sbatch script does with them: every Python process of the job enables mimo_accel
+    assert lines[0].startswith("# mimo_accel turns on sharded_reads, packing, profile (into ")
+    assert lines[1:] == ["unset MIMO_ACCEL_COST_INDEX", "export MIMO_ACCEL=sharded_reads,packing,profile",
+                         f"export MIMO_ACCEL_PROFILE={files / 'runs' / 'x'}", "export MIMO_ACCEL_PAD_MULTIPLE=2"]
+    # what an sbatch script does with them: every Python process of the job enables mimo_accel through the
+    # install's startup hook, with nothing on PYTHONPATH, and the profile where env was run
     probe = ("import sys, mimo_accel; s = mimo_accel.status(); "
              "print(s['active'], s['config'].pad_multiple, s['config'].profile)")
     script = f'eval "$({sys.executable} -m mimo_accel env --config {files / "run.yaml"} --features shard,pack ' \
-             f'profile=runs/x)" && {sys.executable} -c "{probe}"'
-    run = subprocess.run(["bash", "-c", script], env=_clean_env(), cwd=files, capture_output=True, text=True,
-                         timeout=120)
+             f'profile=runs/x)" && cd / && {sys.executable} -c "{probe}"'
+    env = _clean_env()
+    del env["PYTHONPATH"]
+    run = subprocess.run(["bash", "-c", script], env=env, cwd=files, capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
-    assert run.stdout.strip() == "['sharded_reads', 'packing', 'profile'] 2 runs/x"
-    assert "mimo_accel: enabled sharded_reads, packing, profile (runs/x) on megatron-bridge" in run.stderr
+    assert run.stdout.strip() == f"['sharded_reads', 'packing', 'profile'] 2 {files / 'runs' / 'x'}"
+    assert f"mimo_accel: enabled sharded_reads, packing, profile ({files / 'runs' / 'x'}) on megatron-bridge" in run.stderr
 
 
 @pytest.mark.parametrize("exc, words", [
@@ -173,6 +181,20 @@ def test_bootstrap_stops_a_job_with_one_line_on_a_bad_value():
     assert "Fatal Python error" not in proc.stderr and "Traceback" not in proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("mimo_accel: error: MIMO_ACCEL='shard,turbo': unknown value")
+
+
+@pytest.mark.megatron
+def test_a_file_as_the_profile_directory_stops_the_job_before_its_script(tmp_path):
+    """Today's failure was a FileExistsError deep inside Megatron's schedule, after the model was built:
+    the job's own start refuses it, in one line naming the setting, before the script runs."""
+    (tmp_path / "profile").write_text("a file\n")
+    env = _clean_env(MIMO_ACCEL="all", MIMO_ACCEL_PROFILE=str(tmp_path / "profile"))
+    proc = subprocess.run([sys.executable, str(ROOT / "examples" / "train_mimo.py"), "--cpu"], env=env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stdout == "" and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    (line,) = proc.stderr.splitlines()
+    assert line.startswith(f"mimo_accel: error: profile='{tmp_path / 'profile'}': {tmp_path / 'profile'} is a file, "
+                           "not a directory"), line
 
 
 def test_bootstrap_leaves_an_interpreter_without_torch_alone(tmp_path):
@@ -238,7 +260,7 @@ def test_doctor_sends_import_noise_to_its_log(quiet_commands):
 
 # -- every subcommand's bad input, through the real main(), before any work -----------------------
 
-ARGPARSE = "argparse"  # the usage line(s) come first, as argparse prints them
+ARGPARSE = "argparse"  # argparse's own error, on one line with where to look (the usage block is --help's)
 
 
 @pytest.fixture(scope="module")
@@ -292,10 +314,10 @@ IN_PROCESS = [
     (["rehearse", "--loop", "bridge", "--vision-dp", "3"], None, ["one must divide the other"]),
     (["rehearse", "--loop", "bridge", "--vision-dp", "128", "--language-dp", "128"], None,
      ["the micro-batch of 64 samples does not split evenly", "give DP sizes that divide 64"]),
-    (["rehearse", "--loop", "bridge", "--workload", "receipts"], ARGPARSE, ["--workload applies to --loop stack",
+    (["rehearse", "--loop", "bridge", "--workload", "receipts"], None, ["--workload applies to --loop stack",
                                                                             "drop --workload"]),
-    (["rehearse", "--example", "x.py"], ARGPARSE, ["--example applies to --loop bridge", "add --loop bridge"]),
-    (["rehearse", "--peer", "4608"], ARGPARSE, ["--peer applies to --loop bridge", "add --loop bridge"]),
+    (["rehearse", "--example", "x.py"], None, ["--example applies to --loop bridge", "add --loop bridge"]),
+    (["rehearse", "--peer", "4608"], None, ["--peer applies to --loop bridge", "add --loop bridge"]),
     (["rehearse", "--loop", "bridge", "--cost-model", "{d}/nope.json"], None, ["--cost-model", "nope.json"]),
     (["rehearse", "--out", "{d}/file"], None, ["--out {d}/file: {d}/file is a file, not a directory",
                                                "give a directory"]),
@@ -378,23 +400,21 @@ def test_every_bad_argument_is_one_error_line_before_any_work(inputs, no_work, c
     assert lines[-1].startswith(f"mimo-accel {cmd}: error: "), err
     for w in words:
         assert w.format(d=inputs) in lines[-1], lines[-1]
+    assert len(lines) == 1, err
     if usage is ARGPARSE:
-        assert lines[0].startswith(f"usage: mimo-accel {cmd}"), err
-        assert all(not line.startswith("mimo-accel") for line in lines[:-1]), err
-    else:
-        assert len(lines) == 1, err
+        assert lines[0].endswith(f" (see mimo-accel {cmd} --help)"), err
     assert out == ""
     assert list(no_work.iterdir()) == []  # no temp directory (nor file) made
 
 
 def test_the_old_spelling_of_a_renamed_flag_is_refused(no_work, capsys):
     assert cli.main(["simulate", "--layout", "reference-27b", "--window", "3"]) == 2
-    assert capsys.readouterr().err.splitlines()[-1] == ("mimo-accel simulate: error: unrecognized arguments: "
-                                                        "--window 3")
+    assert capsys.readouterr().err == ("mimo-accel simulate: error: unrecognized arguments: --window 3 (see "
+                                       "mimo-accel simulate --help)\n")
     help_text = subprocess.run([sys.executable, "-m", "mimo_accel", "simulate", "--help"], env=_clean_env(),
                                capture_output=True, text=True, timeout=60).stdout
-    assert "--steps" in help_text and "--current" in help_text
-    assert "--window" not in help_text
+    assert "--steps" in help_text and "--layout SPEC" in help_text
+    assert "--window" not in help_text and "--current" not in help_text  # layout's flag, which simulate spells --layout
 
 
 def test_a_genuine_bug_is_not_made_one_line(monkeypatch, capsys):
@@ -488,9 +508,9 @@ TYPED = [
      ["cost_model='~/costs/model.json': no such file"], None),
     (["run", "--config", "{d}/run.yaml", "--", "python", "{d}/train.py"], {}, "run",
      ["'reorder_windows' is not a mimo_accel option; did you mean 'reorder_window'?"], None),
-    (["run", "--features", "pack", "--", sys.executable, "-E", "{d}/train.py"], {}, "run",
-     ["does not run the bootstrap mimo-accel run puts on PYTHONPATH (-E: it ignores the PYTHON* variables",
-      "drop -E"], None),
+    (["run", "--features", "pack", "--", sys.executable, "-S", "{d}/train.py"], {}, "run",
+     ["runs neither mimo_accel's startup hook nor the bootstrap mimo-accel run puts on PYTHONPATH (-S: it skips the "
+      "site import", "drop -S"], None),
     (["run", "--features", "all", "--", "{d}/launch", "--nproc-per-node", "2", "{d}/train.py"], {}, "run",
      ["the Python '{d}/launch' runs, {d}/other-venv/bin/python", "has no torch", "nothing would be enabled"], None),
     (["layout", "--current", "images=tp1,pp1,dp1 language=tp4,pp3,dp2 mbs=2 gbs=32"], {}, "layout",
@@ -530,9 +550,9 @@ def test_run_refuses_a_python_that_cannot_import_mimo_accel(typed, monkeypatch, 
 
 
 @pytest.mark.parametrize("flags, words", [
-    (["-I"], "(-I: isolated mode ignores PYTHONPATH)"),
-    (["-u", "-S"], "(-S: it skips the site import that runs sitecustomize)"),
-    (["-IS"], "(-I: isolated mode ignores PYTHONPATH)"),
+    (["-S"], "(-S: it skips the site import that runs startup hooks and sitecustomize)"),
+    (["-u", "-S"], "(-S: it skips the site import that runs startup hooks and sitecustomize)"),
+    (["-IS"], "(-S: it skips the site import that runs startup hooks and sitecustomize)"),
 ])
 def test_run_refuses_startup_options_that_skip_the_bootstrap(typed, flags, words):
     proc = _cli("run", "--features", "shard", "--", sys.executable, *flags, str(typed / "train.py"))
@@ -552,6 +572,10 @@ def test_run_starts_a_job_whose_python_enables_mimo_accel(typed, tmp_path):
     script.chmod(0o755)
     proc = _cli("run", "--features", "pack", "--", str(script))
     assert proc.returncode == 0 and proc.stdout.strip() == "['packing']", proc.stderr
+    # isolated mode ignores PYTHONPATH, not the install's startup hook
+    proc = _cli("run", "--features", "shard", "--", sys.executable, "-I", "-c", probe, "x")
+    assert proc.returncode == 0 and proc.stdout.strip() == "['sharded_reads'] ['x']", proc.stderr
+    assert proc.stderr.count("mimo_accel: enabled") == 1  # the hook and run's bootstrap: enabled once
 
 
 def test_run_says_when_it_cannot_ask_the_jobs_python():
@@ -579,7 +603,7 @@ def test_bridge_override_grammar_reaches_the_job():
     proc = _cli("env", "+packing=true", "++mimo_accel.pad_multiple=2", "--features", "reorder", "~reorder",
                 "+reorder_window=3", "~reorder_window=3")
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.splitlines()[:2] == ["export MIMO_ACCEL=sharded_reads,packing",
+    assert proc.stdout.splitlines()[1:] == ["export MIMO_ACCEL=sharded_reads,packing",
                                             "export MIMO_ACCEL_PAD_MULTIPLE=2"]
 
 

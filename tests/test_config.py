@@ -108,10 +108,55 @@ def test_enable_rejects_what_is_not_an_accelconfig(clean_engine):
 def test_files_that_exist_pass_the_check(tmp_path):
     (tmp_path / "costs-train.npz").write_bytes(b"")
     (tmp_path / "cost.json").write_text("{}")
-    AccelConfig(cost_index=str(tmp_path / "costs-{split}.npz"), cost_model=str(tmp_path / "cost.json")).check_files()
-    AccelConfig(cost_index=str(tmp_path / "costs-train.npz")).check_files()
+    AccelConfig(cost_index=str(tmp_path / "costs-{split}.npz"), cost_model=str(tmp_path / "cost.json"),
+                profile=str(tmp_path / "runs" / "new")).check_paths()
+    AccelConfig(cost_index=str(tmp_path / "costs-train.npz")).check_paths()
+    assert not (tmp_path / "runs").exists()  # checked, not made
     # a path object is kept as its string
     assert AccelConfig(profile=tmp_path / "p").profile == str(tmp_path / "p")
+
+
+@pytest.mark.parametrize("where, words", [
+    ("file", "{d}/file is a file, not a directory"),
+    ("file/runs", "{d}/file is a file, so the directory {d}/file/runs cannot be made"),
+    ("file/a/b", "{d}/file is a file, so the directory {d}/file/a/b cannot be made"),
+])
+def test_a_profile_path_that_cannot_be_a_directory_is_one_line_naming_the_setting(clean_engine, tmp_path, where,
+                                                                                   words):
+    (tmp_path / "file").write_text("not a directory\n")
+    for make in (lambda: AccelConfig(profile=str(tmp_path / where)).check_paths(),
+                 lambda: mimo_accel.enable(profile=str(tmp_path / where))):
+        with pytest.raises(ConfigError) as err:
+            make()
+        message = str(err.value)
+        assert message.startswith(f"profile='{tmp_path / where}': ") and "\n" not in message
+        assert words.format(d=tmp_path) in message and "profile=DIR, MIMO_ACCEL_PROFILE=DIR" in message
+    assert mimo_accel.status()["patched"] == []
+
+
+def test_a_cache_directory_that_cannot_be_made_is_refused(tmp_path):
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ConfigError, match="MIMO_ACCEL_CACHE_DIR='.*file/cache'.* is a file, so the directory"):
+        AccelConfig().check_paths({"MIMO_ACCEL_CACHE_DIR": str(tmp_path / "file" / "cache")})
+    AccelConfig().check_paths({"MIMO_ACCEL_CACHE_DIR": str(tmp_path / "cache")})
+
+
+def test_paths_become_absolute_where_they_are_set(clean_engine, tmp_path, monkeypatch):
+    (tmp_path / "costs-train.npz").write_bytes(b"")
+    monkeypatch.chdir(tmp_path)
+    cfg = AccelConfig(packing=True, cost_index="costs-{split}.npz", profile="runs/after").absolute()
+    assert cfg.cost_index == str(tmp_path / "costs-{split}.npz") and cfg.profile == str(tmp_path / "runs/after")
+    assert AccelConfig(profile="/abs/dir").absolute().profile == "/abs/dir"
+    from mimo_accel.config import DEFAULT_PROFILE_DIR
+
+    assert AccelConfig.from_env({"MIMO_ACCEL": "profile"}).absolute().profile == str(tmp_path / DEFAULT_PROFILE_DIR)
+
+
+@pytest.mark.megatron
+def test_enable_makes_the_paths_absolute_against_this_process(clean_engine, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    cfg = mimo_accel.enable(sharded_reads=True, profile="runs/after")
+    assert cfg.profile == str(tmp_path / "runs" / "after") == mimo_accel.status()["config"].profile
 
 
 @pytest.mark.megatron

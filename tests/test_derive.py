@@ -23,6 +23,7 @@ from mimo_accel.costs.contents import Contents, file_stamps
 from mimo_accel.costs.images import image_size_of
 from mimo_accel.datasets import DeriveError, MimoDatasetSource, Probed, QwenFetchResize, qwen_resize_rule, shared_index
 from mimo_accel.datasets.megatron_mimo import _mimo_real_tokens
+from mimo_accel.datasets.sources import Inputs
 from mimo_accel_dev.rehearse.stack import offline_tokenizer
 from tests._hypothesis import examples
 
@@ -148,7 +149,7 @@ def test_rule_comes_from_the_processor_settings():
 
 def test_several_images_per_sample_and_max_samples(tmp_path):
     paths = [str(write_image(tmp_path / f"{i}.png", 60 + 40 * i, 90)) for i in range(3)]
-    ex = [{"image": paths, "text": "a"}, {"image": paths[:1], "text": "a"}, {"image": [], "text": "a"},
+    ex = [{"image": paths, "text": "a"}, {"image": paths[:1], "text": "a"}, {"image": None, "text": "a"},
           {"image": paths[1], "text": "a"}]
     rule = ResizeRule()
     p = [rule.patches(90, 60 + 40 * i) for i in range(3)]
@@ -224,7 +225,7 @@ def test_hf_list_of_images_column(tmp_path):
     import datasets
 
     paths = [str(write_image(tmp_path / f"{i}.png", 64 * (i + 1), 64)) for i in range(3)]
-    hf = datasets.Dataset.from_dict({"image": [paths, paths[:1], []], "text": ["a", "a", "a"]})
+    hf = datasets.Dataset.from_dict({"image": [paths, paths[:1], None], "text": ["a", "a", "a"]})
     hf = hf.cast_column("image", datasets.Sequence(datasets.Image()))
     index = shared_index.derive_cost_index(mimo_dataset(hf, qwen_processor()), cache_dir=False)
     p = [ResizeRule().patches(64, 64 * (i + 1)) for i in range(3)]
@@ -614,9 +615,12 @@ def test_more_ranks_than_samples_and_world_size_independence(tmp_path):
     ds = mimo_dataset(all_kinds_of_examples(tmp_path), qwen_processor())
     source = MimoDatasetSource(ds)
     whole = source.to_index(source.probe(0, source.base_length)).digest()
-    contents = source.contents(0, source.base_length)
+    inputs = source.read_inputs(0, source.base_length)
     for world in (2, 3, 16):
         parts = [source.probe(*shared_index.share(r, world, source.base_length)) for r in range(world)]
         assert source.to_index(Probed.concat(parts)).digest() == whole
-        shares = [source.contents(*shared_index.share(r, world, source.base_length)) for r in range(world)]
-        assert sum(shares, Contents()).digest == contents.digest and contents.files == 7
+        shares = [source.read_inputs(*shared_index.share(r, world, source.base_length)) for r in range(world)]
+        added = sum(shares, Inputs.none())
+        assert added.contents.digest == inputs.contents.digest and inputs.contents.files == 7
+        assert added.texts.digest == inputs.texts.digest and inputs.texts.samples == len(ds)
+        assert added.rows.digest == inputs.rows.digest and inputs.rows.samples == len(ds)

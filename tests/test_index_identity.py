@@ -102,8 +102,12 @@ def test_a_file_that_differs_from_the_dataset_s_own_index_is_said(tmp_path):
 # ----------------------------------------------------------------------------------------------
 
 
-def _manifest_index(tmp_path, examples, name="manifest.jsonl"):
-    """``mimo-accel index MANIFEST`` over the examples' image files (relative to the manifest)."""
+QWEN2_RULE = ["--patch-size", "14", "--min-pixels", str(56 * 56), "--max-pixels", str(28 * 28 * 1280)]  # qwen_processor()'s
+
+
+def _manifest_index(tmp_path, examples, name="manifest.jsonl", rule=QWEN2_RULE):
+    """``mimo-accel index MANIFEST`` over the examples' image files (relative to the manifest), with
+    the resize rule ``rule`` gives (options)."""
     import json
     from pathlib import Path
 
@@ -113,7 +117,7 @@ def _manifest_index(tmp_path, examples, name="manifest.jsonl"):
     lines = [{"images": [os.path.relpath(e["image"], tmp_path)], "text": e["text"]} for e in examples]
     manifest.write_text("".join(json.dumps(line) + "\n" for line in lines))
     out = tmp_path / (name + ".npz")
-    assert indexing.main([str(manifest), "--out", str(out)]) == 0
+    assert indexing.main([str(manifest), *rule, "--out", str(out)]) == 0
     return str(out), Path(manifest)
 
 
@@ -142,8 +146,8 @@ def test_a_manifest_index_of_another_dataset_of_the_same_length_is_refused(tmp_p
     path, _ = _manifest_index(tmp_path, a)
     with pytest.raises(ValueError, match=r"describes another dataset: its files \(names, sizes, first bytes\) \w{16} "
                                          r"\(4 files; manifest manifest.jsonl\), this train dataset's \w{16} \(4 files; "
-                                         r"MegatronMIMODataset of 4 samples\); .*`mimo-accel index MANIFEST --split "
-                                         r"train --out "):
+                                         r"MegatronMIMODataset of 4 samples\); .*`mimo-accel index MANIFEST --processor "
+                                         r"PROCESSOR --split train --out "):
         cost_index_for(b, path, "train")
 
 
@@ -177,13 +181,67 @@ def test_the_same_files_copied_elsewhere_are_accepted(tmp_path, capsys):
     assert derive_cost_index(ds, cache_dir=cache).mapped and len(list(cache.glob("*.npz"))) == 1
 
 
-def test_the_same_files_with_other_texts_are_another_dataset(tmp_path):
+def test_the_same_files_with_other_texts_or_settings_are_another_dataset(tmp_path):
     examples = _examples(tmp_path / "a", [56, 112, 224, 56])
     path = _index_file(tmp_path, mimo_dataset(examples, qwen_processor()))
     other = mimo_dataset([{**e, "text": "another caption"} for e in examples], qwen_processor())
-    with pytest.raises(ValueError, match=r"its files are this one's but its dataset fingerprint \(examples, tokenizer, "
-                                         r"processors\) \w{16} .*this train dataset's \w{16}"):
+    with pytest.raises(ValueError, match=r"describes another dataset: its texts \w{16} \(4 texts; MegatronMIMODataset of "
+                                         r"4 samples\), this train dataset's \w{16} \(4 texts; .*its token counts are "
+                                         r"the other texts'"):
         cost_index_for(other, path, "train")
+    longer = mimo_dataset(examples, qwen_processor(), seq_length=65)  # the same rows, cut elsewhere
+    with pytest.raises(ValueError, match=r"its files are this one's but its dataset fingerprint \(every row's cost "
+                                         r"inputs, tokenizer, processors\) \w{16} .*this train dataset's \w{16}"):
+        cost_index_for(longer, path, "train")
+
+
+def test_a_manifest_index_refuses_an_edited_text_as_it_refuses_an_edited_image(tmp_path):
+    """The issue's case: the manifest index digested its image files only, so a dataset whose
+    text was edited after indexing passed the check with the old token counts."""
+    examples = _examples(tmp_path / "a", [56, 112, 224, 56])
+    path, _ = _manifest_index(tmp_path, examples)
+    runtime = Runtime(AccelConfig(reorder=True))
+    assert len(cost_index_for(mimo_dataset(examples, qwen_processor()), path, "train", notify=runtime.say_once)) == 4
+    assert _notices(runtime) == []  # files, rule and texts all checked
+    edited = [dict(e) for e in examples]
+    edited[2]["text"] = "describe " * 200
+    with pytest.raises(ValueError, match=r"describes another dataset: its texts \w{16} \(4 texts; manifest "
+                                         r"manifest.jsonl\), this train dataset's \w{16} \(4 texts; MegatronMIMODataset "
+                                         r"of 4 samples\)"):
+        cost_index_for(mimo_dataset(edited, qwen_processor()), path, "train")
+
+
+def test_a_manifest_of_token_counts_is_checked_without_its_texts_said_once(tmp_path):
+    import json
+
+    from mimo_accel.tools import indexing
+
+    examples = _examples(tmp_path / "a", [56, 112, 224, 56])
+    manifest = tmp_path / "counts.jsonl"
+    manifest.write_text("".join(json.dumps({"images": [os.path.relpath(e["image"], tmp_path)], "tokens": 9}) + "\n"
+                                for e in examples))
+    out = tmp_path / "counts.npz"
+    assert indexing.main([str(manifest), *QWEN2_RULE, "--out", str(out)]) == 0
+    runtime = Runtime(AccelConfig(reorder=True))
+    for _ in range(2):
+        assert len(cost_index_for(mimo_dataset(examples, qwen_processor()), str(out), "train",
+                                  notify=runtime.say_once)) == 4
+    (note,) = _notices(runtime)
+    assert "records no digest of its texts" in note and "give each line's \"text\" too" in note
+
+
+def test_an_index_fingerprinted_by_an_older_scheme_is_checked_by_what_it_shares_said_once(tmp_path):
+    examples = _examples(tmp_path / "a", [56, 112, 224, 56])
+    ds = mimo_dataset(examples, qwen_processor())
+    index = derive_cost_index(ds, cache_dir=False)
+    old = tmp_path / "old.npz"
+    # as an older mimo_accel wrote it: its dataset fingerprinted by sampled rows, no texts recorded
+    index.with_identity(format=None, texts=None, dataset="ab" * 32, split="train").save(old)
+    runtime = Runtime(AccelConfig(reorder=True))
+    assert cost_index_for(ds, str(old), "train", notify=runtime.say_once).digest() == index.digest()
+    (note,) = _notices(runtime)
+    assert "fingerprints its dataset's rows as another mimo_accel did (an older scheme" in note
+    assert "its files and resize rule were checked against the train dataset, its rows' other inputs" in note
 
 
 def test_one_file_re_exported_at_another_size_is_another_dataset_and_a_missing_one_is_named(tmp_path):
@@ -211,7 +269,7 @@ def test_an_index_recording_no_files_is_checked_by_its_length_alone_said_once(tm
     for _ in range(2):
         assert cost_index_for(ds, str(old), "train", notify=runtime.say_once).digest() == index.digest()
     (note,) = _notices(runtime)
-    assert "records no fingerprint of its files" in note and "only its length could be checked" in note
+    assert "records no fingerprint of its files" in note and "only its length and resize rule could be checked" in note
 
 
 def test_an_index_file_keeps_the_contents_digest_in_its_header(tmp_path):

@@ -68,6 +68,9 @@ def dataset_dir(tmp_path):
     return _manifest(tmp_path / "train.jsonl", lines)
 
 
+RULE = ResizeRule()  # Qwen2-VL's, the rule these tests price by (a manifest with images needs one)
+RULE_ARGS = ["--patch-size", "14", "--min-pixels", "3136", "--max-pixels", "1003520"]  # the same on the command line
+
 EXPECTED = [  # (image sizes, tokens) of the samples in dataset_dir
     ([(480, 640)], 100),
     ([(1080, 1920), (30, 40)], 3),  # ceil(10 / 4)
@@ -123,8 +126,8 @@ def test_parallel_header_reads_give_the_serial_result(tmp_path):
         lines.append({"images": names, "tokens": i})
         expected.append(names)
     manifest = _manifest(tmp_path / "m.jsonl", lines)
-    serial = index_builder.build_index_from_manifest(manifest, workers=1)
-    parallel = index_builder.build_index_from_manifest(manifest, workers=8)
+    serial = index_builder.build_index_from_manifest(manifest, RULE, workers=1)
+    parallel = index_builder.build_index_from_manifest(manifest, RULE, workers=8)
     every = np.arange(150)
     for what in ("rows", "sq_rows", "items"):
         assert np.array_equal(getattr(serial, what)("vision", every), getattr(parallel, what)("vision", every))
@@ -144,10 +147,10 @@ def test_the_manifest_is_indexed_chunk_by_chunk_with_the_same_result(tmp_path, m
         else:
             lines.append({"tokens": 3 * i})
     manifest = _manifest(tmp_path / "m.jsonl", lines[:10] + [""] + lines[10:])
-    whole = index_builder.build_index_from_manifest(manifest)
+    whole = index_builder.build_index_from_manifest(manifest, RULE)
     monkeypatch.setattr(index_builder, "CHUNK_LINES", 4)
     seen = []
-    chunked = index_builder.build_index_from_manifest(manifest, on_progress=seen.append)
+    chunked = index_builder.build_index_from_manifest(manifest, RULE, on_progress=seen.append)
     assert chunked.digest() == whole.digest() and len(chunked) == 25
     every = np.arange(25)
     assert chunked.items("vision", every).tolist() == [(2, 1, 0)[i % 3] for i in range(25)]
@@ -155,7 +158,7 @@ def test_the_manifest_is_indexed_chunk_by_chunk_with_the_same_result(tmp_path, m
     # a bad line in a later chunk is named by its own line number
     _manifest(manifest, lines[:22] + [{"images": ["gone.png"], "tokens": 1}])
     with pytest.raises(index_builder.ManifestError, match="m.jsonl:23: image not found"):
-        index_builder.build_index_from_manifest(manifest, workers=2)
+        index_builder.build_index_from_manifest(manifest, RULE, workers=2)
 
 
 def test_dataset_index_from_shapes(tmp_path):
@@ -209,14 +212,14 @@ def test_bad_lines_are_named(tmp_path, line, message):
     _png(tmp_path / "ok.png", 10, 10)
     manifest = _manifest(tmp_path / "m.jsonl", [{"images": ["ok.png"], "tokens": 1}, {"tokens": 2}, "", line])
     with pytest.raises(index_builder.ManifestError, match=f"m.jsonl:4: .*{message}"):
-        index_builder.build_index_from_manifest(manifest)
+        index_builder.build_index_from_manifest(manifest, RULE)
 
 
 def test_missing_or_empty_manifest(tmp_path):
     with pytest.raises(index_builder.ManifestError, match="manifest not found"):
-        index_builder.build_index_from_manifest(tmp_path / "nope.jsonl")
+        index_builder.build_index_from_manifest(tmp_path / "nope.jsonl", RULE)
     with pytest.raises(index_builder.ManifestError, match="no samples"):
-        index_builder.build_index_from_manifest(_manifest(tmp_path / "empty.jsonl", ["", "  "]))
+        index_builder.build_index_from_manifest(_manifest(tmp_path / "empty.jsonl", ["", "  "]), RULE)
 
 
 def test_the_earliest_bad_line_is_reported_with_parallel_reads(tmp_path):
@@ -228,7 +231,7 @@ def test_the_earliest_bad_line_is_reported_with_parallel_reads(tmp_path):
     lines[70] = {"images": ["gone-70.png"], "tokens": 1}
     manifest = _manifest(tmp_path / "m.jsonl", lines)
     with pytest.raises(index_builder.ManifestError, match="m.jsonl:41: image not found"):
-        index_builder.build_index_from_manifest(manifest, workers=8)
+        index_builder.build_index_from_manifest(manifest, RULE, workers=8)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -237,7 +240,7 @@ def test_the_earliest_bad_line_is_reported_with_parallel_reads(tmp_path):
 
 
 def test_cli_writes_the_index_beside_the_manifest_and_prints_a_summary(dataset_dir, capsys):
-    assert indexing.main([str(dataset_dir)]) == 0
+    assert indexing.main([str(dataset_dir), *RULE_ARGS]) == 0
     out = dataset_dir.parent / "train.jsonl.mimo-cost-index.npz"
     _check(CostIndex.load(out), ResizeRule())
     text = capsys.readouterr().out
@@ -259,7 +262,7 @@ def test_cli_options_reach_the_rule_and_out_path(dataset_dir, tmp_path, capsys):
 
 def test_cli_errors_are_reported_with_an_exit_code(tmp_path, capsys):
     bad = _manifest(tmp_path / "bad.jsonl", [{"images": ["nowhere.png"], "tokens": 1}])
-    assert indexing.main([str(bad)]) == 2
+    assert indexing.main([str(bad), *RULE_ARGS]) == 2
     err = capsys.readouterr().err
     assert err.startswith("mimo-accel index: error: ") and err.count("\n") == 1
     assert "bad.jsonl:1" in err and "image not found" in err
@@ -361,16 +364,16 @@ def test_module_names_the_encoder_and_the_file_is_v4(dataset_dir, tmp_path, caps
     import json
 
     out = tmp_path / "images.npz"
-    assert indexing.main([str(dataset_dir), "--module", "images", "--out", str(out)]) == 0
+    assert indexing.main([str(dataset_dir), *RULE_ARGS, "--module", "images", "--out", str(out)]) == 0
     index = CostIndex.load(out)
     assert index.encoders == ("images",)
     assert json.loads(str(np.load(out)["header"]))["format"] == "mimo-accel-cost-index/4" and index.mapped
     _check(index, ResizeRule())
     assert "encoder module" in capsys.readouterr().out
     # the default is "vision"; "language" is not an encoder
-    assert indexing.main([str(dataset_dir)]) == 0
+    assert indexing.main([str(dataset_dir), *RULE_ARGS]) == 0
     assert CostIndex.load(dataset_dir.parent / "train.jsonl.mimo-cost-index.npz").encoders == ("vision",)
-    assert indexing.main([str(dataset_dir), "--module", "language", "--out", str(out)]) == 2
+    assert indexing.main([str(dataset_dir), *RULE_ARGS, "--module", "language", "--out", str(out)]) == 2
     assert "language module" in capsys.readouterr().err
 
 
@@ -424,20 +427,20 @@ def test_the_index_records_its_files_by_name_size_and_first_bytes_wherever_they_
         _photo(tmp_path / "a" / "imgs" / f"{i}.jpg", 96 + 32 * i)
     lines = [{"images": [f"imgs/{i}.jpg"], "tokens": 5} for i in range(3)] + [{"tokens": 3}]
     manifest = _manifest(tmp_path / "a" / "m.jsonl", lines)
-    recorded = index_builder.build_index_from_manifest(manifest).identity["contents"]
+    recorded = index_builder.build_index_from_manifest(manifest, RULE).identity["contents"]
     assert recorded["scheme"] == SCHEME and recorded["files"] == 3
     # cp -r without -p: new modification times, another directory; the same digest
     shutil.copytree(tmp_path / "a", tmp_path / "b", copy_function=shutil.copy)
     for f in (tmp_path / "b" / "imgs").iterdir():
         os.utime(f, ns=(1, 1))
-    assert index_builder.build_index_from_manifest(tmp_path / "b" / "m.jsonl").identity["contents"] == recorded
+    assert index_builder.build_index_from_manifest(tmp_path / "b" / "m.jsonl", RULE).identity["contents"] == recorded
     _photo(tmp_path / "b" / "imgs" / "1.jpg", 300)  # re-exported at another size
-    assert index_builder.build_index_from_manifest(tmp_path / "b" / "m.jsonl").identity["contents"] != recorded
+    assert index_builder.build_index_from_manifest(tmp_path / "b" / "m.jsonl", RULE).identity["contents"] != recorded
     swapped = _manifest(tmp_path / "a" / "swapped.jsonl", [lines[1], lines[0], *lines[2:]])
-    assert index_builder.build_index_from_manifest(swapped).identity["contents"]["digest"] != recorded["digest"]
+    assert index_builder.build_index_from_manifest(swapped, RULE).identity["contents"]["digest"] != recorded["digest"]
     # sizes given instead of files: nothing to compare with the dataset's files, none recorded
     sized = _manifest(tmp_path / "a" / "sized.jsonl", lines + [{"image_sizes": [[32, 32]], "tokens": 1}])
-    assert "contents" not in index_builder.build_index_from_manifest(sized).identity
+    assert "contents" not in index_builder.build_index_from_manifest(sized, RULE).identity
 
 
 def test_verify_lists_the_files_that_cannot_be_decoded_and_writes_nothing(tmp_path, capsys, monkeypatch):
@@ -451,10 +454,10 @@ def test_verify_lists_the_files_that_cannot_be_decoded_and_writes_nothing(tmp_pa
              {"tokens": 2}, {"images": ["imgs/good.jpg"], "tokens": 4}]
     manifest = _manifest(tmp_path / "m.jsonl", lines)
     out = tmp_path / "costs.npz"
-    assert indexing.main([str(manifest), "--out", str(out)]) == 0  # headers only: the cut file passes indexing
+    assert indexing.main([str(manifest), *RULE_ARGS, "--out", str(out)]) == 0  # headers only: the cut file passes indexing
     out.unlink()
     capsys.readouterr()
-    assert indexing.main([str(manifest), "--verify", "--workers", "2", "--out", str(out)]) == 2
+    assert indexing.main([str(manifest), *RULE_ARGS, "--verify", "--workers", "2", "--out", str(out)]) == 2
     captured = capsys.readouterr()
     (line,) = captured.out.splitlines()  # the cut file alone, named by its manifest line
     named = re.escape(f"{manifest}:2: {imgs / 'cut.jpg'}")
@@ -464,7 +467,7 @@ def test_verify_lists_the_files_that_cannot_be_decoded_and_writes_nothing(tmp_pa
     assert not out.exists()
     # the good files alone: decoded, then indexed and written
     good = _manifest(tmp_path / "good.jsonl", [lines[0], {"images": ["imgs/other.jpg"], "tokens": 4}])
-    assert indexing.main([str(good), "--verify", "--out", str(out)]) == 0
+    assert indexing.main([str(good), *RULE_ARGS, "--verify", "--out", str(out)]) == 0
     assert "2 files, every one decodable" in capsys.readouterr().out and len(CostIndex.load(out)) == 2
 
 
@@ -475,13 +478,13 @@ def test_verify_names_a_missing_file_with_the_others(tmp_path, capsys, monkeypat
     _cut(_photo(imgs / "cut.jpg"), 0.3)
     manifest = _manifest(tmp_path / "m.jsonl", [{"images": ["imgs/gone.png"], "tokens": 1},
                                                 {"images": ["imgs/cut.jpg"], "tokens": 1}])
-    assert indexing.main([str(manifest), "--verify"]) == 2
+    assert indexing.main([str(manifest), *RULE_ARGS, "--verify"]) == 2
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == f"{manifest}:1: {imgs / 'gone.png'}: not found"
     assert lines[1].startswith(f"{manifest}:2: {imgs / 'cut.jpg'}: ") and len(lines) == 2
     # no file to decode: said, not passed in silence
     sized = _manifest(tmp_path / "sized.jsonl", [{"image_sizes": [[32, 32]], "tokens": 1}, {"tokens": 2}])
-    assert indexing.main([str(sized), "--verify"]) == 0
+    assert indexing.main([str(sized), *RULE_ARGS, "--verify"]) == 0
     assert "nothing: no sample names an image or audio file" in capsys.readouterr().out
 
 

@@ -1,7 +1,8 @@
 """What a user installs: a wheel built from a copy of the tree (as from a fresh clone, no network),
 installed with pip into a scratch target, and its CLI run from there in a fresh interpreter — the
-version, a layout priced on a shipped workload, the bootstrap directory `mimo-accel env` exports. The
-development kit beside the package (mimo_accel_dev) is not in the wheel, and enable() never loads it."""
+version, a layout priced on a shipped workload, what `mimo-accel env` exports. The development kit
+beside the package (mimo_accel_dev) is not in the wheel, and enable() never loads it. In a fresh venv
+the wheel's startup hook turns mimo_accel on from MIMO_ACCEL* alone."""
 
 from __future__ import annotations
 
@@ -95,8 +96,10 @@ def test_the_installed_cli_runs_from_the_target(installed):
     assert "receipts" in sim.stdout and "With mimo_accel" in sim.stdout
     env = _from_target(target, "env", "--features", "all")
     assert env.returncode == 0, env.stderr
-    assert f"export PYTHONPATH={target / 'mimo_accel' / '_bootstrap'}{os.pathsep}{target}" in env.stdout
+    assert "PYTHONPATH" not in env.stdout and str(target) not in env.stdout, env.stdout
     assert (target / "mimo_accel" / "_bootstrap" / "sitecustomize.py").is_file()
+    # the startup hook at the root of what pip installed (site-packages, in an environment)
+    assert (target / "mimo_accel.pth").read_text() == (ROOT / "mimo_accel" / "_bootstrap" / "mimo_accel.pth").read_text()
     assert not (target / "mimo_accel_dev").exists()
 
 
@@ -165,3 +168,50 @@ def test_a_fresh_environment_runs_the_cli_and_names_the_missing_megatron(fresh):
     assert run.returncode == 2 and "the script ran" not in run.stdout and "Traceback" not in run.stderr, run.stderr
     (error,) = run.stderr.splitlines()
     assert error.startswith("mimo_accel: error:") and "megatron-bridge is not installed" in error
+
+
+def test_the_startup_hook_turns_mimo_accel_on_from_the_environment_alone(built):
+    """The wheel in a fresh venv beside Megatron (its packages linked): no PYTHONPATH, no checkout,
+    no enable() in the script; MIMO_ACCEL=all alone."""
+    venv = Path(built["megatron_venv"])
+    python = str(venv / "bin" / "python")
+    probe = ("import sys, json, mimo_accel; s = mimo_accel.status(); "
+             "print(json.dumps({'file': mimo_accel.__file__, 'active': s['active'], 'waiting': s['waiting_for_import'], "
+             "'by': sys.modules['mimo_accel._bootstrap.startup'].decided_by, "
+             "'checkout': [p for p in sys.path if p.startswith(" + repr(str(ROOT)) + ")]}))")
+    on = _in_fresh(venv, python, "-c", probe, env_extra={"MIMO_ACCEL": "all"})
+    assert on.returncode == 0, on.stderr[-3000:]
+    got = json.loads(on.stdout.splitlines()[-1])
+    assert Path(got["file"]).parent.parent.parent.parent.parent == venv and got["checkout"] == [], got
+    assert got["active"] == ["sharded_reads", "reorder", "packing"] and got["by"] == "mimo_accel.pth", got
+    # the import hooks are registered: Bridge's modules are patched as the script imports them
+    assert "megatron.bridge.training.megatron_mimo_step" in got["waiting"], got
+    assert on.stderr.count("mimo_accel: enabled sharded_reads, reorder, packing on megatron-bridge") == 1, on.stderr
+    # off: the hook imports nothing at all
+    off = _in_fresh(venv, python, "-c", "import sys; print(sorted(m for m in sys.modules if 'mimo' in m))",
+                    env_extra={"MIMO_ACCEL": "0"})
+    assert off.returncode == 0 and off.stdout.strip() == "[]" and off.stderr == "", off.stderr
+    # a bad value stops the process at its start with one line, before the script
+    bad = _in_fresh(venv, python, "-c", "print('the script ran')", env_extra={"MIMO_ACCEL": "al"})
+    assert bad.returncode == 2 and bad.stdout == "" and "Traceback" not in bad.stderr, bad.stderr
+    (line,) = bad.stderr.splitlines()
+    assert line.startswith("mimo_accel: error: MIMO_ACCEL='al': unknown value 'al'")
+
+
+def test_env_json_is_portable(built, tmp_path):
+    """What `mimo-accel env --json` prints for NeMo-Run's env_vars holds no path of this machine's
+    install or of the caller's PYTHONPATH; a relative setting becomes absolute where env ran."""
+    venv = Path(built["venv"])
+    cli = str(venv / "bin" / "mimo-accel")
+    env = _in_fresh(venv, cli, "env", "--features", "all", "--json",
+                    env_extra={"PYTHONPATH": str(tmp_path / "callers-own-path")})
+    assert env.returncode == 0, env.stderr
+    assert json.loads(env.stdout) == {"MIMO_ACCEL": "reorder,packing"}
+    with_profile = subprocess.run([cli, "env", "--features", "all", "profile=runs/after", "--json"], cwd=tmp_path,
+                                  env={k: v for k, v in os.environ.items() if not k.startswith("MIMO_ACCEL")},
+                                  capture_output=True, text=True, timeout=120)
+    assert with_profile.returncode == 0, with_profile.stderr
+    assert json.loads(with_profile.stdout) == {"MIMO_ACCEL": "reorder,packing,profile",
+                                               "MIMO_ACCEL_PROFILE": str(tmp_path / "runs" / "after")}
+    for where in (str(venv.parent), str(ROOT), "site-packages", "_bootstrap"):
+        assert where not in env.stdout + with_profile.stdout

@@ -94,7 +94,7 @@ def test_with_nothing_the_stack_builds_the_check_says_so_rather_than_stop(advice
     assert isinstance(why, str) and "no other layout it ranked can be rehearsed" in why
     check = lc.nothing_to_check(advice, 4, why)
     assert check["checked"] is None and check["keep_current"] is True and check["outcome"].startswith("nothing")
-    assert lc.verdict(check).startswith("the advisor keeps the current layout; nothing rehearsed")
+    assert lc.verdict(check) == f"nothing rehearsed: {why}" and why.startswith("the advisor keeps the current layout")
 
 
 def test_a_layout_becomes_the_examples_flags():

@@ -51,6 +51,8 @@ def test_bytes_per_parameter_is_bridges():
 
 
 HAND = FlopsShape(layers=2, hidden=8, ffn_hidden=16, heads=2, query_groups=2, kv_channels=4, vocab=10)
+HAND_ATTENTION = 2 * (8 + 2 * 8) + 2 * 8 + 4 * 2 + 8 * 4
+LAYER = 8 * 8 + 16 + HAND_ATTENTION + 4 * 16  # bytes a token with sequence parallelism (over tp)
 
 
 def test_a_hand_worked_language_model():
@@ -62,26 +64,30 @@ def test_a_hand_worked_language_model():
     f = mem.language(_lang(2, 1, 2), 2, 4, (2,))  # tp 2, pp 1, dp 2, a local micro-batch of 3 tokens
     # states: (1088 + 80 + 80 + 16) / 2 = 632 params, at 6 + 12/2 = 12 bytes
     assert f.states == 632 * 12
-    # activations: 3 tokens · 8·(18 + 4·2) per layer · 2 layers + 8·3 + 3·8, one micro-batch (pp 1),
-    # plus the output layer 4·3·8·(1 + 10/8), all over tp 2
-    per_mb = 3 * 8 * 26 * 2 + 24 + 24
+    # activations: 3 tokens · 248 per layer · 2 layers + 8·3 + 3·8, one micro-batch (pp 1), plus the
+    # output layer 4·3·8·(1 + 10/8), all over tp 2; a layer: its norms 8·8 + 16, attention
+    # 2·(8 + 2·8) + 2·8 + 4·2 + 8·4 (flash's q, k, v, output, log-sum-exp; the rotary tables), the
+    # MLP 4·16 (GeLU)
+    assert (LAYER, HAND_ATTENTION) == (248, 104)
+    per_mb = 3 * LAYER * 2 + 24 + 24
     assert f.activations == pytest.approx((per_mb + 4 * 3 * 8 * (1 + 10 / 8)) / 2)
     # pp 2: a layer a stage, the embedding on the first, two micro-batches in flight there
     g = mem.language(_lang(1, 2, 1), 1, 4, (1, 1))
     assert g.stage == 0 and g.states == (1088 / 2 + 80 + 16 / 2) * 18
-    assert g.activations == pytest.approx((3 * 8 * 26 * 1 + 24 + 24) * 2)
+    assert g.activations == pytest.approx((3 * LAYER * 1 + 24 + 24) * 2)
     assert g.total == g.states + g.activations and g.gib == g.total / GIB
 
 
 def test_without_sequence_parallelism_tp_leaves_the_norms_and_masks_whole():
-    """Korthikanti et al., Table 2: of a layer's 18h + 4F bytes a token, 10h (the layer norms, their
-    outputs, the dropout masks) are not split by TP without sequence parallelism; nor is the
-    embedding's 8 + h; the logits always are (a vocabulary-parallel output layer)."""
+    """Without sequence parallelism the two norms' inputs and outputs (the column-parallel
+    projections' inputs) and their statistics, 8h + 16 bytes a token, are whole on every TP rank
+    (Korthikanti et al., Table 2); so is the embedding's 8 + h; the logits are split (a
+    vocabulary-parallel output layer)."""
     mem = _memory(_model(HAND), seq=3, job=JobSettings())
     f = mem.language(_lang(2, 1, 2), 2, 4, (2,))
-    layer = 10 * 8 + (8 * 8 + 4 * 16) / 2  # 144 bytes a token
+    layer = 8 * 8 + 16 + (HAND_ATTENTION + 4 * 16) / 2  # 164 bytes a token
     assert f.activations == pytest.approx(3 * (2 * layer + 8 + 8) + 4 * 3 * 8 + 4 * 3 * 10 / 2)
-    assert f.unsplit == pytest.approx(3 * (2 * 10 * 8 + 8 + 8)) and f.logits == pytest.approx(4 * 3 * 8 + 4 * 3 * 10 / 2)
+    assert f.unsplit == pytest.approx(3 * (2 * 80 + 8 + 8)) and f.logits == pytest.approx(4 * 3 * 8 + 4 * 3 * 10 / 2)
     full = _memory(_model(HAND), seq=3, job=JobSettings(recompute="full")).language(_lang(2, 1, 2), 2, 4, (2,))
     # full recompute: each layer's input (2h, whole without SP) and one layer recomputed at a time
     assert full.activations == pytest.approx(3 * (2 * 2 * 8 + 8 + 8) + 3 * layer + 4 * 3 * 8 + 4 * 3 * 10 / 2)
@@ -89,11 +95,11 @@ def test_without_sequence_parallelism_tp_leaves_the_norms_and_masks_whole():
 
 
 def test_a_linear_attention_layer_stores_its_own_bytes():
-    """A Gated DeltaNet layer stores its own activations in place of attention's 8h (the part TP
+    """A Gated DeltaNet layer stores its own activations in place of attention's (the part TP
     splits): the hybrid model's 48 of 64 layers are counted so."""
     plain = _memory(_model(HAND), seq=4).language(_lang(1, 1, 1), 1, 1, (2,))
     hybrid = _memory(_model(HAND, linear=(1, 100.0)), seq=4).language(_lang(1, 1, 1), 1, 1, (2,))
-    assert hybrid.activations - plain.activations == pytest.approx(4 * (100.0 - 8 * 8))
+    assert hybrid.activations - plain.activations == pytest.approx(4 * (100.0 - HAND_ATTENTION))
 
 
 def test_the_last_stage_holds_the_logits_and_the_first_the_most_micro_batches():
@@ -131,14 +137,21 @@ def _bridge_estimate(*, L, h, F, n, g, kv, V, tp, pp, dp, seq, mbs, W, distribut
 @pytest.mark.parametrize("tp, pp, dp, W, distributed", [(2, 2, 4, 8, True), (4, 1, 2, 4, True), (1, 4, 1, 2, False),
                                                         (2, 8, 2, 16, True)])
 def test_with_sequence_parallelism_the_language_model_matches_megatron_bridges_estimate(tp, pp, dp, W, distributed):
+    """The states are Bridge's estimate; the activations are Bridge's with megatron-core's own layer
+    (tests/test_layout_terms.py counts it) in place of Korthikanti's 18h + 4F a token."""
     cfg = dict(L=32, h=4096, F=11008, n=32, g=8, kv=128, V=32768)
     shape = FlopsShape(layers=32, hidden=4096, ffn_hidden=11008, heads=32, query_groups=8, kv_channels=128,
                        gated=True, vocab=32768)
     job = JobSettings(sequence_parallel=True, recompute="selective", distributed_optimizer=distributed)
-    ours = _memory(_model(shape), 4096, job).language(_lang(tp, pp, dp), dp, W, stage_layers(32, pp))
+    model = _model(shape)
+    ours = _memory(model, 4096, job).language(_lang(tp, pp, dp), dp, W, stage_layers(32, pp))
     weights, acts = _bridge_estimate(**cfg, tp=tp, pp=pp, dp=dp, seq=4096, mbs=1, W=W, distributed=distributed)
     assert ours.stage == 0 and ours.states == pytest.approx(weights, rel=1e-12)
-    assert ours.activations == pytest.approx(acts, rel=1e-12)
+    lang = model.modules[LANGUAGE]
+    layer = 8 * 4096 + 16 + lang.attention_bytes + lang.mlp_bytes
+    assert lang.mlp_bytes == 6 * 11008  # SwiGLU: fc1's 2F output and the activation's F, not 4F
+    moved = 4096 * 32 * min(1, W / pp) * (layer - (18 * 4096 + 4 * 11008)) / tp
+    assert ours.activations == pytest.approx(acts + moved, rel=1e-12)
 
 
 def test_an_encoder_holds_the_micro_batches_in_flight_before_the_language_model():
@@ -150,7 +163,8 @@ def test_an_encoder_holds_the_micro_batches_in_flight_before_the_language_model(
     mem = _memory(_model(HAND, shape), seq=3, rows=100.0)  # each sample at most 100 rows
     # the encoder is the stage before the language model's 2 stages: 3 micro-batches of 1 sample in flight (W 8)
     f = mem.encoder(module("vision", 1), 1, 8, 2)
-    assert f.activations == 3 * 100 * (18 * 16 + 4 * 64) * 3
+    # a layer: its norms 8·16 + 16, attention 2·(16 + 2·16) + 2·16 + 4·4 + 8·4, the GeLU MLP 4·64
+    assert f.activations == 3 * 100 * (8 * 16 + 16 + 176 + 4 * 64) * 3
     assert mem.encoder(module("vision", 1), 1, 2, 2).activations == f.activations * 2 / 3  # W 2: two at most
     model = _model(HAND, shape).with_frozen(("vision",))
     frozen = _memory(model, seq=3, rows=100.0).encoder(module("vision", 1, tp=2), 1, 8, 2)

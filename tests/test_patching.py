@@ -96,6 +96,22 @@ def test_launcher_with_variable_unset_does_nothing_at_all():
     assert proc.stdout.split() == ["False", "False"]
 
 
+def test_the_startup_hooks_read_the_off_words_of_the_config():
+    """The startup hook (one line in a .pth, run before anything can be imported) and run's
+    sitecustomize spell the off words themselves: the same ones the config reads."""
+    import ast
+    import re
+
+    from mimo_accel.config import OFF_WORDS
+
+    pth = (ROOT / "mimo_accel" / "_bootstrap" / "mimo_accel.pth").read_text()
+    assert pth.count("\n") == 1 and pth.startswith("import os;")
+    site = (ROOT / "mimo_accel" / "_bootstrap" / "sitecustomize.py").read_text()
+    for text in (pth, site):
+        spelled = re.findall(r"\((?:''|\"\"), [^)]*\)", text)  # the tuples that start with ""
+        assert len(spelled) == 1 and ast.literal_eval(spelled[0]) == OFF_WORDS, text
+
+
 def test_launcher_chains_an_existing_sitecustomize(tmp_path):
     (tmp_path / "sitecustomize.py").write_text("import builtins; builtins.USER_SITECUSTOMIZE_RAN = True\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith("MIMO_ACCEL")}
@@ -196,13 +212,15 @@ def test_explicit_arguments_override_environment_override_defaults(monkeypatch):
 
 
 def test_profiler_off_installs_no_wrappers_and_on_installs_the_hooks(clean_engine):
+    """The encoders are timed only with the profiler (or online calibration); the optimizer step,
+    where rank 0's step line comes from, ends every feature's step."""
     from megatron.core.models.mimo.optimizer import MimoOptimizer
     from megatron.core.models.mimo.submodules.base import ModalitySubmodules
 
     encode, step = ModalitySubmodules.__dict__["encode"], MimoOptimizer.__dict__["step"]
     mimo_accel.enable(sharded_reads=True, packing=True)
-    assert ModalitySubmodules.__dict__["encode"] is encode and MimoOptimizer.__dict__["step"] is step
-    assert not any("encode" in p or "MimoOptimizer" in p for p in mimo_accel.status()["patched"])
+    assert ModalitySubmodules.__dict__["encode"] is encode and MimoOptimizer.__dict__["step"] is not step
+    assert not any("encode" in p for p in mimo_accel.status()["patched"])
     mimo_accel.enable(sharded_reads=True, packing=True, profile="/tmp/mimo-accel-unused")
     assert ModalitySubmodules.__dict__["encode"] is not encode and MimoOptimizer.__dict__["step"] is not step
     mimo_accel.disable()
@@ -227,6 +245,8 @@ mimo_accel.enable(packing=True, profile="/tmp/mimo-accel-unused")  # another con
 @pytest.mark.megatron
 @pytest.mark.parametrize("logging_setup", ["none", "info", "warning"])
 def test_enable_logs_one_line_naming_what_is_on(logging_setup):
+    """Whatever the job's logging set-up (none, Bridge's example's format at INFO, Python's default
+    at WARNING), the line has the one documented prefix, once."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("MIMO_ACCEL")}
     proc = subprocess.run([sys.executable, "-c", _ENABLE_TWICE, logging_setup], env=env, capture_output=True,
                           text=True, timeout=120, cwd=ROOT)
@@ -234,12 +254,28 @@ def test_enable_logs_one_line_naming_what_is_on(logging_setup):
     lines = [l for l in proc.stderr.splitlines() if "mimo_accel" in l and "enabled" in l]
     m = engine.T.match(*engine.installed_versions())
     versions = f"on megatron-bridge {m.bridge} / megatron-core {m.core} (shape {m.shape.name}, {m.status})"
-    prefix = {"none": "mimo_accel: ", "info": "[Rank 0] mimo_accel: "}.get(logging_setup)
-    if prefix is None:  # logging configured at WARNING: the user's choice holds
-        assert lines == []
-        return
-    assert lines == [f"{prefix}enabled sharded_reads, reorder, packing {versions}",
-                     f"{prefix}enabled packing, profile (/tmp/mimo-accel-unused) {versions}"]
+    assert lines == [f"mimo_accel: enabled sharded_reads, reorder, packing {versions}",
+                     f"mimo_accel: enabled packing, profile (/tmp/mimo-accel-unused) {versions}"]
+    assert "mimo_accel: mimo_accel" not in proc.stderr and "INFO:mimo_accel" not in proc.stderr
+
+
+_NOTICE_UNDER_A_FORMAT = """
+import logging, sys
+logging.basicConfig(level=logging.INFO, format="[Rank 0] %(name)s: %(message)s")
+from mimo_accel.notices import Notices
+import mimo_accel
+Notices(logging.getLogger("mimo_accel")).say_once("k", "mimo_accel packing: a notice")
+logging.getLogger("mimo_accel.datasets.shared_index").warning("mimo_accel: a child's line")
+logging.getLogger("mimo_accel").setLevel(logging.ERROR)  # the user's level on the logger holds
+Notices(logging.getLogger("mimo_accel")).say_once("k2", "mimo_accel: not shown")
+"""
+
+
+def test_every_line_has_the_one_prefix_under_a_jobs_format():
+    proc = subprocess.run([sys.executable, "-c", _NOTICE_UNDER_A_FORMAT], capture_output=True, text=True, timeout=60,
+                          env={k: v for k, v in os.environ.items() if not k.startswith("MIMO_ACCEL")})
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.splitlines() == ["mimo_accel: packing: a notice", "mimo_accel: a child's line"]
 
 
 @pytest.mark.parametrize("kwargs, profiled", [

@@ -76,13 +76,14 @@ class Run:
 
 
 def _train_run(workdir: Path, name: str, vdp: int, ldp: int, features: dict, *extra: str,
-               iters: int = 4, env: dict | None = None, checkpoint: str | None = None) -> Run:
+               iters: int = 4, env: dict | None = None, checkpoint: str | None = None,
+               log_file: Path | None = None) -> Run:
     trace = workdir / f"{name}.jsonl"
     ckpt = workdir / (checkpoint or f"ckpt-{name}")
     argv = ["--cpu", "--vision-dp", str(vdp), "--language-dp", str(ldp), "--mbs", str(MBS), "--gbs", str(GBS),
             "--train-iters", str(iters), "--eval-interval", "2", "--eval-iters", "1",
             "--save", str(ckpt), "--trace", str(trace), *extra]
-    active = run_ranks(_train, vdp + ldp, argv, features, env or {}, deadline_s=DEADLINE_S)
+    active = run_ranks(_train, vdp + ldp, argv, features, env or {}, deadline_s=DEADLINE_S, log_file=log_file)
     assert all(a == active[0] for a in active)
     return Run(_read(trace), active[0], ckpt)
 
@@ -249,7 +250,37 @@ def test_profile_step_lines_hold_training_steps_only(workdir, accel_fan_in):
 
 @pytest.fixture(scope="module")
 def accel_fan_in_straight(workdir):
-    return _train_run(workdir, "accel-v2-l1-varied-6", 2, 1, ALL, "--varied", iters=6)
+    return _train_run(workdir, "accel-v2-l1-varied-6", 2, 1, ALL, "--varied", iters=6,
+                      log_file=workdir / "accel-v2-l1-varied-6.log")
+
+
+def _rank_log(path: Path, rank: int) -> str:
+    """One rank's section of a run_ranks log file."""
+    sections = path.read_text().split("\n===== ")
+    (section,) = [s for s in sections if f": rank {rank} of " in s.split("\n", 1)[0]]
+    return section
+
+
+def test_rank_0_logs_what_mimo_accel_did_at_every_logged_step(workdir, accel_fan_in_straight):
+    """Without the profiler: rank 0 (vision replica 0) logs one line a step (the example's
+    log_interval is 1) with the reads, the plan's moves and what packing removed, each checked
+    against the run's own trace; no other rank logs one."""
+    import re
+
+    log = workdir / "accel-v2-l1-varied-6.log"
+    lines = [l for l in _rank_log(log, 0).splitlines() if l.startswith("mimo_accel: step ")]
+    assert [l.split(":")[1] for l in lines] == [f" step {i}" for i in range(1, 7)], lines
+    assert not any("mimo_accel: step " in _rank_log(log, r) for r in (1, 2))
+    first = lines[0]
+    assert first.startswith(f"mimo_accel: step 1: on: sharded_reads, reorder, packing; read per rank: vision "
+                            f"{GBS // 2}, language {GBS} of {GBS} samples (upstream: all {GBS}); ")
+    # the plan's moves in step 1, from what vision replica 0 trained: what left its contiguous half,
+    # and as many came in
+    left = sum(len(set(ids) - set(range((m * MBS), m * MBS + MBS // 2)))
+               for m, ids in enumerate(accel_fan_in_straight.replica("vision", 0)[1]))
+    assert f"the plan gave another replica {2 * left} of {GBS} vision, 0 of {GBS} language samples; " in first
+    packed = re.search(r"packing removed (\d+) of (\d+) language tokens", first)
+    assert packed and int(packed[2]) == GBS * 64 and 0 < int(packed[1]) < int(packed[2]), first  # seq 64
 
 
 def test_resume_trains_what_an_uninterrupted_run_trains(workdir, accel_fan_in, accel_fan_in_straight):

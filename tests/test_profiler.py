@@ -409,13 +409,16 @@ def _worker(rank: int, world_size: int, port: int, out_dir: str) -> None:
         timeout=datetime.timedelta(seconds=60),
     )
     try:
+        from mimo_accel.runtime.measuring.run_id import run_identity
+
         vision = rank < world_size // 2
         dp_size = world_size // 2
+        run_id, run_id_from = run_identity(out_dir)
         rec = Recorder(
             out_dir, rank=rank, world_size=world_size, module="vision" if vision else "language",
             dp_rank=rank % dp_size, dp_size=dp_size,
             layout={"vision": {"tp": 1, "pp": 1, "dp": dp_size}, "language": {"tp": 1, "pp": 1, "dp": dp_size}},
-            label="multi", device="cpu",
+            label="multi", device="cpu", run_id=run_id, run_id_from=run_id_from,
         )
         enc = _encoder(64, 2)
         if vision:
@@ -442,7 +445,7 @@ def test_multi_rank_processes_write_one_file_each(tmp_path):
         _worker, args=(world, _free_port(), str(tmp_path)), nprocs=world, join=True, start_method="forkserver"
     )
     run = read_run(tmp_path)
-    assert run.warnings == []
+    assert run.warnings == [] and run.run_id is not None  # one run id on every rank
     assert sorted(run.ranks) == list(range(world)) and run.world_size == world
     for rank, log in run.ranks.items():
         assert [s["step"] for s in log.steps] == [0, 1, 2, 3]

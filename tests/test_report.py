@@ -24,19 +24,26 @@ def write_run(
     layout: dict | None = None,
     label: str = "baseline",
     fmt: str = FORMAT,
+    run_id: str | None = "",
+    features: list | None = None,
 ) -> Path:
     """Write ``rank<N>.jsonl`` files. ``ranks[r]`` = {module, dp_rank, dp_size, steps: [dict(...)]};
     each step dict holds step fields; missing ones get defaults (vision_fwd_s / vision_bwd_s null
-    in every line)."""
+    in every line). ``run_id``: every header's (default: one made of the directory's path; None:
+    none, as files written before the recorder had one); ``features``: the header's config."""
     directory.mkdir(parents=True, exist_ok=True)
     world_size = world_size if world_size is not None else len(ranks)
+    run_id = f"run-{abs(hash(str(directory))) % 10**8:08d}" if run_id == "" else run_id
     for rank, spec in ranks.items():
         header = {
             "kind": "header", "format": fmt, "rank": rank, "world_size": world_size,
             "module": spec["module"], "dp_rank": spec.get("dp_rank", 0), "dp_size": spec.get("dp_size", 1),
-            "layout": LAYOUT if layout is None else layout, "versions": {}, "config": {}, "device": "cpu",
+            "layout": LAYOUT if layout is None else layout, "versions": {},
+            "config": {} if features is None else {"features": list(features)}, "device": "cpu",
             "label": label, "clock": {"step": "wall", "regions": "thread_cpu"},
         }
+        if run_id is not None:
+            header["run_id"] = run_id
         lines = [header]
         for i, st in enumerate(spec["steps"]):
             rec = {
@@ -118,7 +125,7 @@ def test_golden_json_keys_and_change(tmp_path):
     out = tmp_path / "report.json"
     assert main([str(before), str(after), "--json", str(out)], console=_console()) == 0
     doc = json.loads(out.read_text())
-    assert set(doc) == {"format", "before", "after", "change", "warnings"}
+    assert set(doc) == {"format", "before", "after", "change", "verdict", "gains", "warnings"}
     required = {
         "vision_max_over_mean_p50", "vision_max_over_mean_p99", "step_time_p50", "step_time_p99",
         "samples_per_s", "samples_read_per_rank", "per_module", "module_order", "warnings", "label",
@@ -149,8 +156,8 @@ def test_render_two_sided_shows_change_and_slowest(tmp_path):
     render(b, a, console=c)
     text = _text(c)
     assert "after/before" in text and "×0.75 (-25%)" in text
-    assert "vision DP replica 1 (rank 1) slowest in 100% of 4 steps" in text
-    assert "Vision encoder time per rank" in text and "Data movement per rank" in text
+    assert "slowest vision: before DP replica 1 (rank 1) in 100% of 4 steps; after none (tied, or not timed)" in text
+    assert "Vision encoder time per rank" in text and "Samples read per rank" in text
 
 
 def test_render_one_rank_one_sided(tmp_path):
@@ -159,7 +166,7 @@ def test_render_one_rank_one_sided(tmp_path):
     rc = main([str(tmp_path)], console=c)
     assert rc == 0
     text = _text(c)
-    assert "one vision replica" in text and "after/before" not in text
+    assert "slowest vision: none (one replica)" in text and "after/before" not in text
 
 
 def test_render_64_ranks(tmp_path):
@@ -209,7 +216,23 @@ def test_missing_language_replica_estimates_global_samples(tmp_path):
     (d / "rank3.jsonl").unlink()
     s = summarize(read_run(d))
     assert s["samples_per_step"] == 8
-    assert any("1 of 2 DP replicas" in w for w in s["warnings"])
+    # one count of the replicas for the straggler and the global samples alike
+    assert [w for w in s["warnings"] if "replica" in w] == [
+        "only 1 of 2 language DP replicas have data (missing: replica 1); its straggler ratio covers those present "
+        "and its global samples are scaled up from them"]
+
+
+def test_one_count_of_replicas_in_every_message(tmp_path):
+    """A run short of a language replica: its own warning and the comparison's give the same count
+    (replicas with data, of the DP size), never a count of rank files beside one of replicas."""
+    before, after = two_by_two(tmp_path / "b"), two_by_two(tmp_path / "a", label="accelerated")
+    (after / "rank3.jsonl").unlink()
+    doc = build(read_run(before), read_run(after))
+    said = [w for w in doc["warnings"] if "replica" in w]
+    assert said == ["after: only 1 of 2 language DP replicas have data (missing: replica 1); its straggler ratio "
+                    "covers those present and its global samples are scaled up from them",
+                    "DP replicas with data differ: before vision 2 of 2, language 2 of 2; after vision 2 of 2, "
+                    "language 1 of 2"]
 
 
 def test_mismatched_layouts_warn(tmp_path, capsys):
@@ -287,7 +310,7 @@ def test_the_html_has_real_tables_and_its_charts_embedded(tmp_path):
     page = _Page(html.read_text(encoding="utf-8"))
     assert not page.pre  # not the terminal text
     assert {"Runs", "Summary", "Vision encoder time per rank (fwd + bwd per step)",
-            "Data movement per rank (mean per step)"} <= set(page.tables)
+            "Samples read per rank (mean per step)"} <= set(page.tables)
     summary = page.rows("Summary")
     assert page.tables["Summary"][0] == ["metric", "before", "after", "after/before"]
     assert summary["vision straggler max/mean p50"] == ["1.333", "1.000", "×0.75 (-25%)"]
@@ -309,7 +332,7 @@ def test_the_straggler_chart_draws_every_module_per_step(tmp_path):
 
     before = build(read_run(three_modules(tmp_path / "b", slow={"images": 2.0, "audios": 1.5, "language": 3.0})),
                    read_run(three_modules(tmp_path / "a", slow={}, label="accelerated")))
-    figures = chart_figures(before["before"], before["after"])
+    figures = chart_figures([("before", before["before"]), ("after", before["after"])])
     caption, fig = figures[1]
     assert "per step" in caption
     axes = fig.axes
@@ -370,7 +393,7 @@ def test_write_json_puts_extra_fields_beside_the_report_keys(tmp_path):
     out = tmp_path / "r.json"
     write_json(out, doc, profile="uniform", losses={"before": [[float("nan"), 8.0]]})
     got = json.loads(out.read_text())
-    assert set(got) == {"format", "before", "after", "change", "warnings", "profile", "losses"}
+    assert set(got) == {"format", "before", "after", "change", "verdict", "gains", "warnings", "profile", "losses"}
     assert set(STABLE_KEYS) <= set(got["before"]) and set(STABLE_KEYS) <= set(got["after"])
     assert got["losses"]["before"] == [[None, 8.0]]  # strict JSON: non-finite -> null
     with pytest.raises(ValueError, match="before"):
@@ -539,7 +562,7 @@ def test_a_run_with_two_encoders_and_a_language_model_has_a_straggler_row_each(t
         assert b[f"{m}_time_mean"] == b["per_module"][m]["time_mean"] and b[f"{m}_max_mean"] == b["per_module"][m]["max_mean"]
         for label in ("straggler max/mean, mean", "time per rank, mean", "time of slowest replica, mean"):
             assert sum(ln.split("│")[1].strip() == f"{m} {label}" for ln in text.splitlines() if "│" in ln) == 1
-    assert "language DP replica 1 (rank 5) slowest in 100% of 4 steps" in text
+    assert "slowest language: before DP replica 1 (rank 5) in 100% of 4 steps" in text
     assert "Language real tokens per replica per step" in " ".join(text.split())
     assert "slowest vision" not in text and "no slowest vision" not in text
 
@@ -555,7 +578,7 @@ def test_the_report_of_recorder_files_with_every_module_timed(tmp_path):
         m = ("vision", "audios", "language")[rank // 2]
         rec = Recorder(tmp_path, rank=rank, world_size=6, module=m, dp_rank=rank % 2, dp_size=2,
                        layout={"dp": {"vision": 2, "audios": 2, "language": 2}}, label="rec", device="cpu",
-                       regions=module_regions(m))
+                       regions=module_regions(m), run_id="r1")
         torch.manual_seed(rank)
         net = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Tanh(), torch.nn.Linear(64, 1))
         attach_module_timer(net, rec, name=m)

@@ -105,7 +105,9 @@ def test_each_modules_busy_share_and_the_module_that_bounds_the_step(tmp_path, c
     assert (b["bound_module"], a["bound_module"]) == ("language", "images")
     assert a["bound_steps"] == {"images": 2}  # the counted steps (the first is warm-up)
     out = capsys.readouterr().out
-    assert "Who bounds the step" in out and "language → images" in out
+    assert "Who bounds the step" in out
+    row = next(ln for ln in out.splitlines() if "bounds the step" in ln and "│" in ln)
+    assert [c.strip() for c in row.split("│")[1:-1]] == ["bounds the step", "language", "images"]
     # the language ranks wait more than a third of the after step: one line names the bound and the layout command
     line = " ".join(out[out.index("after: images bounds the step"):].split())
     assert line.startswith("after: images bounds the step (its busiest rank is busy 75.0% of the replayed step, "
@@ -115,23 +117,23 @@ def test_each_modules_busy_share_and_the_module_that_bounds_the_step(tmp_path, c
 
 
 def test_a_line_only_where_a_module_waits_a_third_and_no_shares_without_micro_batch_times(tmp_path):
-    from mimo_accel.tools.report.console import bound_line, bound_table
+    from mimo_accel.tools.report.console import bound_line, bound_table, sides_of
 
     # 8 micro-batches of (1, 2) everywhere: the textbook 1F1B step (8 + 3 - 1)·3 = 30 s, every device
     # busy 24 s of it, waiting 20%: no line; the tie names the encoder
     even = build(read_run(_validated(tmp_path / "even", (1.0, 2.0), (1.0, 2.0), w=8)))["before"]
     assert even["per_module"]["language"]["wait_share_p50"] == pytest.approx(0.2)
-    assert even["bound_module"] == "images" and bound_line(even, None) is None
-    assert bound_table(even, None).rows[-1][:2] == ["bounds the step", "images"]
+    assert even["bound_module"] == "images" and bound_line(sides_of(even)) is None
+    assert bound_table(sides_of(even)).rows[-1][:2] == ["bounds the step", "images"]
     # a light encoder waits more than a third of a step the language stages bound: it is named
     light = build(read_run(_validated(tmp_path / "light", (0.5, 1.0), (1.0, 2.0))))["before"]
     assert light["bound_module"] == "language" and light["per_module"]["images"]["wait_share_p50"] > 1 / 3
-    line = bound_line(light, None)
+    line = bound_line(sides_of(light))
     assert line.startswith("language bounds the step") and "the images ranks" in line
     older = build(read_run(_validated(tmp_path / "old", (1.0, 2.0), (2.0, 4.0), micro=False)))["before"]
     assert older["bound_module"] is None and older["per_module"]["images"]["busy_share_p50"] is None
     assert older["step_time_replayed_skipped"].startswith("no per-micro-batch times")
-    assert bound_table(older, None) is None and bound_line(older, None) is None
+    assert bound_table(sides_of(older)) is None and bound_line(sides_of(older)) is None
 
 
 def test_the_html_page_shows_who_bounds_the_step(tmp_path, monkeypatch):
@@ -147,5 +149,6 @@ def test_the_html_page_shows_who_bounds_the_step(tmp_path, monkeypatch):
                 read_run(_validated(tmp_path / "a", (2.0, 4.0), (1.0, 2.0))))
     write_html(doc, tmp_path / "r.html")
     page = (tmp_path / "r.html").read_text()
-    assert "<caption>Who bounds the step" in page and "language → images" in page
+    assert "<caption>Who bounds the step" in page
+    assert '<td>bounds the step</td><td class="num">language</td><td class="num">images</td>' in page
     assert '<p class="bound">after: images bounds the step' in page and "mimo-accel layout --from" in page

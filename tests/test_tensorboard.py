@@ -76,6 +76,24 @@ def test_the_example_logs_mimo_accel_figures_through_bridges_tensorboard_writer(
     assert not [tag for tag in got if tag.endswith("/mfu")]
 
 
+@pytest.mark.parametrize("features, written", [
+    # reorder alone learns its cost model online from the profiler's timers: the figures are written
+    (dict(reorder=True), True),
+    # nothing measured (no profiler, the cost model pinned): Bridge's scalars alone
+    (dict(reorder=True, packing=True, calibrate_online=False), False),
+], ids=["reorder-alone", "pinned"])
+def test_without_the_profiler_the_figures_come_with_online_calibration_only(tmp_path, features, written):
+    """What docs/usage.md ("TensorBoard and W&B") says of a run without ``profile``."""
+    got = _train(tmp_path, "no-profiler", features, "--varied")
+    assert [s for s, _ in got["lm loss"]] == list(range(1, ITERS + 1))
+    ours = sorted(tag for tag in got if tag.startswith("mimo_accel/"))
+    if written:
+        assert "mimo_accel/vision/straggler" in ours and "mimo_accel/vision/cost_model/a" in ours, ours
+        assert [v for _, v in got["mimo_accel/vision/samples_read_per_rank"]] == [GBS / VDP] * ITERS
+    else:
+        assert ours == []
+
+
 def test_without_the_profiler_bridge_logs_alone(tmp_path):
     got = _train(tmp_path, "upstream", {})  # upstream as shipped (it cannot slice --varied's uneven rows)
     assert [s for s, _ in got["lm loss"]] == list(range(1, ITERS + 1))

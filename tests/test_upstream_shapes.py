@@ -160,7 +160,7 @@ def _cases(runtime):
         "encode": (lambda: dict(self=types.SimpleNamespace(encoders={}), encoders_data_batch={"x": torch.ones(1)}),
                    lambda got: ["encoded"], lambda out: out == ["encoded"]),
         "optimizer step": (lambda: dict(self=object()), lambda got: (True, 1.0, 0), lambda out: out == (True, 1.0, 0)),
-        "train entry": (lambda: dict(global_state=None), lambda got: "trained", lambda out: out == "trained"),
+        "train entry": (lambda: dict(global_state=None, model=None), lambda got: "trained", lambda out: out == "trained"),
     }
 
 

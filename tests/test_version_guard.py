@@ -68,10 +68,10 @@ def _bindings():
     ("0.6.3+abcdef1", "0.19.2", "untested", "0.6"),  # nor is a source build
     ("0.6.3", "0.20.0", "untested", "0.6"),  # a newer minor is not a patch release
     ("0.6.2", "0.20.0", "untested", "0.6"),
-    ("0.6.2", "0.19.2+abcdef1", "untested", "0.6"),  # a source build is not the release
-    ("0.6.0+1234abc", "0.19.2", "untested", "0.6"),  # main between June and August reported 0.6.0
+    ("0.6.2", "0.19.2+abcdef1", "build", "0.6"),  # a source build of a listed release: its targets decide
+    ("0.6.0+1234abc", "0.19.2", "build", "0.6"),  # a build reporting 0.6.0 whose source has 0.6's shape
     ("0.6.0+fdf31e415", "0.19.0+adfb8ec792", "tested", "sparse-4986"),  # PR #4986's head and its core
-    ("0.6.0+fdf31e415", "0.19.2", "untested", "0.6"),  # #4986 with a released core: not a tested pair
+    ("0.6.0+fdf31e415", "0.19.2", "build", "0.6"),  # #4986 with a released core: the 0.6 shape, checked
     ("0.7.0", "0.20.0", "untested", "main"),  # a release 0.7.0 is not commit 067f987
     ("0.7.0+1234567", "0.20.0+2a75ac1", "untested", "main"),
     ("0.7.0+958575fc3", "0.20.0+24bad8e677", "tested", "scalable-5525"),  # PR #5525's head and its core
@@ -83,9 +83,44 @@ def _bindings():
     ("0.5.1", "0.19.2", "untested", "0.6"),
 ])
 def test_match_is_closed_over_both_packages(bridge, core, status, shape):
-    m = T.match(bridge, core)
+    m = T.match(bridge, core, sources=())  # the installed 0.6.2's source: neither upstream feature
     assert (m.status, m.shape.name) == (status, shape)
-    assert bool(m.problems) == (status in ("untested", "patch"))
+    assert bool(m.problems) == (status in ("untested", "patch", "build"))
+
+
+@pytest.mark.parametrize("bridge, core, sources, status, shape", [
+    # Bridge main at another commit: the step packs itself (sequence_pack.py), as main's does
+    ("0.7.0+1234567", "0.20.0+2a75ac1", {"native_packing"}, "build", "main"),
+    ("0.7.0+1234567", "0.20.0+abcdef1", {"native_packing"}, "build", "main"),
+    # with upstream's scalable reads too: #5525's shape, whichever core
+    ("0.7.0+958575fc3", "0.20.0+2a75ac1", {"native_packing", "scalable_reads"}, "build", "scalable-5525"),
+    # a build whose source has no shape's features: untested
+    ("0.7.0+1234567", "0.20.0+2a75ac1", set(), "untested", "main"),
+    ("0.7.0+1234567", "0.20.0+2a75ac1", {"scalable_reads"}, "untested", "main"),
+    # main between June and August reported 0.6.0 and packed in the step: not the 0.6 shape
+    ("0.6.0+1234abc", "0.19.2", {"native_packing"}, "untested", "0.6"),
+    # PR #4608's tree (0.6.0 plus its commit) packs micro-batches its own way: no shape has that
+    ("0.6.0+984a8a5", "0.19.2", {"intra_microbatch_pack"}, "untested", "0.6"),
+    # a release is no source build, whatever its files
+    ("0.7.0", "0.20.0", {"native_packing"}, "untested", "main"),
+    ("0.6.3+abcdef1", "0.19.2", set(), "untested", "0.6"),  # no listed version's public part
+])
+def test_a_source_build_takes_the_shape_its_source_has(bridge, core, sources, status, shape):
+    m = T.match(bridge, core, sources=sources)
+    assert (m.status, m.shape.name) == (status, shape)
+    if status == "build":
+        assert all("is a source build" in p for p in m.problems) and m.problems
+
+
+def test_the_installed_source_is_read_without_importing_it():
+    import importlib.util
+
+    assert T.installed_sources() == set()  # megatron-bridge 0.6.2: neither file
+    root = importlib.util.find_spec("megatron").submodule_search_locations[0]
+    import os
+
+    for parts in T.SOURCE_MARKERS.values():  # the files sit where 0.6.2 keeps the MIMO data modules
+        assert os.path.isdir(os.path.join(root, *parts[:-1]))
 
 
 def test_match_without_a_package():
@@ -129,15 +164,17 @@ def test_allow_untested_uses_the_nearest_shape_and_warns_once(guard, monkeypatch
 
 
 @pytest.mark.megatron
-def test_a_newer_patch_release_is_accepted_with_one_notice(guard, caplog):
-    guard("0.6.3", "0.19.2")
+@pytest.mark.parametrize("bridge, support, said", [("0.6.3", "patch", "newer patch release"),
+                                                   ("0.6.2+1a2b3c4", "build", "is a source build")])
+def test_a_newer_patch_release_or_a_source_build_is_accepted_with_one_notice(guard, caplog, bridge, support, said):
+    guard(bridge, "0.19.2")
     with caplog.at_level(logging.WARNING, logger="mimo_accel"):
         mimo_accel.enable(sharded_reads=True)
         mimo_accel.enable(sharded_reads=True, packing=True)
     st = mimo_accel.status()
-    assert st["support"] == "patch" and st["shape"] == "0.6" and st["patched"]
-    notices = [r.getMessage() for r in caplog.records if "newer patch release" in r.getMessage()]
-    assert len(notices) == 1 and "megatron-bridge 0.6.3" in notices[0] and "shape '0.6'" in notices[0]
+    assert st["support"] == support and st["shape"] == "0.6" and st["patched"]
+    notices = [r.getMessage() for r in caplog.records if said in r.getMessage()]
+    assert len(notices) == 1 and f"megatron-bridge {bridge}" in notices[0] and "shape '0.6'" in notices[0]
 
 
 def _rename_first_parameter_of_the_slice(monkeypatch):
@@ -204,6 +241,28 @@ def test_doctor_shows_versions_and_the_match(guard, monkeypatch, capsys, bridge,
     assert doctor.main() == rc
     out = capsys.readouterr().out
     assert support.split(",")[0] in out and core in out
+
+
+def test_doctor_shows_what_the_environment_turns_on(guard, monkeypatch, capsys, tmp_path):
+    """doctor is a process of its own (nothing is enabled in it): it says what MIMO_ACCEL* here turn
+    on in a job, and how, or the one line that would stop the job."""
+    guard("0.6.2", "0.19.2")
+    monkeypatch.setenv("MIMO_ACCEL", "reorder,profile")
+    monkeypatch.setenv("MIMO_ACCEL_PROFILE", str(tmp_path / "runs"))
+    info = doctor.collect()
+    assert info["env_features"] == ["sharded_reads", "reorder", "profile"] and info["env_error"] is None
+    assert info["startup_hook"] and info["startup_hook"].endswith("mimo_accel.pth")  # make setup's install has it
+    assert doctor.main() == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "on from MIMO_ACCEL* here" in out and "sharded_reads │ yes │ yes" in out and "packing │ yes │ no" in out
+    assert (f"a Python process started with them turns on sharded_reads, reorder, profile, through the startup hook "
+            f"{info['startup_hook']}") in out
+    assert mimo_accel.status()["active"] == []  # nothing enabled in doctor's own process
+    (tmp_path / "file").write_text("x")
+    monkeypatch.setenv("MIMO_ACCEL_PROFILE", str(tmp_path / "file"))
+    assert doctor.main() == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "a job started with them stops at its start: profile=" in out and "is a file, not a directory" in out
 
 
 def test_doctor_without_torch_says_what_is_missing():

@@ -1,21 +1,20 @@
 """Put on PYTHONPATH by ``mimo-accel run``: every Python process of the job (torchrun and each of
 its workers) enables mimo_accel from the MIMO_ACCEL* environment before the script imports
-megatron.bridge. With MIMO_ACCEL unset or "0", nothing at all happens; neither in an interpreter
-without torch or mimo_accel (another environment that inherited the PYTHONPATH). A bad setting
-prints one ``mimo_accel: error: ...`` line and exits 2 before the script runs. Any sitecustomize
-that was already on the path still runs (chained).
+megatron.bridge, also where mimo_accel comes from a checkout on PYTHONPATH rather than an install
+(an install's startup hook, ``mimo_accel.pth``, does the same; whichever runs first decides:
+:mod:`mimo_accel._bootstrap.startup`). With MIMO_ACCEL unset or "0", nothing at all happens; nor in
+an interpreter that cannot import mimo_accel (another environment that inherited the PYTHONPATH).
+Any sitecustomize that was already on the path still runs (chained).
 
 :data:`outcome` says what it did, so ``mimo-accel run`` can ask the command's own interpreter before
-the job starts: with ``MIMO_ACCEL_BOOTSTRAP_PROBE`` set (only ever for that one question, never in
-the job's environment) it decides as always but stops short of enabling.
+the job starts (``MIMO_ACCEL_BOOTSTRAP_PROBE``: decide, but stop short of enabling).
 """
 
 import os
 import sys
 
-PROBE_ENV = "MIMO_ACCEL_BOOTSTRAP_PROBE"
 #: "off" (nothing asked for), "missing: torch" / "missing: mimo_accel" / "missing: mimo_accel, torch"
-#: (an interpreter it leaves alone), "ready" (the probe: it would enable), "enabled".
+#: (an interpreter it leaves alone), else what mimo_accel._bootstrap.startup decided ("ready", "enabled", ...).
 outcome = None
 
 
@@ -55,26 +54,9 @@ def _enable_from_environment() -> None:
     if missing:
         outcome = "missing: " + ", ".join(missing)
         return
-    if os.environ.get(PROBE_ENV):
-        outcome = "ready"
-        return
-    try:
-        import mimo_accel
+    from mimo_accel._bootstrap import startup
 
-        mimo_accel.enable()  # reads MIMO_ACCEL*
-        outcome = "enabled"
-    except Exception as exc:
-        # A bad setting must stop the job at startup, with one line. Not SystemExit: raised from
-        # sitecustomize it is a "Fatal Python error: init_import_site" and a traceback.
-        message = " ".join(str(exc).split()) or type(exc).__name__
-        try:
-            sys.stdout.flush()
-        except Exception:
-            pass
-        argv = " ".join(getattr(sys, "argv", None) or [sys.executable])
-        sys.stderr.write(f"mimo_accel: error: {message} (at the start of pid {os.getpid()}: {argv[:120]})\n")
-        sys.stderr.flush()
-        os._exit(2)
+    outcome = startup.start("sitecustomize")
 
 
 _enable_from_environment()

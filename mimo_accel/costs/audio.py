@@ -16,6 +16,7 @@ from typing import Any, Optional
 
 import numpy as np
 
+from mimo_accel.costs.files import EMPTY_FILE
 from mimo_accel.costs.resize import positive_int
 
 __all__ = ["AudioRule", "AudioSizeError", "audio_clips_in", "audio_samples_of"]
@@ -92,6 +93,8 @@ def _from_header(source: Any, rate: int, where: str) -> int:
                              "'mimo-accel[audio]' (the extra audio), or pip install soundfile") from None
     if isinstance(source, str) and not os.path.isfile(source):  # libsndfile says only "System error"
         raise AudioSizeError(f"{where}: audio file not found: {source}")
+    if isinstance(source, str) and os.path.getsize(source) == 0:  # libsndfile: "Format not recognised"
+        raise AudioSizeError(f"{where}: {source}: {EMPTY_FILE}")
     try:
         info = soundfile.info(source)
     except FileNotFoundError:

@@ -1,5 +1,7 @@
 """What the costs of an index were read from, by content: per sample, each of its files' base name,
-size and first bytes, hashed into one digest that is the same wherever the files sit.
+size and first bytes, hashed into one digest that is the same wherever the files sit
+(:class:`Contents`); and per sample its text, or any other bytes a caller gives
+(:class:`SampleDigest`: the texts an index was read from, every row's cost inputs).
 
 The base name, not the path (a copy elsewhere, or a manifest naming its files relative to itself,
 keeps it); the size and a SHA-256 of the first :data:`HEAD_BYTES` (every cost is read from a
@@ -20,11 +22,26 @@ from typing import Any, Optional, Sequence
 
 from mimo_accel.costs.files import map_reads
 
-__all__ = ["HEAD_BYTES", "SCHEME", "Contents", "file_stamp", "file_stamps"]
+__all__ = ["HEAD_BYTES", "SCHEME", "TEXTS_SCHEME", "Contents", "SampleDigest", "file_stamp", "file_stamps"]
 
 SCHEME = "mimo-accel-contents/1"  # base name, size, SHA-256 of the first HEAD_BYTES, per sample position
+TEXTS_SCHEME = "mimo-accel-texts/1"  # SHA-256 of each sample's position and its text (UTF-8)
 HEAD_BYTES = 4096  # one page: reading it costs what opening the file costs
 _MODULUS = 1 << 256
+
+
+def _folded(total: int, h: "hashlib._Hash") -> int:
+    return (total + int.from_bytes(h.digest(), "big")) % _MODULUS
+
+
+def _read_record(record: Any, scheme: str, count: str) -> Optional[tuple[int, int]]:
+    """(the sum, the count) a digest's record holds, or None for none, another scheme or a malformed one."""
+    if not isinstance(record, Mapping) or record.get("scheme") != scheme:
+        return None
+    digest, n = record.get("digest"), record.get(count)
+    if not (isinstance(digest, str) and re.fullmatch(r"[0-9a-f]{64}", digest) and isinstance(n, int)):
+        return None
+    return int(digest, 16), n
 
 
 def file_stamp(path: str | os.PathLike[str]) -> bytes:
@@ -73,7 +90,7 @@ class Contents:
                 stamp = f"{os.path.basename(path)}\0unreadable\n".encode()
             h.update(stamp)
         self.files += len(paths)
-        self.total = (self.total + int.from_bytes(h.digest(), "big")) % _MODULUS
+        self.total = _folded(self.total, h)
 
     def __add__(self, other: "Contents") -> "Contents":
         return Contents((self.total + other.total) % _MODULUS, self.files + other.files,
@@ -91,12 +108,8 @@ class Contents:
     def from_record(cls, record: Any) -> Optional["Contents"]:
         """The digest a cost index recorded (:meth:`record`); None when it records none, or one of
         another scheme."""
-        if not isinstance(record, Mapping) or record.get("scheme") != SCHEME:
-            return None
-        digest, files = record.get("digest"), record.get("files")
-        if not (isinstance(digest, str) and re.fullmatch(r"[0-9a-f]{64}", digest) and isinstance(files, int)):
-            return None
-        return cls(int(digest, 16), files)
+        read = _read_record(record, SCHEME, "files")
+        return cls(*read) if read is not None else None
 
     def describe(self, what: str = "") -> str:
         """The digest's head, its file count (and unreadable files) and ``what``, for messages."""
@@ -104,3 +117,40 @@ class Contents:
         if self.unreadable:
             text += f", {self.unreadable:,} unreadable: {self.first_unreadable}"
         return text + (f"; {what})" if what else ")")
+
+
+@dataclass
+class SampleDigest:
+    """The running digest of one payload per sample (a text, a row's cost inputs in a canonical
+    form): per sample, the SHA-256 of its position and its payload, summed like :class:`Contents`,
+    so the digests of disjoint sets of samples add up to their union's."""
+
+    total: int = 0
+    samples: int = 0
+
+    def add(self, sample: int, payload: bytes) -> None:
+        h = hashlib.sha256(b"%d\n" % sample)
+        h.update(payload)
+        self.samples += 1
+        self.total = _folded(self.total, h)
+
+    def __add__(self, other: "SampleDigest") -> "SampleDigest":
+        return SampleDigest((self.total + other.total) % _MODULUS, self.samples + other.samples)
+
+    @property
+    def digest(self) -> str:
+        return f"{self.total:064x}"
+
+    def record(self, scheme: str = TEXTS_SCHEME) -> dict[str, Any]:
+        """What a cost index's identity records (under ``texts`` for the texts)."""
+        return {"scheme": scheme, "digest": self.digest, "samples": self.samples}
+
+    @classmethod
+    def from_record(cls, record: Any, scheme: str = TEXTS_SCHEME) -> Optional["SampleDigest"]:
+        """The digest :meth:`record` wrote; None for none, or one of another scheme."""
+        read = _read_record(record, scheme, "samples")
+        return cls(*read) if read is not None else None
+
+    def describe(self, noun: str = "texts", what: str = "") -> str:
+        """The digest's head, its sample count and ``what``, for messages."""
+        return f"{self.digest[:16]} ({self.samples:,} {noun}" + (f"; {what})" if what else ")")

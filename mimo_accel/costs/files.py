@@ -12,6 +12,9 @@ from typing import Callable, Optional, Sequence, TypeVar
 T = TypeVar("T")
 R = TypeVar("R")
 
+# What an empty file is told, after its name: an interrupted copy or export leaves one.
+EMPTY_FILE = "the file is empty (0 bytes): copy or export it again, or drop the sample"
+
 _umask_lock = threading.Lock()  # the umask is the process's: two threads setting it must not interleave
 
 

@@ -11,6 +11,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from mimo_accel.costs.files import EMPTY_FILE
+
 __all__ = ["ImageSizeError", "RemoteImageError", "image_size_from_bytes", "image_size_from_header", "image_size_of"]
 
 
@@ -48,6 +50,8 @@ def image_size_from_bytes(data: bytes | bytearray | memoryview, where: str = "im
 def _size_from_stream(f: Any, where: str, what: str) -> tuple[int, int]:
     """The built-in header parser, else Pillow's lazy open, on the seekable ``f`` (a ``what``)."""
     head = f.read(64)
+    if not head:
+        raise ValueError(f"{where}: {EMPTY_FILE if what == 'file' else 'the image bytes are empty'}")
     try:
         size = _parse_header(f, head)
     except (struct.error, IndexError):

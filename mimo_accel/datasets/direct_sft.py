@@ -11,19 +11,14 @@ from __future__ import annotations
 
 import inspect
 import json
-from typing import Any, Mapping, Optional
+from collections.abc import Mapping
+from typing import Any, Iterator, Optional
 
 import numpy as np
 
 from mimo_accel.costs import ResizeRule
 from mimo_accel.costs.index import DEFAULT_ENCODER, per_sample_sums
-from mimo_accel.datasets.fingerprints import (
-    callable_name,
-    sha256_hex,
-    examples_fingerprint,
-    relocatable,
-    tokenizer_fingerprint,
-)
+from mimo_accel.datasets.fingerprints import callable_name, relocatable, sha256_hex, tokenizer_fingerprint
 from mimo_accel.datasets.processors import QwenFetchResize, qwen_resize_rule, unwrap
 from mimo_accel.datasets.sources import (
     WAYS_OUT,
@@ -31,6 +26,7 @@ from mimo_accel.datasets.sources import (
     Probed,
     SampleSource,
     ImageItem,
+    RowInputs,
     local_path,
     per_sample_patches,
     read_sizes,
@@ -117,7 +113,6 @@ class ConversationSource(SampleSource):
     def fingerprint_material(self) -> dict[str, Any]:
         template = getattr(self.processor, "chat_template", None) or getattr(self.tokenizer, "chat_template", None)
         return {
-            "examples": examples_fingerprint(self.examples, self.base_length, _relocatable_example),
             "pre_resize": self.pre.to_dict() if self.pre else None,
             "image_token": self.image_token,
             "chat_template": sha256_hex(json.dumps(template, sort_keys=True, default=str)),
@@ -129,18 +124,21 @@ class ConversationSource(SampleSource):
     def describe(self) -> str:
         return f"{self.kind} of {self.length:,} samples ({self.base_length:,} distinct)"
 
-    def local_files(self, lo: int, hi: int):
-        """Every local image file the conversations of base samples ``[lo, hi)`` name, as (base
-        sample, path, ``"image"``)."""
+    def row_inputs(self, lo: int, hi: int) -> Iterator[RowInputs]:
+        """Each base sample's local image files, no text a manifest could give (the chat template
+        renders its turns), and its conversation and tools (what the template reads)."""
         for i in range(lo, hi):
             example = self.examples[i]
             conversation = example.get("conversation") if isinstance(example, Mapping) else None
-            if not isinstance(conversation, list):
-                continue
-            for part in _vision_parts(conversation, i):
-                path = local_path(part["image"] if "image" in part else part.get("image_url"))
-                if path is not None:
-                    yield i, path, "image"
+            files = []
+            if isinstance(conversation, list):
+                for part in _vision_parts(conversation, i):
+                    path = local_path(part["image"] if "image" in part else part.get("image_url"))
+                    if path is not None:
+                        files.append((path, "image"))
+            inputs = ({"conversation": conversation, "tools": example.get("tools")} if isinstance(example, Mapping)
+                      else example)
+            yield RowInputs(i, tuple(files), None, _relocatable_example(inputs))
 
     def _probe_chunk(self, start: int, stop: int, workers: Optional[int]) -> Probed:
         images: list[ImageItem] = []

@@ -1,5 +1,5 @@
-"""What a derived cost index depends on, hashed (its cache key's material): the tokenizer, the raw
-examples, the callables."""
+"""What a derived cost index depends on, hashed (its cache key's material): the tokenizer, every raw
+example's cost inputs in a canonical form, the callables."""
 
 from __future__ import annotations
 
@@ -7,15 +7,13 @@ import functools
 import hashlib
 import json
 import os
-from typing import Any, Callable, Mapping, Optional
+from collections.abc import Mapping
+from typing import Any, Optional
 
-import numpy as np
-
+from mimo_accel.costs.contents import HEAD_BYTES
 from mimo_accel.costs.images import is_pil
 
-__all__ = ["examples_fingerprint", "relocatable", "tokenizer_fingerprint"]
-
-_SAMPLED_ROWS = 4096  # raw examples hashed into a dataset's fingerprint
+__all__ = ["canonical_bytes", "relocatable", "tokenizer_fingerprint"]
 
 
 def sha256_hex(data: Any) -> str:
@@ -48,16 +46,21 @@ def tokenizer_fingerprint(tokenizer: Any) -> dict[str, Any]:
     return fp
 
 
+_PLAIN = frozenset({str, int, float, bool})  # JSON as they are (the exact types: no subclass's repr)
+
+
 def _canon(obj: Any, depth: int = 0) -> Any:
     """A deterministic, JSON-able stand-in for a raw example (never a memory address)."""
     if depth > 8:
         return "..."
-    if obj is None or isinstance(obj, (bool, int, float, str)):
+    if obj is None or type(obj) in _PLAIN or isinstance(obj, (bool, int, float, str)):
         return obj
     if isinstance(obj, (bytes, bytearray, memoryview)):
-        return ["bytes", len(obj), sha256_hex(bytes(obj))[:16]]
+        # as a file is stamped: its length and its head, where every cost is read from a header
+        data = memoryview(obj)
+        return ["bytes", data.nbytes, sha256_hex(data[:HEAD_BYTES].tobytes())[:16]]
     if isinstance(obj, Mapping):
-        return [[str(k), _canon(v, depth + 1)] for k, v in sorted(obj.items(), key=lambda kv: str(kv[0]))]
+        return {str(k): _canon(v, depth + 1) for k, v in obj.items()}  # ordered by json's sort_keys
     if isinstance(obj, (list, tuple)):
         return [_canon(v, depth + 1) for v in obj]
     if isinstance(obj, os.PathLike):
@@ -68,12 +71,6 @@ def _canon(obj: Any, depth: int = 0) -> Any:
     if shape is not None:
         return ["array", [int(s) for s in shape], str(getattr(obj, "dtype", ""))]
     return ["object", type(obj).__module__, type(obj).__qualname__]
-
-
-def _sampled_rows(n: int) -> list[int]:
-    if n <= _SAMPLED_ROWS:
-        return list(range(n))
-    return sorted(set(np.linspace(0, n - 1, _SAMPLED_ROWS).round().astype(np.int64).tolist()))
 
 
 def is_hf_dataset(obj: Any) -> bool:
@@ -99,24 +96,16 @@ def relocatable(cell: Any) -> Any:
     return cell
 
 
-def examples_fingerprint(examples: Any, length: int, relocate: Optional[Callable[[Any], Any]] = None) -> dict[str, Any]:
-    """A hash of up to 4096 evenly spaced raw examples of the first ``length`` (an HF dataset's read
-    from its arrow table, nothing decoded) and the length; ``relocate(example)`` gives each the form
-    that is hashed (the source names its file cells by base name: :func:`relocatable`). HF's own
-    ``_fingerprint`` is not used: it changes with the directory the data files lie in. (An edit to a
-    row outside the sample goes unnoticed: pass ``refresh=True`` to rebuild.)"""
-    rows = _sampled_rows(length)
-    if is_hf_dataset(examples):
-        sampled = examples.with_format("arrow")[rows].to_pylist() if rows else []
-    else:
-        sampled = (examples[i] for i in rows)
-    h = hashlib.sha256()
-    for row in sampled:
-        if relocate is not None:
-            row = relocate(row)
-        h.update(json.dumps(_canon(row), sort_keys=True, default=str).encode())
-        h.update(b"\n")
-    return {"sampled_rows": h.hexdigest(), "rows": length}
+def canonical_bytes(inputs: Any) -> bytes:
+    """A row's cost inputs in the form hashed into the dataset's fingerprint: deterministic JSON,
+    never a memory address; bytes by their length and head, arrays by their shape, images by their
+    size (what a cost is read from)."""
+    if isinstance(inputs, dict) and all(v is None or type(v) in _PLAIN for v in inputs.values()):
+        # most rows (a path and a text) without JSON, three times faster (benchmarks/bench_identity.py):
+        # each value's type and length before it, NULs between (a JSON text holds no raw NUL)
+        return "\0".join(f"{k}\0{type(v).__name__}\0{len(v) if type(v) is str else ''}\0{v}"
+                         for k, v in sorted(inputs.items(), key=lambda kv: str(kv[0]))).encode()
+    return json.dumps(_canon(inputs), sort_keys=True, default=str).encode()
 
 
 def callable_name(fn: Any) -> Optional[str]:

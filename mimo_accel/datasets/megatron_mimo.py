@@ -13,7 +13,8 @@ samples frames, is refused with the fix). Tokens are the dataset's ``num_real_to
 from __future__ import annotations
 
 import os
-from typing import Any, Iterator, Mapping, Optional
+from collections.abc import Mapping
+from typing import Any, Iterator, Optional
 
 import numpy as np
 
@@ -22,13 +23,7 @@ from mimo_accel.costs.audio import AudioSizeError, audio_clips_in, audio_samples
 from mimo_accel.costs.files import map_reads
 from mimo_accel.costs.images import ImageSizeError, images_in, is_pil, image_size_of
 from mimo_accel.costs.index import per_sample_sums
-from mimo_accel.datasets.fingerprints import (
-    callable_name,
-    is_hf_dataset,
-    examples_fingerprint,
-    relocatable,
-    tokenizer_fingerprint,
-)
+from mimo_accel.datasets.fingerprints import callable_name, is_hf_dataset, relocatable, tokenizer_fingerprint
 from mimo_accel.datasets.processors import (
     is_audio,
     is_fixed_resolution,
@@ -44,6 +39,10 @@ from mimo_accel.datasets.sources import (
     Probed,
     SampleSource,
     ImageItem,
+    RowInputs,
+    SampleError,
+    empty_list_problem,
+    is_empty_list,
     local_path,
     per_sample_patches,
     read_sizes,
@@ -51,6 +50,8 @@ from mimo_accel.datasets.sources import (
 )
 
 __all__ = ["MimoDatasetSource"]
+
+_ID_KEYS = ("id", "sample_id", "uid")  # a row's own name, where it has one, beside its position
 
 
 class MimoDatasetSource(SampleSource):
@@ -92,7 +93,6 @@ class MimoDatasetSource(SampleSource):
 
     def fingerprint_material(self) -> dict[str, Any]:
         return {
-            "examples": examples_fingerprint(self.examples, self.length, self._relocatable_example),
             "text_column": self.text_column,
             "modality_columns": sorted(self.modalities.items()),
             "kinds": sorted(self.kinds.items()),
@@ -104,21 +104,16 @@ class MimoDatasetSource(SampleSource):
             "preprocess_fn": callable_name(self.preprocess_fn),
         }
 
-    def _relocatable_example(self, example: Any) -> Any:
-        """A raw example with the files of its modality columns named by base name."""
-        if not isinstance(example, Mapping):
-            return example
-        files = set(self.modalities.values())
-        return {k: relocatable(v) if k in files else v for k, v in example.items()}
-
-    def local_files(self, lo: int, hi: int) -> Iterator[tuple[int, str, str]]:
-        """Every image and audio file a modality column of base samples ``[lo, hi)`` names, and
-        every frame file of a video given as frames (kind ``"image"``)."""
+    def row_inputs(self, lo: int, hi: int) -> Iterator[RowInputs]:
+        """Each base sample's files (every image and audio file a modality column names, and every
+        frame file of a video given as frames, kind ``"image"``), its text (what the dataset
+        tokenizes) and its modality cells and text."""
         for start in range(lo, hi, CHUNK):
             for j, row in enumerate(self._rows(start, min(hi, start + CHUNK))):
+                get = row.get if hasattr(row, "get") else (lambda key, default=None: default)
+                files = []
                 for modality, column in self.modalities.items():
-                    kind = self.kinds[modality]
-                    cell = row.get(column) if hasattr(row, "get") else None
+                    kind, cell = self.kinds[modality], get(column)
                     if kind == "audio":
                         items = audio_clips_in(cell)
                     elif kind == "video":  # a video file is refused by the probe; frames are images
@@ -128,7 +123,22 @@ class MimoDatasetSource(SampleSource):
                     for item in items:
                         path = local_path(item)
                         if path is not None:
-                            yield start + j, path, "audio" if kind == "audio" else "image"
+                            files.append((path, "audio" if kind == "audio" else "image"))
+                text = get(self.text_column, "")
+                inputs = {column: relocatable(get(column)) for column in self.modalities.values()}
+                inputs[self.text_column] = text
+                problems = tuple(empty_list_problem(self._sample_name(start + j), column)
+                                 for column in self.modalities.values() if is_empty_list(get(column)))
+                yield RowInputs(start + j, tuple(files), text if isinstance(text, str) else str(text), inputs, problems)
+
+    def _sample_name(self, i: int) -> str:
+        """``sample i``, with the row's ``id`` where it has one (read for a message only)."""
+        try:
+            row = self.examples[i]
+            key = next((k for k in _ID_KEYS if isinstance(row, Mapping) and row.get(k) is not None), None)
+        except Exception:  # the name is a courtesy: the position alone names the sample
+            return f"sample {i}"
+        return f"sample {i} ({key} {row[key]!r})" if key else f"sample {i}"
 
     def _rows(self, start: int, stop: int) -> list[Mapping[str, Any]]:
         ex = self.examples
@@ -165,6 +175,8 @@ class MimoDatasetSource(SampleSource):
                 if modality in self.special and modality not in self.rows_per_placeholder:
                     prefix[j] += self.enc_lengths.get(modality, 1)
                 cell, kind = row[column], self.kinds[modality]
+                if is_empty_list(cell):
+                    raise SampleError(empty_list_problem(self._sample_name(i), column))
                 several = isinstance(cell, (list, tuple))
                 if kind == "image":
                     rule = self.rules[modality]

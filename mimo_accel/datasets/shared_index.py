@@ -7,9 +7,9 @@ setup: a dataset's own ``mimo_accel_cost_index``, else Bridge's ``MegatronMIMODa
 a contiguous 1/world share and ``all_gather_object`` assembles the identical index everywhere
 (two gathers when every rank finds the cache, three when the index is built; a failure on any rank
 reaches every rank as the same error, naming it). The result is cached on disk, memory-mapped,
-under a key of the dataset's fingerprint, its resize settings and its files' contents digest
-(:mod:`mimo_accel.costs.contents`): ``cache_dir``, else ``$MIMO_ACCEL_CACHE_DIR``, else
-``~/.cache/mimo_accel``; ``mimo-accel index --dataset MODULE:FACTORY`` fills it offline.
+under a key of the dataset's fingerprint (its settings, resize rules included, and every row's cost
+inputs) and its files' contents digest (:mod:`mimo_accel.costs.contents`): ``cache_dir``, else
+``$MIMO_ACCEL_CACHE_DIR``, else ``~/.cache/mimo_accel``; ``mimo-accel index --dataset MODULE:FACTORY`` fills it offline.
 """
 
 from __future__ import annotations
@@ -20,16 +20,24 @@ import os
 import socket
 import time
 from pathlib import Path
-from typing import Any, Callable, Optional, Union
+from typing import Any, Callable, NamedTuple, Optional, Union
 
 from mimo_accel.costs import CostIndex
 from mimo_accel.costs.files import atomic_write
 from mimo_accel.costs.contents import Contents
 from mimo_accel.datasets.dispatch import source_for
 from mimo_accel.datasets.fingerprints import sha256_hex
-from mimo_accel.datasets.sources import DeriveError, Probed, SampleSource
+from mimo_accel.datasets.sources import (
+    PROBE_FORMAT,
+    DeriveError,
+    Inputs,
+    Probed,
+    SampleError,
+    SampleSource,
+    fingerprint_of,
+)
 
-__all__ = ["ENV_CACHE_DIR", "cache_path", "default_cache_dir", "derive_cost_index", "share"]
+__all__ = ["ENV_CACHE_DIR", "Identified", "cache_path", "default_cache_dir", "derive_cost_index", "identify", "share"]
 
 ENV_CACHE_DIR = "MIMO_ACCEL_CACHE_DIR"
 _PROGRESS_FROM = 2048  # samples in rank 0's share from which a progress bar is shown by default
@@ -103,11 +111,13 @@ def _raise_first_error(reports: list[tuple], what: Callable[[int], str], local: 
         raise local  # a single process: the error as it was raised
     for r, report in enumerate(reports):
         if report[0] == "error":
-            raise DeriveError(f"mimo_accel: deriving per-sample costs failed on {what(r)}: {report[1]}")
+            kind = SampleError if report[2] else DeriveError  # a bad sample stays one on every rank
+            raise kind(f"mimo_accel: deriving per-sample costs failed on {what(r)}: {report[1]}")
 
 
-def _error_text(exc: BaseException) -> str:
-    return str(exc) if isinstance(exc, DeriveError) else f"{type(exc).__name__}: {exc}"
+def _error_report(exc: BaseException) -> tuple:
+    text = str(exc) if isinstance(exc, DeriveError) else f"{type(exc).__name__}: {exc}"
+    return "error", text, isinstance(exc, SampleError)
 
 
 def _progress_bar(enabled: bool, total: int, description: str):
@@ -123,20 +133,30 @@ def _progress_bar(enabled: bool, total: int, description: str):
     return progress, (lambda n: progress.advance(task, n))
 
 
-def _identify(dataset: Any, comm: Any, workers: Optional[int] = None) -> tuple[SampleSource, dict, Contents]:
-    """(the dataset's source, its identity, its files' digest) — the same on every rank of ``comm``: the dataset's
-    fingerprint and the digest of the files its costs are read from (names, sizes, first bytes:
-    :mod:`mimo_accel.costs.contents`; each rank reads its share's files, the shares add up; one
-    gather). An unknown dataset fails every rank."""
+class Identified(NamedTuple):
+    """A dataset as every rank of a group sees it alike (:func:`identify`)."""
+
+    source: SampleSource  # what reads it: its rules, its files
+    identity: dict  # what an index of it records (:func:`dataset_identity`)
+    contents: Contents  # its files' digest, with the files that could not be read
+
+
+def identify(dataset: Any, comm: Any = None, workers: Optional[int] = None) -> Identified:
+    """The dataset's source, identity and files' digest — the same on every rank of ``comm`` (None:
+    one process). Each rank reads its share of the samples' inputs (:meth:`SampleSource.read_inputs`:
+    their files' names, sizes and first bytes, :mod:`mimo_accel.costs.contents`; their texts;
+    every row's cost inputs) and one gather adds the shares up. An unknown dataset fails every
+    rank."""
+    comm = comm if comm is not None else _Alone
     rank, world = comm.rank, comm.world
     failure: Optional[BaseException] = None
     try:
         source = source_for(dataset)
         lo, hi = share(rank, world, source.base_length)
-        hello: tuple = ("ok", source.fingerprint(), source.length, source.base_length,
-                        source.contents(lo, hi, workers))
+        hello: tuple = ("ok", source.settings_fingerprint(), source.length, source.base_length,
+                        source.read_inputs(lo, hi, workers))
     except Exception as exc:  # reported to every rank below, so none waits in a collective
-        source, hello, failure = None, ("error", _error_text(exc)), exc
+        source, hello, failure = None, _error_report(exc), exc
     hellos = comm.gather(hello)
     _raise_first_error(hellos, lambda r: f"rank {r}", failure)
     assert source is not None
@@ -144,29 +164,33 @@ def _identify(dataset: Any, comm: Any, workers: Optional[int] = None) -> tuple[S
     if len(set(lengths.values())) > 1:
         raise DeriveError(f"mimo_accel: the ranks see datasets of different lengths (samples, distinct): "
                           f"{lengths}; every rank must build the same dataset")
-    fingerprint = hellos[0][1]
-    differ = [r for r, h in enumerate(hellos) if h[1] != fingerprint]
+    settings = hellos[0][1]
+    differ = [r for r, h in enumerate(hellos) if h[1] != settings]
     if differ and rank == 0:
         logger.warning("mimo_accel: ranks %s fingerprint the dataset differently from rank 0; using rank 0's. "
                        "The index is assembled from every rank's share either way.", differ)
-    contents = sum((h[4] for h in hellos), Contents())  # the shares cover every sample once
-    identity = {"dataset": fingerprint, "contents": contents.record(), "describe": source.describe(),
-                "samples": source.length}
-    return source, identity, contents
+    inputs = sum((h[4] for h in hellos), Inputs.none())  # the shares cover every sample once
+    identity = {"dataset": fingerprint_of(settings, inputs.rows), "format": PROBE_FORMAT,
+                "contents": inputs.contents.record(), "texts": inputs.texts.record() if inputs.texts else None,
+                "describe": source.describe(), "samples": source.length}
+    return Identified(source, {k: v for k, v in identity.items() if v is not None}, inputs.contents)
 
 
 def cache_key(identity: dict) -> str:
-    """The derive cache's key of a dataset's identity: its fingerprint and its files' contents
-    digest, so a file rewritten in place (an image re-exported) is probed again, and a copy of the
-    dataset elsewhere finds the cache."""
+    """The derive cache's key of a dataset's identity: its fingerprint (its settings and every
+    row's cost inputs) and its files' contents digest, so any row edited (a text grown) and any
+    file rewritten in place (an image re-exported) is probed again, and a copy of the dataset
+    elsewhere finds the cache."""
     return sha256_hex(json.dumps([identity["dataset"], identity["contents"]["digest"]]))
 
 
 def dataset_identity(dataset: Any, *, group: Any = None) -> tuple[dict, Contents]:
     """What a cost index of ``dataset`` must record to describe it (collective over ``group``):
-    ``dataset`` (its fingerprint), ``contents`` (its files' digest: :meth:`Contents.record`),
-    ``describe``, ``samples``; and that digest itself (it counts the files that could not be read)."""
-    _, identity, contents = _identify(dataset, group if group is not None else _Alone)
+    ``dataset`` (its fingerprint: settings and every row's cost inputs) and ``format`` (the scheme
+    that fingerprint follows), ``contents`` (its files' digest: :meth:`Contents.record`), ``texts``
+    (its texts' digest, where it has texts a manifest could give), ``describe``, ``samples``; and
+    the files' digest itself (it counts the files that could not be read)."""
+    _, identity, contents = identify(dataset, group)
     return identity, contents
 
 
@@ -197,7 +221,7 @@ def derive_cost_index(dataset: Any, *, group: Any = None, cache_dir: CacheDir = 
     start = time.perf_counter()
 
     # 1. Every rank names what it sees; an unknown dataset fails everywhere, together.
-    source, identity, _ = _identify(dataset, comm, workers)
+    source, identity, _ = identify(dataset, comm, workers)
     key = cache_key(identity)
 
     # 2. The cache: used only when every rank holds the identical index.
@@ -230,7 +254,7 @@ def derive_cost_index(dataset: Any, *, group: Any = None, cache_dir: CacheDir = 
                 probed = source.probe(lo, hi, on_progress=bar[1], workers=workers)
         part: tuple = ("ok", probed, time.perf_counter() - t0)
     except Exception as exc:
-        part, failure = ("error", _error_text(exc)), exc
+        part, failure = _error_report(exc), exc
     parts = comm.gather(part)
     _raise_first_error(parts, lambda r: f"rank {r} (samples {share(r, world, source.base_length)[0]}.."
                                         f"{share(r, world, source.base_length)[1] - 1})", failure)

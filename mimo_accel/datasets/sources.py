@@ -11,20 +11,21 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
+from typing import Any, Callable, Iterator, Mapping, NamedTuple, Optional, Sequence
 
 import numpy as np
 
 from mimo_accel.costs import CostIndex, FixedPatches, ResizeRule
-from mimo_accel.costs.contents import Contents, file_stamps
+from mimo_accel.costs.contents import Contents, SampleDigest, file_stamps
 from mimo_accel.costs.files import map_reads
 from mimo_accel.costs.images import ImageSizeError, RemoteImageError, is_local_file, image_size_of
 from mimo_accel.costs.index import per_sample_sums
-from mimo_accel.datasets.fingerprints import sha256_hex
+from mimo_accel.datasets.fingerprints import canonical_bytes, sha256_hex
 
-__all__ = ["PROBE_FORMAT", "DeriveError", "Probed", "SampleSource"]
+__all__ = ["PROBE_FORMAT", "DeriveError", "Inputs", "Probed", "RowInputs", "SampleError", "SampleSource"]
 
-PROBE_FORMAT = "mimo-accel-probe/3"  # /2: one column set per encoder module; /3: file names as base names
+# /2: one column set per encoder module; /3: file names as base names; /4: every row's cost inputs
+PROBE_FORMAT = "mimo-accel-probe/4"
 WAYS_OUT = (
     "Three ways out: (1) an index file: build it with `mimo-accel index` (from a JSONL manifest, or "
     "--dataset MODULE:FACTORY) and pass enable(cost_index=PATH) / MIMO_ACCEL_COST_INDEX; (2) give the "
@@ -33,11 +34,27 @@ WAYS_OUT = (
     "they are decoded and needs no index."
 )
 CHUNK = 512  # samples read, tokenized and reported per step
-_CONTENTS_CHUNK = 4096  # base samples whose files' heads are read at a time
+_CONTENTS_CHUNK = 4096  # base samples whose inputs (files' heads, texts, cells) are read at a time
 
 
 class DeriveError(ValueError):
     """Per-sample costs cannot be derived from this dataset or sample; the message names the fix."""
+
+
+class SampleError(DeriveError):
+    """A sample the dataset itself would fail to load; the message names it and the fix."""
+
+
+def empty_list_problem(where: str, column: str) -> str:
+    """What a modality cell holding an empty list is, named (``where``: the sample)."""
+    return (f"{where}, column {column!r}: an empty list; Bridge's MegatronMIMODataset hands it to the processor, "
+            "which fails (\"need at least one array to concatenate\"). Give None, or leave the column out, for a "
+            "sample without one")
+
+
+def is_empty_list(cell: Any) -> bool:
+    """A list (or tuple) cell with nothing but None in it: no item to process, not None either."""
+    return isinstance(cell, (list, tuple)) and all(v is None for v in cell)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -78,6 +95,39 @@ class Probed:
             rules = {name: rules for name in self.encoders}
         return CostIndex(self.tokens[take], {
             n: (items[take], rows[take], sq[take], rules[n]) for n, (items, rows, sq) in self.encoders.items()})
+
+
+class RowInputs(NamedTuple):
+    """One base sample's cost inputs as the dataset holds them: the local files its costs are read
+    from, as (path, kind: ``"image"`` or ``"audio"``); the text its tokens are counted from (None:
+    a form no manifest gives, a conversation's turns); and every cost input of the row (its
+    modality cells, files by base name: :func:`~mimo_accel.datasets.fingerprints.relocatable`, and
+    its text), JSON-able; and what the dataset would fail to load in it (``problems``, each named)."""
+
+    sample: int
+    files: tuple[tuple[str, str], ...]
+    text: Optional[str]
+    inputs: Any
+    problems: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """What a share of a dataset's samples gives its identity: the digest of its files
+    (:class:`Contents`), of its texts (None where a source has no texts a manifest could give) and
+    of every row's cost inputs. The shares of any split add up (``a + b``) to the whole."""
+
+    contents: Contents
+    texts: Optional[SampleDigest]
+    rows: SampleDigest
+
+    @classmethod
+    def none(cls) -> "Inputs":
+        return cls(Contents(), SampleDigest(), SampleDigest())
+
+    def __add__(self, other: "Inputs") -> "Inputs":
+        texts = self.texts + other.texts if self.texts is not None and other.texts is not None else None
+        return Inputs(self.contents + other.contents, texts, self.rows + other.rows)
 
 
 @dataclass
@@ -151,6 +201,12 @@ def token_lengths(tokenizer: Any, texts: list[str], **kwargs: Any) -> list[int]:
     return [len(ids) for ids in out["input_ids"]]
 
 
+def fingerprint_of(settings: str, rows: SampleDigest) -> str:
+    """A dataset's fingerprint: its settings' (:meth:`SampleSource.settings_fingerprint`) and its
+    rows' digest, hashed together."""
+    return sha256_hex(json.dumps([settings, rows.digest]))
+
+
 # ----------------------------------------------------------------------------------------------
 # Sources
 # ----------------------------------------------------------------------------------------------
@@ -169,45 +225,76 @@ class SampleSource:
     def fingerprint_material(self) -> dict[str, Any]:
         raise NotImplementedError
 
-    def fingerprint(self) -> str:
-        """Hex SHA-256 of everything the derived index depends on (the cache key)."""
+    def settings_fingerprint(self) -> str:
+        """Hex SHA-256 of everything but the rows the derived index depends on: the lengths, the
+        rules, the tokenizer, the columns (:meth:`fingerprint_material`)."""
         doc = {"format": PROBE_FORMAT, "kind": self.kind, "length": self.length, "base_length": self.base_length,
                "rules": [[name, rule.to_dict()] for name, rule in self.rules.items()],
                **self.fingerprint_material()}
         return sha256_hex(json.dumps(doc, sort_keys=True, default=str))
 
+    def fingerprint(self, rows: Optional[SampleDigest] = None) -> str:
+        """Hex SHA-256 of everything the derived index depends on: the settings and every row's
+        cost inputs (``rows``: their digest, :meth:`read_inputs`; None reads them all here)."""
+        if rows is None:
+            rows = self.rows_digest(0, self.base_length)
+        return fingerprint_of(self.settings_fingerprint(), rows)
+
+    def rows_digest(self, lo: int, hi: int) -> SampleDigest:
+        """The digest of the cost inputs of base samples ``[lo, hi)`` (no file read)."""
+        rows = SampleDigest()
+        for row in self.row_inputs(lo, hi):
+            rows.add(row.sample, canonical_bytes(row.inputs))
+        return rows
+
     def describe(self) -> str:
         return f"{self.kind} of {self.length:,} samples"
 
+    def row_inputs(self, lo: int, hi: int) -> Iterator[RowInputs]:
+        """The :class:`RowInputs` of base samples ``[lo, hi)``, in order."""
+        raise NotImplementedError
+
     def local_files(self, lo: int, hi: int) -> Iterator[tuple[int, str, str]]:
         """The local files the costs of base samples ``[lo, hi)`` are read from, as (base sample,
-        path, kind: ``"image"`` or ``"audio"``), in sample order (none by default: costs read from
-        bytes or metadata in the dataset itself)."""
-        return iter(())
+        path, kind: ``"image"`` or ``"audio"``), in sample order."""
+        for row in self.row_inputs(lo, hi):
+            for path, kind in row.files:
+                yield row.sample, path, kind
 
-    def contents(self, lo: int, hi: int, workers: Optional[int] = None) -> Contents:
-        """The :class:`~mimo_accel.costs.contents.Contents` digest of the files of base samples
-        ``[lo, hi)``, at every dataset position that repeats them (dataset sample i is base sample
-        ``i % base_length``): the shares of any split of the base samples add up to the whole."""
-        out = Contents()
-        files = iter(self.local_files(lo, hi))
-        pending = next(files, None)
-        for start in range(lo, hi, _CONTENTS_CHUNK):
-            stop = min(hi, start + _CONTENTS_CHUNK)
-            chunk: list[tuple[int, str]] = []
-            while pending is not None and pending[0] < stop:
-                chunk.append(pending[:2])
-                pending = next(files, None)
-            stamps = file_stamps([path for _, path in chunk], workers)
-            by_sample: dict[int, tuple[list[str], list]] = {}
-            for (sample, path), stamp in zip(chunk, stamps):
-                paths, got = by_sample.setdefault(sample, ([], []))
-                paths.append(path)
-                got.append(stamp)
-            for sample, (paths, got) in by_sample.items():
-                for position in range(sample, self.length, max(self.base_length, 1)):
-                    out.add(position, paths, got)
-        return out
+    def read_inputs(self, lo: int, hi: int, workers: Optional[int] = None) -> Inputs:
+        """The :class:`Inputs` of base samples ``[lo, hi)``: their files' heads read (a thread pool
+        unless ``workers`` is 1) and each counted at every dataset position that repeats it (dataset
+        sample i is base sample ``i % base_length``), as are the texts; each row's cost inputs once,
+        at its base position (the lengths are in :meth:`settings_fingerprint`). A sample the dataset
+        would fail to load is a :class:`SampleError` naming it."""
+        contents, rows = Contents(), SampleDigest()
+        texts: Optional[SampleDigest] = SampleDigest()
+        chunk: list[RowInputs] = []
+
+        def add_chunk() -> None:
+            nonlocal texts
+            stamps = iter(file_stamps([path for row in chunk for path, _ in row.files], workers))
+            for row in chunk:
+                paths = [path for path, _ in row.files]
+                got = [next(stamps) for _ in paths]
+                if row.text is None:
+                    texts = None
+                text = row.text.encode() if texts is not None else b""
+                for position in range(row.sample, self.length, max(self.base_length, 1)):
+                    contents.add(position, paths, got)
+                    if texts is not None:
+                        texts.add(position, text)
+                rows.add(row.sample, canonical_bytes(row.inputs))
+            chunk.clear()
+
+        for row in self.row_inputs(lo, hi):
+            if row.problems:  # found before the job, which would stop at this sample
+                raise SampleError(row.problems[0])
+            chunk.append(row)
+            if len(chunk) >= _CONTENTS_CHUNK:
+                add_chunk()
+        add_chunk()
+        return Inputs(contents, texts, rows)
 
     def probe(self, lo: int, hi: int, *, on_progress: Optional[Callable[[int], None]] = None,
               workers: Optional[int] = None) -> Probed:

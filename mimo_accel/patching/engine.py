@@ -1,8 +1,9 @@
 """The patch engine: enable/disable as a lifecycle, like OpenTelemetry's BaseInstrumentor.
 
 - The installed megatron-bridge *and* megatron-core versions are checked against the declared
-  shapes (targets.py) *before* anything is patched: a newer patch release of a shape's releases is
-  accepted with one notice (its targets are checked as every shape's are); any other pair outside
+  shapes (targets.py) *before* anything is patched: a newer patch release of a shape's releases, or
+  a source build of its versions at another commit, is accepted with one notice (its targets are
+  checked as every shape's are); any other pair outside
   every shape is refused unless ``MIMO_ACCEL_ALLOW_UNTESTED=1``, which picks the nearest shape and
   warns once. Every target of a
   site is then validated before that site is patched, tested shape or not, and so is every
@@ -33,7 +34,7 @@ import wrapt
 
 from mimo_accel.config import AccelConfig
 from mimo_accel.config import allow_untested as config_allow_untested
-from mimo_accel.notices import Notices
+from mimo_accel.notices import Notices, own_lines
 from mimo_accel.patching import registry
 from mimo_accel.patching import targets as T
 from mimo_accel.patching.swaps import SwapSet
@@ -112,8 +113,9 @@ def check_versions(m: T.Match) -> T.Shape:
 
 
 def _say_patch_release_once(m: T.Match) -> None:
-    """A newer patch release whose imported targets were all checked: one notice per process."""
-    if m.status != "patch":
+    """A newer patch release or another source build whose imported targets were all checked: one
+    notice per process."""
+    if m.status not in ("patch", "build"):
         return
     _said.say_once((m.bridge, m.core), (
         f"mimo_accel: {m.installed}: {'; '.join(m.problems)}; accepted as shape '{m.shape.name}' "
@@ -277,6 +279,7 @@ def _warn_changes(previous: AccelConfig, cfg: AccelConfig) -> None:
 
 
 def enable(cfg: AccelConfig) -> AccelConfig:
+    own_lines()
     with _lock:
         _warn_unknown_variables()
         if cfg == _state.config and (_state.generation or not cfg.any_feature):
@@ -342,18 +345,10 @@ def enabled_line(cfg: AccelConfig, shape: T.Shape, m: T.Match) -> str:
 
 
 def _announce(cfg: AccelConfig, shape: T.Shape, m: T.Match) -> None:
-    """One INFO line, the level of Bridge's own milestones ("Starting MegatronMIMO pretraining"):
-    Bridge's setup_logging runs at INFO and drops WARNING records (filter_warnings), and its MIMO
-    example configures INFO. enable() often runs before anything configures logging (the launcher's
-    sitecustomize, a call at the top of the script), where Python would show WARNING and above only:
-    then the line goes to stderr directly, unless the "mimo_accel" logger was given a level."""
-    line = enabled_line(cfg, shape, m)
-    if logger.hasHandlers() or logger.level != logging.NOTSET:
-        logger.info(line)
-        return
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(name)s: %(message)s"))
-    handler.handle(logger.makeRecord(logger.name, logging.INFO, __file__, 0, line, (), None))
+    """One INFO line, the level of Bridge's own milestones ("Starting MegatronMIMO pretraining"),
+    through mimo_accel's own handler (:func:`mimo_accel.notices.own_lines`): shown whatever the job's
+    logging set-up, with one prefix."""
+    logger.info(enabled_line(cfg, shape, m))
 
 
 def _disable_locked() -> None:

@@ -19,7 +19,7 @@ from typing import Callable, Optional
 
 from mimo_accel.config import AccelConfig
 from mimo_accel.patching import targets as T
-from mimo_accel.runtime.measuring import profiling
+from mimo_accel.runtime.measuring import activity, profiling
 from mimo_accel.runtime.patches import fanin, loader_scope, loaders, native_packing, profiler, setup, step
 from mimo_accel.runtime.state import Runtime
 
@@ -65,16 +65,16 @@ PATCHES = {
                                  when=_native_packing),
     "resolve step packing": Patch(T.NATIVE_PACK[1:], native_packing.wrap_resolve_step_packing,
                                   when=_native_packing),
-    # the profiler's hooks
+    # the profiler's hooks; the step's end and the run's (every feature: rank 0's step line)
     "encode": Patch(T.ENCODE, profiler.wrap_encode),
     "optimizer step": Patch(T.OPTIMIZER_STEP, profiler.wrap_optimizer_step),
     "train entry": Patch(T.TRAIN_ENTRY, profiler.wrap_train_entry),
 }
 
-# Every feature needs the loader scope and the rank's layout, the step's role and local batch,
-# and under #5525's scalable reads the tag on upstream's own shard.
+# Every feature needs the loader scope and the rank's layout, the step's role and local batch
+# (under #5525's scalable reads the tag on upstream's own shard), and the step's and the run's end.
 _SCOPE = ("loader builder", "setup", "sampling info", "canonical loader")
-_STEP = ("module dp info", "slice", "get batch")
+_STEP = ("module dp info", "slice", "get batch", "optimizer step", "train entry")
 _FAN_IN = ("attach split sizes", "communicate shapes", "split at batch dim")
 
 # User-facing feature -> the patches it needs.
@@ -83,9 +83,9 @@ FEATURES = {
     # a mode of the sharded loader (implies sharded_reads): nothing of its own to patch
     "reorder": (),
     "packing": (*_SCOPE, *_STEP, *_FAN_IN, "pack language shard", "resolve step packing"),
-    "profile": (*_SCOPE, *_STEP, "encode", "optimizer step", "train entry"),
+    "profile": (*_SCOPE, *_STEP, "encode"),
     # the cost model learnt while training: the profiler's module timers, without its file
-    "calibrate_online": (*_SCOPE, *_STEP, "encode", "optimizer step", "train entry"),
+    "calibrate_online": (*_SCOPE, *_STEP, "encode"),
 }
 
 
@@ -94,11 +94,17 @@ def _profiling(runtime: Runtime) -> None:
     runtime.profiling = profiling.Profiling(runtime)
 
 
+def _activity(runtime: Runtime) -> None:
+    runtime.activity = activity.Activity(runtime)
+
+
 # Feature -> what it keeps in the Runtime while it is on, built at enable() (Runtime.close() releases it).
 KEEPS = {
-    "profile": _profiling,
+    "sharded_reads": (_activity,),
+    "packing": (_activity,),
+    "profile": (_profiling, _activity),
     # online calibration learns from the profiler's module timers
-    "calibrate_online": _profiling,
+    "calibrate_online": (_profiling,),
 }
 
 
@@ -116,7 +122,7 @@ def patches_for(cfg: AccelConfig, shape: T.Shape) -> list[Patch]:
 def runtime_for(cfg: AccelConfig, shape: T.Shape) -> Runtime:
     """The Runtime of an enable() of ``cfg`` on ``shape``, holding what its features keep (each once)."""
     runtime = Runtime(cfg, native_packing=shape.native_packing)
-    for keep in dict.fromkeys(KEEPS[f] for f in features_of(cfg) if f in KEEPS):
+    for keep in dict.fromkeys(k for f in features_of(cfg) if f in KEEPS for k in KEEPS[f]):
         keep(runtime)
     return runtime
 

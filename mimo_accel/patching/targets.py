@@ -73,8 +73,9 @@ MODULE_DP_INFO = (Target(STEP, "_get_module_dp_info", STEP, ("megatron_mimo_mode
 LOADER_BUILDER = _everywhere("build_megatron_mimo_data_loaders", LOADERS, ("cfg", "megatron_mimo_provider"),
                              DATA_PKG)
 SETUP_ENTRY = (Target(PRETRAIN, "setup_megatron_mimo", SETUP, ("state", "build_data_iterators_fn")),)
-# the profiler's metrics take Bridge's GlobalState (its logger config and writers) from global_state
-TRAIN_ENTRY = (Target(PRETRAIN, "train_megatron_mimo", TRAIN, ("global_state",)),)
+# the profiler's metrics take Bridge's GlobalState (its logger config and writers) from global_state,
+# its header how the job was built from the model trained
+TRAIN_ENTRY = (Target(PRETRAIN, "train_megatron_mimo", TRAIN, ("global_state", "model")),)
 ENCODE = (Target(MIMO_SUBMODULES, "ModalitySubmodules.encode", MIMO_SUBMODULES,
                  ("self", "encoders_data_batch")),)
 OPTIMIZER_STEP = (Target(MIMO_OPTIMIZER, "MimoOptimizer.step", MIMO_OPTIMIZER, ("self",)),)
@@ -111,16 +112,23 @@ class Shape:
     """One supported upstream shape: the megatron-bridge and megatron-core versions it covers.
 
     The version lists are closed: a version that is not listed is *untested*, and ``enable()``
-    refuses it unless ``MIMO_ACCEL_ALLOW_UNTESTED=1`` — except a newer *patch release* of a listed
-    release's minor (megatron-bridge 0.6.3 beside 0.6.0-0.6.2, megatron-core 0.19.3 beside 0.19.x):
-    ``enable()`` accepts that with one notice, because every target it patches and every private
-    name it reads is still checked against this shape before anything is patched, and refused
-    there, naming the target, if it differs. A listed version without a local segment is
-    a release (as on PyPI); one with a local segment (``0.7.0+067f987``) is a source build at that
-    commit: Bridge and megatron-core append ``+<git rev-parse --short HEAD>`` to ``__version__``
-    when built from a git checkout (7 or more hex digits: ``0.7.0+067f987df``, ``0.20.0+2a75ac12c5``
-    match by prefix), and a build at another commit is a different, untested code. A source tree
-    built without git (an archive extract) installs as the bare ``X.Y.Z`` and is untested.
+    refuses it unless ``MIMO_ACCEL_ALLOW_UNTESTED=1`` — except two kinds it accepts with one notice,
+    because every target it patches and every private name it reads is still checked against the
+    shape before anything is patched, and refused there, naming the target, if it differs (the shape
+    check is the guard; the versions only choose the shape):
+
+    - a newer *patch release* of a listed release's minor (megatron-bridge 0.6.3 beside 0.6.0-0.6.2,
+      megatron-core 0.19.3 beside 0.19.x): status "patch";
+    - a *source build* of a listed version: Bridge and megatron-core append ``+<git rev-parse
+      --short HEAD>`` to ``__version__`` when built from a git checkout, so a build at another commit
+      (``0.7.0+1a2b3c4``, ``0.6.2+1a2b3c4``) has a listed version's public part. Its shape is the one
+      whose upstream features the installed source files have (:data:`SOURCE_MARKERS`: the step's
+      own packing, upstream's scalable reads); none fits: untested. Status "build".
+
+    A listed version without a local segment is a release (as on PyPI); one with a local segment
+    (``0.7.0+067f987``) is the source build at that commit this project tested (7 or more hex
+    digits: ``0.7.0+067f987df``, ``0.20.0+2a75ac12c5`` match by prefix). A source tree built without
+    git (an archive extract) installs as the bare ``X.Y.Z`` and is untested where that is no release.
     """
 
     name: str
@@ -229,6 +237,15 @@ INTERNALS = (
              "collate's min/max pixels (datasets/direct_sft.py)", ("reorder",), instance=True),
 )
 
+# The upstream features a shape has, each told by a source file of the installed megatron-bridge
+# (read without importing it): how a source build's shape is chosen.
+SOURCE_MARKERS = {
+    "native_packing": ("bridge", "data", "megatron_mimo", "sequence_pack.py"),
+    "scalable_reads": ("bridge", "data", "megatron_mimo", "canonical_sampler.py"),
+    # PR #4608's own packing of a micro-batch: no shape has it, so such a build stays untested
+    "intra_microbatch_pack": ("bridge", "data", "megatron_mimo", "intra_microbatch_pack.py"),
+}
+
 ALLOW_UNTESTED_ENV = ENV_ALLOW_UNTESTED
 SUPPORTED = "; ".join(shape.describe() for shape in SHAPES)
 
@@ -249,9 +266,10 @@ class Match:
 
     ``status``: "tested" / "declared" (inside a shape's lists; declared = not tested here),
     "patch" (a newer patch release of a shape's listed releases, accepted when every target has the
-    shape: ``problems`` says which versions are new), "untested" (outside every shape; ``shape`` is
-    then the nearest one), "missing" (a package is not installed, or its version does not parse;
-    ``shape`` is None).
+    shape: ``problems`` says which versions are new), "build" (a source build of a shape's listed
+    versions at another commit, accepted the same way: ``problems`` says which), "untested" (outside
+    every shape; ``shape`` is then the nearest one), "missing" (a package is not installed, or its
+    version does not parse; ``shape`` is None).
     """
 
     bridge: Optional[str]
@@ -265,8 +283,10 @@ class Match:
         return f"megatron-bridge {self.bridge or 'not installed'} with megatron-core {self.core or 'not installed'}"
 
 
-def match(bridge: Optional[str], core: Optional[str]) -> Match:
-    """The shape an installed (megatron-bridge, megatron-core) pair has. Pure: no imports of either."""
+def match(bridge: Optional[str], core: Optional[str], sources=None) -> Match:
+    """The shape an installed (megatron-bridge, megatron-core) pair has. No imports of either.
+    ``sources``: the :data:`SOURCE_MARKERS` the installed megatron-bridge has (default: read from
+    its files, only for a source build)."""
     from packaging.version import InvalidVersion, Version
 
     missing = [f"{name} is not installed" for name, v in (("megatron-bridge", bridge), ("megatron-core", core))
@@ -288,6 +308,10 @@ def match(bridge: Optional[str], core: Optional[str]) -> Match:
                    for v, listed in ((b, shape.bridge), (c, shape.core))]
         if newer and all(covered):
             return Match(bridge, core, shape, "patch", tuple(newer))
+    built = _source_build(b, c, sources)
+    if built is not None:
+        shape, problems = built
+        return Match(bridge, core, shape, "build", problems)
     shape = nearest_shape(b)
     problems = []
     if not any(_covers(b, Version(v)) for v in shape.bridge):
@@ -295,6 +319,39 @@ def match(bridge: Optional[str], core: Optional[str]) -> Match:
     if not any(_covers(c, Version(v)) for v in shape.core):
         problems.append(f"megatron-core {core} is not one of {', '.join(shape.core)}")
     return Match(bridge, core, shape, "untested", tuple(problems))
+
+
+def _source_build(b, c, sources) -> Optional[tuple[Shape, tuple[str, ...]]]:
+    """(shape, what is new) for a source build of a shape's listed versions whose installed source
+    has that shape's upstream features; None for anything else."""
+    from packaging.version import Version
+
+    if b.local is None and c.local is None:
+        return None
+    candidates = [shape for shape in SHAPES
+                  if any(Version(v).public == b.public for v in shape.bridge)
+                  and any(Version(v).public == c.public for v in shape.core)]
+    if not candidates:
+        return None
+    have = installed_sources() if sources is None else set(sources)
+    for shape in candidates:
+        if all((name in have) == getattr(shape, name, False) for name in SOURCE_MARKERS):
+            new = [f"{name} {v} is a source build (+{v.local}) of {v.public}, not a build this project tested"
+                   for name, v, listed in (("megatron-bridge", b, shape.bridge), ("megatron-core", c, shape.core))
+                   if not any(_covers(v, Version(x)) for x in listed)]
+            return shape, tuple(new)
+    return None
+
+
+def installed_sources() -> set:
+    """The :data:`SOURCE_MARKERS` whose file the installed megatron-bridge has (found through the
+    ``megatron`` namespace package's directories: nothing is imported)."""
+    import importlib.util
+    import os
+
+    spec = importlib.util.find_spec("megatron")
+    roots = list(spec.submodule_search_locations or ()) if spec is not None else []
+    return {name for name, parts in SOURCE_MARKERS.items() if any(os.path.isfile(os.path.join(r, *parts)) for r in roots)}
 
 
 def _newer_patch(installed, listed) -> bool:

@@ -35,7 +35,7 @@ def _fit_spec(run: Run, spec: ProfileSpec, *, warmup: int, intercept: bool,
         raise ValueError("per_step fits one overhead per step: it needs the intercept (drop intercept=False)")
     what = spec.what
     obs = observe(run, spec, warmup=warmup)
-    warnings = list(run.warnings)
+    warnings = []  # this module's; the run's own (run.warnings) are said once by the caller
     if obs["dropped"]:
         counters = "/".join(f for f, _ in spec.features if f != spec.optional)
         warnings.append(f"{obs['dropped']} step line(s) without usable {counters} counters were skipped")

@@ -16,7 +16,11 @@ a module's region in the step, ``{"<module>_fwd": [seconds, ...]}`` in call orde
 micro-batch, and where the runtime counted them, an encoder's counters per forward
 (``"<module>_rows": [rows, ...]``) and a language rank's real tokens per micro-batch (``"tokens"``,
 ``"sq_tokens"``), :meth:`Recorder.add_micro`. The header lists what was
-declared at creation (``regions``, ``counters``).
+declared at creation (``regions``, ``counters``), ``build``: how this rank's modules were
+built (their pipeline split, sequence parallelism, recompute, precision, the distributed optimizer:
+:mod:`mimo_accel.runtime.measuring.job_build`), null where the run did not say, and the run the
+file belongs to (``run_id``, the same on every rank of one run; ``run_id_from``: what it was
+derived from; null in older files).
 :func:`mimo_accel.profiler.run.read_run` refuses a file of an older format (``FORMAT_V1``), naming the
 rerun that records this one.
 
@@ -138,12 +142,15 @@ class Recorder:
         config: dict[str, Any] | None = None,
         versions: dict[str, str] | None = None,
         label: str = "",
+        build: dict[str, Any] | None = None,
         device: str = "auto",
         clock: str = "auto",
         append: bool = False,
         fsync: bool = False,
         regions: tuple[str, ...] | list[str] = (),
         counters: tuple[str, ...] | list[str] = (),
+        run_id: str | None = None,
+        run_id_from: str | None = None,
     ) -> None:
         if not (0 <= rank < world_size):
             raise ValueError(f"rank must be in [0, world_size={world_size}); got {rank}")
@@ -182,6 +189,7 @@ class Recorder:
             "layout": dict(layout or {}),
             "versions": {**_default_versions(), **(versions or {})},
             "config": dict(config or {}),
+            "build": dict(build) if build is not None else None,
             "device": self.device,
             "label": str(label),
             "clock": {"step": "wall", "step_cpu": cpu_name, "regions": self._clock.name},
@@ -190,6 +198,10 @@ class Recorder:
             "pid": os.getpid(),
             "host": platform.node(),
             "t": time.time(),
+            # the same on every rank of one run (runtime.measuring.run_id): the reader refuses a
+            # directory whose files name different runs
+            "run_id": run_id,
+            "run_id_from": run_id_from,
         }
         self.header = json_safe(self.header)
         self._write(self.header)

@@ -12,6 +12,7 @@ from typing import Any
 
 from mimo_accel.modules import LANGUAGE
 from mimo_accel.profiler.recorder import FORMAT, FORMAT_V1, UNNAMED_REGIONS, module_regions
+from mimo_accel.profiler.run_files import NO_RUN, by_clock, by_run, files
 from mimo_accel.profiler.step_line import module_seconds
 
 _RANK_FILE = re.compile(r"^rank(\d+)\.jsonl$")
@@ -23,6 +24,19 @@ class ProfileError(Exception):
 
 class NoProfileData(ProfileError):
     """A directory holds no readable profile data at all."""
+
+
+class MixedRuns(ProfileError):
+    """A directory holds the rank files of more than one run."""
+
+
+class UnknownRun(ProfileError):
+    """A run asked for by id that a directory's rank files do not name (or not alone)."""
+
+
+#: Said once for a directory of several rank files none of which names its run.
+NO_RUN_ID = ("the rank files carry no run id (written before mimo_accel recorded one): that they all "
+             "belong to one run cannot be checked")
 
 
 @dataclass
@@ -87,6 +101,7 @@ class Run:
     ranks: dict[int, RankLog]
     warnings: list[str]
     world_size: int | None
+    run_id: str | None = None  # what every rank's header names (None: older files)
 
     @property
     def header(self) -> dict[str, Any]:
@@ -112,13 +127,16 @@ def _holds_rank_files(path: Path) -> bool:
         return False
 
 
-def read_run(directory: str | os.PathLike[str]) -> Run:
-    """Load every ``rank<N>.jsonl`` of ``directory``.
+def read_run(directory: str | os.PathLike[str], *, run: str | None = None) -> Run:
+    """Load every ``rank<N>.jsonl`` of ``directory`` (with ``run``, those of that run: its id, or
+    the start of it that names one run alone).
 
     Tolerates and reports (in ``Run.warnings``): a torn last line, invalid lines, empty files,
     missing headers, restarted files (several headers), ranks missing from ``world_size``, and
-    headers that disagree. Raises :class:`NoProfileData` if the directory does not exist or no
-    file has a single step record.
+    headers that disagree. Raises :class:`MixedRuns` where the files belong to several runs
+    (:mod:`~mimo_accel.profiler.run_files`), naming each run's files, :class:`ProfileError` where
+    ``run`` names none, and :class:`NoProfileData` if the directory does not exist or no file has
+    a single step record.
     """
     d = Path(directory)
     expected = ("rank<N>.jsonl files written by mimo_accel.profiler.Recorder; give the DIR of a job run with "
@@ -144,6 +162,7 @@ def read_run(directory: str | os.PathLike[str]) -> Run:
         log = _read_rank_file(rank, path, warnings)
         if log is not None:
             ranks[rank] = log
+    ranks, run_id = _one_run(d, ranks, run, warnings)
 
     if not any(log.steps for log in ranks.values()):
         detail = "; ".join(warnings) if warnings else "the files hold headers but no step records"
@@ -171,7 +190,44 @@ def read_run(directory: str | os.PathLike[str]) -> Run:
     layouts = {json.dumps(log.header.get("layout", {}), sort_keys=True) for log in ranks.values() if log.header}
     if len(layouts) > 1:
         warnings.append("ranks carry different layouts in their headers; using the lowest rank's")
-    return Run(directory=d, ranks=ranks, warnings=warnings, world_size=world_size)
+    return Run(directory=d, ranks=ranks, warnings=warnings, world_size=world_size, run_id=run_id)
+
+
+def _one_run(d: Path, ranks: dict[int, RankLog], run: str | None,
+             warnings: list[str]) -> tuple[dict[int, RankLog], str | None]:
+    """The rank files of one run, and its id: all of them, refused where they name several runs
+    (or, without run ids, their clocks say so); with ``run``, that run's."""
+    groups = by_run({r: log.header for r, log in ranks.items() if log.header is not None})
+    named = ", ".join(f"{'files without a run id' if g == NO_RUN else 'run ' + g} ({files(rs)})"
+                      for g, rs in groups.items())
+    if run is not None:
+        ids = [g for g in groups if g != NO_RUN]
+        chosen = [g for g in ids if g == run] or [g for g in ids if g.startswith(run)]
+        if not ids:
+            raise UnknownRun(f"{d}: --run {run}: its rank files carry no run id (written before mimo_accel "
+                               "recorded one); move the files of other runs out of the directory instead")
+        if len(chosen) != 1:
+            why = "names several runs" if chosen else "names no run"
+            raise UnknownRun(f"{d}: --run {run} {why} here; its runs: {named}")
+        keep = groups[chosen[0]]
+        if len(keep) < len(ranks):
+            warnings.append(f"run {chosen[0]} only: left out {files(sorted(set(ranks) - set(keep)))}")
+        return {r: ranks[r] for r in keep}, chosen[0]
+    if len(groups) > 1:
+        raise MixedRuns(f"{d} holds the rank files of {len(groups)} runs: {named}; report one with --run ID "
+                        "(report, calibrate), or move the other run's files out of the directory")
+    if groups:
+        return ranks, next(iter(groups))
+    if len(ranks) > 1:
+        clocks = by_clock({r: log.steps for r, log in ranks.items()})
+        if len(clocks) > 1:
+            (first, t0), rest = clocks[0], clocks[1:]
+            later = "; ".join(f"{files(g)} {t - t0:.0f} s later" for g, t in rest)
+            raise MixedRuns(f"{d}: its rank files cannot be one run's: the same steps ended on {files(first)}, "
+                            f"and on {later}; they carry no run id (written before mimo_accel recorded one), so "
+                            "move the other run's files out of the directory")
+        warnings.append(NO_RUN_ID)
+    return ranks, None
 
 
 def _ranks_str(ranks: list[int]) -> str:

@@ -66,10 +66,11 @@ class Runtime:
     # reorders, calibrates_online and features()
     reorder_stepped_aside: Optional[str] = None
     # The measuring services (the layer above this one, so named here, not imported): the profiler's
-    # measuring.profiling.Profiling while it (or online calibration) is on, and the training run's
-    # measuring.calibration.Calibration.
+    # measuring.profiling.Profiling while it (or online calibration) is on, the training run's
+    # measuring.calibration.Calibration, and measuring.activity.Activity (rank 0's step line).
     profiling: Any = None
     calibration: Any = None
+    activity: Any = None
     said: Notices = field(default_factory=lambda: Notices(logger))  # this run's notices, each said once
     lock: threading.RLock = field(default_factory=threading.RLock, repr=False)
 
@@ -106,6 +107,9 @@ class Runtime:
         profiling, self.profiling = self.profiling, None
         if profiling is not None:
             profiling.close()
+        activity, self.activity = self.activity, None
+        if activity is not None:
+            activity.close()
         self.calibration = None
         with self.lock:
             self.fan_in_rows.clear()

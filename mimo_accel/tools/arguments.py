@@ -2,10 +2,10 @@
 
 A bad value ends in one ``mimo-accel <cmd>: error: ...`` line that names the fix, exit 2:
 
-- numbers: the argparse ``type=`` functions :func:`positive_int` / :func:`nonnegative_int` /
-  :func:`peak_tflops`
-  (argparse prints its usage line, then ``mimo-accel <cmd>: error: argument --steps: must be a
-  positive integer (1, 2, ...), got 0``);
+- argparse's own errors and the numbers of the ``type=`` functions :func:`positive_int` /
+  :func:`nonnegative_int` / :func:`peak_tflops`: :func:`one_line_errors` makes a parser print
+  ``mimo-accel <cmd>: error: argument --steps: must be a positive integer (1, 2, ...), got 0 (see
+  mimo-accel <cmd> --help)`` without its usage block (``--help`` stays whole);
 - paths: :func:`output_file` / :func:`output_dir` raise :class:`UsageError` for a file whose
   directory is missing or not writable, or a directory that cannot be made, so nothing is
   computed (and no temp directory made) before a bad ``--out`` / ``--json`` is found. One rule for
@@ -26,8 +26,8 @@ from typing import Optional, Union
 
 from mimo_accel.config import ENV_TRACEBACK
 
-__all__ = ["TRACEBACK_ENV", "UsageError", "fail", "nonnegative_int", "one_line", "output_dir", "output_file",
-           "parse", "peak_tflops", "positive_int", "require_extra", "add_peak_option"]
+__all__ = ["TRACEBACK_ENV", "UsageError", "fail", "nonnegative_int", "one_line", "one_line_errors", "output_dir",
+           "output_file", "parse", "peak_tflops", "positive_int", "require_extra", "add_peak_option"]
 
 TRACEBACK_ENV = ENV_TRACEBACK  # 1: an error's traceback too, not only its one line (debugging)
 
@@ -79,11 +79,27 @@ def add_peak_option(p: argparse.ArgumentParser) -> None:
                         "device table, by the GPU the profile names; a CPU run has no MFU)")
 
 
+def one_line_errors(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """``parser`` (and its subcommands' parsers) with argparse's errors as one line, ``<prog>: error:
+    <message> (see <prog> --help)``, exit 2, instead of the usage block and the message."""
+
+    def error(message: str, parser=parser):
+        parser.exit(2, f"{parser.prog}: error: {one_line(message)} (see {parser.prog} --help)\n")
+
+    parser.error = error
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                one_line_errors(sub)
+    return parser
+
+
 def parse(parser: argparse.ArgumentParser, argv) -> Union[argparse.Namespace, int]:
     """``parser.parse_args(argv)``, or the exit code where argparse stopped (0 after ``--help``,
-    2 after the usage line and the error it printed): a subcommand's ``main()`` returns it."""
+    2 after the one-line error it printed: :func:`one_line_errors`): a subcommand's ``main()``
+    returns it."""
     try:
-        return parser.parse_args(argv)
+        return one_line_errors(parser).parse_args(argv)
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
 

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
-from mimo_accel.tools.arguments import TRACEBACK_ENV, UsageError, one_line, output_file
+from mimo_accel.tools.arguments import TRACEBACK_ENV, UsageError, one_line, one_line_errors, output_file
 
 BOOTSTRAP_DIR = Path(__file__).resolve().parents[1] / "_bootstrap"
 
@@ -38,21 +38,40 @@ def job_config(environ: dict, features: Optional[str] = None, config_file: Optio
     return load_config(overrides=overrides, base=cfg) if overrides else cfg
 
 
+def job_env(environ: dict, features: Optional[str] = None, config_file: Optional[str] = None,
+            overrides: Sequence[str] = ()) -> dict:
+    """The ``MIMO_ACCEL*`` variables a job gets (what ``mimo-accel env`` prints): the config of
+    ``features`` / ``config_file`` / ``overrides`` (else of ``environ``'s variables), every path
+    made absolute here (the processes of the job may start elsewhere), and the other variables
+    mimo_accel reads that ``environ`` sets for the job. Raises ConfigError for a bad value, a
+    ``MIMO_ACCEL*`` name mimo_accel does not read, or a path that cannot be used, before the job
+    starts. Nothing of this install (no PYTHONPATH): the job's Python needs mimo-accel installed."""
+    from mimo_accel.config import CONFIG_ENV, ENV_ALLOW_UNTESTED, ENV_CACHE_DIR, check_environment
+
+    if features is not None or config_file is not None or overrides:  # they replace the config variables
+        given = job_config(environ, features, config_file, overrides).to_env()
+        environ = {**{k: v for k, v in environ.items() if k not in CONFIG_ENV}, **given}
+    cfg = check_environment(environ)  # an unknown name or a bad value fails here, before the job starts
+    cfg.check_paths(environ)
+    env = cfg.absolute().to_env()
+    if environ.get(ENV_ALLOW_UNTESTED):
+        env[ENV_ALLOW_UNTESTED] = environ[ENV_ALLOW_UNTESTED]
+    if environ.get(ENV_CACHE_DIR):
+        env[ENV_CACHE_DIR] = os.path.abspath(os.path.expanduser(environ[ENV_CACHE_DIR]))
+    return env
+
+
 def launcher_env(environ: dict, features: Optional[str] = None, config_file: Optional[str] = None,
                  overrides: Sequence[str] = ()) -> dict:
-    """The environment ``mimo-accel run`` gives the job: the bootstrap dir first on PYTHONPATH and,
-    with ``features`` / ``config_file`` / ``overrides``, the ``MIMO_ACCEL*`` variables of that config
-    (replacing any already set). A bad value, or a ``MIMO_ACCEL*`` name mimo_accel does not read,
-    raises ConfigError here, before the job starts."""
-    from mimo_accel.config import CONFIG_ENV, check_environment
+    """The environment ``mimo-accel run`` gives the job: ``environ`` with its ``MIMO_ACCEL*``
+    config variables replaced by :func:`job_env`'s, and the bootstrap directory first on PYTHONPATH
+    (for a Python that imports mimo_accel from a checkout on PYTHONPATH: an install's startup hook
+    needs none)."""
+    from mimo_accel.config import CONFIG_ENV
 
-    env = dict(environ)
-    if features is not None or config_file is not None or overrides:
-        cfg = job_config(env, features, config_file, overrides)
-        for var in CONFIG_ENV:
-            env.pop(var, None)
-        env.update(cfg.to_env())
-    check_environment(env)  # an unknown name or value fails here, before the job starts
+    exports = job_env(environ, features, config_file, overrides)
+    env = {k: v for k, v in environ.items() if k not in CONFIG_ENV}
+    env.update(exports)
     here = str(BOOTSTRAP_DIR)
     parts = [here] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != here]
     env["PYTHONPATH"] = os.pathsep.join(parts)
@@ -93,6 +112,17 @@ def _warn_without_effect(cmd: str, cfg) -> None:
         print(f"mimo-accel {cmd}: warning: {line}", file=sys.stderr)
 
 
+def _warn_overrides_after_the_command(command: Sequence[str]) -> None:
+    """A mimo_accel override written after ``--`` goes to the job as a script argument: said, with the fix."""
+    from mimo_accel.config_file import FIELDS, SECTION, is_override
+
+    for word in command[1:]:
+        key = word.lstrip("+~").split("=", 1)[0]
+        if is_override(word) and (key.startswith(SECTION + ".") or key in FIELDS):
+            print(f"mimo-accel run: warning: {word!r} comes after --, so it goes to the job as an argument and "
+                  "mimo_accel never sees it; to set a mimo_accel option, write it before --", file=sys.stderr)
+
+
 def _run(args) -> int:
     command = list(args.command)
     _check_overrides(args.overrides)
@@ -103,13 +133,13 @@ def _run(args) -> int:
     from mimo_accel.config import AccelConfig
 
     cfg = AccelConfig.from_env(env)
-    cfg.check_files()
     program = shutil.which(command[0], path=env.get("PATH", os.defpath))
     if program is None:
         where = "is not an executable file" if os.sep in command[0] else "is not found on PATH"
         raise UsageError(f"command {command[0]!r} {where}; give the program to run (e.g. torchrun, python) "
                          "or its full path after --")
-    if cfg.any_feature:  # the job's Python must be one whose bootstrap enables mimo_accel
+    _warn_overrides_after_the_command(command)
+    if cfg.any_feature:  # the job's Python must be one that enables mimo_accel
         from mimo_accel.tools.job_python import check_job_python
 
         note = check_job_python(command, program, env)
@@ -125,18 +155,35 @@ def _run(args) -> int:
     return 0  # not reached
 
 
+def what_happens(cfg) -> str:
+    """One line: what a job with ``cfg`` turns on (``mimo-accel env`` prints it)."""
+    if not cfg.any_feature:
+        return "mimo_accel stays off in the job"
+    on = []
+    for name in cfg.features():
+        if name == "sharded_reads" and cfg.reorder:
+            continue
+        on.append({"reorder": "reorder (with sharded_reads)", "profile": f"profile (into {cfg.profile})"}.get(name, name))
+    return (f"mimo_accel turns on {', '.join(on)} in every Python process of the job whose environment has "
+            "mimo-accel installed (its startup hook reads these variables)")
+
+
 def _env(args) -> int:
+    import json
+
     from mimo_accel.config import CONFIG_ENV, AccelConfig
 
     _check_overrides(args.overrides, command_after=False)
     environ = dict(os.environ)
-    env = launcher_env(environ, args.features, args.config, args.overrides)
-    cfg = AccelConfig.from_env(env)
-    cfg.check_files()
+    exports = job_env(environ, args.features, args.config, args.overrides)
+    cfg = AccelConfig.from_env(exports)
     _warn_without_effect("env", cfg)
-    lines = [f"unset {var}" for var in CONFIG_ENV if var in environ and var not in cfg.to_env()]
-    lines += [f"export {var}={shlex.quote(value)}" for var, value in cfg.to_env().items()]
-    lines.append(f"export PYTHONPATH={shlex.quote(env['PYTHONPATH'])}")
+    if args.json:
+        print(json.dumps(exports, indent=2))
+        return 0
+    lines = [f"# {what_happens(cfg)}"]
+    lines += [f"unset {var}" for var in CONFIG_ENV if var in environ and var not in exports]
+    lines += [f"export {var}={shlex.quote(value)}" for var, value in exports.items()]
     print("\n".join(lines))
     return 0
 
@@ -171,7 +218,8 @@ DEV_COMMANDS = ("rehearse", "calibrate-gpu", "gpu-check")
 
 _CONFIG_HELP = ("a YAML file whose mimo_accel: section is the job's config (instead of the MIMO_ACCEL* "
                 "environment)")
-_FEATURES_HELP = "the switches, as MIMO_ACCEL words: e.g. all, or shard,reorder,pack,profile; 0 = off"
+_FEATURES_HELP = ("the switches, as MIMO_ACCEL words: all, or some of sharded_reads,reorder,packing,profile; "
+                  "0 = off")
 _OVERRIDES_HELP = ("mimo_accel options on top, e.g. packing=true pad_multiple=2 (OmegaConf values; Bridge's "
                    "+key=value, ++key=value and ~key too)")
 
@@ -186,32 +234,36 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="mimo-accel", description=__doc__)
     p.add_argument("--version", action="version", version=_version())
     sub = p.add_subparsers(dest="cmd", required=True)
-    doctor = sub.add_parser("doctor", help="versions, CUDA/TE/NCCL, and which MegatronMIMO targets can be patched")
+    doctor = sub.add_parser("doctor", help="versions, CUDA/TE/NCCL, which MegatronMIMO targets can be patched, and "
+                                           "what the MIMO_ACCEL* variables here turn on")
     doctor.add_argument("--log", metavar="PATH", help="where the imports' third-party output goes (default: "
                                                       "mimo-accel-doctor.log in the temp directory)")
     doctor.set_defaults(func=_doctor)
     run = sub.add_parser("run", help="run a command (e.g. torchrun ...) with mimo_accel enabled in every Python "
                                      "process, from MIMO_ACCEL*, --config or --features",
                          usage="mimo-accel run [--config FILE] [--features WORDS] [key=value ...] -- COMMAND ...",
-                         description="Run COMMAND with the mimo_accel bootstrap first on PYTHONPATH: every Python "
-                                     "process of the job (torchrun and each worker) calls mimo_accel.enable() "
-                                     "from the MIMO_ACCEL* variables before the script imports megatron.bridge. "
+                         description="Run COMMAND with mimo_accel turned on in every Python process of the job "
+                                     "(torchrun and each worker): each calls mimo_accel.enable() from the "
+                                     "MIMO_ACCEL* variables before the script imports megatron.bridge (the startup "
+                                     "hook of an install, or the bootstrap run puts first on PYTHONPATH). "
                                      "--config / --features / key=value set those variables for the job (they "
                                      "replace any already set); without them the job gets the current ones. "
-                                     "Every MIMO_ACCEL* variable is checked first, and with a feature on the "
+                                     "Every MIMO_ACCEL* variable and path is checked first (paths are made absolute "
+                                     "here), and with a feature on the "
                                      "command's Python (the program, or the interpreter its #! line names) is "
                                      "asked whether its bootstrap will enable mimo_accel: refused if not.",
                          epilog="e.g. mimo-accel run --config run.yaml pad_multiple=2 -- torchrun "
                                 "--nproc-per-node 8 train.py")
-    env = sub.add_parser("env", help="print the export lines a launcher needs (sbatch, NeMo-Run, k8s) for what "
-                                     "`mimo-accel run` would set",
-                         usage="mimo-accel env [--config FILE] [--features WORDS] [key=value ...]",
-                         description="Print, as shell export lines, the variables `mimo-accel run` would give the "
-                                     "job: the MIMO_ACCEL* of the config and the PYTHONPATH with the bootstrap "
-                                     "directory first. For launchers that cannot wrap a command: eval them in an "
-                                     "sbatch script, or copy the values into NeMo-Run's env_vars or a PyTorchJob's "
-                                     "env.",
+    env = sub.add_parser("env", help="print the MIMO_ACCEL* variables that turn mimo_accel on in a job, for "
+                                     "launchers that cannot wrap a command (sbatch, NeMo-Run, k8s)",
+                         usage="mimo-accel env [--config FILE] [--features WORDS] [key=value ...] [--json]",
+                         description="Print the MIMO_ACCEL* variables of the config as shell export lines (after "
+                                     "a comment saying what the job turns on), or with --json as one JSON object "
+                                     "for NeMo-Run's env_vars or a PyTorchJob's env. Paths are made absolute here. "
+                                     "Nothing of this machine's install is printed: the job's Python needs "
+                                     "mimo-accel installed, whose startup hook reads the variables.",
                          epilog='e.g. eval "$(mimo-accel env --config run.yaml)"; srun python train.py')
+    env.add_argument("--json", action="store_true", help="one JSON object of the variables (NeMo-Run's env_vars)")
     for parser in (run, env):
         parser.add_argument("--config", metavar="FILE", help=_CONFIG_HELP)
         parser.add_argument("--features", metavar="WORDS", help=_FEATURES_HELP)
@@ -221,7 +273,7 @@ def build_parser() -> argparse.ArgumentParser:
     for name, (_, help_) in DELEGATED.items():
         dev = "; a development command: a checkout's make setup" if name in DEV_COMMANDS else ""
         sub.add_parser(name, help=help_ + f" (mimo-accel {name} --help{dev})")
-    return p
+    return one_line_errors(p)
 
 
 def _subparser(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:
@@ -231,8 +283,10 @@ def _subparser(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentP
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     from mimo_accel.config import ConfigError
+    from mimo_accel.notices import own_lines
     from mimo_accel.tools.devkit import DevKitMissing, import_dev
 
+    own_lines()  # what the tools log: one prefix, on stderr
     argv = list(sys.argv[1:] if argv is None else argv)
     cmd = argv[0] if argv and not argv[0].startswith("-") else None
     try:

@@ -13,6 +13,8 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Iterable, Iterator, Optional, Sequence
 
+from mimo_accel.costs.files import EMPTY_FILE
+
 __all__ = ["decode_error", "undecodable"]
 
 File = tuple[str, str, str]  # (where: a manifest line or a sample, path, kind: "image" | "audio")
@@ -40,6 +42,8 @@ def _decode_audio(path: str) -> None:
 def decode_error(path: str, kind: str) -> Optional[str]:
     """Why the file at ``path`` cannot be decoded (one line), or None when it can."""
     try:
+        if os.path.getsize(path) == 0:  # the decoders say "cannot identify" / "Format not recognised"
+            return EMPTY_FILE
         (_decode_audio if kind == "audio" else _decode_image)(path)
     except FileNotFoundError:
         return "not found"

@@ -1,4 +1,6 @@
-"""`mimo-accel doctor`: what this install has, and what mimo_accel can patch on it."""
+"""`mimo-accel doctor`: what this install has, what mimo_accel can patch on it, and what the
+``MIMO_ACCEL*`` variables here turn on in a job started from this environment (doctor is a process
+of its own: nothing is enabled in it)."""
 
 from __future__ import annotations
 
@@ -99,10 +101,28 @@ def collect() -> dict:
     info["internals"] = internals
     # what enable() would refuse, naming it: the features that need it cannot be turned on here
     info["differ"] = [f"{r.get('target') or r.get('name')}: {r['detail']}" for r in rows + internals if r["state"] != "ok"]
-    st = engine.status()
-    info["active"] = st["active"]
-    info["patched"] = st["patched"]
+    info.update(environment())
     return info
+
+
+def environment(environ=None) -> dict:
+    """What the ``MIMO_ACCEL*`` variables of ``environ`` (default: this process's) turn on in a job
+    started with them: ``{"env_features": [...], "env_error": None or the one line, "startup_hook":
+    path or None}``."""
+    from mimo_accel._bootstrap.startup import installed_hook
+    from mimo_accel.config import ConfigError, check_environment
+
+    env = os.environ if environ is None else environ
+    features, error = [], None
+    try:
+        cfg = check_environment(env)
+        cfg.check_paths(env)
+        features = cfg.features()
+    except ConfigError as exc:
+        error = " ".join(str(exc).split())
+    hook = installed_hook()
+    return {"env_features": features, "env_error": error, "startup_hook": str(hook) if hook else None,
+            "env_variables": {k: v for k, v in sorted(env.items()) if k.upper().startswith("MIMO_ACCEL")}}
 
 
 def _allowed() -> bool:
@@ -121,8 +141,9 @@ def support_line(m) -> str:
 
     if m.status in ("tested", "declared"):
         return f"{m.shape.support}: {m.shape.evidence}"
-    if m.status == "patch":
-        return (f"newer patch release, accepted as shape '{m.shape.name}' where its targets match "
+    if m.status in ("patch", "build"):
+        what = "newer patch release" if m.status == "patch" else "source build"
+        return (f"{what}, accepted as shape '{m.shape.name}' where its targets match "
                 f"({'; '.join(m.problems)})")
     why = "; ".join(m.problems)
     if m.status == "untested" and _allowed():
@@ -133,6 +154,19 @@ def support_line(m) -> str:
 
 
 FEATURES = ("sharded_reads", "reorder", "packing", "profile")
+
+
+def _print_environment(console, info: dict) -> None:
+    """What a job started from here gets: the variables, what they turn on, and how."""
+    shown = ", ".join(f"{k}={v}" for k, v in info["env_variables"].items()) or "none set"
+    console.print(f"MIMO_ACCEL* here: {shown}", highlight=False, soft_wrap=True)
+    if info["env_error"]:
+        console.print(f"[red]a job started with them stops at its start: {info['env_error']}[/red]", soft_wrap=True)
+    elif info["env_features"]:
+        how = (f"through the startup hook {info['startup_hook']}" if info["startup_hook"] else
+               "through mimo-accel run only (no startup hook in this Python: reinstall mimo-accel)")
+        console.print(f"a Python process started with them turns on {', '.join(info['env_features'])}, {how}",
+                      highlight=False, soft_wrap=True)
 
 
 def default_log_path() -> str:
@@ -181,13 +215,14 @@ def main(log_path: Optional[str] = None) -> int:
     ft = Table(title="features")
     ft.add_column("feature")
     ft.add_column("can be patched here")
-    ft.add_column("active")
+    ft.add_column("on from MIMO_ACCEL* here")
     broken = {f for r in info["targets"] + info["internals"] if r["state"] != "ok" for f in r["features"]}
     for feature in FEATURES:
         ok = not info["refused"] and feature not in broken and not (feature == "reorder" and "sharded_reads" in broken)
         ft.add_row(feature, "[green]yes[/green]" if ok else "[red]no[/red]",
-                   "yes" if feature in info["active"] else "no")
+                   "yes" if feature in info["env_features"] else "no")
     console.print(ft)
+    _print_environment(console, info)
     if info["differ"]:
         console.print(f"[red]what differs from shape '{info['shape']}' (enable() refuses the features that "
                       f"need it): {'; '.join(info['differ'])}[/red]", soft_wrap=True)

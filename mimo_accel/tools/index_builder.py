@@ -19,9 +19,13 @@ Manifest format (JSON Lines, one object per sample, in dataset order; blank line
 - ``tokens``: the sample's real text tokens, or ``text``: tokens are then *estimated* as
   ``ceil(len(text) / 4)`` (about four characters per token for English BPE vocabularies). Give
   ``tokens`` when you have them: the estimate only matters if the cost model weighs tokens.
+- ``text`` is also what the index checks the dataset's texts by: given on every line (with
+  ``tokens`` or without), as the dataset holds it (a MegatronMIMODataset's text column), its
+  digest is recorded and a training job refuses the index once a text differs.
 
 Vision patches come from the processor's resize rule (:class:`mimo_accel.costs.ResizeRule`,
-Qwen2-VL's ``smart_resize``), so pass the rule of the processor you train with. The manifest is
+Qwen2-VL's ``smart_resize``), which has no default here: a manifest with images needs the rule of the
+processor you train with (``--processor``, or its patch size and pixel bounds). The manifest is
 read :data:`CHUNK_LINES` lines at a time behind a progress bar, no Python object per sample kept.
 The index (format v4, packed and memory-mapped by a training job) holds the manifest's images as the column of
 one encoder module, ``vision`` unless ``--module NAME`` names it as the layout does (``images``,
@@ -45,7 +49,7 @@ import numpy as np
 
 from mimo_accel.costs import CostIndex, ResizeRule, SampleShape, image_size_from_header
 from mimo_accel.costs.files import map_reads
-from mimo_accel.costs.contents import Contents, file_stamp
+from mimo_accel.costs.contents import Contents, SampleDigest, file_stamp
 
 __all__ = [
     "INDEX_SUFFIX",
@@ -62,6 +66,8 @@ DEFAULT_MODULE = "vision"  # the encoder module a manifest's images price (--mod
 CHARS_PER_TOKEN = 4
 CHUNK_LINES = 1 << 16  # manifest lines parsed, sized and indexed at a time
 DEFAULT_WORKERS = 1  # header-reading threads (benchmarks/bench_index.py --manifest: see docs/measurements.md)
+NO_RULE_FIX = ("`mimo-accel index --processor NAME_OR_PATH`, or --patch-size, --min-pixels and --max-pixels; "
+               "rule=ResizeRule(...) in Python")
 
 
 class ManifestError(ValueError):
@@ -90,6 +96,7 @@ class _Entry:
     images: tuple[Path, ...]  # files whose headers give the sizes
     sizes: tuple[tuple[int, int], ...]  # sizes given in the manifest
     tokens: int
+    text: Optional[str]  # its text, where given (its digest is recorded)
 
 
 def _parse_line(text: str, line: int, where: str, base: Path) -> _Entry:
@@ -119,18 +126,19 @@ def _parse_line(text: str, line: int, where: str, base: Path) -> _Entry:
         if not ok:
             raise bad("\"image_sizes\" must be a list of [height, width] pairs of positive integers")
         sizes = [(s[0], s[1]) for s in raw]
+    text = doc.get("text")
+    if text is not None and not isinstance(text, str):
+        raise bad("\"text\" must be a string")
     if "tokens" in doc:
         tokens = doc["tokens"]
         if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 0:
             raise bad(f"\"tokens\" must be a non-negative integer, got {tokens!r}")
-    elif "text" in doc:
-        if not isinstance(doc["text"], str):
-            raise bad("\"text\" must be a string")
-        tokens = estimate_tokens(doc["text"])
+    elif text is not None:
+        tokens = estimate_tokens(text)
     else:
         raise bad("each sample needs \"tokens\" (its real text tokens) or \"text\" (tokens estimated "
                   f"as len(text)/{CHARS_PER_TOKEN})")
-    return _Entry(line, tuple(images), tuple(sizes), tokens)
+    return _Entry(line, tuple(images), tuple(sizes), tokens, text)
 
 
 def manifest_chunks(path: str | os.PathLike[str], lines: Optional[int] = None) -> Iterator[tuple[list[_Entry], int]]:
@@ -195,8 +203,12 @@ class _Columns:
         n = len(shapes)
         counts = np.fromiter((len(s.image_sizes) for s in shapes), dtype=np.int64, count=n)
         hw = np.array([size for s in shapes for size in s.image_sizes], dtype=np.int64).reshape(-1, 2)
+        if rule is None and hw.size:
+            first = int(np.flatnonzero(counts)[0])
+            raise ManifestError(f"{where(first)}: a sample with images, and no resize rule to price them: give the "
+                                f"rule of the processor you train with ({NO_RULE_FIX})")
         try:
-            per_image = rule.patches_many(hw[:, 0], hw[:, 1])
+            per_image = rule.patches_many(hw[:, 0], hw[:, 1]) if hw.size else np.zeros(0, np.int64)
         except ValueError:
             # Find the sample the rule refuses (e.g. aspect ratio above 200) and name it.
             for i, shape in enumerate(shapes):
@@ -215,6 +227,7 @@ class _Columns:
             self.parts[key].append(a.astype(np.min_scalar_type(int(a.max()) if a.size else 0)))
 
     def index(self, rule: Any, module: str) -> CostIndex:
+        rule = ResizeRule() if rule is None else rule  # a column needs one; without images it prices nothing
         whole = {}
         for key, parts in self.parts.items():
             whole[key] = np.concatenate(parts) if parts else np.zeros(0, np.uint8)  # the widest part's type
@@ -230,19 +243,21 @@ def build_index_from_manifest(path: str | os.PathLike[str], rule: Optional[Resiz
     """The cost index of the samples a JSONL manifest lists (format: see the module docstring), its
     images the column of encoder ``module``, read :data:`CHUNK_LINES` lines at a time.
 
+    ``rule``: the resize rule of the processor the job trains with; None only for a manifest
+    without images (one with images is refused at its first: no default fits every processor).
     ``workers``: threads reading a chunk's image headers (None: :data:`DEFAULT_WORKERS`; 1: serial).
     ``on_progress(bytes)``: called after each chunk with the bytes of the manifest read so far.
     The index's identity records the digest of its image files (``contents``: names, sizes, first
-    bytes, :mod:`mimo_accel.costs.contents`), which a training job compares with its dataset's;
-    not when a sample gives ``image_sizes`` (the dataset's files for those are unknown here).
+    bytes, :mod:`mimo_accel.costs.contents`), not when a sample gives ``image_sizes`` (the
+    dataset's files for those are unknown here); and of its texts (``texts``) when every line gives
+    its ``text``. A training job compares both with its dataset's.
     Raises :class:`ManifestError` (a ValueError) naming the manifest line for a bad line, a missing
-    or unreadable image, or an image the resize rule refuses.
+    or unreadable image, an image the resize rule refuses, or images without a rule.
     """
-    rule = ResizeRule() if rule is None else rule
     workers = DEFAULT_WORKERS if workers is None else workers
     if workers < 1:
         raise ValueError(f"workers must be >= 1, got {workers}")
-    columns, contents, sized, sample = _Columns(), Contents(), False, 0
+    columns, contents, texts, sized, sample = _Columns(), Contents(), SampleDigest(), False, 0
     for entries, done in manifest_chunks(path):
         read = _read_sizes(entries, str(path), workers)
         shapes = [SampleShape(tuple(read[i][0] for i in e.images) + e.sizes, e.tokens) for e in entries]
@@ -250,17 +265,21 @@ def build_index_from_manifest(path: str | os.PathLike[str], rule: Optional[Resiz
         for e in entries:
             sized = sized or bool(e.sizes)
             contents.add(sample, [str(i) for i in e.images], [read[i][1] for i in e.images])
+            if texts is not None and e.text is not None:
+                texts.add(sample, e.text.encode())
+            else:  # a line without its text: the index's texts cannot be compared with the dataset's
+                texts = None
             sample += 1
         if on_progress is not None:
             on_progress(done)
-    return columns.index(rule, module).with_identity(contents=None if sized else contents.record())
+    return columns.index(rule, module).with_identity(contents=None if sized else contents.record(),
+                                                     texts=texts.record() if texts is not None else None)
 
 
 def build_index_from_dataset(dataset: Any, shape_fn: Callable[[int], SampleShape],
                              rule: Optional[ResizeRule] = None, *, module: str = DEFAULT_MODULE) -> CostIndex:
     """The cost index of an in-memory dataset: ``shape_fn(i)`` gives sample i's :class:`SampleShape`
-    (its images: encoder ``module``'s column)."""
-    rule = ResizeRule() if rule is None else rule
+    (its images: encoder ``module``'s column, priced by ``rule``, which a dataset with images needs)."""
     columns = _Columns()
     for lo in range(0, len(dataset), CHUNK_LINES):
         shapes = []

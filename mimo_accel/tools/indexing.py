@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Optional, Sequence
 
 from mimo_accel.costs import ResizeRule
+from mimo_accel.costs.rules import rule_text
 from mimo_accel.tools.arguments import UsageError, fail, one_line, output_dir, output_file, parse, positive_int
 from mimo_accel.tools.index_builder import (
     CHARS_PER_TOKEN,
@@ -63,14 +64,23 @@ def _parser() -> argparse.ArgumentParser:
                         f"{DEFAULT_MODULE!r}; e.g. 'images')")
     p.add_argument("--out", help=f"where to write the index (manifest default: <manifest>{INDEX_SUFFIX}; "
                                  "with --dataset: a copy besides the cache, for enable(cost_index=PATH))")
+    p.add_argument("--processor", metavar="NAME_OR_PATH",
+                   help="manifest only: the image processor you train with (an HF id or a local directory with its "
+                        "preprocessor_config.json; needs transformers): the resize rule is read from it. A manifest "
+                        "with images needs this or the rule's own options below")
     p.add_argument("--patch-size", type=positive_int, default=None,
-                   help=f"manifest only: vision patch size in pixels (default {d.patch_size}; Qwen3-VL uses 16)")
+                   help="manifest only, without --processor: vision patch size in pixels (Qwen2-VL and Qwen2.5-VL "
+                        "14; Qwen3-VL and Qwen3.5-VL 16), given with --min-pixels and --max-pixels")
     p.add_argument("--merge-size", type=positive_int, default=None,
-                   help=f"manifest only: spatial merge size (default {d.merge_size})")
+                   help=f"manifest only, without --processor: spatial merge size (default {d.merge_size})")
     p.add_argument("--temporal-patch-size", type=positive_int, default=None,
-                   help=f"manifest only: temporal patch size (default {d.temporal_patch_size})")
-    p.add_argument("--min-pixels", type=positive_int, default=None, help=f"manifest only: default {d.min_pixels}")
-    p.add_argument("--max-pixels", type=positive_int, default=None, help=f"manifest only: default {d.max_pixels}")
+                   help=f"manifest only, without --processor: temporal patch size (default {d.temporal_patch_size})")
+    p.add_argument("--min-pixels", type=positive_int, default=None,
+                   help="manifest only: the processor's size.shortest_edge (or the collate's min_pixels); with "
+                        "--processor it overrides the processor's, as a collate's does")
+    p.add_argument("--max-pixels", type=positive_int, default=None,
+                   help="manifest only: the processor's size.longest_edge (or the collate's max_pixels); with "
+                        "--processor it overrides the processor's")
     p.add_argument("--workers", type=positive_int, default=None,
                    help=f"threads reading image headers (manifest default {DEFAULT_WORKERS}: serial, the fastest from a "
                         "local disk's page cache; more overlap the open latency of a network file system. With "
@@ -87,21 +97,72 @@ def _parser() -> argparse.ArgumentParser:
 
 
 _RULE_OPTIONS = ("patch_size", "merge_size", "temporal_patch_size", "min_pixels", "max_pixels")
+_FROM_PROCESSOR = ("patch_size", "merge_size", "temporal_patch_size")  # never overridden: the processor's
+_REQUIRED = ("patch_size", "min_pixels", "max_pixels")  # no default fits every Qwen-VL processor
 
 
-def _rule_text(r: dict[str, Any]) -> str:
-    if "fixed_patches" in r:
-        return f"fixed resolution: {r['fixed_patches']:,} rows per image"
-    if "audio" in r:
-        a = r["audio"]
-        length = (f"every clip padded to {a['max_samples'] / a['sampling_rate']:g} s" if a["pad"] else
-                  "each clip's own length" + (f", cut at {a['max_samples'] / a['sampling_rate']:g} s"
-                                               if a["max_samples"] else ""))
-        return (f"audio at {a['sampling_rate']:,} Hz, hop {a['hop_length']}, {a['frames_per_row']} frames per row; "
-                f"{length}")
-    video = ", frames in the pixel budget" if r.get("frames_in_budget") else ""
-    return (f"patch {r['patch_size']}, merge {r['merge_size']}, pixels [{r['min_pixels']:,}, "
-            f"{r['max_pixels']:,}]{video}")
+def _flag(option: str) -> str:
+    return "--" + option.replace("_", "-")
+
+
+def _manifest_rule(args) -> Optional[ResizeRule]:
+    """The resize rule a manifest's images are priced by: the processor's (``--processor``), or the
+    one the options give whole; None when neither is given (the builder then refuses a manifest
+    with images, naming its first). No default: Qwen2-VL's and Qwen3-VL's differ in patch size and
+    pixel bounds, and a wrong rule prices every image wrong without a word."""
+    given = {o: getattr(args, o) for o in _RULE_OPTIONS if getattr(args, o) is not None}
+    if "min_pixels" in given and "max_pixels" in given and given["min_pixels"] > given["max_pixels"]:
+        raise UsageError(f"--min-pixels {given['min_pixels']} exceeds --max-pixels {given['max_pixels']}; give a "
+                         "smaller --min-pixels or a larger --max-pixels")
+    if args.processor is not None:
+        fixed = [_flag(o) for o in _FROM_PROCESSOR if o in given]
+        if fixed:
+            raise UsageError(f"{', '.join(fixed)}: with --processor the patch, merge and temporal sizes are the "
+                             "processor's own: drop them (--min-pixels / --max-pixels may override its pixel bounds, "
+                             "as a collate's do)")
+        return processor_rule(args.processor, given.get("min_pixels"), given.get("max_pixels"))
+    if not given:
+        return None
+    missing = [_flag(o) for o in _REQUIRED if o not in given]
+    if missing:
+        raise UsageError(f"{', '.join(_flag(o) for o in given)} without {' and '.join(missing)}: give the whole rule "
+                         "of the processor you train with (patch 14 for Qwen2-VL and Qwen2.5-VL, 16 for Qwen3-VL and "
+                         "Qwen3.5-VL; the pixels are its size.shortest_edge and size.longest_edge), or --processor "
+                         "NAME_OR_PATH to read it")
+    d = ResizeRule()
+    return ResizeRule(**{o: given.get(o, getattr(d, o)) for o in _RULE_OPTIONS})
+
+
+def processor_rule(name: str, min_pixels: Optional[int] = None, max_pixels: Optional[int] = None) -> ResizeRule:
+    """The resize rule of the image processor ``name`` (an HF id or a local directory), read with
+    transformers' ``AutoImageProcessor``; ``min_pixels``/``max_pixels`` override its bounds."""
+    from mimo_accel.datasets.processors import qwen_resize_rule
+    from mimo_accel.datasets.sources import DeriveError
+
+    try:  # from its module: the package's top-level name is a stand-in that wants torchvision
+        from transformers.models.auto.image_processing_auto import AutoImageProcessor
+    except ImportError:
+        raise UsageError("--processor needs transformers, which is not installed: pip install transformers "
+                         "(megatron-bridge installs it), or give the rule: --patch-size, --min-pixels and "
+                         "--max-pixels") from None
+    if name.startswith(("/", ".", "~")) and not Path(name).expanduser().exists():
+        raise UsageError(f"--processor {name}: no such directory; give the directory the processor was saved in "
+                         "(with its preprocessor_config.json), or an HF id")
+    try:
+        processor = AutoImageProcessor.from_pretrained(os.path.expanduser(name))
+    except Exception as exc:  # an unknown id, no network, a directory without a processor config: said as one line
+        raise UsageError(f"--processor {name}: no image processor could be loaded ({type(exc).__name__}: "
+                         f"{one_line(exc)}); give a directory holding its preprocessor_config.json, or an HF id "
+                         "this machine can download") from None
+    try:
+        rule = qwen_resize_rule(processor, min_pixels=min_pixels, max_pixels=max_pixels)
+    except DeriveError as exc:
+        raise UsageError(f"--processor {name}: {exc}") from None
+    if rule is None:
+        raise UsageError(f"--processor {name}: a {type(processor).__name__} is not a Qwen-VL image processor "
+                         "(patch_size, merge_size), and a manifest prices images by a Qwen-VL resize rule: index the "
+                         "dataset itself instead (--dataset MODULE:NAME)")
+    return rule
 
 
 def _print_summary(console, summary: dict[str, Any], out: Any, seconds: float, workers: Optional[int],
@@ -132,7 +193,8 @@ def _print_summary(console, summary: dict[str, Any], out: Any, seconds: float, w
                                             f"{e['samples_without']:,} samples without ({e['fraction_without']:.1%})")
             table.add_row(f"{name}: rows per sample with items",
                           f"p50 {d['p50']:,.0f} · p90 {d['p90']:,.0f} · max {d['max']:,.0f}")
-        table.add_row("resize rule" if len(encoders) == 1 else f"{name}: rule", _rule_text(e["rule"]))
+        table.add_row("resize rule" if len(encoders) == 1 else f"{name}: rule",
+                      rule_text(e["rule"]) if e["items"] else "none needed: no items to price")
     table.add_row("tokens per sample", f"p50 {tk['p50']:,.0f} · p90 {tk['p90']:,.0f} · max {tk['max']:,.0f}")
     threads = workers if workers is not None else "the probe's default" if source else DEFAULT_WORKERS
     table.add_row("header-read threads", str(threads))
@@ -235,7 +297,7 @@ def _main_dataset(args) -> int:
 
     from mimo_accel.datasets import derive_cost_index
 
-    given = [f"--{o.replace('_', '-')}" for o in _RULE_OPTIONS if getattr(args, o) is not None]
+    given = [_flag(o) for o in ("processor", *_RULE_OPTIONS) if getattr(args, o) is not None]
     if given:
         raise UsageError(f"{', '.join(given)} appl{'ies' if len(given) == 1 else 'y'} to manifests only; with "
                          "--dataset the resize rule is the dataset's own processor's: drop "
@@ -258,8 +320,9 @@ def _main_dataset(args) -> int:
         except ValueError as exc:
             raise UsageError(f"--verify decodes the files of Bridge's MegatronMIMODataset and DirectSFTDataset: "
                              f"{one_line(exc)}") from None
-        verified = _verify(_dataset_files(source), "decoding the dataset's files", source.base_length, False,
-                           args.workers)
+        problems: list[str] = []
+        verified = _verify(_dataset_files(source, problems), "decoding the dataset's files", source.base_length,
+                           False, args.workers, problems)
     written: list[Any] = []
     index = derive_cost_index(dataset, cache_dir=args.cache_dir, refresh=args.refresh, progress=True,
                               workers=args.workers)
@@ -296,14 +359,7 @@ def _main_manifest(args) -> int:
         what = "is a directory" if manifest.is_dir() else "no such file"
         raise UsageError(f"{manifest}: {what}; give the JSONL manifest (one object per sample), or --dataset "
                          "MODULE:NAME")
-    d = ResizeRule()
-    given = {o: getattr(args, o) for o in _RULE_OPTIONS if getattr(args, o) is not None}
-    rule_options = {o: given.get(o, getattr(d, o)) for o in _RULE_OPTIONS}
-    if rule_options["min_pixels"] > rule_options["max_pixels"]:
-        lo, hi = (("--" if o in given else "the default ") + f"{o.replace('_', '-')} {rule_options[o]}"
-                  for o in ("min_pixels", "max_pixels"))
-        raise UsageError(f"{lo} exceeds {hi}; give a smaller --min-pixels or a larger --max-pixels")
-    rule = ResizeRule(**rule_options)
+    rule = _manifest_rule(args)
     out = Path(args.out) if args.out else default_index_path(args.manifest)
     if args.out:
         output_file("--out", out)
@@ -356,18 +412,24 @@ def _manifest_files(manifest: Path) -> Iterator[tuple[list, int]]:
         yield [(f"{manifest}:{line}", str(image), "image") for image, line in first.items()], done
 
 
-def _dataset_files(source: Any) -> Iterator[tuple[list, int]]:
-    """The image and audio files of each chunk of a dataset's samples, and the samples done then."""
+def _dataset_files(source: Any, problems: list[str]) -> Iterator[tuple[list, int]]:
+    """The image and audio files of each chunk of a dataset's samples, and the samples done then;
+    the samples the dataset would fail to load (an empty list for an image) go to ``problems``."""
     step = 4096
     for start in range(0, source.base_length, step):
         stop = min(source.base_length, start + step)
-        yield [(f"sample {i}", path, kind) for i, path, kind in source.local_files(start, stop)], stop
+        files = []
+        for row in source.row_inputs(start, stop):
+            problems.extend(row.problems)
+            files.extend((f"sample {row.sample}", path, kind) for path, kind in row.files)
+        yield files, stop
 
 
 def _verify(batches: Iterator[tuple[list, int]], description: str, total: int, in_bytes: bool,
-            workers: Optional[int]) -> int:
+            workers: Optional[int], problems: Sequence[str] = ()) -> int:
     """Decode every file of ``batches`` (:mod:`mimo_accel.tools.decode_check`); the files checked,
-    or a ValueError after listing on stdout, one line each, those that cannot be decoded."""
+    or a ValueError after listing on stdout, one line each, the samples that cannot be loaded
+    (``problems``, filled while ``batches`` runs) and the files that cannot be decoded."""
     from mimo_accel.tools.decode_check import undecodable
 
     checked = 0
@@ -380,11 +442,14 @@ def _verify(batches: Iterator[tuple[list, int]], description: str, total: int, i
 
     with _progress(description, total, in_bytes) as advance:
         bad = list(undecodable(counted(), workers=workers, on_progress=advance))
+    for problem in problems:
+        print(problem)
     for (where, path, _), why in bad:
         print(f"{where}: {path}: {why}")
-    if bad:
-        raise ValueError(f"{len(bad):,} of {checked:,} files cannot be decoded (listed above): fix or drop them and "
-                         "index again; nothing was written")
+    found = [f"{len(problems):,} sample{'s' if len(problems) != 1 else ''} cannot be loaded"] if problems else []
+    found += [f"{len(bad):,} of {checked:,} files cannot be decoded"] if bad else []
+    if found:
+        raise ValueError(f"{' and '.join(found)} (listed above): fix or drop them and index again; nothing was written")
     return checked
 
 

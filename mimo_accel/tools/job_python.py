@@ -1,5 +1,5 @@
-"""The Python a ``mimo-accel run`` command starts, asked before the job starts whether mimo_accel's
-bootstrap will enable mimo_accel in it.
+"""The Python a ``mimo-accel run`` command starts, asked before the job starts whether it will enable
+mimo_accel (through its install's startup hook, or the bootstrap ``run`` puts on PYTHONPATH).
 
 The command's interpreter is resolved the way the kernel and the shell would: the program itself
 when it is a Python interpreter (``python3 -u train.py``), else the interpreter its ``#!`` line
@@ -7,7 +7,8 @@ names (``torchrun``, ``deepspeed`` and every console script; ``#!/usr/bin/env py
 ``/bin/sh`` trampoline for long paths). That interpreter is started once, with the command's own
 startup options (``-I``, ``-E``, ``-S``, ``-s``, ``-P``: the ones that decide whether the bootstrap
 runs and what it can import) and the job's environment plus ``MIMO_ACCEL_BOOTSTRAP_PROBE``: its
-bootstrap decides as in the job and reports the decision instead of enabling. A program that is
+startup (:mod:`mimo_accel._bootstrap.startup`) decides as in the job and reports the decision
+instead of enabling. A program that is
 neither (``srun``, ``bash -c ...``) cannot be asked: :func:`check_job_python` returns a note saying
 so.
 """
@@ -19,7 +20,6 @@ import re
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 from typing import Mapping, Optional, Sequence
 
 from mimo_accel.tools.arguments import UsageError
@@ -34,9 +34,10 @@ _TRAMPOLINE = re.compile(r"""^'''exec' "?(?P<python>[^"]+?)"? "\$0" "\$@"\s*$"""
 # startup options that decide whether site (so the bootstrap) runs and what it can import
 _STARTUP_FLAGS = "IESsP"
 _WHY = {"I": "isolated mode ignores PYTHONPATH", "E": "it ignores the PYTHON* variables, PYTHONPATH too",
-        "S": "it skips the site import that runs sitecustomize"}
-_PROBE_CODE = ("import sys; s = sys.modules.get('sitecustomize'); "
-               "print(repr((getattr(s, '__file__', None), getattr(s, 'outcome', None), sys.version.split()[0])))")
+        "S": "it skips the site import that runs startup hooks and sitecustomize"}
+_PROBE_CODE = ("import sys; s = sys.modules.get('sitecustomize'); b = sys.modules.get('mimo_accel._bootstrap.startup'); "
+               "print(repr((getattr(s, '__file__', None), getattr(s, 'outcome', None), getattr(b, 'outcome', None), "
+               "sys.version.split()[0])))")
 
 
 def is_python(path: str) -> bool:
@@ -132,25 +133,25 @@ def check_job_python(command: Sequence[str], program: str, env: Mapping[str, str
         raise UsageError(f"{who} fails at startup: {last}")
     import ast
 
-    bootstrap, outcome, version = ast.literal_eval(lines[-1])
-    ours = Path(__file__).resolve().parents[1] / "_bootstrap" / "sitecustomize.py"
-    if bootstrap is None or Path(bootstrap).resolve() != ours:
-        blocking = [f for f in interpreter[1:] if f[1:] in _WHY]
-        if blocking:
-            flag = blocking[0]
-            raise UsageError(f"{who} (Python {version}) does not run the bootstrap mimo-accel run puts on "
-                             f"PYTHONPATH ({flag}: {_WHY[flag[1:]]}), so nothing would be enabled; drop {flag}, "
-                             "or call mimo_accel.enable() in the script")
-        raise UsageError(f"{who} (Python {version}) does not run the bootstrap mimo-accel run puts on PYTHONPATH "
-                         f"(its sitecustomize is {bootstrap or 'none'}), so nothing would be enabled; call "
-                         "mimo_accel.enable() in the script")
-    if outcome == "ready":
+    bootstrap, site_outcome, outcome, version = ast.literal_eval(lines[-1])
+    if outcome == "ready":  # the install's startup hook or run's bootstrap: it will enable
         return None
-    if outcome == "missing: torch":
+    if "missing: torch" in (outcome, site_outcome):
         raise UsageError(f"{who} (Python {version}) has no torch: mimo_accel's bootstrap leaves it alone, so "
                          f"nothing would be enabled; run the job with the training environment's Python")
-    if str(outcome).startswith("missing: mimo_accel"):
+    if outcome is not None:
+        raise UsageError(f"{who} (Python {version}): its bootstrap would not enable mimo_accel (it says {outcome!r})")
+    if str(site_outcome).startswith("missing: mimo_accel"):
         raise UsageError(f"{who} (Python {version}) cannot import mimo_accel, so nothing would be enabled; "
                          f"install mimo-accel into that environment, or run the job with a Python that has it "
                          f"(e.g. {sys.executable})")
-    raise UsageError(f"{who} (Python {version}): its bootstrap would not enable mimo_accel (it says {outcome!r})")
+    # -S skips even an install's startup hook; -I / -E only the PYTHONPATH a checkout needs
+    blocking = [f"-{letter}" for letter in "SIE" if f"-{letter}" in interpreter[1:]]
+    if blocking:
+        flag = blocking[0]
+        raise UsageError(f"{who} (Python {version}) runs neither mimo_accel's startup hook nor the bootstrap "
+                         f"mimo-accel run puts on PYTHONPATH ({flag}: {_WHY[flag[1:]]}), so nothing would be "
+                         f"enabled; drop {flag}, or call mimo_accel.enable() in the script")
+    raise UsageError(f"{who} (Python {version}) runs neither mimo_accel's startup hook nor the bootstrap mimo-accel "
+                     f"run puts on PYTHONPATH (its sitecustomize is {bootstrap or 'none'}), so nothing would be "
+                     "enabled; install mimo-accel into that environment, or call mimo_accel.enable() in the script")

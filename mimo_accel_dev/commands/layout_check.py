@@ -295,9 +295,8 @@ def _named(check: dict) -> str:
 
 
 def verdict(check: dict) -> str:
-    if check["checked"] is None:
-        keep = "keeps the current layout" if check["keep_current"] else f"recommends {check['advisor_recommended']}"
-        return f"the advisor {keep}; {check['outcome']}"
+    if check["checked"] is None:  # the outcome says what the advisor answered and why nothing ran
+        return check["outcome"]
     g, err, step = check["gain"], check["predicted_error"], check["replayed_step_s"]
     diffs = check["loss_max_rel_diff"]
     losses = (f"; per-step losses within {max(diffs.values()):.0e} of the reference's (same samples, same tokens; "

@@ -73,7 +73,7 @@ def compare_and_report(console, title: str, unit: str, rows, out: Path, before_l
                                            "computation")
     doc = report.build(read_run(out / before_label), read_run(out / after_label), peak_tflops=peak_tflops,
                        floor=read_run(floor) if floor is not None else None)
-    report.render(doc["before"], doc["after"], console=console)
+    report.render_runs([doc["before"], doc["after"]], console, said=doc["warnings"])  # the floor's warnings too
     console.print(f"before = {before_label}: {before_note}. Plan costs: {cost_note}. "
                   f"Wall time of the rehearsal: {elapsed:.0f}s.")
     return doc

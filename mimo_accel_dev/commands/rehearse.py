@@ -410,7 +410,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
              f"--loop bridge, or drop {'it' if len(bridge_only) == 1 else 'them'}"
              if args.loop == "stack" and bridge_only else None)
     if wrong:
-        p.print_usage(sys.stderr)
         return fail(PROG, wrong)
     try:
         _check(args)

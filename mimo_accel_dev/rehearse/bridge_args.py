@@ -82,6 +82,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "num_layers_in_first_pipeline_stage; the rest even over the stages between)")
     p.add_argument("--language-last-stage-layers", type=int, default=None, metavar="N",
                    help="the language model's layers on its last PP stage (num_layers_in_last_pipeline_stage)")
+    p.add_argument("--language-recompute", choices=("selective", "full"), default=None,
+                   help="the language model's activation recompute (megatron-core's recompute_granularity; full: "
+                        "each layer's input kept, recompute_method uniform over one layer)")
     p.add_argument("--vision-pp", type=int, default=1,
                    help="encoder pipeline parallelism: only 1 (upstream does not support encoder PP > 1)")
     p.add_argument("--modalities", default=VISION,

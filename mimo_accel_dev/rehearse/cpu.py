@@ -15,7 +15,8 @@ loaders, MimoModel, pipeline schedule, optimizer) runs on CPU processes:
   ``Tensor.cuda()``) are created on / left on the CPU, through a TorchFunctionMode;
 - ``torch.cuda`` stream/synchronize calls become no-ops;
 - the model-parallel RNG tracker is seeded with CPU generators (Bridge seeds it only when a GPU
-  exists, and the encoder's dropout/attention forks it);
+  exists, and the encoder's dropout/attention forks it), and activation recompute saves and restores
+  the CPU generator where it would the device's;
 - for Bridge's own loop (``pretrain_megatron_mimo``): the CUDA RNG state that checkpoints always
   save is the CPU generator's, and restoring it / emptying the cache are no-ops; the MIMO
   optimizer's checkpoint routing also covers ``FP32Optimizer``'s layout (the only optimizer that
@@ -384,6 +385,10 @@ def seed_cpu_rng_tracker(seed: int, tp_rank: int = 0, ep_rank: int = 0, etp_rank
     tracker.add("expert-parallel-rng", seed + 1024 + 100 * ep_rank + etp_rank)
     _swaps.swap(mp_random, "_CUDA_RNG_STATE_TRACKER", tracker)
     _swaps.swap(mp_random, "_CUDA_RNG_STATE_TRACKER_INITIALIZED", True)
+    # activation recompute (tensor_parallel.checkpoint) saves and restores the device generator's
+    # state around its forward: on CPU that generator is the CPU one
+    _swaps.swap(mp_random, "_get_cuda_rng_state", _cpu_generator_state)
+    _swaps.swap(mp_random, "_set_cuda_rng_state", _set_cpu_generator_state)
 
 
 def _wrap_bridge_seeding(set_seeds):
@@ -408,11 +413,18 @@ def _wrap_bridge_seeding(set_seeds):
     return set_seeds_and_cpu_tracker
 
 
-def _cpu_generator_state(device=None):
+def _cpu_generator_state(*args, **kwargs):
     """``torch.cuda.get_rng_state`` on CPU: the device generator *is* the CPU generator."""
     import torch
 
     return torch.get_rng_state()
+
+
+def _set_cpu_generator_state(state, *args, **kwargs) -> None:
+    """megatron-core's ``_set_cuda_rng_state`` on CPU: the device generator *is* the CPU generator."""
+    import torch
+
+    torch.set_rng_state(state)
 
 
 def _no_op(*args, **kwargs) -> None:

@@ -756,6 +756,9 @@ class StackConfig:
     # num_layers_in_{first,last}_pipeline_stage; the rest even over the stages between). None: even.
     language_first: Optional[int] = None
     language_last: Optional[int] = None
+    # megatron-core's recompute_granularity of the language model: None, "selective" (core attention) or
+    # "full" (each layer's input kept: recompute_method "uniform", one layer a chunk)
+    language_recompute: Optional[str] = None
     heads: int = 4
     vision_heads: Optional[int] = None  # None: ``heads``
     # None: the encoder's own — 24 for NativeViT, 1536 (3·2·16²) for qwen3vl, which takes no other.
@@ -844,9 +847,11 @@ def _audio_config(cfg: StackConfig):
 
 
 def _language_config(cfg: StackConfig):
+    full = dict(recompute_method="uniform", recompute_num_layers=1) if cfg.language_recompute == "full" else {}
     return _transformer_config(cfg.language_layers, cfg.hidden, cfg.heads, cfg.layout.language,
                                num_layers_in_first_pipeline_stage=cfg.language_first,
-                               num_layers_in_last_pipeline_stage=cfg.language_last)
+                               num_layers_in_last_pipeline_stage=cfg.language_last,
+                               recompute_granularity=cfg.language_recompute, **full)
 
 
 def _transformer_config(num_layers: int, hidden: int, heads: int, module: Optional[Module] = None, **split):

@@ -48,9 +48,9 @@ def _module(configs: list, vocab: int, causal: bool, grid: Any, trained: bool) -
 
 
 def flops_layout(provider: Any) -> Optional[dict]:
-    """``{"device_name": ..., "modules": {module: {"ranks", "trained", "shape", ["why"]}}, "settings":
-    {"sequence_parallel", "recompute", "precision"}}`` (the language model's) of a
-    ``MegatronMIMOProvider`` (None for anything else)."""
+    """``{"device_name": ..., "modules": {module: {"ranks", "trained", "shape", ["why"]}}}`` of a
+    ``MegatronMIMOProvider`` (None for anything else). How the job was built (its split, sequence
+    parallelism, recompute, precision) is read off the built model: :mod:`~mimo_accel.runtime.measuring.job_build`."""
     parallelism = getattr(provider, "megatron_mimo_parallelism_config", None)
     if parallelism is None:
         return None
@@ -66,11 +66,7 @@ def flops_layout(provider: Any) -> Optional[dict]:
         vocab = int(params.get("vocab_size") or 0) if language else 0
         trained = not (getattr(provider, "freeze_language_model", False) if language else frozen.get(name, False))
         modules[name] = _module(found, vocab, language, grids.get(name), bool(trained))
-    lang = (configs.get(LANGUAGE) or [None])[0]  # what the advisor's memory model asks of the job
-    settings = {"sequence_parallel": bool(getattr(lang, "sequence_parallel", False)),
-                "recompute": getattr(lang, "recompute_granularity", None) or "none",
-                "precision": "bf16" if getattr(lang, "bf16", True) else "fp32"}
-    return {"device_name": device_name(), "modules": modules, "settings": settings}
+    return {"device_name": device_name(), "modules": modules}
 
 
 def start_cost_model(path: Optional[str], provider: Any, notify) -> "CostModel":

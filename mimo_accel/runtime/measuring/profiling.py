@@ -33,6 +33,9 @@ NO_TOKEN_SOURCE = ("mimo_accel profile: a language batch has no length source it
                    "attention_mask, or loss_mask and input_ids): its real tokens are not counted (0 in the step lines)")
 UNKNOWN_LENGTHS = ("mimo_accel profile: some samples' real length is not known (no padding marked, no loss_mask "
                    "marking where their tokens end): those samples count as their whole row in tokens")
+NO_RUN_TOKEN = ("mimo_accel profile: the job's rendezvous store gave no run token: the profile's run id is the "
+                "launcher's alone (or none), so the report cannot tell this run's rank files from another's "
+                "started with the same launcher settings; write each run to a directory of its own")
 _UNKNOWN = "unknown lengths"  # a pending count that is no counter: the samples of unknown length
 
 
@@ -140,6 +143,7 @@ class Profiling:
         self._flops: Optional[dict] = None  # the header's layout["flops"] (runtime.model_flops), from start_run
         # the header's layout["run"]: what the run's checkpoint depends on (runtime.resume), from start_run
         self._run: Optional[dict] = None
+        self._build: Optional[dict] = None  # the header's build (measuring.job_build), from start_run
 
     def recorder(self):
         """This rank's Recorder, created on first use (needs torch.distributed to be initialised)."""
@@ -150,11 +154,16 @@ class Profiling:
                 import torch.distributed as dist
 
                 from mimo_accel.profiler import Recorder, module_counters, module_regions
+                from mimo_accel.runtime.measuring.run_id import run_identity
 
                 ctx = self.runtime.shard_context()
                 rank = dist.get_rank() if dist.is_initialized() else 0
                 world = dist.get_world_size() if dist.is_initialized() else 1
                 cfg = self.runtime.config  # as enabled (what acts: runtime.features())
+                # no profile file (online calibration alone): no run to name
+                run_id, run_id_from = run_identity(str(cfg.profile)) if cfg.profile is not None else (None, None)
+                if run_id_from in ("launcher", "none"):
+                    self.runtime.say_once("profile:run-id", NO_RUN_TOKEN)
                 # this rank's module: its regions (and an encoder's counters) in every step line
                 regions = module_regions(ctx.module) if ctx else ()
                 counters = module_counters(ctx.module) if ctx and ctx.module != LANGUAGE else ()
@@ -170,7 +179,8 @@ class Profiling:
                             "pad_multiple": cfg.pad_multiple},
                     label=os.environ.get(ENV_LABEL) or ("accelerated" if cfg.sharded_reads or cfg.packing
                                                         else "baseline"),
-                    regions=regions, counters=counters)
+                    regions=regions, counters=counters, build=self._build, run_id=run_id,
+                    run_id_from=run_id_from)
         return self._recorder
 
     def saw_model(self, mimo_model) -> None:
@@ -235,16 +245,20 @@ class Profiling:
                 self._recorder.close()
             self._recorder = None
 
-    def start_run(self, global_state) -> None:
-        """Bridge's training loop starts with ``global_state``: its figures go to Bridge's writers
-        when its logger has any (:meth:`mimo_accel.runtime.measuring.metrics.Metrics.for_run`); each module's
-        FLOPs shape is read from its provider for the profile header (:mod:`~mimo_accel.runtime.measuring.model_flops`)."""
+    def start_run(self, global_state, model=None) -> None:
+        """Bridge's training loop starts with ``global_state`` and the ``model`` it trains: its figures go
+        to Bridge's writers when its logger has any (:meth:`mimo_accel.runtime.measuring.metrics.Metrics.for_run`);
+        each module's FLOPs shape is read from its provider for the profile header
+        (:mod:`~mimo_accel.runtime.measuring.model_flops`), and how this rank's modules were built from
+        the model (:mod:`~mimo_accel.runtime.measuring.job_build`)."""
+        from mimo_accel.runtime.measuring.job_build import job_build
         from mimo_accel.runtime.measuring.metrics import Metrics
         from mimo_accel.runtime.measuring.model_flops import flops_layout
         from mimo_accel.runtime.resume import run_record
 
         self._flops = flops_layout(getattr(getattr(global_state, "cfg", None), "model", None))
         self._run = run_record(getattr(global_state, "cfg", None))
+        self._build = job_build(model, global_state) if model is not None else None
 
         if self.runtime.calibration is not None:  # every rank: what a resumed run learnt before (once)
             self.runtime.calibration.restore()

@@ -83,6 +83,8 @@ def wrap_pack_language_shard(original: Callable, runtime: Runtime) -> Callable:
         known, runtime.step_lengths = runtime.step_lengths, None
         packed = pack_for_language_model(data_batch, role, pad_multiple, runtime.say_once, known)
         kwargs = packed.pop("packing_kwargs")
+        if runtime.activity is not None:
+            runtime.activity.saw_pack(data_batch, packed)
         if runtime.profiling is not None:
             runtime.profiling.record_packed(kwargs)
         return packed, kwargs

@@ -1,7 +1,8 @@
-"""The profiler's hooks at upstream's sites (installed only when ``profile`` or online calibration is
-on): the encoders' ``encode`` (timed per module; paused under evaluation), the optimizer step (a
-step ends) and ``train_megatron_mimo`` (the run starts and finishes). The timing itself is
-:class:`mimo_accel.runtime.measuring.profiling.Profiling`."""
+"""The measuring hooks at upstream's sites: the encoders' ``encode`` (timed per module, paused under
+evaluation; installed only when ``profile`` or online calibration is on), the optimizer step (a
+step ends) and ``train_megatron_mimo`` (the run starts and finishes; with every feature: rank 0's
+step line). The timing itself is :class:`mimo_accel.runtime.measuring.profiling.Profiling`, the
+line :class:`mimo_accel.runtime.measuring.activity.Activity`."""
 
 from __future__ import annotations
 
@@ -33,6 +34,8 @@ def wrap_optimizer_step(original: Callable, runtime: Runtime) -> Callable:
         result = call.to(original)
         if runtime.profiling is not None:
             runtime.profiling.end_step()
+        if runtime.activity is not None:
+            runtime.activity.end_step()
         return result
 
     return step
@@ -43,7 +46,9 @@ def wrap_train_entry(original: Callable, runtime: Runtime) -> Callable:
     def train_megatron_mimo(call: UpstreamCall):
         profiling: Optional[Profiling] = runtime.profiling
         if profiling is not None:
-            profiling.start_run(call["global_state"])
+            profiling.start_run(call["global_state"], call["model"])
+        if runtime.activity is not None:
+            runtime.activity.start_run(call["global_state"])
         failed = True
         try:
             out = call.to(original)
@@ -53,5 +58,7 @@ def wrap_train_entry(original: Callable, runtime: Runtime) -> Callable:
             profiling: Optional[Profiling] = runtime.profiling
             if profiling is not None:
                 profiling.finish(failed=failed)
+            if runtime.activity is not None:
+                runtime.activity.finish(failed=failed)
 
     return train_megatron_mimo

@@ -70,6 +70,8 @@ def wrap_get_batch(original: Callable, runtime: Runtime) -> Callable:
             del batch[SHARD_TAG_KEY]
             if ctx is not None:
                 check_replica(tag, ctx.dp_rank, ctx.dp_size)
+            if runtime.activity is not None:
+                runtime.activity.saw_batch(tag.samples, tag.samples * tag.dp_size, tag.share)
             if runtime.profiling is not None:
                 # the dict the step goes on with: language ranks drop the raw encoder inputs
                 seen = {k: v for k, v in batch.items() if not (tag.module == LANGUAGE and k == "modality_inputs")}
@@ -111,18 +113,23 @@ def wrap_slice(original: Callable, runtime: Runtime) -> Callable:
             check_replica(tag, dp_rank, dp_size)
             # the share was collated alone: upstream's slice takes it whole, as one replica's batch
             # (Bridge #4986's slice then takes its sparse modality indices off; elsewhere a no-op)
-            local, read = call.but(dp_rank=0, dp_size=1).to(original), tag.samples
+            local, read, whole = call.but(dp_rank=0, dp_size=1).to(original), tag.samples, tag.samples * tag.dp_size
         else:
             if cfg.sharded_reads and dp_size > 1:
                 _warn_whole_batch_once(runtime)
             local, read = call.to(original), batch_size(batch)
+            whole = read
+        if runtime.activity is not None:
+            runtime.activity.saw_batch(read, whole, tag.share if tag is not None else None)
         # dp_rank stays upstream's plain int (its slice computes offsets from it): the role comes by the runtime
         role = runtime.step_role
         packs = cfg.packing and role is not None and role.is_language  # here, or in main's step next
         if profiling is not None:
             profiling.record_batch(local, read_samples=read, read_bytes=loaded_bytes, tag=tag, count_tokens=not packs)
         if pack_here and packs:
-            local = pack_for_language_model(local, role, cfg.pad_multiple, runtime.say_once)
+            padded, local = local, pack_for_language_model(local, role, cfg.pad_multiple, runtime.say_once)
+            if runtime.activity is not None:
+                runtime.activity.saw_pack(padded, local)
             if profiling is not None:
                 profiling.record_packed(local["packing_kwargs"])
         elif packs:  # main's step packs next, after it drops the fields these lengths come from

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from mimo_accel.config import resolve_window
+from mimo_accel.config import PATH_OPTIONS, resolve_window
 from mimo_accel.runtime.reading import plan_inputs
 from mimo_accel.runtime.reading.schedule import micro_batches_per_step
 from mimo_accel.runtime.state import Runtime
@@ -35,9 +35,10 @@ def loader_order_for(dataset, sampler_settings: list, ctx, split: str, runtime: 
     fields = {
         "layout": plan_inputs.digest([sorted(ctx.dp_sizes.items()), ctx.grid, sorted(ctx.stages.items()),
                                       sorted(runtime.frozen)]),
-        # the options that act (a reorder that stepped aside for upstream's is off)
-        "options": plan_inputs.digest({**{k: v for k, v in dataclasses.asdict(cfg).items() if k != "profile"},
-                                       "reorder": runtime.reorders}),
+        # the options that act (a reorder that stepped aside for upstream's is off); not where the files
+        # are (each rank's own absolute path): what they hold is compared as the cost model and index
+        "options": plan_inputs.digest({**{k: v for k, v in dataclasses.asdict(cfg).items()
+                                          if k not in PATH_OPTIONS}, "reorder": runtime.reorders}),
         "dataset": plan_inputs.digest([type(dataset).__name__, len(dataset)]),
         "sampler": plan_inputs.digest(sampler_settings),
     }

@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
 
 import numpy as np
 
-from mimo_accel.grid import check_micro_batch, replica_samples
+from mimo_accel.grid import check_micro_batch, moved_between_replicas, replica_samples
 from mimo_accel.nvtx import ranged
 from mimo_accel.planner import Prediction
 from mimo_accel.runtime.context import ShardContext
@@ -93,6 +93,16 @@ def _files_of(dataset, index: int) -> tuple:
     return tuple(p for v in values for p in paths(v))
 
 
+def _if_empty(path: str) -> str:
+    """``, empty: 0 bytes`` after an empty file's name (its decoder says only that it cannot read it)."""
+    import os
+
+    try:
+        return ", empty: 0 bytes" if os.path.getsize(path) == 0 else ""
+    except OSError:
+        return ""
+
+
 class ReadsOf:
     """The dataset as the sharded loader reads it: the same samples, read by a batch of indices at
     a time (torch's ``__getitems__``), so that the plan's figures stay with them. A sample that
@@ -111,7 +121,7 @@ class ReadsOf:
             raise
         except Exception as exc:
             files = _files_of(self.dataset, index)
-            where = f" (file {', '.join(files)})" if files else ""
+            where = f" (file {', '.join(f + _if_empty(f) for f in files)})" if files else ""
             raise SampleLoadError(f"mimo_accel: sample {index} of {type(self.dataset).__name__}{where} failed to "
                                   f"load: {type(exc).__name__}: {exc}", int(index), files) from exc
 
@@ -195,6 +205,9 @@ class ShareRules:
         steps = [p[1].step_time for p in parts if isinstance(p[1], Prediction) and p[1].step_time is not None]
         shares = self.shares(batches, order, ReplicaShare(spread=spread, spreads=spreads,
                                                           step_time=steps[0] if len(parts) == 1 and steps else None))
+        starts = np.cumsum([0, *map(len, batches)])
+        shares = [replace(share, moved=moved_between_replicas(b, order[lo:hi], self.ctx.dp_size))
+                  for share, b, lo, hi in zip(shares, batches, starts[:-1], starts[1:])]
         if all(isinstance(p[1], Prediction) and p[1].loads for p in parts):  # each micro-batch's load per replica
             overheads, digest = ({}, None) if model is None else (dict(model.overheads), model.digest)
             # float64 arrays, not lists: a window's loads per replica would be thousands of Python

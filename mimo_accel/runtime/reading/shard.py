@@ -40,6 +40,9 @@ class ReplicaShare:
     # the step the pipeline model gives the window this share's micro-batch was planned in (a
     # window of a step's micro-batches; cost-model units), beside the step the profiler replays
     step_time: Optional[float] = None
+    # samples of the micro-batch the plan gave another replica of this rank's module than upstream's
+    # order would (exchange mode: the DP group's samples that moved); None without a plan
+    moved: Optional[int] = None
 
     @property
     def planned(self) -> bool:

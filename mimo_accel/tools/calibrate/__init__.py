@@ -1,6 +1,6 @@
 """Fit each module's cost model from profiler logs.
 
-``mimo-accel calibrate RUN_DIR [--out cost.json] [--warmup N] [--no-intercept | --per-step] [--json PATH]``
+``mimo-accel calibrate RUN_DIR [--run ID] [--out cost.json] [--warmup N] [--no-intercept | --per-step] [--json PATH]``
 
 Every module is fitted from its own measured times, per step and replica (one rank-step is one
 observation; a module of PP stages, one replica-step: its stages summed, each its slowest rank),
@@ -58,7 +58,7 @@ from typing import Any
 from rich.console import Console
 
 from mimo_accel.modules import LANGUAGE
-from mimo_accel.profiler.run import NoProfileData, read_run
+from mimo_accel.profiler.run import ProfileError, read_run
 from mimo_accel.tools.arguments import UsageError, fail, nonnegative_int, output_file, parse
 from mimo_accel.profiler.fitting import fit_modules
 from mimo_accel.profiler.observations import CalibrationError, modules_in
@@ -73,8 +73,8 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=PROG,
                                 description="Fit each module's cost model from its own measured times in a profiler run.")
     p.add_argument("run_dir", metavar="RUN_DIR", help="profile directory (rank<N>.jsonl files)")
-    p.add_argument("--out", metavar="PATH", help="write the cost-model file (use it as cost_model=PATH, "
-                                                 "MIMO_ACCEL_COST_MODEL=PATH, or simulate --cost-model PATH)")
+    p.add_argument("--out", metavar="PATH", help="write the cost-model file (use it as cost_model=PATH or "
+                                                 "MIMO_ACCEL_COST_MODEL=PATH)")
     p.add_argument("--json", metavar="PATH", help="write the fit statistics as JSON")
     p.add_argument("--warmup", type=nonnegative_int, default=1, metavar="N",
                    help="skip the first N step numbers (default 1)")
@@ -82,11 +82,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--per-step", action="store_true",
                    help="one overhead per step (what all replicas of a step share: its fixed work, the machine's "
                         "speed at the time); R² is then the share of the within-step variation explained")
+    p.add_argument("--run", metavar="ID", help="of a directory holding the rank files of several runs, fit the run ID "
+                                               "(its id or the start of it, as the refusal names them)")
     return p
 
 
 def _use(path: str) -> str:
-    return f"use: cost_model={path} or MIMO_ACCEL_COST_MODEL={path}, or mimo-accel simulate --cost-model {path}"
+    return f"use: cost_model={path} or MIMO_ACCEL_COST_MODEL={path}"
 
 
 def main(argv: Sequence[str] | None = None, *, console: Console | None = None) -> int:
@@ -100,15 +102,17 @@ def main(argv: Sequence[str] | None = None, *, console: Console | None = None) -
             raise UsageError("--per-step fits one overhead per step; drop --no-intercept")
         output_file("--out", args.out)
         output_file("--json", args.json)
-        run = read_run(args.run_dir)
+        run = read_run(args.run_dir, run=args.run)
         modules = modules_in(run)
         model, per_module = fit_modules(run, warmup=args.warmup, intercept=not args.no_intercept,
                                         per_step=args.per_step, modules=modules)
-    except (UsageError, NoProfileData, CalibrationError) as e:
+    except (UsageError, ProfileError, CalibrationError) as e:
         return fail(PROG, e)
     if console is None:
         # Piped output: rich would wrap the tables at 80 columns; give them room instead.
         console = Console() if sys.stdout.isatty() else Console(width=120)
+    for w in run.warnings:  # the run's, once (each module's fit lists its own)
+        console.print(f"[yellow]warning:[/] {w}")
     render_modules(model, per_module, console)
     if args.out:
         model.to_file(args.out)
@@ -119,7 +123,7 @@ def main(argv: Sequence[str] | None = None, *, console: Console | None = None) -
     else:
         console.print("pass --out cost.json to write the model")
     if args.json:
-        doc = {"model": model.to_doc(), "modules": per_module}
+        doc = {"model": model.to_doc(), "modules": per_module, "warnings": list(run.warnings)}
         Path(args.json).write_text(json.dumps(doc, indent=2, default=_json_default) + "\n", encoding="utf-8")
     return 0
 

@@ -8,7 +8,8 @@ model files), :mod:`~.memory` (each module's memory per GPU as the job is config
 at a layout's TP and PP, each stage's share, and the communication terms), :mod:`~.draws` (the
 steps priced, and the heaviest the data can form), :mod:`~.pricing` (the one path that prices a
 layout's step), :mod:`~.search` (the layouts that fit, priced best first), :mod:`~.problem`
-(what a user asks, and everything a layout is priced against), :mod:`~.advice` (``advise``,
+(what a user asks, and everything a layout is priced against), :mod:`~.change` (whether a job
+should move from its layout, and what the gain is made of), :mod:`~.advice` (``advise``,
 ``price``, the ranked rows, the recommendation, the settings), :mod:`~.console` and
 :mod:`~.command` (the command).
 """

@@ -8,8 +8,9 @@ in-batch packing, where the Bridge priced has it). The objective (:class:`Object
 job's samples per second within the budget, layouts within ``tie`` of each other ordered by
 tokens/s per active GPU, a layout using at most half the budget after every one using more (it
 leaves most of the budget idle); or by tokens/s per active GPU (the tutorial's metric), ties by
-throughput. A change from the current layout is recommended only where it is better on every
-draw (every layout is priced on the same draws); otherwise the answer is to keep it.
+throughput. A change from the current layout is recommended only beyond what the model cannot
+know (:mod:`~mimo_accel.tools.layout.change`); otherwise the answer is to keep it. Beside a
+recommended uneven PP split, the best even split (what upstream's launcher runs with no line added).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import numpy as np
 
 from mimo_accel.costs.flops import throughput
 from mimo_accel.modules import LANGUAGE
+from mimo_accel.tools.layout.change import TIE, Change, compare
 from mimo_accel.tools.layout.memory import GIB
 from mimo_accel.tools.layout.pricing import busy_shares, price_steps
 from mimo_accel.tools.layout.problem import Problem
@@ -32,9 +34,12 @@ from mimo_accel.tools.layout.spec import LayoutSpec, stage_layers
 __all__ = ["ADVICE_FORMAT", "Advice", "Figures", "NoLayoutFits", "Objective", "Row", "Search", "advise", "price",
            "settings"]
 
-ADVICE_FORMAT = "mimo-accel-layout/2"
-TIE = 0.03
+ADVICE_FORMAT = "mimo-accel-layout/3"
 MAX_BUDGET = 4096
+#: where upstream's Qwen3.5-VL launcher builds the language model's config, and the line the
+#: settings it has no flag for go beside (``_build_mimo_provider``)
+LAUNCHER = "examples/megatron_mimo/qwen35_vl/finetune_qwen35_vl.py"
+BESIDE = "standard_provider.seq_length = args.seq_length"
 
 
 class Objective(str, enum.Enum):
@@ -54,7 +59,9 @@ class NoLayoutFits(ValueError):
 
 @dataclass(frozen=True)
 class Figures:
-    """One plan's step: its mean time, each draw's, and what it gets through per second."""
+    """One plan's step: its mean time, each draw's, what it gets through per second, and what it is
+    made of (``parts``, seconds, summing to the mean: :data:`~mimo_accel.tools.layout.pricing.PARTS`);
+    ``mfu_measured`` False where the MFU restates an assumed efficiency (FLOPs), not a measured one."""
 
     step_time_s: float
     step_time_s_draws: list[float]
@@ -64,9 +71,13 @@ class Figures:
     mfu: dict[str, Optional[float]]
     busy_share: dict[str, float]
     bound_module: Optional[str]
+    parts: dict[str, float] = field(default_factory=dict)
+    mfu_measured: bool = False
 
     def to_doc(self) -> dict[str, Any]:
-        return dict(self.__dict__)
+        doc = dict(self.__dict__)
+        doc["step_parts"] = doc.pop("parts")
+        return doc
 
 
 @dataclass
@@ -79,6 +90,7 @@ class Row:
     why_not: Optional[str] = None
     figures: dict[str, Figures] = field(default_factory=dict)
     rank: dict[str, Optional[int]] = field(default_factory=dict)
+    change: Optional[Change] = None  # against the current layout, where one is given
 
     @property
     def spec(self) -> str:
@@ -105,12 +117,13 @@ class Row:
         packed = f.get("packed")
         return {"spec": self.spec, "gpus": self.gpus, **(acc.to_doc() if acc else dict.fromkeys(
                     ("step_time_s", "step_time_s_draws", "tokens_per_s_per_gpu", "samples_per_s_per_gpu",
-                     "samples_per_s", "bound_module", "busy_share", "mfu"))),
+                     "samples_per_s", "bound_module", "busy_share", "mfu", "step_parts", "mfu_measured"))),
                 "memory_gib_per_gpu": self.memory_gib_per_gpu, "fits": self.fits, "why_not": self.why_not,
                 "without": f["padded"].to_doc() if "padded" in f else None,
                 "upstream_packed": {"step_time_s": packed.step_time_s, "tokens_per_s_per_gpu":
                                     packed.tokens_per_s_per_gpu} if packed else None,
-                "pipeline_split": self.layout.split, "rank": dict(self.rank), "settings": settings(self.layout)}
+                "pipeline_split": self.layout.split, "rank": dict(self.rank), "settings": settings(self.layout),
+                "against_current": self.change.to_doc() if self.change else None}
 
 
 def settings(layout: LayoutSpec) -> dict[str, Any]:
@@ -118,7 +131,11 @@ def settings(layout: LayoutSpec) -> dict[str, Any]:
     ``ModuleParallelismConfig``: ``src/megatron/bridge/models/megatron_mimo/megatron_mimo_config.py``),
     the Qwen3.5-VL launcher's ``--component name=tp=N,pp=N,cp=N,dp=N,rank_offset=N`` strings
     (``examples/megatron_mimo/qwen35_vl/finetune_qwen35_vl.py``, ``slurm_sft.sh``) with its batch
-    flags, and the language model's uneven split (megatron-core's ``TransformerConfig`` fields)."""
+    flags, and the language model's uneven split (megatron-core's ``TransformerConfig`` fields),
+    which the launcher has no flag for: ``launcher_lines``, the Python lines to add in its
+    ``_build_mimo_provider`` beside :data:`BESIDE` (the standard provider is the language model's
+    ``TransformerConfig``: Bridge's ``Qwen35VLModelProvider``, which megatron-core's
+    ``get_num_layers_to_build`` reads at build time); ``runs_as_is``: whether it needs none."""
     offsets = rank_offsets(layout.modules)
     order = sorted(layout.modules, key=lambda m: offsets[m.name])
     return {
@@ -128,6 +145,8 @@ def settings(layout: LayoutSpec) -> dict[str, Any]:
         "components": [f"{m.name}=tp={m.tp},pp={m.pp},cp=1,dp={m.dp},rank_offset={offsets[m.name]}" for m in order],
         "launcher": {"--micro-batch-size": layout.mbs, "--global-batch-size": layout.gbs, "world_size": layout.gpus},
         "language_config": layout.split or {},
+        "launcher_lines": [f"standard_provider.{k} = {v}" for k, v in (layout.split or {}).items()],
+        "runs_as_is": layout.split is None,
     }
 
 
@@ -139,9 +158,9 @@ def _figures(layout: LayoutSpec, problem: Problem, prices, plan: str) -> Figures
         mfu[m.name] = throughput(samples=None, tokens=tokens, sq_tokens=sq, step_time_s=step, ranks=m.size,
                                  shape=problem.model.modules[m.name], trained=m.name not in layout.frozen,
                                  peak_tflops=problem.machine.peak_tflops)["mfu"]
-    shares, bound = busy_shares(layout, prices, plan)
+    shares, bound, parts = busy_shares(layout, prices, plan, problem.seconds.comm_parts(layout))
     return Figures(step, prices.draws[plan], layout.gbs / step, prices.tokens / step / gpus, layout.gbs / step / gpus,
-                   mfu, shares, bound)
+                   mfu, shares, bound, parts, problem.seconds.measured)
 
 
 def _checked(layout: LayoutSpec, problem: Problem) -> LayoutSpec:
@@ -216,8 +235,10 @@ class Search:
 @dataclass
 class Advice:
     """The ranked layouts of each plan (``ranked[plan]``), the current layout priced (or None),
-    the recommendation (``recommended``: the current one where no layout is better on every
-    draw, ``keep_current``), the layouts left out on request (``unfit``)."""
+    the recommendation (``recommended``: the current one where the best found is no change worth
+    making, ``keep_current``; the best found against the current: ``best.change``), the best even
+    PP split beside an uneven pick (``even``: it runs with the launcher as it is), the layouts
+    left out on request (``unfit``)."""
 
     problem: Problem
     search: Search
@@ -230,6 +251,7 @@ class Advice:
     unfit: list[Row]
     searched: dict[str, int]
     elapsed_s: float = 0.0
+    even: Optional[Row] = None
 
     @property
     def best(self) -> Row:
@@ -242,7 +264,8 @@ class Advice:
 
     def to_doc(self) -> dict[str, Any]:
         p = self.problem
-        rows = list({r.spec: r for rs in (*self.ranked.values(), self.unfit) for r in rs}.values())
+        rows = list({r.spec: r for rs in (*self.ranked.values(), [self.even] if self.even else [], self.unfit)
+                     for r in rs}.values())
         m = p.machine
         return {
             "format": ADVICE_FORMAT, "budget": self.budget, "objective": self.search.objective.value,
@@ -250,13 +273,18 @@ class Advice:
             "machine": {"name": m.name, "peak_tflops": m.peak_tflops,
                         "memory_gib": None if m.memory_gib == float("inf") else m.memory_gib,
                         "gpus_per_node": m.gpus_per_node, "intra_node_gbps": m.intra_node_gbps,
-                        "inter_node_gbps": m.inter_node_gbps, "communication": m.communication, "reserve": m.reserve},
+                        "inter_node_gbps": m.inter_node_gbps, "memory_gbps": m.memory_gbps,
+                        "communication": m.communication, "reserve": m.reserve},
             "assumptions": p.settings.to_doc(),
             "data": {"source": p.draws.source, "gbs": p.gbs, "seq_length": p.draws.seq_length,
                      "steps": p.draws.steps, "clipped": p.draws.clipped},
-            "costs": {"source": p.seconds.describe(), "encoder_measured": p.profiled is not None},
+            "costs": {"source": p.seconds.describe(), "encoder_measured": p.profiled is not None,
+                      "measured": p.seconds.measured,
+                      "efficiency_assumed": None if p.seconds.measured else dict(p.seconds.efficiency)},
             "rows": [r.to_doc() for r in rows],
             "recommended": self.recommended.spec, "keep_current": self.keep_current, "margin": self.margin,
+            "change": self.best.change.to_doc() if self.best.change else None,
+            "even_alternative": self.even.spec if self.even else None,
             "recommended_without": self.ranked["padded"][0].spec,
             "gain": {"over_padded": self.gain("padded"), "over_upstream_packed": self.gain("packed")},
             "current": self.current.to_doc() if self.current else None,
@@ -292,19 +320,16 @@ def _ordered(entries: list[tuple[float, float, Candidate]], objective: Objective
     return out
 
 
-def _keep(current: Optional[Row], best: Row, objective: Objective, gbs: int) -> tuple[bool, Optional[str]]:
-    """Whether to keep ``current`` rather than move to ``best``: it is ``best``, or ``best`` is not
-    better on every draw; and the margin, said."""
+def _keep(current: Optional[Row], best: Row, objective: Objective, measured: bool) -> tuple[bool, Optional[str]]:
+    """Whether to keep ``current`` rather than move to ``best`` (it is ``best``, or ``best`` is no
+    change worth making: :mod:`~mimo_accel.tools.layout.change`), and the margin, said; each row
+    priced beside ``current`` gets its :class:`~mimo_accel.tools.layout.change.Change` against it."""
     if current is None or not current.fits:
         return False, None
     if best.spec == current.spec:
         return True, "the current layout is the best found"
-    ours, theirs = (objective.score(r.accelerated.step_time_s_draws, r.gpus, gbs) for r in (current, best))
-    better = int((theirs > ours).sum())
-    mean = float(theirs.mean() / ours.mean() - 1)
-    said = (f"the best found is {mean:+.1%} on the mean and better on {better} of {len(ours)} draws "
-            f"({float((theirs / ours - 1).min()):+.1%} … {float((theirs / ours - 1).max()):+.1%})")
-    return better < len(ours), said
+    best.change = compare(current, best, objective is Objective.PER_GPU, measured)
+    return not best.change.worth, f"the best found is {best.change.said()}"
 
 
 def advise(problem: Problem, search: Search = Search()) -> Advice:
@@ -361,9 +386,24 @@ def advise(problem: Problem, search: Search = Search()) -> Advice:
         over = f"uses {current.gpus} GPUs, over the budget of {budget}"
         current.why_not = f"{current.why_not}; {over}" if current.why_not else over
     ranked_rows = {p: [rows[c.layout.spec] for c in cs] for p, cs in ranked.items()}
-    keep, margin = _keep(current, ranked_rows["mimo_accel"][0], objective, gbs)
+    measured = problem.seconds.measured
+    keep, margin = _keep(current, ranked_rows["mimo_accel"][0], objective, measured)
+    recommended = current if keep else ranked_rows["mimo_accel"][0]
+    even = None
+    if recommended.layout.split is not None and not keep:
+        # what runs with upstream's launcher as it is: the best of the even splits, ranked the same way
+        evens = [c for c in found if c.layout.split is None]
+        priced = best_first(evens, lambda c: float(objective.score(bound.of(c.layout, False), c.layout.gpus, gbs)),
+                            lambda c: float(objective.score(step(c, "mimo_accel"), c.layout.gpus, gbs)),
+                            top=1, tie=search.tie, group=group)
+        entries = [(gbs / step(c, "mimo_accel"), 1.0 / (step(c, "mimo_accel") * c.layout.gpus), c) for _, c in priced]
+        pick = _ordered(entries, objective, budget, search.tie)[0][2] if entries else None
+        if pick is not None:
+            even = rows.get(pick.layout.spec) or _row(pick.layout, problem, pick.memory, cache)
+    for row in [*rows.values(), *([even] if even else [])]:
+        if current is not None and current.fits and row.spec != current.spec and row.change is None:
+            row.change = compare(current, row, objective is Objective.PER_GPU, measured)
     unfit_rows = [Row(c.layout, {m: f.total / GIB for m, f in c.memory.items()}, c.why_not)
                   for c in sorted(unfit or [], key=lambda c: -c.layout.gpus)]
-    return Advice(problem, search, budget, ranked_rows, current, current if keep else ranked_rows["mimo_accel"][0],
-                  keep, margin, unfit_rows, {"layouts": len(found), "priced": len({s for s, _ in cache})},
-                  time.perf_counter() - t0)
+    return Advice(problem, search, budget, ranked_rows, current, recommended, keep, margin, unfit_rows,
+                  {"layouts": len(found), "priced": len({s for s, _ in cache})}, time.perf_counter() - t0, even)

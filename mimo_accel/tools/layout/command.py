@@ -51,7 +51,7 @@ def _at_most(top: int, what: str):
 def _parser(prog: str = PROG, current_flag: str = "--current") -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog=prog,
-        description="What a MegatronMIMO job will do and what it should run: the current layout (--current) "
+        description=f"What a MegatronMIMO job will do and what it should run: the current layout ({current_flag}) "
                     "priced with mimo_accel's step model under upstream as shipped, upstream's own packing and "
                     "mimo_accel; with a GPU budget, every non-colocated layout that fits (each module's TP/PP/DP, "
                     "the language model's PP split, the micro-batch), best first, and the settings of the "
@@ -83,18 +83,21 @@ def _parser(prog: str = PROG, current_flag: str = "--current") -> argparse.Argum
                       help="share of each GPU's memory kept free for what the estimate leaves out (default 0.1)")
     job = p.add_argument_group("the job's settings (default: upstream's Qwen3.5-VL MIMO launcher's, or the "
                                "profiled run's)")
-    job.add_argument("--sequence-parallel", action="store_true", help="sequence parallelism on (the launcher: off)")
+    job.add_argument("--sequence-parallel", action=argparse.BooleanOptionalAction, default=None,
+                     help="sequence parallelism on / off (the launcher: off)")
     job.add_argument("--recompute", choices=RECOMPUTE, help="activation recompute (the launcher: none)")
-    job.add_argument("--no-distributed-optimizer", action="store_true",
-                     help="optimizer states unsharded (18 bytes a parameter, not 6 + 12/dp)")
-    job.add_argument("--fp32", action="store_true", help="fp32 training (the launcher's --fp32), not bf16")
+    job.add_argument("--distributed-optimizer", action=argparse.BooleanOptionalAction, default=None,
+                     help="optimizer states sharded over DP (6 + 12/dp bytes a parameter; the launcher: on) or not (18)")
+    job.add_argument("--fp32", dest="precision", action="store_const", const="fp32",
+                     help="fp32 training (the launcher's --fp32), not bf16")
+    job.add_argument("--bf16", dest="precision", action="store_const", const="bf16", help="bf16 training (the launcher's)")
     data = p.add_argument_group("data")
     data.add_argument("--workload", metavar="NAME|PATH", help="workload profile the steps are drawn from "
                                                                "(default receipts)")
     data.add_argument("--index", metavar="FILE", help="a `mimo-accel index` cost index the steps are drawn from")
     data.add_argument("--rehearsal", action="store_true", help="draw the workload's CPU-sized [rehearsal] samples "
                                                                "(to price with a CPU rehearsal's profile)")
-    data.add_argument("--gbs", type=positive_int, metavar="N", help="global batch (default: --current's, the "
+    data.add_argument("--gbs", type=positive_int, metavar="N", help=f"global batch (default: {current_flag}'s, the "
                                                                     "profile's or the model's)")
     data.add_argument("--mbs", metavar="N[,N...]", help="global micro-batch sizes to try (default: every divisor "
                                                          "of the global batch)")
@@ -152,18 +155,17 @@ def request_of(args, current_flag: str = "--current") -> tuple[Request, Search]:
     model = args.model
     if model is None and current is not None and current.preset is not None and args.profile is None:
         model = LAYOUT_PRESETS[current.preset][1]
-    settings = JobSettings(sequence_parallel=args.sequence_parallel, recompute=args.recompute or "none",
-                           distributed_optimizer=not args.no_distributed_optimizer,
-                           precision="fp32" if args.fp32 else "bf16")
-    if settings != JobSettings() or args.recompute:
-        settings = JobSettings(**{**settings.to_doc(), "source": "the command line"})
+    given = {k: v for k, v in (("sequence_parallel", args.sequence_parallel), ("recompute", args.recompute),
+                               ("distributed_optimizer", args.distributed_optimizer), ("precision", args.precision))
+             if v is not None}  # each over the profile's (or the launcher's) where given
+    settings = JobSettings(**given, source="the command line") if given else JobSettings()
     request = Request(
         model=model, profile=args.profile,
         machine=MachineRequest(args.gpu, args.peak_tflops, args.memory_gib, args.gpus_per_node, args.intra_node_gbps,
                                args.inter_node_gbps, args.memory_reserve),
         data=DataRequest(args.workload, args.index, args.rehearsal, args.gbs or (current.gbs if current else None),
                          args.seq_length or (current.seq_length if current else None), args.steps, args.seed),
-        frozen=tuple(f for f in (args.frozen or "").split(",") if f), settings=settings)
+        frozen=tuple(f for f in (args.frozen or "").split(",") if f), settings=settings, settings_given=tuple(given))
     return request, Search(args.gpus, _sizes(args.mbs), Objective(args.objective), args.top, current,
                            args.include_unfit)
 

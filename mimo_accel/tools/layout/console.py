@@ -8,7 +8,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from mimo_accel.tools.layout.advice import TIE, Advice, Objective, Row, settings
+from mimo_accel.tools.layout.advice import BESIDE, LAUNCHER, Advice, Objective, Row, settings
+from mimo_accel.tools.layout.change import TIE
 from mimo_accel.tools.layout.problem import Problem
 
 __all__ = ["render_advice", "render_row", "settings_lines"]
@@ -25,10 +26,10 @@ def _each(values: Optional[dict], names, fmt: str) -> str:
     return " · ".join("—" if values.get(n) is None else format(values[n], fmt) for n in names)
 
 
-def _table(title: str, rows: list[Row], names, plan: str) -> Table:
+def _table(title: str, rows: list[Row], names, plan: str, measured: bool = True) -> Table:
     t = Table(title=title, title_justify="left")
     for col in ("#", "layout", "GPUs", "step s\nmean (draws)", "samples/s", "tokens/s\nper GPU", "padded:\nstep s",
-                "MFU\n" + " · ".join(names), "GiB per GPU\n" + " · ".join(names), "bound",
+                ("MFU" if measured else "MFU, assumed") + "\n" + " · ".join(names), "GiB per GPU\n" + " · ".join(names), "bound",
                 "busy share\n" + " · ".join(names)):
         t.add_column(col, justify="left" if col in ("layout", "bound") else "right", overflow="fold")
     for i, r in enumerate(rows, 1):
@@ -47,7 +48,7 @@ def _table(title: str, rows: list[Row], names, plan: str) -> Table:
 
 def settings_lines(row: Row) -> list[str]:
     """Bridge's MegatronMIMOParallelismConfig, the language model's split and the Qwen3.5-VL
-    launcher's flags for ``row``."""
+    launcher's flags for ``row``, with the lines to add where the launcher has no flag (the split)."""
     s = settings(row.layout)
     lines = ["MegatronMIMOParallelismConfig(module_parallelisms={"]
     for name, p in s["module_parallelisms"].items():
@@ -58,8 +59,10 @@ def settings_lines(row: Row) -> list[str]:
         lines.append("language TransformerConfig: " + ", ".join(f"{k}={v}" for k, v in s["language_config"].items()))
     flags = " ".join(f"{k} {v}" for k, v in s["launcher"].items() if k.startswith("--"))
     comps = " ".join(f"--component {c}" for c in s["components"])
-    lines.append(f"examples/megatron_mimo/qwen35_vl/finetune_qwen35_vl.py {flags} {comps}  "
-                 f"(world size {s['launcher']['world_size']})")
+    lines.append(f"{LAUNCHER} {flags} {comps}  (world size {s['launcher']['world_size']})")
+    if s["launcher_lines"]:
+        lines.append(f"the launcher has no flag for the split: add in its _build_mimo_provider, beside `{BESIDE}`:")
+        lines += [f"    {line}" for line in s["launcher_lines"]]
     return lines
 
 
@@ -75,6 +78,9 @@ def _head(console: Console, problem: Problem, what: str) -> None:
 
 
 def _notes(console: Console, problem: Problem) -> None:
+    if not problem.seconds.measured:
+        console.print("[yellow]note:[/] MFU here is assumed, not measured: the stated efficiency times each module's "
+                      "busy share of the step (FLOPs priced at the assumed efficiency); a profile measures it")
     for note in problem.notes:
         console.print(f"[yellow]note:[/] {escape(note)}")
 
@@ -85,7 +91,7 @@ def render_row(row: Row, problem: Problem, console: Optional[Console] = None) ->
     _head(console, problem, f": {row.spec}")
     names = list(problem.model.modules)
     for plan in row.figures:
-        console.print(_table(TITLES[plan], [row], names, plan))
+        console.print(_table(TITLES[plan], [row], names, plan, problem.seconds.measured))
     if not row.fits:
         console.print(f"[red]does not fit:[/] {escape(row.why_not)}")
     _notes(console, problem)
@@ -99,13 +105,14 @@ def render_advice(advice: Advice, console: Optional[Console] = None) -> None:
                  "at most half the budget after the rest") if advice.search.objective is Objective.THROUGHPUT else \
         f"tokens/s per active GPU, within {TIE:.0%} by samples/s"
     _head(console, p, f", budget {advice.budget} GPUs, ranked by {objective}")
+    measured = p.seconds.measured
     for plan, rows in advice.ranked.items():
-        console.print(_table(TITLES[plan] + ", best first", rows, names, plan))
+        console.print(_table(TITLES[plan] + ", best first", rows, names, plan, measured))
     if advice.current is not None:
         console.print(_table("The current layout (--current, or the profiled run's)", [advice.current], names,
-                             "mimo_accel"))
+                             "mimo_accel", measured))
     if advice.unfit:
-        console.print(_table("Layouts that do not fit (--all)", advice.unfit[:50], names, "mimo_accel"))
+        console.print(_table("Layouts that do not fit (--all)", advice.unfit[:50], names, "mimo_accel", measured))
     rec, acc = advice.recommended, advice.recommended.accelerated
     gains = " and ".join(f"{g:.2f}× the throughput of {what}" for g, what in (
         (advice.gain("padded"), "the best layout without it"),
@@ -122,8 +129,17 @@ def render_advice(advice: Advice, console: Optional[Console] = None) -> None:
                   f"{acc.bound_module}", highlight=False)
     for line in settings_lines(rec):
         console.print(f"  {line}", highlight=False, soft_wrap=True)
+    even = advice.even
+    if even is not None:
+        e = even.accelerated
+        against = f"; against the current layout {even.change.said()}" if even.change else ""
+        console.print(f"[bold]The best even split[/] (runs with the launcher as it is): {escape(even.spec)} "
+                      f"({even.gpus} GPUs), {e.step_time_s:.3f} s a step, {e.samples_per_s:.1f} samples/s"
+                      f"{escape(against)}", highlight=False)
+        for line in settings_lines(even):
+            console.print(f"  {line}", highlight=False, soft_wrap=True)
     console.print("  mimo_accel: reorder_window=step with packing (the step plan priced here), e.g. "
-                  "MIMO_ACCEL=shard,reorder,pack MIMO_ACCEL_REORDER_WINDOW=step", highlight=False)
+                  "MIMO_ACCEL=reorder,packing MIMO_ACCEL_REORDER_WINDOW=step", highlight=False)
     _notes(console, p)
     s = advice.searched
     console.print(f"{s['layouts']} layouts fit, {s['priced']} priced, in {advice.elapsed_s:.1f} s")

@@ -2,7 +2,8 @@
 interconnect the communication terms are priced over.
 
 Peaks are :data:`mimo_accel.costs.flops.PEAK_BF16_TFLOPS`' (NVIDIA's datasheets, dense). Memory is
-the datasheet's per-GPU HBM. Bandwidths are per GPU and per direction, as the ring collectives
+the datasheet's per-GPU HBM, and its bandwidth (what a memory-bound kernel, the loss over the
+vocabulary, is priced at: a peak, as the links'). Bandwidths are per GPU and per direction, as the ring collectives
 and point-to-point sends use them: inside a node half the datasheet's NVLink figure (which counts
 both directions), between nodes the GPU's own NIC in NVIDIA's DGX systems (one ConnectX per GPU).
 They are peaks: achieved bandwidth is lower, so the communication terms are optimistic (said in
@@ -21,18 +22,23 @@ from mimo_accel.costs.flops import peak_tflops_of
 
 __all__ = ["GPUS", "Machine", "machine_for"]
 
-#: name -> (the peak table's name, memory GiB, NVLink GB/s per direction, NIC GB/s, source)
-GPUS: dict[str, tuple[str, float, float, float, str]] = {
-    "h100": ("H100 SXM", 80.0, 450.0, 50.0,
-             "nvidia.com/en-us/data-center/h100/: 80 GB HBM3, NVLink 900 GB/s; DGX H100: ConnectX-7 400 Gb/s per GPU"),
-    "h200": ("H200 SXM", 141.0, 450.0, 50.0,
-             "nvidia.com/en-us/data-center/h200/: 141 GB HBM3e, NVLink 900 GB/s; DGX H200: ConnectX-7 400 Gb/s per GPU"),
-    "a100": ("A100", 80.0, 300.0, 25.0,
-             "nvidia.com/en-us/data-center/a100/: 80 GB HBM2e, NVLink 600 GB/s; DGX A100: HDR 200 Gb/s per GPU"),
-    "a100-40": ("A100", 40.0, 300.0, 25.0,
-                "nvidia.com/en-us/data-center/a100/: 40 GB HBM2, NVLink 600 GB/s; DGX A100: HDR 200 Gb/s per GPU"),
-    "b200": ("B200", 180.0, 900.0, 50.0,
-             "nvidia.com/en-us/data-center/dgx-b200/: 180 GB HBM3e per GPU, NVLink 1.8 TB/s; ConnectX-7 400 Gb/s per GPU"),
+#: name -> (the peak table's name, memory GiB, NVLink GB/s per direction, NIC GB/s, HBM GB/s, source)
+GPUS: dict[str, tuple[str, float, float, float, float, str]] = {
+    "h100": ("H100 SXM", 80.0, 450.0, 50.0, 3350.0,
+             "nvidia.com/en-us/data-center/h100/: 80 GB HBM3 at 3.35 TB/s, NVLink 900 GB/s; DGX H100: ConnectX-7 "
+             "400 Gb/s per GPU"),
+    "h200": ("H200 SXM", 141.0, 450.0, 50.0, 4800.0,
+             "nvidia.com/en-us/data-center/h200/: 141 GB HBM3e at 4.8 TB/s, NVLink 900 GB/s; DGX H200: ConnectX-7 "
+             "400 Gb/s per GPU"),
+    "a100": ("A100", 80.0, 300.0, 25.0, 2039.0,
+             "nvidia.com/en-us/data-center/a100/: 80 GB HBM2e at 2,039 GB/s, NVLink 600 GB/s; DGX A100: HDR 200 Gb/s "
+             "per GPU"),
+    "a100-40": ("A100", 40.0, 300.0, 25.0, 1555.0,
+                "nvidia.com/en-us/data-center/a100/: 40 GB HBM2 at 1,555 GB/s, NVLink 600 GB/s; DGX A100: HDR 200 "
+                "Gb/s per GPU"),
+    "b200": ("B200", 180.0, 900.0, 50.0, 8000.0,
+             "nvidia.com/en-us/data-center/dgx-b200/: 180 GB HBM3e per GPU (64 TB/s over 8), NVLink 1.8 TB/s; "
+             "ConnectX-7 400 Gb/s per GPU"),
 }
 CPU, CUSTOM = "cpu", "custom"
 MEMORY_RESERVE = 0.10  # each GPU's share kept free: allocator, CUDA context, NCCL buffers, workspaces
@@ -41,7 +47,8 @@ MEMORY_RESERVE = 0.10  # each GPU's share kept free: allocator, CUDA context, NC
 @dataclass(frozen=True)
 class Machine:
     """One kind of device, ``gpus_per_node`` of them per node: ``peak_tflops`` (None: no MFU),
-    ``memory_gib`` (inf: unbounded), bandwidths in GB/s per GPU and direction, ``communication``
+    ``memory_gib`` (inf: unbounded), bandwidths in GB/s per GPU and direction (``memory_gbps`` its
+    HBM's), ``communication``
     False where every communication term is 0 (CPU ranks), ``reserve`` the share of memory kept free."""
 
     name: str
@@ -53,6 +60,7 @@ class Machine:
     communication: bool = True
     reserve: float = MEMORY_RESERVE
     source: str = ""
+    memory_gbps: float = 0.0
 
     def bandwidth(self, within_node: bool) -> float:
         """Bytes per second per GPU over NVLink (``within_node``) or the network."""
@@ -61,6 +69,7 @@ class Machine:
     def describe(self) -> str:
         peak = f"{self.peak_tflops:g} TFLOP/s" if self.peak_tflops else "no peak"
         mem = "memory unbounded" if math.isinf(self.memory_gib) else f"{self.memory_gib:g} GiB ({self.reserve:.0%} kept free)"
+        mem += f" at {self.memory_gbps:g} GB/s" if self.memory_gbps else ""
         if not self.communication:
             comm = "communication 0 (CPU ranks)"
         else:
@@ -82,13 +91,14 @@ def machine_for(gpu: str, *, peak_tflops: Optional[float] = None, memory_gib: Op
         if peak_tflops is None or memory_gib is None:
             raise ValueError("a GPU outside the table needs --peak-tflops and --memory-gib (and optionally "
                              f"--intra-node-gbps / --inter-node-gbps); or give --gpu, one of {', '.join([*GPUS, CPU])}")
-        _, _, intra, inter, _ = GPUS["h100"]
+        _, _, intra, inter, hbm, _ = GPUS["h100"]
         m = Machine(CUSTOM, peak_tflops, memory_gib, gpus_per_node, intra, inter,
-                    source="given figures; bandwidths H100's unless given")
+                    source="given figures; bandwidths H100's unless given", memory_gbps=hbm)
     elif name in GPUS:
-        label, mem, intra, inter, source = GPUS[name]
+        label, mem, intra, inter, hbm, source = GPUS[name]
         found = peak_tflops_of(label)
-        m = Machine(label, found[1] if found else None, mem, gpus_per_node, intra, inter, source=source)
+        m = Machine(label, found[1] if found else None, mem, gpus_per_node, intra, inter, source=source,
+                    memory_gbps=hbm)
     else:
         raise ValueError(f"--gpu {gpu}: unknown GPU; give one of {', '.join([*GPUS, CPU])} (mimo-accel layout also "
                          "takes its figures: --peak-tflops and --memory-gib)")

@@ -2,12 +2,14 @@
 whether it fits: weights, gradients and optimizer states of each PP stage's shard, and the
 activations each stage holds under 1F1B. Pure: no torch, no megatron.
 
-It is Megatron-Bridge's own estimate (``src/megatron/bridge/training/utils/theoretical_memory_utils.py``:
+The states are Megatron-Bridge's own estimate (``src/megatron/bridge/training/utils/theoretical_memory_utils.py``:
 ``estimate_training_memory``, ``_count_parameters``, ``_dense_parameters_on_most_loaded_shard``,
-``_bytes_per_parameter``, ``_compute_activation_memory_bytes``), which works on one
-``TransformerConfig``, assumes sequence parallelism and selective recompute, and which
+``_bytes_per_parameter``), which works on one ``TransformerConfig`` and which
 ``report_theoretical_memory`` skips for MegatronMIMO; here it is applied to each module's own
-config and sizes, stage by stage, with the job's settings::
+config and sizes, stage by stage, with the job's settings. The activations are what megatron-core's
+own layers keep for their backward (:func:`stored_per_token`, counted on its layers by
+tests/test_layout_terms.py), where Bridge's ``_compute_activation_memory_bytes`` takes Korthikanti
+et al.'s 18h + 4F a layer (a GeLU MLP, dropout masks, attention as 8h)::
 
     states (stage p)   = P_p / tp · B
     P_p      = layers_p / L · P_layers + P_other / pp  [+ P_embedding on the first stage]
@@ -16,12 +18,15 @@ config and sizes, stage by stage, with the job's settings::
                master weights and two Adam moments sharded over DP), 18 without it; fp32: 8 + 8 / dp,
                16; 2 (4 in fp32) for a frozen module (its weights only)
     activations (stage p) = k_p · T · [layers_p · layer + (first stage) (8 + h)] [+ (last stage) 4h + 4V / tp]
-    layer    = (18h + 4F) / tp with sequence parallelism (Bridge's), 10h + (8h + 4F) / tp without
-               it (layer norms, their outputs and the dropout masks are not split by TP: Korthikanti
-               et al., Table 2); a linear-attention layer stores its own bytes in place of the 8h;
-               full recompute keeps each layer's input alone (2h, over tp with sequence parallelism)
-               and one layer's whole activations; selective and none are the same here, attention
-               being flash attention (no score matrix is stored)
+    layer    = (U + mixer + mlp) / tp with sequence parallelism, U + (mixer + mlp) / tp without it:
+               U = 8h + 16 the two norms' inputs and outputs (the column-parallel projections'
+               inputs, whole on every TP rank without sequence parallelism) and their statistics;
+               mixer the attention's (or a linear-attention layer's) own bytes, mlp 6F for SwiGLU
+               (fc1's 2F output, which the fused activation keeps, and the fc2 input's F), 4F for
+               a GeLU MLP (no dropout: the models priced have none); full recompute keeps each
+               layer's input alone (2h, over tp with sequence parallelism) and one layer's whole
+               activations; selective and none are the same here, attention being flash attention
+               (no score matrix is stored)
 
 T the tokens of one local micro-batch, k_p = min(W, pp − p) the micro-batches stage p holds at
 once (the first holds the most; the last, one, with its logits), h hidden, F the FFN width, V the
@@ -41,8 +46,8 @@ from dataclasses import asdict, dataclass
 from functools import lru_cache
 from typing import Any, Optional
 
-__all__ = ["GIB", "RECOMPUTE", "Footprint", "JobSettings", "Memory", "ParameterCount", "bytes_per_parameter",
-           "parameter_count", "stage_parameters"]
+__all__ = ["GIB", "RECOMPUTE", "Footprint", "JobSettings", "Memory", "ParameterCount", "attention_bytes",
+           "bytes_per_parameter", "linear_attention_bytes", "parameter_count", "stage_parameters", "stored_per_token"]
 
 GIB = float(1 << 30)
 RECOMPUTE = ("none", "selective", "full")
@@ -119,6 +124,54 @@ def parameter_count(shape: Any, *, tied: bool = False, encoder: bool = False) ->
     return ParameterCount(layers=layers, embedding=embedding, output=0.0 if tied else embedding, other=2.0 * h)
 
 
+NORM_STATS = 8.0  # a LayerNorm's mean and rstd a row, fp32 (an RMSNorm keeps 4)
+
+
+def attention_bytes(shape: Any, qk_norm: bool = False) -> float:
+    """What a standard attention mixer of :class:`~mimo_accel.costs.flops.FlopsShape` ``shape``
+    keeps for its backward a token, bf16, the part TP splits (megatron-core's ``SelfAttention``
+    with flash attention, counted by tests/test_layout_terms.py): flash attention's q, k, v (the
+    rotated q and k, a contiguous v), its output and log-sum-exp (fp32 a head), and the rotary
+    tables (cos and sin for q and k); with an output gate (``attention_output_gate``) the gate's
+    copy and the projection's input (without one the projection reads flash attention's output);
+    with q/k norms (``qk_layernorm``) the whole qkv projection's output (the k norm keeps a view of
+    it), q's own copy where the gate interleaves it, and the norms' statistics."""
+    q, kv, d = shape.heads * shape.kv_channels, shape.query_groups * shape.kv_channels, shape.kv_channels
+    out = 2.0 * (q + 2 * kv) + 2.0 * q + 4.0 * shape.heads + 8.0 * d
+    if shape.output_gate:
+        out += 4.0 * q
+    if qk_norm:
+        out += 2.0 * ((2 if shape.output_gate else 1) * q + 2 * kv) + NORM_STATS * (shape.heads + shape.query_groups)
+        out += 2.0 * q if shape.output_gate else 0.0
+    return out
+
+
+CHUNK = 64  # FLA's chunked delta rule: its WY factors a token, one per chunk position
+
+
+def linear_attention_bytes(key_heads: int, value_heads: int, key_dim: int, value_dim: int) -> float:
+    """What megatron-core's Gated DeltaNet mixer (``ssm/gated_delta_net/gdn.py``) keeps a token,
+    bf16, the part TP splits, with FLA's conv, l2norm and chunked kernel (GPUs): the conv's input
+    (made contiguous), the l2norm's output and rstd, q and k repeated up to the value heads
+    (``_prepare_input_for_gated_delta_rule``), the kernel's v, g (fp32), β and WY factors A, g's
+    input α, the gated norm's input, gate z and rstd, and the output projection's input."""
+    qk, v = key_heads * key_dim, value_heads * value_dim
+    return (2.0 * (2 * qk + v) + 2.0 * 2 * qk + 4.0 * 2 * key_heads + 2.0 * 2 * value_heads * key_dim
+            + 2.0 * v + 4.0 * value_heads + 2.0 * value_heads + 2.0 * value_heads * CHUNK + 2.0 * value_heads
+            + 2.0 * v + 2.0 * v + 4.0 * value_heads + 2.0 * v)
+
+
+def stored_per_token(m, kind: str) -> float:
+    """What one layer kind of module ``m`` keeps for its backward a token at TP 1, without sequence
+    parallelism or recompute, bf16: ``attention`` (its norm and attention), ``linear_attention``
+    (its norm and a linear-attention mixer), ``mlp`` (its norm and MLP), ``logits`` (the final
+    norm, the output layer and the fp32 cross-entropy over the vocabulary)."""
+    h = float(m.hidden)
+    block = 4.0 * h + NORM_STATS
+    return {"attention": block + m.attention_bytes, "linear_attention": block + m.linear_bytes,
+            "mlp": block + m.mlp_bytes, "logits": block + 4.0 * m.vocab}[kind]
+
+
 def stage_parameters(m, layers: tuple[int, ...]) -> list[float]:
     """Each PP stage's parameters of module ``m`` (before TP splits them), ``layers`` a stage: its
     layers' share, the final norm spread as Bridge spreads it, the embedding on the first stage,
@@ -185,10 +238,11 @@ class Memory:
         """One layer's stored bytes per token (``whole``: as if nothing were recomputed): (all of
         it, the part TP leaves whole)."""
         s, h = self.settings, float(m.hidden)
-        split = (m.linear_bytes if linear else 8.0 * h) + 4.0 * m.ffn_hidden
+        whole_tp = 2.0 * (4.0 * h + NORM_STATS)  # both blocks' norms: what TP splits only with sequence parallelism
+        split = (m.linear_bytes if linear else m.attention_bytes) + m.mlp_bytes
         if s.recompute == "full" and not whole:
             return (2.0 * h / tp, 0.0) if s.sequence_parallel else (2.0 * h, 2.0 * h)
-        return ((10.0 * h + split) / tp, 0.0) if s.sequence_parallel else (10.0 * h + split / tp, 10.0 * h)
+        return ((whole_tp + split) / tp, 0.0) if s.sequence_parallel else (whole_tp + split / tp, whole_tp)
 
     def _layers(self, m, tp: int, layers: float) -> tuple[float, float]:
         """``layers`` of ``m``'s layers' stored bytes per token and micro-batch (linear ones in

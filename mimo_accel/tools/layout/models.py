@@ -12,7 +12,7 @@ from typing import Any, Mapping, Optional
 
 from mimo_accel.costs.flops import FlopsShape
 from mimo_accel.modules import LANGUAGE
-from mimo_accel.tools.layout.memory import ParameterCount, parameter_count
+from mimo_accel.tools.layout.memory import ParameterCount, attention_bytes, linear_attention_bytes, parameter_count
 
 __all__ = ["DEFAULT_MODEL", "MODEL_PRESETS", "ModelSpec", "ModuleModel", "load_model", "model_named"]
 
@@ -25,7 +25,9 @@ class ModuleModel:
     divide (``heads``, ``query_groups`` and any ``tp_divides``) or a PP its ``layers``. An encoder
     sends ``out_hidden``-wide rows, one per ``merge``² of its rows, to the language model.
     ``linear_layers`` of its layers are linear attention (Gated DeltaNet), each storing
-    ``linear_bytes`` per token for its backward where an attention layer stores 8h (the part TP splits)."""
+    ``linear_bytes`` per token for its backward where an attention layer stores ``attention_bytes``
+    (the mixers' parts TP splits: :func:`~mimo_accel.tools.layout.memory.attention_bytes`); its MLP
+    stores ``mlp_bytes`` (6F with SwiGLU, 4F with GeLU)."""
 
     name: str
     layers: int
@@ -44,6 +46,8 @@ class ModuleModel:
     output_per_token: float = 0.0
     linear_layers: int = 0
     linear_bytes: float = 0.0
+    attention_bytes: float = 0.0
+    mlp_bytes: float = 0.0
 
     @property
     def is_language(self) -> bool:
@@ -59,7 +63,7 @@ class ModuleModel:
 
     @classmethod
     def from_shape(cls, name: str, shape: FlopsShape, *, trained: bool = True, tied: bool = False,
-                   extra_params: float = 0.0) -> "ModuleModel":
+                   extra_params: float = 0.0, qk_norm: bool = False) -> "ModuleModel":
         encoder = name != LANGUAGE
         params = parameter_count(shape, tied=tied, encoder=encoder)
         if extra_params:
@@ -69,7 +73,9 @@ class ModuleModel:
                    per_sq_token=shape.per_sq_token, params=params, vocab=shape.vocab,
                    merge=max(1, shape.merge) if encoder else 1,
                    out_hidden=(shape.out_hidden or shape.hidden) if encoder else 0, trained=trained,
-                   output_per_token=0.0 if encoder else 2.0 * shape.hidden * shape.vocab)
+                   output_per_token=0.0 if encoder else 2.0 * shape.hidden * shape.vocab,
+                   attention_bytes=attention_bytes(shape, qk_norm),
+                   mlp_bytes=(6.0 if shape.gated else 4.0) * shape.ffn_hidden)
 
 
 @dataclass(frozen=True)
@@ -135,11 +141,27 @@ def qwen35_vl_27b() -> ModelSpec:
     layer 2h·q + 2h·kv + h·q + 4h = 104,878,080, the MLP 3·h·F = 267,386,880: 24,353,832,960 in the
     layers, 1,271,398,400 each for the embedding and the output layer (26.9 B in all).
 
-    What a DeltaNet layer stores for its backward, per token, in bf16 (where an attention layer's
-    Q, K, V and output projection's input take 8h, the part TP splits): the causal convolution's
-    input and output over q, k, v (2 · 2 · 10,240), the gate z, the recurrence's output and its
-    gated norm's output (3 · 2 · 6,144), the chunked delta rule's per-token WY factors (48 heads ·
-    64-token chunks · 2) and β, g (48 · 2 · 4): 84,352 bytes.
+    What a layer stores for its backward, per token, in bf16, the parts TP splits (besides its two
+    norms': :func:`~mimo_accel.tools.layout.memory.stored_per_token`): the SwiGLU MLP 6F =
+    104,448; a gated attention layer (``attention_output_gate``, ``qk_layernorm``) 96,576
+    (:func:`~mimo_accel.tools.layout.memory.attention_bytes`); a Gated DeltaNet layer as
+    megatron-core's ``GatedDeltaNet`` runs it on GPUs (``ssm/gated_delta_net/gdn.py``, with FLA's
+    conv, l2norm and chunked kernel; ``torch.compile``'s regions keeping their inputs), 16 key and 48
+    value heads of 128, qk = 2,048, v = 6,144::
+
+        the conv's input, made contiguous by FLA          2 · (2qk + v)            =  20,480
+        FLA's l2norm of q and k: output, rstd             2 · 2qk + 4 · 2 · 16     =   8,320
+        q and k repeated up to the 48 value heads         2 · 2 · 48 · 128         =  24,576
+          (``_prepare_input_for_gated_delta_rule``, ``ssm/gated_delta_net/common.py``)
+        the kernel's v, g (fp32), β, A (64-token chunks)  2v + 4·48 + 2·48 + 2·48·64 = 18,720
+        g's input α                                       2 · 48                   =      96
+        the gated norm: its input o, the gate z, rstd     2v + 2v + 4 · 48         =  24,768
+        the output projection's input                     2v                       =  12,288
+                                                                                   = 109,248
+
+    (:func:`~mimo_accel.tools.layout.memory.linear_attention_bytes`; FLA's saved tensors from its
+    source, ``ChunkGatedDeltaRuleFunction`` and its conv and l2norm; tests/test_layout_terms.py
+    counts megatron-core's layer on CPU with FLA's GPU kernels stood in for).
 
     Image encoder (transformers ``models/qwen3_5/configuration_qwen3_5.py``,
     ``Qwen3_5VisionConfig`` defaults, which the provider builds: depth 27, hidden 1152,
@@ -159,7 +181,10 @@ def qwen35_vl_27b() -> ModelSpec:
         params=ParameterCount(layers=float(layer_params), embedding=float(h * vocab), output=float(h * vocab),
                               other=2.0 * h),
         vocab=vocab, tp_divides=(16, 48),  # the DeltaNet's key and value heads split over TP too
-        output_per_token=float(out), linear_layers=48, linear_bytes=2 * 2 * 10240 + 3 * 2 * 6144 + 48 * 64 * 2 + 384)
+        output_per_token=float(out), linear_layers=48, linear_bytes=linear_attention_bytes(16, 48, 128, 128),
+        mlp_bytes=6.0 * ffn,
+        attention_bytes=attention_bytes(FlopsShape(layers=16, hidden=h, ffn_hidden=ffn, heads=24, query_groups=4,
+                                                   kv_channels=256, gated=True, output_gate=True), qk_norm=True))
     vision = FlopsShape(layers=27, hidden=1152, ffn_hidden=4304, heads=16, query_groups=16, kv_channels=72,
                         gated=False, causal=False, merge=2, out_hidden=5120)
     images = ModuleModel.from_shape("images", vision, extra_params=float(1536 * 1152 + 2304 * 1152))
@@ -173,7 +198,7 @@ DEFAULT_MODEL = "qwen35-vl-27b"
 
 # what a module of a model file may give, and of which type: FlopsShape's fields, plus these
 _WHOLE = ("layers", "hidden", "ffn_hidden", "heads", "query_groups", "kv_channels", "vocab", "merge", "out_hidden")
-_SWITCHES = ("gated", "causal", "output_gate", "frozen", "tied")
+_SWITCHES = ("gated", "causal", "output_gate", "frozen", "tied", "qk_layernorm")
 _AMOUNTS = ("per_token_flops", "per_sq_token_flops", "parameters")
 _TOP_KEYS = {"name", "seq_length", "gbs", "modules", "min_pixels", "max_pixels"}
 
@@ -226,7 +251,7 @@ def _module_of(path: str, name: str, d: Any) -> ModuleModel:
                        query_groups=groups, kv_channels=n["kv_channels"] or n["hidden"] // heads, gated=s["gated"],
                        vocab=n["vocab"] or 0, causal=s["causal"], output_gate=s["output_gate"], merge=n["merge"] or 0,
                        out_hidden=n["out_hidden"] or 0)
-    m = ModuleModel.from_shape(name, shape, trained=not s["frozen"], tied=s["tied"])
+    m = ModuleModel.from_shape(name, shape, trained=not s["frozen"], tied=s["tied"], qk_norm=s["qk_layernorm"])
     overrides = {attr: a[key] for key, attr in (("per_token_flops", "per_token"), ("per_sq_token_flops",
                                                                                    "per_sq_token")) if a[key] is not None}
     if a["parameters"] is not None:  # the layers' parameters, where the FLOPs shape cannot count them (hybrid layers)

@@ -20,7 +20,7 @@ end (the slowest module's DP gradient sync) is added. Plans (:data:`PLANS`):
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -35,9 +35,13 @@ from mimo_accel.planner import CostIndexPlanner
 from mimo_accel.tools.layout.draws import Draws
 from mimo_accel.tools.layout.spec import LayoutSpec
 
-__all__ = ["PLANS", "StepPrices", "busy_shares", "padded_cost", "price_steps"]
+__all__ = ["PARTS", "PLANS", "StepPrices", "busy_shares", "padded_cost", "price_steps"]
 
 PLANS = ("padded", "packed", "reorder_buffer", "mimo_accel")
+#: what a step is made of (:func:`busy_shares`): the bound module's busiest GPU's compute (its layers,
+#: output layer and loss), TP collectives, P2P sends (PP stages, encoder -> language), padded tokens;
+#: the 1F1B bubble it waits; the step's end (the DP gradient sync)
+PARTS = ("compute", "tp_comm", "p2p", "padding", "bubble", "dp_sync")
 
 
 def padded_cost(model: CostModel, seq_length: int) -> float:
@@ -51,8 +55,9 @@ class StepPrices:
     their mean (the step's end included), ``bound`` the busiest module's mean work over its GPUs
     plus the step's end (no plan is shorter), ``work[m]`` a module's mean (Σ L, Σ L²) per step on
     real tokens (rows for an encoder), ``tokens`` the mean real language tokens per step; with
-    ``keep``, each step's costs and orders (``kept``) for :func:`busy_shares`; ``shares``: the
-    language model's stage shares of a micro-batch under each plan (None: one stage)."""
+    ``keep``, each step's costs, orders and each module's tokens (rows) priced (``kept``) for
+    :func:`busy_shares`; ``shares``: the language model's stage shares of a micro-batch under each
+    plan (None: one stage)."""
 
     step_time: dict[str, float]
     draws: dict[str, list[float]]
@@ -61,8 +66,9 @@ class StepPrices:
     plan_ms: dict[str, list[float]]
     tokens: float
     work: dict[str, tuple[float, float]]
-    kept: list[tuple[dict, dict, dict]] = field(default_factory=list)
+    kept: list[tuple[dict, dict, dict, dict]] = field(default_factory=list)
     shares: dict[str, Optional[list[float]]] = field(default_factory=dict)
+    seq_length: int = 0
 
 
 def _orders(plans, costs, layout: LayoutSpec, draws: Draws, idx, planner, ms) -> dict[str, list[int]]:
@@ -130,38 +136,71 @@ def price_steps(layout: LayoutSpec, draws: Draws, seconds, plans: Sequence[str] 
         bound.append(max(float(c.sum()) / (dps[m] * layout.modules[m].pp) for m, c in costs.items()) + end)
         tok = draws.index.tokens(idx).astype(np.float64)
         tokens += float(tok.sum())
+        xs = {}  # each module's tokens (rows) in the step
         for m in layout.modules:
             col = planner.columns.get(m.name)
             rows = (tok, tok * tok) if m.is_language else (draws.index.rows(col, idx), draws.index.sq_rows(col, idx))
-            work[m.name][0] += float(np.sum(rows[0]))
+            xs[m.name] = float(np.sum(rows[0]))
+            work[m.name][0] += xs[m.name]
             work[m.name][1] += float(np.sum(rows[1]))
         if keep:
-            kept.append((costs, padded, orders))
+            kept.append((costs, padded, orders, xs))
     done = len(bound)
     if not done:
         raise ValueError(f"{draws.source}: no step gives every module of the layout work; give a larger gbs, or a "
                          "layout without the idle module")
     return StepPrices(step_time={p: float(np.mean(v)) for p, v in times.items()}, draws=times,
                       bound=float(np.mean(bound)), step_end=end, plan_ms=ms, tokens=tokens / done,
-                      work={m: (v[0] / done, v[1] / done) for m, v in work.items()}, kept=kept, shares=shares)
+                      work={m: (v[0] / done, v[1] / done) for m, v in work.items()}, kept=kept, shares=shares,
+                      seq_length=draws.seq_length)
 
 
-def busy_shares(layout: LayoutSpec, prices: StepPrices, plan: str) -> tuple[dict[str, float], str]:
-    """``({module: share of the step its GPUs compute, mean over its GPUs}, the bound module)`` under
-    ``plan``: the step model's own op times replayed (:func:`~mimo_accel.balance.replay.replay_plan`),
-    read as the report reads a measured step (:func:`~mimo_accel.balance.replay.module_shares` over
-    the step with its end; the bound module by :func:`~mimo_accel.balance.replay.bound_module`), the
-    mean over the steps priced."""
+def busy_shares(layout: LayoutSpec, prices: StepPrices, plan: str,
+                comm: Optional[Mapping[str, Mapping[str, float]]] = None) -> tuple[dict[str, float], str, dict]:
+    """``({module: share of the step its GPUs compute, mean over its GPUs}, the bound module, the
+    step's parts)`` under ``plan``: the step model's own op times replayed
+    (:func:`~mimo_accel.balance.replay.replay_plan`), read as the report reads a measured step
+    (:func:`~mimo_accel.balance.replay.module_shares` over the step with its end; the bound module
+    by :func:`~mimo_accel.balance.replay.bound_module`), the mean over the steps priced.
+
+    The parts (:data:`PARTS`, seconds, summing to the mean step): the bound module's busiest GPU's
+    own time split as that module's priced seconds split (``comm[module]``: the TP and P2P seconds a
+    token or row, :meth:`~mimo_accel.tools.layout.seconds.Seconds.comm_parts`; under ``padded`` the
+    padded tokens' share of the language model's), the 1F1B bubble (the rest of the replayed step: what that GPU
+    waits), and the step's end (the DP gradient sync, the same on every draw)."""
     from mimo_accel.balance.replay import Shares
 
     dps, w = layout.modules.dp_sizes, layout.micro_batches
     busy, peak = dict.fromkeys(dps, 0.0), dict.fromkeys(dps, 0.0)
-    for real, padded, orders in prices.kept:
-        r = replay_plan(padded if plan == "padded" else real, dps, orders[plan], w, stages=layout.stages,
+    replays = []
+    for real, padded, orders, xs in prices.kept:
+        costs = padded if plan == "padded" else real
+        r = replay_plan(costs, dps, orders[plan], w, stages=layout.stages,
                         frozen=layout.frozen, stage_shares=prices.shares.get(plan))
+        replays.append((r, costs, real, xs))
         for m, share in module_shares(r).items():  # of the replayed step; the step's end is added below
             busy[m] += share.busy * r.makespan
             peak[m] += share.busy_max * r.makespan
     n, step = max(1, len(prices.kept)), prices.step_time[plan]
     shares = {m: Shares(busy[m] / n / step, peak[m] / n / step) for m in dps}
-    return {m: v.busy for m, v in shares.items()}, bound_module(shares)
+    bound = bound_module(shares)
+    parts = dict.fromkeys(PARTS, 0.0)
+    for r, costs, real, xs in replays:
+        for k, v in _split(r, bound, costs, real, xs, comm or {}, plan == "padded",
+                           layout.gbs * prices.seq_length).items():
+            parts[k] += v / n
+    parts["dp_sync"] = prices.step_end
+    return {m: v.busy for m, v in shares.items()}, bound, parts
+
+
+def _split(r, m: str, costs, real, xs, comm, padded: bool, padded_tokens: float) -> dict[str, float]:
+    """One replayed step's parts but its end, on module ``m``'s busiest GPU (:func:`busy_shares`)."""
+    spent = max(v for (name, _, _), v in r.busy.items() if name == m)
+    total = float(np.sum(costs[m]))
+    x = padded_tokens if padded and m == LANGUAGE else xs[m]
+    own = {k: (comm.get(m, {}).get(k, 0.0) * x / total if total > 0 else 0.0) for k in ("tp_comm", "p2p")}
+    own["padding"] = 1.0 - float(np.sum(real[m])) / total if padded and m == LANGUAGE and total > 0 else 0.0
+    out = {k: spent * v for k, v in own.items()}
+    out["compute"] = spent - sum(out.values())
+    out["bubble"] = r.makespan - spent
+    return out

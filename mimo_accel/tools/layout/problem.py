@@ -71,6 +71,9 @@ class Request:
     data: DataRequest = DataRequest()
     frozen: tuple[str, ...] = ()
     settings: JobSettings = JobSettings()
+    # the fields of ``settings`` the user gave (over a profile's, which replaces the rest); none given
+    # with settings other than the launcher's: all of them
+    settings_given: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -164,7 +167,7 @@ def build(request: Request) -> Problem:
     if profiled is not None:
         sizes = {m: (tp, pp) for m, (tp, pp, _) in profiled.sizes.items()}
         seconds = LearntSeconds(profiled.learnt, sizes, spec, machine, profiled.source, profiled.overheads,
-                                profiled.stages)
+                                profiled.stages, profiled.stage_layers)
     else:
         seconds = FlopsSeconds(spec, machine)
         notes.append(f"each module at {seconds.efficiency[LANGUAGE]:.2f} of the peak on one GPU, a stated default; "
@@ -200,9 +203,7 @@ def build(request: Request) -> Problem:
     if draws.clipped:
         notes.append(f"{draws.clipped} of {data.steps * batch} drawn samples hold more than {seq} tokens: cut at the "
                      "sequence length")
-    settings = request.settings  # the command line's, else the profiled run's, else the launcher's
-    if profiled is not None and profiled.settings is not None and settings.source == LAUNCHER:
-        settings = profiled.settings
+    settings = _settings(request, profiled, notes)
     memory = Memory(spec, settings, machine, seq, lambda m, k: draws.heaviest_rows(m, spec.encoders, k))
     own = _profiled_layout(profiled, batch, spec)
     held = {}
@@ -217,6 +218,35 @@ def build(request: Request) -> Problem:
     packing = profiled.upstream_packing if profiled is not None else True
     return Problem(spec, seconds, machine, draws, memory, settings, profiled.world if profiled else None, own,
                    packing, held, notes)
+
+
+def _settings(request: Request, profiled, notes: list[str]) -> JobSettings:
+    """The job's settings: the profiled run's as it was built, each one the user gave over it; else
+    the user's, else the launcher's. Said where the profile's are used."""
+    if profiled is None or profiled.settings is None:
+        return request.settings
+    given = request.settings_given or (() if request.settings.source == LAUNCHER else
+                                       tuple(k for k in request.settings.to_doc() if k != "source"))
+    ran = profiled.settings
+    over = {k: getattr(request.settings, k) for k in given if getattr(request.settings, k) != getattr(ran, k)}
+    source = ran.source + (f"; the command line's {', '.join(over)} over it" if over else "")
+    settings = JobSettings(**{**ran.to_doc(), **over, "source": source})
+    notes.append(f"memory settings from the profile: {_said(ran, _SETTINGS)} (as the run was built)"
+                 + (f"; given on the command line over them: {_said(settings, tuple(over))}" if over else ""))
+    return settings
+
+
+_SETTINGS = ("sequence_parallel", "recompute", "distributed_optimizer", "precision")
+
+
+def _said(settings: JobSettings, fields) -> str:
+    words = {"sequence_parallel": "sequence parallelism", "recompute": "recompute",
+             "distributed_optimizer": "the distributed optimizer", "precision": "precision"}
+
+    def value(v) -> str:
+        return ("on" if v else "off") if isinstance(v, bool) else str(v)
+
+    return ", ".join(f"{words[k]} {value(getattr(settings, k))}" for k in fields)
 
 
 def _scale_to_replay(profiled, spec: ModelSpec, seconds: LearntSeconds, drawn, notes: list[str]) -> None:
@@ -254,4 +284,5 @@ def _profiled_layout(profiled, gbs: int, spec: ModelSpec) -> Optional[LayoutSpec
                    + (module(LANGUAGE, sizes[LANGUAGE][2], tp=sizes[LANGUAGE][0], pp=sizes[LANGUAGE][1]),))
     if profiled.mbs % mods.grid:
         return None
-    return LayoutSpec(mods, profiled.mbs, gbs, spec.frozen)
+    first, last = profiled.split  # the language model's split as it ran
+    return LayoutSpec(mods, profiled.mbs, gbs, spec.frozen, first=first, last=last)

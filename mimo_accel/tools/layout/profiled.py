@@ -2,7 +2,8 @@
 (the FLOPs shape its header records), its parallel sizes, the cost model learnt while it trained
 (the online calibration's last accepted refit of each module, in its step lines' ``online_refits``;
 a module never refitted is fitted from its times as ``mimo-accel calibrate`` fits it), its device,
-its GPUs and its batch."""
+its GPUs and its batch, and how it was built (its headers' ``build``: the language model's PP split,
+priced as it ran, and the settings the memory model assumes by default)."""
 
 from __future__ import annotations
 
@@ -37,6 +38,8 @@ class Profiled:
     planned: bool = False  # whether the run planned and packed (mimo_accel on) or ran upstream's padded batches
     settings: Optional[JobSettings] = None  # what the run's configs say of its memory, where its header records it
     upstream_packing: bool = True  # whether its Bridge packs in its batches (0.7 on), as far as its header says
+    split: tuple = (None, None)  # the language model's (first, last) stage layers as it ran (None: even)
+    stage_layers: tuple = ()  # the language model's layers on each profiled stage, where its header says
 
 
 def _learnt(run) -> dict[str, ModuleCost]:
@@ -88,6 +91,85 @@ def _language_per_micro_batch(run, pp: int) -> Optional[list[tuple[float, float,
             return None
         fits.setdefault(stage, []).append(nnls(x[:, :3] / x[:, 3:4], np.ones(len(rows))))  # relative: noise grows with size
     return [tuple(float(x) for x in np.median(np.array(v), axis=0)) for _, v in sorted(fits.items())]
+
+
+def _built(run, directory: str, notes: list[str]) -> dict[str, dict]:
+    """Each module's build record (its ranks' headers' ``build``: :mod:`mimo_accel.runtime.measuring.job_build`),
+    from its lowest rank; ranks of one module that disagree are said."""
+    out: dict[str, dict] = {}
+    for rank in sorted(run.ranks):
+        for module, record in ((run.ranks[rank].header or {}).get("build") or {}).items():
+            if module not in out:
+                out[module] = record
+            elif record != out[module]:
+                notes.append(f"{module}: rank {rank} of {directory} was built otherwise than its module's first rank "
+                             "(the first rank's settings are used)")
+    return out
+
+
+def first_last(stages) -> Optional[tuple[Optional[int], Optional[int]]]:
+    """megatron-core's ``(num_layers_in_first_pipeline_stage, ..._last_...)`` that builds ``stages`` (each
+    stage's layers; None for an even end), or None where no first / last split does (a
+    ``pipeline_model_parallel_layout`` whose middle stages differ)."""
+    stages = [int(n) for n in stages]
+    if len(set(stages)) <= 1:
+        return None, None
+    if len(stages) == 2:
+        return stages[0], stages[1]
+    middle = set(stages[1:-1])
+    if len(middle) != 1:
+        return None
+    (m,) = middle
+    return (stages[0] if stages[0] != m else None), (stages[-1] if stages[-1] != m else None)
+
+
+def _settings(built: dict[str, dict], directory: str, notes: list[str]) -> Optional[JobSettings]:
+    """The memory model's settings from the language model's build record (the job's, where the
+    encoders' differ: said), each as its built config says it; None where the header has none."""
+    lang = built.get(LANGUAGE)
+    if lang is None:
+        return None
+
+    fields = ("sequence_parallel", "recompute_granularity", "precision")
+    for m, record in built.items():
+        differ = [f"{k} {record.get(k)} (the language model's: {lang.get(k)})" for k in fields
+                  if m != LANGUAGE and record.get(k) != lang.get(k)]
+        if differ:
+            notes.append(f"{m} was built with {', '.join(differ)}; the memory model prices every module with the "
+                         "language model's")
+    precision = lang.get("precision") or "bf16"
+    if precision == "fp16":
+        notes.append("fp16 priced as bf16 (the same bytes a parameter and an activation)")
+        precision = "bf16"
+    recompute = lang.get("recompute_granularity") or "none"
+    if recompute == "full" and (lang.get("recompute_method") == "block" or (lang.get("recompute_num_layers") or 1) > 1):
+        notes.append(f"recompute full ({lang.get('recompute_method')}, {lang.get('recompute_num_layers')} layers) "
+                     "priced as every layer's input kept, the rest recomputed")
+    distributed = lang.get("distributed_optimizer")
+    source = f"the run's built configs in {directory}: each module's TransformerConfig, Bridge's optimizer config"
+    if distributed is None:
+        distributed = True
+        source += " (the distributed optimizer assumed: the run did not say)"
+    return JobSettings(sequence_parallel=bool(lang.get("sequence_parallel")), recompute=recompute,
+                       distributed_optimizer=bool(distributed), precision=precision, source=source)
+
+
+def _split(built: dict[str, dict], pp: int, directory: str, notes: list[str]) -> tuple[tuple, tuple]:
+    """((first, last), the stages' layers) of the language model as it ran; even with a note where
+    its header does not say, or says a split no first / last pair builds."""
+    stages = tuple((built.get(LANGUAGE) or {}).get("stage_layers") or ())
+    if len(stages) != pp:
+        if pp > 1:
+            notes.append(f"{LANGUAGE}: the profile does not say how its layers were split over its {pp} stages: priced "
+                         "as megatron-core's even split")
+        return (None, None), ()
+    ends = first_last(stages)
+    if ends is None:
+        notes.append(f"{LANGUAGE}: built with {' / '.join(map(str, stages))} layers a stage "
+                     f"({built[LANGUAGE].get('pipeline_split')}), which no first / last split builds: its layout is "
+                     "priced as megatron-core's even split")
+        return (None, None), stages
+    return ends, stages
 
 
 def _batch(run) -> tuple[Optional[int], Optional[int]]:
@@ -172,11 +254,11 @@ def read_profiled(directory: str, model: Optional[ModelSpec] = None) -> Profiled
 
     replayed = replayed_p50(run)
     features = set((run.header.get("config") or {}).get("features") or ())
-    recorded = (layout.get("flops") or {}).get("settings")
-    settings = JobSettings(**recorded, source=f"the run's own configs in {directory} (the distributed optimizer "
-                                              "assumed: the provider does not say)") if recorded else None
+    built = _built(run, str(directory), notes)
+    settings = _settings(built, str(directory), notes)
+    split, stages_built = _split(built, sizes[LANGUAGE][1], str(directory), notes)
     bridge = (run.header.get("versions") or {}).get("megatron-bridge")
     packing = bridge is None or tuple(int(x) for x in bridge.split(".")[:2] if x.isdigit()) >= (0, 7)
     return Profiled(model, CostModel(modules=learnt, fit={"units": "seconds"}), sizes,
                     int(run.world_size or len(run.ranks)), device, gbs, mbs, str(directory), notes, overheads, stages,
-                    replayed, {"reorder", "packing"} <= features, settings, packing)
+                    replayed, {"reorder", "packing"} <= features, settings, packing, split, stages_built)

@@ -13,8 +13,16 @@ Two sources (docs/design.md, *The layout advisor*):
   part scaled by ``(t0/t) · r(t0)/r(t)``, its TP communication replaced by the new TP's.
 
 A language stage's share: its layers' work, plus the output layer and the loss on the last
-stage (from FLOPs: 2·h·V a token; from a profile: what its last stage measured beyond its
-layers) and the embedding on the first (from a profile).
+stage (from FLOPs: the output layer's 2·h·V a token, and the loss, priced apart: from a
+profile: what its last stage measured beyond its layers) and the embedding on the first (from a
+profile).
+
+The loss (FLOPs mode): megatron-core's fused cross-entropy over the vocabulary
+(``fusions/fused_cross_entropy.py``; Bridge's GPT providers set ``cross_entropy_loss_fusion``) is
+memory-bound, fp32 over each TP rank's V/tp logits a token: the cast to fp32 and its max (2 bytes
+in, 4 out), the shift, exp and sum (4 in, 4 out), the normalisation (4 in, 4 out), and in the
+backward the gradient back to bf16 (4 in, 2 out): :data:`LOSS_BYTES_PER_LOGIT`, at the GPU's HBM
+bandwidth (a peak). Its FLOPs are a few per logit, nothing beside the output layer's 2·h.
 
 Communication (:class:`Communication`), each a term of the per-sample coefficients or of the
 step's end, at the machine's bandwidths, none overlapped with compute:
@@ -52,6 +60,7 @@ from mimo_accel.tools.layout.spec import LayoutSpec, stage_layers
 __all__ = ["DEFAULT_EFFICIENCY", "Communication", "FlopsSeconds", "LearntSeconds", "Seconds", "tp_efficiency"]
 
 DEFAULT_EFFICIENCY = 0.40  # a module's achieved share of the GPU's dense BF16 peak on one GPU
+LOSS_BYTES_PER_LOGIT = 28.0  # the fused cross-entropy's memory traffic a logit, forward and backward
 HALF_WIDTH = 256  # per-GPU GEMM width at which a GEMM keeps half its wide-matrix efficiency
 BF16, FP32 = 2, 4  # bytes
 
@@ -100,6 +109,7 @@ class Seconds:
 
     model: Optional[ModelSpec] = None
     comm: Optional[Communication] = None
+    measured = False  # whether every module's seconds were measured (a profile), not assumed
 
     def cost_model(self, layout: LayoutSpec) -> CostModel:
         world = layout.gpus
@@ -129,8 +139,9 @@ class Seconds:
         nothing unless a profile measured it."""
         return {}
 
-    def _stage_work(self, layers: tuple[int, ...]) -> Optional[np.ndarray]:
-        """(stages, 3): each stage's (per micro-batch, per token, per token²) work; None: not known."""
+    def _stage_work(self, layers: tuple[int, ...], tp: int = 1) -> Optional[np.ndarray]:
+        """(stages, 3): each stage's (per micro-batch, per token, per token²) work at TP ``tp``;
+        None: not known."""
         return None
 
     def stage_token_work(self, layers: tuple[int, ...]) -> float:
@@ -143,16 +154,28 @@ class Seconds:
         a replica; None where it has one stage, or nothing tells the stages apart (then even)."""
         if layout.language.pp == 1 or self.model is None:
             return None
-        work = self._stage_work(self.layers(layout))
+        work = self._stage_work(self.layers(layout), layout.language.tp)
         if work is None:
             return None
         times = work @ np.array([1.0, tokens, sq_tokens])
         return (times / times.sum()).tolist() if times.sum() > 0 else None
 
     def _comm_a(self, m: ModuleModel, tp: int, pp: int, gpus: int, world: int, trained: bool) -> float:
+        return sum(self._comm_terms(m, tp, pp, gpus, world, trained).values())
+
+    def _comm_terms(self, m: ModuleModel, tp: int, pp: int, gpus: int, world: int, trained: bool) -> dict[str, float]:
         c = self.comm
-        return (c.tp_per_token(m, tp, trained) + c.pp_per_token(m, tp, pp, gpus)
-                + c.transfer_per_row(m, world, trained))
+        return {"tp_comm": c.tp_per_token(m, tp, trained),
+                "p2p": c.pp_per_token(m, tp, pp, gpus) + c.transfer_per_row(m, world, trained)}
+
+    def comm_parts(self, layout: LayoutSpec) -> dict[str, dict[str, float]]:
+        """Per module, the seconds a token (an encoder's row) spends in TP collectives
+        (``tp_comm``) and P2P sends (``p2p``: PP stages, encoder -> language): the communication
+        part of its cost model's per-token coefficient."""
+        if self.comm is None:
+            return {}
+        return {m.name: self._comm_terms(self.module_of(m.name), m.tp, m.pp, m.size, layout.gpus,
+                                         self._trained(m.name, layout)) for m in layout.modules}
 
     def module_of(self, name: str) -> ModuleModel:
         if self.model is None or name not in self.model.modules:
@@ -179,20 +202,31 @@ class FlopsSeconds(Seconds):
         return passes(trained) / (tp * self.machine.peak_tflops * 1e12 * self.efficiency[name]
                                   * tp_efficiency(m.hidden, tp))
 
+    def loss_per_token(self, m: ModuleModel, tp: int) -> float:
+        """The loss's seconds a token on the language model's last stage (module docstring)."""
+        if not m.is_language or not m.vocab or not self.machine.memory_gbps:
+            return 0.0
+        return LOSS_BYTES_PER_LOGIT * m.vocab / tp / (self.machine.memory_gbps * 1e9)
+
     def _module(self, name: str, tp: int, pp: int, gpus: int, world: int, trained: bool) -> ModuleCost:
         m, per = self.module_of(name), self._per_flop(name, tp, trained)
-        return ModuleCost(m.per_token * per + self._comm_a(m, tp, pp, gpus, world, trained), m.per_sq_token * per)
+        return ModuleCost(m.per_token * per + self.loss_per_token(m, tp) + self._comm_a(m, tp, pp, gpus, world, trained),
+                          m.per_sq_token * per)
 
-    def _stage_work(self, layers: tuple[int, ...]) -> np.ndarray:
+    def _stage_work(self, layers: tuple[int, ...], tp: int = 1) -> np.ndarray:
+        """In seconds at TP ``tp``: the layers' FLOPs, the output layer's and the loss on the last."""
         m = self.module_of(LANGUAGE)
-        per_layer = np.array([0.0, m.per_token - m.output_per_token, m.per_sq_token]) / m.layers
+        per = self._per_flop(LANGUAGE, tp, True)
+        per_layer = np.array([0.0, m.per_token - m.output_per_token, m.per_sq_token]) * per / m.layers
         work = np.outer(layers, per_layer)
-        work[-1, 1] += m.output_per_token
+        work[-1, 1] += m.output_per_token * per + self.loss_per_token(m, tp)
         return work
 
     def describe(self) -> str:
         eff = ", ".join(f"{m} {e:.2f}" for m, e in self.efficiency.items())
-        return f"FLOPs of {self.model.name} at {eff} of the peak"
+        loss = (f", the loss at {self.machine.memory_gbps:g} GB/s HBM" if self.loss_per_token(
+            self.module_of(LANGUAGE), 1) else "")
+        return f"FLOPs of {self.model.name} at {eff} of the peak (assumed, not measured){loss}"
 
 
 class LearntSeconds(Seconds):
@@ -201,15 +235,19 @@ class LearntSeconds(Seconds):
     what a micro-batch costs a replica whatever its size, as the run measured it (each layer's
     launches and Python, once per micro-batch: a layout with fewer, larger micro-batches pays it
     fewer times), the same at any TP and PP (every rank of a stage runs every op of its layers);
-    ``stages``: the language model's (c, a, b) per profiled stage."""
+    ``stages``: the language model's (c, a, b) per profiled stage, ``held`` the layers each held
+    (empty: even)."""
+
+    measured = True
 
     def __init__(self, learnt: CostModel, profiled: Mapping[str, tuple[int, int]], model: ModelSpec,
                  machine: Machine, source: str, overheads: Optional[Mapping[str, float]] = None,
-                 stages: Sequence[tuple[float, float, float]] = ()):
+                 stages: Sequence[tuple[float, float, float]] = (), held: Sequence[int] = ()):
         self.learnt, self.profiled, self.model = learnt, dict(profiled), model
         self.machine, self.comm, self.source = machine, Communication(machine), source
         self.overheads = dict(overheads or {})
-        self.stages = _stage_parts(stages, model.modules[LANGUAGE].layers) if len(stages) > 1 else None
+        layers = model.modules[LANGUAGE].layers
+        self.stages = _stage_parts(stages, held or [layers / len(stages)] * len(stages)) if len(stages) > 1 else None
         self.scale = 1.0  # every compute cost's, to the profiled run's replayed step (:func:`fit_scale`)
         self._module = lru_cache(maxsize=None)(self._module)
 
@@ -224,8 +262,8 @@ class LearntSeconds(Seconds):
     def micro_batch_overheads(self, layout: LayoutSpec) -> dict[str, float]:
         return {m.name: self.scale * self.overheads[m.name] for m in layout.modules if m.name in self.overheads}
 
-    def _stage_work(self, layers: tuple[int, ...]) -> Optional[np.ndarray]:
-        """From the profiled stages: a stage of ``n`` layers holds ``n`` layers' work, the first the
+    def _stage_work(self, layers: tuple[int, ...], tp: int = 1) -> Optional[np.ndarray]:
+        """From the profiled stages (their TP's): a stage of ``n`` layers holds ``n`` layers' work, the first the
         embedding, the last the output layer and the loss (what the profiled first and last stages
         cost over a middle one's layers: the output layer alone is a layer's worth at a small
         model's width)."""
@@ -251,14 +289,15 @@ class LearntSeconds(Seconds):
         return f"learnt in {self.source} (at {at}), scaled to each layout's TP{over}"
 
 
-def _stage_parts(stages: Sequence[tuple[float, float, float]], layers: int):
+def _stage_parts(stages: Sequence[tuple[float, float, float]], held: Sequence[float]):
     """``(per layer, the first stage's own, the last stage's own)`` as ``(c, a, b)`` arrays, from the
-    profiled stages' fits: a layer's from the middle stages (the first's where there are none: its
-    embedding taken as nothing), what the first and last hold beyond their layers clipped at 0."""
+    profiled stages' fits and the layers each held: a layer's from the middle stages (the first's
+    where there are none: its embedding taken as nothing), what the first and last hold beyond their
+    layers clipped at 0."""
     per_stage = np.array(stages, dtype=np.float64)
-    held = layers / len(stages)
-    middle = per_stage[1:-1] if len(stages) > 2 else per_stage[:1]
-    layer = np.median(middle, axis=0) / held
-    first = np.clip(per_stage[0] - held * layer, 0.0, None)
-    last = np.clip(per_stage[-1] - held * layer, 0.0, None)
+    n = np.asarray(held, dtype=np.float64)[:, None]
+    middle = (per_stage / n)[1:-1] if len(stages) > 2 else (per_stage / n)[:1]
+    layer = np.median(middle, axis=0)
+    first = np.clip(per_stage[0] - n[0] * layer, 0.0, None)
+    last = np.clip(per_stage[-1] - n[-1] * layer, 0.0, None)
     return layer, first, last

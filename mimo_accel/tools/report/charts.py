@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from mimo_accel.tools.report.comparison import timed_modules
+from mimo_accel.tools.report.like import Side
 
 
 # ---------------------------------------------------------------------------------------- charts
@@ -23,13 +24,8 @@ def pyplot():
     return plt
 
 
-def _sides(before: dict[str, Any], after: dict[str, Any] | None) -> list[tuple[str, dict[str, Any]]]:
-    return [("before", before)] + ([("after", after)] if after is not None else [])
-
-
-def _plot_module_time(ax, before: dict[str, Any], after: dict[str, Any] | None) -> None:
-    """Per-rank module time bars (every timed module's ranks, before/after), p99 ticks."""
-    sides = _sides(before, after)
+def _plot_module_time(ax, sides: list[Side]) -> None:
+    """Per-rank module time bars (every timed module's ranks, a bar a run), p99 ticks."""
 
     def per_rank(s: dict[str, Any]) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -60,8 +56,8 @@ def _plot_module_time(ax, before: dict[str, Any], after: dict[str, Any] | None) 
         ax.text(0.5, 0.5, "no module timing", ha="center", va="center", transform=ax.transAxes)
 
 
-def _plot_step_time_cdf(ax, before: dict[str, Any], after: dict[str, Any] | None) -> None:
-    for name, s in _sides(before, after):
+def _plot_step_time_cdf(ax, sides: list[Side]) -> None:
+    for name, s in sides:
         times = sorted(v * 1e3 for v in s.get("series", {}).get("step_time_s", []))
         if times:
             ys = [(i + 1) / len(times) for i in range(len(times))]
@@ -73,16 +69,16 @@ def _plot_step_time_cdf(ax, before: dict[str, Any], after: dict[str, Any] | None
     ax.legend()
 
 
-def _straggler_modules(before: dict[str, Any], after: dict[str, Any] | None) -> list[str]:
-    """The modules with a per-step straggler series on either side, in the layout's order."""
-    return [m for m in timed_modules(before, after)
+def _straggler_modules(sides: list[Side]) -> list[str]:
+    """The modules with a per-step straggler series in any run, in the layout's order."""
+    return [m for m in timed_modules(*(s for _, s in sides))
             if any(((s.get("series") or {}).get("modules") or {}).get(m, {}).get("max_over_mean")
-                   for _, s in _sides(before, after))]
+                   for _, s in sides)]
 
 
-def _plot_straggler(ax, module: str, before: dict[str, Any], after: dict[str, Any] | None) -> None:
-    """One module's straggler ratio (max / mean over its replicas) per step, a line per side."""
-    for name, s in _sides(before, after):
+def _plot_straggler(ax, module: str, sides: list[Side]) -> None:
+    """One module's straggler ratio (max / mean over its replicas) per step, a line per run."""
+    for name, s in sides:
         series = ((s.get("series") or {}).get("modules") or {}).get(module) or {}
         steps, ratios = series.get("step") or [], series.get("max_over_mean") or []
         if ratios and len(steps) == len(ratios):
@@ -94,21 +90,21 @@ def _plot_straggler(ax, module: str, before: dict[str, Any], after: dict[str, An
     ax.legend()
 
 
-def chart_figures(before: dict[str, Any], after: dict[str, Any] | None) -> list[tuple[str, Any]]:
+def chart_figures(sides: list[Side]) -> list[tuple[str, Any]]:
     """``(caption, figure)``: module time per rank and the step-time CDF; every module's straggler
-    per step."""
+    per step (``sides``: the report's runs, :func:`~.console.sides_of`)."""
     plt = pyplot()
     out = []
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
-    _plot_module_time(ax1, before, after)
-    _plot_step_time_cdf(ax2, before, after)
+    _plot_module_time(ax1, sides)
+    _plot_step_time_cdf(ax2, sides)
     fig.tight_layout()
     out.append(("Module time per rank (mean, p99) and step time CDF", fig))
-    modules = _straggler_modules(before, after)
+    modules = _straggler_modules(sides)
     if modules:
         fig, axes = plt.subplots(1, len(modules), figsize=(max(6.0, 4.5 * len(modules)), 3.8), squeeze=False)
         for ax, m in zip(axes[0], modules):
-            _plot_straggler(ax, m, before, after)
+            _plot_straggler(ax, m, sides)
         fig.tight_layout()
         out.append(("Straggler (max / mean of the replicas' fwd + bwd time) per step, per module", fig))
     return out
@@ -123,20 +119,20 @@ def png_bytes(fig) -> bytes:
     return buf.getvalue()
 
 
-def write_png(before: dict[str, Any], after: dict[str, Any] | None, path: str | Path) -> None:
-    """Per-rank module time bars (every timed module's ranks, before/after), a step-time CDF and,
+def write_png(sides: list[Side], path: str | Path) -> None:
+    """Per-rank module time bars (every timed module's ranks, a bar a run), a step-time CDF and,
     below them, each module's straggler per step, as one PNG. Needs matplotlib."""
     plt = pyplot()
-    modules = _straggler_modules(before, after)
+    modules = _straggler_modules(sides)
     rows = 2 if modules else 1
     cols = max(2, len(modules))
     fig = plt.figure(figsize=(max(12.0, 4.5 * cols), 4.5 * rows))
     grid = fig.add_gridspec(rows, cols)
     half = cols // 2
-    _plot_module_time(fig.add_subplot(grid[0, :half]), before, after)
-    _plot_step_time_cdf(fig.add_subplot(grid[0, half:]), before, after)
+    _plot_module_time(fig.add_subplot(grid[0, :half]), sides)
+    _plot_step_time_cdf(fig.add_subplot(grid[0, half:]), sides)
     for i, m in enumerate(modules):
-        _plot_straggler(fig.add_subplot(grid[1, i]), m, before, after)
+        _plot_straggler(fig.add_subplot(grid[1, i]), m, sides)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -1,5 +1,5 @@
-"""``mimo-accel report BEFORE_DIR [AFTER_DIR] [--json PATH] [--html PATH] [--png PATH] [--warmup N]
-[--peak-tflops T]``:
+"""``mimo-accel report RUN_DIR [RUN_DIR ...] [--run ID] [--floor DIR] [--json PATH] [--html PATH]
+[--png PATH] [--warmup N] [--peak-tflops T]``:
 the report document (:func:`build`), its JSON, and the command."""
 
 from __future__ import annotations
@@ -13,15 +13,16 @@ from typing import Any
 
 from rich.console import Console
 
-from mimo_accel.profiler.run import NoProfileData, Run, read_run
+from mimo_accel.profiler.run import MixedRuns, ProfileError, Run, UnknownRun, read_run
 from mimo_accel.profiler import json_safe
 from mimo_accel.tools.arguments import (UsageError, add_peak_option, fail, nonnegative_int, output_file, parse,
                                         require_extra)
 from mimo_accel.tools.report.charts import write_png
 from mimo_accel.tools.report.comparison import compare
-from mimo_accel.tools.report.console import render
+from mimo_accel.tools.report.console import render_runs, sides_of
 from mimo_accel.tools.report.floor import floor_of, with_floor
 from mimo_accel.tools.report.html import write_html
+from mimo_accel.tools.report.like import gains, verdict, warnings
 from mimo_accel.tools.report.summary import REPORT_FORMAT, summarize
 
 
@@ -34,10 +35,14 @@ PROG = "mimo-accel report"
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog=PROG,
-        description="Report profiler runs (directories of rank<N>.jsonl): one run, or before vs after.",
+        description="Report profiler runs (directories of rank<N>.jsonl): one run, before vs after, or several runs "
+                    "in order, each over the one before it (one feature added a run shows each feature's gain).",
     )
-    p.add_argument("before", metavar="BEFORE_DIR", help="profile directory (the baseline in a comparison)")
-    p.add_argument("after", metavar="AFTER_DIR", nargs="?", help="profile directory to compare against BEFORE_DIR")
+    p.add_argument("runs", metavar="RUN_DIR", nargs="+",
+                   help="profile directory; two or more: compared in the order given (the first is the baseline)")
+    p.add_argument("--run", metavar="ID", action="append", default=[],
+                   help="of a directory holding the rank files of several runs, report the run ID (its id or the "
+                        "start of it, as the refusal names them); repeat for several directories")
     p.add_argument("--json", metavar="PATH", help="write the statistics as JSON")
     p.add_argument("--html", metavar="PATH", help="write the report as HTML")
     p.add_argument("--png", metavar="PATH", help="write charts (needs matplotlib)")
@@ -52,16 +57,29 @@ def _parser() -> argparse.ArgumentParser:
 
 def build(before: Run, after: Run | None = None, *, warmup: int = 1,
           peak_tflops: float | None = None, floor: Run | None = None) -> dict[str, Any]:
-    """The JSON document of a report: ``{format, before, after, change, warnings}`` (and ``floor``
-    with an equal-work run: :mod:`~mimo_accel.tools.report.floor`); ``peak_tflops``: what MFU is
-    over (default: the device table's peak of the GPU each profile names)."""
-    b = summarize(before, warmup=warmup, peak_tflops=peak_tflops)
-    a = summarize(after, warmup=warmup, peak_tflops=peak_tflops) if after is not None else None
-    cmp = compare(b, a) if a is not None else {"change": None, "warnings": []}
-    warnings = [f"before: {w}" if a is not None else w for w in b["warnings"]]
-    if a is not None:
-        warnings += [f"after: {w}" for w in a["warnings"]] + cmp["warnings"]
-    doc = {"format": REPORT_FORMAT, "before": b, "after": a, "change": cmp["change"], "warnings": warnings}
+    """The JSON document of a report of ``before`` (and ``after``): :func:`build_runs`."""
+    return build_runs([r for r in (before, after) if r is not None], warmup=warmup, peak_tflops=peak_tflops,
+                      floor=floor)
+
+
+def build_runs(runs: Sequence[Run], *, warmup: int = 1, peak_tflops: float | None = None,
+               floor: Run | None = None) -> dict[str, Any]:
+    """The JSON document of a report of ``runs``, in order: ``{format, before, after, change, verdict,
+    gains, warnings}`` — ``before`` the first run's summary, ``after`` the last one's (null for one run),
+    ``change`` after / before of the headline figures, ``verdict`` the one line the console prints,
+    ``gains`` each run's over the one before it and over the first (:func:`~.like.gains`); of three
+    runs or more, ``runs``: every run's summary in order. With an equal-work run, ``floor``
+    (:mod:`~mimo_accel.tools.report.floor`). ``peak_tflops``: what MFU is over (default: the device
+    table's peak of the GPU each profile names)."""
+    summaries = [summarize(r, warmup=warmup, peak_tflops=peak_tflops) for r in runs]
+    sides = sides_of(*summaries)
+    first, last = summaries[0], summaries[-1]
+    two_or_more = len(summaries) > 1
+    doc = {"format": REPORT_FORMAT, "before": first, "after": last if two_or_more else None,
+           "change": compare(first, last)["change"] if two_or_more else None, "verdict": verdict(sides),
+           "gains": gains(sides) if two_or_more else [], "warnings": warnings(sides)}
+    if len(summaries) > 2:
+        doc["runs"] = summaries
     return with_floor(doc, floor_of(floor, warmup=warmup) if floor is not None else None)
 
 
@@ -76,9 +94,25 @@ def write_json(path: str | Path, doc: dict[str, Any], **extra: Any) -> None:
     Path(path).write_text(text + "\n", encoding="utf-8")
 
 
+def _read(directory: str, runs: list[str]) -> Run:
+    """The run in ``directory``: all its rank files, or, where they belong to several runs, the one
+    of ``runs`` that names one of them (a directory of one run ignores ``runs``)."""
+    try:
+        return read_run(directory)
+    except MixedRuns as mixed:
+        for run in runs:
+            try:
+                return read_run(directory, run=run)
+            except UnknownRun:
+                continue
+        if runs:
+            raise ProfileError(f"{mixed}; --run {', '.join(runs)} names none of them") from None
+        raise
+
+
 def main(argv: Sequence[str] | None = None, *, console: Console | None = None) -> int:
     """``mimo-accel report``. Returns 0, or 2 (one ``mimo-accel report: error:`` line) on a bad command
-    line, an input without readable data or a failed export."""
+    line, an input without readable data or of several runs, or a failed export."""
     args = parse(_parser(), argv)
     if isinstance(args, int):
         return args
@@ -87,16 +121,16 @@ def main(argv: Sequence[str] | None = None, *, console: Console | None = None) -
             output_file(flag, getattr(args, flag[2:]))
         if args.png:
             require_extra("--png", "matplotlib", "charts")
-        before = read_run(args.before)
-        after = read_run(args.after) if args.after else None
-        floor = read_run(args.floor) if args.floor else None
-    except (UsageError, NoProfileData) as e:
+        runs = [_read(d, args.run) for d in args.runs]
+        floor = _read(args.floor, args.run) if args.floor else None
+    except (UsageError, ProfileError) as e:
         return fail(PROG, e)
-    doc = build(before, after, warmup=args.warmup, peak_tflops=args.peak_tflops, floor=floor)
+    doc = build_runs(runs, warmup=args.warmup, peak_tflops=args.peak_tflops, floor=floor)
     for w in doc["warnings"]:
         print(f"mimo-accel report: warning: {w}", file=sys.stderr)
 
-    render(doc["before"], doc["after"], console=console)
+    render_runs(doc.get("runs") or [s for s in (doc["before"], doc["after"]) if s is not None], console=console,
+                said=doc["warnings"])
 
     if args.json:
         write_json(args.json, doc)
@@ -105,7 +139,7 @@ def main(argv: Sequence[str] | None = None, *, console: Console | None = None) -
             print(f"mimo-accel report: warning: {w}", file=sys.stderr)
     if args.png:
         try:
-            write_png(doc["before"], doc["after"], args.png)
+            write_png(sides_of(*(doc.get("runs") or (doc["before"], doc["after"]))), args.png)
         except RuntimeError as e:
             return fail(PROG, e)
     return 0

@@ -17,22 +17,34 @@ from mimo_accel.profiler.run import Run
 
 
 def floor_of(run: Run, *, warmup: int = 1) -> dict[str, Any]:
-    """``{"modules": {module: straggler p50}, "steps": n, "profile": dir}`` of an equal-work run."""
+    """``{"modules": {module: straggler p50}, "steps": n, "profile": dir, "equal_work": ...}`` of an
+    equal-work run (``equal_work``: whether its counters show every replica computing the same work
+    each step, None where they do not tell: :mod:`~.work`)."""
     from mimo_accel.tools.report.summary import summarize
 
     s = summarize(run, warmup=warmup)
     modules = {m: s.get(f"{m}_max_over_mean_p50") for m in s.get("per_module", {})}
     return {"modules": {m: v for m, v in modules.items() if v is not None},
             "steps": max((t.get("steps", 0) for t in s["per_module"].values()), default=0),
-            "profile": str(run.directory) if getattr(run, "directory", None) else None}
+            "profile": str(run.directory) if getattr(run, "directory", None) else None,
+            "equal_work": s.get("equal_work")}
+
+
+NOT_EQUAL_WORK = ("--floor {profile}: its replicas did not compute the same work each step (its counters differ "
+                  "between them), so its straggler is not the machine's floor; give the profile of an equal-work "
+                  "run (the example's --equal-work)")
 
 
 def with_floor(doc: dict[str, Any], floor: Optional[dict[str, Any]]) -> dict[str, Any]:
-    """``doc`` (a report document) with ``floor`` at its top and in each side's ``per_module``."""
+    """``doc`` (a report document) with ``floor`` at its top and in each run's ``per_module``, and a
+    warning where the floor's run was not one of equal work."""
     if floor is None:
         return doc
-    for side in (doc.get("before"), doc.get("after")):
+    for side in (doc.get("before"), doc.get("after"), *(doc.get("runs") or ())):
         for module, table in ((side or {}).get("per_module") or {}).items():
             if module in floor["modules"]:
                 table["floor"] = floor["modules"][module]
-    return {**doc, "floor": floor}
+    warnings = list(doc.get("warnings") or [])
+    if floor["equal_work"] is False:
+        warnings.append(NOT_EQUAL_WORK.format(profile=floor["profile"]))
+    return {**doc, "floor": floor, "warnings": warnings}

@@ -35,6 +35,11 @@ model (``language``):
 * the step on a device per rank (``step_time_replayed_p50``) and the plan's (``step_time_predicted_p50``),
   each module's busy and wait shares of it (``per_module.<m>.busy_share_p50``, ``.busy_share_max_p50``,
   ``.wait_share_p50``) and the module that bounds it (``bound_module``, ``bound_steps``): :mod:`~.replayed`.
+* the run: ``run_id`` (every rank's header's; None for older files), ``features`` (what acted, as
+  the header records it, the profiler left out; None where the header does not say),
+  ``reorder_mode``; ``work`` and ``equal_work``: what the run computed each step, :mod:`~.work`.
+* a module's DP replicas: ``per_module.<m>.replicas_present`` (with a counted step line; the count
+  every warning gives) of ``dp_size``, ``replicas`` (timed).
 * The first ``--warmup`` step numbers (default 1) are excluded from every statistic.
 """
 
@@ -52,6 +57,7 @@ from mimo_accel.profiler import record_number as _num
 from mimo_accel.profiler.recorder import UNNAMED_ENCODER
 from mimo_accel.profiler.replayed import replayed_steps, run_steps
 from mimo_accel.tools.report.throughput import module_throughput, peak_of
+from mimo_accel.tools.report.work import per_replica, step_work
 
 
 REPORT_FORMAT = "mimo-accel-report/2"
@@ -136,6 +142,14 @@ def _module_time(run: Run, steps_of: dict[int, dict[int, dict[str, Any]]], name:
     timed_ranks = [r for r in ranks if per_rank[str(r)]["n"]]
     if ranks and not timed_ranks:
         warnings.append(f"the {name} ranks recorded no {name}_fwd_s/{name}_bwd_s; {name} statistics unavailable")
+    # one count of a module's replicas for every message: those with a counted step line
+    present = sorted({run.ranks[r].dp_rank for r in ranks if steps_of[r]})
+    dp_size = max((run.ranks[r].dp_size for r in ranks), default=0)
+    if present and len(present) < dp_size:
+        absent = [d for d in range(dp_size) if d not in present]
+        warnings.append(f"only {len(present)} of {dp_size} {name} DP replicas have data (missing: "
+                        f"{'replica' if len(absent) == 1 else 'replicas'} {', '.join(map(str, absent))}); its "
+                        "straggler ratio covers those present and its global samples are scaled up from them")
 
     replicas: dict[int, list[int]] = defaultdict(list)
     for rank in timed_ranks:
@@ -156,12 +170,11 @@ def _module_time(run: Run, steps_of: dict[int, dict[int, dict[str, Any]]], name:
             f"{name} replicas logged different steps; straggler statistics use the {len(common)} step(s) all "
             f"{len(replica_time)} replica(s) logged"
         )
-    dp_size = max((run.ranks[r].dp_size for r in ranks), default=0)
-    if replica_time and len(replica_time) < dp_size:
-        warnings.append(
-            f"only {len(replica_time)} of {dp_size} {name} DP replicas have data; the straggler ratio "
-            "covers those present"
-        )
+    untimed = [d for d in present if d not in replica_time]
+    if replica_time and untimed:
+        warnings.append(f"{name} DP {'replica' if len(untimed) == 1 else 'replicas'} {', '.join(map(str, untimed))} "
+                        f"logged steps without {name} time; the straggler ratio covers the {len(replica_time)} "
+                        "timed")
     ratios: list[float] = []
     ratio_steps: list[int] = []  # the steps of ``ratios`` (a step whose replicas all took 0 s has none)
     maxes: list[float] = []
@@ -197,6 +210,8 @@ def _module_time(run: Run, steps_of: dict[int, dict[int, dict[str, Any]]], name:
     return {
         "ranks": list(ranks),
         "replicas": len(replica_time),
+        "replicas_present": len(present),
+        "dp_size": dp_size,
         "steps": len(common),
         "max_over_mean_p50": _pct(ratios, 50),
         "max_over_mean_p99": _pct(ratios, 99),
@@ -234,13 +249,7 @@ def _replica_counter(run: Run, steps_of, ranks: list[int], key: str) -> dict[str
     """A counter per DP replica of ``ranks`` (max over its TP/PP ranks, which all see the same
     batch): its mean per step (``{dp_rank: mean}``), the mean over replicas, and the per-step
     max / mean over the replicas (p50)."""
-    by_dp: dict[int, dict[int, float]] = defaultdict(dict)
-    for rank in ranks:
-        dp = run.ranks[rank].dp_rank
-        for st, r in steps_of[rank].items():
-            v = _num(r, key)
-            if v is not None:
-                by_dp[dp][st] = max(by_dp[dp].get(st, 0.0), v)
+    by_dp = per_replica(run, steps_of, ranks, key)
     means = {str(dp): _mean(list(v.values())) for dp, v in sorted(by_dp.items())}
     common = sorted(set.intersection(*(set(v) for v in by_dp.values()))) if by_dp else []
     ratios = []
@@ -332,12 +341,7 @@ def summarize(run: Run, *, warmup: int = 1, peak_tflops: float | None = None) ->
             vals = [d[s] for d in by_dp.values() if s in d]
             if vals:
                 per_step[s] = sum(vals) * (dp_size / len(vals) if len(vals) < dp_size else 1.0)
-        if len(by_dp) < dp_size and any(per_step.values()):
-            warnings.append(
-                f"module {mod!r}: {len(by_dp)} of {dp_size} DP replicas have data; its global samples per step are "
-                "estimated from those present"
-            )
-        global_samples[mod] = per_step
+        global_samples[mod] = per_step  # a replica short: said once with the module's time (_module_time)
     samples_per_s = samples_per_step = None
     if samples_module is not None:
         gs = global_samples[samples_module]
@@ -381,10 +385,18 @@ def summarize(run: Run, *, warmup: int = 1, peak_tflops: float | None = None) ->
     waits = [plan_wait[s] for s in sorted(plan_wait)]
 
     header = run.header
+    config = header.get("config") if isinstance(header.get("config"), dict) else {}
+    features = config.get("features")
     return json_safe(
         {
             "label": run.label,
             "directory": str(run.directory),
+            "run_id": run.run_id,
+            # what acted in the run (its header's), the profiler left out: every profile has it; None
+            # where the header does not say
+            "features": [f for f in features if f != "profile"] if isinstance(features, list) else None,
+            "reorder_mode": config.get("reorder_mode"),
+            **step_work(run, steps_of, modules),
             "world_size": run.world_size,
             "ranks_present": sorted(r for r, log in run.ranks.items() if log.steps),
             "modules": {m: rs for m, rs in sorted(modules.items())},

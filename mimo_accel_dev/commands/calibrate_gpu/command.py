@@ -12,7 +12,7 @@ designed set of inputs, fits each module's curve and writes a ``mimo-accel-cost-
 (:class:`~mimo_accel.costs.CostModel`) with the module names ``calibrate`` writes: ``vision``
 (``--vision-module`` renames it to the name the layout's config gives the image encoder) and
 ``language``. Use it as ``MIMO_ACCEL_COST_MODEL=cost-model.json`` (``cost_model=`` in ``enable()``)
-or ``mimo-accel simulate --cost-model``.
+or ``mimo-accel rehearse --cost-model``.
 
 What it measures (``--size real``):
 
@@ -327,7 +327,7 @@ def main(argv: Optional[Sequence[str]] = None, *, console=None) -> int:
     took = f" in {elapsed:.0f} s" if isinstance(elapsed, (int, float)) else ""
     console.print(f"wrote {args.out}: {args.vision_module} a={v.a:.4g} b={v.b:.4g} k={v.k:.4g}; language "
                   f"a={lm.a:.4g} b={lm.b:.4g} (measured{took}; {budget}). Use: MIMO_ACCEL_COST_MODEL={args.out}, or "
-                  f"mimo-accel simulate --cost-model {args.out}", highlight=False)
+                  f"mimo-accel rehearse --cost-model {args.out}", highlight=False)
     if args.points and not args.from_points:
         console.print(f"raw measurements: {args.points} (refit: {PROG} --from-points {args.points} --out FILE)")
     return 0

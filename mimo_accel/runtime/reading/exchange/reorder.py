@@ -281,7 +281,8 @@ class ExchangeReorder:
         if stats is None:
             return self._tagging(SamplesRead(samples))
         # the samples came by the exchange, not by index: the share holds what its plan predicted
-        share = ReplicaShare(spread=float(stats.predicted_spread), spreads=dict(stats.predicted_spreads or {}))
+        share = ReplicaShare(spread=float(stats.predicted_spread), spreads=dict(stats.predicted_spreads or {}),
+                             moved=int(stats.samples_moved))
         batch = self._tagging(SamplesRead(samples, share))
         batch[SHARD_TAG_KEY] = dataclasses.replace(batch[SHARD_TAG_KEY], bytes_exchanged=stats.bytes_sent)
         return batch
