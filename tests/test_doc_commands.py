@@ -52,6 +52,8 @@ BIN = Path(sys.executable).parent
 NOT_HERE = (
     (r"torchrun --nproc-per-node 8\b", "a job of 8 GPU ranks (NCCL)"),
     (r"(?<![\w/])train\.py\b", "train.py stands for the user's own training script"),
+    (r"torchrun \.\.\. ", "upstream's launcher on the user's GPUs, its arguments elided (the '...'); "
+                           "tests/test_resume_switch.py resumes on another layout on Bridge's loop"),
     (r"^s(run|batch)\b", "a Slurm launcher: there is no cluster here (docs/cluster.md)"),
     (r"(?m)^\s*standard_provider\.", "lines to paste into upstream's launcher (its _build_mimo_provider), "
                                        "not a script of their own"),

@@ -40,4 +40,8 @@ def start_calibration(state: Any, runtime: Runtime) -> None:
     if runtime.calibrates_online:
         from mimo_accel.runtime.measuring.calibration import Calibration
 
-        runtime.calibration = Calibration.for_setup(state, runtime.config, runtime.say_once, runtime.start_model)
+        moved = runtime.resumed.tp_changed() if runtime.resumed is not None else {}
+        relearn = ("the checkpoint's run priced " + ", ".join(f"{m} at tp{a}" for m, (a, _) in moved.items())
+                   + ", this run " + ", ".join(f"tp{b}" for _, b in moved.values())) if moved else None
+        runtime.calibration = Calibration.for_setup(state, runtime.config, runtime.say_once, runtime.start_model,
+                                                    relearn)

@@ -56,6 +56,9 @@ class Runtime:
     frozen: tuple = ()
     # the cost model plans start from (a configured file, else each module's FLOPs), read at setup
     start_model: Optional[CostModel] = None
+    # the checkpoint this run resumes from and the run that saved it (runtime.resume.Resumed), read
+    # at setup before Bridge loads it; None for a fresh run
+    resumed: Any = None
     # what in the run config has Bridge's own reorder move samples after they are read (None: nothing)
     upstream_moves_samples: Optional[str] = None
     # what in the run config reorders upstream instead of mimo_accel (#4608), so mimo_accel's reorder
@@ -118,6 +121,7 @@ class Runtime:
             self.reorder_stepped_aside = None
             self.frozen = ()
             self.start_model = None
+            self.resumed = None
             self.context = None
             self.layout = None
         self.said.clear()

@@ -21,6 +21,7 @@ from __future__ import annotations
 import time
 from typing import Optional, Sequence
 
+from mimo_accel_dev.commands import layout_switch as switch
 from mimo_accel_dev.rehearse import rehearsal
 
 #: The tutorial's shape, with TP 2 for its TP 4. As there, each language stage outweighs the encoder
@@ -82,15 +83,19 @@ def rehearse_reference(*, steps: Optional[int] = None, out_dir: Optional[str] = 
         raise ValueError(f"--layout reference rehearses the workloads {list(WORKLOADS)}, not {unknown or 'none'}")
     for mix in workloads:
         what = WORKLOADS[mix]
-        runs = {}
+        runs, traces = {}, {}
         cache = {"MIMO_ACCEL_CACHE_DIR": str(out / f"cache-{mix}")}  # each workload's cost index on its own
+        # the run the layout check continues on another layout saves at its half (layout_switch)
+        saves = check_layout and mix == "receipts" and steps >= 4
         with progress_bar(console) as progress:
             for side, features in (("baseline", {}), ("accelerated", AFTER)):
                 task = progress.add_task(f"{mix}: {'upstream as shipped' if side == 'baseline' else side}", total=steps)
-                records = rehearsal.run_bridge(f"{mix}-{side}", features, s["vision_dp"], s["language_dp"], steps,
-                                               s["micro_batch"], out, out / "images", None, seed, progress, task, log,
-                                               cpus, extra_argv=layout_argv(mix), language_ranks=ranks, env=cache)
-                runs[side] = rehearsal.bridge_steps(records, steps, s["global_batch"], f"{mix} {side}")
+                argv = layout_argv(mix) + (switch.save_argv(out / "ckpt-receipts", steps)
+                                           if saves and side == "accelerated" else [])
+                traces[side] = rehearsal.run_bridge(f"{mix}-{side}", features, s["vision_dp"], s["language_dp"], steps,
+                                                    s["micro_batch"], out, out / "images", None, seed, progress, task,
+                                                    log, cpus, extra_argv=argv, language_ranks=ranks, env=cache)
+                runs[side] = rehearsal.bridge_steps(traces[side], steps, s["global_batch"], f"{mix} {side}")
         console.print(f"[bold]{mix}[/bold]: {what}")
         docs[mix] = compare_and_report(
             console, f"{mix}: per-iteration global loss (per token): the same samples, the same math", "iteration",
@@ -100,7 +105,8 @@ def rehearse_reference(*, steps: Optional[int] = None, out_dir: Optional[str] = 
             time.perf_counter() - t0, peak_tflops, after_label=f"{mix}-accelerated")
         losses[mix] = {side: [[r["loss_sum"], r["tokens"]] for r in runs[side]] for side in runs}
         if mix == "receipts" and check_layout:
-            checks[mix] = _check_layout(console, out, layout, steps, seed, log, cpus, cache, runs["accelerated"])
+            checks[mix] = _check_layout(console, out, layout, steps, seed, log, cpus, cache, runs["accelerated"],
+                                        traces["accelerated"] if saves else None)
     own = {"profile": "bridge-loop:reference", "loop": "bridge", "layout": str(layout), "tutorial_layout": TUTORIAL,
            "stand_in": "language TP 2 for the tutorial's TP 4 (it does not fit this machine)", "steps": steps,
            "micro_batch": s["micro_batch"], "global_batch": s["global_batch"], "reorder_window": "step",
@@ -115,11 +121,14 @@ def rehearse_reference(*, steps: Optional[int] = None, out_dir: Optional[str] = 
     return {**docs[workloads[0]], **own}
 
 
-def _check_layout(console, out, layout, steps: int, seed: int, log, cpus, cache: dict, reference_steps: list) -> dict:
+def _check_layout(console, out, layout, steps: int, seed: int, log, cpus, cache: dict, reference_steps: list,
+                  reference_records: Optional[list] = None) -> dict:
     """The advisor's answer from the receipt-like run with mimo_accel on; the layout it recommends (or,
     where it keeps the current one, the best it found, labelled so) and a third layout of its list, each
     rehearsed with mimo_accel on over the same samples and replayed, its per-step losses and loss tokens
-    held against the reference run's (``reference_steps``) (the JSON's ``layout_check``)."""
+    held against the reference run's (``reference_steps``) (the JSON's ``layout_check``); with the
+    reference's trace (``reference_records``: it saved at its half), the switch: the checked layout
+    resumed from that checkpoint to the end (:mod:`~mimo_accel_dev.commands.layout_switch`)."""
     from pathlib import Path
 
     from mimo_accel_dev.commands import layout_check as lc
@@ -163,4 +172,34 @@ def _check_layout(console, out, layout, steps: int, seed: int, log, cpus, cache:
     check = lc.layout_check(advice, checked, reference_dir, rehearsed, budget, diffs)
     console.print(lc.table(check))
     console.print(lc.verdict(check), highlight=False)
+    if reference_records is not None:
+        check["switch"] = _switch(console, out, advice, checked, steps, seed, log, cpus, cache, reference_dir,
+                                  reference_records, reference_steps)
+    return check
+
+
+def _switch(console, out, advice, checked, steps: int, seed: int, log, cpus, cache: dict, reference_dir,
+            reference_records: list, reference_steps: list) -> dict:
+    """The reference run, saved at its half, continued on the checked layout to the end."""
+    from mimo_accel.tools.layout.continuation import continuation, render_continuation
+    from mimo_accel_dev.commands import layout_check as lc
+    from mimo_accel_dev.commands.rehearsal_output import progress_bar
+
+    at = steps // 2
+    kept = switch.interrupted_after(out / "ckpt-receipts", at)
+    way = continuation(str(reference_dir), checked.row, advice.current)  # what `layout --from` says of it
+    render_continuation(way, console)
+    vdp, ldp, mbs, argv, ranks = lc.run_argv(checked.row.layout, SHAPE)
+    name = "receipts-switch"
+    with progress_bar(console) as progress:
+        task = progress.add_task(f"receipts: from iteration {at} on the {checked.role} layout {checked.spec}",
+                                 total=steps)
+        records = rehearsal.run_bridge(name, AFTER, vdp, ldp, steps, mbs, out, out / "images", None, seed, progress,
+                                       task, log, cpus, extra_argv=argv + switch.resume_argv(kept, way),
+                                       language_ranks=ranks, env=cache)
+    resumed = rehearsal.bridge_steps(records, steps, checked.row.layout.gbs, "receipts switch", first=at + 1)
+    check = switch.switch_check(advice, checked, at, steps, reference_dir, reference_records, reference_steps,
+                                out / name, records, resumed, way)
+    console.print(switch.table(check))
+    console.print(switch.verdict(check), highlight=False)
     return check

@@ -112,6 +112,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--save", default=None, help="checkpoint directory to save into")
     p.add_argument("--save-interval", type=int, default=None, help="default: --train-iters")
     p.add_argument("--load", default=None, help="checkpoint directory to resume from")
+    p.add_argument("--load-rng", action=argparse.BooleanOptionalAction, default=True,
+                   help="load each rank's RNG state (checkpoint.load_rng); it is kept per TP/PP rank, so a resume "
+                        "on another TP or PP needs --no-load-rng")
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--dataset", choices=("synthetic", "images"), default=None,
                    help="synthetic (default without an audio modality): mimo_accel's synthetic VLM samples (they "

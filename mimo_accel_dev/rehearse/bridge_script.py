@@ -384,7 +384,7 @@ def build_config(args, layout: Modules) -> ConfigContainer:
         # #4608's reorder_buffer (DirectHFSFTDatasetConfig's fields there), wired by the stand-in
         data.megatron_mimo_scalable_dp = True
         data.megatron_mimo_intra_microbatch_reorder = True
-    checkpoint = CheckpointConfig(save=args.save, load=args.load,
+    checkpoint = CheckpointConfig(save=args.save, load=args.load, load_rng=args.load_rng,
                                   save_interval=args.save_interval or args.train_iters,
                                   ckpt_format="torch_dist", async_save=False, fully_parallel_save=False)
     cfg = ConfigContainer(

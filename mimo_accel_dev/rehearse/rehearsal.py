@@ -382,14 +382,15 @@ def run_floor(console, progress, vdp, ldp, mbs, out: Path, image_dir: Path, scri
     return out / "floor"
 
 
-def bridge_steps(records: list[dict], steps: int, batch: int, what: str) -> list[dict]:
-    """Per iteration from a trace: each module trained every sample of the iteration's global
-    batch (``batch`` samples) exactly once; the global per-token loss and its token count."""
+def bridge_steps(records: list[dict], steps: int, batch: int, what: str, first: int = 1) -> list[dict]:
+    """Per iteration from a trace (``first``..``steps``: a resumed run's from the one after its
+    checkpoint): each module trained every sample of the iteration's global batch (``batch``
+    samples) exactly once; the global per-token loss and its token count."""
     out = []
     # a replica's TP ranks train the same samples and report the same loss; its pipeline stages too,
     # the loss being the last stage's
     records = list({(r["module"], r["dp_rank"], r.get("pp_rank", 0), r["iteration"]): r for r in records}.values())
-    for it in range(1, steps + 1):
+    for it in range(first, steps + 1):
         rows = [r for r in records if r["iteration"] == it]
         want = list(range((it - 1) * batch, it * batch))
         for module in _modules_of(records):

@@ -146,8 +146,12 @@ class Calibration:
     GlobalState (the iteration a resumed run starts from); ``window``: the ``reorder_window`` setting."""
 
     def __init__(self, start: CostModel, serial: int, *, save_dir: Optional[str] = None,
-                 load_dir: Optional[str] = None, notify=None, state: Any = None, window: Union[int, str] = 1):
+                 load_dir: Optional[str] = None, notify=None, state: Any = None, window: Union[int, str] = 1,
+                 relearn: Optional[str] = None):
         self.state, self.window = state, window
+        # why the models learnt before the checkpoint do not price this layout (a module's TP changed
+        # at the resume: its seconds per sample are another's), or None: they are restored
+        self.relearn = relearn
         self.prefix = store_key("calibration", serial)
         self.schedule = Schedule(start)
         self.save_dir, self.load_dir = save_dir, load_dir
@@ -167,15 +171,17 @@ class Calibration:
         self._first_heard = False  # a planner: that verdict read
 
     @classmethod
-    def for_setup(cls, state: Any, cfg, notify, start: Optional[CostModel] = None) -> "Calibration":
+    def for_setup(cls, state: Any, cfg, notify, start: Optional[CostModel] = None,
+                  relearn: Optional[str] = None) -> "Calibration":
         """The calibration of the run Bridge's setup of ``state`` (its GlobalState) begins, from
-        ``start`` (default: the configured cost model)."""
+        ``start`` (default: the configured cost model); ``relearn``: why what the checkpoint's run
+        learnt is left behind (None: it is restored)."""
         from mimo_accel.planner import cost_model_for
 
         checkpoint = getattr(getattr(state, "cfg", None), "checkpoint", None)
-        return cls(start if start is not None else cost_model_for(cfg.cost_model), next_round("calibration"), save_dir=getattr(checkpoint, "save", None),
-                   load_dir=getattr(checkpoint, "load", None), notify=notify, state=state,
-                   window=cfg.reorder_window)
+        return cls(start if start is not None else cost_model_for(cfg.cost_model), next_round("calibration"),
+                   save_dir=getattr(checkpoint, "save", None), load_dir=getattr(checkpoint, "load", None),
+                   notify=notify, state=state, window=cfg.reorder_window, relearn=relearn)
 
     @property
     def lead(self) -> int:
@@ -203,6 +209,11 @@ class Calibration:
                 self.notify("calibration:restored-early", f"mimo_accel online calibration: the train loader was built "
                             f"at iteration {restored_at}, before the checkpoint of iteration {iteration} was loaded, "
                             "so this resumed run plans with what was learnt up to the former (every rank alike)")
+            return
+        if self.relearn is not None:
+            if self.notify is not None and read_saved(self.load_dir, iteration):
+                self.notify("calibration:relearn", f"mimo_accel online calibration: {self.relearn}; the cost models "
+                            "learnt before the checkpoint are left behind and learnt again from the configured one")
             return
         with self._lock:
             for a in read_saved(self.load_dir, iteration):

@@ -141,6 +141,8 @@ class Profiling:
         self._planned_overheads: dict = {}
         self.metrics = None  # runtime.metrics.Metrics of the training run under way, if it logs
         self._flops: Optional[dict] = None  # the header's layout["flops"] (runtime.model_flops), from start_run
+        # the header's layout["run"]: what the run's checkpoint depends on (runtime.resume), from start_run
+        self._run: Optional[dict] = None
         self._build: Optional[dict] = None  # the header's build (measuring.job_build), from start_run
 
     def recorder(self):
@@ -171,7 +173,8 @@ class Profiling:
                     dp_rank=ctx.dp_rank if ctx else 0, dp_size=ctx.dp_size if ctx else 1,
                     # pp: each module's stages, for the report's replay of the schedule
                     layout={**({"dp": dict(ctx.dp_sizes), "pp": dict(ctx.stages)} if ctx else {}),
-                            **({"flops": self._flops} if self._flops else {})},
+                            **({"flops": self._flops} if self._flops else {}),
+                            **({"run": self._run} if self._run else {})},
                     config={"features": self.runtime.features(), "reorder_mode": cfg.reorder_mode,
                             "pad_multiple": cfg.pad_multiple},
                     label=os.environ.get(ENV_LABEL) or ("accelerated" if cfg.sharded_reads or cfg.packing
@@ -251,8 +254,10 @@ class Profiling:
         from mimo_accel.runtime.measuring.job_build import job_build
         from mimo_accel.runtime.measuring.metrics import Metrics
         from mimo_accel.runtime.measuring.model_flops import flops_layout
+        from mimo_accel.runtime.resume import run_record
 
         self._flops = flops_layout(getattr(getattr(global_state, "cfg", None), "model", None))
+        self._run = run_record(getattr(global_state, "cfg", None))
         self._build = job_build(model, global_state) if model is not None else None
 
         if self.runtime.calibration is not None:  # every rank: what a resumed run learnt before (once)

@@ -17,6 +17,7 @@ from typing import Callable
 
 from mimo_accel.runtime.reading import scope
 from mimo_accel.runtime.reading.loader_order import loader_order_for, plan_check_for
+from mimo_accel.runtime.resume import check_order
 from mimo_accel.runtime.state import Runtime
 from mimo_accel.runtime.patches.upstream_call import UpstreamCall, replacing
 
@@ -28,6 +29,14 @@ _SOME_UPSTREAMS_LACK = ("seed",)  # declared optional in targets.py
 
 def _settings(a: UpstreamCall, names=_SETTINGS) -> list:
     return [a.get(k) if k in _SOME_UPSTREAMS_LACK else a[k] for k in names]
+
+
+def _resumes_in_order(runtime: Runtime, a: UpstreamCall, split: str, window: int, canonical: bool) -> None:
+    """A resumed run's train loader reads on from the next sample of the checkpoint's global order,
+    or the run stops here, before its first step (:mod:`mimo_accel.runtime.resume`)."""
+    if split == "train" and runtime.resumed is not None:
+        check_order(runtime.resumed, samples=len(a["dataset"]), consumed=int(a["consumed_samples"] or 0),
+                    window=window, canonical=canonical)
 
 
 def wrap_pretraining_loader(original: Callable, runtime: Runtime) -> Callable:
@@ -55,6 +64,7 @@ def _share(loader, a: UpstreamCall, ctx, split: str, dp_group, runtime: Runtime)
 
     cfg = runtime.config
     order = loader_order_for(a["dataset"], _settings(a), ctx, split, runtime, a["micro_batch_size"], loader)
+    _resumes_in_order(runtime, a, split, order.window, canonical=False)
     if runtime.reorders and cfg.reorder_mode == "exchange":
         from mimo_accel.runtime.reading.exchange import exchange_shard_loader
         from mimo_accel.runtime.reading.plan_check import FirstPlanCheck
@@ -102,6 +112,8 @@ def _canonical_share(loader, a: UpstreamCall, ctx, split: str, dp_group, runtime
     from mimo_accel.runtime.reading import sampler
 
     cfg = runtime.config
+    if runtime.upstream_moves_samples is not None or not runtime.reorders:
+        _resumes_in_order(runtime, a, split, 1, canonical=True)
     if runtime.upstream_moves_samples is not None and split == "train":
         # upstream's buffer exchanges this loader's samples after reading: no tag could follow them
         return loader
@@ -109,6 +121,7 @@ def _canonical_share(loader, a: UpstreamCall, ctx, split: str, dp_group, runtime
         return sampler.tagged_loader(loader, ctx, loader.batch_sampler)  # upstream's own shard
     order = loader_order_for(a["dataset"], _settings(a, [k for k in _SETTINGS if k != "seed"]), ctx, split,
                              runtime, a["micro_batch_size"], loader)
+    _resumes_in_order(runtime, a, split, order.window, canonical=True)
     if cfg.reorder_mode == "exchange":
         from mimo_accel.runtime.reading.exchange import exchange_shard_loader
         from mimo_accel.runtime.reading.plan_check import FirstPlanCheck

@@ -16,6 +16,7 @@ from rich.console import Console
 from mimo_accel.tools.arguments import UsageError, fail, nonnegative_int, output_file, parse, peak_tflops, positive_int
 from mimo_accel.tools.layout.advice import ADVICE_FORMAT, MAX_BUDGET, Objective, Search, advise, price
 from mimo_accel.tools.layout.console import render_advice, render_row
+from mimo_accel.tools.layout.continuation import continuation, render_continuation
 from mimo_accel.tools.layout.machine import CPU, GPUS
 from mimo_accel.tools.layout.memory import RECOMPUTE, JobSettings
 from mimo_accel.tools.layout.models import MODEL_PRESETS
@@ -187,6 +188,10 @@ def main(argv: Sequence[str] | None = None, *, console: Console | None = None, p
         else:
             advice = advise(problem, search)
             doc, show = advice.to_doc(), lambda c: render_advice(advice, c)  # noqa: E731
+            if request.profile is not None:  # the profiled run, continued on the recommended layout
+                way = continuation(request.profile, advice.recommended, advice.current)
+                doc["continue"], advised = way.to_doc(), show
+                show = lambda c: (advised(c), render_continuation(way, c))  # noqa: E731
     except (ProfileError, ValueError, OSError) as e:
         return fail(prog, e)
     show(console or (Console() if sys.stdout.isatty() else Console(width=200)))
