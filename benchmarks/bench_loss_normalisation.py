@@ -29,7 +29,7 @@ optimizer gets it, vision and language) from the reference's, the grad norm, the
 tokens over the language (replica, micro-batch) cells, and the per-token loss of iterations 1-4
 relative to the reference's.
 
-    .venv/bin/python benchmarks/bench_loss_normalisation.py [--iters 4] [--mbs 8] [--gbs 16] [--json out.json]
+    .venv/bin/python benchmarks/bench_loss_normalisation.py [--iters 4] [--mbs 8] [--gbs 16] [--runs NAMES] [--json out.json]
 """
 
 from __future__ import annotations
@@ -132,8 +132,15 @@ def main(argv=None) -> int:
     p.add_argument("--iters", type=int, default=4)
     p.add_argument("--mbs", type=int, default=8, help="global micro-batch size")
     p.add_argument("--gbs", type=int, default=16, help="global batch size")
+    p.add_argument("--runs", default=",".join(RUNS),
+                   help="the runs to make, comma-separated (default: all); the reference, per-token, always runs")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
+    asked = [name.strip() for name in args.runs.split(",") if name.strip()]
+    unknown = [name for name in asked if name not in RUNS]
+    if unknown:
+        p.error(f"--runs: no run named {', '.join(map(repr, unknown))}; the runs: {', '.join(RUNS)}")
+    runs = {name: RUNS[name] for name in RUNS if name == "per-token" or name in asked}
 
     import torch
 
@@ -142,7 +149,7 @@ def main(argv=None) -> int:
     micro_batches = args.gbs // args.mbs
     work = Path(tempfile.mkdtemp(prefix="bench-loss-norm-"))
     results = {}
-    for name, (per_token, features, plan) in RUNS.items():
+    for name, (per_token, features, plan) in runs.items():
         out = work / name.replace(" ", "_").replace("(", "").replace(")", "").replace(",", "")
         trace = out / "trace.jsonl"
         out.mkdir(parents=True)
