@@ -242,3 +242,21 @@ def test_layouts_of_other_pipeline_depths_and_splits_start_from_the_same_weights
     diffs = lc.compare_losses(runs["pp1"], {k: v for k, v in runs.items() if k != "pp1"})  # raises past 1e-4
     assert set(diffs) == {"pp2", "pp2 first=3 last=1"} and max(diffs.values()) <= lc.LOSS_TOLERANCE
     assert lc.compare_losses(runs["pp2"], {"uneven": runs["pp2 first=3 last=1"]})["uneven"] <= lc.LOSS_TOLERANCE
+
+
+def test_a_layout_whose_micro_batches_hold_other_samples_a_replica_says_its_cost_was_measured_at_the_runs():
+    import dataclasses
+
+    from mimo_accel.tools.layout.advice import _samples_a_micro_batch
+
+    from tests._doc_commands import ROOT
+
+    # a profile of Bridge's loop with mimo_accel on (its language micro-batches' tokens recorded)
+    problem = build(Request(profile=str(ROOT / "tests" / "data" / "profiles" / "all"),
+                            data=DataRequest("receipts", rehearsal=True, steps=1)))
+    run = problem.profiled
+    assert LANGUAGE in problem.seconds.micro_batch_overheads(run)  # the profile priced a micro-batch's own cost
+    assert _samples_a_micro_batch(problem, run) is None
+    more = dataclasses.replace(run, mbs=run.mbs * 2)
+    note = _samples_a_micro_batch(problem, more)
+    assert note is not None and f"holds {2 * run.mbs / run.language.dp:g}" in note and "not in the profile" in note

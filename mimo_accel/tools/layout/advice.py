@@ -292,6 +292,22 @@ class Advice:
         }
 
 
+def _samples_a_micro_batch(problem: Problem, layout: LayoutSpec) -> Optional[str]:
+    """Where a profile priced the language model's cost of a micro-batch whatever its tokens and
+    ``layout``'s micro-batches hold another count of samples a replica than the profiled run's: that
+    the cost was measured at the run's count (it has no term a sample, so it cannot follow)."""
+    run = problem.profiled
+    if run is None or LANGUAGE not in problem.seconds.micro_batch_overheads(run):
+        return None
+    then, now = run.mbs / run.language.dp, layout.mbs / layout.language.dp
+    if then == now:
+        return None
+    return (f"{LANGUAGE}: what a micro-batch costs whatever its tokens was measured on micro-batches of {then:g} "
+            f"sample{'s' if then != 1 else ''} a replica, and {layout.spec} holds {now:g}: what a sample adds to it "
+            "is not in the profile, so that part of its step is priced at the run's count (on CPU ranks, 4 samples "
+            "against 1 priced the step 18 % short: docs/measurements.md)")
+
+
 def _smallest_budget(problem: Problem, mbs, budget: int) -> Optional[int]:
     """The fewest GPUs any layout that fits memory needs (doubling the search's budget up to 4096)."""
     trial = max(budget, 1)
@@ -389,6 +405,9 @@ def advise(problem: Problem, search: Search = Search()) -> Advice:
     measured = problem.seconds.measured
     keep, margin = _keep(current, ranked_rows["mimo_accel"][0], objective, measured)
     recommended = current if keep else ranked_rows["mimo_accel"][0]
+    note = _samples_a_micro_batch(problem, recommended.layout)
+    if note is not None and note not in problem.notes:
+        problem.notes.append(note)
     even = None
     if recommended.layout.split is not None and not keep:
         # what runs with upstream's launcher as it is: the best of the even splits, ranked the same way
