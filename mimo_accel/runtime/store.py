@@ -1,6 +1,6 @@
 """The job's rendezvous store, as every part of mimo_accel uses it: one namespace for its keys, a
 count of each part's rounds, a client per background thread, a wait that names the ranks that
-never came, and a set of ranks that gathers through it. Bridge builds MIMO loaders on the
+never came, a set of ranks that gathers through it, and the thread a rank waits on gathers in. Bridge builds MIMO loaders on the
 data-loading ranks only, so nothing collective over all ranks can run there: the store every rank
 shares carries the gathers, the plan checks, the announcements and the metrics' figures.
 """
@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import datetime
 import pickle
+import queue
 import threading
 import time
-from typing import Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 ROOT = "mimo_accel"  # every key mimo_accel sets in the job's store starts here
 # A wait that can be stopped waits this long at a time, so a stop is seen that soon (a thread still in
@@ -122,3 +123,30 @@ def wait_for(store, keys: list[str], ranks: Sequence[int], failure: str,
                 continue
             missing = [r for r, k in zip(ranks, keys) if not store.check([k])]
             raise RuntimeError(f"{failure.format(missing=missing)}: {exc}") from exc
+
+
+class Worker:
+    """A thread that runs ``work(store, job, stop)`` for each job handed to it, in order, over its own
+    store client (``store``, else :func:`background_store`), until :meth:`shutdown`: the gathers a
+    rank waits on off the training thread (the metrics' writer, rank 0's step line). ``stop`` is set
+    where the run failed: a wait in flight gives up."""
+
+    def __init__(self, work: Callable[[Any, Any, threading.Event], None], name: str, store: Any = None):
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, args=(work, store), daemon=True, name=name)
+        self.thread.start()
+
+    def submit(self, job: Any) -> None:
+        self._jobs.put(job)  # no wait: the thread takes it when it next holds the GIL
+
+    def shutdown(self, stop: bool = False) -> None:
+        if stop:
+            self.stop.set()
+        self._jobs.put(None)
+        self.thread.join()
+
+    def _run(self, work, store) -> None:
+        store = store if store is not None else background_store()
+        while (job := self._jobs.get()) is not None:
+            work(store, job, self.stop)

@@ -19,14 +19,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import queue
 import threading
 from dataclasses import dataclass
 from typing import Any, Optional
 
 from mimo_accel.modules import LANGUAGE
 from mimo_accel.runtime.state import Runtime
-from mimo_accel.runtime.store import background_store, default_store, next_round, store_key, wait_for
+from mimo_accel.runtime.store import Worker, default_store, next_round, store_key, wait_for
 
 logger = logging.getLogger("mimo_accel")
 
@@ -62,7 +61,7 @@ class Activity:
         self.interval = 1
         self.rank, self.world = 0, 1
         self.run = 0
-        self._gatherer: Optional[_Gatherer] = None  # rank 0's thread
+        self._gatherer: Optional[Worker] = None  # rank 0's thread: one gather per logged step, in order
         self._first = True
 
     # -- counting, on the training thread ------------------------------------------------------
@@ -123,7 +122,7 @@ class Activity:
         default_store().set(self._key(iteration, self.rank), json.dumps(mine))
         if self.rank == 0:
             if self._gatherer is None:
-                self._gatherer = _Gatherer(self)
+                self._gatherer = Worker(self._gather_or_say, "mimo-accel-activity")
             self._gatherer.submit(iteration)
 
     def finish(self, failed: bool = False) -> None:
@@ -140,6 +139,12 @@ class Activity:
         return store_key("activity", self.run, iteration, rank)
 
     # -- rank 0's thread -----------------------------------------------------------------------
+
+    def _gather_or_say(self, store, iteration: int, stop: threading.Event) -> None:
+        try:
+            self.gather(store, iteration, stop)
+        except Exception as exc:  # noqa: BLE001 - a line the job can go without: said, not raised
+            self.runtime.say_once("activity:gather", f"mimo_accel: no step line: {exc}")
 
     def gather(self, store, iteration: int, stop: threading.Event) -> Optional[str]:
         """Wait for every rank's counts of ``iteration``, read and delete them, log the line."""
@@ -190,30 +195,3 @@ def _mean(values) -> str:
     values = list(values)
     mean = sum(values) / len(values)
     return str(int(mean)) if mean == int(mean) else f"{mean:.1f}"
-
-
-class _Gatherer:
-    """Rank 0's thread: one gather per logged step, in order, over its own store client."""
-
-    def __init__(self, activity: Activity):
-        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._run, args=(activity,), daemon=True, name="mimo-accel-activity")
-        self.thread.start()
-
-    def submit(self, iteration: int) -> None:
-        self._jobs.put(iteration)
-
-    def shutdown(self, stop: bool = False) -> None:
-        if stop:
-            self.stop.set()
-        self._jobs.put(None)
-        self.thread.join()
-
-    def _run(self, activity: Activity) -> None:
-        store = background_store()
-        while (iteration := self._jobs.get()) is not None:
-            try:
-                activity.gather(store, iteration, self.stop)
-            except Exception as exc:  # noqa: BLE001 - a line the job can go without: said, not raised
-                activity.runtime.say_once("activity:gather", f"mimo_accel: no step line: {exc}")

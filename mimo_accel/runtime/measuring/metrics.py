@@ -16,14 +16,13 @@ from __future__ import annotations
 
 import json
 import logging
-import queue
 import threading
 from typing import Any, Optional
 
 import numpy as np
 
 from mimo_accel.runtime.measuring.step_figures import model_scalars, rank_figures, step_histograms, step_scalars
-from mimo_accel.runtime.store import default_store, next_round, store_key, wait_for
+from mimo_accel.runtime.store import Worker, default_store, next_round, store_key, wait_for
 
 logger = logging.getLogger("mimo_accel")
 
@@ -48,7 +47,7 @@ class Metrics:
         self.run = next_round("metrics")  # a train entry: two runs' keys in one job never meet
         self._store = store
         self._pending: list[int] = []  # logged iterations whose key this rank set and has not deleted
-        self._worker: Optional[_Worker] = None  # the writing rank's metrics thread
+        self._worker: Optional[Worker] = None  # the writing rank's metrics thread
         self._job: Optional[_Job] = None  # the writing rank's logged iteration in flight
         self.written = 0  # logged steps this rank wrote (the writing rank only)
         self.lead = lead
@@ -97,9 +96,10 @@ class Metrics:
                   json.dumps(rank_figures(header, record, times=logged, language_micro=micro)))
         if self.rank == self.writer_rank:
             if self._worker is None:  # its own connection: a wait there holds up no other call
-                self._worker = _Worker(self, store.clone())
+                self._worker = Worker(_gather_job(self), "mimo-accel-metrics", store.clone())
             # Bridge makes its writer on first use: here, on the training thread, never on two at once
-            self._job = self._worker.submit(iteration, self.state.tensorboard_logger if logged else None, logged)
+            self._job = _Job(iteration, self.state.tensorboard_logger if logged else None, logged)
+            self._worker.submit(self._job)
             if self.calibration is not None and self._checkpointed(iteration):
                 # what this iteration taught is announced (and written beside the checkpoints) before
                 # Bridge saves it, so a run resumed from it plans as this one goes on to
@@ -222,30 +222,16 @@ class _Job:
         self.done = threading.Event()
 
 
-class _Worker:
-    """The writing rank's metrics thread: runs :meth:`Metrics.gather` for each logged iteration
-    handed to it, in order, over its own store connection, until :meth:`shutdown`."""
+def _gather_job(metrics: Metrics):
+    """The metrics thread's work: :meth:`Metrics.gather` for a logged iteration (its :class:`_Job`),
+    its scalars or its error kept for the training thread."""
 
-    def __init__(self, metrics: Metrics, store: Any):
-        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
-        self.stop = threading.Event()  # a failed run: the gather in flight gives up
-        self.thread = threading.Thread(target=self._run, args=(metrics, store), daemon=True, name="mimo-accel-metrics")
-        self.thread.start()
+    def work(store, job: _Job, stop: threading.Event) -> None:
+        try:
+            job.scalars = metrics.gather(store, job.iteration, job.tensorboard, stop, job.logged)
+        except BaseException as exc:  # raised on the training thread when collected
+            job.error = exc
+        finally:
+            job.done.set()
 
-    def submit(self, iteration: int, tensorboard: Any, logged: bool = True) -> _Job:
-        job = _Job(iteration, tensorboard, logged)
-        self._jobs.put(job)  # no wait: the thread takes it when it next holds the GIL
-        return job
-
-    def shutdown(self) -> None:
-        self._jobs.put(None)
-        self.thread.join()
-
-    def _run(self, metrics: Metrics, store: Any) -> None:
-        while (job := self._jobs.get()) is not None:
-            try:
-                job.scalars = metrics.gather(store, job.iteration, job.tensorboard, self.stop, job.logged)
-            except BaseException as exc:  # raised on the training thread when collected
-                job.error = exc
-            finally:
-                job.done.set()
+    return work
